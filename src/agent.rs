@@ -1,0 +1,416 @@
+//! The node agent: this node's block cache and in-place sources, its peer server, its lease with
+//! the store server, and the unix socket on which local CLIs publish and seed.
+//!
+//! Blocks are served by hash, only from what this agent holds: its cache, and files registered
+//! as holding the blocks of a version it published or fetched. A registered file is served in
+//! place, with no copy; before its bytes go out, the agent checks the file's size and mtime and
+//! the block's hash, so a file changed after publishing is never served as the published block.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use prost::Message;
+use tokio::net::{TcpListener, UnixListener};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+use crate::client::{self, ClientError};
+use crate::dataplane::BlockServe;
+use crate::db::{BatchOp, Db};
+use crate::hash::{BlockHash, Version};
+use crate::manifest::{self, EntryKind, Manifest};
+use crate::proto::agent_server::{Agent, AgentServer};
+use crate::proto::*;
+
+pub const CF_CACHE: &str = "cache";
+pub const CF_LOCAL: &str = "local";
+const FAMILIES: &[&str] = &[CF_CACHE, CF_LOCAL];
+
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// How this agent is set up.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub server: String,
+    pub listen: String,
+    /// The address peers reach this agent on; the bound address when `None`.
+    pub advertise: Option<String>,
+    pub cache_dir: PathBuf,
+    pub socket: PathBuf,
+    pub node_id: String,
+    pub zone: String,
+    pub heartbeat: Duration,
+}
+
+/// What this agent serves to peers.
+pub struct AgentBlocks {
+    db: Db,
+}
+
+impl AgentBlocks {
+    fn local_places(&self, hash: &BlockHash) -> Result<Vec<LocalBlock>, String> {
+        match self
+            .db
+            .get(CF_LOCAL, hash.as_bytes())
+            .map_err(|e| e.to_string())?
+        {
+            Some(v) => LocalBlocks::decode(v.as_slice())
+                .map(|l| l.places)
+                .map_err(|e| e.to_string()),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Registers files on disk as holding the blocks of `m`, in place.
+    fn register(&self, m: &Manifest, files: &[LocalFile]) -> Result<usize, Status> {
+        let mut ops = Vec::new();
+        let mut count = 0;
+        for f in files {
+            let entry = m
+                .entries
+                .iter()
+                .find(|e| e.path == f.entry_path && e.kind() == EntryKind::File)
+                .ok_or_else(|| {
+                    Status::invalid_argument(format!("no file entry {:?}", f.entry_path))
+                })?;
+            let disk = Path::new(&f.disk_path);
+            if !disk.is_absolute() {
+                return Err(Status::invalid_argument("disk paths must be absolute"));
+            }
+            let meta = std::fs::metadata(disk)
+                .map_err(|e| Status::failed_precondition(format!("{}: {e}", disk.display())))?;
+            if meta.len() != entry.size {
+                return Err(Status::failed_precondition(format!(
+                    "{} changed since it was scanned",
+                    disk.display()
+                )));
+            }
+            let mut offset = 0u64;
+            for b in &entry.blocks {
+                let hash =
+                    manifest::block_hash(b).ok_or_else(|| Status::invalid_argument("bad hash"))?;
+                let mut places = self.local_places(&hash).map_err(Status::internal)?;
+                places.retain(|p| p.disk_path != f.disk_path || p.offset != offset);
+                places.push(LocalBlock {
+                    disk_path: f.disk_path.clone(),
+                    offset,
+                    len: b.len,
+                    file_size: meta.len(),
+                    mtime_sec: meta.mtime(),
+                    mtime_nsec: meta.mtime_nsec() as u32,
+                });
+                // Older places first tried; keep the list short.
+                if places.len() > 8 {
+                    places.remove(0);
+                }
+                ops.push(BatchOp::Put(
+                    CF_LOCAL,
+                    hash.0.to_vec(),
+                    LocalBlocks { places }.encode_to_vec(),
+                ));
+                offset += u64::from(b.len);
+                count += 1;
+            }
+        }
+        self.db
+            .write(ops)
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(count)
+    }
+}
+
+fn read_place(p: &LocalBlock, hash: &BlockHash) -> Option<Bytes> {
+    let f = std::fs::File::open(&p.disk_path).ok()?;
+    let meta = f.metadata().ok()?;
+    if meta.len() != p.file_size
+        || meta.mtime() != p.mtime_sec
+        || meta.mtime_nsec() as u32 != p.mtime_nsec
+    {
+        tracing::warn!(path = %p.disk_path, "published file changed on disk; not serving it");
+        return None;
+    }
+    let mut buf = vec![0u8; p.len as usize];
+    f.read_exact_at(&mut buf, p.offset).ok()?;
+    if BlockHash::of(&buf) != *hash {
+        tracing::warn!(path = %p.disk_path, block = %hash, "published file no longer matches its hash; not serving it");
+        return None;
+    }
+    Some(Bytes::from(buf))
+}
+
+impl BlockServe for AgentBlocks {
+    fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>, String> {
+        if let Some(v) = self
+            .db
+            .get(CF_CACHE, hash.as_bytes())
+            .map_err(|e| e.to_string())?
+        {
+            return Ok(Some(Bytes::from(v)));
+        }
+        Ok(self
+            .local_places(hash)?
+            .iter()
+            .find_map(|p| read_place(p, hash)))
+    }
+
+    fn put(&self, _hash: &BlockHash, _data: Bytes) -> Result<(), String> {
+        Err("this node agent does not take uploads".into())
+    }
+}
+
+/// The agent's unix-socket service for CLIs on this node.
+struct AgentHandler {
+    cfg: AgentConfig,
+    data_addr: String,
+    blocks: Arc<AgentBlocks>,
+}
+
+fn status_of(e: ClientError) -> Status {
+    match e {
+        ClientError::Rpc(s) => s,
+        other => Status::unavailable(other.to_string()),
+    }
+}
+
+#[tonic::async_trait]
+impl Agent for AgentHandler {
+    async fn publish_local(
+        &self,
+        req: Request<PublishLocalRequest>,
+    ) -> Result<Response<PublishResponse>, Status> {
+        let r = req.into_inner();
+        let mut publish = r
+            .publish
+            .ok_or_else(|| Status::invalid_argument("publish missing"))?;
+        let m = publish
+            .manifest
+            .clone()
+            .ok_or_else(|| Status::invalid_argument("manifest missing"))?;
+        manifest::validate(&m).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let blocks = self.blocks.clone();
+        let files = r.files;
+        let n = tokio::task::spawn_blocking(move || blocks.register(&m, &files))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))??;
+        publish.locale = Locale::Local as i32;
+        publish.origin_node = self.cfg.node_id.clone();
+        let mut store = client::connect_store(&self.cfg.server)
+            .await
+            .map_err(status_of)?;
+        let resp = store.publish(publish).await?;
+        tracing::info!(blocks = n, "published in place");
+        Ok(resp)
+    }
+
+    async fn add_source(
+        &self,
+        req: Request<AddSourceRequest>,
+    ) -> Result<Response<AddSourceResponse>, Status> {
+        let r = req.into_inner();
+        let version = Version::from_slice(&r.version)
+            .ok_or_else(|| Status::invalid_argument("bad version"))?;
+        let m = r
+            .manifest
+            .ok_or_else(|| Status::invalid_argument("manifest missing"))?;
+        manifest::validate(&m).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let blocks = self.blocks.clone();
+        let files = r.files;
+        tokio::task::spawn_blocking(move || blocks.register(&m, &files))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))??;
+        let mut store = client::connect_store(&self.cfg.server)
+            .await
+            .map_err(status_of)?;
+        store
+            .add_location(AddLocationRequest {
+                version: version.0.to_vec(),
+                node_id: self.cfg.node_id.clone(),
+            })
+            .await?;
+        tracing::info!(%version, "seeding");
+        Ok(Response::new(AddSourceResponse {}))
+    }
+
+    async fn status(
+        &self,
+        _req: Request<AgentStatusRequest>,
+    ) -> Result<Response<AgentStatusResponse>, Status> {
+        Ok(Response::new(AgentStatusResponse {
+            node_id: self.cfg.node_id.clone(),
+            data_addr: self.data_addr.clone(),
+            server: self.cfg.server.clone(),
+            zone: self.cfg.zone.clone(),
+        }))
+    }
+}
+
+/// A bound agent, ready to run.
+pub struct AgentProcess {
+    cfg: AgentConfig,
+    listener: TcpListener,
+    unix: UnixListener,
+    blocks: Arc<AgentBlocks>,
+}
+
+impl AgentProcess {
+    pub async fn bind(cfg: AgentConfig) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(&cfg.cache_dir)?;
+        let db = Db::open(&cfg.cache_dir.join("agent.rocksdb"), FAMILIES, &[CF_CACHE])?;
+        let listener = TcpListener::bind(&cfg.listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
+        if let Some(dir) = cfg.socket.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        // A socket left by an agent that died is stale; one that answers belongs to a live agent.
+        if cfg.socket.exists() {
+            if std::os::unix::net::UnixStream::connect(&cfg.socket).is_ok() {
+                anyhow::bail!("another agent is listening on {}", cfg.socket.display());
+            }
+            std::fs::remove_file(&cfg.socket)?;
+        }
+        let unix = UnixListener::bind(&cfg.socket)
+            .map_err(|e| anyhow::anyhow!("cannot bind {}: {e}", cfg.socket.display()))?;
+        Ok(AgentProcess {
+            cfg,
+            listener,
+            unix,
+            blocks: Arc::new(AgentBlocks { db }),
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn data_addr(&self) -> String {
+        match &self.cfg.advertise {
+            Some(a) => a.clone(),
+            None => self.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        }
+    }
+
+    /// Registers this node with the store server once, so that a publish right after start
+    /// finds it; the heartbeat keeps it registered from then on.
+    pub async fn register(&self) -> Result<(), ClientError> {
+        let mut store = client::connect_store(&self.cfg.server).await?;
+        store
+            .register_node(RegisterNodeRequest {
+                node: Some(self.node_info()),
+            })
+            .await?;
+        Ok(())
+    }
+
+    fn node_info(&self) -> NodeInfo {
+        NodeInfo {
+            node_id: self.cfg.node_id.clone(),
+            data_addr: self.data_addr(),
+            zone: self.cfg.zone.clone(),
+        }
+    }
+
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let data_addr = self.data_addr();
+        let node = self.node_info();
+        let heartbeat = tokio::spawn(heartbeat_loop(
+            self.cfg.server.clone(),
+            node,
+            self.cfg.heartbeat,
+        ));
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let handler = AgentHandler {
+            cfg: self.cfg.clone(),
+            data_addr,
+            blocks: self.blocks.clone(),
+        };
+        let svc = AgentServer::new(handler)
+            .max_decoding_message_size(crate::net::MAX_RPC_MESSAGE)
+            .max_encoding_message_size(crate::net::MAX_RPC_MESSAGE);
+        let unix = tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming_shutdown(
+                UnixListenerStream::new(self.unix),
+                wait(stop_rx.clone()),
+            );
+        let peer = crate::net::serve(self.listener, None, self.blocks.clone(), wait(stop_rx));
+        let stopper = async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        };
+        let (u, p, ()) = tokio::join!(unix, peer, stopper);
+        heartbeat.abort();
+        let _ = std::fs::remove_file(&self.cfg.socket);
+        self.blocks.db.flush()?;
+        u?;
+        p?;
+        Ok(())
+    }
+}
+
+/// Keeps this node's lease alive; registers again whenever the server does not know it (first
+/// start, or the server restarted).
+async fn heartbeat_loop(server: String, node: NodeInfo, every: Duration) {
+    let mut registered = false;
+    loop {
+        match client::connect_store(&server).await {
+            Ok(mut store) => loop {
+                let ok = if registered {
+                    match store
+                        .heartbeat(HeartbeatRequest {
+                            node_id: node.node_id.clone(),
+                        })
+                        .await
+                    {
+                        Ok(r) => {
+                            registered = r.into_inner().known;
+                            true
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e.message(), "heartbeat failed");
+                            false
+                        }
+                    }
+                } else {
+                    match store
+                        .register_node(RegisterNodeRequest {
+                            node: Some(node.clone()),
+                        })
+                        .await
+                    {
+                        Ok(_) => {
+                            registered = true;
+                            true
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e.message(), "registering with the store server failed");
+                            false
+                        }
+                    }
+                };
+                if !registered && ok {
+                    continue;
+                }
+                tokio::time::sleep(every).await;
+                if !ok {
+                    break;
+                }
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "store server unreachable; retrying");
+                registered = false;
+                tokio::time::sleep(every).await;
+            }
+        }
+    }
+}

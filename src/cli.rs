@@ -1,0 +1,507 @@
+//! The `kt` command line: argument definitions and what each command prints.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::agent::{AgentConfig, AgentProcess};
+use crate::client;
+use crate::get::{self, GetOptions};
+use crate::key::{KeyPath, Namespace};
+use crate::manifest::DEFAULT_BLOCK_SIZE;
+use crate::proto::{ListRequest, Locale, RemoveRequest};
+use crate::put::{self, PutOptions};
+use crate::scan::ScanOptions;
+use crate::server::StoreServerProcess;
+
+pub const DEFAULT_SERVER: &str = "127.0.0.1:7447";
+pub const DEFAULT_SOCKET: &str = "/tmp/ktfs/agent.sock";
+
+#[derive(Parser)]
+#[command(
+    name = "kt",
+    version,
+    about = "ktfs: a distributed data store for Kubernetes, seen as a filesystem"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Publish files or a directory under a key.
+    Put(PutArgs),
+    /// Copy a published key to local disk.
+    Get(GetArgs),
+    /// List keys, or the inside of a published directory.
+    Ls(LsArgs),
+    /// Remove keys.
+    Rm(RmArgs),
+    /// Run the store server.
+    Server(ServerArgs),
+    /// Run a node agent.
+    Agent(AgentArgs),
+    /// Run a store server and a node agent in one process, on loopback.
+    Up(UpArgs),
+}
+
+#[derive(Args, Clone)]
+pub struct Common {
+    /// Store server, host:port.
+    #[arg(long, env = "KT_SERVER", default_value = DEFAULT_SERVER, global = true)]
+    pub server: String,
+    /// Namespace of the keys.
+    #[arg(short = 'n', long, env = "KT_NAMESPACE", default_value = Namespace::DEFAULT, global = true)]
+    pub namespace: String,
+    /// This node's agent socket.
+    #[arg(long = "agent", env = "KT_AGENT", default_value = DEFAULT_SOCKET, global = true)]
+    pub agent: PathBuf,
+    /// Print one JSON object instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Show progress and what happens.
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum, Default)]
+pub enum LocaleArg {
+    #[default]
+    Store,
+    Local,
+}
+
+#[derive(Args)]
+pub struct PutArgs {
+    pub key: String,
+    /// A file or directory to publish (repeatable). `dir/` or --contents publishes its contents.
+    #[arg(long = "src", required = true)]
+    pub src: Vec<String>,
+    #[arg(long, value_enum, default_value_t = LocaleArg::Store)]
+    pub locale: LocaleArg,
+    /// Publish the contents of the source directories, not the directories themselves.
+    #[arg(short = 'c', long)]
+    pub contents: bool,
+    /// Replace the key if it already exists.
+    #[arg(short = 'f', long)]
+    pub force: bool,
+    /// Leave out paths matching this rsync pattern (repeatable).
+    #[arg(long)]
+    pub exclude: Vec<String>,
+    /// Keep paths matching this rsync pattern, whatever the excludes and .gitignore say.
+    #[arg(long)]
+    pub include: Vec<String>,
+    /// Expire the key after this many seconds.
+    #[arg(long, default_value_t = 0)]
+    pub ttl: u64,
+    /// Block size in bytes.
+    #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE)]
+    pub block_size: u32,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args)]
+pub struct GetArgs {
+    pub key: String,
+    /// Where to write (a directory, or a file name for a single file).
+    #[arg(short = 'd', long, default_value = ".")]
+    pub dest: String,
+    /// Write the contents of a published directory straight into DEST.
+    #[arg(short = 'c', long)]
+    pub contents: bool,
+    /// Overwrite existing files that differ.
+    #[arg(short = 'f', long)]
+    pub force: bool,
+    #[arg(long)]
+    pub exclude: Vec<String>,
+    #[arg(long)]
+    pub include: Vec<String>,
+    /// Offer the fetched data to peers through this node's agent (default).
+    #[arg(long = "seed-data", overrides_with = "no_seed_data", action = ArgAction::SetTrue)]
+    pub seed_data: bool,
+    /// Do not offer the fetched data to peers.
+    #[arg(long = "no-seed-data", action = ArgAction::SetTrue)]
+    pub no_seed_data: bool,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args)]
+pub struct LsArgs {
+    pub key: Option<String>,
+    /// List everything below, not only the first level.
+    #[arg(short = 'r', long)]
+    pub recursive: bool,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args)]
+pub struct RmArgs {
+    pub key: String,
+    /// Remove a directory and every key below it.
+    #[arg(short = 'r', long)]
+    pub recursive: bool,
+    /// Remove every key whose name starts with KEY.
+    #[arg(long)]
+    pub prefix: bool,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args)]
+pub struct ServerArgs {
+    #[arg(long, default_value = "0.0.0.0:7447")]
+    pub listen: String,
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// Seconds a node stays a source without a heartbeat.
+    #[arg(long, default_value_t = 15)]
+    pub lease_secs: u64,
+}
+
+#[derive(Args)]
+pub struct AgentArgs {
+    #[arg(long, env = "KT_SERVER", default_value = DEFAULT_SERVER)]
+    pub server: String,
+    #[arg(long, default_value = "0.0.0.0:7448")]
+    pub listen: String,
+    /// Address peers use to reach this agent (default: the listen address; POD_IP in a pod).
+    #[arg(long, env = "KT_ADVERTISE")]
+    pub advertise: Option<String>,
+    #[arg(long)]
+    pub cache_dir: PathBuf,
+    #[arg(long, env = "KT_AGENT", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// This node's id (default: the host name).
+    #[arg(long, env = "KT_NODE_ID")]
+    pub node_id: Option<String>,
+    /// Topology zone, for nearest-source choice.
+    #[arg(long, env = "KT_ZONE", default_value = "")]
+    pub zone: String,
+    #[arg(long, default_value_t = 5)]
+    pub heartbeat_secs: u64,
+}
+
+#[derive(Args)]
+pub struct UpArgs {
+    /// Where the store and the agent keep their data.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long, default_value = DEFAULT_SERVER)]
+    pub listen: String,
+    #[arg(long, default_value = "127.0.0.1:7448")]
+    pub agent_listen: String,
+    #[arg(long, env = "KT_AGENT", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+}
+
+fn progress_bar(verbose: bool) -> ProgressBar {
+    if !verbose || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(0);
+    pb.set_style(
+        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb
+}
+
+fn namespace(c: &Common) -> Result<Namespace> {
+    Ok(Namespace::parse(&c.namespace)?)
+}
+
+pub fn print_json(v: &impl serde::Serialize) -> Result<()> {
+    println!("{}", serde_json::to_string(v)?);
+    Ok(())
+}
+
+fn human(bytes: u64) -> String {
+    indicatif::HumanBytes(bytes).to_string()
+}
+
+pub async fn put(a: PutArgs) -> Result<()> {
+    let key = KeyPath::parse(&a.key)?;
+    let ns = namespace(&a.common)?;
+    if a.block_size == 0 || a.block_size > crate::manifest::MAX_BLOCK_SIZE {
+        anyhow::bail!(
+            "--block-size must be between 1 and {}",
+            crate::manifest::MAX_BLOCK_SIZE
+        );
+    }
+    let pb = progress_bar(a.common.verbose);
+    let report = put::put(
+        PutOptions {
+            server: a.common.server.clone(),
+            namespace: ns,
+            key,
+            srcs: a.src,
+            scan: ScanOptions {
+                block_size: a.block_size,
+                contents: a.contents,
+                excludes: a.exclude,
+                includes: a.include,
+            },
+            locale: match a.locale {
+                LocaleArg::Store => Locale::Store,
+                LocaleArg::Local => Locale::Local,
+            },
+            force: a.force,
+            ttl_secs: a.ttl,
+            agent_socket: a.common.agent.clone(),
+        },
+        &pb,
+    )
+    .await?;
+    pb.finish_and_clear();
+    if a.common.json {
+        print_json(&report)?;
+    } else {
+        println!(
+            "published {} ({} files, {}, {} sent, locale {}) version {}",
+            report.key,
+            report.files,
+            human(report.bytes),
+            human(report.bytes_transferred),
+            report.locale,
+            &report.version[..16]
+        );
+    }
+    Ok(())
+}
+
+pub async fn get(a: GetArgs) -> Result<()> {
+    let key = KeyPath::parse(&a.key)?;
+    let ns = namespace(&a.common)?;
+    let pb = progress_bar(a.common.verbose);
+    let report = get::get(
+        GetOptions {
+            server: a.common.server.clone(),
+            namespace: ns,
+            key,
+            dest: a.dest,
+            contents: a.contents,
+            force: a.force,
+            excludes: a.exclude,
+            includes: a.include,
+            seed: !a.no_seed_data,
+            agent_socket: a.common.agent.clone(),
+        },
+        &pb,
+    )
+    .await?;
+    pb.finish_and_clear();
+    if a.common.json {
+        print_json(&report)?;
+    } else {
+        println!(
+            "fetched {} to {} ({} files, {}, {} transferred)",
+            report.key,
+            report.dest,
+            report.files,
+            human(report.bytes),
+            human(report.bytes_transferred)
+        );
+        if a.common.verbose {
+            for s in &report.sources {
+                println!("  {} from {} ({})", human(s.bytes), s.source, s.addr);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(serde::Serialize)]
+struct LsEntry {
+    name: String,
+    is_directory: bool,
+    locale: String,
+    size: u64,
+}
+
+pub async fn ls(a: LsArgs) -> Result<()> {
+    let prefix = match &a.key {
+        Some(k) => KeyPath::parse_prefix(k)?,
+        None => None,
+    };
+    let ns = namespace(&a.common)?;
+    let mut store = client::connect_store(&a.common.server).await?;
+    let resp = store
+        .list(ListRequest {
+            namespace: ns.to_string(),
+            prefix: prefix.as_ref().map(|p| p.to_string()).unwrap_or_default(),
+            recursive: a.recursive,
+        })
+        .await
+        .map_err(client::ClientError::from)?
+        .into_inner();
+    if !resp.exists {
+        anyhow::bail!("key {} not found", a.key.unwrap_or_default());
+    }
+    let entries: Vec<LsEntry> = resp
+        .entries
+        .into_iter()
+        .map(|e| LsEntry {
+            locale: if e.locale() == Locale::Local && !e.origin_node.is_empty() {
+                e.origin_node.clone()
+            } else {
+                "store".into()
+            },
+            name: e.name,
+            is_directory: e.is_directory,
+            size: e.size,
+        })
+        .collect();
+    if a.common.json {
+        print_json(&entries)?;
+    } else {
+        for e in entries {
+            println!(
+                "{:>10}  {:<12}  {}",
+                if e.is_directory {
+                    "-".into()
+                } else {
+                    human(e.size)
+                },
+                e.locale,
+                e.name
+            );
+        }
+    }
+    Ok(())
+}
+
+pub async fn rm(a: RmArgs) -> Result<()> {
+    let key = KeyPath::parse(&a.key)?;
+    let ns = namespace(&a.common)?;
+    let mut store = client::connect_store(&a.common.server).await?;
+    let removed = store
+        .remove(RemoveRequest {
+            namespace: ns.to_string(),
+            key: key.to_string(),
+            recursive: a.recursive,
+            prefix: a.prefix,
+        })
+        .await
+        .map_err(client::ClientError::from)?
+        .into_inner()
+        .removed;
+    if a.common.json {
+        print_json(&serde_json::json!({ "removed": removed }))?;
+    } else {
+        for k in &removed {
+            println!("removed {k}");
+        }
+    }
+    Ok(())
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+pub async fn server(a: ServerArgs) -> Result<()> {
+    let srv =
+        StoreServerProcess::bind(&a.listen, &a.data_dir, Duration::from_secs(a.lease_secs)).await?;
+    println!("kt server listening on {}", srv.local_addr()?);
+    srv.run(shutdown_signal()).await
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "node".into())
+}
+
+pub async fn agent(a: AgentArgs) -> Result<()> {
+    let cfg = AgentConfig {
+        server: a.server,
+        listen: a.listen,
+        advertise: a.advertise,
+        cache_dir: a.cache_dir,
+        socket: a.socket,
+        node_id: a.node_id.unwrap_or_else(hostname),
+        zone: a.zone,
+        heartbeat: Duration::from_secs(a.heartbeat_secs.max(1)),
+    };
+    let agent = AgentProcess::bind(cfg.clone()).await?;
+    if let Err(e) = agent.register().await {
+        tracing::warn!(error = %e, "not registered yet; will keep trying");
+    }
+    println!(
+        "kt agent {} listening on {}, socket {}",
+        cfg.node_id,
+        agent.data_addr(),
+        cfg.socket.display()
+    );
+    agent.run(shutdown_signal()).await
+}
+
+pub async fn up(a: UpArgs) -> Result<()> {
+    let data_dir = match a.data_dir {
+        Some(d) => d,
+        None => {
+            let home = std::env::var_os("HOME").context("no --data-dir and no HOME")?;
+            PathBuf::from(home).join(".local/share/ktfs")
+        }
+    };
+    let srv = StoreServerProcess::bind(
+        &a.listen,
+        &data_dir.join("store"),
+        crate::server::DEFAULT_LEASE,
+    )
+    .await?;
+    let server_addr = srv.local_addr()?.to_string();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let server_task = tokio::spawn(srv.run(wait(stop_rx.clone())));
+    let cfg = AgentConfig {
+        server: server_addr.clone(),
+        listen: a.agent_listen,
+        advertise: None,
+        cache_dir: data_dir.join("agent"),
+        socket: a.socket,
+        node_id: hostname(),
+        zone: String::new(),
+        heartbeat: crate::agent::DEFAULT_HEARTBEAT,
+    };
+    let agent = AgentProcess::bind(cfg.clone()).await?;
+    agent.register().await?;
+    println!("kt server listening on {server_addr}");
+    println!(
+        "kt agent {} listening on {}, socket {}",
+        cfg.node_id,
+        agent.data_addr(),
+        cfg.socket.display()
+    );
+    println!("data in {}; Ctrl-C to stop", data_dir.display());
+    let agent_task = tokio::spawn(agent.run(wait(stop_rx)));
+    shutdown_signal().await;
+    let _ = stop_tx.send(true);
+    agent_task.await??;
+    server_task.await??;
+    Ok(())
+}

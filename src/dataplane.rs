@@ -1,0 +1,316 @@
+//! The data plane: blocks by hash over a lean framed TCP protocol.
+//!
+//! Bulk data does not ride gRPC: framing costs, HTTP/2 flow control and per-message copies halve
+//! what a socket can move. A connection opens with `KTDP` and a protocol version, then carries
+//! frames `[op: u8][len: u32 big-endian][payload]`. Requests are pipelined: a client keeps many
+//! in flight and the server answers them in order, working on several at once. Every frame has a
+//! size limit, and a malformed frame ends that connection only.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+use crate::hash::BlockHash;
+use crate::manifest::MAX_BLOCK_SIZE;
+
+pub const MAGIC: [u8; 4] = *b"KTDP";
+const PROTO_VERSION: u8 = 1;
+
+const OP_GET: u8 = 1;
+const OP_PUT: u8 = 2;
+const OP_BLOCK: u8 = 0x81;
+const OP_NOT_FOUND: u8 = 0x82;
+const OP_STORED: u8 = 0x83;
+const OP_ERROR: u8 = 0x84;
+
+/// Largest payload: a hash and the largest block.
+pub const MAX_FRAME: usize = MAX_BLOCK_SIZE as usize + 32;
+/// Requests a server works on at once for one connection (bounds its memory per connection).
+pub const SERVER_PIPELINE: usize = 8;
+/// Connect timeout: a dead peer is an error in seconds, never a hang.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A peer that sends nothing for this long while requests are outstanding is taken for dead.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("peer does not speak the ktfs data plane")]
+    BadMagic,
+    #[error("frame of {0} bytes exceeds the limit")]
+    FrameTooLarge(usize),
+    #[error("malformed frame: {0}")]
+    BadFrame(&'static str),
+    #[error("peer closed the connection")]
+    Closed,
+    #[error("peer timed out")]
+    Timeout,
+    #[error("peer reported: {0}")]
+    Remote(String),
+}
+
+/// A peer's answer to one request.
+#[derive(Debug)]
+pub enum Response {
+    Block(BlockHash, Bytes),
+    NotFound(BlockHash),
+    Stored(BlockHash),
+    Error(String),
+}
+
+async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<(u8, BytesMut)>, WireError> {
+    let mut head = [0u8; 5];
+    match r.read_exact(&mut head).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if len > MAX_FRAME {
+        return Err(WireError::FrameTooLarge(len));
+    }
+    let mut buf = BytesMut::zeroed(len);
+    r.read_exact(&mut buf).await.map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            WireError::Closed
+        } else {
+            WireError::Io(e)
+        }
+    })?;
+    Ok(Some((head[0], buf)))
+}
+
+async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    op: u8,
+    head: &[u8],
+    body: &[u8],
+) -> Result<(), WireError> {
+    let len = head.len() + body.len();
+    let mut h = Vec::with_capacity(5 + head.len());
+    h.push(op);
+    h.extend_from_slice(&(len as u32).to_be_bytes());
+    h.extend_from_slice(head);
+    w.write_all(&h).await?;
+    if !body.is_empty() {
+        w.write_all(body).await?;
+    }
+    Ok(())
+}
+
+/// What a data-plane server serves. Calls block (disk, RocksDB); the server runs them off the
+/// async threads.
+pub trait BlockServe: Send + Sync + 'static {
+    /// The block's bytes, verified to match `hash`, or `None` if this peer does not hold it.
+    fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>, String>;
+    /// Stores a block. Peers that take no uploads refuse.
+    fn put(&self, hash: &BlockHash, data: Bytes) -> Result<(), String>;
+}
+
+/// Serves one accepted connection until the peer closes it or breaks the protocol.
+pub async fn serve_connection(stream: TcpStream, svc: Arc<dyn BlockServe>) {
+    let peer = stream.peer_addr().ok();
+    if let Err(e) = serve_inner(stream, svc).await {
+        tracing::debug!(?peer, error = %e, "data-plane connection ended");
+    }
+}
+
+async fn serve_inner(stream: TcpStream, svc: Arc<dyn BlockServe>) -> Result<(), WireError> {
+    stream.set_nodelay(true)?;
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::with_capacity(256 << 10, rd);
+    let mut hello = [0u8; 5];
+    rd.read_exact(&mut hello).await?;
+    if hello[..4] != MAGIC || hello[4] != PROTO_VERSION {
+        return Err(WireError::BadMagic);
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::channel(SERVER_PIPELINE);
+    let reader = async move {
+        while let Some((op, mut payload)) = read_frame(&mut rd).await? {
+            if payload.len() < 32 {
+                return Err(WireError::BadFrame("short payload"));
+            }
+            let data = payload.split_off(32).freeze();
+            let hash = BlockHash::from_slice(&payload).ok_or(WireError::BadFrame("hash"))?;
+            let svc = svc.clone();
+            let job = match op {
+                OP_GET if data.is_empty() => {
+                    tokio::task::spawn_blocking(move || match svc.get(&hash) {
+                        Ok(Some(b)) => Response::Block(hash, b),
+                        Ok(None) => Response::NotFound(hash),
+                        Err(e) => Response::Error(e),
+                    })
+                }
+                OP_PUT => tokio::task::spawn_blocking(move || {
+                    if BlockHash::of(&data) != hash {
+                        return Response::Error(format!("block {hash} does not match its hash"));
+                    }
+                    match svc.put(&hash, data) {
+                        Ok(()) => Response::Stored(hash),
+                        Err(e) => Response::Error(e),
+                    }
+                }),
+                _ => return Err(WireError::BadFrame("unknown op")),
+            };
+            if tx.send(job).await.is_err() {
+                break;
+            }
+        }
+        Ok::<(), WireError>(())
+    };
+    let writer = async move {
+        while let Some(job) = rx.recv().await {
+            let resp = job
+                .await
+                .unwrap_or_else(|e| Response::Error(format!("server task failed: {e}")));
+            match resp {
+                Response::Block(h, b) => write_frame(&mut wr, OP_BLOCK, h.as_bytes(), &b).await?,
+                Response::NotFound(h) => {
+                    write_frame(&mut wr, OP_NOT_FOUND, h.as_bytes(), &[]).await?
+                }
+                Response::Stored(h) => write_frame(&mut wr, OP_STORED, h.as_bytes(), &[]).await?,
+                Response::Error(m) => {
+                    write_frame(&mut wr, OP_ERROR, &[0u8; 32], m.as_bytes()).await?
+                }
+            }
+        }
+        wr.shutdown().await.ok();
+        Ok::<(), WireError>(())
+    };
+    let (r, w) = tokio::join!(reader, writer);
+    r.and(w)
+}
+
+/// The sending half of a client connection.
+pub struct DataSender {
+    wr: OwnedWriteHalf,
+}
+
+/// The receiving half of a client connection.
+pub struct DataReceiver {
+    rd: BufReader<OwnedReadHalf>,
+}
+
+/// Opens a client connection to a peer's data plane.
+pub async fn connect(addr: &str) -> Result<(DataSender, DataReceiver), WireError> {
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+        .await
+        .map_err(|_| WireError::Timeout)??;
+    stream.set_nodelay(true)?;
+    let (rd, mut wr) = stream.into_split();
+    let mut hello = MAGIC.to_vec();
+    hello.push(PROTO_VERSION);
+    wr.write_all(&hello).await?;
+    Ok((
+        DataSender { wr },
+        DataReceiver {
+            rd: BufReader::with_capacity(256 << 10, rd),
+        },
+    ))
+}
+
+impl DataSender {
+    pub async fn get(&mut self, hash: &BlockHash) -> Result<(), WireError> {
+        write_frame(&mut self.wr, OP_GET, hash.as_bytes(), &[]).await
+    }
+
+    pub async fn put(&mut self, hash: &BlockHash, data: &[u8]) -> Result<(), WireError> {
+        write_frame(&mut self.wr, OP_PUT, hash.as_bytes(), data).await
+    }
+}
+
+impl DataReceiver {
+    /// The next response, in request order. A peer silent for [`IDLE_TIMEOUT`] is an error.
+    pub async fn recv(&mut self) -> Result<Response, WireError> {
+        let frame = tokio::time::timeout(IDLE_TIMEOUT, read_frame(&mut self.rd))
+            .await
+            .map_err(|_| WireError::Timeout)??;
+        let (op, mut payload) = frame.ok_or(WireError::Closed)?;
+        if payload.len() < 32 {
+            return Err(WireError::BadFrame("short payload"));
+        }
+        let body = payload.split_off(32).freeze();
+        let hash = BlockHash::from_slice(&payload).ok_or(WireError::BadFrame("hash"))?;
+        Ok(match op {
+            OP_BLOCK => Response::Block(hash, body),
+            OP_NOT_FOUND => Response::NotFound(hash),
+            OP_STORED => Response::Stored(hash),
+            OP_ERROR => Response::Error(String::from_utf8_lossy(&body).into_owned()),
+            _ => return Err(WireError::BadFrame("unknown op")),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    struct Mem(Mutex<HashMap<BlockHash, Bytes>>);
+    impl BlockServe for Mem {
+        fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>, String> {
+            Ok(self.0.lock().unwrap().get(hash).cloned())
+        }
+        fn put(&self, hash: &BlockHash, data: Bytes) -> Result<(), String> {
+            self.0.lock().unwrap().insert(*hash, data);
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn pipelined_puts_and_gets_answer_in_order() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let svc: Arc<dyn BlockServe> = Arc::new(Mem::default());
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = listener.accept().await.unwrap();
+                tokio::spawn(serve_connection(s, svc.clone()));
+            }
+        });
+        let (mut tx, mut rx) = connect(&addr).await.unwrap();
+        let blocks: Vec<Vec<u8>> = (0..20u8).map(|i| vec![i; 1000 + i as usize]).collect();
+        for b in &blocks {
+            tx.put(&BlockHash::of(b), b).await.unwrap();
+        }
+        tx.put(&BlockHash::of(b"other"), b"lie").await.unwrap();
+        for b in &blocks {
+            assert!(
+                matches!(rx.recv().await.unwrap(), Response::Stored(h) if h == BlockHash::of(b))
+            );
+        }
+        assert!(matches!(rx.recv().await.unwrap(), Response::Error(_)));
+        for b in blocks.iter().rev() {
+            tx.get(&BlockHash::of(b)).await.unwrap();
+        }
+        tx.get(&BlockHash::of(b"missing")).await.unwrap();
+        for b in blocks.iter().rev() {
+            match rx.recv().await.unwrap() {
+                Response::Block(h, d) => {
+                    assert_eq!(h, BlockHash::of(b));
+                    assert_eq!(&d[..], &b[..]);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(matches!(rx.recv().await.unwrap(), Response::NotFound(_)));
+
+        // A frame over the limit ends that connection only.
+        let mut raw = TcpStream::connect(&addr).await.unwrap();
+        raw.write_all(b"KTDP\x01\x01\xff\xff\xff\xff")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 1];
+        assert_eq!(raw.read(&mut buf).await.unwrap(), 0);
+        let (mut tx, mut rx) = connect(&addr).await.unwrap();
+        tx.get(&BlockHash::of(&blocks[0])).await.unwrap();
+        assert!(matches!(rx.recv().await.unwrap(), Response::Block(..)));
+    }
+}

@@ -1,0 +1,74 @@
+//! Content addresses: the blake3 hash of a block, and the version id of a manifest.
+
+use std::fmt;
+
+/// The blake3 hash of one block's bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockHash(pub [u8; 32]);
+
+impl BlockHash {
+    pub fn of(data: &[u8]) -> Self {
+        BlockHash(*blake3::hash(data).as_bytes())
+    }
+
+    /// From bytes that came over the wire or out of a database; `None` unless exactly 32 bytes.
+    pub fn from_slice(b: &[u8]) -> Option<Self> {
+        <[u8; 32]>::try_from(b).ok().map(BlockHash)
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    pub fn hex(&self) -> String {
+        to_hex(&self.0)
+    }
+}
+
+impl fmt::Debug for BlockHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BlockHash({})", &self.hex()[..16])
+    }
+}
+
+impl fmt::Display for BlockHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.hex()[..16])
+    }
+}
+
+/// A version of an entry: the blake3 hash of its encoded manifest.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Version(pub [u8; 32]);
+
+impl Version {
+    pub fn from_slice(b: &[u8]) -> Option<Self> {
+        <[u8; 32]>::try_from(b).ok().map(Version)
+    }
+
+    pub fn hex(&self) -> String {
+        to_hex(&self.0)
+    }
+}
+
+impl fmt::Debug for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Version({})", &self.hex()[..16])
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.hex())
+    }
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(HEX[(b >> 4) as usize] as char);
+        s.push(HEX[(b & 15) as usize] as char);
+    }
+    s
+}

@@ -1,0 +1,36 @@
+use clap::Parser;
+use ktfs::cli::{self, Cli, Cmd};
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    let (daemon, verbose) = match &cli.cmd {
+        Cmd::Server(_) | Cmd::Agent(_) | Cmd::Up(_) => (true, false),
+        Cmd::Put(a) => (false, a.common.verbose),
+        Cmd::Get(a) => (false, a.common.verbose),
+        Cmd::Ls(a) => (false, a.common.verbose),
+        Cmd::Rm(a) => (false, a.common.verbose),
+    };
+    let default = if daemon || verbose { "info" } else { "warn" };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.cmd {
+        Cmd::Put(a) => cli::put(a).await,
+        Cmd::Get(a) => cli::get(a).await,
+        Cmd::Ls(a) => cli::ls(a).await,
+        Cmd::Rm(a) => cli::rm(a).await,
+        Cmd::Server(a) => cli::server(a).await,
+        Cmd::Agent(a) => cli::agent(a).await,
+        Cmd::Up(a) => cli::up(a).await,
+    };
+    if let Err(e) = result {
+        let msg = format!("{e:#}").replace('\n', " ");
+        eprintln!("kt: error: {msg}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,237 @@
+//! Manifests: the immutable description of one version of an entry.
+//!
+//! A manifest lists, for each file, its relative path, mode, size, mtime and blocks, and for each
+//! symlink its target. Its version id is the blake3 of its encoding, so two publications of the
+//! same bytes with the same metadata are the same version. Manifests that come from the network
+//! are checked by [`validate`] before a single byte is written from them: paths stay below the
+//! destination, sizes match their blocks.
+
+use prost::Message;
+
+use crate::hash::{BlockHash, Version};
+use crate::key::{KeyPath, MAX_SEGMENT};
+pub use crate::proto::{BlockRef, EntryKind, FileEntry, Manifest};
+
+/// Default block size: 4 MiB.
+pub const DEFAULT_BLOCK_SIZE: u32 = 4 << 20;
+/// Largest block any peer accepts or sends.
+pub const MAX_BLOCK_SIZE: u32 = 64 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("manifest has a bad path {0:?}")]
+    BadPath(String),
+    #[error("manifest entry {0:?}: blocks add up to {1} bytes, size says {2}")]
+    SizeMismatch(String, u64, u64),
+    #[error("manifest entry {0:?} has a malformed block reference")]
+    BadBlock(String),
+    #[error("manifest block size {0} is out of range")]
+    BadBlockSize(u32),
+    #[error("manifest entries are not sorted and unique at {0:?}")]
+    Unsorted(String),
+    #[error("manifest is empty")]
+    Empty,
+    #[error("malformed manifest: {0}")]
+    Decode(#[from] prost::DecodeError),
+}
+
+pub fn version_of(m: &Manifest) -> Version {
+    Version(*blake3::hash(&m.encode_to_vec()).as_bytes())
+}
+
+pub fn decode(bytes: &[u8]) -> Result<Manifest, ManifestError> {
+    let m = Manifest::decode(bytes)?;
+    validate(&m)?;
+    Ok(m)
+}
+
+/// True when the manifest describes a directory tree rather than a single file.
+pub fn is_directory(m: &Manifest) -> bool {
+    m.entries
+        .first()
+        .is_some_and(|e| e.path.is_empty() && e.kind() == EntryKind::Directory)
+}
+
+pub fn total_size(m: &Manifest) -> u64 {
+    m.entries
+        .iter()
+        .filter(|e| e.kind() == EntryKind::File)
+        .map(|e| e.size)
+        .sum()
+}
+
+pub fn file_count(m: &Manifest) -> u64 {
+    m.entries
+        .iter()
+        .filter(|e| e.kind() == EntryKind::File)
+        .count() as u64
+}
+
+pub fn block_hash(b: &BlockRef) -> Option<BlockHash> {
+    BlockHash::from_slice(&b.hash)
+}
+
+/// Checks a manifest that may come from anyone: every path is a clean relative path, entries
+/// are sorted and unique, block references are well formed and add up to each file's size.
+pub fn validate(m: &Manifest) -> Result<(), ManifestError> {
+    if m.block_size == 0 || m.block_size > MAX_BLOCK_SIZE {
+        return Err(ManifestError::BadBlockSize(m.block_size));
+    }
+    if m.entries.is_empty() {
+        return Err(ManifestError::Empty);
+    }
+    let mut prev: Option<&str> = None;
+    for e in &m.entries {
+        check_rel_path(&e.path)?;
+        if let Some(p) = prev {
+            if p >= e.path.as_str() {
+                return Err(ManifestError::Unsorted(e.path.clone()));
+            }
+        }
+        prev = Some(&e.path);
+        if e.kind() == EntryKind::File {
+            let mut sum = 0u64;
+            for b in &e.blocks {
+                if b.hash.len() != 32 || b.len == 0 || b.len > m.block_size {
+                    return Err(ManifestError::BadBlock(e.path.clone()));
+                }
+                sum += u64::from(b.len);
+            }
+            if sum != e.size {
+                return Err(ManifestError::SizeMismatch(e.path.clone(), sum, e.size));
+            }
+        } else if !e.blocks.is_empty() {
+            return Err(ManifestError::BadBlock(e.path.clone()));
+        }
+    }
+    // A single-file manifest has one entry with an empty path; a directory's first entry is its
+    // root with an empty path.
+    if m.entries.len() > 1 && !is_directory(m) {
+        return Err(ManifestError::BadPath(m.entries[0].path.clone()));
+    }
+    if m.entries[0].path.is_empty() && m.entries[0].kind() == EntryKind::Symlink {
+        return Ok(());
+    }
+    if !m.entries[0].path.is_empty() {
+        return Err(ManifestError::BadPath(m.entries[0].path.clone()));
+    }
+    Ok(())
+}
+
+fn check_rel_path(p: &str) -> Result<(), ManifestError> {
+    if p.is_empty() {
+        return Ok(());
+    }
+    let bad = p.split('/').any(|s| {
+        s.is_empty() || s == "." || s == ".." || s.len() > MAX_SEGMENT || s.contains('\0')
+    });
+    if bad || p.len() > crate::key::MAX_KEY {
+        return Err(ManifestError::BadPath(p.to_string()));
+    }
+    Ok(())
+}
+
+/// The part of a directory manifest at `subpath`, rebased so `subpath` becomes its root.
+/// `None` when nothing lies there.
+pub fn subtree(m: &Manifest, subpath: &str) -> Option<Manifest> {
+    if subpath.is_empty() {
+        return Some(m.clone());
+    }
+    let root = m.entries.iter().find(|e| e.path == subpath)?;
+    let mut entries = Vec::new();
+    let mut top = root.clone();
+    top.path.clear();
+    entries.push(top);
+    if root.kind() == EntryKind::Directory {
+        let pfx = format!("{subpath}/");
+        for e in &m.entries {
+            if let Some(rest) = e.path.strip_prefix(&pfx) {
+                let mut e = e.clone();
+                e.path = rest.to_string();
+                entries.push(e);
+            }
+        }
+    }
+    Some(Manifest {
+        block_size: m.block_size,
+        entries,
+    })
+}
+
+/// The key of a manifest entry below the key `base`.
+pub fn entry_key(base: &KeyPath, entry: &FileEntry) -> Option<KeyPath> {
+    base.join(&entry.path).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str, blocks: &[(&[u8], u32)]) -> FileEntry {
+        FileEntry {
+            path: path.into(),
+            kind: EntryKind::File as i32,
+            mode: 0o644,
+            size: blocks.iter().map(|b| u64::from(b.1)).sum(),
+            blocks: blocks
+                .iter()
+                .map(|(d, l)| BlockRef {
+                    hash: blake3::hash(d).as_bytes().to_vec(),
+                    len: *l,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn dir(path: &str) -> FileEntry {
+        FileEntry {
+            path: path.into(),
+            kind: EntryKind::Directory as i32,
+            mode: 0o755,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn refuses_escaping_and_inconsistent_manifests() {
+        let ok = Manifest {
+            block_size: 4,
+            entries: vec![dir(""), file("a", &[(b"x", 4)]), dir("d"), file("d/b", &[])],
+        };
+        validate(&ok).unwrap();
+        for bad in ["../x", "d/../../x", "/abs", "a//b", "."] {
+            let mut m = ok.clone();
+            m.entries.push(file(bad, &[]));
+            m.entries.sort_by(|a, b| a.path.cmp(&b.path));
+            assert!(validate(&m).is_err(), "{bad} accepted");
+        }
+        let mut m = ok.clone();
+        m.entries[1].size = 5;
+        assert!(matches!(validate(&m), Err(ManifestError::SizeMismatch(..))));
+        let mut m = ok.clone();
+        m.entries[1].blocks[0].hash.pop();
+        assert!(matches!(validate(&m), Err(ManifestError::BadBlock(..))));
+        let mut m = ok.clone();
+        m.entries.swap(1, 2);
+        assert!(matches!(validate(&m), Err(ManifestError::Unsorted(..))));
+    }
+
+    #[test]
+    fn version_changes_with_content_and_subtree_rebases() {
+        let m = Manifest {
+            block_size: 4,
+            entries: vec![dir(""), dir("d"), file("d/b", &[(b"y", 4)])],
+        };
+        let mut m2 = m.clone();
+        m2.entries[2].mode = 0o600;
+        assert_ne!(version_of(&m), version_of(&m2));
+        let sub = subtree(&m, "d").unwrap();
+        assert!(is_directory(&sub));
+        assert_eq!(sub.entries[1].path, "b");
+        let f = subtree(&m, "d/b").unwrap();
+        assert_eq!(f.entries.len(), 1);
+        validate(&f).unwrap();
+        assert!(subtree(&m, "nope").is_none());
+    }
+}

@@ -1,0 +1,192 @@
+//! Publishing: `kt put`, shared by every caller that publishes files from disk.
+//!
+//! For `locale=store`, the store is asked which blocks it lacks, only those are uploaded, and
+//! then the manifest is published; the key switches to the new version in one step, so a put
+//! that fails midway leaves the old version in place. For `locale=local`, this node's agent
+//! registers the files as in-place sources and publishes with itself as the origin: no bytes move.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use indicatif::ProgressBar;
+use serde::Serialize;
+
+use crate::client::{self, ClientError};
+use crate::hash::{BlockHash, Version};
+use crate::key::{KeyPath, Namespace};
+use crate::manifest::{self, EntryKind};
+use crate::proto::{LocalFile, Locale, MissingBlocksRequest, PublishLocalRequest, PublishRequest};
+use crate::scan::{self, ScanError, ScanOptions, Scanned};
+use crate::transfer::{self, TransferError, UploadJob};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PutError {
+    #[error(transparent)]
+    Scan(#[from] ScanError),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error(transparent)]
+    Transfer(#[from] TransferError),
+    #[error("--locale local needs this node's agent: {0}")]
+    NoAgent(ClientError),
+    #[error("server returned a malformed version")]
+    BadVersion,
+}
+
+pub struct PutOptions {
+    pub server: String,
+    pub namespace: Namespace,
+    pub key: KeyPath,
+    pub srcs: Vec<String>,
+    pub scan: ScanOptions,
+    pub locale: Locale,
+    pub force: bool,
+    pub ttl_secs: u64,
+    pub agent_socket: PathBuf,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PutReport {
+    pub key: String,
+    pub namespace: String,
+    pub version: String,
+    pub locale: &'static str,
+    pub files: u64,
+    pub bytes: u64,
+    pub bytes_transferred: u64,
+}
+
+/// Scans, uploads what the store lacks, and publishes.
+pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, PutError> {
+    let scan_opts = opts.scan.clone();
+    let srcs = opts.srcs.clone();
+    let scanned = tokio::task::spawn_blocking(move || scan::scan(&srcs, &scan_opts))
+        .await
+        .map_err(|e| ScanError::Io {
+            path: String::new(),
+            source: std::io::Error::other(e.to_string()),
+        })??;
+    let m = &scanned.manifest;
+    let publish = PublishRequest {
+        namespace: opts.namespace.to_string(),
+        key: opts.key.to_string(),
+        manifest: Some(m.clone()),
+        locale: opts.locale as i32,
+        origin_node: String::new(),
+        ttl_secs: opts.ttl_secs,
+        force: opts.force,
+    };
+    let (version, transferred) = match opts.locale {
+        Locale::Store => {
+            let mut store = client::connect_store(&opts.server).await?;
+            let jobs = upload_jobs(&scanned);
+            let mut missing = HashSet::new();
+            for chunk in jobs.chunks(16_384) {
+                let resp = store
+                    .missing_blocks(MissingBlocksRequest {
+                        hashes: chunk.iter().map(|j| j.hash.0.to_vec()).collect(),
+                    })
+                    .await
+                    .map_err(ClientError::from)?;
+                missing.extend(
+                    resp.into_inner()
+                        .hashes
+                        .iter()
+                        .filter_map(|h| BlockHash::from_slice(h)),
+                );
+            }
+            let jobs: Vec<UploadJob> = jobs
+                .into_iter()
+                .filter(|j| missing.contains(&j.hash))
+                .collect();
+            progress.set_length(jobs.iter().map(|j| u64::from(j.len)).sum());
+            let sent = transfer::upload(&opts.server, jobs, progress).await?;
+            let resp = store.publish(publish).await.map_err(ClientError::from)?;
+            (resp.into_inner().version, sent)
+        }
+        Locale::Local => {
+            let mut agent = client::connect_agent(&opts.agent_socket)
+                .await
+                .map_err(PutError::NoAgent)?;
+            let files = local_files(&scanned)?;
+            let resp = agent
+                .publish_local(PublishLocalRequest {
+                    publish: Some(publish),
+                    files,
+                })
+                .await
+                .map_err(ClientError::from)?;
+            (resp.into_inner().version, 0)
+        }
+    };
+    let version = Version::from_slice(&version).ok_or(PutError::BadVersion)?;
+    Ok(PutReport {
+        key: opts.key.to_string(),
+        namespace: opts.namespace.to_string(),
+        version: version.hex(),
+        locale: locale_name(opts.locale),
+        files: manifest::file_count(m),
+        bytes: manifest::total_size(m),
+        bytes_transferred: transferred,
+    })
+}
+
+pub fn locale_name(l: Locale) -> &'static str {
+    match l {
+        Locale::Store => "store",
+        Locale::Local => "local",
+    }
+}
+
+/// One upload job per unique block, read from the first file that holds it.
+fn upload_jobs(s: &Scanned) -> Vec<UploadJob> {
+    let mut seen = HashSet::new();
+    let mut jobs = Vec::new();
+    for e in s
+        .manifest
+        .entries
+        .iter()
+        .filter(|e| e.kind() == EntryKind::File)
+    {
+        let Some(path) = s.disk_path(&e.path) else {
+            continue;
+        };
+        let path = Arc::new(path.to_path_buf());
+        let mut off = 0u64;
+        for b in &e.blocks {
+            if let Some(h) = manifest::block_hash(b) {
+                if seen.insert(h) {
+                    jobs.push(UploadJob {
+                        hash: h,
+                        len: b.len,
+                        path: path.clone(),
+                        offset: off,
+                    });
+                }
+            }
+            off += u64::from(b.len);
+        }
+    }
+    jobs
+}
+
+fn local_files(s: &Scanned) -> Result<Vec<LocalFile>, PutError> {
+    s.files
+        .iter()
+        .map(|(entry, disk)| {
+            let abs = absolute(disk)?;
+            Ok(LocalFile {
+                entry_path: entry.clone(),
+                disk_path: abs.display().to_string(),
+            })
+        })
+        .collect()
+}
+
+pub(crate) fn absolute(p: &Path) -> Result<PathBuf, ScanError> {
+    std::path::absolute(p).map_err(|source| ScanError::Io {
+        path: p.display().to_string(),
+        source,
+    })
+}

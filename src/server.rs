@@ -1,0 +1,287 @@
+//! The store server: metadata and the central block store, behind the gRPC control plane and
+//! the data plane on one port.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
+
+use crate::dataplane::BlockServe;
+use crate::db::Db;
+use crate::hash::{BlockHash, Version};
+use crate::key::{KeyPath, Namespace};
+use crate::meta::{MetaError, MetaStore, CF_BLOCKS, FAMILIES};
+use crate::proto::store_server::{Store, StoreServer};
+use crate::proto::*;
+
+pub const DEFAULT_PORT: u16 = 7447;
+/// How long a node stays a source without a heartbeat.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
+
+impl From<MetaError> for Status {
+    fn from(e: MetaError) -> Self {
+        let msg = e.to_string();
+        match e {
+            MetaError::NotFound(_) => Status::not_found(msg),
+            MetaError::Exists(_) => Status::already_exists(msg),
+            MetaError::Conflict(_) | MetaError::MissingBlocks(_) => {
+                Status::failed_precondition(msg)
+            }
+            MetaError::BadRequest(_) | MetaError::Manifest(_) => Status::invalid_argument(msg),
+            MetaError::Db(_) | MetaError::Corrupt(_) => {
+                tracing::error!(error = %msg, "store failure");
+                Status::internal(msg)
+            }
+        }
+    }
+}
+
+fn parse_ns(ns: &str) -> Result<Namespace, Status> {
+    if ns.is_empty() {
+        return Ok(Namespace::default());
+    }
+    Namespace::parse(ns).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+fn parse_key(key: &str) -> Result<KeyPath, Status> {
+    KeyPath::parse(key).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+fn parse_version(v: &[u8]) -> Result<Version, Status> {
+    Version::from_slice(v).ok_or_else(|| Status::invalid_argument("version must be 32 bytes"))
+}
+
+/// Runs blocking store work off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, MetaError> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(Status::from)
+}
+
+/// The gRPC handler; sockets and shutdown belong to [`StoreServerProcess`].
+pub struct StoreHandler {
+    meta: Arc<MetaStore>,
+}
+
+#[tonic::async_trait]
+impl Store for StoreHandler {
+    async fn register_node(
+        &self,
+        req: Request<RegisterNodeRequest>,
+    ) -> Result<Response<RegisterNodeResponse>, Status> {
+        let node = req
+            .into_inner()
+            .node
+            .ok_or_else(|| Status::invalid_argument("node missing"))?;
+        if node.node_id.is_empty() || node.data_addr.parse::<SocketAddr>().is_err() {
+            return Err(Status::invalid_argument(
+                "node needs an id and a data address ip:port",
+            ));
+        }
+        tracing::info!(node = %node.node_id, addr = %node.data_addr, "node registered");
+        self.meta.register_node(node);
+        Ok(Response::new(RegisterNodeResponse {
+            lease_secs: self.meta.lease().as_secs() as u32,
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        req: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        let known = self.meta.heartbeat(&req.into_inner().node_id);
+        Ok(Response::new(HeartbeatResponse { known }))
+    }
+
+    async fn missing_blocks(
+        &self,
+        req: Request<MissingBlocksRequest>,
+    ) -> Result<Response<MissingBlocksResponse>, Status> {
+        let hashes = req
+            .into_inner()
+            .hashes
+            .iter()
+            .map(|h| BlockHash::from_slice(h).ok_or_else(|| Status::invalid_argument("bad hash")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let meta = self.meta.clone();
+        let missing = blocking(move || meta.missing_blocks(&hashes)).await?;
+        Ok(Response::new(MissingBlocksResponse {
+            hashes: missing.iter().map(|h| h.0.to_vec()).collect(),
+        }))
+    }
+
+    async fn publish(
+        &self,
+        req: Request<PublishRequest>,
+    ) -> Result<Response<PublishResponse>, Status> {
+        let r = req.into_inner();
+        let ns = parse_ns(&r.namespace)?;
+        let key = parse_key(&r.key)?;
+        let locale = r.locale();
+        let manifest = r
+            .manifest
+            .ok_or_else(|| Status::invalid_argument("manifest missing"))?;
+        let meta = self.meta.clone();
+        let version = blocking(move || {
+            meta.publish(
+                &ns,
+                &key,
+                &manifest,
+                locale,
+                &r.origin_node,
+                r.ttl_secs,
+                r.force,
+            )
+        })
+        .await?;
+        tracing::info!(key = %r.key, %version, ?locale, "published");
+        Ok(Response::new(PublishResponse {
+            version: version.0.to_vec(),
+        }))
+    }
+
+    async fn resolve(
+        &self,
+        req: Request<ResolveRequest>,
+    ) -> Result<Response<ResolveResponse>, Status> {
+        let r = req.into_inner();
+        let ns = parse_ns(&r.namespace)?;
+        let key = parse_key(&r.key)?;
+        let meta = self.meta.clone();
+        let resp = blocking(move || {
+            let found = meta.resolve(&ns, &key)?;
+            let version = Version::from_slice(&found.record.version)
+                .ok_or_else(|| MetaError::Corrupt("version".into()))?;
+            let sources = meta.sources(&version, &found.record)?;
+            let rec = found.record;
+            Ok(ResolveResponse {
+                key: found.key,
+                version: rec.version.clone(),
+                locale: rec.locale,
+                origin_node: rec.origin_node.clone(),
+                size: crate::manifest::total_size(&found.manifest),
+                files: crate::manifest::file_count(&found.manifest),
+                manifest: Some(found.manifest),
+                sources,
+                created_unix_ms: rec.created_unix_ms,
+                expires_unix_ms: rec.expires_unix_ms,
+                subpath: found.subpath,
+            })
+        })
+        .await?;
+        Ok(Response::new(resp))
+    }
+
+    async fn list(&self, req: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        let r = req.into_inner();
+        let ns = parse_ns(&r.namespace)?;
+        let prefix = KeyPath::parse_prefix(&r.prefix)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let meta = self.meta.clone();
+        let (entries, exists) =
+            blocking(move || meta.list(&ns, prefix.as_ref(), r.recursive)).await?;
+        Ok(Response::new(ListResponse { entries, exists }))
+    }
+
+    async fn remove(
+        &self,
+        req: Request<RemoveRequest>,
+    ) -> Result<Response<RemoveResponse>, Status> {
+        let r = req.into_inner();
+        let ns = parse_ns(&r.namespace)?;
+        let key = parse_key(&r.key)?;
+        let meta = self.meta.clone();
+        let removed = blocking(move || meta.remove(&ns, &key, r.recursive, r.prefix)).await?;
+        tracing::info!(count = removed.len(), "removed keys");
+        Ok(Response::new(RemoveResponse { removed }))
+    }
+
+    async fn add_location(
+        &self,
+        req: Request<AddLocationRequest>,
+    ) -> Result<Response<AddLocationResponse>, Status> {
+        let r = req.into_inner();
+        let version = parse_version(&r.version)?;
+        let meta = self.meta.clone();
+        blocking(move || meta.add_location(&version, &r.node_id)).await?;
+        Ok(Response::new(AddLocationResponse {}))
+    }
+}
+
+/// The central block store, served on the data plane. Uploads are verified against their hash
+/// by the data plane before they get here.
+struct StoreBlocks {
+    meta: Arc<MetaStore>,
+}
+
+impl BlockServe for StoreBlocks {
+    fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>, String> {
+        self.meta
+            .db()
+            .get(CF_BLOCKS, hash.as_bytes())
+            .map(|o| o.map(Bytes::from))
+            .map_err(|e| e.to_string())
+    }
+
+    fn put(&self, hash: &BlockHash, data: Bytes) -> Result<(), String> {
+        let db = self.meta.db();
+        if db
+            .contains(CF_BLOCKS, hash.as_bytes())
+            .map_err(|e| e.to_string())?
+        {
+            return Ok(());
+        }
+        db.put(CF_BLOCKS, hash.as_bytes(), &data)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// A bound store server, ready to run.
+pub struct StoreServerProcess {
+    listener: TcpListener,
+    meta: Arc<MetaStore>,
+}
+
+impl StoreServerProcess {
+    pub async fn bind(listen: &str, data_dir: &Path, lease: Duration) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(data_dir)?;
+        let db = Db::open(&data_dir.join("meta.rocksdb"), FAMILIES, &[CF_BLOCKS])?;
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
+        Ok(StoreServerProcess {
+            listener,
+            meta: Arc::new(MetaStore::new(db, lease)),
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let handler = StoreHandler {
+            meta: self.meta.clone(),
+        };
+        let svc = StoreServer::new(handler)
+            .max_decoding_message_size(crate::net::MAX_RPC_MESSAGE)
+            .max_encoding_message_size(crate::net::MAX_RPC_MESSAGE);
+        let router = tonic::transport::Server::builder().add_service(svc);
+        let blocks = Arc::new(StoreBlocks {
+            meta: self.meta.clone(),
+        });
+        crate::net::serve(self.listener, Some(router), blocks, shutdown).await?;
+        self.meta.db().flush()?;
+        Ok(())
+    }
+}

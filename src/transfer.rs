@@ -1,0 +1,443 @@
+//! Moving blocks: fetching a set of blocks from an ordered list of sources into files, and
+//! uploading blocks from files to the store.
+//!
+//! Each source is tried in order. Per source, a couple of connections each keep a byte budget of
+//! requests in flight; a block is verified against its hash off the async threads and written
+//! straight to every place it belongs (identical blocks are fetched once). What one source cannot
+//! give — it lacks a block, it dies mid-transfer, it sends bytes that do not match — moves on to
+//! the next source. A source that sends one corrupt block is not asked again.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use indicatif::ProgressBar;
+use tokio::sync::Semaphore;
+
+use crate::dataplane::{self, Response, WireError};
+use crate::hash::BlockHash;
+
+/// Connections opened to one source at a time.
+const CONNS_PER_SOURCE: usize = 2;
+/// Bytes in flight on one connection: requested and not yet written to disk.
+const WINDOW_BYTES: u32 = 16 << 20;
+/// Requests in flight on one connection, whatever their size.
+const WINDOW_REQUESTS: usize = 256;
+/// Semaphore unit for the byte budget.
+const UNIT: u32 = 64 << 10;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    #[error("could not fetch {missing} blocks from any source ({reasons})")]
+    Unavailable { missing: usize, reasons: String },
+    #[error("no source holds this version")]
+    NoSource,
+    #[error("writing {path}: {source}")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{0} changed while it was being published; run the put again")]
+    Changed(String),
+    #[error("upload to {addr} failed: {reason}")]
+    Upload { addr: String, reason: String },
+}
+
+/// Somewhere to fetch blocks from.
+#[derive(Clone, Debug)]
+pub struct SourceAddr {
+    /// A node id, or `store` for the store server.
+    pub label: String,
+    pub addr: String,
+}
+
+/// One unique block to fetch and every place it goes: `(file index, offset)`.
+#[derive(Clone, Debug)]
+pub struct BlockJob {
+    pub hash: BlockHash,
+    pub len: u32,
+    pub targets: Vec<(usize, u64)>,
+}
+
+/// The files blocks are written into, by index.
+pub struct Sinks {
+    pub files: Vec<(PathBuf, File)>,
+}
+
+#[derive(Debug, Default)]
+pub struct FetchReport {
+    /// Bytes received from each source that gave any, in source order.
+    pub by_source: Vec<(SourceAddr, u64)>,
+}
+
+impl FetchReport {
+    pub fn bytes(&self) -> u64 {
+        self.by_source.iter().map(|(_, b)| b).sum()
+    }
+}
+
+fn permits(len: u32) -> u32 {
+    len.div_ceil(UNIT).clamp(1, WINDOW_BYTES / UNIT)
+}
+
+/// Fetches every job from the sources, nearest first.
+pub async fn fetch(
+    jobs: Vec<BlockJob>,
+    sinks: Arc<Sinks>,
+    sources: &[SourceAddr],
+    progress: &ProgressBar,
+) -> Result<FetchReport, TransferError> {
+    let mut report = FetchReport::default();
+    let mut pending = jobs;
+    let mut reasons = Vec::new();
+    for source in sources {
+        if pending.is_empty() {
+            break;
+        }
+        let mut lanes: Vec<Vec<BlockJob>> = vec![Vec::new(); CONNS_PER_SOURCE.min(pending.len())];
+        for (i, j) in pending.drain(..).enumerate() {
+            let n = lanes.len();
+            lanes[i % n].push(j);
+        }
+        let poisoned = Arc::new(AtomicBool::new(false));
+        let got = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for lane in lanes {
+            tasks.push(tokio::spawn(fetch_lane(
+                source.addr.clone(),
+                lane,
+                sinks.clone(),
+                poisoned.clone(),
+                got.clone(),
+                progress.clone(),
+            )));
+        }
+        for t in tasks {
+            let outcome = t.await.map_err(|e| TransferError::Unavailable {
+                missing: 0,
+                reasons: e.to_string(),
+            })?;
+            let LaneOutcome { failed, error } = outcome?;
+            if let Some(e) = error {
+                tracing::warn!(source = %source.label, addr = %source.addr, error = %e, "source failed");
+                reasons.push(format!("{}: {e}", source.label));
+            }
+            pending.extend(failed);
+        }
+        let bytes = got.load(Ordering::Relaxed);
+        if bytes > 0 {
+            report.by_source.push((source.clone(), bytes));
+        }
+    }
+    if !pending.is_empty() {
+        if sources.is_empty() {
+            return Err(TransferError::NoSource);
+        }
+        reasons.dedup();
+        return Err(TransferError::Unavailable {
+            missing: pending.len(),
+            reasons: if reasons.is_empty() {
+                "no source has them".into()
+            } else {
+                reasons.join("; ")
+            },
+        });
+    }
+    Ok(report)
+}
+
+struct LaneOutcome {
+    failed: Vec<BlockJob>,
+    /// Why this source stopped being used, if it did.
+    error: Option<String>,
+}
+
+enum Written {
+    Ok,
+    Corrupt(BlockJob),
+}
+
+/// One connection's share of a source: pipelined requests, in-order responses.
+async fn fetch_lane(
+    addr: String,
+    jobs: Vec<BlockJob>,
+    sinks: Arc<Sinks>,
+    poisoned: Arc<AtomicBool>,
+    got: Arc<AtomicU64>,
+    progress: ProgressBar,
+) -> Result<LaneOutcome, TransferError> {
+    let (mut tx, mut rx) = match dataplane::connect(&addr).await {
+        Ok(c) => c,
+        Err(e) => {
+            return Ok(LaneOutcome {
+                failed: jobs,
+                error: Some(e.to_string()),
+            })
+        }
+    };
+    let window = Arc::new(Semaphore::new((WINDOW_BYTES / UNIT) as usize));
+    let requests = Arc::new(Semaphore::new(WINDOW_REQUESTS));
+    let jobs = Arc::new(jobs);
+    let sender = {
+        let (jobs, window, requests, poisoned) = (
+            jobs.clone(),
+            window.clone(),
+            requests.clone(),
+            poisoned.clone(),
+        );
+        async move {
+            for j in jobs.iter() {
+                let (Ok(w), Ok(r)) = (
+                    window.acquire_many(permits(j.len)).await,
+                    requests.acquire().await,
+                ) else {
+                    break;
+                };
+                w.forget();
+                r.forget();
+                if poisoned.load(Ordering::Relaxed) || tx.get(&j.hash).await.is_err() {
+                    break;
+                }
+            }
+            tx
+        }
+    };
+    let receiver = async {
+        let mut failed = Vec::new();
+        let mut error = None;
+        let mut writes = Vec::new();
+        let mut queue: VecDeque<BlockJob> = jobs.iter().cloned().collect();
+        while let Some(job) = queue.pop_front() {
+            if poisoned.load(Ordering::Relaxed) {
+                failed.push(job);
+                continue;
+            }
+            let resp = rx.recv().await;
+            let release = |n: u32| {
+                window.add_permits(n as usize);
+                requests.add_permits(1);
+            };
+            match resp {
+                Ok(Response::Block(h, data)) if h == job.hash && data.len() == job.len as usize => {
+                    let (sinks, window, requests) =
+                        (sinks.clone(), window.clone(), requests.clone());
+                    let n = permits(job.len);
+                    writes.push(tokio::task::spawn_blocking(move || {
+                        let r = verify_and_write(&sinks, job, &data);
+                        window.add_permits(n as usize);
+                        requests.add_permits(1);
+                        r
+                    }));
+                }
+                Ok(Response::Block(..)) => {
+                    error = Some(format!("sent the wrong block for {}", job.hash));
+                    poisoned.store(true, Ordering::Relaxed);
+                    failed.push(job);
+                }
+                Ok(Response::NotFound(_)) => {
+                    release(permits(job.len));
+                    failed.push(job);
+                }
+                Ok(Response::Error(m)) => {
+                    release(permits(job.len));
+                    error.get_or_insert(m);
+                    failed.push(job);
+                }
+                Ok(Response::Stored(_)) => {
+                    error = Some(WireError::BadFrame("unexpected reply").to_string());
+                    failed.push(job);
+                    failed.extend(queue.drain(..));
+                }
+                Err(e) => {
+                    error = Some(e.to_string());
+                    failed.push(job);
+                    failed.extend(queue.drain(..));
+                }
+            }
+        }
+        window.close();
+        requests.close();
+        let mut fatal = None;
+        for w in writes {
+            match w.await {
+                Ok(Ok(Written::Ok)) => {}
+                Ok(Ok(Written::Corrupt(job))) => {
+                    poisoned.store(true, Ordering::Relaxed);
+                    error = Some(format!("block {} failed verification", job.hash));
+                    failed.push(job);
+                }
+                Ok(Err(e)) => fatal = Some(e),
+                Err(e) => {
+                    fatal = Some(TransferError::Write {
+                        path: String::new(),
+                        source: std::io::Error::other(e.to_string()),
+                    })
+                }
+            }
+        }
+        (failed, error, fatal)
+    };
+    let (_tx, (failed, error, fatal)) = tokio::join!(sender, receiver);
+    if let Some(e) = fatal {
+        return Err(e);
+    }
+    let done: u64 = jobs.iter().map(|j| u64::from(j.len)).sum::<u64>()
+        - failed.iter().map(|j| u64::from(j.len)).sum::<u64>();
+    got.fetch_add(done, Ordering::Relaxed);
+    progress.inc(done);
+    Ok(LaneOutcome { failed, error })
+}
+
+fn verify_and_write(sinks: &Sinks, job: BlockJob, data: &[u8]) -> Result<Written, TransferError> {
+    if BlockHash::of(data) != job.hash {
+        return Ok(Written::Corrupt(job));
+    }
+    for &(idx, off) in &job.targets {
+        let Some((path, file)) = sinks.files.get(idx) else {
+            continue;
+        };
+        file.write_all_at(data, off)
+            .map_err(|source| TransferError::Write {
+                path: path.display().to_string(),
+                source,
+            })?;
+    }
+    Ok(Written::Ok)
+}
+
+/// One block to upload, read from a file.
+#[derive(Clone, Debug)]
+pub struct UploadJob {
+    pub hash: BlockHash,
+    pub len: u32,
+    pub path: Arc<PathBuf>,
+    pub offset: u64,
+}
+
+/// Uploads blocks to a data-plane server that takes them (the store). Returns the bytes sent.
+pub async fn upload(
+    addr: &str,
+    jobs: Vec<UploadJob>,
+    progress: &ProgressBar,
+) -> Result<u64, TransferError> {
+    let mut lanes: Vec<Vec<UploadJob>> = vec![Vec::new(); CONNS_PER_SOURCE.min(jobs.len().max(1))];
+    for (i, j) in jobs.into_iter().enumerate() {
+        let n = lanes.len();
+        lanes[i % n].push(j);
+    }
+    let tasks: Vec<_> = lanes
+        .into_iter()
+        .map(|lane| tokio::spawn(upload_lane(addr.to_string(), lane, progress.clone())))
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.map_err(|e| TransferError::Upload {
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        })??;
+    }
+    Ok(total)
+}
+
+async fn upload_lane(
+    addr: String,
+    jobs: Vec<UploadJob>,
+    progress: ProgressBar,
+) -> Result<u64, TransferError> {
+    if jobs.is_empty() {
+        return Ok(0);
+    }
+    let fail = |reason: String| TransferError::Upload {
+        addr: addr.clone(),
+        reason,
+    };
+    let (mut tx, mut rx) = dataplane::connect(&addr)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let window = Arc::new(Semaphore::new((WINDOW_BYTES / UNIT) as usize));
+    let sender = {
+        let window = window.clone();
+        let jobs = jobs.clone();
+        async move {
+            for j in jobs {
+                let Ok(p) = window.acquire_many(permits(j.len)).await else {
+                    break;
+                };
+                p.forget();
+                let data = tokio::task::spawn_blocking(move || read_block(&j))
+                    .await
+                    .map_err(|e| TransferError::Read {
+                        path: String::new(),
+                        source: std::io::Error::other(e.to_string()),
+                    })??;
+                if let Err(e) = tx.put(&BlockHash::of(&data), &data).await {
+                    return Err(TransferError::Upload {
+                        addr: String::new(),
+                        reason: e.to_string(),
+                    });
+                }
+            }
+            Ok(())
+        }
+    };
+    let receiver = async {
+        let mut sent = 0u64;
+        for j in &jobs {
+            match rx.recv().await {
+                Ok(Response::Stored(h)) if h == j.hash => {
+                    window.add_permits(permits(j.len) as usize);
+                    sent += u64::from(j.len);
+                    progress.inc(u64::from(j.len));
+                }
+                Ok(Response::Error(m)) => {
+                    window.close();
+                    return Err(fail(m));
+                }
+                Ok(other) => {
+                    window.close();
+                    return Err(fail(format!("unexpected reply {other:?}")));
+                }
+                Err(e) => {
+                    window.close();
+                    return Err(fail(e.to_string()));
+                }
+            }
+        }
+        Ok(sent)
+    };
+    let (s, r) = tokio::join!(sender, receiver);
+    // A read error on our side explains a closed connection better than the receiver's view.
+    s?;
+    r
+}
+
+fn read_block(j: &UploadJob) -> Result<Vec<u8>, TransferError> {
+    let path = j.path.display().to_string();
+    let f = File::open(j.path.as_ref()).map_err(|source| TransferError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let mut buf = vec![0u8; j.len as usize];
+    f.read_exact_at(&mut buf, j.offset).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::UnexpectedEof {
+            TransferError::Changed(path.clone())
+        } else {
+            TransferError::Read {
+                path: path.clone(),
+                source,
+            }
+        }
+    })?;
+    if BlockHash::of(&buf) != j.hash {
+        return Err(TransferError::Changed(path));
+    }
+    Ok(buf)
+}

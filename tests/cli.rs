@@ -1,0 +1,324 @@
+//! The CLI against real server and agent processes on loopback.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn make_tree(root: &std::path::Path) {
+    fs::create_dir_all(root.join("nested/deeper/deepest")).unwrap();
+    fs::create_dir_all(root.join("empty-dir")).unwrap();
+    fs::write(root.join("config.json"), br#"{"layers": 12}"#).unwrap();
+    fs::write(root.join("empty"), b"").unwrap();
+    fs::write(root.join("nested/weights.bin"), pseudo_random(9 << 20, 1)).unwrap();
+    fs::write(root.join("nested/copy.bin"), pseudo_random(9 << 20, 1)).unwrap();
+    fs::write(
+        root.join("nested/deeper/deepest/ünïcødé-名前.txt"),
+        "héllo wörld\n",
+    )
+    .unwrap();
+    fs::write(root.join("run.sh"), b"#!/bin/sh\necho hi\n").unwrap();
+    fs::set_permissions(root.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink("nested/weights.bin", root.join("link-to-weights")).unwrap();
+    std::os::unix::fs::symlink("../config.json", root.join("nested/up-link")).unwrap();
+}
+
+#[test]
+fn directory_tree_round_trips_byte_for_byte_and_dedups() {
+    let c = Cluster::new("127.0.0.11");
+    let src = c.path("src/model");
+    make_tree(&src);
+    let src_s = format!("{}/", src.display());
+
+    let put = c.json(None, &["put", "my-svc/weights", "--src", &src_s]);
+    assert_eq!(put["files"], 6);
+    // Two identical 9 MiB files: their blocks are sent once.
+    let total = put["bytes"].as_u64().unwrap();
+    assert!(total > 18 << 20);
+    let sent = put["bytes_transferred"].as_u64().unwrap();
+    assert!(
+        sent < total - (8 << 20),
+        "identical blocks were sent twice: {sent} of {total}"
+    );
+
+    // Publishing the same bytes again under another key sends nothing.
+    let again = c.json(None, &["put", "other/copy", "--src", &src_s]);
+    assert_eq!(again["bytes_transferred"], 0);
+    assert_eq!(again["version"], put["version"]);
+
+    let out = c.path("out");
+    let got = c.json(
+        None,
+        &[
+            "get",
+            "my-svc/weights",
+            "--dest",
+            out.to_str().unwrap(),
+            "--contents",
+        ],
+    );
+    assert_eq!(got["files"], 6);
+    assert_same_tree(&src, &out);
+    assert!(out.join("empty-dir").is_dir());
+
+    // Without --contents the directory lands under its own name.
+    let out2 = c.path("out2");
+    c.ok(
+        None,
+        &["get", "my-svc/weights", "--dest", out2.to_str().unwrap()],
+    );
+    assert_same_tree(&src, &out2.join("weights"));
+
+    // A file inside a published directory is a key path too.
+    let one = c.path("one.txt");
+    c.ok(
+        None,
+        &[
+            "get",
+            "my-svc/weights/nested/deeper/deepest/ünïcødé-名前.txt",
+            "--dest",
+            one.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(fs::read_to_string(&one).unwrap(), "héllo wörld\n");
+
+    // A get over an existing different file refuses without --force, and overwrites with it.
+    fs::write(out.join("config.json"), b"changed").unwrap();
+    let r = c.kt(
+        None,
+        &[
+            "get",
+            "my-svc/weights",
+            "--dest",
+            out.to_str().unwrap(),
+            "-c",
+        ],
+    );
+    assert!(!r.status.success());
+    assert!(String::from_utf8_lossy(&r.stderr).contains("--force"));
+    c.ok(
+        None,
+        &[
+            "get",
+            "my-svc/weights",
+            "--dest",
+            out.to_str().unwrap(),
+            "-c",
+            "-f",
+        ],
+    );
+    assert_same_tree(&src, &out);
+}
+
+#[test]
+fn large_file_round_trip() {
+    let c = Cluster::new("127.0.0.12");
+    let src = c.path("big.bin");
+    let data = pseudo_random(300 << 20, 7);
+    fs::write(&src, &data).unwrap();
+    let put = c.json(
+        None,
+        &["put", "data/big.bin", "--src", src.to_str().unwrap()],
+    );
+    assert_eq!(put["bytes"], 300u64 << 20);
+    assert_eq!(put["bytes_transferred"], 300u64 << 20);
+    let dest = c.path("got.bin");
+    let got = c.json(
+        None,
+        &["get", "data/big.bin", "--dest", dest.to_str().unwrap()],
+    );
+    assert_eq!(got["bytes_transferred"], 300u64 << 20);
+    assert!(fs::read(&dest).unwrap() == data, "300 MiB file differs");
+}
+
+#[test]
+fn ls_and_rm() {
+    let c = Cluster::new("127.0.0.13");
+    let f = c.path("f.txt");
+    fs::write(&f, b"x").unwrap();
+    let d = c.path("d");
+    fs::create_dir_all(d.join("sub")).unwrap();
+    fs::write(d.join("sub/a"), b"a").unwrap();
+    let fs_ = f.to_str().unwrap();
+    c.ok(
+        None,
+        &["put", "my-svc/weights", "--src", d.to_str().unwrap(), "-c"],
+    );
+    c.ok(None, &["put", "my-svc/config.txt", "--src", fs_]);
+    c.ok(None, &["put", "my-svc/deep/x/y", "--src", fs_]);
+    c.ok(None, &["put", "gpu-test-1", "--src", fs_]);
+    c.ok(None, &["put", "gpu-test-2/a", "--src", fs_]);
+    c.ok(None, &["put", "-n", "team-b", "hidden", "--src", fs_]);
+
+    let ls = c.json(None, &["ls", "my-svc"]);
+    let names: Vec<&str> = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["config.txt", "deep/", "weights/"]);
+    assert_eq!(ls[2]["is_directory"], true);
+    assert_eq!(ls[2]["locale"], "store");
+    assert_eq!(ls[0]["is_directory"], false);
+    // Inside a published directory.
+    let inside = c.json(None, &["ls", "my-svc/weights"]);
+    assert_eq!(inside[0]["name"], "sub/");
+    // Namespaces isolate keys.
+    let root = c.json(None, &["ls"]);
+    assert!(!root.to_string().contains("hidden"));
+    let b = c.json(None, &["ls", "-n", "team-b"]);
+    assert_eq!(b[0]["name"], "hidden");
+
+    // A directory needs --recursive.
+    let r = c.kt(None, &["rm", "my-svc"]);
+    assert!(!r.status.success());
+    assert!(String::from_utf8_lossy(&r.stderr).contains("--recursive"));
+    c.ok(None, &["rm", "my-svc/config.txt"]);
+    c.ok(None, &["rm", "my-svc", "--recursive"]);
+    let ls = c.json(None, &["ls"]);
+    assert!(!ls.to_string().contains("my-svc"));
+    c.ok(None, &["rm", "gpu-test", "--prefix"]);
+    assert_eq!(c.json(None, &["ls"]).as_array().unwrap().len(), 0);
+    let r = c.kt(None, &["rm", "my-svc/config.txt"]);
+    assert!(!r.status.success());
+    assert!(String::from_utf8_lossy(&r.stderr).contains("not found"));
+}
+
+#[test]
+fn bad_input_gets_clear_errors() {
+    let c = Cluster::new("127.0.0.14");
+    let f = c.path("f");
+    fs::write(&f, b"x").unwrap();
+    let fs_ = f.to_str().unwrap();
+    // Bad keys are refused before anything is sent: even with no server at all.
+    for bad in ["a//b", "../x", "a/./b", "", &"s".repeat(256)] {
+        let out = kt_with(
+            "127.0.0.1:1",
+            &c.path("none.sock"),
+            &["put", bad, "--src", fs_],
+        );
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("key"), "{bad:?}: {err}");
+        assert!(!err.contains("reach"), "{bad:?} was sent: {err}");
+    }
+    let out = c.kt(
+        None,
+        &[
+            "get",
+            "no/such/key",
+            "--dest",
+            c.path("x").to_str().unwrap(),
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
+    assert!(!c.path("x").exists());
+
+    let out = c.kt(
+        None,
+        &["put", "k", "--src", c.path("missing").to_str().unwrap()],
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
+
+    // An unreachable server: one line, non-zero, quickly.
+    let t = Instant::now();
+    let out = kt_with("127.0.0.1:1", &c.path("none.sock"), &["ls"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("cannot reach the store server"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(15));
+
+    // An existing key is not replaced without --force.
+    c.ok(None, &["put", "k", "--src", fs_]);
+    fs::write(&f, b"y").unwrap();
+    let out = c.kt(None, &["put", "k", "--src", fs_]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
+    c.ok(None, &["put", "k", "--src", fs_, "--force"]);
+}
+
+#[test]
+fn survives_server_restart_between_put_and_get() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let server = start_server("127.0.0.15", &store);
+    let src = dir.path().join("src");
+    make_tree(&src);
+    let sock = dir.path().join("none.sock");
+    let out = kt_with(
+        &server.addr,
+        &sock,
+        &["put", "keep/me", "--src", &format!("{}/", src.display())],
+    );
+    assert!(out.status.success());
+    assert!(server.stop().success(), "server did not stop cleanly");
+    let server = start_server("127.0.0.15", &store);
+    let dest = dir.path().join("dest");
+    let out = kt_with(
+        &server.addr,
+        &sock,
+        &["get", "keep/me", "--dest", dest.to_str().unwrap(), "-c"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_same_tree(&src, &dest);
+}
+
+#[test]
+fn filters_and_gitignore() {
+    let c = Cluster::new("127.0.0.16");
+    let src = c.path("repo");
+    fs::create_dir_all(src.join("build")).unwrap();
+    fs::create_dir_all(src.join("src")).unwrap();
+    fs::write(src.join(".gitignore"), "build/\n*.o\n").unwrap();
+    fs::write(src.join("src/main.rs"), b"fn main() {}").unwrap();
+    fs::write(src.join("src/main.o"), b"obj").unwrap();
+    fs::write(src.join("src/keep.o"), b"obj").unwrap();
+    fs::write(src.join("build/out"), b"bin").unwrap();
+    fs::write(src.join("notes.log"), b"log").unwrap();
+    c.ok(
+        None,
+        &[
+            "put",
+            "code",
+            "--src",
+            &format!("{}/", src.display()),
+            "--exclude",
+            "*.log",
+            "--include",
+            "keep.o",
+        ],
+    );
+    let ls = c.json(None, &["ls", "code", "-r"]);
+    let names: Vec<&str> = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, [".gitignore", "src/", "src/keep.o", "src/main.rs"]);
+    let dest = c.path("dest");
+    c.ok(
+        None,
+        &[
+            "get",
+            "code",
+            "--dest",
+            dest.to_str().unwrap(),
+            "--exclude",
+            "src/",
+        ],
+    );
+    assert!(dest.join("code/.gitignore").exists());
+    assert!(!dest.join("code/src").exists());
+}

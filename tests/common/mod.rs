@@ -1,0 +1,246 @@
+//! A harness for integration tests: real `kt server` and `kt agent` processes on 127.0.0.x
+//! addresses, each with its own data directory, driven through the real CLI.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+pub fn kt_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_kt")
+}
+
+/// A process that is killed when dropped.
+pub struct Proc {
+    pub child: Child,
+    /// The address it printed when ready.
+    pub addr: String,
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Stops the process with SIGTERM and waits for it, as a user's Ctrl-C would.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let st = self.child.wait().expect("wait");
+        std::mem::forget(self);
+        st
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `kt ARGS` and waits (on its output, not on a clock) for its ready line; returns the
+/// address that follows `listening on `.
+pub fn spawn_ready(args: &[&str]) -> Proc {
+    let mut child = Command::new(kt_bin())
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn kt");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        for line in lines.by_ref() {
+            let Ok(line) = line else { break };
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                let addr = rest.split([',', ' ']).next().unwrap_or("").to_string();
+                let _ = tx.send(addr);
+                break;
+            }
+        }
+        // Keep draining so the child never blocks on a full pipe.
+        for _ in lines {}
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("kt {args:?} did not become ready"));
+    Proc { child, addr }
+}
+
+pub fn start_server(ip: &str, data_dir: &Path) -> Proc {
+    spawn_ready(&[
+        "server",
+        "--listen",
+        &format!("{ip}:0"),
+        "--data-dir",
+        data_dir.to_str().unwrap(),
+        "--lease-secs",
+        "3",
+    ])
+}
+
+pub struct AgentProc {
+    pub proc: Proc,
+    pub socket: PathBuf,
+    pub node_id: String,
+}
+
+pub fn start_agent(ip: &str, server: &str, dir: &Path, node_id: &str) -> AgentProc {
+    let socket = dir.join("agent.sock");
+    let proc = spawn_ready(&[
+        "agent",
+        "--server",
+        server,
+        "--listen",
+        &format!("{ip}:0"),
+        "--cache-dir",
+        dir.join("cache").to_str().unwrap(),
+        "--socket",
+        socket.to_str().unwrap(),
+        "--node-id",
+        node_id,
+        "--heartbeat-secs",
+        "1",
+    ]);
+    AgentProc {
+        proc,
+        socket,
+        node_id: node_id.to_string(),
+    }
+}
+
+/// A store server in a temporary directory.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub server: Proc,
+    pub ip: String,
+}
+
+impl Cluster {
+    pub fn new(ip: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let server = start_server(ip, &dir.path().join("store"));
+        Cluster {
+            dir,
+            server,
+            ip: ip.to_string(),
+        }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn agent(&self, ip: &str, node_id: &str) -> AgentProc {
+        let d = self.path(node_id);
+        std::fs::create_dir_all(&d).unwrap();
+        start_agent(ip, &self.server.addr, &d, node_id)
+    }
+
+    /// Runs the CLI against this cluster's server with `agent` as the node's agent socket (or
+    /// one that does not exist).
+    pub fn kt(&self, agent: Option<&AgentProc>, args: &[&str]) -> Output {
+        let sock = agent.map_or_else(|| self.path("no-agent.sock"), |a| a.socket.clone());
+        kt_with(&self.server.addr, &sock, args)
+    }
+
+    /// Like [`Cluster::kt`], and the command must succeed; returns its stdout.
+    pub fn ok(&self, agent: Option<&AgentProc>, args: &[&str]) -> String {
+        let out = self.kt(agent, args);
+        assert!(
+            out.status.success(),
+            "kt {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Runs with `--json` and parses the output.
+    pub fn json(&self, agent: Option<&AgentProc>, args: &[&str]) -> serde_json::Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        serde_json::from_str(self.ok(agent, &a).trim()).expect("json output")
+    }
+}
+
+pub fn kt_with(server: &str, agent_sock: &Path, args: &[&str]) -> Output {
+    Command::new(kt_bin())
+        .args(args)
+        .env("KT_SERVER", server)
+        .env("KT_AGENT", agent_sock)
+        .env_remove("KT_NAMESPACE")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run kt")
+}
+
+/// Deterministic pseudo-random bytes (xorshift), so every test run moves the same data.
+pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Asserts two trees are identical: names, kinds, bytes, modes, symlink targets.
+pub fn assert_same_tree(a: &Path, b: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let list = |root: &Path| {
+        let mut v: Vec<PathBuf> = walk(root)
+            .into_iter()
+            .map(|p| p.strip_prefix(root).unwrap().to_path_buf())
+            .collect();
+        v.sort();
+        v
+    };
+    let (la, lb) = (list(a), list(b));
+    assert_eq!(la, lb, "trees differ in their names");
+    for rel in la {
+        let (pa, pb) = (a.join(&rel), b.join(&rel));
+        let (ma, mb) = (
+            std::fs::symlink_metadata(&pa).unwrap(),
+            std::fs::symlink_metadata(&pb).unwrap(),
+        );
+        assert_eq!(ma.file_type(), mb.file_type(), "{rel:?} kind");
+        if ma.file_type().is_symlink() {
+            assert_eq!(
+                std::fs::read_link(&pa).unwrap(),
+                std::fs::read_link(&pb).unwrap(),
+                "{rel:?} target"
+            );
+        } else if ma.is_file() {
+            assert_eq!(
+                ma.permissions().mode(),
+                mb.permissions().mode(),
+                "{rel:?} mode"
+            );
+            assert!(
+                std::fs::read(&pa).unwrap() == std::fs::read(&pb).unwrap(),
+                "{rel:?} bytes differ"
+            );
+        }
+    }
+}
+
+fn walk(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(root).unwrap() {
+        let p = e.unwrap().path();
+        out.push(p.clone());
+        if std::fs::symlink_metadata(&p).unwrap().is_dir() {
+            out.extend(walk(&p));
+        }
+    }
+    out
+}

@@ -1,0 +1,320 @@
+//! Peers: in-place (`locale=local`) publishing, seeding, nearest-source order, and sources that
+//! lie or die.
+
+mod common;
+
+use std::collections::HashMap;
+use std::fs;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use common::*;
+use ktfs::hash::BlockHash;
+use ktfs::proto::{AddLocationRequest, NodeInfo, RegisterNodeRequest};
+
+const MIB: usize = 1 << 20;
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn listed_sources(v: &serde_json::Value) -> Vec<String> {
+    v["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["source"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn no_partial_files(dir: &std::path::Path) {
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            assert!(
+                !name.contains("ktpart"),
+                "half-written file left behind: {name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn local_locale_is_served_in_place_and_getters_seed() {
+    let c = Cluster::new("127.0.0.21");
+    let a = c.agent("127.0.0.22", "node-a");
+    let b = c.agent("127.0.0.23", "node-b");
+    let cc = c.agent("127.0.0.24", "node-c");
+    let f = c.path("weights.bin");
+    let data = pseudo_random(10 * MIB + 123, 3);
+    fs::write(&f, &data).unwrap();
+    let fs_ = f.to_str().unwrap();
+
+    // Without an agent, local publishing is refused with a reason.
+    let out = c.kt(None, &["put", "w", "--src", fs_, "--locale", "local"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("agent"));
+
+    let put = c.json(
+        Some(&a),
+        &[
+            "put",
+            "w",
+            "--src",
+            fs_,
+            "--locale",
+            "local",
+            "--block-size",
+            "1048576",
+        ],
+    );
+    assert_eq!(
+        put["bytes_transferred"], 0,
+        "local publishing must not copy"
+    );
+    let ls = c.json(None, &["ls"]);
+    assert_eq!(ls[0]["name"], "w");
+    assert_eq!(ls[0]["locale"], "node-a");
+
+    // B fetches from A's files in place, and becomes a source.
+    let db = c.path("b.bin");
+    let got = c.json(Some(&b), &["get", "w", "--dest", db.to_str().unwrap()]);
+    assert!(fs::read(&db).unwrap() == data);
+    assert_eq!(listed_sources(&got), ["node-a"]);
+    assert_eq!(got["seeded"], true);
+
+    // C prefers the seeding peer B over the origin A.
+    let dc = c.path("c.bin");
+    let got = c.json(
+        Some(&cc),
+        &["get", "w", "--dest", dc.to_str().unwrap(), "--no-seed-data"],
+    );
+    assert!(fs::read(&dc).unwrap() == data);
+    assert_eq!(listed_sources(&got), ["node-b"]);
+    assert_eq!(got["seeded"], false);
+
+    // The published file changes on A and B dies: nobody may serve the old blocks' bytes, so the
+    // get fails cleanly instead of writing the wrong data.
+    let mut changed = data.clone();
+    changed[5 * MIB] ^= 0xff;
+    fs::write(&f, &changed).unwrap();
+    drop(b);
+    let dd = c.path("d-dest");
+    fs::create_dir_all(&dd).unwrap();
+    let out = c.kt(
+        None,
+        &["get", "w", "--dest", dd.join("d.bin").to_str().unwrap()],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("could not fetch"), "{err}");
+    assert!(!dd.join("d.bin").exists());
+    no_partial_files(&dd);
+}
+
+/// What a fake peer answers to a GET, or `None` to die (close every connection, accept no more).
+type Answer = dyn Fn(&BlockHash) -> Option<Vec<u8>> + Send + Sync;
+
+/// Serves the data-plane protocol by hand, so a test decides exactly what a peer does wrong,
+/// and registers it with the store as a node holding `version`.
+fn fake_peer(server: &str, ip: &str, node: &str, version_hex: &str, answer: Arc<Answer>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind(format!("{ip}:0")).unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            if dead.load(Ordering::SeqCst) {
+                break;
+            }
+            let Ok(mut s) = conn else { break };
+            let (answer, dead) = (answer.clone(), dead.clone());
+            std::thread::spawn(move || {
+                let mut hello = [0u8; 5];
+                if s.read_exact(&mut hello).is_err() {
+                    return;
+                }
+                loop {
+                    let mut head = [0u8; 5];
+                    if s.read_exact(&mut head).is_err() {
+                        return;
+                    }
+                    let len = u32::from_be_bytes(head[1..5].try_into().unwrap()) as usize;
+                    let mut payload = vec![0u8; len];
+                    if s.read_exact(&mut payload).is_err() {
+                        return;
+                    }
+                    let hash = BlockHash::from_slice(&payload[..32]).unwrap();
+                    let Some(data) = answer(&hash) else {
+                        dead.store(true, Ordering::SeqCst);
+                        let _ = s.shutdown(std::net::Shutdown::Both);
+                        return;
+                    };
+                    let mut frame = vec![0x81];
+                    frame.extend_from_slice(&((32 + data.len()) as u32).to_be_bytes());
+                    frame.extend_from_slice(hash.as_bytes());
+                    frame.extend_from_slice(&data);
+                    if s.write_all(&frame).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut store = ktfs::client::connect_store(server).await.unwrap();
+        store
+            .register_node(RegisterNodeRequest {
+                node: Some(NodeInfo {
+                    node_id: node.into(),
+                    data_addr: addr,
+                    zone: String::new(),
+                }),
+            })
+            .await
+            .unwrap();
+        store
+            .add_location(AddLocationRequest {
+                version: unhex(version_hex),
+                node_id: node.into(),
+            })
+            .await
+            .unwrap();
+    });
+}
+
+/// Serves the real blocks of `data` for `budget` requests, then dies.
+fn dying(data: &[u8], budget: usize) -> Arc<Answer> {
+    let blocks: HashMap<BlockHash, Vec<u8>> = data
+        .chunks(MIB)
+        .map(|b| (BlockHash::of(b), b.to_vec()))
+        .collect();
+    let left = AtomicUsize::new(budget);
+    Arc::new(move |h| {
+        left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| b.checked_sub(1))
+            .ok()?;
+        blocks.get(h).cloned()
+    })
+}
+
+#[test]
+fn corrupt_peer_is_detected_and_store_refetched() {
+    let c = Cluster::new("127.0.0.31");
+    let f = c.path("data.bin");
+    let data = pseudo_random(8 * MIB, 11);
+    fs::write(&f, &data).unwrap();
+    let put = c.json(
+        None,
+        &[
+            "put",
+            "d",
+            "--src",
+            f.to_str().unwrap(),
+            "--block-size",
+            "1048576",
+        ],
+    );
+    let version = put["version"].as_str().unwrap().to_string();
+    // A peer that serves wrong bytes of the right length.
+    fake_peer(
+        &c.server.addr,
+        "127.0.0.32",
+        "liar",
+        &version,
+        Arc::new(|_: &BlockHash| Some(vec![0u8; MIB])),
+    );
+
+    let dest = c.path("got.bin");
+    let dest_s = dest.to_str().unwrap().to_string();
+    let got = c.json(None, &["get", "d", "--dest", &dest_s]);
+    assert!(
+        fs::read(&dest).unwrap() == data,
+        "corrupt bytes reached the destination"
+    );
+    // The liar was asked first (peers before the store) and gave nothing that was kept.
+    assert_eq!(listed_sources(&got), ["store"]);
+    assert_eq!(got["bytes_transferred"], 8 * MIB as u64);
+}
+
+#[test]
+fn source_dying_mid_transfer_resumes_from_store() {
+    let c = Cluster::new("127.0.0.41");
+    let f = c.path("data.bin");
+    let data = pseudo_random(16 * MIB, 12);
+    fs::write(&f, &data).unwrap();
+    let put = c.json(
+        None,
+        &[
+            "put",
+            "d",
+            "--src",
+            f.to_str().unwrap(),
+            "--block-size",
+            "1048576",
+        ],
+    );
+    let version = put["version"].as_str().unwrap().to_string();
+    fake_peer(
+        &c.server.addr,
+        "127.0.0.42",
+        "dying",
+        &version,
+        dying(&data, 5),
+    );
+
+    let dest = c.path("got.bin");
+    let dest_s = dest.to_str().unwrap().to_string();
+    let got = c.json(None, &["get", "d", "--dest", &dest_s]);
+    assert!(fs::read(&dest).unwrap() == data);
+    let srcs = listed_sources(&got);
+    assert_eq!(srcs, ["dying", "store"], "{got}");
+    let from_dying = got["sources"][0]["bytes"].as_u64().unwrap();
+    assert!(from_dying > 0 && from_dying <= 5 * MIB as u64, "{got}");
+}
+
+#[test]
+fn only_source_dying_fails_cleanly() {
+    let c = Cluster::new("127.0.0.51");
+    let a = c.agent("127.0.0.52", "origin");
+    let f = c.path("data.bin");
+    let data = pseudo_random(16 * MIB, 13);
+    fs::write(&f, &data).unwrap();
+    let put = c.json(
+        Some(&a),
+        &[
+            "put",
+            "d",
+            "--src",
+            f.to_str().unwrap(),
+            "--block-size",
+            "1048576",
+            "--locale",
+            "local",
+        ],
+    );
+    // The origin's agent dies; a stand-in that dies after a few blocks is the only source left.
+    drop(a);
+    let version = put["version"].as_str().unwrap().to_string();
+    fake_peer(
+        &c.server.addr,
+        "127.0.0.53",
+        "dying",
+        &version,
+        dying(&data, 4),
+    );
+
+    let dest_dir = c.path("dest");
+    fs::create_dir_all(&dest_dir).unwrap();
+    let dest = dest_dir.join("got.bin");
+    let dest_s = dest.to_str().unwrap().to_string();
+    let out = c.kt(None, &["get", "d", "--dest", &dest_s]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("could not fetch"), "{err}");
+    assert!(!dest.exists(), "a half-written destination was left");
+    no_partial_files(&dest_dir);
+}
