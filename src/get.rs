@@ -18,7 +18,7 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use crate::client::{self, Agent, ClientError, Store};
+use crate::client::{self, Agent, ClientError};
 use crate::hash::Version;
 use crate::key::{KeyPath, Namespace};
 use crate::manifest::{self, EntryKind, FileEntry, Manifest, ManifestError};
@@ -131,9 +131,7 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
     let dest_dir_like = opts.dest.ends_with('/') || Path::new(&opts.dest).is_dir();
     match resolved {
         Ok(r) => {
-            let r = r.into_inner();
-            let m = r.manifest.clone().ok_or(ManifestError::Empty)?;
-            manifest::validate(&m)?;
+            let (r, m) = checked(r.into_inner())?;
             let name = opts.key.name();
             let root = if manifest::is_directory(&m) {
                 if opts.contents {
@@ -148,7 +146,6 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
             };
             report.dest = root.display().to_string();
             fetch_one(
-                &mut store,
                 agent.as_mut(),
                 &opts,
                 &r,
@@ -187,18 +184,17 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
                     .key
                     .join(rel)
                     .map_err(|e| GetError::NotFound(e.to_string()))?;
-                let r = store
-                    .resolve(ResolveRequest {
-                        namespace: opts.namespace.to_string(),
-                        key: key.to_string(),
-                    })
-                    .await
-                    .map_err(ClientError::from)?
-                    .into_inner();
-                let m = r.manifest.clone().ok_or(ManifestError::Empty)?;
-                manifest::validate(&m)?;
+                let (r, m) = checked(
+                    store
+                        .resolve(ResolveRequest {
+                            namespace: opts.namespace.to_string(),
+                            key: key.to_string(),
+                        })
+                        .await
+                        .map_err(ClientError::from)?
+                        .into_inner(),
+                )?;
                 fetch_one(
-                    &mut store,
                     agent.as_mut(),
                     &opts,
                     &r,
@@ -216,6 +212,13 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
     Ok(report)
 }
 
+/// The manifest of a resolve answer, checked before anything is written from it.
+fn checked(r: ResolveResponse) -> Result<(ResolveResponse, Manifest), GetError> {
+    let m = r.manifest.clone().ok_or(ManifestError::Empty)?;
+    manifest::validate(&m)?;
+    Ok((r, m))
+}
+
 /// What to do with one manifest entry at the destination.
 enum Plan {
     Dir,
@@ -228,7 +231,6 @@ enum Plan {
 
 #[allow(clippy::too_many_arguments)]
 async fn fetch_one(
-    store: &mut Store,
     agent: Option<&mut LocalAgent>,
     opts: &GetOptions,
     r: &ResolveResponse,
@@ -238,7 +240,6 @@ async fn fetch_one(
     progress: &ProgressBar,
     report: &mut GetReport,
 ) -> Result<(), GetError> {
-    let _ = store;
     let version = Version::from_slice(&r.version).ok_or(GetError::BadVersion)?;
     let entries: Vec<&FileEntry> = m
         .entries

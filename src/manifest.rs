@@ -81,6 +81,9 @@ pub fn validate(m: &Manifest) -> Result<(), ManifestError> {
         return Err(ManifestError::Empty);
     }
     let mut prev: Option<&str> = None;
+    // Every entry's parent must be a directory of the manifest: no file or symlink may stand
+    // where a later entry needs a directory (a symlink there would redirect writes elsewhere).
+    let mut dirs: std::collections::HashSet<&str> = std::collections::HashSet::new();
     for e in &m.entries {
         check_rel_path(&e.path)?;
         if let Some(p) = prev {
@@ -89,6 +92,15 @@ pub fn validate(m: &Manifest) -> Result<(), ManifestError> {
             }
         }
         prev = Some(&e.path);
+        if !e.path.is_empty() {
+            let parent = e.path.rfind('/').map_or("", |i| &e.path[..i]);
+            if !dirs.contains(parent) {
+                return Err(ManifestError::BadPath(e.path.clone()));
+            }
+        }
+        if e.kind() == EntryKind::Directory {
+            dirs.insert(&e.path);
+        }
         if e.kind() == EntryKind::File {
             let mut sum = 0u64;
             for b in &e.blocks {
@@ -215,6 +227,21 @@ mod tests {
         let mut m = ok.clone();
         m.entries.swap(1, 2);
         assert!(matches!(validate(&m), Err(ManifestError::Unsorted(..))));
+        // A symlink standing where a directory is needed would redirect writes.
+        let mut m = ok.clone();
+        m.entries[2] = FileEntry {
+            path: "d".into(),
+            kind: EntryKind::Symlink as i32,
+            symlink_target: "/etc".into(),
+            ..Default::default()
+        };
+        assert!(matches!(validate(&m), Err(ManifestError::BadPath(..))));
+        // Parents must be listed.
+        let m = Manifest {
+            block_size: 4,
+            entries: vec![dir(""), file("x/y", &[])],
+        };
+        assert!(validate(&m).is_err());
     }
 
     #[test]

@@ -483,3 +483,126 @@ fn manifest_listing(m: &Manifest, r: &KeyRecord, recursive: bool) -> Vec<ListEnt
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::{BlockRef, EntryKind, FileEntry};
+
+    fn store(lease: Duration) -> (tempfile::TempDir, MetaStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path(), FAMILIES, &[CF_BLOCKS]).unwrap();
+        (dir, MetaStore::new(db, lease))
+    }
+
+    fn one_file(data: &[u8]) -> Manifest {
+        Manifest {
+            block_size: 1024,
+            entries: vec![FileEntry {
+                kind: EntryKind::File as i32,
+                size: data.len() as u64,
+                blocks: vec![BlockRef {
+                    hash: BlockHash::of(data).0.to_vec(),
+                    len: data.len() as u32,
+                }],
+                ..Default::default()
+            }],
+        }
+    }
+
+    #[test]
+    fn nodes_that_stop_heartbeating_stop_being_sources() {
+        let (_d, meta) = store(Duration::from_millis(200));
+        meta.register_node(NodeInfo {
+            node_id: "n1".into(),
+            data_addr: "127.0.0.1:1".into(),
+            zone: String::new(),
+        });
+        let ns = Namespace::default();
+        let key = KeyPath::parse("k").unwrap();
+        let v = meta
+            .publish(&ns, &key, &one_file(b"abc"), Locale::Local, "n1", 0, false)
+            .unwrap();
+        let rec = meta.resolve(&ns, &key).unwrap().record;
+        assert_eq!(meta.sources(&v, &rec).unwrap().len(), 1);
+        assert!(meta.heartbeat("n1"));
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(meta.sources(&v, &rec).unwrap().is_empty());
+        assert!(!meta.heartbeat("unknown"));
+    }
+
+    #[test]
+    fn store_publish_needs_its_blocks_and_swaps_atomically() {
+        let (_d, meta) = store(DEFAULT_TEST_LEASE);
+        let ns = Namespace::default();
+        let key = KeyPath::parse("a/b").unwrap();
+        let m1 = one_file(b"one");
+        assert!(matches!(
+            meta.publish(&ns, &key, &m1, Locale::Store, "", 0, false),
+            Err(MetaError::MissingBlocks(1))
+        ));
+        assert!(matches!(
+            meta.resolve(&ns, &key),
+            Err(MetaError::NotFound(_))
+        ));
+        meta.db()
+            .put(CF_BLOCKS, BlockHash::of(b"one").as_bytes(), b"one")
+            .unwrap();
+        let v1 = meta
+            .publish(&ns, &key, &m1, Locale::Store, "", 0, false)
+            .unwrap();
+        // Same content again is idempotent; different content needs force.
+        assert_eq!(
+            meta.publish(&ns, &key, &m1, Locale::Store, "", 0, false)
+                .unwrap(),
+            v1
+        );
+        let m2 = one_file(b"two");
+        meta.db()
+            .put(CF_BLOCKS, BlockHash::of(b"two").as_bytes(), b"two")
+            .unwrap();
+        assert!(matches!(
+            meta.publish(&ns, &key, &m2, Locale::Store, "", 0, false),
+            Err(MetaError::Exists(_))
+        ));
+        let v2 = meta
+            .publish(&ns, &key, &m2, Locale::Store, "", 0, true)
+            .unwrap();
+        assert_eq!(
+            meta.resolve(&ns, &key).unwrap().record.version,
+            v2.0.to_vec()
+        );
+        // Nothing can be published inside a file key, and a parent with keys below is no file.
+        let inner = KeyPath::parse("a/b/c").unwrap();
+        assert!(matches!(
+            meta.publish(&ns, &inner, &m1, Locale::Store, "", 0, false),
+            Err(MetaError::Conflict(_))
+        ));
+        let parent = KeyPath::parse("a").unwrap();
+        assert!(matches!(
+            meta.publish(&ns, &parent, &m1, Locale::Store, "", 0, false),
+            Err(MetaError::Conflict(_))
+        ));
+    }
+
+    #[test]
+    fn expired_keys_disappear() {
+        let (_d, meta) = store(DEFAULT_TEST_LEASE);
+        let ns = Namespace::default();
+        let key = KeyPath::parse("tmp").unwrap();
+        meta.db()
+            .put(CF_BLOCKS, BlockHash::of(b"x").as_bytes(), b"x")
+            .unwrap();
+        meta.publish(&ns, &key, &one_file(b"x"), Locale::Store, "", 1, false)
+            .unwrap();
+        assert_eq!(meta.list(&ns, None, false).unwrap().0.len(), 1);
+        std::thread::sleep(Duration::from_millis(1100));
+        assert!(meta.list(&ns, None, false).unwrap().0.is_empty());
+        assert!(matches!(
+            meta.resolve(&ns, &key),
+            Err(MetaError::NotFound(_))
+        ));
+    }
+
+    const DEFAULT_TEST_LEASE: Duration = Duration::from_secs(10);
+}

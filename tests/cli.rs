@@ -322,3 +322,53 @@ fn filters_and_gitignore() {
     assert!(dest.join("code/.gitignore").exists());
     assert!(!dest.join("code/src").exists());
 }
+
+#[test]
+fn kt_up_runs_server_and_agent_and_stops_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("agent.sock");
+    let up = spawn_ready(&[
+        "up",
+        "--data-dir",
+        dir.path().join("data").to_str().unwrap(),
+        "--listen",
+        "127.0.0.71:0",
+        "--agent-listen",
+        "127.0.0.71:0",
+        "--socket",
+        sock.to_str().unwrap(),
+    ]);
+    let f = dir.path().join("f.txt");
+    fs::write(&f, b"hello from kt up").unwrap();
+    let put = kt_with(
+        &up.addr,
+        &sock,
+        &[
+            "put",
+            "hello",
+            "--src",
+            f.to_str().unwrap(),
+            "--locale",
+            "local",
+        ],
+    );
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let dest = dir.path().join("out.txt");
+    let get = kt_with(
+        &up.addr,
+        &sock,
+        &["get", "hello", "--dest", dest.to_str().unwrap()],
+    );
+    assert!(
+        get.status.success(),
+        "{}",
+        String::from_utf8_lossy(&get.stderr)
+    );
+    assert_eq!(fs::read(&dest).unwrap(), b"hello from kt up");
+    assert!(up.stop().success(), "kt up did not stop cleanly on SIGTERM");
+    assert!(!sock.exists(), "agent socket left behind");
+}

@@ -318,3 +318,31 @@ fn only_source_dying_fails_cleanly() {
     assert!(!dest.exists(), "a half-written destination was left");
     no_partial_files(&dest_dir);
 }
+
+#[test]
+fn killed_agent_restarts_with_its_publications() {
+    let c = Cluster::new("127.0.0.61");
+    let a = c.agent("127.0.0.62", "node-a");
+    let f = c.path("w.bin");
+    let data = pseudo_random(6 * MIB, 21);
+    fs::write(&f, &data).unwrap();
+    c.ok(
+        Some(&a),
+        &[
+            "put",
+            "w",
+            "--src",
+            f.to_str().unwrap(),
+            "--locale",
+            "local",
+        ],
+    );
+    // SIGKILL: no clean shutdown, no flush.
+    drop(a);
+    let a = c.agent("127.0.0.62", "node-a");
+    let dest = c.path("got.bin");
+    let got = c.json(None, &["get", "w", "--dest", dest.to_str().unwrap()]);
+    assert_eq!(listed_sources(&got), ["node-a"]);
+    assert!(fs::read(&dest).unwrap() == data);
+    drop(a);
+}
