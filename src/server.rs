@@ -22,21 +22,33 @@ pub const DEFAULT_PORT: u16 = 7447;
 /// How long a node stays a source without a heartbeat.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
 
+/// gRPC metadata key carrying the errno a filesystem should report for a failed call.
+pub const ERRNO_KEY: &str = "kt-errno";
+
 impl From<MetaError> for Status {
     fn from(e: MetaError) -> Self {
         let msg = e.to_string();
-        match e {
-            MetaError::NotFound(_) => Status::not_found(msg),
-            MetaError::Exists(_) => Status::already_exists(msg),
+        let (mut status, errno) = match e {
+            MetaError::NotFound(_) => (Status::not_found(msg), libc::ENOENT),
+            MetaError::Exists(_) => (Status::already_exists(msg), libc::EEXIST),
+            MetaError::NotEmpty(_) => (Status::failed_precondition(msg), libc::ENOTEMPTY),
+            MetaError::NotDir(_) => (Status::failed_precondition(msg), libc::ENOTDIR),
+            MetaError::IsDir(_) => (Status::failed_precondition(msg), libc::EISDIR),
             MetaError::Conflict(_) | MetaError::MissingBlocks(_) => {
-                Status::failed_precondition(msg)
+                (Status::failed_precondition(msg), libc::EIO)
             }
-            MetaError::BadRequest(_) | MetaError::Manifest(_) => Status::invalid_argument(msg),
+            MetaError::BadRequest(_) | MetaError::Manifest(_) => {
+                (Status::invalid_argument(msg), libc::EINVAL)
+            }
             MetaError::Db(_) | MetaError::Corrupt(_) => {
                 tracing::error!(error = %msg, "store failure");
-                Status::internal(msg)
+                (Status::internal(msg), libc::EIO)
             }
+        };
+        if let Ok(v) = errno.to_string().parse() {
+            status.metadata_mut().insert(ERRNO_KEY, v);
         }
+        status
     }
 }
 
@@ -201,6 +213,31 @@ impl Store for StoreHandler {
         let removed = blocking(move || meta.remove(&ns, &key, r.recursive, r.prefix)).await?;
         tracing::info!(count = removed.len(), "removed keys");
         Ok(Response::new(RemoveResponse { removed }))
+    }
+
+    async fn rename(
+        &self,
+        req: Request<RenameRequest>,
+    ) -> Result<Response<RenameResponse>, Status> {
+        let r = req.into_inner();
+        let ns = parse_ns(&r.namespace)?;
+        let (from, to) = (parse_key(&r.from)?, parse_key(&r.to)?);
+        let meta = self.meta.clone();
+        blocking(move || meta.rename(&ns, &from, &to, r.no_replace)).await?;
+        Ok(Response::new(RenameResponse {}))
+    }
+
+    async fn set_attr(
+        &self,
+        req: Request<SetAttrRequest>,
+    ) -> Result<Response<SetAttrResponse>, Status> {
+        let r = req.into_inner();
+        let ns = parse_ns(&r.namespace)?;
+        let key = parse_key(&r.key)?;
+        let mtime = r.mtime_sec.map(|s| (s, r.mtime_nsec.min(999_999_999)));
+        let meta = self.meta.clone();
+        blocking(move || meta.set_attr(&ns, &key, r.mode, mtime)).await?;
+        Ok(Response::new(SetAttrResponse {}))
     }
 
     async fn add_location(

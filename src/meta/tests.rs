@@ -1,0 +1,301 @@
+use super::*;
+use crate::manifest::{BlockRef, EntryKind, FileEntry};
+
+fn store(lease: Duration) -> (tempfile::TempDir, MetaStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::open(dir.path(), FAMILIES, &[CF_BLOCKS]).unwrap();
+    (dir, MetaStore::new(db, lease))
+}
+
+fn one_file(data: &[u8]) -> Manifest {
+    Manifest {
+        block_size: 1024,
+        entries: vec![FileEntry {
+            kind: EntryKind::File as i32,
+            size: data.len() as u64,
+            blocks: vec![BlockRef {
+                hash: BlockHash::of(data).0.to_vec(),
+                len: data.len() as u32,
+            }],
+            ..Default::default()
+        }],
+    }
+}
+
+#[test]
+fn nodes_that_stop_heartbeating_stop_being_sources() {
+    let (_d, meta) = store(Duration::from_millis(200));
+    meta.register_node(NodeInfo {
+        node_id: "n1".into(),
+        data_addr: "127.0.0.1:1".into(),
+        zone: String::new(),
+    });
+    let ns = Namespace::default();
+    let key = KeyPath::parse("k").unwrap();
+    let v = meta
+        .publish(&ns, &key, &one_file(b"abc"), Locale::Local, "n1", 0, false)
+        .unwrap();
+    let rec = meta.resolve(&ns, &key).unwrap().record;
+    assert_eq!(meta.sources(&v, &rec).unwrap().len(), 1);
+    assert!(meta.heartbeat("n1"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(meta.sources(&v, &rec).unwrap().is_empty());
+    assert!(!meta.heartbeat("unknown"));
+}
+
+#[test]
+fn store_publish_needs_its_blocks_and_swaps_atomically() {
+    let (_d, meta) = store(DEFAULT_TEST_LEASE);
+    let ns = Namespace::default();
+    let key = KeyPath::parse("a/b").unwrap();
+    let m1 = one_file(b"one");
+    assert!(matches!(
+        meta.publish(&ns, &key, &m1, Locale::Store, "", 0, false),
+        Err(MetaError::MissingBlocks(1))
+    ));
+    assert!(matches!(
+        meta.resolve(&ns, &key),
+        Err(MetaError::NotFound(_))
+    ));
+    meta.db()
+        .put(CF_BLOCKS, BlockHash::of(b"one").as_bytes(), b"one")
+        .unwrap();
+    let v1 = meta
+        .publish(&ns, &key, &m1, Locale::Store, "", 0, false)
+        .unwrap();
+    // Same content again is idempotent; different content needs force.
+    assert_eq!(
+        meta.publish(&ns, &key, &m1, Locale::Store, "", 0, false)
+            .unwrap(),
+        v1
+    );
+    let m2 = one_file(b"two");
+    meta.db()
+        .put(CF_BLOCKS, BlockHash::of(b"two").as_bytes(), b"two")
+        .unwrap();
+    assert!(matches!(
+        meta.publish(&ns, &key, &m2, Locale::Store, "", 0, false),
+        Err(MetaError::Exists(_))
+    ));
+    let v2 = meta
+        .publish(&ns, &key, &m2, Locale::Store, "", 0, true)
+        .unwrap();
+    assert_eq!(
+        meta.resolve(&ns, &key).unwrap().record.version,
+        v2.0.to_vec()
+    );
+    // Nothing can be published inside a file key, and a parent with keys below is no file.
+    let inner = KeyPath::parse("a/b/c").unwrap();
+    assert!(matches!(
+        meta.publish(&ns, &inner, &m1, Locale::Store, "", 0, false),
+        Err(MetaError::NotDir(_))
+    ));
+    let parent = KeyPath::parse("a").unwrap();
+    assert!(matches!(
+        meta.publish(&ns, &parent, &m1, Locale::Store, "", 0, true),
+        Err(MetaError::IsDir(_))
+    ));
+}
+
+#[test]
+fn expired_keys_disappear() {
+    let (_d, meta) = store(DEFAULT_TEST_LEASE);
+    let ns = Namespace::default();
+    let key = KeyPath::parse("tmp").unwrap();
+    meta.db()
+        .put(CF_BLOCKS, BlockHash::of(b"x").as_bytes(), b"x")
+        .unwrap();
+    meta.publish(&ns, &key, &one_file(b"x"), Locale::Store, "", 1, false)
+        .unwrap();
+    assert_eq!(meta.list(&ns, None, false).unwrap().0.len(), 1);
+    std::thread::sleep(Duration::from_millis(1100));
+    assert!(meta.list(&ns, None, false).unwrap().0.is_empty());
+    assert!(matches!(
+        meta.resolve(&ns, &key),
+        Err(MetaError::NotFound(_))
+    ));
+}
+
+const DEFAULT_TEST_LEASE: Duration = Duration::from_secs(10);
+
+fn k(s: &str) -> KeyPath {
+    KeyPath::parse(s).unwrap()
+}
+
+fn dir_entry(path: &str) -> FileEntry {
+    FileEntry {
+        path: path.into(),
+        kind: EntryKind::Directory as i32,
+        mode: 0o755,
+        ..Default::default()
+    }
+}
+
+fn names(meta: &MetaStore, ns: &Namespace, p: &str) -> Vec<String> {
+    let prefix = KeyPath::parse_prefix(p).unwrap();
+    meta.list(ns, prefix.as_ref(), false)
+        .unwrap()
+        .0
+        .into_iter()
+        .map(|e| e.name)
+        .collect()
+}
+
+/// A published directory `d` with `x/f` and `g` inside, blocks present.
+fn published_dir(meta: &MetaStore, ns: &Namespace) {
+    meta.db()
+        .put(CF_BLOCKS, BlockHash::of(b"f").as_bytes(), b"f")
+        .unwrap();
+    let mut f = one_file(b"f").entries.remove(0);
+    f.path = "x/f".into();
+    let mut g = f.clone();
+    g.path = "g".into();
+    let m = Manifest {
+        block_size: 1024,
+        entries: vec![dir_entry(""), g, dir_entry("x"), f],
+    };
+    meta.publish(ns, &k("d"), &m, Locale::Store, "", 0, false)
+        .unwrap();
+}
+
+#[test]
+fn keys_nest_inside_published_directories() {
+    let (_d, meta) = store(DEFAULT_TEST_LEASE);
+    let ns = Namespace::default();
+    published_dir(&meta, &ns);
+    // A file written into the published directory becomes its own key and replaces the entry.
+    meta.db()
+        .put(CF_BLOCKS, BlockHash::of(b"new").as_bytes(), b"new")
+        .unwrap();
+    meta.publish(
+        &ns,
+        &k("d/x/f"),
+        &one_file(b"new"),
+        Locale::Store,
+        "",
+        0,
+        true,
+    )
+    .unwrap();
+    meta.publish(
+        &ns,
+        &k("d/x/h"),
+        &one_file(b"new"),
+        Locale::Store,
+        "",
+        0,
+        false,
+    )
+    .unwrap();
+    assert_eq!(names(&meta, &ns, "d/x"), ["f", "h"]);
+    let r = meta.resolve(&ns, &k("d/x/f")).unwrap();
+    assert_eq!(r.key, "d/x/f");
+    assert_eq!(r.manifest.entries[0].size, 3);
+    // Inside a file there is nothing.
+    assert!(matches!(
+        meta.publish(
+            &ns,
+            &k("d/g/z"),
+            &one_file(b"new"),
+            Locale::Store,
+            "",
+            0,
+            false
+        ),
+        Err(MetaError::NotDir(_))
+    ));
+    // Removing a path inside the directory rewrites its manifest; non-empty directories need -r.
+    meta.remove(&ns, &k("d/g"), false, false).unwrap();
+    assert_eq!(names(&meta, &ns, "d"), ["x/"]);
+    assert!(matches!(
+        meta.remove(&ns, &k("d/x"), false, false),
+        Err(MetaError::NotEmpty(_))
+    ));
+    meta.remove(&ns, &k("d/x"), true, false).unwrap();
+    assert!(names(&meta, &ns, "d").is_empty());
+    assert!(meta
+        .list(&ns, None, true)
+        .unwrap()
+        .0
+        .iter()
+        .all(|e| !e.name.starts_with("d/x")));
+}
+
+#[test]
+fn renames_move_keys_entries_and_subtrees() {
+    let (_d, meta) = store(DEFAULT_TEST_LEASE);
+    let ns = Namespace::default();
+    published_dir(&meta, &ns);
+    // Inside one published directory: a manifest edit.
+    meta.rename(&ns, &k("d/g"), &k("d/x/g2"), false).unwrap();
+    assert_eq!(names(&meta, &ns, "d/x"), ["f", "g2"]);
+    // Out of it: the subtree becomes a key of its own.
+    meta.rename(&ns, &k("d/x"), &k("top"), false).unwrap();
+    assert_eq!(names(&meta, &ns, "top"), ["f", "g2"]);
+    assert!(names(&meta, &ns, "d").is_empty());
+    // A directory of keys moves whole, and replaces an empty directory.
+    meta.db()
+        .put(CF_BLOCKS, BlockHash::of(b"y").as_bytes(), b"y")
+        .unwrap();
+    meta.publish(
+        &ns,
+        &k("tmp/a/b"),
+        &one_file(b"y"),
+        Locale::Store,
+        "",
+        0,
+        false,
+    )
+    .unwrap();
+    meta.publish(
+        &ns,
+        &k("tmp/c"),
+        &one_file(b"y"),
+        Locale::Store,
+        "",
+        0,
+        false,
+    )
+    .unwrap();
+    meta.rename(&ns, &k("tmp"), &k("d"), false).unwrap();
+    assert_eq!(names(&meta, &ns, "d"), ["a/", "c"]);
+    assert_eq!(names(&meta, &ns, ""), ["d/", "top/"]);
+    // A file replaces a file (lock-file renames); not a non-empty directory.
+    meta.rename(&ns, &k("d/c"), &k("top/f"), false).unwrap();
+    assert!(matches!(
+        meta.rename(&ns, &k("top/f"), &k("d"), false),
+        Err(MetaError::IsDir(_))
+    ));
+    assert!(matches!(
+        meta.rename(&ns, &k("top"), &k("top/f/x"), false),
+        Err(MetaError::BadRequest(_))
+    ));
+    assert!(matches!(
+        meta.rename(&ns, &k("nope"), &k("x"), false),
+        Err(MetaError::NotFound(_))
+    ));
+}
+
+#[test]
+fn set_attr_rewrites_metadata_only() {
+    let (_d, meta) = store(DEFAULT_TEST_LEASE);
+    let ns = Namespace::default();
+    published_dir(&meta, &ns);
+    let before = meta.resolve(&ns, &k("d/g")).unwrap();
+    meta.set_attr(&ns, &k("d/g"), Some(0o600), Some((1_000, 5)))
+        .unwrap();
+    let after = meta.resolve(&ns, &k("d/g")).unwrap();
+    assert_eq!(after.manifest.entries[0].mode, 0o600);
+    assert_eq!(after.manifest.entries[0].mtime_sec, 1_000);
+    assert_eq!(
+        after.manifest.entries[0].blocks,
+        before.manifest.entries[0].blocks
+    );
+    meta.publish(&ns, &k("p/q"), &one_file(b"f"), Locale::Store, "", 0, false)
+        .unwrap();
+    meta.set_attr(&ns, &k("p"), Some(0o700), None).unwrap();
+    let l = meta.list(&ns, None, false).unwrap().0;
+    let p = l.iter().find(|e| e.name == "p/").unwrap();
+    assert_eq!(p.mode, 0o700);
+    assert_eq!(names(&meta, &ns, "p"), ["q"]);
+}

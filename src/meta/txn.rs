@@ -1,0 +1,353 @@
+//! Metadata transactions: every change to keys is planned against a view that sees its own
+//! pending edits, then written in one RocksDB batch. A publish, a remove or a rename therefore
+//! lands whole or not at all, and readers never see half of one.
+//!
+//! The namespace is a tree made of keys. A key names a file, a symlink or a directory manifest;
+//! keys may nest below directory keys (a file written into a published directory through the
+//! mount becomes a key of its own, and the directory's manifest loses that path). A path is
+//! therefore one of: a key, an entry inside the nearest directory key above it, a parent of keys
+//! (an implicit directory), or nothing.
+
+use std::collections::BTreeMap;
+
+use prost::Message;
+
+use super::{key_bytes, location_key, now_ms, MetaError, MetaStore};
+use super::{CF_KEYS, CF_LOCATIONS, CF_MANIFESTS};
+use crate::db::BatchOp;
+use crate::hash::Version;
+use crate::key::Namespace;
+use crate::manifest::{self, EntryKind, FileEntry, Manifest};
+use crate::proto::{KeyRecord, Locale};
+
+/// Where a path lies.
+#[derive(Clone, Debug)]
+pub enum Loc {
+    Key {
+        record: KeyRecord,
+    },
+    Entry {
+        key: String,
+        record: KeyRecord,
+        sub: String,
+        entry: FileEntry,
+    },
+    /// No key and no manifest entry, but keys below it.
+    Implicit,
+    Nothing,
+}
+
+impl Loc {
+    pub fn exists(&self) -> bool {
+        !matches!(self, Loc::Nothing)
+    }
+
+    pub fn kind(&self) -> Option<EntryKind> {
+        match self {
+            Loc::Key { record } => Some(record.kind()),
+            Loc::Entry { entry, .. } => Some(entry.kind()),
+            Loc::Implicit => Some(EntryKind::Directory),
+            Loc::Nothing => None,
+        }
+    }
+}
+
+/// The parts of a key record that survive edits of its manifest.
+#[derive(Clone)]
+pub struct Lineage {
+    pub locale: Locale,
+    pub origin: String,
+    pub created: i64,
+    pub expires: i64,
+}
+
+impl Lineage {
+    pub fn of(r: &KeyRecord) -> Self {
+        Lineage {
+            locale: r.locale(),
+            origin: r.origin_node.clone(),
+            created: r.created_unix_ms,
+            expires: r.expires_unix_ms,
+        }
+    }
+
+    pub fn fresh(locale: Locale, origin: &str, ttl_secs: u64) -> Self {
+        let created = now_ms();
+        Lineage {
+            locale,
+            origin: if locale == Locale::Local {
+                origin.to_string()
+            } else {
+                String::new()
+            },
+            created,
+            expires: if ttl_secs == 0 {
+                0
+            } else {
+                created + (ttl_secs as i64) * 1000
+            },
+        }
+    }
+}
+
+pub fn record_for(m: &Manifest, version: &Version, l: &Lineage) -> KeyRecord {
+    let root = m.entries.first().cloned().unwrap_or_default();
+    KeyRecord {
+        version: version.0.to_vec(),
+        locale: l.locale as i32,
+        origin_node: l.origin.clone(),
+        created_unix_ms: l.created,
+        expires_unix_ms: l.expires,
+        is_directory: manifest::is_directory(m),
+        size: manifest::total_size(m),
+        files: manifest::file_count(m),
+        kind: root.kind,
+        mode: root.mode,
+        mtime_sec: root.mtime_sec,
+        mtime_nsec: root.mtime_nsec,
+        symlink_target: root.symlink_target,
+    }
+}
+
+enum Pending {
+    Put(KeyRecord, Manifest),
+    Delete,
+}
+
+pub struct Txn<'m> {
+    meta: &'m MetaStore,
+    ns: Namespace,
+    pending: BTreeMap<String, Pending>,
+}
+
+fn parent_of(path: &str) -> Option<&str> {
+    path.rfind('/').map(|i| &path[..i])
+}
+
+impl<'m> Txn<'m> {
+    pub fn new(meta: &'m MetaStore, ns: &Namespace) -> Self {
+        Txn {
+            meta,
+            ns: ns.clone(),
+            pending: BTreeMap::new(),
+        }
+    }
+
+    pub fn record(&self, key: &str) -> Result<Option<KeyRecord>, MetaError> {
+        match self.pending.get(key) {
+            Some(Pending::Put(r, _)) => Ok(Some(r.clone())),
+            Some(Pending::Delete) => Ok(None),
+            None => self.meta.record(&self.ns, key),
+        }
+    }
+
+    pub fn manifest_of(&self, key: &str, r: &KeyRecord) -> Result<Manifest, MetaError> {
+        match self.pending.get(key) {
+            Some(Pending::Put(_, m)) => Ok(m.clone()),
+            _ => self.meta.manifest(&r.version),
+        }
+    }
+
+    /// Live keys strictly below `key` (all keys for the root), pending edits applied.
+    pub fn descendants(&self, key: Option<&str>) -> Result<Vec<(String, KeyRecord)>, MetaError> {
+        let mut map: BTreeMap<String, KeyRecord> =
+            self.meta.descendants(&self.ns, key)?.into_iter().collect();
+        let below = |k: &str| {
+            key.is_none_or(|p| {
+                k.len() > p.len() + 1 && k.starts_with(p) && k.as_bytes()[p.len()] == b'/'
+            })
+        };
+        for (k, p) in &self.pending {
+            if !below(k) {
+                continue;
+            }
+            match p {
+                Pending::Put(r, _) => {
+                    map.insert(k.clone(), r.clone());
+                }
+                Pending::Delete => {
+                    map.remove(k);
+                }
+            }
+        }
+        Ok(map.into_iter().collect())
+    }
+
+    fn has_descendants(&self, key: &str) -> Result<bool, MetaError> {
+        Ok(!self.descendants(Some(key))?.is_empty())
+    }
+
+    /// The deepest live key that is `path` or one of its ancestors.
+    pub fn covering(&self, path: &str) -> Result<Option<(String, KeyRecord)>, MetaError> {
+        let mut cur = Some(path);
+        while let Some(k) = cur {
+            if let Some(r) = self.record(k)? {
+                return Ok(Some((k.to_string(), r)));
+            }
+            cur = parent_of(k);
+        }
+        Ok(None)
+    }
+
+    pub fn locate(&self, path: &str) -> Result<Loc, MetaError> {
+        if let Some((key, record)) = self.covering(path)? {
+            if key == path {
+                return Ok(Loc::Key { record });
+            }
+            if record.is_directory {
+                let m = self.manifest_of(&key, &record)?;
+                let sub = path[key.len() + 1..].to_string();
+                if let Some(entry) = m.entries.iter().find(|e| e.path == sub) {
+                    return Ok(Loc::Entry {
+                        entry: entry.clone(),
+                        key,
+                        record,
+                        sub,
+                    });
+                }
+            }
+        }
+        if self.has_descendants(path)? {
+            return Ok(Loc::Implicit);
+        }
+        Ok(Loc::Nothing)
+    }
+
+    /// Fails unless `path`'s parent can hold it: the root, or a directory of any sort.
+    pub fn check_parent(&self, path: &str) -> Result<(), MetaError> {
+        let mut cur = parent_of(path);
+        while let Some(p) = cur {
+            match self.locate(p)?.kind() {
+                Some(EntryKind::Directory) => return Ok(()),
+                Some(_) => return Err(MetaError::NotDir(format!("{p} is not a directory"))),
+                // Parents of keys need not exist: they appear as directories once a key is below.
+                None => cur = parent_of(p),
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a directory at `path` holds nothing.
+    pub fn is_empty_dir(&self, path: &str, loc: &Loc) -> Result<bool, MetaError> {
+        if self.has_descendants(path)? {
+            return Ok(false);
+        }
+        Ok(match loc {
+            Loc::Key { record } => {
+                record.files == 0 && self.manifest_of(path, record)?.entries.len() <= 1
+            }
+            Loc::Entry {
+                key, record, sub, ..
+            } => {
+                let m = self.manifest_of(key, record)?;
+                let pfx = format!("{sub}/");
+                !m.entries.iter().any(|e| e.path.starts_with(&pfx))
+            }
+            Loc::Implicit | Loc::Nothing => true,
+        })
+    }
+
+    pub fn put_key(&mut self, key: &str, m: Manifest, lineage: &Lineage) {
+        let version = manifest::version_of(&m);
+        let r = record_for(&m, &version, lineage);
+        self.pending.insert(key.to_string(), Pending::Put(r, m));
+    }
+
+    pub fn delete_key(&mut self, key: &str) {
+        self.pending.insert(key.to_string(), Pending::Delete);
+    }
+
+    /// Rewrites the manifest of directory key `key` through `edit`.
+    pub fn edit_manifest(
+        &mut self,
+        key: &str,
+        record: &KeyRecord,
+        edit: impl FnOnce(&mut Vec<FileEntry>),
+    ) -> Result<(), MetaError> {
+        let mut m = self.manifest_of(key, record)?;
+        edit(&mut m.entries);
+        m.entries.sort_by(|a, b| a.path.cmp(&b.path));
+        self.put_key(key, m, &Lineage::of(record));
+        Ok(())
+    }
+
+    /// Removes what is at `path` (and, with `recursive`, everything below it).
+    pub fn remove_path(&mut self, path: &str, loc: &Loc, recursive: bool) -> Result<(), MetaError> {
+        if !recursive
+            && loc.kind() == Some(EntryKind::Directory)
+            && !self.is_empty_dir(path, loc)?
+        {
+            return Err(MetaError::NotEmpty(format!(
+                "{path} is a directory and not empty; use --recursive"
+            )));
+        }
+        match loc {
+            Loc::Key { .. } => self.delete_key(path),
+            Loc::Entry {
+                key, record, sub, ..
+            } => {
+                let pfx = format!("{sub}/");
+                self.edit_manifest(key, record, |es| {
+                    es.retain(|e| e.path != *sub && !e.path.starts_with(&pfx))
+                })?;
+            }
+            Loc::Implicit => {}
+            Loc::Nothing => return Err(MetaError::NotFound(path.to_string())),
+        }
+        for (k, _) in self.descendants(Some(path))? {
+            self.delete_key(&k);
+        }
+        Ok(())
+    }
+
+    /// Writes every pending change in one batch.
+    pub fn commit(self) -> Result<(), MetaError> {
+        let mut ops = Vec::new();
+        for (k, p) in self.pending {
+            match p {
+                Pending::Put(r, m) => {
+                    let v = Version::from_slice(&r.version)
+                        .ok_or_else(|| MetaError::Corrupt("version".into()))?;
+                    ops.push(BatchOp::Put(CF_MANIFESTS, v.0.to_vec(), m.encode_to_vec()));
+                    if r.locale() == Locale::Local && !r.origin_node.is_empty() {
+                        ops.push(BatchOp::Put(
+                            CF_LOCATIONS,
+                            location_key(&v, &r.origin_node),
+                            Vec::new(),
+                        ));
+                    }
+                    ops.push(BatchOp::Put(
+                        CF_KEYS,
+                        key_bytes(&self.ns, &k),
+                        r.encode_to_vec(),
+                    ));
+                }
+                Pending::Delete => ops.push(BatchOp::Delete(CF_KEYS, key_bytes(&self.ns, &k))),
+            }
+        }
+        self.meta.db().write(ops)?;
+        Ok(())
+    }
+}
+
+/// The entries of `m` at and below `sub`, rebased onto `to` (an empty `to` makes `sub` the root).
+pub fn moved_entries(m: &Manifest, sub: &str, to: &str) -> Vec<FileEntry> {
+    let pfx = format!("{sub}/");
+    m.entries
+        .iter()
+        .filter_map(|e| {
+            let rest = if e.path == sub {
+                Some("")
+            } else {
+                e.path.strip_prefix(&pfx)
+            }?;
+            let mut e = e.clone();
+            e.path = match (to.is_empty(), rest.is_empty()) {
+                (true, _) => rest.to_string(),
+                (false, true) => to.to_string(),
+                (false, false) => format!("{to}/{rest}"),
+            };
+            Some(e)
+        })
+        .collect()
+}
