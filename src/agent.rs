@@ -18,6 +18,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
+use crate::cache::{BlockCache, CF_CACHE, CF_CACHE_INDEX};
 use crate::client::{self, ClientError};
 use crate::dataplane::BlockServe;
 use crate::db::{BatchOp, Db};
@@ -26,9 +27,10 @@ use crate::manifest::{self, EntryKind, Manifest};
 use crate::proto::agent_server::{Agent, AgentServer};
 use crate::proto::*;
 
-pub const CF_CACHE: &str = "cache";
 pub const CF_LOCAL: &str = "local";
-const FAMILIES: &[&str] = &[CF_CACHE, CF_LOCAL];
+/// Per-directory settings of the mount (`user.kt.locale`).
+pub const CF_XATTR: &str = "xattr";
+const FAMILIES: &[&str] = &[CF_CACHE, CF_CACHE_INDEX, CF_LOCAL, CF_XATTR];
 
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 
@@ -40,18 +42,29 @@ pub struct AgentConfig {
     /// The address peers reach this agent on; the bound address when `None`.
     pub advertise: Option<String>,
     pub cache_dir: PathBuf,
+    /// Byte budget of the block cache.
+    pub cache_size: u64,
     pub socket: PathBuf,
     pub node_id: String,
     pub zone: String,
     pub heartbeat: Duration,
 }
 
-/// What this agent serves to peers.
+/// What this agent holds and serves to peers: its block cache and its in-place files.
 pub struct AgentBlocks {
     db: Db,
+    cache: Arc<BlockCache>,
 }
 
 impl AgentBlocks {
+    pub fn cache(&self) -> &Arc<BlockCache> {
+        &self.cache
+    }
+
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
     fn local_places(&self, hash: &BlockHash) -> Result<Vec<LocalBlock>, String> {
         match self
             .db
@@ -66,7 +79,7 @@ impl AgentBlocks {
     }
 
     /// Registers files on disk as holding the blocks of `m`, in place.
-    fn register(&self, m: &Manifest, files: &[LocalFile]) -> Result<usize, Status> {
+    pub fn register(&self, m: &Manifest, files: &[LocalFile]) -> Result<usize, Status> {
         let mut ops = Vec::new();
         let mut count = 0;
         for f in files {
@@ -260,6 +273,7 @@ impl AgentProcess {
     pub async fn bind(cfg: AgentConfig) -> anyhow::Result<Self> {
         std::fs::create_dir_all(&cfg.cache_dir)?;
         let db = Db::open(&cfg.cache_dir.join("agent.rocksdb"), FAMILIES, &[CF_CACHE])?;
+        let cache = Arc::new(BlockCache::open(db.clone(), cfg.cache_size)?);
         let listener = TcpListener::bind(&cfg.listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
@@ -279,12 +293,20 @@ impl AgentProcess {
             cfg,
             listener,
             unix,
-            blocks: Arc::new(AgentBlocks { db }),
+            blocks: Arc::new(AgentBlocks { db, cache }),
         })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+
+    pub fn blocks(&self) -> Arc<AgentBlocks> {
+        self.blocks.clone()
+    }
+
+    pub fn config(&self) -> &AgentConfig {
+        &self.cfg
     }
 
     pub fn data_addr(&self) -> String {

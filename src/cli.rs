@@ -10,9 +10,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::agent::{AgentConfig, AgentProcess};
 use crate::client;
+use crate::fs::FsConfig;
 use crate::get::{self, GetOptions};
 use crate::key::{KeyPath, Namespace};
 use crate::manifest::DEFAULT_BLOCK_SIZE;
+use crate::mount::Mounted;
 use crate::proto::{ListRequest, Locale, RemoveRequest};
 use crate::put::{self, PutOptions};
 use crate::scan::ScanOptions;
@@ -46,6 +48,8 @@ pub enum Cmd {
     Server(ServerArgs),
     /// Run a node agent.
     Agent(AgentArgs),
+    /// Run a node agent with the filesystem mounted.
+    Mount(MountArgs),
     /// Run a store server and a node agent in one process, on loopback.
     Up(UpArgs),
 }
@@ -177,6 +181,9 @@ pub struct AgentArgs {
     pub advertise: Option<String>,
     #[arg(long)]
     pub cache_dir: PathBuf,
+    /// Byte budget of the block cache (e.g. 50G, 512M).
+    #[arg(long, default_value = "10G", value_parser = parse_size)]
+    pub cache_size: u64,
     #[arg(long, env = "KT_AGENT", default_value = DEFAULT_SOCKET)]
     pub socket: PathBuf,
     /// This node's id (default: the host name).
@@ -190,7 +197,53 @@ pub struct AgentArgs {
 }
 
 #[derive(Args)]
+pub struct MountArgs {
+    pub mountpoint: PathBuf,
+    /// Default locale of files written through the mount (per directory: xattr user.kt.locale).
+    #[arg(long, value_enum, default_value_t = LocaleArg::Store)]
+    pub locale: LocaleArg,
+    /// Namespace shown at the mount's root.
+    #[arg(short = 'n', long, env = "KT_NAMESPACE", default_value = Namespace::DEFAULT)]
+    pub namespace: String,
+    /// Refuse every write with EROFS.
+    #[arg(long)]
+    pub read_only: bool,
+    #[command(flatten)]
+    pub agent: AgentArgs,
+}
+
+/// Parses a byte count with an optional K/M/G/T suffix (powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim().trim_end_matches(['i', 'B', 'b']);
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("unknown size suffix in {s:?}")),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a size: {s:?}"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size too large: {s:?}"))
+}
+
+#[derive(Args)]
 pub struct UpArgs {
+    /// Where to mount the filesystem.
+    #[arg(default_value = "./kt")]
+    pub mountpoint: PathBuf,
+    /// Run the store server and the agent without mounting.
+    #[arg(long)]
+    pub no_mount: bool,
     /// Where the store and the agent keep their data.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -434,28 +487,88 @@ fn hostname() -> String {
         .unwrap_or_else(|| "node".into())
 }
 
-pub async fn agent(a: AgentArgs) -> Result<()> {
-    let cfg = AgentConfig {
+fn agent_config(a: AgentArgs) -> AgentConfig {
+    AgentConfig {
         server: a.server,
         listen: a.listen,
         advertise: a.advertise,
         cache_dir: a.cache_dir,
+        cache_size: a.cache_size,
         socket: a.socket,
         node_id: a.node_id.unwrap_or_else(hostname),
         zone: a.zone,
         heartbeat: Duration::from_secs(a.heartbeat_secs.max(1)),
-    };
-    let agent = AgentProcess::bind(cfg.clone()).await?;
+    }
+}
+
+async fn start_agent(cfg: AgentConfig) -> Result<AgentProcess> {
+    let agent = AgentProcess::bind(cfg).await?;
     if let Err(e) = agent.register().await {
         tracing::warn!(error = %e, "not registered yet; will keep trying");
     }
+    Ok(agent)
+}
+
+fn print_agent_ready(agent: &AgentProcess) {
+    let cfg = agent.config();
     println!(
         "kt agent {} listening on {}, socket {}",
         cfg.node_id,
         agent.data_addr(),
         cfg.socket.display()
     );
+}
+
+pub async fn agent(a: AgentArgs) -> Result<()> {
+    let agent = start_agent(agent_config(a)).await?;
+    print_agent_ready(&agent);
     agent.run(shutdown_signal()).await
+}
+
+fn fs_config(
+    agent: &AgentProcess,
+    namespace: &str,
+    locale: LocaleArg,
+    read_only: bool,
+) -> Result<FsConfig> {
+    let cfg = agent.config();
+    Ok(FsConfig {
+        server: cfg.server.clone(),
+        namespace: Namespace::parse(namespace)?,
+        locale: match locale {
+            LocaleArg::Store => Locale::Store,
+            LocaleArg::Local => Locale::Local,
+        },
+        read_only,
+        node_id: cfg.node_id.clone(),
+        zone: cfg.zone.clone(),
+        staging: cfg.cache_dir.join("staging"),
+        // SAFETY: getuid/getgid cannot fail.
+        uid: unsafe { libc::getuid() },
+        gid: unsafe { libc::getgid() },
+    })
+}
+
+/// Runs an agent with its filesystem mounted until signalled or unmounted.
+async fn run_mounted(agent: AgentProcess, mounted: Mounted) -> Result<()> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let agent_task = tokio::spawn(agent.run(async move {
+        let mut rx = stop_rx;
+        let _ = rx.wait_for(|s| *s).await;
+    }));
+    mounted.serve_until(shutdown_signal()).await;
+    let _ = stop_tx.send(true);
+    agent_task.await??;
+    Ok(())
+}
+
+pub async fn mount(a: MountArgs) -> Result<()> {
+    let agent = start_agent(agent_config(a.agent)).await?;
+    let fs = fs_config(&agent, &a.namespace, a.locale, a.read_only)?;
+    let mounted = crate::mount::mount(&agent, fs, &a.mountpoint)?;
+    print_agent_ready(&agent);
+    println!("mounted at {}", a.mountpoint.display());
+    run_mounted(agent, mounted).await
 }
 
 pub async fn up(a: UpArgs) -> Result<()> {
@@ -474,34 +587,38 @@ pub async fn up(a: UpArgs) -> Result<()> {
     .await?;
     let server_addr = srv.local_addr()?.to_string();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+    let server_task = tokio::spawn(srv.run(async move {
+        let mut rx = stop_rx;
         let _ = rx.wait_for(|s| *s).await;
-    };
-    let server_task = tokio::spawn(srv.run(wait(stop_rx.clone())));
-    let cfg = AgentConfig {
+    }));
+    let agent = start_agent(AgentConfig {
         server: server_addr.clone(),
         listen: a.agent_listen,
         advertise: None,
         cache_dir: data_dir.join("agent"),
+        cache_size: crate::cache::DEFAULT_BUDGET,
         socket: a.socket,
         node_id: hostname(),
         zone: String::new(),
         heartbeat: crate::agent::DEFAULT_HEARTBEAT,
-    };
-    let agent = AgentProcess::bind(cfg.clone()).await?;
-    agent.register().await?;
+    })
+    .await?;
     println!("kt server listening on {server_addr}");
-    println!(
-        "kt agent {} listening on {}, socket {}",
-        cfg.node_id,
-        agent.data_addr(),
-        cfg.socket.display()
-    );
-    println!("data in {}; Ctrl-C to stop", data_dir.display());
-    let agent_task = tokio::spawn(agent.run(wait(stop_rx)));
-    shutdown_signal().await;
+    print_agent_ready(&agent);
+    let result = if a.no_mount {
+        println!("data in {}; Ctrl-C to stop", data_dir.display());
+        agent.run(shutdown_signal()).await
+    } else {
+        let fs = fs_config(&agent, Namespace::DEFAULT, LocaleArg::Store, false)?;
+        let mounted = crate::mount::mount(&agent, fs, &a.mountpoint)?;
+        println!(
+            "mounted at {}; data in {}; Ctrl-C to stop",
+            a.mountpoint.display(),
+            data_dir.display()
+        );
+        run_mounted(agent, mounted).await
+    };
     let _ = stop_tx.send(true);
-    agent_task.await??;
     server_task.await??;
-    Ok(())
+    result
 }

@@ -57,6 +57,22 @@ pub async fn connect_store(addr: &str) -> Result<Store, ClientError> {
         .max_encoding_message_size(MAX_RPC_MESSAGE))
 }
 
+/// A store client that connects on first use and reconnects after failures: for long-lived
+/// processes (the mount) that must outlive a store server restart.
+pub fn store_lazy(addr: &str) -> Result<Store, ClientError> {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| ClientError::Unreachable {
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        })?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(RPC_TIMEOUT)
+        .tcp_nodelay(true);
+    Ok(StoreClient::new(endpoint.connect_lazy())
+        .max_decoding_message_size(MAX_RPC_MESSAGE)
+        .max_encoding_message_size(MAX_RPC_MESSAGE))
+}
+
 /// Connects to an agent's unix socket.
 pub async fn connect_agent(path: &Path) -> Result<Agent, ClientError> {
     let unreachable = |reason: String| ClientError::AgentUnreachable {

@@ -19,6 +19,8 @@ pub enum DbError {
     Rocks(#[from] rocksdb::Error),
     #[error("database has no column family {0}")]
     NoFamily(&'static str),
+    #[error("a lock was poisoned by a panic")]
+    Poisoned,
 }
 
 pub type KeyValue = (Vec<u8>, Vec<u8>);

@@ -330,7 +330,10 @@ async fn fetch_one(
         }
     }
     let jobs: Vec<BlockJob> = order.iter().filter_map(|h| jobs.remove(h)).collect();
-    let sources = order_sources(&r.sources, agent.as_deref(), &opts.server);
+    let (node, zone) = agent
+        .as_deref()
+        .map_or(("", ""), |a| (a.node_id.as_str(), a.zone.as_str()));
+    let sources = order_sources(&r.sources, node, zone, &opts.server);
     progress.inc_length(jobs.iter().map(|j| u64::from(j.len)).sum());
     let fetched =
         transfer::fetch(jobs, Arc::new(Sinks { files: sinks }), &sources, progress).await?;
@@ -422,10 +425,15 @@ async fn fetch_one(
 
 /// Sources nearest first: this node's agent, then peers in its zone, then other peers, then the
 /// origin or the store.
-fn order_sources(sources: &[Source], agent: Option<&LocalAgent>, server: &str) -> Vec<SourceAddr> {
+pub(crate) fn order_sources(
+    sources: &[Source],
+    node_id: &str,
+    zone: &str,
+    server: &str,
+) -> Vec<SourceAddr> {
     let rank = |s: &Source| -> u8 {
-        let own = agent.is_some_and(|a| a.node_id == s.node_id);
-        let same_zone = agent.is_some_and(|a| !a.zone.is_empty() && a.zone == s.zone);
+        let own = !node_id.is_empty() && node_id == s.node_id;
+        let same_zone = !zone.is_empty() && zone == s.zone;
         match (own, s.origin, same_zone) {
             (true, _, _) => 0,
             (false, false, true) => 1,

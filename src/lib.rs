@@ -11,15 +11,18 @@ pub mod proto {
 }
 
 pub mod agent;
+pub mod cache;
 pub mod cli;
 pub mod client;
 pub mod dataplane;
 pub mod db;
+pub mod fs;
 pub mod get;
 pub mod hash;
 pub mod key;
 pub mod manifest;
 pub mod meta;
+pub mod mount;
 pub mod net;
 pub mod put;
 pub mod scan;

@@ -6,7 +6,7 @@ use tracing_subscriber::EnvFilter;
 async fn main() {
     let cli = Cli::parse();
     let (daemon, verbose) = match &cli.cmd {
-        Cmd::Server(_) | Cmd::Agent(_) | Cmd::Up(_) => (true, false),
+        Cmd::Server(_) | Cmd::Agent(_) | Cmd::Mount(_) | Cmd::Up(_) => (true, false),
         Cmd::Put(a) => (false, a.common.verbose),
         Cmd::Get(a) => (false, a.common.verbose),
         Cmd::Ls(a) => (false, a.common.verbose),
@@ -26,6 +26,7 @@ async fn main() {
         Cmd::Rm(a) => cli::rm(a).await,
         Cmd::Server(a) => cli::server(a).await,
         Cmd::Agent(a) => cli::agent(a).await,
+        Cmd::Mount(a) => cli::mount(a).await,
         Cmd::Up(a) => cli::up(a).await,
     };
     if let Err(e) = result {

@@ -67,9 +67,31 @@ pub struct BlockJob {
     pub targets: Vec<(usize, u64)>,
 }
 
-/// The files blocks are written into, by index.
+/// Where verified blocks go.
+pub trait BlockSink: Send + Sync + 'static {
+    /// Stores a block that matched its hash. Runs on a blocking thread.
+    fn put(&self, job: &BlockJob, data: &[u8]) -> Result<(), TransferError>;
+}
+
+/// Files that blocks are written into, at the `(file index, offset)` targets of each job.
 pub struct Sinks {
     pub files: Vec<(PathBuf, File)>,
+}
+
+impl BlockSink for Sinks {
+    fn put(&self, job: &BlockJob, data: &[u8]) -> Result<(), TransferError> {
+        for &(idx, off) in &job.targets {
+            let Some((path, file)) = self.files.get(idx) else {
+                continue;
+            };
+            file.write_all_at(data, off)
+                .map_err(|source| TransferError::Write {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Default)]
@@ -91,7 +113,7 @@ fn permits(len: u32) -> u32 {
 /// Fetches every job from the sources, nearest first.
 pub async fn fetch(
     jobs: Vec<BlockJob>,
-    sinks: Arc<Sinks>,
+    sinks: Arc<dyn BlockSink>,
     sources: &[SourceAddr],
     progress: &ProgressBar,
 ) -> Result<FetchReport, TransferError> {
@@ -169,7 +191,7 @@ enum Written {
 async fn fetch_lane(
     addr: String,
     jobs: Vec<BlockJob>,
-    sinks: Arc<Sinks>,
+    sinks: Arc<dyn BlockSink>,
     poisoned: Arc<AtomicBool>,
     got: Arc<AtomicU64>,
     progress: ProgressBar,
@@ -231,7 +253,7 @@ async fn fetch_lane(
                         (sinks.clone(), window.clone(), requests.clone());
                     let n = permits(job.len);
                     writes.push(tokio::task::spawn_blocking(move || {
-                        let r = verify_and_write(&sinks, job, &data);
+                        let r = verify_and_write(sinks.as_ref(), job, &data);
                         window.add_permits(n as usize);
                         requests.add_permits(1);
                         r
@@ -296,20 +318,15 @@ async fn fetch_lane(
     Ok(LaneOutcome { failed, error })
 }
 
-fn verify_and_write(sinks: &Sinks, job: BlockJob, data: &[u8]) -> Result<Written, TransferError> {
+fn verify_and_write(
+    sinks: &dyn BlockSink,
+    job: BlockJob,
+    data: &[u8],
+) -> Result<Written, TransferError> {
     if BlockHash::of(data) != job.hash {
         return Ok(Written::Corrupt(job));
     }
-    for &(idx, off) in &job.targets {
-        let Some((path, file)) = sinks.files.get(idx) else {
-            continue;
-        };
-        file.write_all_at(data, off)
-            .map_err(|source| TransferError::Write {
-                path: path.display().to_string(),
-                source,
-            })?;
-    }
+    sinks.put(&job, data)?;
     Ok(Written::Ok)
 }
 

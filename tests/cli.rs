@@ -324,11 +324,13 @@ fn filters_and_gitignore() {
 }
 
 #[test]
-fn kt_up_runs_server_and_agent_and_stops_cleanly() {
+fn kt_up_runs_server_agent_and_mount_and_stops_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("agent.sock");
+    let mnt = dir.path().join("kt");
     let up = spawn_ready(&[
         "up",
+        mnt.to_str().unwrap(),
         "--data-dir",
         dir.path().join("data").to_str().unwrap(),
         "--listen",
@@ -369,6 +371,12 @@ fn kt_up_runs_server_and_agent_and_stops_cleanly() {
         String::from_utf8_lossy(&get.stderr)
     );
     assert_eq!(fs::read(&dest).unwrap(), b"hello from kt up");
+    // The mount shows the key, and what is written there is published.
+    assert_eq!(fs::read(mnt.join("hello")).unwrap(), b"hello from kt up");
+    fs::write(mnt.join("from-mount.txt"), b"written through /kt").unwrap();
+    let ls = kt_with(&up.addr, &sock, &["ls", "--json"]);
+    assert!(String::from_utf8_lossy(&ls.stdout).contains("from-mount.txt"));
     assert!(up.stop().success(), "kt up did not stop cleanly on SIGTERM");
     assert!(!sock.exists(), "agent socket left behind");
+    assert!(!is_mounted(&mnt), "kt up left its mount behind");
 }

@@ -244,3 +244,125 @@ fn walk(root: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// A `kt mount` process; unmounted (SIGTERM, as a user would) when dropped.
+pub struct MountProc {
+    pub proc: Option<Proc>,
+    pub mountpoint: PathBuf,
+    pub socket: PathBuf,
+    pub node_id: String,
+    pub dir: PathBuf,
+}
+
+pub fn start_mount(ip: &str, server: &str, dir: &Path, node_id: &str, extra: &[&str]) -> MountProc {
+    std::fs::create_dir_all(dir).unwrap();
+    let mountpoint = dir.join("kt");
+    let socket = dir.join("agent.sock");
+    let mut args = vec![
+        "mount",
+        mountpoint.to_str().unwrap(),
+        "--server",
+        server,
+        "--listen",
+        &format!("{ip}:0"),
+        "--cache-dir",
+        dir.join("cache").to_str().unwrap(),
+        "--socket",
+        socket.to_str().unwrap(),
+        "--node-id",
+        node_id,
+        "--heartbeat-secs",
+        "1",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect::<Vec<_>>();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let proc = spawn_ready(&refs);
+    MountProc {
+        proc: Some(proc),
+        mountpoint,
+        socket,
+        node_id: node_id.to_string(),
+        dir: dir.to_path_buf(),
+    }
+}
+
+impl MountProc {
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.mountpoint.join(rel)
+    }
+
+    /// Kills the agent without warning, as a crash would, and clears the dead mount.
+    pub fn crash(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+            std::mem::forget(p);
+        }
+        lazy_umount(&self.mountpoint);
+    }
+}
+
+pub fn lazy_umount(path: &Path) {
+    let _ = Command::new("umount").arg("-l").arg(path).status();
+}
+
+impl Drop for MountProc {
+    fn drop(&mut self) {
+        if let Some(p) = self.proc.take() {
+            p.stop();
+        }
+        // Whatever happened, leave no mount behind.
+        if is_mounted(&self.mountpoint) {
+            lazy_umount(&self.mountpoint);
+        }
+    }
+}
+
+pub fn is_mounted(path: &Path) -> bool {
+    let Ok(canon) = path
+        .canonicalize()
+        .or_else(|_| Ok::<_, ()>(path.to_path_buf()))
+    else {
+        return false;
+    };
+    std::fs::read_to_string("/proc/self/mounts")
+        .map(|m| {
+            m.lines()
+                .any(|l| l.split(' ').nth(1) == Some(canon.to_str().unwrap_or("")))
+        })
+        .unwrap_or(false)
+}
+
+/// Runs a bash command (with pipefail), which must succeed; returns its stdout.
+pub fn sh(cmd: &str) -> String {
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!("set -o pipefail; {cmd}"))
+        .output()
+        .expect("bash");
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Polls `cond` until it holds or `limit` passes; for state that another mount sees only after
+/// its short metadata cache expires.
+pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    loop {
+        if cond() {
+            return true;
+        }
+        if start.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,468 @@
+//! The fuser adapter: each kernel request becomes one call on [`FsCore`], its `Ok` a reply and
+//! its `Err` an errno. Nothing else happens here.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
+};
+
+use super::{Attr, FsCore, FsError, Kind};
+
+/// How long the kernel may trust attributes and names. Short, so that keys published elsewhere
+/// show up soon; changes made through this mount are returned fresh in their replies.
+const TTL: Duration = Duration::from_secs(1);
+
+pub struct FuseAdapter {
+    core: Arc<FsCore>,
+}
+
+impl FuseAdapter {
+    pub fn new(core: Arc<FsCore>) -> Self {
+        FuseAdapter { core }
+    }
+}
+
+fn errno(e: &FsError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn file_type(k: Kind) -> FileType {
+    match k {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+    }
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: a.mtime,
+        mtime: a.mtime,
+        ctime: a.mtime,
+        crtime: a.mtime,
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: 0,
+        flags: 0,
+        blksize: 1 << 20,
+    }
+}
+
+fn name(n: &OsStr) -> Result<&str, Errno> {
+    n.to_str().ok_or(Errno::EINVAL)
+}
+
+fn time(t: TimeOrNow) -> SystemTime {
+    match t {
+        TimeOrNow::SpecificTime(t) => t,
+        TimeOrNow::Now => SystemTime::now(),
+    }
+}
+
+macro_rules! reply_or {
+    ($reply:ident, $e:expr, $ok:expr) => {
+        match $e {
+            Ok(v) => $ok(v),
+            Err(e) => {
+                tracing::debug!(error = %e, "fs error");
+                $reply.error(errno(&e))
+            }
+        }
+    };
+}
+
+impl Filesystem for FuseAdapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config
+            .set_max_readahead(4 << 20)
+            .or_else(|max| config.set_max_readahead(max));
+        let _ = config.set_max_write(1 << 20);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+        let Ok(n) = name(n) else {
+            return reply.error(Errno::ENOENT);
+        };
+        reply_or!(reply, self.core.lookup(parent.0, n), |a: Attr| reply.entry(
+            &TTL,
+            &file_attr(&a),
+            Generation(0)
+        ))
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.core.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        reply_or!(reply, self.core.getattr(ino.0), |a: Attr| reply
+            .attr(&TTL, &file_attr(&a)))
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let r = self.core.setattr(
+            ino.0,
+            mode,
+            uid,
+            gid,
+            size,
+            mtime.map(time),
+            fh.map(|f| f.0),
+        );
+        reply_or!(reply, r, |a: Attr| reply
+            .attr(&Duration::ZERO, &file_attr(&a)))
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        reply_or!(reply, self.core.readlink(ino.0), |t: String| reply
+            .data(t.as_bytes()))
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let Ok(n) = name(n) else {
+            return reply.error(Errno::EINVAL);
+        };
+        reply_or!(
+            reply,
+            self.core.mkdir(parent.0, n, mode & !umask),
+            |a: Attr| reply.entry(&TTL, &file_attr(&a), Generation(0))
+        )
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let Ok(n) = name(n) else {
+            return reply.error(Errno::ENOENT);
+        };
+        reply_or!(reply, self.core.unlink(parent.0, n), |()| reply.ok())
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let Ok(n) = name(n) else {
+            return reply.error(Errno::ENOENT);
+        };
+        reply_or!(reply, self.core.rmdir(parent.0, n), |()| reply.ok())
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        link: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let (Ok(n), Some(t)) = (name(link), target.to_str()) else {
+            return reply.error(Errno::EINVAL);
+        };
+        reply_or!(reply, self.core.symlink(parent.0, n, t), |a: Attr| reply
+            .entry(&TTL, &file_attr(&a), Generation(0)))
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let (Ok(n), Ok(nn)) = (name(n), name(newname)) else {
+            return reply.error(Errno::EINVAL);
+        };
+        reply_or!(
+            reply,
+            self.core.rename(parent.0, n, newparent.0, nn, flags.bits()),
+            |()| reply.ok()
+        )
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        // Keys have no hard links.
+        reply.error(Errno::EPERM)
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        reply_or!(reply, self.core.open(ino.0, flags.0), |(fh, keep): (
+            u64,
+            bool
+        )| {
+            let f = if keep {
+                FopenFlags::FOPEN_KEEP_CACHE
+            } else {
+                FopenFlags::empty()
+            };
+            reply.opened(FileHandle(fh), f)
+        })
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        reply_or!(reply, self.core.read(fh.0, offset, size), |d: Vec<u8>| {
+            reply.data(&d)
+        })
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        reply_or!(reply, self.core.write(fh.0, offset, data), |n: u32| reply
+            .written(n))
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply_or!(reply, self.core.flush(fh.0), |()| reply.ok())
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply_or!(reply, self.core.release(fh.0), |()| reply.ok())
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply_or!(reply, self.core.flush(fh.0), |()| reply.ok())
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply_or!(reply, self.core.opendir(ino.0), |fh: u64| reply
+            .opened(FileHandle(fh), FopenFlags::empty()))
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        match self.core.readdir(ino.0, fh.0, offset) {
+            Ok(entries) => {
+                for (next, e) in entries {
+                    if reply.add(INodeNo(e.ino), next, file_type(e.kind), &e.name) {
+                        break;
+                    }
+                }
+                reply.ok()
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply_or!(reply, self.core.release(fh.0), |()| reply.ok())
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Directory changes are published when they are made.
+        reply.ok()
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        reply_or!(reply, self.core.statfs(), |s: libc::statvfs| reply.statfs(
+            s.f_blocks,
+            s.f_bfree,
+            s.f_bavail,
+            s.f_files,
+            s.f_ffree,
+            s.f_bsize as u32,
+            255,
+            s.f_frsize as u32
+        ))
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        n: &OsStr,
+        value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let Ok(n) = name(n) else {
+            return reply.error(Errno::ENOTSUP);
+        };
+        reply_or!(reply, self.core.setxattr(ino.0, n, value), |()| reply.ok())
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+        let Ok(n) = name(n) else {
+            return reply.error(Errno::ENODATA);
+        };
+        reply_or!(reply, self.core.getxattr(ino.0, n), |v: Vec<u8>| {
+            xattr_reply(reply, size, &v)
+        })
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        reply_or!(reply, self.core.listxattr(ino.0), |v: Vec<u8>| xattr_reply(
+            reply, size, &v
+        ))
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        let Ok(n) = name(n) else {
+            return reply.error(Errno::ENODATA);
+        };
+        reply_or!(reply, self.core.removexattr(ino.0, n), |()| reply.ok())
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        // Not a terminal, and no other ioctls yet (the GPU control files will add theirs).
+        reply.error(Errno::ENOTTY)
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // Permissions are checked by the kernel (default_permissions).
+        reply.ok()
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let Ok(n) = name(n) else {
+            return reply.error(Errno::EINVAL);
+        };
+        reply_or!(
+            reply,
+            self.core.create(parent.0, n, mode & !umask, flags),
+            |(a, fh): (Attr, u64)| reply.created(
+                &TTL,
+                &file_attr(&a),
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::empty()
+            )
+        )
+    }
+}
+
+fn xattr_reply(reply: ReplyXattr, size: u32, v: &[u8]) {
+    if size == 0 {
+        reply.size(v.len() as u32)
+    } else if (size as usize) < v.len() {
+        reply.error(Errno::ERANGE)
+    } else {
+        reply.data(v)
+    }
+}

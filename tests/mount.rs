@@ -1,0 +1,336 @@
+//! The filesystem at /kt, mounted for real: two agents on their own addresses with their own
+//! caches and mountpoints, driven with ordinary tools (cp, mv, rm, dd, python's mmap, git).
+//! These tests need /dev/fuse and root; they never skip themselves.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+const MIB: usize = 1 << 20;
+const SETTLE: Duration = Duration::from_secs(10);
+
+fn tree(root: &std::path::Path) {
+    fs::create_dir_all(root.join("a/b/c")).unwrap();
+    fs::create_dir_all(root.join("empty")).unwrap();
+    fs::write(root.join("config.json"), br#"{"k": 1}"#).unwrap();
+    fs::write(root.join("zero"), b"").unwrap();
+    fs::write(root.join("a/weights.bin"), pseudo_random(9 * MIB + 17, 5)).unwrap();
+    fs::write(root.join("a/b/c/ünïcødé.txt"), "ü\n").unwrap();
+    fs::write(root.join("run.sh"), b"#!/bin/sh\n").unwrap();
+    fs::set_permissions(root.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink("a/weights.bin", root.join("link")).unwrap();
+}
+
+#[test]
+fn tree_copied_into_one_mount_reads_back_through_another() {
+    let c = Cluster::new("127.0.0.81");
+    let a = start_mount("127.0.0.82", &c.server.addr, &c.path("a"), "node-a", &[]);
+    let b = start_mount("127.0.0.83", &c.server.addr, &c.path("b"), "node-b", &[]);
+    let src = c.path("src/ckpt");
+    tree(&src);
+    fs::create_dir(a.path("my-svc")).unwrap();
+    sh(&format!(
+        "cp -r {} {}",
+        src.display(),
+        a.path("my-svc/ckpt-100").display()
+    ));
+    // Visible to the CLI and to the other mount, byte for byte.
+    let ls = c.json(None, &["ls", "my-svc/ckpt-100"]);
+    assert!(
+        ls.to_string().contains("weights.bin") || ls.to_string().contains("\"a/\""),
+        "{ls}"
+    );
+    assert_same_tree(&src, &b.path("my-svc/ckpt-100"));
+    assert_eq!(
+        fs::metadata(b.path("my-svc/ckpt-100/run.sh"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o755
+    );
+
+    // mv is a metadata rename, visible on the other mount once its metadata cache expires.
+    sh(&format!(
+        "mv {} {}",
+        a.path("my-svc/ckpt-100").display(),
+        a.path("my-svc/final").display()
+    ));
+    assert!(!a.path("my-svc/ckpt-100").exists());
+    assert_same_tree(&src, &a.path("my-svc/final"));
+    assert!(eventually(SETTLE, || b
+        .path("my-svc/final/config.json")
+        .exists()));
+    assert!(eventually(SETTLE, || !b.path("my-svc/ckpt-100").exists()));
+
+    // rm -r removes the whole tree.
+    sh(&format!("rm -r {}", a.path("my-svc/final").display()));
+    assert!(fs::read_dir(a.path("my-svc")).unwrap().next().is_none());
+    assert!(eventually(SETTLE, || !b.path("my-svc/final").exists()));
+    let ls = c.json(None, &["ls", "-r"]);
+    assert!(!ls.to_string().contains("final"), "{ls}");
+}
+
+#[test]
+fn close_to_open_and_attributes_after_changes() {
+    let c = Cluster::new("127.0.0.84");
+    let a = start_mount("127.0.0.85", &c.server.addr, &c.path("a"), "node-a", &[]);
+    let b = start_mount("127.0.0.86", &c.server.addr, &c.path("b"), "node-b", &[]);
+    let fa = a.path("notes.txt");
+    fs::write(&fa, b"version one").unwrap();
+    assert_eq!(fs::read(b.path("notes.txt")).unwrap(), b"version one");
+    // Same size, new bytes: a reader that opens after the writer closed sees them.
+    fs::write(&fa, b"version two").unwrap();
+    assert_eq!(fs::read(b.path("notes.txt")).unwrap(), b"version two");
+
+    // What this mount changed, it reports at once: size, mode, mtime.
+    let mut f = fs::OpenOptions::new().append(true).open(&fa).unwrap();
+    f.write_all(b", longer").unwrap();
+    drop(f);
+    assert_eq!(fs::metadata(&fa).unwrap().len(), 19);
+    assert_eq!(fs::read(&fa).unwrap(), b"version two, longer");
+    fs::set_permissions(&fa, fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(
+        fs::metadata(&fa).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    sh(&format!("touch -d '2020-01-02 03:04:05' {}", fa.display()));
+    let m = fs::metadata(&fa).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(m.mtime(), 1_577_934_245);
+    sh(&format!("truncate -s 7 {}", fa.display()));
+    assert_eq!(fs::read(&fa).unwrap(), b"version");
+    assert!(eventually(SETTLE, || fs::read(b.path("notes.txt"))
+        .unwrap()
+        == b"version"));
+
+    // Directories, symlinks and the errors a user expects.
+    fs::create_dir(a.path("d")).unwrap();
+    assert_eq!(
+        fs::create_dir(a.path("d")).unwrap_err().raw_os_error(),
+        Some(libc::EEXIST)
+    );
+    fs::write(a.path("d/x"), b"x").unwrap();
+    assert_eq!(
+        fs::remove_dir(a.path("d")).unwrap_err().raw_os_error(),
+        Some(libc::ENOTEMPTY)
+    );
+    assert_eq!(
+        fs::remove_file(a.path("d")).unwrap_err().raw_os_error(),
+        Some(libc::EISDIR)
+    );
+    std::os::unix::fs::symlink("d/x", a.path("lnk")).unwrap();
+    assert_eq!(fs::read_link(a.path("lnk")).unwrap().to_str(), Some("d/x"));
+    assert_eq!(fs::read(a.path("lnk")).unwrap(), b"x");
+    assert_eq!(
+        fs::hard_link(a.path("d/x"), a.path("hard"))
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::EPERM)
+    );
+    let st = sh(&format!("stat -f -c %b {}", a.mountpoint.display()));
+    assert!(
+        st.trim().parse::<u64>().unwrap() > 0,
+        "statfs reports no space"
+    );
+    fs::remove_file(a.path("d/x")).unwrap();
+    fs::remove_dir(a.path("d")).unwrap();
+    assert!(!a.path("d").exists());
+}
+
+#[test]
+fn locale_xattr_keeps_files_on_the_writer() {
+    let c = Cluster::new("127.0.0.87");
+    let a = start_mount("127.0.0.88", &c.server.addr, &c.path("a"), "node-a", &[]);
+    let b = start_mount("127.0.0.89", &c.server.addr, &c.path("b"), "node-b", &[]);
+    fs::create_dir(a.path("scratch")).unwrap();
+    sh(&format!(
+        "setfattr -n user.kt.locale -v local {}",
+        a.path("scratch").display()
+    ));
+    assert!(sh(&format!(
+        "getfattr -n user.kt.locale {}",
+        a.path("scratch").display()
+    ))
+    .contains("local"));
+    let data = pseudo_random(5 * MIB, 9);
+    fs::write(a.path("scratch/local.bin"), &data).unwrap();
+    fs::write(a.path("stored.bin"), b"to the store").unwrap();
+    let ls = c.json(None, &["ls", "scratch"]);
+    assert_eq!(ls[0]["locale"], "node-a", "{ls}");
+    assert_eq!(
+        c.json(None, &["ls"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == "stored.bin")
+            .unwrap()["locale"],
+        "store"
+    );
+    // The other node reads it from node-a, in place.
+    assert!(fs::read(b.path("scratch/local.bin")).unwrap() == data);
+    let bad = Command::new("setfattr")
+        .args(["-n", "user.kt.locale", "-v", "elsewhere"])
+        .arg(a.path("scratch"))
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+}
+
+#[test]
+fn git_works_inside_the_mount() {
+    let c = Cluster::new("127.0.0.90");
+    let a = start_mount("127.0.0.91", &c.server.addr, &c.path("a"), "node-a", &[]);
+    let repo = a.path("repo");
+    fs::create_dir(&repo).unwrap();
+    let git = |args: &str| {
+        sh(&format!(
+            "cd {} && git -c user.email=t@t -c user.name=t {args}",
+            repo.display()
+        ))
+    };
+    git("init -q");
+    fs::write(repo.join("main.rs"), b"fn main() {}\n").unwrap();
+    fs::create_dir(repo.join("src")).unwrap();
+    fs::write(repo.join("src/lib.rs"), b"pub fn f() {}\n").unwrap();
+    git("add -A");
+    git("commit -qm first");
+    fs::write(repo.join("main.rs"), b"fn main() { println!(); }\n").unwrap();
+    git("commit -qam second");
+    assert_eq!(git("log --oneline").lines().count(), 2);
+    assert!(git("status --porcelain").trim().is_empty());
+    git("fsck --strict");
+}
+
+#[test]
+fn read_only_mount_refuses_writes() {
+    let c = Cluster::new("127.0.0.92");
+    let f = c.path("f");
+    fs::write(&f, b"published").unwrap();
+    c.ok(None, &["put", "f", "--src", f.to_str().unwrap()]);
+    let a = start_mount(
+        "127.0.0.93",
+        &c.server.addr,
+        &c.path("a"),
+        "node-a",
+        &["--read-only"],
+    );
+    assert_eq!(fs::read(a.path("f")).unwrap(), b"published");
+    for err in [
+        fs::write(a.path("new"), b"x").unwrap_err(),
+        fs::OpenOptions::new()
+            .write(true)
+            .open(a.path("f"))
+            .unwrap_err(),
+        fs::create_dir(a.path("d")).unwrap_err(),
+        fs::remove_file(a.path("f")).unwrap_err(),
+    ] {
+        assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    }
+}
+
+#[test]
+fn large_file_by_dd_and_mmap_crash_safe_cache_and_cache_reuse() {
+    let c = Cluster::new("127.0.0.94");
+    // In place on A: the only source of the blocks besides B's own cache.
+    let a = start_mount(
+        "127.0.0.95",
+        &c.server.addr,
+        &c.path("a"),
+        "node-a",
+        &["--locale", "local"],
+    );
+    let mut b = start_mount("127.0.0.96", &c.server.addr, &c.path("b"), "node-b", &[]);
+    let src = c.path("big.bin");
+    sh(&format!("head -c 1G /dev/urandom > {}", src.display()));
+    let want = sh(&format!("sha256sum < {}", src.display()));
+    sh(&format!(
+        "dd if={} of={} bs=4M status=none",
+        src.display(),
+        a.path("big.bin").display()
+    ));
+
+    // B dies in the middle of a cold read, while blocks are being fetched into its cache.
+    let mut reader = fs::File::open(b.path("big.bin")).unwrap();
+    let mut chunk = vec![0u8; 64 * MIB];
+    reader.read_exact(&mut chunk).unwrap();
+    assert!(chunk[..] == std::fs::read(&src).unwrap()[..64 * MIB]);
+    b.crash();
+    assert!(reader.read_exact(&mut chunk).is_err());
+    drop(reader);
+
+    // Restarted on the same cache: reads are right, with dd and through mmap.
+    let b = start_mount("127.0.0.96", &c.server.addr, &c.path("b"), "node-b", &[]);
+    let got = sh(&format!(
+        "dd if={} bs=1M status=none | sha256sum",
+        b.path("big.bin").display()
+    ));
+    assert_eq!(got, want, "wrong bytes after a crash of the reader's agent");
+    let py = format!(
+        "import mmap,hashlib\nf=open('{}','rb')\nm=mmap.mmap(f.fileno(),0,prot=mmap.PROT_READ)\nprint(hashlib.sha256(m).hexdigest()+'  -')",
+        b.path("big.bin").display()
+    );
+    assert_eq!(sh(&format!("python3 -c \"{py}\"")), want);
+
+    // With the only other source gone, B reads the whole file again from its own cache.
+    drop(a);
+    sh("echo 3 > /proc/sys/vm/drop_caches");
+    let got = sh(&format!(
+        "dd if={} bs=1M iflag=direct status=none | sha256sum",
+        b.path("big.bin").display()
+    ));
+    assert_eq!(
+        got, want,
+        "a cached file needed the network the second time"
+    );
+}
+
+#[test]
+fn dead_source_during_read_is_an_error_not_a_hang() {
+    let c = Cluster::new("127.0.0.97");
+    let mut a = start_mount(
+        "127.0.0.98",
+        &c.server.addr,
+        &c.path("a"),
+        "node-a",
+        &["--locale", "local"],
+    );
+    let b = start_mount("127.0.0.99", &c.server.addr, &c.path("b"), "node-b", &[]);
+    fs::write(a.path("only-on-a.bin"), pseudo_random(12 * MIB, 4)).unwrap();
+    assert!(b.path("only-on-a.bin").exists());
+    a.crash();
+    let start = std::time::Instant::now();
+    let mut buf = Vec::new();
+    let err = fs::File::open(b.path("only-on-a.bin"))
+        .and_then(|mut f| f.read_to_end(&mut buf))
+        .unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(30), "the read hung");
+}
+
+#[test]
+fn unmount_with_open_files_keeps_published_data() {
+    let c = Cluster::new("127.0.0.100");
+    let a = start_mount("127.0.0.101", &c.server.addr, &c.path("a"), "node-a", &[]);
+    let mut f = fs::File::create(a.path("open.txt")).unwrap();
+    f.write_all(b"still open at unmount").unwrap();
+    fs::write(a.path("closed.txt"), b"closed before").unwrap();
+    // SIGTERM while the file is open: the agent unmounts (lazily if it must) and publishes.
+    drop(a);
+    drop(f);
+    let out = c.path("out");
+    c.ok(None, &["get", "open.txt", "--dest", out.to_str().unwrap()]);
+    assert_eq!(fs::read(&out).unwrap(), b"still open at unmount");
+    let out2 = c.path("out2");
+    c.ok(
+        None,
+        &["get", "closed.txt", "--dest", out2.to_str().unwrap()],
+    );
+    assert_eq!(fs::read(&out2).unwrap(), b"closed before");
+}
