@@ -262,7 +262,7 @@ impl BlockServe for StoreBlocks {
     fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>, String> {
         self.meta
             .db()
-            .get(CF_BLOCKS, hash.as_bytes())
+            .get_unverified(CF_BLOCKS, hash.as_bytes())
             .map(|o| o.map(Bytes::from))
             .map_err(|e| e.to_string())
     }
