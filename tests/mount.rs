@@ -42,10 +42,8 @@ fn tree_copied_into_one_mount_reads_back_through_another() {
     ));
     // Visible to the CLI and to the other mount, byte for byte.
     let ls = c.json(None, &["ls", "my-svc/ckpt-100"]);
-    assert!(
-        ls.to_string().contains("weights.bin") || ls.to_string().contains("\"a/\""),
-        "{ls}"
-    );
+    let names: Vec<&str> = ls.as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["a/", "config.json", "empty/", "link", "run.sh", "zero"]);
     assert_same_tree(&src, &b.path("my-svc/ckpt-100"));
     assert_eq!(
         fs::metadata(b.path("my-svc/ckpt-100/run.sh"))
@@ -55,6 +53,19 @@ fn tree_copied_into_one_mount_reads_back_through_another() {
             & 0o777,
         0o755
     );
+
+    // B read the blocks, so B is now a source: a getter is served by node-b before the store.
+    let dest = c.path("from-b.bin");
+    let served_by_b = eventually(SETTLE, || {
+        let _ = fs::remove_file(&dest);
+        let got = c.json(
+            None,
+            &["get", "my-svc/ckpt-100/a/weights.bin", "--dest", dest.to_str().unwrap()],
+        );
+        got["sources"][0]["source"] == "node-b"
+    });
+    assert!(served_by_b, "the reading node did not become a source");
+    assert!(fs::read(&dest).unwrap() == fs::read(src.join("a/weights.bin")).unwrap());
 
     // mv is a metadata rename, visible on the other mount once its metadata cache expires.
     sh(&format!(
