@@ -80,6 +80,15 @@ pub enum LocaleArg {
     Local,
 }
 
+impl From<LocaleArg> for Locale {
+    fn from(l: LocaleArg) -> Self {
+        match l {
+            LocaleArg::Store => Locale::Store,
+            LocaleArg::Local => Locale::Local,
+        }
+    }
+}
+
 #[derive(Args)]
 pub struct PutArgs {
     pub key: String,
@@ -302,10 +311,7 @@ pub async fn put(a: PutArgs) -> Result<()> {
                 excludes: a.exclude,
                 includes: a.include,
             },
-            locale: match a.locale {
-                LocaleArg::Store => Locale::Store,
-                LocaleArg::Local => Locale::Local,
-            },
+            locale: a.locale.into(),
             force: a.force,
             ttl_secs: a.ttl,
             agent_socket: a.common.agent.clone(),
@@ -535,10 +541,7 @@ fn fs_config(
     Ok(FsConfig {
         server: cfg.server.clone(),
         namespace: Namespace::parse(namespace)?,
-        locale: match locale {
-            LocaleArg::Store => Locale::Store,
-            LocaleArg::Local => Locale::Local,
-        },
+        locale: locale.into(),
         read_only,
         node_id: cfg.node_id.clone(),
         zone: cfg.zone.clone(),

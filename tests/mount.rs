@@ -42,8 +42,16 @@ fn tree_copied_into_one_mount_reads_back_through_another() {
     ));
     // Visible to the CLI and to the other mount, byte for byte.
     let ls = c.json(None, &["ls", "my-svc/ckpt-100"]);
-    let names: Vec<&str> = ls.as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["a/", "config.json", "empty/", "link", "run.sh", "zero"]);
+    let names: Vec<&str> = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["a/", "config.json", "empty/", "link", "run.sh", "zero"]
+    );
     assert_same_tree(&src, &b.path("my-svc/ckpt-100"));
     assert_eq!(
         fs::metadata(b.path("my-svc/ckpt-100/run.sh"))
@@ -60,7 +68,12 @@ fn tree_copied_into_one_mount_reads_back_through_another() {
         let _ = fs::remove_file(&dest);
         let got = c.json(
             None,
-            &["get", "my-svc/ckpt-100/a/weights.bin", "--dest", dest.to_str().unwrap()],
+            &[
+                "get",
+                "my-svc/ckpt-100/a/weights.bin",
+                "--dest",
+                dest.to_str().unwrap(),
+            ],
         );
         got["sources"][0]["source"] == "node-b"
     });

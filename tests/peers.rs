@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::*;
 use ktfs::hash::BlockHash;
-use ktfs::proto::{AddLocationRequest, NodeInfo, RegisterNodeRequest};
+use ktfs::proto::{AddLocationRequest, HeartbeatRequest, NodeInfo, RegisterNodeRequest};
 
 const MIB: usize = 1 << 20;
 
@@ -165,7 +165,7 @@ fn fake_peer(server: &str, ip: &str, node: &str, version_hex: &str, answer: Arc<
         }
     });
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
+    let mut store = rt.block_on(async {
         let mut store = ktfs::client::connect_store(server).await.unwrap();
         store
             .register_node(RegisterNodeRequest {
@@ -184,6 +184,21 @@ fn fake_peer(server: &str, ip: &str, node: &str, version_hex: &str, answer: Arc<
             })
             .await
             .unwrap();
+        store
+    });
+    // Keep the fake node's lease alive as a real agent would, however slow the machine is
+    // (bounded: a test ends long before).
+    let node = node.to_string();
+    std::thread::spawn(move || {
+        for _ in 0..600 {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            let hb = HeartbeatRequest {
+                node_id: node.clone(),
+            };
+            if rt.block_on(store.heartbeat(hb)).is_err() {
+                break;
+            }
+        }
     });
 }
 

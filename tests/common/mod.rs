@@ -78,8 +78,9 @@ pub fn start_server(ip: &str, data_dir: &Path) -> Proc {
         &format!("{ip}:0"),
         "--data-dir",
         data_dir.to_str().unwrap(),
+        // Agents heartbeat every second; a lease this long survives a starved machine.
         "--lease-secs",
-        "3",
+        "10",
     ])
 }
 
@@ -89,10 +90,10 @@ pub struct AgentProc {
     pub node_id: String,
 }
 
-pub fn start_agent(ip: &str, server: &str, dir: &Path, node_id: &str) -> AgentProc {
+/// The flags every agent process of the tests gets: its own address, cache, socket and id.
+fn agent_args(ip: &str, server: &str, dir: &Path, node_id: &str) -> Vec<String> {
     let socket = dir.join("agent.sock");
-    let proc = spawn_ready(&[
-        "agent",
+    [
         "--server",
         server,
         "--listen",
@@ -105,10 +106,23 @@ pub fn start_agent(ip: &str, server: &str, dir: &Path, node_id: &str) -> AgentPr
         node_id,
         "--heartbeat-secs",
         "1",
-    ]);
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect()
+}
+
+fn spawn_ready_owned(args: Vec<String>) -> Proc {
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    spawn_ready(&refs)
+}
+
+pub fn start_agent(ip: &str, server: &str, dir: &Path, node_id: &str) -> AgentProc {
+    let mut args = vec!["agent".to_string()];
+    args.extend(agent_args(ip, server, dir, node_id));
     AgentProc {
-        proc,
-        socket,
+        proc: spawn_ready_owned(args),
+        socket: dir.join("agent.sock"),
         node_id: node_id.to_string(),
     }
 }
@@ -257,33 +271,16 @@ pub struct MountProc {
 pub fn start_mount(ip: &str, server: &str, dir: &Path, node_id: &str, extra: &[&str]) -> MountProc {
     std::fs::create_dir_all(dir).unwrap();
     let mountpoint = dir.join("kt");
-    let socket = dir.join("agent.sock");
     let mut args = vec![
-        "mount",
-        mountpoint.to_str().unwrap(),
-        "--server",
-        server,
-        "--listen",
-        &format!("{ip}:0"),
-        "--cache-dir",
-        dir.join("cache").to_str().unwrap(),
-        "--socket",
-        socket.to_str().unwrap(),
-        "--node-id",
-        node_id,
-        "--heartbeat-secs",
-        "1",
-    ]
-    .into_iter()
-    .map(String::from)
-    .collect::<Vec<_>>();
+        "mount".to_string(),
+        mountpoint.to_str().unwrap().to_string(),
+    ];
+    args.extend(agent_args(ip, server, dir, node_id));
     args.extend(extra.iter().map(|s| s.to_string()));
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let proc = spawn_ready(&refs);
     MountProc {
-        proc: Some(proc),
+        proc: Some(spawn_ready_owned(args)),
         mountpoint,
-        socket,
+        socket: dir.join("agent.sock"),
         node_id: node_id.to_string(),
         dir: dir.to_path_buf(),
     }

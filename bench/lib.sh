@@ -1,0 +1,284 @@
+# Helpers shared by the end-to-end harness (bench/e2e.sh, bench/fuse.sh). Source it; not a program.
+#
+# The caller sets LOG_TAG (shown in log lines) and WORK (its temporary directory, or empty) and
+# may set these before sourcing (all optional):
+#   KT_BENCH_QUIET_WAIT   seconds to wait, before each measured command, for other work on the
+#                         machine to stop (default 60; 0 = don't wait)
+#   KT_BENCH_QUIET_TOTAL  seconds of such waiting in the whole run, after which it stops waiting
+#                         (default 240), so a busy machine cannot stretch the run without bound
+#   KT_BENCH_PRIME_MIB    MiB of memory touched and freed right before each measured command
+#                         (default: the caller's PRIME_MIB_DEFAULT; 0 = off)
+#
+# Every background process is registered in PIDS (and FUSE mounts in MOUNT_PIDS/MOUNT_DIRS); the
+# EXIT trap installed by `install_cleanup` stops them all, unmounts what is still mounted, and
+# removes WORK (never crossing into a mount), on success, failure and Ctrl-C alike.
+
+export LC_ALL=C
+HZ=$(getconf CLK_TCK)
+QUIET_WAIT=${KT_BENCH_QUIET_WAIT:-60}
+QUIET_TOTAL=${KT_BENCH_QUIET_TOTAL:-240}
+QUIET_SPENT=0
+PRIME_MIB=${KT_BENCH_PRIME_MIB:-${PRIME_MIB_DEFAULT:-2048}}
+LOG_TAG=${LOG_TAG:-bench}
+
+log() { printf '[%s %s] %s\n' "$LOG_TAG" "$(date +%T)" "$*" >&2; }
+die() { log "FAILED: $*"; exit 1; }
+
+# ---- cleanup ------------------------------------------------------------------------------------
+PIDS=()
+MOUNT_PIDS=()
+MOUNT_DIRS=()
+WORK=${WORK:-}
+
+is_mounted() { mountpoint -q -- "$1" 2>/dev/null; }
+
+# Stops one `kt mount` process: SIGTERM (it publishes what is open, unmounts and exits), waits up
+# to 30 s, then insists and detaches the mount.
+stop_mount_pid() { # PID MOUNTPOINT
+    local pid=$1 dir=$2 i
+    if kill -0 "$pid" 2>/dev/null; then
+        kill -TERM "$pid" 2>/dev/null
+        for i in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        if kill -0 "$pid" 2>/dev/null; then
+            log "mount process $pid did not stop within 30 s; killing it"
+            kill -KILL "$pid" 2>/dev/null
+        fi
+    fi
+    wait "$pid" 2>/dev/null
+    if is_mounted "$dir"; then
+        log "$dir still mounted; detaching it"
+        umount -l -- "$dir" 2>/dev/null
+    fi
+}
+
+cleanup() {
+    local rc=$?
+    set +e
+    local i pid
+    # Mounts first, while the server they publish to still runs.
+    for i in "${!MOUNT_PIDS[@]}"; do
+        stop_mount_pid "${MOUNT_PIDS[i]}" "${MOUNT_DIRS[i]}"
+    done
+    for pid in "${PIDS[@]}"; do
+        if kill -0 "$pid" 2>/dev/null; then
+            # Its direct children first (socat under /usr/bin/time, rsync's connection processes).
+            pkill -TERM -P "$pid" 2>/dev/null
+            kill -TERM "$pid" 2>/dev/null
+        fi
+    done
+    for pid in "${PIDS[@]}"; do
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+    done
+    if [[ -n $WORK && -d $WORK ]]; then
+        # Never delete through a mount that is somehow still there: that would remove its keys.
+        for d in "${MOUNT_DIRS[@]}"; do is_mounted "$d" && umount -l -- "$d" 2>/dev/null; done
+        rm -rf --one-file-system -- "$WORK"
+    fi
+    if ((rc != 0)); then
+        log "exit status $rc; processes stopped, temporary files removed"
+    fi
+    exit "$rc"
+}
+install_cleanup() {
+    trap cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+}
+
+forget_pid() { # drop a PID we have already reaped
+    local keep=() p
+    for p in "${PIDS[@]}"; do [[ $p == "$1" ]] || keep+=("$p"); done
+    PIDS=("${keep[@]}")
+}
+
+# ---- tools --------------------------------------------------------------------------------------
+ensure_tools() { # PACKAGE:COMMAND...
+    local missing=() spec pkg cmd
+    for spec in "$@"; do
+        pkg=${spec%%:*} cmd=${spec#*:}
+        command -v "$cmd" >/dev/null || [[ -x $cmd ]] || missing+=("$pkg")
+    done
+    ((${#missing[@]})) || return 0
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+        log "installing ${missing[*]}"
+        apt-get install -y "${missing[@]}" >/dev/null 2>&1 \
+            || { apt-get update >/dev/null 2>&1 && apt-get install -y "${missing[@]}" >/dev/null 2>&1; } \
+            || return 1
+    else
+        return 1
+    fi
+}
+
+source_rev() { # ROOT
+    if [[ -n ${KT_BENCH_REV:-} ]]; then
+        echo "$KT_BENCH_REV"
+    elif git -C "$1" rev-parse --git-dir >/dev/null 2>&1; then
+        local rev
+        rev="$(git -C "$1" rev-parse --short HEAD)"
+        if [[ -n $(git -C "$1" status --porcelain -- src Cargo.toml Cargo.lock proto 2>/dev/null) ]]; then
+            rev="$rev + uncommitted changes"
+        fi
+        echo "$rev"
+    else
+        echo unknown
+    fi
+}
+
+# ---- network ------------------------------------------------------------------------------------
+# A free TCP port on 127.0.0.1 (nothing listening or connected on it right now).
+free_port() {
+    local p
+    while :; do
+        p=$((20000 + RANDOM % 40000))
+        if [[ -z $(ss -Htan "( sport = :$p or dport = :$p )" 2>/dev/null) ]]; then
+            echo "$p"
+            return
+        fi
+    done
+}
+
+wait_listening() { # PORT PID
+    local i
+    for i in $(seq 200); do
+        [[ -n $(ss -Hltn "( sport = :$1 )" 2>/dev/null) ]] && return 0
+        kill -0 "$2" 2>/dev/null || die "process $2 exited before listening on port $1"
+        sleep 0.05
+    done
+    die "nothing listening on port $1 after 10 s"
+}
+
+# ---- CPU accounting -----------------------------------------------------------------------------
+# CPU time the whole machine has been busy so far (user, nice, system, irq, softirq, steal), in ticks.
+busy_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
+# Seconds of CPU the machine was busy between two busy_ticks readings.
+busy_s() { awk -v a="$1" -v b="$2" -v hz="$HZ" 'BEGIN { printf "%.2f", (b - a) / hz }'; }
+# OTHER = machine CPU-s during the command minus the CPU-s of the measured processes: what else ran
+# (other people's builds, kernel threads, loopback softirqs). Large values mark a disturbed run.
+other_s() { awk -v busy="$1" 'BEGIN { s = busy; for (i = 2; i < ARGC; i++) s -= ARGV[i]; if (s < 0) s = 0; printf "%.1f", s }' "$@"; }
+
+# CPU seconds (user+sys) a live process has used so far.
+proc_cpu() {
+    awk -v hz="$HZ" '{ sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / hz }' "/proc/$1/stat"
+}
+# User and system CPU seconds of a live process, "U S".
+proc_cpu_us() {
+    awk -v hz="$HZ" '{ sub(/^.*\) /, ""); printf "%.2f %.2f", $12 / hz, $13 / hz }' "/proc/$1/stat"
+}
+# CPU seconds of a live process's reaped children (the rsync daemon's per-connection processes).
+proc_children_cpu() {
+    awk -v hz="$HZ" '{ sub(/^.*\) /, ""); printf "%.2f", ($14 + $15) / hz }' "/proc/$1/stat"
+}
+proc_hwm_kb() { awk '/^VmHWM:/ { print $2 }' "/proc/$1/status"; }
+# Reset a live process's peak RSS to its current RSS (Linux 4.0+), so the next phase is measured alone.
+reset_hwm() { echo 5 >"/proc/$1/clear_refs" 2>/dev/null || true; }
+sub_s() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+
+# Quiet machine. Others may build on this machine while we measure; two cores leave no headroom.
+# Before each measured command, wait (up to QUIET_WAIT s, and QUIET_TOTAL s over the whole run)
+# until the machine has been nearly idle (under 15% of one core) for a whole second.
+wait_quiet() {
+    ((QUIET_WAIT > 0)) || return 0
+    local start=$SECONDS a b said=
+    while :; do
+        a=$(busy_ticks)
+        sleep 1
+        b=$(busy_ticks)
+        (((b - a) * 100 < 15 * HZ)) && break
+        if ((QUIET_SPENT + SECONDS - start >= QUIET_TOTAL)); then
+            [[ -n $said ]] || log "  machine busy ($(((b - a) * 100 / HZ))% of a core); the run's ${QUIET_TOTAL}s of waiting are spent, measuring anyway"
+            said=1
+            break
+        fi
+        if [[ -z $said ]]; then
+            log "  machine busy ($(((b - a) * 100 / HZ))% of a core); waiting up to ${QUIET_WAIT}s for it to settle"
+            said=1
+        fi
+        if ((SECONDS - start >= QUIET_WAIT)); then
+            log "  still busy after ${QUIET_WAIT}s; measuring anyway (see the 'other' CPU in the results)"
+            break
+        fi
+    done
+    QUIET_SPENT=$((QUIET_SPENT + SECONDS - start))
+}
+
+# timed TAG CMD...: runs CMD under /usr/bin/time -v (stdout to WORK/TAG.out, stderr WORK/TAG.err);
+# sets ELAPSED (s), RSS_KB, CPU_S (user+sys), BUSY_S (CPU-s the whole machine was busy meanwhile).
+timed() {
+    local tag=$1 t0 t1 b0 b1
+    shift
+    b0=$(busy_ticks)
+    t0=$EPOCHREALTIME
+    if ! /usr/bin/time -v -o "$WORK/$tag.time" "$@" >"$WORK/$tag.out" 2>"$WORK/$tag.err"; then
+        cat "$WORK/$tag.err" >&2
+        die "$tag: $*"
+    fi
+    t1=$EPOCHREALTIME
+    b1=$(busy_ticks)
+    BUSY_S=$(busy_s "$b0" "$b1")
+    ELAPSED=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
+    read_time_file "$WORK/$tag.time"
+}
+
+read_time_file() { # FILE -> RSS_KB, CPU_S
+    RSS_KB=$(awk -F': ' '/Maximum resident set size/ { print $2 }' "$1")
+    CPU_S=$(awk -F': ' '/User time|System time/ { s += $2 } END { printf "%.2f", s }' "$1")
+}
+
+# ---- statistics and formatting ------------------------------------------------------------------
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+maxof() { printf '%s\n' "$@" | sort -g | tail -1; }
+mib() { awk -v k="$1" 'BEGIN { printf "%.0f", k / 1024 }'; }
+# Speed relative to a baseline: baseline seconds / these seconds (above 1 = faster than it).
+ratio() { awk -v base="$2" -v t="$1" 'BEGIN { printf "%.2f", base / t }'; }
+verdict() { awk -v r="$1" -v want="$2" 'BEGIN { if (r >= want) print "**met**"; else print "**NOT met**" }'; }
+# runs_of N TIMES... OTHERS...: "t1 (o1), t2 (o2), ..."
+runs_of() {
+    local n=$1 i out=
+    shift
+    local -a v=("$@")
+    for ((i = 0; i < n; i++)); do
+        out+="${out:+, }${v[i]} (${v[i + n]})"
+    done
+    echo "$out"
+}
+
+# ---- kt server ----------------------------------------------------------------------------------
+SERVER_PID=
+SERVER_ADDR=
+start_server() { # DIR [ADDR]
+    mkdir -p "$1/data"
+    "$KT" server --listen "${2:-127.0.0.1:0}" --data-dir "$1/data" >"$1/server.out" 2>"$1/server.err" &
+    SERVER_PID=$!
+    PIDS+=("$SERVER_PID")
+    local i
+    for i in $(seq 300); do
+        SERVER_ADDR=$(sed -n 's/^kt server listening on //p' "$1/server.out")
+        [[ -n $SERVER_ADDR ]] && return 0
+        kill -0 "$SERVER_PID" 2>/dev/null || { cat "$1/server.err" >&2; die "kt server exited"; }
+        sleep 0.05
+    done
+    die "kt server did not say where it listens within 15 s"
+}
+stop_server() {
+    kill -TERM "$SERVER_PID"
+    wait "$SERVER_PID" || true
+    forget_pid "$SERVER_PID"
+}
+
+# ---- RESULTS.md sections ------------------------------------------------------------------------
+# bench/RESULTS.md is shared: e2e.sh writes the top of it (header, end-to-end table,
+# micro-benchmarks); fuse.sh owns the part between these markers, which e2e.sh carries over.
+FUSE_BEGIN='<!-- bench/fuse.sh: begin -->'
+FUSE_END='<!-- bench/fuse.sh: end -->'
+# The fuse.sh block of FILE (markers included), or nothing.
+fuse_block_of() {
+    [[ -f $1 ]] || return 0
+    awk -v b="$FUSE_BEGIN" -v e="$FUSE_END" '$0 == b { on = 1 } on { print } $0 == e { on = 0 }' "$1"
+}
+# FILE without its fuse.sh block.
+without_fuse_block() {
+    [[ -f $1 ]] || return 0
+    awk -v b="$FUSE_BEGIN" -v e="$FUSE_END" '$0 == b { on = 1 } !on { print } $0 == e { on = 0 }' "$1"
+}
