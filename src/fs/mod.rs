@@ -36,6 +36,8 @@ use write::Staged;
 pub const LISTING_TTL: Duration = Duration::from_secs(1);
 /// Blocks fetched ahead of a sequential reader.
 const READAHEAD_BLOCKS: usize = 8;
+/// How far from the previous read's end a read may start and still count as sequential.
+const SEQUENTIAL_SLACK: u64 = 16 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
@@ -644,7 +646,10 @@ impl FsCore {
         let end = (offset + u64::from(size)).min(file_size);
         let first = f.offsets.partition_point(|&o| o <= offset) - 1;
         let last = f.offsets.partition_point(|&o| o < end) - 1;
-        let sequential = f.next_offset.swap(end, Ordering::Relaxed) == offset;
+        // The kernel's readahead sends neighbouring requests on several threads, so they arrive
+        // slightly out of order: near the previous end still counts as sequential.
+        let prev_end = f.next_offset.swap(end, Ordering::Relaxed);
+        let sequential = offset.abs_diff(prev_end) <= SEQUENTIAL_SLACK;
         let mut out = Vec::with_capacity((end - offset) as usize);
         self.block_on(async {
             if sequential || offset == 0 {
