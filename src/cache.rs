@@ -5,7 +5,9 @@
 //! restarted agent finds its cache and its budget use without reading any block. Eviction is
 //! least-recently-used: reads refresh a block's place in memory; after a restart the order
 //! starts from the order of insertion. Only verified blocks are inserted, each in one atomic
-//! write, so a crash never leaves a partial block behind. Blocks that this node publishes in
+//! write, so a crash never leaves a partial block behind; the cache is written without the
+//! write-ahead log (losing recent inserts in a crash only means fetching them again), and every
+//! block read back is checked against its hash. Blocks that this node publishes in
 //! place are not here at all (they are served from their files), so eviction never touches data
 //! a local publication needs.
 
@@ -46,6 +48,13 @@ impl Lru {
         self.by_hash.insert(h, (age, len));
         self.by_age.insert(age, h);
         self.used += u64::from(len);
+    }
+
+    fn remove(&mut self, h: &BlockHash) {
+        if let Some((age, len)) = self.by_hash.remove(h) {
+            self.by_age.remove(&age);
+            self.used -= u64::from(len);
+        }
     }
 
     fn remove_oldest(&mut self) -> Option<BlockHash> {
@@ -99,17 +108,36 @@ impl BlockCache {
         self.lru.lock().is_ok_and(|l| l.by_hash.contains_key(h))
     }
 
+    /// A cached block, checked against its hash (RocksDB's own checksum is skipped: blake3 is
+    /// both stronger and, with Debian's portable build, several times faster). A block that no
+    /// longer matches is dropped and reported absent, so it is fetched again.
     pub fn get(&self, h: &BlockHash) -> Result<Option<Bytes>, DbError> {
         if !self.contains(h) {
             return Ok(None);
         }
-        let v = self.db.get(CF_CACHE, h.as_bytes())?;
-        if v.is_some() {
-            if let Ok(mut l) = self.lru.lock() {
-                l.touch(h);
-            }
+        let Some(v) = self.db.get_unverified(CF_CACHE, h.as_bytes())? else {
+            self.forget(h)?;
+            return Ok(None);
+        };
+        if BlockHash::of(&v) != *h {
+            tracing::warn!(block = %h, "cached block is corrupt; dropping it");
+            self.forget(h)?;
+            return Ok(None);
         }
-        Ok(v.map(Bytes::from))
+        if let Ok(mut l) = self.lru.lock() {
+            l.touch(h);
+        }
+        Ok(Some(Bytes::from(v)))
+    }
+
+    fn forget(&self, h: &BlockHash) -> Result<(), DbError> {
+        if let Ok(mut l) = self.lru.lock() {
+            l.remove(h);
+        }
+        self.db.write_volatile(vec![
+            BatchOp::Delete(CF_CACHE, h.0.to_vec()),
+            BatchOp::Delete(CF_CACHE_INDEX, h.0.to_vec()),
+        ])
     }
 
     /// Inserts a block that has already been verified against `h`.
@@ -125,7 +153,9 @@ impl BlockCache {
         };
         let mut idx = age.to_be_bytes().to_vec();
         idx.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        self.db.write(vec![
+        // No WAL: a crash may lose recent inserts (both families together, see `Db::open`),
+        // which only means fetching them again.
+        self.db.write_volatile(vec![
             BatchOp::Put(CF_CACHE, h.0.to_vec(), data.to_vec()),
             BatchOp::Put(CF_CACHE_INDEX, h.0.to_vec(), idx),
         ])?;
@@ -146,7 +176,7 @@ impl BlockCache {
                 l.remove_oldest()
             };
             let Some(h) = victim else { return Ok(()) };
-            self.db.write(vec![
+            self.db.write_volatile(vec![
                 BatchOp::Delete(CF_CACHE, h.0.to_vec()),
                 BatchOp::Delete(CF_CACHE_INDEX, h.0.to_vec()),
             ])?;

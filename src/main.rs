@@ -4,6 +4,13 @@ use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() {
+    // Blocks are 4 MiB buffers allocated and freed on many threads; with glibc's adaptive mmap
+    // threshold they end up in per-thread heaps that never shrink. A fixed threshold gives each
+    // large buffer back to the system when it is freed.
+    // SAFETY: mallopt only tunes the allocator; called before any other thread exists but tokio's.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
+    }
     let cli = Cli::parse();
     let (daemon, verbose) = match &cli.cmd {
         Cmd::Server(_) | Cmd::Agent(_) | Cmd::Mount(_) | Cmd::Up(_) => (true, false),

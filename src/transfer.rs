@@ -187,7 +187,30 @@ enum Written {
     Corrupt(BlockJob),
 }
 
-/// One connection's share of a source: pipelined requests, in-order responses.
+type Conn = (dataplane::DataSender, dataplane::DataReceiver);
+
+/// Idle data-plane connections by peer address. The mount fetches a few blocks at a time, and a
+/// fresh TCP connection (and a thread's worth of setup) per block would cost more than the block.
+static POOL: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, Vec<Conn>>>> =
+    std::sync::LazyLock::new(Default::default);
+/// Idle connections kept per peer.
+const POOL_PER_PEER: usize = 8;
+
+fn checkout(addr: &str) -> Option<Conn> {
+    POOL.lock().ok()?.get_mut(addr)?.pop()
+}
+
+fn checkin(addr: &str, conn: Conn) {
+    if let Ok(mut pool) = POOL.lock() {
+        let idle = pool.entry(addr.to_string()).or_default();
+        if idle.len() < POOL_PER_PEER {
+            idle.push(conn);
+        }
+    }
+}
+
+/// One connection's share of a source. A pooled connection that turns out dead before it
+/// answered anything is replaced by a fresh one, so a peer is never blamed for a stale socket.
 async fn fetch_lane(
     addr: String,
     jobs: Vec<BlockJob>,
@@ -196,7 +219,13 @@ async fn fetch_lane(
     got: Arc<AtomicU64>,
     progress: ProgressBar,
 ) -> Result<LaneOutcome, TransferError> {
-    let (mut tx, mut rx) = match dataplane::connect(&addr).await {
+    if let Some(conn) = checkout(&addr) {
+        let lane = run_lane(conn, jobs.clone(), sinks.clone(), poisoned.clone()).await?;
+        if lane.answered > 0 || lane.outcome.error.is_none() {
+            return Ok(finish_lane(&addr, lane, &jobs, &got, &progress));
+        }
+    }
+    let conn = match dataplane::connect(&addr).await {
         Ok(c) => c,
         Err(e) => {
             return Ok(LaneOutcome {
@@ -205,6 +234,43 @@ async fn fetch_lane(
             })
         }
     };
+    let lane = run_lane(conn, jobs.clone(), sinks, poisoned).await?;
+    Ok(finish_lane(&addr, lane, &jobs, &got, &progress))
+}
+
+fn finish_lane(
+    addr: &str,
+    lane: Lane,
+    jobs: &[BlockJob],
+    got: &AtomicU64,
+    progress: &ProgressBar,
+) -> LaneOutcome {
+    if let Some(conn) = lane.reusable {
+        checkin(addr, conn);
+    }
+    let failed_bytes: u64 = lane.outcome.failed.iter().map(|j| u64::from(j.len)).sum();
+    let done = jobs.iter().map(|j| u64::from(j.len)).sum::<u64>() - failed_bytes;
+    got.fetch_add(done, Ordering::Relaxed);
+    progress.inc(done);
+    lane.outcome
+}
+
+struct Lane {
+    outcome: LaneOutcome,
+    /// Responses read; 0 with an error means the connection never worked.
+    answered: usize,
+    /// The connection, when every response was read and it can serve again.
+    reusable: Option<Conn>,
+}
+
+/// Pipelined requests on one connection, in-order responses.
+async fn run_lane(
+    conn: Conn,
+    jobs: Vec<BlockJob>,
+    sinks: Arc<dyn BlockSink>,
+    poisoned: Arc<AtomicBool>,
+) -> Result<Lane, TransferError> {
+    let (mut tx, mut rx) = conn;
     let window = Arc::new(Semaphore::new((WINDOW_BYTES / UNIT) as usize));
     let requests = Arc::new(Semaphore::new(WINDOW_REQUESTS));
     let jobs = Arc::new(jobs);
@@ -233,6 +299,7 @@ async fn fetch_lane(
         }
     };
     let receiver = async {
+        let mut answered = 0usize;
         let mut failed = Vec::new();
         let mut error = None;
         let mut writes = Vec::new();
@@ -243,6 +310,9 @@ async fn fetch_lane(
                 continue;
             }
             let resp = rx.recv().await;
+            if resp.is_ok() {
+                answered += 1;
+            }
             let release = |n: u32| {
                 window.add_permits(n as usize);
                 requests.add_permits(1);
@@ -305,17 +375,18 @@ async fn fetch_lane(
                 }
             }
         }
-        (failed, error, fatal)
+        (failed, error, fatal, answered)
     };
-    let (_tx, (failed, error, fatal)) = tokio::join!(sender, receiver);
+    let (tx, (failed, error, fatal, answered)) = tokio::join!(sender, receiver);
     if let Some(e) = fatal {
         return Err(e);
     }
-    let done: u64 = jobs.iter().map(|j| u64::from(j.len)).sum::<u64>()
-        - failed.iter().map(|j| u64::from(j.len)).sum::<u64>();
-    got.fetch_add(done, Ordering::Relaxed);
-    progress.inc(done);
-    Ok(LaneOutcome { failed, error })
+    let clean = answered == jobs.len() && error.is_none();
+    Ok(Lane {
+        outcome: LaneOutcome { failed, error },
+        answered,
+        reusable: clean.then_some((tx, rx)),
+    })
 }
 
 fn verify_and_write(

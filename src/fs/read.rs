@@ -25,15 +25,39 @@ const HOT_BLOCKS: usize = 16;
 
 type Waiters = Arc<Mutex<HashMap<BlockHash, watch::Sender<bool>>>>;
 
+/// Recently used blocks, newest last.
+#[derive(Default)]
+struct Hot(Mutex<VecDeque<(BlockHash, Bytes)>>);
+
+impl Hot {
+    fn get(&self, h: &BlockHash) -> Option<Bytes> {
+        let hot = self.0.lock().ok()?;
+        hot.iter().find(|(k, _)| k == h).map(|(_, b)| b.clone())
+    }
+
+    fn put(&self, h: BlockHash, b: Bytes) {
+        if let Ok(mut hot) = self.0.lock() {
+            if hot.iter().any(|(k, _)| *k == h) {
+                return;
+            }
+            if hot.len() >= HOT_BLOCKS {
+                hot.pop_front();
+            }
+            hot.push_back((h, b));
+        }
+    }
+}
+
 pub struct Loader {
     blocks: Arc<AgentBlocks>,
-    hot: Mutex<VecDeque<(BlockHash, Bytes)>>,
+    hot: Arc<Hot>,
     inflight: Waiters,
 }
 
-/// Verified blocks go into the cache, and whoever waits for them is woken.
+/// Verified blocks go into the cache and the hot set, and whoever waits for them is woken.
 struct CacheSink {
     blocks: Arc<AgentBlocks>,
+    hot: Arc<Hot>,
     waiters: Waiters,
 }
 
@@ -46,6 +70,8 @@ impl BlockSink for CacheSink {
                 path: "block cache".into(),
                 source: std::io::Error::other(e.to_string()),
             })?;
+        // The reader that waits for this block takes it from memory, not back from disk.
+        self.hot.put(job.hash, Bytes::copy_from_slice(data));
         if let Ok(w) = self.waiters.lock() {
             if let Some(tx) = w.get(&job.hash) {
                 let _ = tx.send(true);
@@ -59,30 +85,13 @@ impl Loader {
     pub fn new(blocks: Arc<AgentBlocks>) -> Self {
         Loader {
             blocks,
-            hot: Mutex::new(VecDeque::new()),
+            hot: Arc::new(Hot::default()),
             inflight: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
-    fn hot_get(&self, h: &BlockHash) -> Option<Bytes> {
-        let hot = self.hot.lock().ok()?;
-        hot.iter().find(|(k, _)| k == h).map(|(_, b)| b.clone())
-    }
-
-    fn hot_put(&self, h: BlockHash, b: Bytes) {
-        if let Ok(mut hot) = self.hot.lock() {
-            if hot.iter().any(|(k, _)| *k == h) {
-                return;
-            }
-            if hot.len() >= HOT_BLOCKS {
-                hot.pop_front();
-            }
-            hot.push_back((h, b));
-        }
-    }
-
     async fn local(&self, h: BlockHash) -> Result<Option<Bytes>, FsError> {
-        if let Some(b) = self.hot_get(&h) {
+        if let Some(b) = self.hot.get(&h) {
             return Ok(Some(b));
         }
         let blocks = self.blocks.clone();
@@ -91,7 +100,7 @@ impl Loader {
             .map_err(|e| FsError::Other(e.to_string()))?
             .map_err(FsError::Other)?;
         if let Some(b) = &found {
-            self.hot_put(h, b.clone());
+            self.hot.put(h, b.clone());
         }
         Ok(found)
     }
@@ -119,6 +128,7 @@ impl Loader {
         }
         let sink = Arc::new(CacheSink {
             blocks: self.blocks.clone(),
+            hot: self.hot.clone(),
             waiters: self.inflight.clone(),
         });
         let waiters = self.inflight.clone();

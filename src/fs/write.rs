@@ -336,8 +336,9 @@ impl FsCore {
         let locale = self.locale_for(&path);
         let (disk, len) = {
             let mut f = s.file.lock().map_err(|_| lock_err())?;
-            f.file.sync_data()?;
             if locale == Locale::Local {
+                // Served in place from now on: it must survive a crash of this node.
+                f.file.sync_data()?;
                 f.in_place = true;
             }
             (f.disk.clone(), f.file.metadata()?.len())
