@@ -157,12 +157,8 @@ fn read_place(p: &LocalBlock, hash: &BlockHash) -> Option<Bytes> {
 
 impl BlockServe for AgentBlocks {
     fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>, String> {
-        if let Some(v) = self
-            .db
-            .get(CF_CACHE, hash.as_bytes())
-            .map_err(|e| e.to_string())?
-        {
-            return Ok(Some(Bytes::from(v)));
+        if let Some(v) = self.cache.get(hash).map_err(|e| e.to_string())? {
+            return Ok(Some(v));
         }
         Ok(self
             .local_places(hash)?

@@ -1,0 +1,494 @@
+#!/usr/bin/env bash
+# The filesystem part of the end-to-end harness: `kt mount` against the local disk and `kt get`,
+# in one run, on loopback. Writes its section ("The filesystem at /kt") into bench/RESULTS.md
+# between the markers in bench/lib.sh, leaving the rest of the file (bench/e2e.sh's) as it is.
+#
+#   bash bench/fuse.sh
+#
+# What it measures (median of KT_BENCH_RUNS runs, default 3, unless marked as one run):
+#   a. cached sequential read: a 2 GiB file written through mount A (locale store), read once
+#      through mount B to fill B's block cache; then `dd bs=1M` of it through B after
+#      `echo 3 > /proc/sys/vm/drop_caches` (cold page cache, warm block cache), against `dd` of the
+#      same file on local disk after drop_caches and `fio --direct=1` of it. Target: >= 0.6x disk.
+#   b. cold read from a peer: a 1 GiB file written through A, read once through B (so B holds it
+#      and is registered as a source); then a fresh mount C (new node, empty cache) reads it with
+#      `dd bs=1M`, against `kt get` of the same key to a fresh destination. Both are served by B.
+#      Target: >= 0.8x kt get.
+#   c. 10,000 small files (1-4 KiB, 100 directories): `cp -r` of a local tree into mount A, then
+#      everything read back through mount B (cold block cache: fetched from the store, then again
+#      after drop_caches with the blocks cached), against `cp -r` and the same read on local disk.
+#      No target.
+# Peak RSS of each mount process (VmHWM, reset before each measured command) is recorded beside
+# each figure, with the CPU time of every process involved.
+#
+# Needs root (FUSE mounts, drop_caches) and /dev/fuse. Installs fio with apt-get if it is missing
+# (the fio baseline is skipped if that fails). Everything listens on 127.0.0.x. All processes and
+# mounts it starts, and its temporary directory, are removed on exit, on failure and on Ctrl-C;
+# mounts are stopped with SIGTERM (and detached with `umount -l` if that fails).
+#
+# Environment (all optional):
+#   KT_FUSE_BIG_MIB   size of the file for (a) in MiB (default 2048)
+#   KT_FUSE_COLD_MIB  size of the file for (b) in MiB (default 1024)
+#   KT_FUSE_FILES     small files per tree for (c) (default 10000), in KT_FUSE_DIRS directories (100)
+#   KT_BENCH_RUNS     runs per measured command (default 3)
+#   KT_BENCH_RESULTS  where to write the results (default bench/RESULTS.md)
+#   KT_BENCH_REV, KT_BENCH_TMP, KT_BENCH_QUIET_WAIT, KT_BENCH_QUIET_TOTAL: as for bench/e2e.sh
+#   KT_BENCH_PRIME_MIB  MiB of memory touched and freed before each large measured read (default 4096)
+#   CARGO_TARGET_DIR  honoured as cargo does
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+BIG_MIB=${KT_FUSE_BIG_MIB:-2048}
+COLD_MIB=${KT_FUSE_COLD_MIB:-1024}
+NFILES=${KT_FUSE_FILES:-10000}
+NDIRS=${KT_FUSE_DIRS:-100}
+RUNS=${KT_BENCH_RUNS:-3}
+RESULTS=${KT_BENCH_RESULTS:-$ROOT/bench/RESULTS.md}
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+KT=$TARGET/release/kt
+BIG_BYTES=$((BIG_MIB * 1024 * 1024))
+COLD_BYTES=$((COLD_MIB * 1024 * 1024))
+LOG_TAG=fuse
+PRIME_MIB_DEFAULT=4096
+WORK=
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
+install_cleanup
+T_START=$SECONDS
+
+# ---- preconditions and tools ----------------------------------------------------------------------
+[[ $(id -u) == 0 ]] || die "needs root: FUSE mounts and /proc/sys/vm/drop_caches"
+[[ -c /dev/fuse ]] || die "no /dev/fuse"
+ensure_tools time:/usr/bin/time jq:jq diffutils:cmp util-linux:mountpoint findutils:xargs \
+    || die "missing tools: time jq diffutils util-linux findutils"
+command -v python3 >/dev/null || die "needs python3 (to write the small-file trees)"
+HAVE_FIO=1
+ensure_tools fio:fio || { HAVE_FIO=; log "no fio (apt-get install fio failed); the fio baseline is skipped"; }
+
+log "cargo build --release"
+cargo build --release
+[[ -x $KT ]] || die "no binary at $KT"
+REV=$(source_rev "$ROOT")
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+
+WORK=$(mktemp -d "${KT_BENCH_TMP:-${TMPDIR:-/tmp}}/kt-fuse.XXXXXX")
+log "working in $WORK"
+LOCAL=$WORK/local
+mkdir -p "$LOCAL" "$WORK/mnt" "$WORK/cache"
+# `kt get` here runs without an agent of its own: KT_AGENT names a socket that does not exist.
+export KT_AGENT=$WORK/no-agent.sock
+
+# ---- helpers ------------------------------------------------------------------------------------
+drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+
+# Memory priming (see bench/e2e.sh): this VM hands free pages back to its host within a second or
+# two, and the first touch of such a page is slow, so a command that fills gigabytes of page cache
+# pays for the balloon, not for itself. Before each large measured read, PRIME MiB of anonymous
+# memory are touched and freed (no disk I/O, and the page cache is left as it was).
+prime() { # [MIB]
+    local m=${1:-$PRIME_MIB}
+    wait_quiet
+    ((m > 0)) || return 0
+    python3 -c "bytearray(b'\\1') * ($m << 20)"
+}
+
+# (b) reads 1 GiB into C's cache and its page cache: 3 GiB of priming are enough there.
+COLD_PRIME=$((PRIME_MIB < 3072 ? PRIME_MIB : 3072))
+
+declare -A MPID MDIR
+# start_mount NAME IP [ARGS...]: `kt mount` as node NAME on IP, with a fresh cache dir; waits until
+# it says it is ready and the mount point is mounted.
+start_mount() {
+    local name=$1 ip=$2 i pid dir=$WORK/mnt/$1
+    shift 2
+    mkdir -p "$dir" "$WORK/cache/$name"
+    "$KT" mount "$dir" --server "$SERVER_ADDR" --listen "$ip:0" --cache-dir "$WORK/cache/$name" \
+        --socket "$WORK/$name.sock" --node-id "$name" "$@" \
+        >"$WORK/mount-$name.out" 2>"$WORK/mount-$name.err" &
+    pid=$!
+    MOUNT_PIDS+=("$pid")
+    MOUNT_DIRS+=("$dir")
+    MPID[$name]=$pid
+    MDIR[$name]=$dir
+    for i in $(seq 300); do
+        if grep -q "^kt agent $name listening on" "$WORK/mount-$name.out" && is_mounted "$dir"; then
+            log "mount $name (pid $pid): $(head -1 "$WORK/mount-$name.out")"
+            return 0
+        fi
+        kill -0 "$pid" 2>/dev/null || { tail -5 "$WORK/mount-$name.err" >&2; die "kt mount $name exited"; }
+        sleep 0.1
+    done
+    die "kt mount $name not ready within 30 s"
+}
+stop_mount() { # NAME
+    local name=$1 pid=${MPID[$1]} dir=${MDIR[$1]} i keep_p=() keep_d=()
+    stop_mount_pid "$pid" "$dir"
+    is_mounted "$dir" && die "$dir is still mounted"
+    for i in "${!MOUNT_PIDS[@]}"; do
+        [[ ${MOUNT_PIDS[i]} == "$pid" ]] && continue
+        keep_p+=("${MOUNT_PIDS[i]}")
+        keep_d+=("${MOUNT_DIRS[i]}")
+    done
+    MOUNT_PIDS=("${keep_p[@]}")
+    MOUNT_DIRS=("${keep_d[@]}")
+    unset "MPID[$name]" "MDIR[$name]"
+}
+
+# Per-phase accounting of the long-lived processes (server and mounts): snapshot, then deltas.
+declare -A C0
+snap() { # NAME... : CPU snapshot and peak-RSS reset of these processes ("server" or a mount name)
+    local n pid
+    for n in "$@"; do
+        pid=$([[ $n == server ]] && echo "$SERVER_PID" || echo "${MPID[$n]}")
+        C0[$n]=$(proc_cpu "$pid")
+        C0[$n.us]=$(proc_cpu_us "$pid")
+        reset_hwm "$pid"
+    done
+}
+cpu_of() { # NAME: CPU-s since snap
+    local pid
+    pid=$([[ $1 == server ]] && echo "$SERVER_PID" || echo "${MPID[$1]}")
+    sub_s "${C0[$1]}" "$(proc_cpu "$pid")"
+}
+us_of() { # NAME: "user U sys S" since snap
+    local pid u0 s0 u1 s1
+    pid=$([[ $1 == server ]] && echo "$SERVER_PID" || echo "${MPID[$1]}")
+    read -r u0 s0 <<<"${C0[$1.us]}"
+    read -r u1 s1 <<<"$(proc_cpu_us "$pid")"
+    echo "user $(sub_s "$u0" "$u1"), sys $(sub_s "$s0" "$s1")"
+}
+hwm_of() { # NAME: VmHWM in KiB
+    proc_hwm_kb "${MPID[$1]}"
+}
+
+mbs() { awk -v b="$1" -v t="$2" 'BEGIN { printf "%.0f", b / 1e6 / t }'; }
+fps() { awk -v n="$1" -v t="$2" 'BEGIN { printf "%.0f", n / t }'; }
+
+# The read of a small-file tree: every file, in a fixed order, hashed (which also checks it).
+TREE_READ='cd "$1" && find . -type f -print0 | sort -z | xargs -0 cat | md5sum | cut -d" " -f1'
+
+# ---- test data ----------------------------------------------------------------------------------
+log "writing ${BIG_MIB} MiB and ${COLD_MIB} MiB of pseudo-random data, and $RUNS trees of $NFILES small files"
+head -c "$BIG_BYTES" /dev/urandom >"$LOCAL/big.bin"
+head -c "$COLD_BYTES" /dev/urandom >"$LOCAL/cold.bin"
+python3 - "$LOCAL" "$RUNS" "$NFILES" "$NDIRS" <<'PY'
+import os, random, sys
+root, runs, nfiles, ndirs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+for r in range(1, runs + 1):
+    rng = random.Random(r)
+    for i in range(nfiles):
+        d = os.path.join(root, f"tree{r}", f"d{i % ndirs:03d}")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, f"f{i:05d}"), "wb") as f:
+            f.write(os.urandom(rng.randint(1024, 4096)))
+PY
+declare -A TREE_MD5 TREE_BYTES
+for r in $(seq "$RUNS"); do
+    TREE_MD5[$r]=$(bash -c "$TREE_READ" _ "$LOCAL/tree$r")
+    TREE_BYTES[$r]=$(find "$LOCAL/tree$r" -type f -printf '%s\n' | awk '{ s += $1 } END { print s }')
+done
+sync
+
+# ---- processes ----------------------------------------------------------------------------------
+start_server "$WORK/server" 127.0.0.1:0
+export KT_SERVER=$SERVER_ADDR
+log "kt server $SERVER_ADDR (pid $SERVER_PID)"
+start_mount A 127.0.0.2 --locale store
+start_mount B 127.0.0.3 --locale store
+MA=${MDIR[A]}
+MB=${MDIR[B]}
+mkdir "$MA/fuse"
+
+# ============================== (a) cached sequential read ======================================
+log "(a) writing big.bin through mount A"
+prime
+snap A server
+timed wbig dd if="$LOCAL/big.bin" of="$MA/fuse/big.bin" bs=1M
+W_BIG_T=$ELAPSED W_BIG_CPU=$CPU_S W_BIG_A=$(cpu_of A) W_BIG_AUS=$(us_of A) W_BIG_S=$(cpu_of server) W_BIG_HWM=$(hwm_of A)
+W_BIG_O=$(other_s "$BUSY_S" "$CPU_S" "$W_BIG_A" "$W_BIG_S")
+log "  write through A: ${ELAPSED}s; dd ${CPU_S}, A ${W_BIG_A} ($W_BIG_AUS), server ${W_BIG_S} CPU-s; A peak $(mib "$W_BIG_HWM") MiB"
+
+log "(a) first read of big.bin through mount B (fills B's cache from the store)"
+sleep 1.1 # B's view of the directory may be a listing older than the file
+prime
+snap B server
+timed rbig0 dd if="$MB/fuse/big.bin" of=/dev/null bs=1M
+R0_BIG_T=$ELAPSED R0_BIG_CPU=$CPU_S R0_BIG_B=$(cpu_of B) R0_BIG_BUS=$(us_of B) R0_BIG_S=$(cpu_of server) R0_BIG_HWM=$(hwm_of B)
+R0_BIG_O=$(other_s "$BUSY_S" "$CPU_S" "$R0_BIG_B" "$R0_BIG_S")
+log "  first read through B: ${ELAPSED}s; dd ${CPU_S}, B ${R0_BIG_B} ($R0_BIG_BUS), server ${R0_BIG_S} CPU-s; B peak $(mib "$R0_BIG_HWM") MiB"
+cmp "$MB/fuse/big.bin" "$LOCAL/big.bin" || die "big.bin read through B differs from the original"
+
+declare -a CA_T CA_CPU CA_B CA_BUS CA_S CA_HWM CA_O LD_T LD_CPU LD_O FIO_T FIO_O
+for run in $(seq "$RUNS"); do
+    log "(a) run $run/$RUNS"
+    drop_caches
+    prime
+    snap B server
+    timed "cached$run" dd if="$MB/fuse/big.bin" of=/dev/null bs=1M
+    CA_T+=("$ELAPSED") CA_CPU+=("$CPU_S") CA_B+=("$(cpu_of B)") CA_BUS+=("$(us_of B)") CA_S+=("$(cpu_of server)") CA_HWM+=("$(hwm_of B)")
+    CA_O+=("$(other_s "$BUSY_S" "$CPU_S" "${CA_B[-1]}" "${CA_S[-1]}")")
+    log "  cached read through B: ${ELAPSED}s ($(mbs "$BIG_BYTES" "$ELAPSED") MB/s); dd ${CPU_S}, B ${CA_B[-1]} (${CA_BUS[-1]}), server ${CA_S[-1]} CPU-s, other ${CA_O[-1]}; B peak $(mib "${CA_HWM[-1]}") MiB"
+
+    drop_caches
+    prime
+    timed "local$run" dd if="$LOCAL/big.bin" of=/dev/null bs=1M
+    LD_T+=("$ELAPSED") LD_CPU+=("$CPU_S") LD_O+=("$(other_s "$BUSY_S" "$CPU_S")")
+    log "  local dd (cold page cache): ${ELAPSED}s ($(mbs "$BIG_BYTES" "$ELAPSED") MB/s), other ${LD_O[-1]}"
+
+    if [[ -n $HAVE_FIO ]]; then
+        wait_quiet
+        timed "fio$run" fio --name=seq --rw=read --bs=1M --size="${BIG_MIB}M" --filename="$LOCAL/big.bin" \
+            --direct=1 --readonly --output-format=json
+        bw=$(jq -r '.jobs[0].read.bw_bytes' "$WORK/fio$run.out")
+        FIO_T+=("$(awk -v b="$BIG_BYTES" -v bw="$bw" 'BEGIN { printf "%.3f", b / bw }')")
+        FIO_O+=("$(other_s "$BUSY_S" "$CPU_S")")
+        log "  fio --direct=1: $(awk -v bw="$bw" 'BEGIN { printf "%.0f", bw / 1e6 }') MB/s (${FIO_T[-1]}s), other ${FIO_O[-1]}"
+    fi
+done
+
+# ============================== (b) cold read from a peer =======================================
+log "(b) writing cold.bin through mount A"
+prime
+snap A server
+timed wcold dd if="$LOCAL/cold.bin" of="$MA/fuse/cold.bin" bs=1M
+W_COLD_T=$ELAPSED W_COLD_A=$(cpu_of A) W_COLD_S=$(cpu_of server) W_COLD_HWM=$(hwm_of A)
+W_COLD_O=$(other_s "$BUSY_S" "$CPU_S" "$W_COLD_A" "$W_COLD_S")
+log "  write through A: ${ELAPSED}s; A ${W_COLD_A}, server ${W_COLD_S} CPU-s"
+sleep 1.1
+prime
+snap B server
+timed rcold0 dd if="$MB/fuse/cold.bin" of=/dev/null bs=1M
+R0_COLD_T=$ELAPSED R0_COLD_B=$(cpu_of B) R0_COLD_S=$(cpu_of server) R0_COLD_HWM=$(hwm_of B)
+R0_COLD_O=$(other_s "$BUSY_S" "$CPU_S" "$R0_COLD_B" "$R0_COLD_S")
+log "  first read through B (from the store; B becomes a source): ${ELAPSED}s; B ${R0_COLD_B}, server ${R0_COLD_S} CPU-s"
+cmp "$MB/fuse/cold.bin" "$LOCAL/cold.bin" || die "cold.bin read through B differs from the original"
+sleep 1 # B registers itself as a source in the background
+
+declare -a CM_T CM_CPU CM_C CM_CUS CM_B CM_S CM_HWM CM_BHWM CM_O KG_T KG_CPU KG_RSS KG_B KG_S KG_BHWM KG_O KG_SRC
+for run in $(seq "$RUNS"); do
+    c=C$run # node ids sort after B, so B is the first peer in everyone's source list
+    log "(b) run $run/$RUNS"
+    start_mount "$c" "127.0.0.$((10 + run))" --locale store
+    prime "$COLD_PRIME"
+    snap "$c" B server
+    timed "coldmount$run" dd if="${MDIR[$c]}/fuse/cold.bin" of=/dev/null bs=1M
+    CM_T+=("$ELAPSED") CM_CPU+=("$CPU_S") CM_C+=("$(cpu_of "$c")") CM_CUS+=("$(us_of "$c")") CM_B+=("$(cpu_of B)") CM_S+=("$(cpu_of server)")
+    CM_HWM+=("$(hwm_of "$c")") CM_BHWM+=("$(hwm_of B)")
+    CM_O+=("$(other_s "$BUSY_S" "$CPU_S" "${CM_C[-1]}" "${CM_B[-1]}" "${CM_S[-1]}")")
+    log "  fresh mount $c read: ${ELAPSED}s ($(mbs "$COLD_BYTES" "$ELAPSED") MB/s); dd ${CPU_S}, $c ${CM_C[-1]} (${CM_CUS[-1]}), B ${CM_B[-1]}, server ${CM_S[-1]} CPU-s, other ${CM_O[-1]}; $c peak $(mib "${CM_HWM[-1]}") MiB"
+    cmp "${MDIR[$c]}/fuse/cold.bin" "$LOCAL/cold.bin" || die "cold.bin read through $c differs from the original"
+    stop_mount "$c"
+    rm -rf -- "${WORK:?}/cache/$c"
+
+    mkdir -p "$WORK/get$run"
+    prime "$COLD_PRIME"
+    snap B server
+    timed "ktget$run" "$KT" get fuse/cold.bin --dest "$WORK/get$run/cold.bin" --json
+    KG_T+=("$ELAPSED") KG_CPU+=("$CPU_S") KG_RSS+=("$RSS_KB") KG_B+=("$(cpu_of B)") KG_S+=("$(cpu_of server)") KG_BHWM+=("$(hwm_of B)")
+    KG_O+=("$(other_s "$BUSY_S" "$CPU_S" "${KG_B[-1]}" "${KG_S[-1]}")")
+    KG_SRC+=("$(jq -r '[.sources[] | "\(.source) \(.bytes)"] | join(", ")' "$WORK/ktget$run.out")")
+    log "  kt get: ${ELAPSED}s ($(mbs "$COLD_BYTES" "$ELAPSED") MB/s); kt ${CPU_S}, B ${KG_B[-1]}, server ${KG_S[-1]} CPU-s, other ${KG_O[-1]}; sources: ${KG_SRC[-1]}"
+    cmp "$WORK/get$run/cold.bin" "$LOCAL/cold.bin" || die "kt get $run differs from the original"
+    rm -rf -- "${WORK:?}/get$run"
+done
+
+# ============================== (c) small files =================================================
+declare -a SL_CP_T SL_CP_O SM_CP_T SM_CP_A SM_CP_S SM_CP_HWM SM_CP_O
+declare -a SM_R_T SM_R_B SM_R_S SM_R_HWM SM_R_O SM_RR_T SM_RR_B SM_RR_S SM_RR_HWM SM_RR_O
+declare -a SL_R_T SL_R_O SL_RW_T SL_RW_O
+for run in $(seq "$RUNS"); do
+    log "(c) run $run/$RUNS: $NFILES files"
+    wait_quiet
+    timed "lcp$run" cp -r "$LOCAL/tree$run" "$LOCAL/copy$run"
+    SL_CP_T+=("$ELAPSED") SL_CP_O+=("$(other_s "$BUSY_S" "$CPU_S")")
+    log "  local cp -r: ${ELAPSED}s ($(fps "$NFILES" "$ELAPSED") files/s)"
+    rm -rf -- "${LOCAL:?}/copy$run"
+
+    wait_quiet
+    snap A server
+    timed "mcp$run" cp -r "$LOCAL/tree$run" "$MA/fuse/small$run"
+    SM_CP_T+=("$ELAPSED") SM_CP_A+=("$(cpu_of A)") SM_CP_S+=("$(cpu_of server)") SM_CP_HWM+=("$(hwm_of A)")
+    SM_CP_O+=("$(other_s "$BUSY_S" "$CPU_S" "${SM_CP_A[-1]}" "${SM_CP_S[-1]}")")
+    log "  cp -r into mount A: ${ELAPSED}s ($(fps "$NFILES" "$ELAPSED") files/s); cp ${CPU_S}, A ${SM_CP_A[-1]} ($(us_of A)), server ${SM_CP_S[-1]} CPU-s, other ${SM_CP_O[-1]}"
+
+    sleep 1.1
+    wait_quiet
+    snap B server
+    timed "mread$run" bash -c "$TREE_READ" _ "$MB/fuse/small$run"
+    [[ $(cat "$WORK/mread$run.out") == "${TREE_MD5[$run]}" ]] || die "small files read through B differ from the originals"
+    SM_R_T+=("$ELAPSED") SM_R_B+=("$(cpu_of B)") SM_R_S+=("$(cpu_of server)") SM_R_HWM+=("$(hwm_of B)")
+    SM_R_O+=("$(other_s "$BUSY_S" "$CPU_S" "${SM_R_B[-1]}" "${SM_R_S[-1]}")")
+    log "  read through B (from the store): ${ELAPSED}s ($(fps "$NFILES" "$ELAPSED") files/s); readers ${CPU_S}, B ${SM_R_B[-1]} ($(us_of B)), server ${SM_R_S[-1]} CPU-s, other ${SM_R_O[-1]}"
+
+    drop_caches
+    wait_quiet
+    timed "lread$run" bash -c "$TREE_READ" _ "$LOCAL/tree$run"
+    SL_R_T+=("$ELAPSED") SL_R_O+=("$(other_s "$BUSY_S" "$CPU_S")")
+    log "  local read (cold page cache): ${ELAPSED}s ($(fps "$NFILES" "$ELAPSED") files/s)"
+    wait_quiet
+    timed "lreadw$run" bash -c "$TREE_READ" _ "$LOCAL/tree$run"
+    SL_RW_T+=("$ELAPSED") SL_RW_O+=("$(other_s "$BUSY_S" "$CPU_S")")
+    log "  local read (warm page cache): ${ELAPSED}s ($(fps "$NFILES" "$ELAPSED") files/s)"
+
+    drop_caches
+    wait_quiet
+    snap B server
+    timed "mreread$run" bash -c "$TREE_READ" _ "$MB/fuse/small$run"
+    [[ $(cat "$WORK/mreread$run.out") == "${TREE_MD5[$run]}" ]] || die "small files re-read through B differ from the originals"
+    SM_RR_T+=("$ELAPSED") SM_RR_B+=("$(cpu_of B)") SM_RR_S+=("$(cpu_of server)") SM_RR_HWM+=("$(hwm_of B)")
+    SM_RR_O+=("$(other_s "$BUSY_S" "$CPU_S" "${SM_RR_B[-1]}" "${SM_RR_S[-1]}")")
+    log "  re-read through B (blocks cached, page cache dropped): ${ELAPSED}s ($(fps "$NFILES" "$ELAPSED") files/s); B ${SM_RR_B[-1]}, server ${SM_RR_S[-1]} CPU-s"
+done
+
+# ---- stop everything before writing (so a failure to unmount fails the run) ----------------------
+stop_mount B
+stop_mount A
+stop_server
+LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# ---- results ------------------------------------------------------------------------------------
+ca_m=$(median "${CA_T[@]}")
+ld_m=$(median "${LD_T[@]}")
+cm_m=$(median "${CM_T[@]}")
+kg_m=$(median "${KG_T[@]}")
+ca_vs_ld=$(ratio "$ca_m" "$ld_m")
+cm_vs_kg=$(ratio "$cm_m" "$kg_m")
+if [[ -n $HAVE_FIO ]]; then
+    fio_m=$(median "${FIO_T[@]}")
+    ca_vs_fio=$(ratio "$ca_m" "$fio_m")
+fi
+sl_cp_m=$(median "${SL_CP_T[@]}")
+sm_cp_m=$(median "${SM_CP_T[@]}")
+sm_r_m=$(median "${SM_R_T[@]}")
+sm_rr_m=$(median "${SM_RR_T[@]}")
+sl_r_m=$(median "${SL_R_T[@]}")
+sl_rw_m=$(median "${SL_RW_T[@]}")
+mibmax() { mib "$(maxof "$@")"; }
+R=$RUNS
+
+{
+    echo "$FUSE_BEGIN"
+    echo "## The filesystem at /kt"
+    echo
+    echo "Produced by \`bash bench/fuse.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'), source revision $REV,"
+    echo "$(nproc) cores, $(uname -sr), $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) RAM, in $((SECONDS - T_START)) s."
+    echo "Load average at the start: $LOAD_START; at the end: $LOAD_END (it counts this benchmark's own processes)."
+    echo "One \`kt server\` on 127.0.0.1 and \`kt mount\` processes, each its own node on its own address:"
+    echo "A (127.0.0.2, the writer), B (127.0.0.3, the reader whose cache is measured), and C1..C$R"
+    echo "(127.0.0.11.., fresh nodes with empty caches); all with \`--locale store\` and the default 10 GiB"
+    echo "cache budget, and \`kt mount MOUNTPOINT --server ADDR --listen IP:0 --cache-dir DIR --socket PATH --node-id ID\`."
+    echo "Median of $R runs, interleaved; rows marked (info) ran once. Every file read through a mount was"
+    echo "checked against the original (\`cmp\`, or an md5 of all the small files in order)."
+    echo "\"Cold page cache\" means \`sync; echo 3 > /proc/sys/vm/drop_caches\` right before the command."
+    echo "Before each large read ${PRIME_MIB} MiB of anonymous memory were touched and freed (${COLD_PRIME} MiB in (b)), so"
+    echo "page-cache growth does not pay for this VM's balloon (see the end-to-end section); machine waited"
+    echo "idle for a second before each command where it could (${QUIET_SPENT} s spent waiting)."
+    echo "MB/s is 10^6 bytes/s; ratios are speed ratios (baseline seconds / these seconds; above 1 is"
+    echo "faster). Peak RSS is \`VmHWM\` of the mount process, reset before each measured command (largest"
+    echo "over the runs). CPU is user+sys seconds, median over the runs; the last column gives each run's"
+    echo "seconds and, in parentheses, the CPU-seconds the machine spent on anything but the processes named."
+    echo
+    echo "### (a) Cached sequential read, ${BIG_MIB} MiB: \`dd bs=1M\` through mount B, its blocks in B's cache"
+    echo
+    echo "| operation | median s | MB/s | vs local dd | vs fio | peak RSS | CPU s | runs: s (other CPU-s) |"
+    echo "|---|---:|---:|---:|---:|---|---|---|"
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' \
+        "cached read through mount B (cold page cache)" "$ca_m" "$(mbs "$BIG_BYTES" "$ca_m")" "$ca_vs_ld" "${ca_vs_fio:--}" \
+        "B $(mibmax "${CA_HWM[@]}") MiB" "dd $(median "${CA_CPU[@]}"); B $(median "${CA_B[@]}"); server $(median "${CA_S[@]}")" \
+        "$(runs_of "$R" "${CA_T[@]}" "${CA_O[@]}")"
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' \
+        "local disk: \`dd bs=1M\` of the same file (cold page cache)" "$ld_m" "$(mbs "$BIG_BYTES" "$ld_m")" "1.00" \
+        "$([[ -n $HAVE_FIO ]] && ratio "$ld_m" "$fio_m" || echo -)" "-" "dd $(median "${LD_CPU[@]}")" \
+        "$(runs_of "$R" "${LD_T[@]}" "${LD_O[@]}")"
+    if [[ -n $HAVE_FIO ]]; then
+        printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' \
+            "local disk: \`fio --rw=read --bs=1M --direct=1\`" "$fio_m" "$(mbs "$BIG_BYTES" "$fio_m")" "$(ratio "$fio_m" "$ld_m")" "1.00" \
+            "-" "-" "$(runs_of "$R" "${FIO_T[@]}" "${FIO_O[@]}")"
+    fi
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' \
+        "(info) first read through B: blocks fetched from the store" "$R0_BIG_T" "$(mbs "$BIG_BYTES" "$R0_BIG_T")" \
+        "$(ratio "$R0_BIG_T" "$ld_m")" "-" "B $(mib "$R0_BIG_HWM") MiB" "dd $R0_BIG_CPU; B $R0_BIG_B; server $R0_BIG_S" "$R0_BIG_T ($R0_BIG_O)"
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' \
+        "(info) write through mount A, \`dd bs=1M\`, published (uploaded) on close" "$W_BIG_T" "$(mbs "$BIG_BYTES" "$W_BIG_T")" \
+        "-" "-" "A $(mib "$W_BIG_HWM") MiB" "dd $W_BIG_CPU; A $W_BIG_A; server $W_BIG_S" "$W_BIG_T ($W_BIG_O)"
+    echo
+    echo "B's CPU in the measured runs: $(printf '%s; ' "${CA_BUS[@]}" | sed 's/; $//'). The server's CPU shows the"
+    echo "cached reads needed no network."
+    echo
+    echo "### (b) Cold read from a peer, ${COLD_MIB} MiB: a fresh mount against \`kt get\`"
+    echo
+    echo "B holds the file (it read it once) and is registered as a source; each fresh node C reads it"
+    echo "through its mount (\`dd bs=1M\` to /dev/null; the blocks land in C's cache), and \`kt get\` (no"
+    echo "agent) writes it to a fresh destination file. The sources \`kt get\` reported: $(printf '%s; ' "${KG_SRC[@]}" | sed 's/; $//')."
+    echo
+    echo "| operation | median s | MB/s | vs kt get | peak RSS | CPU s | runs: s (other CPU-s) |"
+    echo "|---|---:|---:|---:|---|---|---|"
+    printf '| %s | %s | %s | %s | %s | %s | %s |\n' \
+        "fresh mount C reads through the mount (empty cache)" "$cm_m" "$(mbs "$COLD_BYTES" "$cm_m")" "$cm_vs_kg" \
+        "C $(mibmax "${CM_HWM[@]}") MiB; B $(mibmax "${CM_BHWM[@]}") MiB" \
+        "dd $(median "${CM_CPU[@]}"); C $(median "${CM_C[@]}"); B $(median "${CM_B[@]}"); server $(median "${CM_S[@]}")" \
+        "$(runs_of "$R" "${CM_T[@]}" "${CM_O[@]}")"
+    printf '| %s | %s | %s | %s | %s | %s | %s |\n' \
+        "\`kt get fuse/cold.bin --dest D/cold.bin\`" "$kg_m" "$(mbs "$COLD_BYTES" "$kg_m")" "1.00" \
+        "kt $(mibmax "${KG_RSS[@]}") MiB; B $(mibmax "${KG_BHWM[@]}") MiB" \
+        "kt $(median "${KG_CPU[@]}"); B $(median "${KG_B[@]}"); server $(median "${KG_S[@]}")" \
+        "$(runs_of "$R" "${KG_T[@]}" "${KG_O[@]}")"
+    printf '| %s | %s | %s | %s | %s | %s | %s |\n' \
+        "(info) write through mount A, published on close" "$W_COLD_T" "$(mbs "$COLD_BYTES" "$W_COLD_T")" "-" \
+        "A $(mib "$W_COLD_HWM") MiB" "A $W_COLD_A; server $W_COLD_S" "$W_COLD_T ($W_COLD_O)"
+    printf '| %s | %s | %s | %s | %s | %s | %s |\n' \
+        "(info) B's first read, from the store" "$R0_COLD_T" "$(mbs "$COLD_BYTES" "$R0_COLD_T")" "$(ratio "$R0_COLD_T" "$kg_m")" \
+        "B $(mib "$R0_COLD_HWM") MiB" "B $R0_COLD_B; server $R0_COLD_S" "$R0_COLD_T ($R0_COLD_O)"
+    echo
+    echo "C's CPU in the measured runs: $(printf '%s; ' "${CM_CUS[@]}" | sed 's/; $//')."
+    echo
+    echo "### (c) $NFILES small files (1-4 KiB, $NDIRS directories, $(awk -v b="${TREE_BYTES[1]}" 'BEGIN { printf "%.1f", b / 1e6 }') MB)"
+    echo
+    echo "Each run has its own tree (different contents, so nothing is deduplicated). Create: \`cp -r TREE DIR\`"
+    echo "(into mount A: every file is published on close — staged on A's disk, hashed, uploaded, published;"
+    echo "on local disk: into the page cache, not synced). Read: \`find . -type f -print0 | sort -z | xargs -0 cat | md5sum\`."
+    echo
+    echo "| operation | median s | files/s | vs local | peak RSS | CPU s | runs: s (other CPU-s) |"
+    echo "|---|---:|---:|---:|---|---|---|"
+    printf '| %s | %s | %s | %s | %s | %s | %s |\n' \
+        "create through mount A" "$sm_cp_m" "$(fps "$NFILES" "$sm_cp_m")" "$(ratio "$sm_cp_m" "$sl_cp_m")" \
+        "A $(mibmax "${SM_CP_HWM[@]}") MiB" "A $(median "${SM_CP_A[@]}"); server $(median "${SM_CP_S[@]}")" \
+        "$(runs_of "$R" "${SM_CP_T[@]}" "${SM_CP_O[@]}")"
+    printf '| %s | %s | %s | %s | %s | %s | %s |\n' \
+        "create on local disk" "$sl_cp_m" "$(fps "$NFILES" "$sl_cp_m")" "1.00" "-" "-" \
+        "$(runs_of "$R" "${SL_CP_T[@]}" "${SL_CP_O[@]}")"
+    printf '| %s | %s | %s | %s | %s | %s | %s |\n' \
+        "read through mount B, first time (blocks from the store)" "$sm_r_m" "$(fps "$NFILES" "$sm_r_m")" "$(ratio "$sm_r_m" "$sl_r_m")" \
+        "B $(mibmax "${SM_R_HWM[@]}") MiB" "B $(median "${SM_R_B[@]}"); server $(median "${SM_R_S[@]}")" \
+        "$(runs_of "$R" "${SM_R_T[@]}" "${SM_R_O[@]}")"
+    printf '| %s | %s | %s | %s | %s | %s | %s |\n' \
+        "read through mount B again (blocks cached, cold page cache)" "$sm_rr_m" "$(fps "$NFILES" "$sm_rr_m")" "$(ratio "$sm_rr_m" "$sl_r_m")" \
+        "B $(mibmax "${SM_RR_HWM[@]}") MiB" "B $(median "${SM_RR_B[@]}"); server $(median "${SM_RR_S[@]}")" \
+        "$(runs_of "$R" "${SM_RR_T[@]}" "${SM_RR_O[@]}")"
+    printf '| %s | %s | %s | %s | %s | %s | %s |\n' \
+        "read on local disk (cold page cache)" "$sl_r_m" "$(fps "$NFILES" "$sl_r_m")" "1.00" "-" "-" \
+        "$(runs_of "$R" "${SL_R_T[@]}" "${SL_R_O[@]}")"
+    printf '| %s | %s | %s | %s | %s | %s | %s |\n' \
+        "(info) read on local disk (warm page cache)" "$sl_rw_m" "$(fps "$NFILES" "$sl_rw_m")" "$(ratio "$sl_rw_m" "$sl_r_m")" "-" "-" \
+        "$(runs_of "$R" "${SL_RW_T[@]}" "${SL_RW_O[@]}")"
+    echo
+    echo "### Targets (issue)"
+    echo
+    echo "- Cached sequential read at least 0.6x the local disk: ${ca_vs_ld}x of \`dd\` from the local disk — $(verdict "$ca_vs_ld" 0.6)$(
+        [[ -n $HAVE_FIO ]] && echo "; ${ca_vs_fio}x of \`fio --direct=1\` — $(verdict "$ca_vs_fio" 0.6)")."
+    echo "- Cold read through the mount from a peer at least 0.8x \`kt get\`: ${cm_vs_kg}x — $(verdict "$cm_vs_kg" 0.8)."
+    echo "- Small files: no target; creating through the mount runs at $(ratio "$sm_cp_m" "$sl_cp_m")x of local \`cp -r\`, reading at"
+    echo "  $(ratio "$sm_r_m" "$sl_r_m")x (first read) and $(ratio "$sm_rr_m" "$sl_r_m")x (cached) of a cold local read."
+    echo "$FUSE_END"
+} >"$WORK/section.md"
+
+{
+    # Everything else in RESULTS.md as it was, without trailing blank lines, then this section.
+    without_fuse_block "$RESULTS" | awk '{ l[NR] = $0 } NF { last = NR } END { for (i = 1; i <= last; i++) print l[i] }'
+    [[ -s $RESULTS ]] && echo
+    cat "$WORK/section.md"
+} >"$RESULTS.tmp"
+mv "$RESULTS.tmp" "$RESULTS"
+log "wrote $RESULTS ($((SECONDS - T_START)) s)"
+cat "$WORK/section.md"
