@@ -9,7 +9,7 @@
 use prost::Message;
 
 use crate::hash::{BlockHash, Version};
-use crate::key::{KeyPath, MAX_SEGMENT};
+use crate::key::MAX_SEGMENT;
 pub use crate::proto::{BlockRef, EntryKind, FileEntry, Manifest};
 
 /// Default block size: 4 MiB.
@@ -168,11 +168,6 @@ pub fn subtree(m: &Manifest, subpath: &str) -> Option<Manifest> {
         block_size: m.block_size,
         entries,
     })
-}
-
-/// The key of a manifest entry below the key `base`.
-pub fn entry_key(base: &KeyPath, entry: &FileEntry) -> Option<KeyPath> {
-    base.join(&entry.path).ok()
 }
 
 #[cfg(test)]

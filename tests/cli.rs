@@ -154,12 +154,7 @@ fn ls_and_rm() {
     c.ok(None, &["put", "-n", "team-b", "hidden", "--src", fs_]);
 
     let ls = c.json(None, &["ls", "my-svc"]);
-    let names: Vec<&str> = ls
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["name"].as_str().unwrap())
-        .collect();
+    let names = ls_names(&ls);
     assert_eq!(names, ["config.txt", "deep/", "weights/"]);
     assert_eq!(ls[2]["is_directory"], true);
     assert_eq!(ls[2]["locale"], "store");
@@ -300,12 +295,7 @@ fn filters_and_gitignore() {
         ],
     );
     let ls = c.json(None, &["ls", "code", "-r"]);
-    let names: Vec<&str> = ls
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["name"].as_str().unwrap())
-        .collect();
+    let names = ls_names(&ls);
     assert_eq!(names, [".gitignore", "src/", "src/keep.o", "src/main.rs"]);
     let dest = c.path("dest");
     c.ok(

@@ -42,12 +42,7 @@ fn tree_copied_into_one_mount_reads_back_through_another() {
     ));
     // Visible to the CLI and to the other mount, byte for byte.
     let ls = c.json(None, &["ls", "my-svc/ckpt-100"]);
-    let names: Vec<&str> = ls
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["name"].as_str().unwrap())
-        .collect();
+    let names = ls_names(&ls);
     assert_eq!(
         names,
         ["a/", "config.json", "empty/", "link", "run.sh", "zero"]

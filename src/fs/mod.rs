@@ -248,10 +248,6 @@ impl FsCore {
         })
     }
 
-    pub fn config(&self) -> &FsConfig {
-        &self.cfg
-    }
-
     fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
         self.rt.block_on(f)
     }

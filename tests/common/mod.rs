@@ -363,3 +363,12 @@ pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// The `name` of every entry of a `kt ls --json` answer, in order.
+pub fn ls_names(ls: &serde_json::Value) -> Vec<String> {
+    ls.as_array()
+        .expect("ls --json prints an array")
+        .iter()
+        .map(|e| e["name"].as_str().expect("name").to_string())
+        .collect()
+}
