@@ -6,9 +6,11 @@
 //! place, with no copy; before its bytes go out, the agent checks the file's size and mtime and
 //! the block's hash, so a file changed after publishing is never served as the published block.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,9 +22,10 @@ use tonic::{Request, Response, Status};
 
 use crate::cache::{BlockCache, CF_CACHE, CF_CACHE_INDEX};
 use crate::client::{self, ClientError};
-use crate::dataplane::BlockServe;
+use crate::dataplane::{BlockServe, Pending};
 use crate::db::{BatchOp, Db};
 use crate::hash::{BlockHash, Version};
+use crate::inflight::{Inflight, Place, PENDING_WAIT};
 use crate::manifest::{self, EntryKind, Manifest};
 use crate::proto::agent_server::{Agent, AgentServer};
 use crate::proto::*;
@@ -54,6 +57,9 @@ pub struct AgentConfig {
 pub struct AgentBlocks {
     db: Db,
     cache: Arc<BlockCache>,
+    inflight: Arc<Inflight>,
+    bytes_served: AtomicU64,
+    blocks_served: AtomicU64,
 }
 
 impl AgentBlocks {
@@ -155,15 +161,41 @@ fn read_place(p: &LocalBlock, hash: &BlockHash) -> Option<Bytes> {
     Some(Bytes::from(buf))
 }
 
-impl BlockServe for AgentBlocks {
-    fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>, String> {
+impl AgentBlocks {
+    fn find(&self, hash: &BlockHash) -> Result<Option<Bytes>, String> {
         if let Some(v) = self.cache.get(hash).map_err(|e| e.to_string())? {
             return Ok(Some(v));
         }
-        Ok(self
+        if let Some(v) = self
             .local_places(hash)?
             .iter()
-            .find_map(|p| read_place(p, hash)))
+            .find_map(|p| read_place(p, hash))
+        {
+            return Ok(Some(v));
+        }
+        Ok(self.inflight.read(hash))
+    }
+}
+
+impl BlockServe for AgentBlocks {
+    fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>, String> {
+        let got = self.find(hash)?;
+        if let Some(b) = &got {
+            self.bytes_served
+                .fetch_add(b.len() as u64, Ordering::Relaxed);
+            self.blocks_served.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(got)
+    }
+
+    fn pending(&self, hash: &BlockHash) -> Option<Pending> {
+        if !self.inflight.pending(hash) {
+            return None;
+        }
+        let (inflight, hash) = (self.inflight.clone(), *hash);
+        Some(Box::pin(async move {
+            inflight.wait(&hash, PENDING_WAIT).await;
+        }))
     }
 
     fn put(&self, _hash: &BlockHash, _data: Bytes) -> Result<(), String> {
@@ -253,8 +285,85 @@ impl Agent for AgentHandler {
             data_addr: self.data_addr.clone(),
             server: self.cfg.server.clone(),
             zone: self.cfg.zone.clone(),
+            bytes_served: self.blocks.bytes_served.load(Ordering::Relaxed),
+            blocks_served: self.blocks.blocks_served.load(Ordering::Relaxed),
         }))
     }
+
+    async fn receive(
+        &self,
+        req: Request<tonic::Streaming<ReceiveEvent>>,
+    ) -> Result<Response<ReceiveResponse>, Status> {
+        let mut stream = req.into_inner();
+        let first = stream
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("empty receive stream"))?;
+        let m = first
+            .manifest
+            .ok_or_else(|| Status::invalid_argument("manifest missing"))?;
+        manifest::validate(&m).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let expected = expected_places(&m, &first.files)?;
+        let inflight = self.blocks.inflight.clone();
+        let offer = OfferGuard(inflight.clone(), inflight.open(expected));
+        let ready = |hashes: &[Vec<u8>]| {
+            let hashes: Vec<BlockHash> = hashes
+                .iter()
+                .filter_map(|h| BlockHash::from_slice(h))
+                .collect();
+            inflight.ready(offer.1, &hashes);
+        };
+        ready(&first.ready);
+        // The offer lasts as long as the getter's stream; a getter that dies ends it.
+        while let Ok(Some(ev)) = stream.message().await {
+            ready(&ev.ready);
+        }
+        drop(offer);
+        Ok(Response::new(ReceiveResponse {}))
+    }
+}
+
+/// Ends an offer however its stream ends, a cancelled call included.
+struct OfferGuard(Arc<Inflight>, u64);
+
+impl Drop for OfferGuard {
+    fn drop(&mut self) {
+        self.0.close(self.1);
+    }
+}
+
+/// Where each block of the files being received will be.
+fn expected_places(
+    m: &Manifest,
+    files: &[LocalFile],
+) -> Result<HashMap<BlockHash, Vec<Place>>, Status> {
+    let mut out: HashMap<BlockHash, Vec<Place>> = HashMap::new();
+    for f in files {
+        if !Path::new(&f.disk_path).is_absolute() {
+            return Err(Status::invalid_argument("disk paths must be absolute"));
+        }
+        let entry = m
+            .entries
+            .iter()
+            .find(|e| e.path == f.entry_path && e.kind() == EntryKind::File)
+            .ok_or_else(|| Status::invalid_argument(format!("no file entry {:?}", f.entry_path)))?;
+        let file = Arc::new(
+            std::fs::File::open(&f.disk_path)
+                .map_err(|e| Status::failed_precondition(format!("{}: {e}", f.disk_path)))?,
+        );
+        let mut offset = 0u64;
+        for b in &entry.blocks {
+            let hash =
+                manifest::block_hash(b).ok_or_else(|| Status::invalid_argument("bad hash"))?;
+            out.entry(hash).or_default().push(Place {
+                file: file.clone(),
+                offset,
+                len: b.len,
+            });
+            offset += u64::from(b.len);
+        }
+    }
+    Ok(out)
 }
 
 /// A bound agent, ready to run.
@@ -289,7 +398,13 @@ impl AgentProcess {
             cfg,
             listener,
             unix,
-            blocks: Arc::new(AgentBlocks { db, cache }),
+            blocks: Arc::new(AgentBlocks {
+                db,
+                cache,
+                inflight: Default::default(),
+                bytes_served: AtomicU64::new(0),
+                blocks_served: AtomicU64::new(0),
+            }),
         })
     }
 

@@ -15,7 +15,7 @@ use crate::get::{self, GetOptions};
 use crate::key::{KeyPath, Namespace};
 use crate::manifest::DEFAULT_BLOCK_SIZE;
 use crate::mount::Mounted;
-use crate::proto::{ListRequest, Locale, RemoveRequest};
+use crate::proto::{ListRequest, Locale, RemoveRequest, WindowSpec};
 use crate::put::{self, PutOptions};
 use crate::scan::ScanOptions;
 use crate::server::StoreServerProcess;
@@ -52,6 +52,8 @@ pub enum Cmd {
     Mount(MountArgs),
     /// Run a store server and a node agent in one process, on loopback.
     Up(UpArgs),
+    /// Show a broadcast window: its quorum, members and tree.
+    Window(WindowCmdArgs),
 }
 
 #[derive(Args, Clone)]
@@ -73,7 +75,7 @@ pub struct Common {
     pub verbose: bool,
 }
 
-#[derive(Clone, Copy, ValueEnum, Default)]
+#[derive(Clone, Copy, ValueEnum, Default, PartialEq)]
 pub enum LocaleArg {
     #[default]
     Store,
@@ -116,7 +118,52 @@ pub struct PutArgs {
     #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE)]
     pub block_size: u32,
     #[command(flatten)]
+    pub window: WindowArgs,
+    #[command(flatten)]
     pub common: Common,
+}
+
+/// A broadcast window: participants that join the same group form one distribution tree.
+#[derive(Args, Clone, Default)]
+pub struct WindowArgs {
+    /// Close the window's quorum this many seconds after it opened.
+    #[arg(long = "broadcast-timeout", value_name = "SECS")]
+    pub broadcast_timeout: Option<f64>,
+    /// Close the quorum once this many putters and getters have joined.
+    #[arg(long)]
+    pub world_size: Option<u32>,
+    /// Close the quorum once participants from all these addresses have joined.
+    #[arg(long, value_delimiter = ',')]
+    pub ips: Vec<String>,
+    /// The window to join (default: one per key).
+    #[arg(long)]
+    pub group_id: Option<String>,
+    /// Children per parent in the tree.
+    #[arg(long)]
+    pub fanout: Option<u32>,
+}
+
+impl WindowArgs {
+    pub fn spec(&self) -> WindowSpec {
+        WindowSpec {
+            group_id: self.group_id.clone().unwrap_or_default(),
+            timeout_ms: self
+                .broadcast_timeout
+                .map(|s| (s.max(0.0) * 1000.0) as u64)
+                .unwrap_or(0),
+            world_size: self.world_size.unwrap_or(0),
+            ips: self.ips.clone(),
+            fanout: self.fanout.unwrap_or(0),
+        }
+    }
+
+    /// Whether a window was asked for at all.
+    pub fn any(&self) -> bool {
+        self.broadcast_timeout.is_some()
+            || self.world_size.is_some()
+            || !self.ips.is_empty()
+            || self.group_id.is_some()
+    }
 }
 
 #[derive(Args)]
@@ -141,6 +188,19 @@ pub struct GetArgs {
     /// Do not offer the fetched data to peers.
     #[arg(long = "no-seed-data", action = ArgAction::SetTrue)]
     pub no_seed_data: bool,
+    /// Write at most this many bytes per second (e.g. 50M).
+    #[arg(long, value_parser = parse_size)]
+    pub bwlimit: Option<u64>,
+    #[command(flatten)]
+    pub window: WindowArgs,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args)]
+pub struct WindowCmdArgs {
+    /// The window's group id.
+    pub group_id: String,
     #[command(flatten)]
     pub common: Common,
 }
@@ -320,9 +380,55 @@ pub async fn put(a: PutArgs) -> Result<()> {
     )
     .await?;
     pb.finish_and_clear();
-    if a.common.json {
-        print_json(&report)?;
+    let window = if a.window.any() {
+        let version = crate::hash::Version::from_hex(&report.version)
+            .context("the server returned a malformed version")?;
+        let mut store = client::connect_store(&a.common.server).await?;
+        let node = match client::connect_agent(&a.common.agent).await {
+            Ok(mut agent) if a.locale == LocaleArg::Local => agent
+                .status(crate::proto::AgentStatusRequest {})
+                .await
+                .ok()
+                .map(|s| {
+                    let s = s.into_inner();
+                    (s.node_id, crate::fanout::host_of(&s.data_addr))
+                }),
+            _ => None,
+        };
+        Some(
+            crate::fanout::join_as_putter(
+                &mut store,
+                report.namespace.as_str(),
+                &report.key,
+                version,
+                a.window.spec(),
+                node,
+            )
+            .await?,
+        )
     } else {
+        None
+    };
+    if a.common.json {
+        let mut v = serde_json::to_value(&report)?;
+        if let (Some(w), Some(obj)) = (&window, v.as_object_mut()) {
+            obj.insert("broadcast".into(), window_json(w));
+        }
+        print_json(&v)?;
+    } else {
+        if let Some(w) = &window {
+            println!(
+                "broadcast window {} {} with {} members{}",
+                w.group_id,
+                if w.closed { "closed" } else { "open" },
+                w.members.len(),
+                if w.closed {
+                    format!(" (by {})", w.closed_by)
+                } else {
+                    String::new()
+                }
+            );
+        }
         println!(
             "published {} ({} files, {}, {} sent, locale {}) version {}",
             report.key,
@@ -352,6 +458,8 @@ pub async fn get(a: GetArgs) -> Result<()> {
             includes: a.include,
             seed: !a.no_seed_data,
             agent_socket: a.common.agent.clone(),
+            window: a.window.spec(),
+            bwlimit: a.bwlimit,
         },
         &pb,
     )
@@ -373,6 +481,77 @@ pub async fn get(a: GetArgs) -> Result<()> {
                 println!("  {} from {} ({})", human(s.bytes), s.source, s.addr);
             }
         }
+    }
+    Ok(())
+}
+
+/// A window as JSON: what `kt window` prints and what `kt put --json` adds.
+pub fn window_json(w: &crate::proto::Window) -> serde_json::Value {
+    let spec = w.spec.clone().unwrap_or_default();
+    serde_json::json!({
+        "group_id": w.group_id,
+        "generation": w.generation,
+        "closed": w.closed,
+        "closed_by": w.closed_by,
+        "world_size": spec.world_size,
+        "timeout_ms": spec.timeout_ms,
+        "ips": spec.ips,
+        "fanout": if spec.fanout == 0 { crate::broadcast::DEFAULT_FANOUT } else { spec.fanout },
+        "members": w.members.iter().map(|m| serde_json::json!({
+            "id": m.id,
+            "node_id": m.node_id,
+            "ip": m.ip,
+            "role": if m.role == crate::proto::Role::Putter as i32 { "putter" } else { "getter" },
+            "parent": m.parent,
+            "children": m.children,
+            "done": m.done,
+            "failed": m.failed,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+pub async fn window(a: WindowCmdArgs) -> Result<()> {
+    let mut store = client::connect_store(&a.common.server).await?;
+    let w = store
+        .get_window(crate::proto::GetWindowRequest {
+            group_id: a.group_id,
+        })
+        .await
+        .map_err(client::ClientError::from)?
+        .into_inner();
+    if a.common.json {
+        return print_json(&window_json(&w));
+    }
+    println!(
+        "window {} generation {}: {}{}",
+        w.group_id,
+        w.generation,
+        if w.closed { "closed" } else { "open" },
+        if w.closed {
+            format!(" by {}", w.closed_by)
+        } else {
+            String::new()
+        }
+    );
+    for m in &w.members {
+        println!(
+            "  {:>3} {:<20} parent {:<20} children {:>3} {}",
+            m.id,
+            if m.node_id.is_empty() {
+                "-"
+            } else {
+                &m.node_id
+            },
+            if m.parent.is_empty() { "-" } else { &m.parent },
+            m.children,
+            if m.failed {
+                "failed"
+            } else if m.done {
+                "done"
+            } else {
+                "receiving"
+            }
+        );
     }
     Ok(())
 }

@@ -110,6 +110,38 @@ pub trait BlockServe: Send + Sync + 'static {
     fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>, String>;
     /// Stores a block. Peers that take no uploads refuse.
     fn put(&self, hash: &BlockHash, data: Bytes) -> Result<(), String>;
+    /// For a block this peer does not hold yet but is receiving: resolves once it may have
+    /// arrived, so that a child in a broadcast tree is answered as soon as its parent has it.
+    fn pending(&self, _hash: &BlockHash) -> Option<Pending> {
+        None
+    }
+}
+
+/// See [`BlockServe::pending`].
+pub type Pending = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+fn answer(got: Result<Option<Bytes>, String>, hash: BlockHash) -> Response {
+    match got {
+        Ok(Some(b)) => Response::Block(hash, b),
+        Ok(None) => Response::NotFound(hash),
+        Err(e) => Response::Error(e),
+    }
+}
+
+async fn serve_get(svc: Arc<dyn BlockServe>, hash: BlockHash) -> Response {
+    let get = |svc: Arc<dyn BlockServe>| async move {
+        tokio::task::spawn_blocking(move || answer(svc.get(&hash), hash))
+            .await
+            .unwrap_or_else(|e| Response::Error(format!("server task failed: {e}")))
+    };
+    let first = get(svc.clone()).await;
+    if let Response::NotFound(_) = first {
+        if let Some(wait) = svc.pending(&hash) {
+            wait.await;
+            return get(svc).await;
+        }
+    }
+    first
 }
 
 /// Serves one accepted connection until the peer closes it or breaks the protocol.
@@ -139,13 +171,7 @@ async fn serve_inner(stream: TcpStream, svc: Arc<dyn BlockServe>) -> Result<(), 
             let hash = BlockHash::from_slice(&payload).ok_or(WireError::BadFrame("hash"))?;
             let svc = svc.clone();
             let job = match op {
-                OP_GET if data.is_empty() => {
-                    tokio::task::spawn_blocking(move || match svc.get(&hash) {
-                        Ok(Some(b)) => Response::Block(hash, b),
-                        Ok(None) => Response::NotFound(hash),
-                        Err(e) => Response::Error(e),
-                    })
-                }
+                OP_GET if data.is_empty() => tokio::spawn(serve_get(svc, hash)),
                 OP_PUT => tokio::task::spawn_blocking(move || {
                     if BlockHash::of(&data) != hash {
                         return Response::Error(format!("block {hash} does not match its hash"));

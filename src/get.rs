@@ -18,15 +18,17 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use crate::client::{self, Agent, ClientError};
+use crate::broadcast;
+use crate::client::{self, Agent, ClientError, Store};
+use crate::fanout::{self, Announcing, Offer, RateLimit, TreeFetch, TreeReport};
 use crate::hash::Version;
 use crate::key::{KeyPath, Namespace};
 use crate::manifest::{self, EntryKind, FileEntry, Manifest, ManifestError};
 use crate::proto::{
     AddSourceRequest, AgentStatusRequest, ListRequest, LocalFile, ResolveRequest, ResolveResponse,
-    Source,
+    Source, WindowSpec,
 };
-use crate::transfer::{self, BlockJob, Sinks, SourceAddr, TransferError};
+use crate::transfer::{BlockJob, FetchReport, Sinks, SourceAddr, TransferError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GetError {
@@ -70,6 +72,11 @@ pub struct GetOptions {
     pub includes: Vec<String>,
     pub seed: bool,
     pub agent_socket: PathBuf,
+    /// The broadcast window to join; without a group id or quorum criteria, the implicit
+    /// window of the version (only its fanout counts).
+    pub window: WindowSpec,
+    /// Bytes per second to write at most.
+    pub bwlimit: Option<u64>,
 }
 
 #[derive(Debug, Serialize, Default)]
@@ -90,6 +97,8 @@ pub struct GetReport {
     pub bytes_transferred: u64,
     pub sources: Vec<SourceReport>,
     pub seeded: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub broadcast: Vec<TreeReport>,
 }
 
 /// This node's agent, when one answers.
@@ -97,6 +106,7 @@ struct LocalAgent {
     client: Agent,
     node_id: String,
     zone: String,
+    data_addr: String,
 }
 
 async fn local_agent(path: &Path) -> Option<LocalAgent> {
@@ -110,6 +120,7 @@ async fn local_agent(path: &Path) -> Option<LocalAgent> {
         client,
         node_id: st.node_id,
         zone: st.zone,
+        data_addr: st.data_addr,
     })
 }
 
@@ -146,6 +157,7 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
             };
             report.dest = root.display().to_string();
             fetch_one(
+                &mut store,
                 agent.as_mut(),
                 &opts,
                 &r,
@@ -195,6 +207,7 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
                         .into_inner(),
                 )?;
                 fetch_one(
+                    &mut store,
                     agent.as_mut(),
                     &opts,
                     &r,
@@ -231,7 +244,8 @@ enum Plan {
 
 #[allow(clippy::too_many_arguments)]
 async fn fetch_one(
-    agent: Option<&mut LocalAgent>,
+    store: &mut Store,
+    mut agent: Option<&mut LocalAgent>,
     opts: &GetOptions,
     r: &ResolveResponse,
     m: Manifest,
@@ -335,8 +349,56 @@ async fn fetch_one(
         .map_or(("", ""), |a| (a.node_id.as_str(), a.zone.as_str()));
     let sources = order_sources(&r.sources, node, zone, &opts.server);
     progress.inc_length(jobs.iter().map(|j| u64::from(j.len)).sum());
-    let fetched =
-        transfer::fetch(jobs, Arc::new(Sinks { files: sinks }), &sources, progress).await?;
+
+    // While it fetches, the agent serves what has arrived: children in a tree need not wait.
+    let mut offer = None;
+    if let (true, false, Some(a)) = (opts.seed, jobs.is_empty(), agent.as_deref_mut()) {
+        let mut files = Vec::new();
+        for (e, (_, plan)) in entries.iter().zip(&plans) {
+            if let Plan::Fetch(tmp) = plan {
+                files.push(LocalFile {
+                    entry_path: e.path.clone(),
+                    disk_path: std::path::absolute(tmp)
+                        .map_err(io(tmp))?
+                        .display()
+                        .to_string(),
+                });
+            }
+        }
+        offer = Offer::open(&mut a.client, version, &m, files).await;
+    }
+    let sink = Arc::new(Announcing {
+        inner: Arc::new(Sinks { files: sinks }),
+        tx: offer.as_ref().map(Offer::announcer),
+        limit: opts.bwlimit.map(RateLimit::new),
+    });
+    let fetched = if jobs.is_empty() {
+        FetchReport::default()
+    } else {
+        let mut spec = opts.window.clone();
+        if spec.group_id.is_empty()
+            && spec.world_size == 0
+            && spec.timeout_ms == 0
+            && spec.ips.is_empty()
+        {
+            spec.group_id = broadcast::implicit_group(&version);
+        }
+        let tree = TreeFetch {
+            store,
+            server: &opts.server,
+            namespace: opts.namespace.as_str(),
+            key: &r.key,
+            version,
+            spec,
+            node: agent
+                .as_deref()
+                .map(|a| (a.node_id.clone(), fanout::host_of(&a.data_addr))),
+            serves: offer.is_some(),
+        };
+        let (fetched, tree) = tree.run(jobs, sink, &sources, progress).await?;
+        report.broadcast.extend(tree);
+        fetched
+    };
 
     // Everything arrived and was verified: give files their metadata and their names.
     for (e, (path, plan)) in entries.iter().zip(&plans) {
@@ -419,6 +481,9 @@ async fn fetch_one(
                 }
             }
         }
+    }
+    if let Some(o) = offer {
+        o.close().await;
     }
     Ok(())
 }

@@ -49,6 +49,12 @@ impl Version {
     pub fn hex(&self) -> String {
         to_hex(&self.0)
     }
+
+    pub fn from_hex(s: &str) -> Option<Self> {
+        blake3::Hash::from_hex(s)
+            .ok()
+            .map(|h| Version(*h.as_bytes()))
+    }
 }
 
 impl fmt::Debug for Version {

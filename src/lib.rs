@@ -11,14 +11,17 @@ pub mod proto {
 }
 
 pub mod agent;
+pub mod broadcast;
 pub mod cache;
 pub mod cli;
 pub mod client;
 pub mod dataplane;
 pub mod db;
+pub mod fanout;
 pub mod fs;
 pub mod get;
 pub mod hash;
+pub mod inflight;
 pub mod key;
 pub mod manifest;
 pub mod meta;

@@ -19,6 +19,7 @@ async fn main() {
         Cmd::Get(a) => (false, a.common.verbose),
         Cmd::Ls(a) => (false, a.common.verbose),
         Cmd::Rm(a) => (false, a.common.verbose),
+        Cmd::Window(a) => (false, a.common.verbose),
     };
     let default = if daemon || verbose { "info" } else { "warn" };
     tracing_subscriber::fmt()
@@ -36,6 +37,7 @@ async fn main() {
         Cmd::Agent(a) => cli::agent(a).await,
         Cmd::Mount(a) => cli::mount(a).await,
         Cmd::Up(a) => cli::up(a).await,
+        Cmd::Window(a) => cli::window(a).await,
     };
     if let Err(e) = result {
         let msg = format!("{e:#}").replace('\n', " ");

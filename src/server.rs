@@ -4,12 +4,13 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
+use crate::broadcast::{self, BroadcastError, Broadcasts, Joiner, NodeView, Seed};
 use crate::dataplane::BlockServe;
 use crate::db::Db;
 use crate::hash::{BlockHash, Version};
@@ -80,6 +81,64 @@ async fn blocking<T: Send + 'static>(
 /// The gRPC handler; sockets and shutdown belong to [`StoreServerProcess`].
 pub struct StoreHandler {
     meta: Arc<MetaStore>,
+    windows: Arc<std::sync::Mutex<Broadcasts>>,
+    /// Wakes putters waiting for a quorum whenever someone joins.
+    joined: Arc<tokio::sync::Notify>,
+}
+
+impl From<BroadcastError> for Status {
+    fn from(e: BroadcastError) -> Self {
+        match e {
+            BroadcastError::NoWindow(_) | BroadcastError::NoMember(..) => {
+                Status::not_found(e.to_string())
+            }
+            BroadcastError::Bad(_) => Status::invalid_argument(e.to_string()),
+        }
+    }
+}
+
+impl StoreHandler {
+    fn windows(&self) -> Result<std::sync::MutexGuard<'_, Broadcasts>, Status> {
+        self.windows
+            .lock()
+            .map_err(|_| Status::internal("broadcast state poisoned"))
+    }
+
+    fn live(&self) -> impl Fn(&str) -> Option<NodeView> + '_ {
+        |n: &str| {
+            self.meta.live_node(n).map(|i| NodeView {
+                data_addr: i.data_addr,
+                zone: i.zone,
+            })
+        }
+    }
+
+    /// The nodes that hold the whole of `version` of `key` now.
+    async fn seeds(&self, ns: &str, key: &str, version: &[u8]) -> Result<Vec<Seed>, Status> {
+        let ns = parse_ns(ns)?;
+        let key = parse_key(key)?;
+        let version = parse_version(version)?;
+        let meta = self.meta.clone();
+        let sources = blocking(move || {
+            let found = meta.resolve(&ns, &key)?;
+            if found.record.version != version.0 {
+                return Err(MetaError::Conflict(format!(
+                    "{key} now names another version; resolve it again"
+                )));
+            }
+            meta.sources(&version, &found.record)
+        })
+        .await?;
+        Ok(sources
+            .into_iter()
+            .map(|s| Seed {
+                origin: s.origin || s.node_id.is_empty(),
+                node_id: s.node_id,
+                data_addr: s.data_addr,
+                zone: s.zone,
+            })
+            .collect())
+    }
 }
 
 #[tonic::async_trait]
@@ -240,6 +299,123 @@ impl Store for StoreHandler {
         Ok(Response::new(SetAttrResponse {}))
     }
 
+    async fn join_broadcast(
+        &self,
+        req: Request<JoinRequest>,
+    ) -> Result<Response<JoinResponse>, Status> {
+        let remote_ip = req.remote_addr().map(|a| a.ip().to_string());
+        let r = req.into_inner();
+        let version = parse_version(&r.version)?;
+        let seeds = self.seeds(&r.namespace, &r.key, &r.version).await?;
+        let mut spec = r.window.clone().unwrap_or_default();
+        if spec.group_id.is_empty() {
+            spec.group_id = broadcast::default_group(&r.namespace, &r.key);
+        }
+        let group = spec.group_id.clone();
+        let zone = self
+            .meta
+            .live_node(&r.node_id)
+            .map(|n| n.zone)
+            .unwrap_or_default();
+        let joiner = Joiner {
+            node_id: r.node_id.clone(),
+            zone,
+            ip: if r.ip.is_empty() {
+                remote_ip.unwrap_or_default()
+            } else {
+                r.ip.clone()
+            },
+            role: r.role(),
+            version: Some(version),
+            serves: r.serves && !r.node_id.is_empty(),
+        };
+        let joined = {
+            let live = self.live();
+            self.windows()?
+                .join(spec, joiner, &seeds, &live, Instant::now())?
+        };
+        self.joined.notify_waiters();
+        tracing::info!(
+            group = %group,
+            member = joined.member,
+            node = %r.node_id,
+            parent = ?joined.parent.as_ref().map(|p| p.node_id.clone()),
+            closed = joined.window.closed,
+            "joined broadcast"
+        );
+        let mut window = joined.window;
+        let mut deadline = joined.deadline;
+        while r.wait_quorum && !window.closed {
+            let woken = self.joined.notified();
+            match deadline {
+                Some(d) => {
+                    tokio::select! {
+                        _ = woken => {}
+                        _ = tokio::time::sleep_until(d.into()) => {}
+                    }
+                }
+                None => woken.await,
+            }
+            let Some((w, d)) = self.windows()?.window(&group, Instant::now()) else {
+                return Err(Status::not_found(format!("window {group} expired")));
+            };
+            window = w;
+            deadline = d;
+        }
+        Ok(Response::new(JoinResponse {
+            window: Some(window),
+            member: joined.member,
+            parent: joined.parent,
+        }))
+    }
+
+    async fn new_parent(
+        &self,
+        req: Request<NewParentRequest>,
+    ) -> Result<Response<NewParentResponse>, Status> {
+        let r = req.into_inner();
+        let parent = {
+            let live = self.live();
+            self.windows()?.new_parent(
+                &r.group_id,
+                r.generation,
+                r.member,
+                &r.failed_parent,
+                r.unreachable,
+                &live,
+                Instant::now(),
+            )?
+        };
+        tracing::info!(
+            group = %r.group_id,
+            member = r.member,
+            failed = %r.failed_parent,
+            unreachable = r.unreachable,
+            parent = ?parent.as_ref().map(|p| p.node_id.clone()),
+            "new parent"
+        );
+        Ok(Response::new(NewParentResponse { parent }))
+    }
+
+    async fn leave_broadcast(
+        &self,
+        req: Request<LeaveRequest>,
+    ) -> Result<Response<LeaveResponse>, Status> {
+        let r = req.into_inner();
+        self.windows()?
+            .leave(&r.group_id, r.generation, r.member, r.done, Instant::now())?;
+        Ok(Response::new(LeaveResponse {}))
+    }
+
+    async fn get_window(&self, req: Request<GetWindowRequest>) -> Result<Response<Window>, Status> {
+        let group = req.into_inner().group_id;
+        let (w, _) = self
+            .windows()?
+            .window(&group, Instant::now())
+            .ok_or_else(|| Status::not_found(format!("no broadcast window {group}")))?;
+        Ok(Response::new(w))
+    }
+
     async fn add_location(
         &self,
         req: Request<AddLocationRequest>,
@@ -309,6 +485,8 @@ impl StoreServerProcess {
     ) -> anyhow::Result<()> {
         let handler = StoreHandler {
             meta: self.meta.clone(),
+            windows: Default::default(),
+            joined: Default::default(),
         };
         let svc = StoreServer::new(handler)
             .max_decoding_message_size(crate::net::MAX_RPC_MESSAGE)

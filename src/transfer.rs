@@ -117,9 +117,80 @@ pub async fn fetch(
     sources: &[SourceAddr],
     progress: &ProgressBar,
 ) -> Result<FetchReport, TransferError> {
-    let mut report = FetchReport::default();
+    let part = fetch_partial(jobs, sinks, sources, progress).await?;
+    part.complete(sources.is_empty())
+}
+
+/// What one pass over some sources gave.
+#[derive(Debug, Default)]
+pub struct Partial {
+    pub report: FetchReport,
+    /// Jobs no source gave.
+    pub pending: Vec<BlockJob>,
+    /// Sources that failed, and whether their connection broke (the peer is gone) rather than
+    /// the peer answering that it lacks blocks.
+    pub failures: Vec<SourceFailure>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SourceFailure {
+    pub source: SourceAddr,
+    pub broken: bool,
+    pub reason: String,
+}
+
+impl Partial {
+    /// The report if nothing is pending, else why not.
+    pub fn complete(self, no_sources: bool) -> Result<FetchReport, TransferError> {
+        if self.pending.is_empty() {
+            return Ok(self.report);
+        }
+        if no_sources {
+            return Err(TransferError::NoSource);
+        }
+        let mut reasons: Vec<String> = self
+            .failures
+            .iter()
+            .map(|f| format!("{}: {}", f.source.label, f.reason))
+            .collect();
+        reasons.dedup();
+        Err(TransferError::Unavailable {
+            missing: self.pending.len(),
+            reasons: if reasons.is_empty() {
+                "no source has them".into()
+            } else {
+                reasons.join("; ")
+            },
+        })
+    }
+
+    /// Adds another pass's results to this one.
+    pub fn absorb(&mut self, other: Partial) {
+        for (src, bytes) in other.report.by_source {
+            match self
+                .report
+                .by_source
+                .iter_mut()
+                .find(|(s, _)| s.label == src.label && s.addr == src.addr)
+            {
+                Some((_, b)) => *b += bytes,
+                None => self.report.by_source.push((src, bytes)),
+            }
+        }
+        self.pending = other.pending;
+        self.failures.extend(other.failures);
+    }
+}
+
+/// Fetches what it can from the sources, nearest first, and says what is left.
+pub async fn fetch_partial(
+    jobs: Vec<BlockJob>,
+    sinks: Arc<dyn BlockSink>,
+    sources: &[SourceAddr],
+    progress: &ProgressBar,
+) -> Result<Partial, TransferError> {
+    let mut part = Partial::default();
     let mut pending = jobs;
-    let mut reasons = Vec::new();
     for source in sources {
         if pending.is_empty() {
             break;
@@ -142,44 +213,50 @@ pub async fn fetch(
                 progress.clone(),
             )));
         }
+        let mut failure: Option<SourceFailure> = None;
         for t in tasks {
             let outcome = t.await.map_err(|e| TransferError::Unavailable {
                 missing: 0,
                 reasons: e.to_string(),
             })?;
-            let LaneOutcome { failed, error } = outcome?;
-            if let Some(e) = error {
-                tracing::warn!(source = %source.label, addr = %source.addr, error = %e, "source failed");
-                reasons.push(format!("{}: {e}", source.label));
+            let LaneOutcome {
+                failed,
+                error,
+                broken,
+            } = outcome?;
+            let lacks = !failed.is_empty();
+            if error.is_some() || lacks {
+                let f = failure.get_or_insert_with(|| SourceFailure {
+                    source: source.clone(),
+                    broken: false,
+                    reason: String::new(),
+                });
+                f.broken |= broken;
+                if let Some(e) = error {
+                    tracing::warn!(source = %source.label, addr = %source.addr, error = %e, "source failed");
+                    f.reason = e;
+                } else if f.reason.is_empty() {
+                    f.reason = "does not have every block".into();
+                }
             }
             pending.extend(failed);
         }
+        part.failures.extend(failure);
         let bytes = got.load(Ordering::Relaxed);
         if bytes > 0 {
-            report.by_source.push((source.clone(), bytes));
+            part.report.by_source.push((source.clone(), bytes));
         }
     }
-    if !pending.is_empty() {
-        if sources.is_empty() {
-            return Err(TransferError::NoSource);
-        }
-        reasons.dedup();
-        return Err(TransferError::Unavailable {
-            missing: pending.len(),
-            reasons: if reasons.is_empty() {
-                "no source has them".into()
-            } else {
-                reasons.join("; ")
-            },
-        });
-    }
-    Ok(report)
+    part.pending = pending;
+    Ok(part)
 }
 
 struct LaneOutcome {
     failed: Vec<BlockJob>,
     /// Why this source stopped being used, if it did.
     error: Option<String>,
+    /// The connection could not be made or broke.
+    broken: bool,
 }
 
 enum Written {
@@ -231,6 +308,7 @@ async fn fetch_lane(
             return Ok(LaneOutcome {
                 failed: jobs,
                 error: Some(e.to_string()),
+                broken: true,
             })
         }
     };
@@ -300,6 +378,7 @@ async fn run_lane(
     };
     let receiver = async {
         let mut answered = 0usize;
+        let mut broken = false;
         let mut failed = Vec::new();
         let mut error = None;
         let mut writes = Vec::new();
@@ -350,6 +429,7 @@ async fn run_lane(
                 }
                 Err(e) => {
                     error = Some(e.to_string());
+                    broken = true;
                     failed.push(job);
                     failed.extend(queue.drain(..));
                 }
@@ -375,15 +455,19 @@ async fn run_lane(
                 }
             }
         }
-        (failed, error, fatal, answered)
+        (failed, error, fatal, answered, broken)
     };
-    let (tx, (failed, error, fatal, answered)) = tokio::join!(sender, receiver);
+    let (tx, (failed, error, fatal, answered, broken)) = tokio::join!(sender, receiver);
     if let Some(e) = fatal {
         return Err(e);
     }
     let clean = answered == jobs.len() && error.is_none();
     Ok(Lane {
-        outcome: LaneOutcome { failed, error },
+        outcome: LaneOutcome {
+            failed,
+            error,
+            broken,
+        },
         answered,
         reusable: clean.then_some((tx, rx)),
     })

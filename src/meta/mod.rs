@@ -524,7 +524,7 @@ impl MetaStore {
         self.live_node(node_id).is_some()
     }
 
-    fn live_node(&self, node_id: &str) -> Option<NodeInfo> {
+    pub fn live_node(&self, node_id: &str) -> Option<NodeInfo> {
         let nodes = self.nodes.lock().ok()?;
         let (info, until) = nodes.get(node_id)?;
         (*until > Instant::now()).then(|| info.clone())

@@ -181,6 +181,56 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// Starts the CLI in the background; its stdout is piped for [`finish_json`].
+    pub fn spawn(&self, agent: Option<&AgentProc>, args: &[&str]) -> Child {
+        let sock = agent.map_or_else(|| self.path("no-agent.sock"), |a| a.socket.clone());
+        Command::new(kt_bin())
+            .args(args)
+            .arg("--json")
+            .env("KT_SERVER", &self.server.addr)
+            .env("KT_AGENT", sock)
+            .env_remove("KT_NAMESPACE")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn kt")
+    }
+
+    /// A broadcast window as `kt window --json` shows it.
+    pub fn window(&self, group: &str) -> Option<serde_json::Value> {
+        let out = self.kt(None, &["window", group, "--json"]);
+        out.status
+            .success()
+            .then(|| serde_json::from_slice(&out.stdout).expect("json"))
+    }
+
+    /// Waits until the window has `n` members.
+    pub fn wait_members(&self, group: &str, n: usize) {
+        assert!(
+            eventually(Duration::from_secs(60), || {
+                self.window(group)
+                    .is_some_and(|w| w["members"].as_array().is_some_and(|m| m.len() >= n))
+            }),
+            "window {group} never reached {n} members: {:?}",
+            self.window(group)
+        );
+    }
+}
+
+/// Waits for a background CLI started by [`Cluster::spawn`], which must succeed; parses its JSON.
+pub fn finish_json(child: Child) -> serde_json::Value {
+    let out = child.wait_with_output().expect("wait");
+    assert!(
+        out.status.success(),
+        "kt failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("json output")
+}
+
 pub fn kt_with(server: &str, agent_sock: &Path, args: &[&str]) -> Output {
     Command::new(kt_bin())
         .args(args)
