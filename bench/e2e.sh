@@ -343,12 +343,14 @@ criterion_table() {
     echo "## Micro-benchmarks"
     echo
     criterion_table
-    # The filesystem section, as bench/fuse.sh last wrote it.
-    fuse_block=$(fuse_block_of "$RESULTS")
-    if [[ -n $fuse_block ]]; then
-        echo
-        printf '%s\n' "$fuse_block"
-    fi
+    # The filesystem and broadcast sections, as bench/fuse.sh and bench/broadcast.sh last wrote them.
+    for name in fuse broadcast; do
+        block=$(block_of "$RESULTS" "$name")
+        if [[ -n $block ]]; then
+            echo
+            printf '%s\n' "$block"
+        fi
+    done
 } >"$RESULTS.tmp"
 mv "$RESULTS.tmp" "$RESULTS"
 log "wrote $RESULTS"

@@ -272,6 +272,11 @@ stop_server() {
 # micro-benchmarks); fuse.sh owns the part between these markers, which e2e.sh carries over.
 FUSE_BEGIN='<!-- bench/fuse.sh: begin -->'
 FUSE_END='<!-- bench/fuse.sh: end -->'
+# The section that bench/NAME.sh wrote into FILE (markers included), or nothing.
+block_of() { # FILE NAME
+    [[ -f $1 ]] || return 0
+    awk -v b="<!-- bench/$2.sh: begin -->" -v e="<!-- bench/$2.sh: end -->" '$0 == b { on = 1 } on { print } $0 == e { on = 0 }' "$1"
+}
 # The fuse.sh block of FILE (markers included), or nothing.
 fuse_block_of() {
     [[ -f $1 ]] || return 0
