@@ -353,3 +353,43 @@ fn unmount_with_open_files_keeps_published_data() {
     );
     assert_eq!(fs::read(&out2).unwrap(), b"closed before");
 }
+
+/// A FLUSH may come in the middle of a write: every process forked while a file is open closes
+/// its copy of the descriptor at exec, and the kernel sends FLUSH for it. What is written while
+/// that publish runs must still be published by the final close.
+#[test]
+fn writes_during_a_publish_from_a_forked_childs_flush_are_not_lost() {
+    let c = Cluster::new("127.0.0.110");
+    let a = start_mount("127.0.0.111", &c.server.addr, &c.path("a"), "node-a", &[]);
+    let chunk = pseudo_random(256 << 10, 9);
+    for round in 0..6 {
+        let name = format!("f{round}.bin");
+        let path = a.path(&name);
+        let mut f = fs::File::create(&path).unwrap();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Forks and execs while the file is open, so flushes interleave with the writes.
+        let forker = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) && n < 200 {
+                    let _ = Command::new("true").status();
+                    n += 1;
+                }
+            })
+        };
+        for _ in 0..16 {
+            f.write_all(&chunk).unwrap();
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        forker.join().unwrap();
+        drop(f);
+        let ls = c.json(None, &["ls", &name]);
+        assert_eq!(
+            ls[0]["size"].as_u64(),
+            Some(16 * chunk.len() as u64),
+            "round {round}: the last close did not publish everything: {ls}"
+        );
+        assert_eq!(fs::metadata(&path).unwrap().len(), 16 * chunk.len() as u64);
+    }
+}

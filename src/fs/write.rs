@@ -47,7 +47,11 @@ pub struct Staged {
     path: Mutex<String>,
     file: Mutex<StagedFile>,
     pub(crate) opens: AtomicUsize,
-    dirty: AtomicBool,
+    /// Changes made so far, and how many of them the last publish took in. A publish may run
+    /// while writes go on (a FLUSH comes whenever any copy of the descriptor is closed, e.g. by
+    /// a forked child at exec), so "dirty" is a count, never a flag that a publish clears.
+    changes: AtomicU64,
+    published: AtomicU64,
     unlinked: AtomicBool,
     mode: AtomicU32,
     mtime: Mutex<SystemTime>,
@@ -125,18 +129,23 @@ impl Staged {
         let mut f = self.file.lock().map_err(|_| lock_err())?;
         self.unshare(&mut f, staging)?;
         f.file.write_all_at(data, offset)?;
-        self.dirty.store(true, Ordering::SeqCst);
+        self.changes.fetch_add(1, Ordering::SeqCst);
         if let Ok(mut t) = self.mtime.lock() {
             *t = SystemTime::now();
         }
         Ok(data.len() as u32)
     }
 
+    /// Whether something changed since the last publish took its snapshot.
+    fn dirty(&self) -> bool {
+        self.changes.load(Ordering::SeqCst) != self.published.load(Ordering::SeqCst)
+    }
+
     fn truncate(&self, size: u64, staging: &std::path::Path) -> FsResult<()> {
         let mut f = self.file.lock().map_err(|_| lock_err())?;
         self.unshare(&mut f, staging)?;
         f.file.set_len(size)?;
-        self.dirty.store(true, Ordering::SeqCst);
+        self.changes.fetch_add(1, Ordering::SeqCst);
         if let Ok(mut t) = self.mtime.lock() {
             *t = SystemTime::now();
         }
@@ -195,7 +204,8 @@ impl FsCore {
                 in_place: false,
             }),
             opens: AtomicUsize::new(1),
-            dirty: AtomicBool::new(dirty),
+            changes: AtomicU64::new(u64::from(dirty)),
+            published: AtomicU64::new(0),
             unlinked: AtomicBool::new(false),
             mode: AtomicU32::new(mode & 0o7777),
             mtime: Mutex::new(mtime),
@@ -329,19 +339,21 @@ impl FsCore {
 
     fn publish_staged(&self, s: &Arc<Staged>) -> FsResult<()> {
         let _guard = s.publish_lock.lock().map_err(|_| lock_err())?;
-        if !s.dirty.load(Ordering::SeqCst) || s.unlinked.load(Ordering::SeqCst) {
+        if !s.dirty() || s.unlinked.load(Ordering::SeqCst) {
             return Ok(());
         }
         let path = s.path();
         let locale = self.locale_for(&path);
-        let (disk, len) = {
+        let (disk, len, changes) = {
             let mut f = s.file.lock().map_err(|_| lock_err())?;
+            // Writes hold this lock: the count and the length agree.
+            let changes = s.changes.load(Ordering::SeqCst);
             if locale == Locale::Local {
                 // Served in place from now on: it must survive a crash of this node.
                 f.file.sync_data()?;
                 f.in_place = true;
             }
-            (f.disk.clone(), f.file.metadata()?.len())
+            (f.disk.clone(), f.file.metadata()?.len(), changes)
         };
         let mut buf = vec![0u8; manifest::DEFAULT_BLOCK_SIZE.min(len.max(1) as u32) as usize];
         let (size, blocks) = crate::scan::hash_file(&disk, &mut buf)
@@ -379,7 +391,7 @@ impl FsCore {
             ttl_secs: 0,
             force: true,
         }))?;
-        s.dirty.store(false, Ordering::SeqCst);
+        s.published.fetch_max(changes, Ordering::SeqCst);
         self.invalidate(&[split(&path).0, &path]);
         Ok(())
     }
@@ -619,7 +631,7 @@ impl FsCore {
                     if let (Some(t), Ok(mut mt)) = (mtime, s.mtime.lock()) {
                         *mt = t;
                     }
-                    s.dirty.store(true, Ordering::SeqCst);
+                    s.changes.fetch_add(1, Ordering::SeqCst);
                 }
                 None => {
                     let (sec, nsec) = mtime.map(to_unix).unzip();
