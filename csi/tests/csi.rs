@@ -1,0 +1,701 @@
+//! kt-csi over its unix socket, driven as the kubelet and the external provisioner drive it:
+//! a real store server, real `kt mount` processes, real FUSE and bind mounts.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use kt_csi::proto::controller_service_capability;
+use kt_csi::proto::plugin_capability;
+use kt_csi::proto::volume_capability::access_mode::Mode;
+use kt_csi::proto::*;
+use tonic::Code;
+
+fn map(kv: &[(&str, &str)]) -> HashMap<String, String> {
+    kv.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn create_req(name: &str, params: &[(&str, &str)]) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: 1 << 30,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![mount_cap(Mode::MultiNodeMultiWriter)],
+        parameters: map(params),
+        ..Default::default()
+    }
+}
+
+fn publish_req(volume: &Volume, target: &Path, readonly: bool) -> NodePublishVolumeRequest {
+    NodePublishVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(mount_cap(if readonly {
+            Mode::MultiNodeReaderOnly
+        } else {
+            Mode::MultiNodeMultiWriter
+        })),
+        readonly,
+        volume_context: volume.volume_context.clone(),
+        ..Default::default()
+    }
+}
+
+fn unpublish_req(volume_id: &str, target: &Path) -> NodeUnpublishVolumeRequest {
+    NodeUnpublishVolumeRequest {
+        volume_id: volume_id.into(),
+        target_path: target.display().to_string(),
+    }
+}
+
+/// Runs a gRPC call with a bound, so that a hang fails the test instead of stalling it.
+async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(120), f)
+        .await
+        .expect("the call took longer than 120 s")
+}
+
+fn code<T: std::fmt::Debug>(r: Result<T, tonic::Status>) -> Code {
+    match r {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(s) => s.code(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_capabilities_and_node_info() {
+    let store = Store::start("127.0.0.90");
+    let dirs = CsiDirs::new();
+    let _csi = start_csi(&dirs, &store, "127.0.0.90", true);
+    let mut c = connect(&dirs.socket()).await;
+
+    let info = c
+        .identity
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, "kt.ktfs.io");
+    assert_eq!(info.vendor_version, env!("CARGO_PKG_VERSION"));
+
+    let caps = c
+        .identity
+        .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    assert!(caps.iter().any(|cap| matches!(
+        &cap.r#type,
+        Some(plugin_capability::Type::Service(s))
+            if s.r#type == plugin_capability::service::Type::ControllerService as i32
+    )));
+
+    let probe = c
+        .identity
+        .probe(ProbeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(probe.ready, Some(true));
+
+    let ccaps = c
+        .controller
+        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    assert!(ccaps.iter().any(|cap| matches!(
+        &cap.r#type,
+        Some(controller_service_capability::Type::Rpc(r))
+            if r.r#type == controller_service_capability::rpc::Type::CreateDeleteVolume as i32
+    )));
+
+    let ncaps = c
+        .node
+        .node_get_capabilities(NodeGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ncaps.capabilities.is_empty());
+
+    let ninfo = c
+        .node
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ninfo.node_id, "test-node");
+    assert_eq!(
+        ninfo.accessible_topology.unwrap().segments,
+        map(&[("topology.kt.ktfs.io/node", "test-node")])
+    );
+
+    // Calls outside what kt-csi implements.
+    assert_eq!(
+        code(
+            c.controller
+                .list_volumes(ListVolumesRequest::default())
+                .await
+        ),
+        Code::Unimplemented
+    );
+    assert_eq!(
+        code(
+            c.node
+                .node_stage_volume(NodeStageVolumeRequest::default())
+                .await
+        ),
+        Code::Unimplemented
+    );
+
+    // A node-only plugin has no Controller service at all.
+    let node_dirs = CsiDirs::new();
+    let _node_csi = start_csi(&node_dirs, &store, "127.0.0.90", false);
+    let mut n = connect(&node_dirs.socket()).await;
+    assert_eq!(
+        code(n.controller.create_volume(create_req("pvc-x", &[])).await),
+        Code::Unimplemented
+    );
+    assert!(n.identity.probe(ProbeRequest {}).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_volume_is_idempotent_and_validates() {
+    let store = Store::start("127.0.0.91");
+    let dirs = CsiDirs::new();
+    let csi = start_csi(&dirs, &store, "127.0.0.91", true);
+    let mut c = connect(&dirs.socket()).await;
+
+    let v = c
+        .controller
+        .create_volume(create_req("pvc-a", &[("locale", "local")]))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(v.volume_id, "default/pvc-a");
+    assert_eq!(
+        v.volume_context,
+        map(&[
+            ("namespace", "default"),
+            ("prefix", "pvc-a"),
+            ("locale", "local")
+        ])
+    );
+    assert_eq!(v.capacity_bytes, 1 << 30);
+
+    // The same request again: the same volume.
+    let again = c
+        .controller
+        .create_volume(create_req("pvc-a", &[("locale", "local")]))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(again, v);
+
+    // The same name with other parameters, or another capacity: ALREADY_EXISTS.
+    assert_eq!(
+        code(
+            c.controller
+                .create_volume(create_req("pvc-a", &[("locale", "store")]))
+                .await
+        ),
+        Code::AlreadyExists
+    );
+    let mut bigger = create_req("pvc-a", &[("locale", "local")]);
+    bigger.capacity_range = Some(CapacityRange {
+        required_bytes: 2 << 30,
+        limit_bytes: 0,
+    });
+    assert_eq!(
+        code(c.controller.create_volume(bigger).await),
+        Code::AlreadyExists
+    );
+
+    // An explicit namespace and prefix.
+    let w = c
+        .controller
+        .create_volume(create_req(
+            "pvc-b",
+            &[
+                ("namespace", "team-b"),
+                ("prefix", "svc/data"),
+                ("csi.storage.k8s.io/pvc/name", "data"),
+            ],
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(w.volume_id, "team-b/svc/data");
+
+    // Bad requests.
+    let mut no_name = create_req("", &[]);
+    no_name.name.clear();
+    assert_eq!(
+        code(c.controller.create_volume(no_name).await),
+        Code::InvalidArgument
+    );
+    let mut no_caps = create_req("pvc-c", &[]);
+    no_caps.volume_capabilities.clear();
+    assert_eq!(
+        code(c.controller.create_volume(no_caps).await),
+        Code::InvalidArgument
+    );
+    let mut block = create_req("pvc-c", &[]);
+    block.volume_capabilities = vec![block_cap()];
+    assert_eq!(
+        code(c.controller.create_volume(block).await),
+        Code::InvalidArgument
+    );
+    for params in [
+        &[("namespace", "Not_A_Namespace")][..],
+        &[("prefix", "a/../b")][..],
+        &[("locale", "somewhere")][..],
+        &[("colour", "red")][..],
+    ] {
+        assert_eq!(
+            code(
+                c.controller
+                    .create_volume(create_req("pvc-c", params))
+                    .await
+            ),
+            Code::InvalidArgument,
+            "{params:?}"
+        );
+    }
+
+    // ValidateVolumeCapabilities.
+    let ok = c
+        .controller
+        .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+            volume_id: v.volume_id.clone(),
+            volume_context: v.volume_context.clone(),
+            volume_capabilities: vec![
+                mount_cap(Mode::MultiNodeMultiWriter),
+                mount_cap(Mode::SingleNodeWriter),
+                mount_cap(Mode::MultiNodeReaderOnly),
+            ],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let confirmed = ok.confirmed.expect("confirmed");
+    assert_eq!(confirmed.volume_capabilities.len(), 3);
+    let refused = c
+        .controller
+        .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+            volume_id: v.volume_id.clone(),
+            volume_capabilities: vec![block_cap()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(refused.confirmed.is_none() && refused.message.contains("block"));
+    assert_eq!(
+        code(
+            c.controller
+                .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+                    volume_id: "no-slash-here".into(),
+                    volume_capabilities: vec![mount_cap(Mode::SingleNodeWriter)],
+                    ..Default::default()
+                })
+                .await
+        ),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(
+            c.controller
+                .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+                    volume_id: v.volume_id.clone(),
+                    ..Default::default()
+                })
+                .await
+        ),
+        Code::InvalidArgument
+    );
+
+    // A restarted controller remembers what it created.
+    csi.kill();
+    let _csi = start_csi(&dirs, &store, "127.0.0.91", true);
+    let mut c = connect(&dirs.socket()).await;
+    assert_eq!(
+        c.controller
+            .create_volume(create_req("pvc-a", &[("locale", "local")]))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap(),
+        v
+    );
+    assert_eq!(
+        code(
+            c.controller
+                .create_volume(create_req("pvc-a", &[("namespace", "other")]))
+                .await
+        ),
+        Code::AlreadyExists
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_read_write_read_only_unpublish_and_delete() {
+    require_fuse();
+    let store = Store::start("127.0.0.92");
+    let dirs = CsiDirs::new();
+    let _csi = start_csi(&dirs, &store, "127.0.0.92", true);
+    let mut c = connect(&dirs.socket()).await;
+    let ns = "csi-pub";
+    let pods = dirs.pods();
+
+    let vol_a = within(c.controller.create_volume(create_req(
+        "pvc-a",
+        &[("namespace", ns), ("prefix", "team/a")],
+    )))
+    .await
+    .unwrap()
+    .into_inner()
+    .volume
+    .unwrap();
+    let vol_b = within(
+        c.controller
+            .create_volume(create_req("pvc-b", &[("namespace", ns)])),
+    )
+    .await
+    .unwrap()
+    .into_inner()
+    .volume
+    .unwrap();
+
+    // Read-write publish: the target does not exist yet; kt-csi creates it.
+    let t1 = pods.join("pod1-vol");
+    within(c.node.node_publish_volume(publish_req(&vol_a, &t1, false)))
+        .await
+        .unwrap();
+    let pid = dirs.agent_pid(ns).expect("a kt mount for the namespace");
+    assert!(alive(pid));
+    std::fs::write(t1.join("hello.txt"), b"hello from a pod\n").unwrap();
+    std::fs::create_dir(t1.join("sub")).unwrap();
+    std::fs::write(t1.join("sub/data.bin"), pattern(300_000, 1)).unwrap();
+    // The files are keys under the prefix, in the namespace.
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            store
+                .ls(ns, Some("team/a"))
+                .contains(&"hello.txt".to_string())
+        }),
+        "kt ls -n {ns} team/a: {:?}",
+        store.ls(ns, Some("team/a"))
+    );
+    let got = dirs.dir.path().join("got.txt");
+    store.ok(&[
+        "get",
+        "-n",
+        ns,
+        "team/a/hello.txt",
+        "--dest",
+        got.to_str().unwrap(),
+        "--no-seed-data",
+    ]);
+    assert_eq!(std::fs::read(&got).unwrap(), b"hello from a pod\n");
+
+    // Publishing the same volume on the same target again is fine.
+    within(c.node.node_publish_volume(publish_req(&vol_a, &t1, false)))
+        .await
+        .unwrap();
+    // The same target with another mode is not.
+    assert_eq!(
+        code(within(c.node.node_publish_volume(publish_req(&vol_a, &t1, true))).await),
+        Code::AlreadyExists
+    );
+
+    // A second volume of the namespace shares the same kt mount.
+    let t2 = pods.join("pod2-vol");
+    within(c.node.node_publish_volume(publish_req(&vol_b, &t2, false)))
+        .await
+        .unwrap();
+    assert_eq!(dirs.agent_pid(ns), Some(pid));
+    let ns_mounts = mount_points()
+        .into_iter()
+        .filter(|m| *m == dirs.ns_mount(ns))
+        .count();
+    assert_eq!(ns_mounts, 1);
+    std::fs::write(t2.join("b.txt"), b"volume b").unwrap();
+    assert!(!t1.join("b.txt").exists(), "volumes see their own prefix");
+    assert!(eventually(Duration::from_secs(10), || store
+        .ls(ns, Some("pvc-b"))
+        .contains(&"b.txt".to_string())));
+
+    // Read-only publish of volume a: reads work, writes get EROFS.
+    let t3 = pods.join("pod3-vol");
+    within(c.node.node_publish_volume(publish_req(&vol_a, &t3, true)))
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read(t3.join("hello.txt")).unwrap(),
+        b"hello from a pod\n"
+    );
+    assert_eq!(
+        std::fs::read(t3.join("sub/data.bin")).unwrap(),
+        pattern(300_000, 1)
+    );
+    let err = std::fs::write(t3.join("nope.txt"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    // The read-write publish of the same volume still writes.
+    std::fs::write(t1.join("still-rw.txt"), b"ok").unwrap();
+
+    // An ephemeral inline volume (no CreateVolume): attributes name what it mounts.
+    let t4 = pods.join("pod4-inline");
+    within(c.node.node_publish_volume(NodePublishVolumeRequest {
+        volume_id: "csi-0123456789abcdef".into(),
+        target_path: t4.display().to_string(),
+        volume_capability: Some(mount_cap(Mode::SingleNodeReaderOnly)),
+        readonly: true,
+        volume_context: map(&[
+            ("csi.storage.k8s.io/ephemeral", "true"),
+            ("csi.storage.k8s.io/pod.name", "inline"),
+            ("namespace", ns),
+            ("prefix", "team/a/sub"),
+        ]),
+        ..Default::default()
+    }))
+    .await
+    .unwrap();
+    assert_eq!(
+        std::fs::read(t4.join("data.bin")).unwrap(),
+        pattern(300_000, 1)
+    );
+    assert_eq!(dirs.agent_pid(ns), Some(pid));
+
+    // Bad publish requests.
+    let mut r = publish_req(&vol_a, &pods.join("x"), false);
+    r.volume_id.clear();
+    assert_eq!(
+        code(c.node.node_publish_volume(r).await),
+        Code::InvalidArgument
+    );
+    let mut r = publish_req(&vol_a, &pods.join("x"), false);
+    r.target_path.clear();
+    assert_eq!(
+        code(c.node.node_publish_volume(r).await),
+        Code::InvalidArgument
+    );
+    let mut r = publish_req(&vol_a, &pods.join("x"), false);
+    r.volume_capability = None;
+    assert_eq!(
+        code(c.node.node_publish_volume(r).await),
+        Code::InvalidArgument
+    );
+    let mut r = publish_req(&vol_a, &pods.join("x"), false);
+    r.volume_capability = Some(block_cap());
+    assert_eq!(
+        code(c.node.node_publish_volume(r).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(c.node.node_unpublish_volume(unpublish_req("", &t1)).await),
+        Code::InvalidArgument
+    );
+
+    // Unpublish, twice each: the binds go, the targets go, the namespace mount stays.
+    for t in [&t1, &t2, &t3, &t4] {
+        for _ in 0..2 {
+            within(
+                c.node
+                    .node_unpublish_volume(unpublish_req(&vol_a.volume_id, t)),
+            )
+            .await
+            .unwrap();
+        }
+        assert!(!t.exists(), "{} still exists", t.display());
+        assert!(!mount_points().contains(t));
+    }
+    assert!(alive(pid));
+    // A target that never existed.
+    within(
+        c.node
+            .node_unpublish_volume(unpublish_req(&vol_a.volume_id, &pods.join("never"))),
+    )
+    .await
+    .unwrap();
+
+    // DeleteVolume removes the keys under the prefix, and only those.
+    within(c.controller.delete_volume(DeleteVolumeRequest {
+        volume_id: vol_a.volume_id.clone(),
+        ..Default::default()
+    }))
+    .await
+    .unwrap();
+    assert!(store.ls(ns, Some("team/a")).is_empty());
+    // The parent directory that publishing made stays; the prefix itself is gone.
+    assert!(!store.ls(ns, Some("team")).contains(&"a/".to_string()));
+    assert!(store.ls(ns, Some("pvc-b")).contains(&"b.txt".to_string()));
+    // Again, and for ids that never were: still fine.
+    for id in [vol_a.volume_id.as_str(), "default/never-was", "malformed"] {
+        within(c.controller.delete_volume(DeleteVolumeRequest {
+            volume_id: id.into(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap_or_else(|e| panic!("delete {id}: {e}"));
+    }
+    assert_eq!(
+        code(
+            c.controller
+                .delete_volume(DeleteVolumeRequest::default())
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    // The name is free again after the delete.
+    within(c.controller.create_volume(create_req(
+        "pvc-a",
+        &[("namespace", ns), ("prefix", "elsewhere")],
+    )))
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_plugin_keeps_mounts_serving() {
+    require_fuse();
+    let store = Store::start("127.0.0.93");
+    let dirs = CsiDirs::new();
+    let csi = start_csi(&dirs, &store, "127.0.0.93", true);
+    let mut c = connect(&dirs.socket()).await;
+    let ns = "csi-restart";
+    let pods = dirs.pods();
+    let vol = within(
+        c.controller
+            .create_volume(create_req("pvc-r", &[("namespace", ns)])),
+    )
+    .await
+    .unwrap()
+    .into_inner()
+    .volume
+    .unwrap();
+    let t1 = pods.join("reader-pod");
+    within(c.node.node_publish_volume(publish_req(&vol, &t1, false)))
+        .await
+        .unwrap();
+    let data = pattern(2 << 20, 7);
+    std::fs::write(t1.join("model.bin"), &data).unwrap();
+    let pid = dirs.agent_pid(ns).expect("kt mount pid");
+
+    // A pod reads the file over and over while the plugin is killed and restarted.
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
+    let reader = {
+        let (stop, reads, file, data) = (
+            stop.clone(),
+            reads.clone(),
+            t1.join("model.bin"),
+            data.clone(),
+        );
+        std::thread::spawn(move || -> Result<(), String> {
+            while !stop.load(Ordering::Relaxed) {
+                match std::fs::read(&file) {
+                    Ok(b) if b == data => {
+                        reads.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(b) => {
+                        let first = b.iter().zip(data.iter()).position(|(x, y)| x != y);
+                        let size = std::fs::metadata(&file).map(|m| m.len()).ok();
+                        return Err(format!(
+                            "read {} bytes that differ (first difference at {first:?}; the file's size now {size:?}; after {} good reads)",
+                            b.len(),
+                            reads.load(Ordering::Relaxed)
+                        ));
+                    }
+                    Err(e) => return Err(format!("read failed: {e}")),
+                }
+            }
+            Ok(())
+        })
+    };
+    let mut reader = Some(reader);
+    let log_path = dirs.state().join("logs").join(format!("{ns}.log"));
+    // Waits for `n` more good reads; a reader that stopped fails the test with its error.
+    let mut more_reads = |n: u64, when: &str| {
+        let start = reads.load(Ordering::Relaxed);
+        let ok = eventually(Duration::from_secs(30), || {
+            reads.load(Ordering::Relaxed) >= start + n
+                || reader.as_ref().is_some_and(|r| r.is_finished())
+        });
+        if reader.as_ref().is_some_and(|r| r.is_finished()) {
+            let result = reader.take().map(|r| r.join());
+            let log = std::fs::read_to_string(log_path.clone()).unwrap_or_default();
+            let listed =
+                String::from_utf8_lossy(&store.kt(&["ls", "-r", "-n", ns, "--json"]).stdout)
+                    .into_owned();
+            let staged = std::fs::read_dir(dirs.cache().join(ns).join("staging"))
+                .map(|d| {
+                    d.filter_map(|e| e.ok())
+                        .map(|e| (e.file_name(), e.metadata().map(|m| m.len()).ok()))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
+            panic!("the reader stopped {when}: {result:?}\nstore lists: {listed}\nstaging: {staged:?}\nkt mount's log:\n{log}");
+        }
+        assert!(ok, "fewer than {n} reads {when}");
+    };
+    more_reads(3, "before the restart");
+    drop(c);
+    csi.kill();
+    more_reads(3, "while kt-csi was down");
+    assert!(alive(pid), "kt mount must outlive kt-csi");
+
+    let _csi = start_csi(&dirs, &store, "127.0.0.93", true);
+    let mut c = connect(&dirs.socket()).await;
+    // The restarted plugin reuses the running kt mount for the next publish.
+    let t2 = pods.join("second-pod");
+    within(c.node.node_publish_volume(publish_req(&vol, &t2, true)))
+        .await
+        .unwrap();
+    assert_eq!(dirs.agent_pid(ns), Some(pid));
+    assert_eq!(std::fs::read(t2.join("model.bin")).unwrap(), data);
+    // Republishing the first target (the kubelet does this after a restart) is a no-op.
+    within(c.node.node_publish_volume(publish_req(&vol, &t1, false)))
+        .await
+        .unwrap();
+    more_reads(3, "after the restart");
+
+    stop.store(true, Ordering::Relaxed);
+    let result = reader
+        .take()
+        .expect("the reader runs")
+        .join()
+        .expect("reader thread");
+    assert_eq!(result, Ok(()), "the reader saw an error");
+    assert!(reads.load(Ordering::Relaxed) >= 9);
+
+    for t in [&t1, &t2] {
+        within(
+            c.node
+                .node_unpublish_volume(unpublish_req(&vol.volume_id, t)),
+        )
+        .await
+        .unwrap();
+        assert!(!t.exists());
+    }
+    assert!(alive(pid));
+}
