@@ -22,6 +22,8 @@
 #                     gives every node the full link rate; 2 halves it at every parent)
 #   KT_BENCH_WAYS     which ways to run (default "herd saf pipelined")
 #   KT_BENCH_RESULTS  where to write (default bench/RESULTS.md)
+#   KT_BENCH_SECTION  name of this run's section in it (default broadcast; a run with other settings
+#                     can keep its own section beside the default one, e.g. broadcast-slow-links)
 #   KT_BENCH_QUIET_WAIT / KT_BENCH_QUIET_TOTAL  see bench/lib.sh
 #
 # Needs root (network namespaces, tc). Addresses exist only inside the namespaces it creates;
@@ -200,16 +202,60 @@ run_way single 1
 SINGLE2=$TOTAL
 
 # ---- results ------------------------------------------------------------------------------------
-BEGIN_MARK='<!-- bench/broadcast.sh: begin -->'
-END_MARK='<!-- bench/broadcast.sh: end -->'
+# The plot: completion time (x single) against N, one line per way, as a small SVG.
+SVG=$(dirname "$RESULTS")/${KT_BENCH_SECTION:-broadcast}.svg
+for n in $NODES; do
+    for way in $WAYS; do
+        echo "$way $n $(awk -v t="${T[$way,$n]}" -v s="$SINGLE" 'BEGIN { printf "%.3f", t / s }')"
+    done
+done | awk -v ns="$NODES" '
+    { w[$1] = 1; y[$1, $2] = $3; if ($3 > ymax) ymax = $3; order[$1] = ++k }
+    END {
+        W = 560; H = 360; L = 60; R = 120; T = 20; B = 50
+        split(ns, N, " "); nn = length(N)
+        ytop = (ymax < 2) ? 2 : int(ymax + 0.999)
+        col["herd"] = "#c0392b"; col["saf"] = "#e67e22"; col["pipelined"] = "#2471a3"
+        printf "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H
+        printf "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+        for (i = 0; i <= 4; i++) {
+            v = ytop * i / 4; yy = H - B - (H - T - B) * i / 4
+            printf "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", L, yy, W - R, yy
+            printf "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%.1fx</text>\n", L - 6, yy + 4, v
+        }
+        ty = H - B - (H - T - B) * 1.3 / ytop
+        printf "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#27ae60\" stroke-dasharray=\"4 3\"/>\n", L, ty, W - R, ty
+        printf "<text x=\"%d\" y=\"%.1f\" fill=\"#27ae60\">target 1.3x</text>\n", W - R + 10, ty + 4
+        for (i = 1; i <= nn; i++) {
+            xx = L + (W - L - R) * (nn == 1 ? 0.5 : (i - 1) / (nn - 1))
+            x[N[i]] = xx
+            printf "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n", xx, H - B + 18, N[i]
+        }
+        printf "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">N (nodes)</text>\n", (L + W - R) / 2, H - 10
+        printf "<text x=\"14\" y=\"%d\" transform=\"rotate(-90 14 %d)\" text-anchor=\"middle\">time until all have it / one transfer</text>\n", (T + H - B) / 2, (T + H - B) / 2
+        ly = T + 10
+        for (way in w) {
+            pts = ""
+            for (i = 1; i <= nn; i++) {
+                if ((way, N[i]) in y) pts = pts sprintf("%.1f,%.1f ", x[N[i]], H - B - (H - T - B) * y[way, N[i]] / ytop)
+            }
+            printf "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"%s\"/>\n", col[way], pts
+            printf "<text x=\"%d\" y=\"%d\" fill=\"%s\">%s</text>\n", W - R + 10, ly, col[way], way
+            ly += 16
+        }
+        print "</svg>"
+    }' >"$SVG"
+
+SECTION=${KT_BENCH_SECTION:-broadcast}
+BEGIN_MARK="<!-- bench/$SECTION.sh: begin -->"
+END_MARK="<!-- bench/$SECTION.sh: end -->"
 xof() { awk -v t="$1" -v s="$SINGLE" 'BEGIN { printf "%.2f", t / s }'; }
 bar() { awk -v t="$1" -v s="$SINGLE" 'BEGIN { n = int(t / s * 4 + 0.5); if (n > 60) n = 60; b = ""; for (i = 0; i < n; i++) b = b "#"; print b }'; }
 {
     echo "$BEGIN_MARK"
     echo "## Broadcast: one ${SIZE_MIB} MiB file to N nodes over ${LINK_MBIT} Mbit/s uplinks"
     echo
-    echo "Produced by \`bash bench/broadcast.sh\` (KT_BENCH_NODES=\"$NODES\", KT_BENCH_MBIT=$LINK_MBIT,"
-    echo "KT_BENCH_BLOCK=$BLOCK, KT_BENCH_FANOUT=$FANOUT) on $(date -u '+%Y-%m-%d %H:%M') UTC, source revision $REV, $(nproc) cores."
+    echo "Produced by \`KT_BENCH_NODES=\"$NODES\" KT_BENCH_MIB=$SIZE_MIB KT_BENCH_MBIT=$LINK_MBIT KT_BENCH_BLOCK=$BLOCK KT_BENCH_FANOUT=$FANOUT"
+    echo "KT_BENCH_WAYS=\"$WAYS\" KT_BENCH_SECTION=$SECTION bash bench/broadcast.sh\` on $(date -u '+%Y-%m-%d %H:%M') UTC, source revision $REV, $(nproc) cores."
     echo "Every node (the store server and each agent with its \`kt get\`) runs in its own network namespace"
     echo "on one bridge; tc (tbf) limits each namespace's egress to ${LINK_MBIT} Mbit/s. Times are until every node"
     echo "has a verified copy (all copies checked with \`cmp\`), from one start. \`x single\` is that time over one"
@@ -226,7 +272,7 @@ bar() { awk -v t="$1" -v s="$SINGLE" 'BEGIN { n = int(t / s * 4 + 0.5); if (n > 
         done
     done
     echo
-    echo "Completion time vs N, in units of one single transfer (each # is a quarter):"
+    echo "Completion time vs N, in units of one single transfer ([plot]($(basename "$SVG")); below, each # is a quarter):"
     echo
     echo '```'
     for way in $WAYS; do

@@ -344,13 +344,11 @@ criterion_table() {
     echo
     criterion_table
     # The filesystem and broadcast sections, as bench/fuse.sh and bench/broadcast.sh last wrote them.
-    for name in fuse broadcast; do
-        block=$(block_of "$RESULTS" "$name")
-        if [[ -n $block ]]; then
-            echo
-            printf '%s\n' "$block"
-        fi
-    done
+    blocks=$(other_blocks "$RESULTS")
+    if [[ -n $blocks ]]; then
+        echo
+        printf '%s\n' "$blocks"
+    fi
 } >"$RESULTS.tmp"
 mv "$RESULTS.tmp" "$RESULTS"
 log "wrote $RESULTS"

@@ -272,15 +272,11 @@ stop_server() {
 # micro-benchmarks); fuse.sh owns the part between these markers, which e2e.sh carries over.
 FUSE_BEGIN='<!-- bench/fuse.sh: begin -->'
 FUSE_END='<!-- bench/fuse.sh: end -->'
-# The section that bench/NAME.sh wrote into FILE (markers included), or nothing.
-block_of() { # FILE NAME
+# Every section that another bench script wrote into FILE (fuse.sh, broadcast.sh under any
+# section name), markers included, in their order.
+other_blocks() { # FILE
     [[ -f $1 ]] || return 0
-    awk -v b="<!-- bench/$2.sh: begin -->" -v e="<!-- bench/$2.sh: end -->" '$0 == b { on = 1 } on { print } $0 == e { on = 0 }' "$1"
-}
-# The fuse.sh block of FILE (markers included), or nothing.
-fuse_block_of() {
-    [[ -f $1 ]] || return 0
-    awk -v b="$FUSE_BEGIN" -v e="$FUSE_END" '$0 == b { on = 1 } on { print } $0 == e { on = 0 }' "$1"
+    awk '/^<!-- bench\/.*: begin -->$/ { on = 1 } on { print } /^<!-- bench\/.*: end -->$/ { on = 0; print "" }' "$1"
 }
 # FILE without its fuse.sh block.
 without_fuse_block() {
