@@ -20,7 +20,7 @@ use crate::put::{self, PutOptions};
 use crate::scan::ScanOptions;
 use crate::server::StoreServerProcess;
 
-pub const DEFAULT_SERVER: &str = "127.0.0.1:7447";
+pub const DEFAULT_SERVER: &str = crate::k8s::LOCAL_SERVER;
 pub const DEFAULT_SOCKET: &str = "/tmp/ktfs/agent.sock";
 
 #[derive(Parser)]
@@ -58,11 +58,11 @@ pub enum Cmd {
 
 #[derive(Args, Clone)]
 pub struct Common {
-    /// Store server, host:port.
-    #[arg(long, env = "KT_SERVER", default_value = DEFAULT_SERVER, global = true)]
+    /// Store server, host:port (in a pod: the kt-store Service).
+    #[arg(long, env = "KT_SERVER", default_value_t = crate::k8s::default_server(), global = true)]
     pub server: String,
-    /// Namespace of the keys.
-    #[arg(short = 'n', long, env = "KT_NAMESPACE", default_value = Namespace::DEFAULT, global = true)]
+    /// Namespace of the keys (in a pod: the pod's, from POD_NAMESPACE).
+    #[arg(short = 'n', long, env = "KT_NAMESPACE", default_value_t = crate::k8s::default_namespace(), global = true)]
     pub namespace: String,
     /// This node's agent socket.
     #[arg(long = "agent", env = "KT_AGENT", default_value = DEFAULT_SOCKET, global = true)]
@@ -241,7 +241,7 @@ pub struct ServerArgs {
 
 #[derive(Args)]
 pub struct AgentArgs {
-    #[arg(long, env = "KT_SERVER", default_value = DEFAULT_SERVER)]
+    #[arg(long, env = "KT_SERVER", default_value_t = crate::k8s::default_server())]
     pub server: String,
     #[arg(long, default_value = "0.0.0.0:7448")]
     pub listen: String,

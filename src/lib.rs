@@ -22,6 +22,7 @@ pub mod fs;
 pub mod get;
 pub mod hash;
 pub mod inflight;
+pub mod k8s;
 pub mod key;
 pub mod manifest;
 pub mod meta;
