@@ -285,10 +285,35 @@ fn source_dying_mid_transfer_resumes_from_store() {
     let dest_s = dest.to_str().unwrap().to_string();
     let got = c.json(None, &["get", "d", "--dest", &dest_s]);
     assert!(fs::read(&dest).unwrap() == data);
-    let srcs = listed_sources(&got);
-    assert_eq!(srcs, ["dying", "store"], "{got}");
-    let from_dying = got["sources"][0]["bytes"].as_u64().unwrap();
-    assert!(from_dying > 0 && from_dying <= 5 * MIB as u64, "{got}");
+    // The peer was tried first, died, and the store gave the rest. What the peer sent just
+    // before it died may be lost with its connection (a reset discards unread data), so it
+    // may have given nothing that was kept; never more than it served.
+    assert_eq!(
+        got["broadcast"][0]["parents"],
+        serde_json::json!(["dying", "store"]),
+        "{got}"
+    );
+    let bytes_of = |name: &str| -> u64 {
+        got["sources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["source"] == name)
+            .map(|s| s["bytes"].as_u64().unwrap())
+            .sum()
+    };
+    assert!(bytes_of("dying") <= 5 * MIB as u64, "{got}");
+    assert_eq!(
+        bytes_of("dying") + bytes_of("store"),
+        16 * MIB as u64,
+        "{got}"
+    );
+    assert!(
+        listed_sources(&got)
+            .iter()
+            .all(|s| s == "dying" || s == "store"),
+        "{got}"
+    );
 }
 
 #[test]
