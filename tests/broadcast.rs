@@ -289,3 +289,56 @@ fn killing_a_mid_tree_agent_leaves_every_survivor_with_a_verified_copy() {
     let w = c.window("chain").unwrap();
     assert_eq!(w["members"][0]["failed"], true, "{w}");
 }
+
+#[test]
+fn getters_without_a_window_spread_over_the_sources_within_the_fanout() {
+    let c = Cluster::new("127.0.0.80");
+    let f = c.path("w.src");
+    let data = pseudo_random(4 * MIB, 5);
+    fs::write(&f, &data).unwrap();
+    let put = c.json(
+        None,
+        &["put", "w", "--src", f.to_str().unwrap(), "--block-size", "1048576"],
+    );
+    let version = put["version"].as_str().unwrap().to_string();
+    // The implicit window every getter without window flags joins.
+    let group = format!("v-{}", &version[..16]);
+    let agents: Vec<AgentProc> = (0..3)
+        .map(|i| c.agent(&format!("127.0.0.{}", 81 + i), &format!("node-{i}")))
+        .collect();
+    let mut running = Vec::new();
+    for (i, a) in agents.iter().enumerate() {
+        let d = c.path(&format!("d{i}"));
+        // No window flags: only the fanout (one child per source) and a slow writer, so that
+        // all three are fetching at once.
+        let child = c.spawn(
+            Some(a),
+            &[
+                "get",
+                "w",
+                "-d",
+                d.to_str().unwrap(),
+                "--fanout",
+                "1",
+                "--bwlimit",
+                "2M",
+            ],
+        );
+        c.wait_members(&group, i + 1);
+        running.push((d, child));
+    }
+    let w = c.window(&group).unwrap();
+    let parents: Vec<&str> = w["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["parent"].as_str().unwrap())
+        .collect();
+    // The store serves one; each later getter hangs below one still receiving.
+    assert_eq!(parents, ["store", "node-0", "node-1"], "{w}");
+    for (d, child) in running {
+        let got = finish_json(child);
+        assert!(fs::read(&d).unwrap() == data);
+        assert_eq!(got["broadcast"][0]["group_id"], group.as_str());
+    }
+}
