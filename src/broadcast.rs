@@ -529,7 +529,9 @@ impl Broadcasts {
         let x = &mut w.members[m];
         x.left = true;
         x.done = x.done || done;
-        if !done {
+        // A getter that served others and gave up is failed; a reader that serves no one (a
+        // mount's reader closing a file it read in part) just leaves.
+        if !done && x.joiner.serves {
             x.failed = true;
         }
         Ok(())

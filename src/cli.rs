@@ -272,11 +272,14 @@ pub struct MountArgs {
     #[arg(long, value_enum, default_value_t = LocaleArg::Store)]
     pub locale: LocaleArg,
     /// Namespace shown at the mount's root.
-    #[arg(short = 'n', long, env = "KT_NAMESPACE", default_value = Namespace::DEFAULT)]
+    #[arg(short = 'n', long, env = "KT_NAMESPACE", default_value_t = crate::k8s::default_namespace())]
     pub namespace: String,
     /// Refuse every write with EROFS.
     #[arg(long)]
     pub read_only: bool,
+    /// Readers of one version per source (the implicit window's fanout; default the server's).
+    #[arg(long, default_value_t = 0)]
+    pub fanout: u32,
     #[command(flatten)]
     pub agent: AgentArgs,
 }
@@ -715,6 +718,7 @@ fn fs_config(
     namespace: &str,
     locale: LocaleArg,
     read_only: bool,
+    fanout: u32,
 ) -> Result<FsConfig> {
     let cfg = agent.config();
     Ok(FsConfig {
@@ -724,6 +728,7 @@ fn fs_config(
         read_only,
         node_id: cfg.node_id.clone(),
         zone: cfg.zone.clone(),
+        fanout,
         staging: cfg.cache_dir.join("staging"),
         // SAFETY: getuid/getgid cannot fail.
         uid: unsafe { libc::getuid() },
@@ -746,7 +751,7 @@ async fn run_mounted(agent: AgentProcess, mounted: Mounted) -> Result<()> {
 
 pub async fn mount(a: MountArgs) -> Result<()> {
     let agent = start_agent(agent_config(a.agent)).await?;
-    let fs = fs_config(&agent, &a.namespace, a.locale, a.read_only)?;
+    let fs = fs_config(&agent, &a.namespace, a.locale, a.read_only, a.fanout)?;
     let mounted = crate::mount::mount(&agent, fs, &a.mountpoint)?;
     print_agent_ready(&agent);
     println!("mounted at {}", a.mountpoint.display());
@@ -791,7 +796,7 @@ pub async fn up(a: UpArgs) -> Result<()> {
         println!("data in {}; Ctrl-C to stop", data_dir.display());
         agent.run(shutdown_signal()).await
     } else {
-        let fs = fs_config(&agent, Namespace::DEFAULT, LocaleArg::Store, false)?;
+        let fs = fs_config(&agent, Namespace::DEFAULT, LocaleArg::Store, false, 0)?;
         let mounted = crate::mount::mount(&agent, fs, &a.mountpoint)?;
         println!(
             "mounted at {}; data in {}; Ctrl-C to stop",

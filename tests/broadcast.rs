@@ -298,7 +298,14 @@ fn getters_without_a_window_spread_over_the_sources_within_the_fanout() {
     fs::write(&f, &data).unwrap();
     let put = c.json(
         None,
-        &["put", "w", "--src", f.to_str().unwrap(), "--block-size", "1048576"],
+        &[
+            "put",
+            "w",
+            "--src",
+            f.to_str().unwrap(),
+            "--block-size",
+            "1048576",
+        ],
     );
     let version = put["version"].as_str().unwrap().to_string();
     // The implicit window every getter without window flags joins.

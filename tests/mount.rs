@@ -393,3 +393,98 @@ fn writes_during_a_publish_from_a_forked_childs_flush_are_not_lost() {
         assert_eq!(fs::metadata(&path).unwrap().len(), 16 * chunk.len() as u64);
     }
 }
+
+/// Readers through the mount take their parent from the version's window like `kt get` does:
+/// with one child per source, a second reader goes elsewhere instead of piling onto the peer
+/// that already serves one.
+#[test]
+fn mount_readers_spread_over_sources_within_the_fanout() {
+    let c = Cluster::new("127.0.0.120");
+    let f = c.path("w.src");
+    let data = pseudo_random(4 * MIB, 21);
+    fs::write(&f, &data).unwrap();
+    let put = c.json(
+        None,
+        &[
+            "put",
+            "w",
+            "--src",
+            f.to_str().unwrap(),
+            "--block-size",
+            "1048576",
+        ],
+    );
+    let group = format!("v-{}", &put["version"].as_str().unwrap()[..16]);
+    let one = ["--fanout", "1"];
+    let a = start_mount("127.0.0.121", &c.server.addr, &c.path("a"), "node-a", &one);
+    let b = start_mount("127.0.0.122", &c.server.addr, &c.path("b"), "node-b", &one);
+    let cc = start_mount("127.0.0.123", &c.server.addr, &c.path("c"), "node-c", &one);
+    // A reads it all: it is a source now.
+    assert!(fs::read(a.path("w")).unwrap() == data);
+    assert!(eventually(SETTLE, || {
+        c.json(
+            None,
+            &[
+                "get",
+                "w",
+                "-d",
+                c.path("probe").to_str().unwrap(),
+                "-f",
+                "--no-seed-data",
+            ],
+        )["sources"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|x| x["source"] == "node-a"))
+    }));
+    // B and C keep the file open; B takes A, and C, with A full, takes the store.
+    let hold = |m: &MountProc| {
+        let mut child = Command::new("python3")
+            .arg("-c")
+            .arg("import sys; f = open(sys.argv[1], 'rb'); f.read(1); print('open', flush=True); sys.stdin.read(); sys.stdout.write(str(len(f.read()) + 1))")
+            .arg(m.path("w"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), "open");
+        child
+    };
+    let hb = hold(&b);
+    let hc = hold(&cc);
+    let w = c.json(None, &["window", &group]);
+    let parents: Vec<(&str, &str)> = w["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["done"] == false && m["failed"] == false)
+        .map(|m| {
+            (
+                m["node_id"].as_str().unwrap(),
+                m["parent"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    // B took A; C, with A full, took another source (B itself, a source once it read, or the
+    // store): never a second child of A.
+    assert!(parents.contains(&("node-b", "node-a")), "{w}");
+    let of_c = parents
+        .iter()
+        .find(|(n, _)| *n == "node-c")
+        .map(|(_, p)| *p);
+    assert!(matches!(of_c, Some("node-b" | "store")), "{w}");
+    for h in [hb, hc] {
+        let out = h.wait_with_output().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim_start_matches("open\n"),
+            (4 * MIB).to_string()
+        );
+    }
+    assert!(fs::read(b.path("w")).unwrap() == data);
+    assert!(fs::read(cc.path("w")).unwrap() == data);
+}

@@ -24,7 +24,10 @@ use crate::client::{ClientError, Store};
 use crate::hash::{BlockHash, Version};
 use crate::key::{KeyPath, Namespace};
 use crate::manifest::{self, EntryKind, FileEntry};
-use crate::proto::{AddLocationRequest, ListEntry, ListRequest, Locale, ResolveRequest};
+use crate::proto::{
+    AddLocationRequest, JoinRequest, LeaveRequest, ListEntry, ListRequest, Locale, ResolveRequest,
+    Role, WindowSpec,
+};
 use crate::server::ERRNO_KEY;
 use crate::transfer::{BlockJob, SourceAddr};
 
@@ -148,6 +151,35 @@ pub struct ReadFile {
     pub sources: Vec<SourceAddr>,
     offsets: Vec<u64>,
     next_offset: AtomicU64,
+    /// This reader's place in the version's implicit window, left when the file is closed.
+    _member: Option<TreeMember>,
+}
+
+/// A mount reader's membership of a version's implicit broadcast window: it takes a parent
+/// within the fanout like any getter, and gives its slot back when dropped.
+struct TreeMember {
+    store: Store,
+    rt: tokio::runtime::Handle,
+    group_id: String,
+    generation: u64,
+    member: u64,
+}
+
+impl Drop for TreeMember {
+    fn drop(&mut self) {
+        let mut store = self.store.clone();
+        let req = LeaveRequest {
+            group_id: std::mem::take(&mut self.group_id),
+            generation: self.generation,
+            member: self.member,
+            done: false,
+        };
+        self.rt.spawn(async move {
+            if let Err(e) = store.leave_broadcast(req).await {
+                tracing::debug!(error = %e.message(), "could not leave the window");
+            }
+        });
+    }
 }
 
 /// The mount's settings.
@@ -159,6 +191,8 @@ pub struct FsConfig {
     pub read_only: bool,
     pub node_id: String,
     pub zone: String,
+    /// Children per source for readers of one version (0: the server's default).
+    pub fanout: u32,
     /// Where writes are staged until published (and where files published in place stay).
     pub staging: PathBuf,
     pub uid: u32,
@@ -571,7 +605,7 @@ impl FsCore {
             EntryKind::Symlink => return Err(FsError::new(libc::ELOOP)),
         }
         let version = Version::from_slice(&r.version).ok_or_else(|| FsError::new(libc::EIO))?;
-        let sources = crate::get::order_sources(
+        let mut sources: Vec<SourceAddr> = crate::get::order_sources(
             &r.sources,
             &self.cfg.node_id,
             &self.cfg.zone,
@@ -580,6 +614,19 @@ impl FsCore {
         .into_iter()
         .filter(|s| s.label != self.cfg.node_id)
         .collect();
+        // Files of more than one block are read through the version's window, like `kt get`:
+        // the parent it assigns goes first, so readers spread over the sources within the
+        // fanout; the other sources stay behind it for failover. A one-block file is one
+        // request, not worth two more.
+        let member = if entry.blocks.len() > 1 {
+            self.join_tree(&r.key, version)
+        } else {
+            None
+        };
+        if let Some((_, parent)) = member.as_ref().filter(|(_, p)| p.label != self.cfg.node_id) {
+            sources.retain(|s| s.label != parent.label || s.addr != parent.addr);
+            sources.insert(0, parent.clone());
+        }
         let mut offsets = Vec::with_capacity(entry.blocks.len());
         let mut off = 0u64;
         for b in &entry.blocks {
@@ -592,7 +639,54 @@ impl FsCore {
             sources,
             offsets,
             next_offset: AtomicU64::new(0),
+            _member: member.map(|(m, _)| m),
         })
+    }
+
+    /// Joins the implicit window of `version` as a reader that serves no children of its own
+    /// (it holds only what it read); a failure to join only loses the spreading.
+    fn join_tree(&self, key: &str, version: Version) -> Option<(TreeMember, SourceAddr)> {
+        let mut store = self.store();
+        let joined = self
+            .block_on(store.join_broadcast(JoinRequest {
+                namespace: self.ns(),
+                key: key.to_string(),
+                version: version.0.to_vec(),
+                window: Some(WindowSpec {
+                    group_id: crate::broadcast::implicit_group(&version),
+                    fanout: self.cfg.fanout,
+                    ..Default::default()
+                }),
+                role: Role::Getter as i32,
+                node_id: self.cfg.node_id.clone(),
+                serves: false,
+                ip: String::new(),
+                wait_quorum: false,
+            }))
+            .map_err(|e| tracing::debug!(error = %e.message(), "no window for this read"))
+            .ok()?
+            .into_inner();
+        let window = joined.window.unwrap_or_default();
+        let member = TreeMember {
+            store: self.store(),
+            rt: self.rt.clone(),
+            group_id: window.group_id,
+            generation: window.generation,
+            member: joined.member,
+        };
+        let parent = joined.parent?;
+        let parent = if parent.node_id.is_empty() {
+            SourceAddr {
+                label: "store".into(),
+                addr: self.cfg.server.clone(),
+            }
+        } else {
+            SourceAddr {
+                label: parent.node_id,
+                addr: parent.data_addr,
+            }
+        };
+        Some((member, parent))
     }
 
     fn job(f: &ReadFile, i: usize) -> FsResult<BlockJob> {
