@@ -13,10 +13,11 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::client::{Agent, Store};
+use crate::get::source_addr;
 use crate::hash::Version;
 use crate::manifest::Manifest;
 use crate::proto::{
-    JoinRequest, LeaveRequest, LocalFile, NewParentRequest, ReceiveEvent, Role, Source, WindowSpec,
+    JoinRequest, LeaveRequest, LocalFile, NewParentRequest, ReceiveEvent, Role, WindowSpec,
 };
 use crate::transfer::{self, BlockJob, BlockSink, FetchReport, Partial, SourceAddr, TransferError};
 
@@ -48,20 +49,6 @@ pub struct TreeFetch<'a> {
     pub node: Option<(String, String)>,
     /// The agent serves what this getter receives.
     pub serves: bool,
-}
-
-fn source_addr(s: &Source, server: &str) -> SourceAddr {
-    if s.node_id.is_empty() {
-        SourceAddr {
-            label: "store".into(),
-            addr: server.to_string(),
-        }
-    } else {
-        SourceAddr {
-            label: s.node_id.clone(),
-            addr: s.data_addr.clone(),
-        }
-    }
 }
 
 impl TreeFetch<'_> {

@@ -509,21 +509,22 @@ pub(crate) fn order_sources(
     };
     let mut v: Vec<&Source> = sources.iter().collect();
     v.sort_by_key(|s| rank(s));
-    v.into_iter()
-        .map(|s| {
-            if s.node_id.is_empty() {
-                SourceAddr {
-                    label: "store".into(),
-                    addr: server.to_string(),
-                }
-            } else {
-                SourceAddr {
-                    label: s.node_id.clone(),
-                    addr: s.data_addr.clone(),
-                }
-            }
-        })
-        .collect()
+    v.into_iter().map(|s| source_addr(s, server)).collect()
+}
+
+/// Where to reach a source: the store server (no node id) at `server`, a node at its address.
+pub(crate) fn source_addr(s: &Source, server: &str) -> SourceAddr {
+    if s.node_id.is_empty() {
+        SourceAddr {
+            label: crate::broadcast::STORE.into(),
+            addr: server.to_string(),
+        }
+    } else {
+        SourceAddr {
+            label: s.node_id.clone(),
+            addr: s.data_addr.clone(),
+        }
+    }
 }
 
 fn mtime_of(m: &fs::Metadata) -> (i64, u32) {

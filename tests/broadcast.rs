@@ -47,11 +47,12 @@ fn served_blocks(agent: &AgentProc) -> u64 {
     .unwrap_or(0)
 }
 
-fn publish(c: &Cluster, key: &str, len: usize, seed: u64, block: &str) -> Vec<u8> {
+/// Publishes `len` pseudo-random bytes under `key`; returns them and the version's hex id.
+fn publish(c: &Cluster, key: &str, len: usize, seed: u64, block: &str) -> (Vec<u8>, String) {
     let f = c.path(&format!("{key}.src"));
     let data = pseudo_random(len, seed);
     fs::write(&f, &data).unwrap();
-    c.ok(
+    let put = c.json(
         None,
         &[
             "put",
@@ -62,7 +63,17 @@ fn publish(c: &Cluster, key: &str, len: usize, seed: u64, block: &str) -> Vec<u8
             block,
         ],
     );
-    data
+    (data, put["version"].as_str().unwrap().to_string())
+}
+
+/// The parent of every member of a window, in join order.
+fn window_parents(w: &serde_json::Value) -> Vec<String> {
+    w["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["parent"].as_str().unwrap().to_string())
+        .collect()
 }
 
 #[test]
@@ -156,7 +167,7 @@ fn quorum_closes_by_world_size_by_ips_and_by_timeout() {
 #[test]
 fn rolling_joins_get_parents_at_once_within_the_fanout() {
     let c = Cluster::new("127.0.0.50");
-    let data = publish(&c, "w", 6 * MIB, 2, "1048576");
+    let (data, _) = publish(&c, "w", 6 * MIB, 2, "1048576");
     let agents: Vec<AgentProc> = (0..4)
         .map(|i| c.agent(&format!("127.0.0.{}", 51 + i), &format!("node-{i}")))
         .collect();
@@ -210,7 +221,7 @@ fn rolling_joins_get_parents_at_once_within_the_fanout() {
 #[test]
 fn a_child_is_fed_block_by_block_and_finishes_before_its_throttled_parent() {
     let c = Cluster::new("127.0.0.60");
-    let data = publish(&c, "w", 4 * MIB, 3, "1048576");
+    let (data, _) = publish(&c, "w", 4 * MIB, 3, "1048576");
     let p = c.agent("127.0.0.61", "parent");
     let k = c.agent("127.0.0.62", "child");
     let (dp, dk) = (c.path("p"), c.path("k"));
@@ -239,7 +250,7 @@ fn a_child_is_fed_block_by_block_and_finishes_before_its_throttled_parent() {
 #[test]
 fn killing_a_mid_tree_agent_leaves_every_survivor_with_a_verified_copy() {
     let c = Cluster::new("127.0.0.70");
-    let data = publish(&c, "w", 6 * MIB, 4, "1048576");
+    let (data, _) = publish(&c, "w", 6 * MIB, 4, "1048576");
     let a = c.agent("127.0.0.71", "node-a");
     let b = c.agent("127.0.0.72", "node-b");
     let cc = c.agent("127.0.0.73", "node-c");
@@ -259,13 +270,7 @@ fn killing_a_mid_tree_agent_leaves_every_survivor_with_a_verified_copy() {
     let gc = c.spawn(Some(&cc), &args);
     c.wait_members("chain", 3);
     let w = c.window("chain").unwrap();
-    let tree: Vec<&str> = w["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["parent"].as_str().unwrap())
-        .collect();
-    assert_eq!(tree, ["store", "node-a", "node-b"]);
+    assert_eq!(window_parents(&w), ["store", "node-a", "node-b"]);
     // Once A has fed B something, A's agent dies.
     assert!(eventually(Duration::from_secs(30), || served_blocks(&a) > 0));
     drop(a);
@@ -293,21 +298,7 @@ fn killing_a_mid_tree_agent_leaves_every_survivor_with_a_verified_copy() {
 #[test]
 fn getters_without_a_window_spread_over_the_sources_within_the_fanout() {
     let c = Cluster::new("127.0.0.80");
-    let f = c.path("w.src");
-    let data = pseudo_random(4 * MIB, 5);
-    fs::write(&f, &data).unwrap();
-    let put = c.json(
-        None,
-        &[
-            "put",
-            "w",
-            "--src",
-            f.to_str().unwrap(),
-            "--block-size",
-            "1048576",
-        ],
-    );
-    let version = put["version"].as_str().unwrap().to_string();
+    let (data, version) = publish(&c, "w", 4 * MIB, 5, "1048576");
     // The implicit window every getter without window flags joins.
     let group = format!("v-{}", &version[..16]);
     let agents: Vec<AgentProc> = (0..3)
@@ -335,14 +326,8 @@ fn getters_without_a_window_spread_over_the_sources_within_the_fanout() {
         running.push((d, child));
     }
     let w = c.window(&group).unwrap();
-    let parents: Vec<&str> = w["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["parent"].as_str().unwrap())
-        .collect();
     // The store serves one; each later getter hangs below one still receiving.
-    assert_eq!(parents, ["store", "node-0", "node-1"], "{w}");
+    assert_eq!(window_parents(&w), ["store", "node-0", "node-1"], "{w}");
     for (d, child) in running {
         let got = finish_json(child);
         assert!(fs::read(&d).unwrap() == data);

@@ -674,18 +674,7 @@ impl FsCore {
             generation: window.generation,
             member: joined.member,
         };
-        let parent = joined.parent?;
-        let parent = if parent.node_id.is_empty() {
-            SourceAddr {
-                label: "store".into(),
-                addr: self.cfg.server.clone(),
-            }
-        } else {
-            SourceAddr {
-                label: parent.node_id,
-                addr: parent.data_addr,
-            }
-        };
+        let parent = crate::get::source_addr(&joined.parent?, &self.cfg.server);
         Some((member, parent))
     }
 
