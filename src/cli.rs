@@ -378,48 +378,16 @@ pub async fn put(a: PutArgs) -> Result<()> {
             force: a.force,
             ttl_secs: a.ttl,
             agent_socket: a.common.agent.clone(),
+            window: a.window.any().then(|| a.window.spec()),
         },
         &pb,
     )
     .await?;
     pb.finish_and_clear();
-    let window = if a.window.any() {
-        let version = crate::hash::Version::from_hex(&report.version)
-            .context("the server returned a malformed version")?;
-        let mut store = client::connect_store(&a.common.server).await?;
-        let node = match client::connect_agent(&a.common.agent).await {
-            Ok(mut agent) if a.locale == LocaleArg::Local => agent
-                .status(crate::proto::AgentStatusRequest {})
-                .await
-                .ok()
-                .map(|s| {
-                    let s = s.into_inner();
-                    (s.node_id, crate::fanout::host_of(&s.data_addr))
-                }),
-            _ => None,
-        };
-        Some(
-            crate::fanout::join_as_putter(
-                &mut store,
-                report.namespace.as_str(),
-                &report.key,
-                version,
-                a.window.spec(),
-                node,
-            )
-            .await?,
-        )
-    } else {
-        None
-    };
     if a.common.json {
-        let mut v = serde_json::to_value(&report)?;
-        if let (Some(w), Some(obj)) = (&window, v.as_object_mut()) {
-            obj.insert("broadcast".into(), window_json(w));
-        }
-        print_json(&v)?;
+        print_json(&report)?;
     } else {
-        if let Some(w) = &window {
+        if let Some(w) = &report.broadcast {
             println!(
                 "broadcast window {} {} with {} members{}",
                 w.group_id,
@@ -488,31 +456,6 @@ pub async fn get(a: GetArgs) -> Result<()> {
     Ok(())
 }
 
-/// A window as JSON: what `kt window` prints and what `kt put --json` adds.
-pub fn window_json(w: &crate::proto::Window) -> serde_json::Value {
-    let spec = w.spec.clone().unwrap_or_default();
-    serde_json::json!({
-        "group_id": w.group_id,
-        "generation": w.generation,
-        "closed": w.closed,
-        "closed_by": w.closed_by,
-        "world_size": spec.world_size,
-        "timeout_ms": spec.timeout_ms,
-        "ips": spec.ips,
-        "fanout": if spec.fanout == 0 { crate::broadcast::DEFAULT_FANOUT } else { spec.fanout },
-        "members": w.members.iter().map(|m| serde_json::json!({
-            "id": m.id,
-            "node_id": m.node_id,
-            "ip": m.ip,
-            "role": if m.role == crate::proto::Role::Putter as i32 { "putter" } else { "getter" },
-            "parent": m.parent,
-            "children": m.children,
-            "done": m.done,
-            "failed": m.failed,
-        })).collect::<Vec<_>>(),
-    })
-}
-
 pub async fn window(a: WindowCmdArgs) -> Result<()> {
     let mut store = client::connect_store(&a.common.server).await?;
     let w = store
@@ -523,7 +466,7 @@ pub async fn window(a: WindowCmdArgs) -> Result<()> {
         .map_err(client::ClientError::from)?
         .into_inner();
     if a.common.json {
-        return print_json(&window_json(&w));
+        return print_json(&crate::fanout::window_json(&w));
     }
     println!(
         "window {} generation {}: {}{}",

@@ -223,8 +223,9 @@ pub struct Announcing {
 
 impl BlockSink for Announcing {
     fn put(&self, job: &BlockJob, data: &[u8]) -> Result<(), TransferError> {
-        // Under a rate limit, blocks go out one at a time, each after the previous one's due time.
-        let _turn = self.limit.as_ref().map(|l| l.turn());
+        // Under a rate limit blocks go out one at a time: the count stays locked from the write
+        // to the end of the pause that keeps the average under the limit.
+        let mut written = self.limit.as_ref().and_then(|l| l.written.lock().ok());
         self.inner.put(job, data)?;
         if let Some(tx) = &self.tx {
             // The agent may be gone; the get goes on without serving others.
@@ -233,8 +234,9 @@ impl BlockSink for Announcing {
                 ..Default::default()
             });
         }
-        if let Some(l) = &self.limit {
-            l.account(data.len() as u64);
+        if let (Some(l), Some(n)) = (&self.limit, written.as_deref_mut()) {
+            *n += data.len() as u64;
+            l.pause(*n);
         }
         Ok(())
     }
@@ -244,8 +246,7 @@ impl BlockSink for Announcing {
 pub struct RateLimit {
     bytes_per_sec: u64,
     start: Instant,
-    done: std::sync::Mutex<u64>,
-    turn: std::sync::Mutex<()>,
+    written: std::sync::Mutex<u64>,
 }
 
 impl RateLimit {
@@ -253,25 +254,13 @@ impl RateLimit {
         RateLimit {
             bytes_per_sec: bytes_per_sec.max(1),
             start: Instant::now(),
-            done: std::sync::Mutex::new(0),
-            turn: std::sync::Mutex::new(()),
+            written: std::sync::Mutex::new(0),
         }
     }
 
-    fn turn(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
-        self.turn.lock().ok()
-    }
-
-    /// Accounts for `n` bytes written, sleeping (on a blocking thread, holding the turn) until
-    /// the average rate is back under the limit.
-    fn account(&self, n: u64) {
-        let due = {
-            let Ok(mut done) = self.done.lock() else {
-                return;
-            };
-            *done += n;
-            Duration::from_secs_f64(*done as f64 / self.bytes_per_sec as f64)
-        };
+    /// Sleeps (on a blocking thread) until `written` bytes are due at the limit's rate.
+    fn pause(&self, written: u64) {
+        let due = Duration::from_secs_f64(written as f64 / self.bytes_per_sec as f64);
         let elapsed = self.start.elapsed();
         if due > elapsed {
             std::thread::sleep(due - elapsed);
@@ -311,4 +300,38 @@ pub async fn join_as_putter(
         })
         .await?;
     Ok(r.into_inner().window.unwrap_or_default())
+}
+
+/// A window as JSON: what `kt window` prints and what `kt put --json` adds.
+pub fn window_json(w: &crate::proto::Window) -> serde_json::Value {
+    let spec = w.spec.clone().unwrap_or_default();
+    serde_json::json!({
+        "group_id": w.group_id,
+        "generation": w.generation,
+        "closed": w.closed,
+        "closed_by": w.closed_by,
+        "world_size": spec.world_size,
+        "timeout_ms": spec.timeout_ms,
+        "ips": spec.ips,
+        "fanout": if spec.fanout == 0 { crate::broadcast::DEFAULT_FANOUT } else { spec.fanout },
+        "members": w.members.iter().map(|m| serde_json::json!({
+            "id": m.id,
+            "node_id": m.node_id,
+            "ip": m.ip,
+            "role": if m.role == crate::proto::Role::Putter as i32 { "putter" } else { "getter" },
+            "parent": m.parent,
+            "children": m.children,
+            "done": m.done,
+            "failed": m.failed,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// `serialize_with` for an optional window: its JSON form.
+pub fn serialize_window<S: serde::Serializer>(
+    w: &Option<crate::proto::Window>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::Serialize;
+    w.as_ref().map(window_json).serialize(s)
 }

@@ -102,14 +102,21 @@ pub struct GetReport {
 }
 
 /// This node's agent, when one answers.
-struct LocalAgent {
+pub(crate) struct LocalAgent {
     client: Agent,
     node_id: String,
     zone: String,
     data_addr: String,
 }
 
-async fn local_agent(path: &Path) -> Option<LocalAgent> {
+impl LocalAgent {
+    /// Who this node is in a broadcast window: its node id and the address peers reach it on.
+    pub(crate) fn tree_node(&self) -> (String, String) {
+        (self.node_id.clone(), fanout::host_of(&self.data_addr))
+    }
+}
+
+pub(crate) async fn local_agent(path: &Path) -> Option<LocalAgent> {
     let mut client = client::connect_agent(path).await.ok()?;
     let st = client
         .status(AgentStatusRequest {})
@@ -390,9 +397,7 @@ async fn fetch_one(
             key: &r.key,
             version,
             spec,
-            node: agent
-                .as_deref()
-                .map(|a| (a.node_id.clone(), fanout::host_of(&a.data_addr))),
+            node: agent.as_deref().map(LocalAgent::tree_node),
             serves: offer.is_some(),
         };
         let (fetched, tree) = tree.run(jobs, sink, &sources, progress).await?;

@@ -16,7 +16,10 @@ use crate::client::{self, ClientError};
 use crate::hash::{BlockHash, Version};
 use crate::key::{KeyPath, Namespace};
 use crate::manifest::{self, EntryKind};
-use crate::proto::{LocalFile, Locale, MissingBlocksRequest, PublishLocalRequest, PublishRequest};
+use crate::proto::{
+    LocalFile, Locale, MissingBlocksRequest, PublishLocalRequest, PublishRequest, Window,
+    WindowSpec,
+};
 use crate::scan::{self, ScanError, ScanOptions, Scanned};
 use crate::transfer::{self, TransferError, UploadJob};
 
@@ -44,6 +47,9 @@ pub struct PutOptions {
     pub force: bool,
     pub ttl_secs: u64,
     pub agent_socket: PathBuf,
+    /// A broadcast window to join as the putter once published; with quorum criteria, the put
+    /// waits for the quorum.
+    pub window: Option<WindowSpec>,
 }
 
 #[derive(Debug, Serialize)]
@@ -55,6 +61,11 @@ pub struct PutReport {
     pub files: u64,
     pub bytes: u64,
     pub bytes_transferred: u64,
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "crate::fanout::serialize_window"
+    )]
+    pub broadcast: Option<Window>,
 }
 
 /// Scans, uploads what the store lacks, and publishes.
@@ -121,6 +132,30 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
         }
     };
     let version = Version::from_slice(&version).ok_or(PutError::BadVersion)?;
+    let broadcast = match opts.window {
+        Some(spec) => {
+            // The origin of a local publication is this node; a store one has no node.
+            let node = match opts.locale {
+                Locale::Local => crate::get::local_agent(&opts.agent_socket)
+                    .await
+                    .map(|a| a.tree_node()),
+                Locale::Store => None,
+            };
+            let mut store = client::connect_store(&opts.server).await?;
+            Some(
+                crate::fanout::join_as_putter(
+                    &mut store,
+                    opts.namespace.as_str(),
+                    opts.key.as_str(),
+                    version,
+                    spec,
+                    node,
+                )
+                .await?,
+            )
+        }
+        None => None,
+    };
     Ok(PutReport {
         key: opts.key.to_string(),
         namespace: opts.namespace.to_string(),
@@ -129,6 +164,7 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
         files: manifest::file_count(m),
         bytes: manifest::total_size(m),
         bytes_transferred: transferred,
+        broadcast,
     })
 }
 

@@ -19,16 +19,6 @@ fn parents(get: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
-fn bytes_from(get: &serde_json::Value, source: &str) -> u64 {
-    get["sources"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["source"] == source)
-        .map(|s| s["bytes"].as_u64().unwrap())
-        .sum()
-}
-
 /// Blocks an agent has served to peers, from its own status.
 fn served_blocks(agent: &AgentProc) -> u64 {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -74,6 +64,27 @@ fn window_parents(w: &serde_json::Value) -> Vec<String> {
         .iter()
         .map(|m| m["parent"].as_str().unwrap().to_string())
         .collect()
+}
+
+/// Starts `kt get w` on every agent, one after the other, each once the previous one is in
+/// `group`'s window, so that the join order is the agents' order; returns destinations and
+/// the running getters.
+fn spawn_getters(
+    c: &Cluster,
+    agents: &[AgentProc],
+    group: &str,
+    flags: &[&str],
+) -> Vec<(std::path::PathBuf, std::process::Child)> {
+    let mut running = Vec::new();
+    for (i, a) in agents.iter().enumerate() {
+        let d = c.path(&format!("d{i}"));
+        let mut args = vec!["get", "w", "-d", d.to_str().unwrap()];
+        args.extend(flags);
+        let child = c.spawn(Some(a), &args);
+        c.wait_members(group, i + 1);
+        running.push((d, child));
+    }
+    running
 }
 
 #[test]
@@ -173,29 +184,21 @@ fn rolling_joins_get_parents_at_once_within_the_fanout() {
         .collect();
     // Slow getters, so that all four are receiving at once; the quorum never closes (world
     // size 10), yet each starts at once with a parent.
-    let mut running = Vec::new();
-    for (i, a) in agents.iter().enumerate() {
-        let d = c.path(&format!("d{i}"));
-        let child = c.spawn(
-            Some(a),
-            &[
-                "get",
-                "w",
-                "-d",
-                d.to_str().unwrap(),
-                "--group-id",
-                "roll",
-                "--world-size",
-                "10",
-                "--fanout",
-                "2",
-                "--bwlimit",
-                "3M",
-            ],
-        );
-        c.wait_members("roll", i + 1);
-        running.push((d, child));
-    }
+    let running = spawn_getters(
+        &c,
+        &agents,
+        "roll",
+        &[
+            "--group-id",
+            "roll",
+            "--world-size",
+            "10",
+            "--fanout",
+            "2",
+            "--bwlimit",
+            "3M",
+        ],
+    );
     let w = c.window("roll").unwrap();
     assert_eq!(w["closed"], false);
     let members = w["members"].as_array().unwrap();
@@ -304,27 +307,9 @@ fn getters_without_a_window_spread_over_the_sources_within_the_fanout() {
     let agents: Vec<AgentProc> = (0..3)
         .map(|i| c.agent(&format!("127.0.0.{}", 81 + i), &format!("node-{i}")))
         .collect();
-    let mut running = Vec::new();
-    for (i, a) in agents.iter().enumerate() {
-        let d = c.path(&format!("d{i}"));
-        // No window flags: only the fanout (one child per source) and a slow writer, so that
-        // all three are fetching at once.
-        let child = c.spawn(
-            Some(a),
-            &[
-                "get",
-                "w",
-                "-d",
-                d.to_str().unwrap(),
-                "--fanout",
-                "1",
-                "--bwlimit",
-                "2M",
-            ],
-        );
-        c.wait_members(&group, i + 1);
-        running.push((d, child));
-    }
+    // No window flags: only the fanout (one child per source) and a slow writer, so that all
+    // three are fetching at once.
+    let running = spawn_getters(&c, &agents, &group, &["--fanout", "1", "--bwlimit", "2M"]);
     let w = c.window(&group).unwrap();
     // The store serves one; each later getter hangs below one still receiving.
     assert_eq!(window_parents(&w), ["store", "node-0", "node-1"], "{w}");

@@ -21,15 +21,6 @@ fn unhex(s: &str) -> Vec<u8> {
         .collect()
 }
 
-fn listed_sources(v: &serde_json::Value) -> Vec<String> {
-    v["sources"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["source"].as_str().unwrap().to_string())
-        .collect()
-}
-
 fn no_partial_files(dir: &std::path::Path) {
     if let Ok(rd) = fs::read_dir(dir) {
         for e in rd {
@@ -293,18 +284,9 @@ fn source_dying_mid_transfer_resumes_from_store() {
         serde_json::json!(["dying", "store"]),
         "{got}"
     );
-    let bytes_of = |name: &str| -> u64 {
-        got["sources"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| s["source"] == name)
-            .map(|s| s["bytes"].as_u64().unwrap())
-            .sum()
-    };
-    assert!(bytes_of("dying") <= 5 * MIB as u64, "{got}");
+    assert!(bytes_from(&got, "dying") <= 5 * MIB as u64, "{got}");
     assert_eq!(
-        bytes_of("dying") + bytes_of("store"),
+        bytes_from(&got, "dying") + bytes_from(&got, "store"),
         16 * MIB as u64,
         "{got}"
     );

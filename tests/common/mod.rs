@@ -422,3 +422,24 @@ pub fn ls_names(ls: &serde_json::Value) -> Vec<String> {
         .map(|e| e["name"].as_str().expect("name").to_string())
         .collect()
 }
+
+/// The `source` of every entry of a `kt get --json` answer's `sources`, in order.
+pub fn listed_sources(get: &serde_json::Value) -> Vec<String> {
+    get["sources"]
+        .as_array()
+        .expect("sources")
+        .iter()
+        .map(|s| s["source"].as_str().expect("source").to_string())
+        .collect()
+}
+
+/// Payload bytes a `kt get --json` answer says came from `source`.
+pub fn bytes_from(get: &serde_json::Value, source: &str) -> u64 {
+    get["sources"]
+        .as_array()
+        .expect("sources")
+        .iter()
+        .filter(|s| s["source"] == source)
+        .map(|s| s["bytes"].as_u64().expect("bytes"))
+        .sum()
+}
