@@ -24,6 +24,8 @@ pub const CF_CACHE_INDEX: &str = "cache_index";
 
 /// Default budget: 10 GiB.
 pub const DEFAULT_BUDGET: u64 = 10 << 30;
+/// Blob-file bytes over the budget that never trigger a reclaim (for budgets at least as large).
+const RECLAIM_SLACK: u64 = 256 << 20;
 
 #[derive(Default)]
 struct Lru {
@@ -70,6 +72,7 @@ pub struct BlockCache {
     db: Db,
     budget: u64,
     lru: Mutex<Lru>,
+    reclaimer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl BlockCache {
@@ -91,6 +94,7 @@ impl BlockCache {
             db,
             budget,
             lru: Mutex::new(lru),
+            reclaimer: Mutex::new(None),
         };
         cache.evict()?;
         Ok(cache)
@@ -127,7 +131,7 @@ impl BlockCache {
         if let Ok(mut l) = self.lru.lock() {
             l.touch(h);
         }
-        Ok(Some(Bytes::from(v)))
+        Ok(Some(v))
     }
 
     fn forget(&self, h: &BlockHash) -> Result<(), DbError> {
@@ -151,13 +155,14 @@ impl BlockCache {
             l.clock += 1;
             l.clock
         };
-        let mut idx = age.to_be_bytes().to_vec();
-        idx.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        let mut idx = [0u8; 12];
+        idx[..8].copy_from_slice(&age.to_be_bytes());
+        idx[8..].copy_from_slice(&(data.len() as u32).to_be_bytes());
         // No WAL: a crash may lose recent inserts (both families together, see `Db::open`),
         // which only means fetching them again.
-        self.db.write_volatile(vec![
-            BatchOp::Put(CF_CACHE, h.0.to_vec(), data.to_vec()),
-            BatchOp::Put(CF_CACHE_INDEX, h.0.to_vec(), idx),
+        self.db.put_volatile(&[
+            (CF_CACHE, h.as_bytes(), data),
+            (CF_CACHE_INDEX, h.as_bytes(), &idx),
         ])?;
         self.lru
             .lock()
@@ -167,20 +172,73 @@ impl BlockCache {
     }
 
     fn evict(&self) -> Result<(), DbError> {
+        let mut evicted = false;
         loop {
             let victim = {
                 let mut l = self.lru.lock().map_err(|_| poisoned())?;
                 if l.used <= self.budget {
-                    return Ok(());
+                    break;
                 }
                 l.remove_oldest()
             };
-            let Some(h) = victim else { return Ok(()) };
+            let Some(h) = victim else { break };
             self.db.write_volatile(vec![
                 BatchOp::Delete(CF_CACHE, h.0.to_vec()),
                 BatchOp::Delete(CF_CACHE_INDEX, h.0.to_vec()),
             ])?;
+            evicted = true;
         }
+        if evicted {
+            self.reclaim_if_worth_it()?;
+        }
+        Ok(())
+    }
+
+    /// Evicted blocks stay in their blob files until those are rewritten. Once the files exceed
+    /// the budget by a quarter (at least [`RECLAIM_SLACK`]), the older half of them is compacted
+    /// in the background: under least-recently-used eviction that half is mostly dead, so little
+    /// live data is copied.
+    fn reclaim_if_worth_it(&self) -> Result<(), DbError> {
+        let on_disk = self.db.blob_file_bytes(CF_CACHE)?;
+        let slack = (self.budget / 4).max(RECLAIM_SLACK.min(self.budget));
+        if on_disk <= self.budget + slack {
+            return Ok(());
+        }
+        let mut running = self.reclaimer.lock().map_err(|_| poisoned())?;
+        if running.as_ref().is_some_and(|h| !h.is_finished()) {
+            return Ok(());
+        }
+        let db = self.db.clone();
+        let spawned = std::thread::Builder::new()
+            .name("kt-cache-reclaim".into())
+            .spawn(move || match db.reclaim_blobs(CF_CACHE, 0.5) {
+                Ok(()) => tracing::info!(
+                    before = on_disk,
+                    after = db.blob_file_bytes(CF_CACHE).unwrap_or(0),
+                    "reclaimed the space of evicted blocks"
+                ),
+                Err(e) => tracing::warn!(error = %e, "reclaiming the cache's space failed"),
+            });
+        match spawned {
+            Ok(h) => *running = Some(h),
+            Err(e) => tracing::warn!(error = %e, "could not start reclaiming the cache's space"),
+        }
+        Ok(())
+    }
+
+    /// Waits for a reclaim in progress, if any.
+    pub fn wait_reclaimed(&self) {
+        let h = self.reclaimer.lock().ok().and_then(|mut r| r.take());
+        if let Some(h) = h {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for BlockCache {
+    /// A reclaim holds the database open; the next opener of this cache must find it closed.
+    fn drop(&mut self) {
+        self.wait_reclaimed();
     }
 }
 
@@ -221,5 +279,47 @@ mod tests {
         drop(c);
         let c = open(dir.path(), 1000);
         assert_eq!(c.used(), 1000);
+    }
+
+    #[test]
+    fn space_of_evicted_blocks_is_reclaimed() {
+        // Blocks are 1 MiB and the budget 40 MiB, more than a memtable holds, so evicted blocks
+        // have reached blob files. One block in 32 is kept hot: without reclaiming, each blob file
+        // it sits in would stay on disk whole.
+        let dir = tempfile::tempdir().unwrap();
+        let c = open(dir.path(), 40 << 20);
+        let block = |i: u32| {
+            let mut b = vec![0u8; 1 << 20];
+            b[..4].copy_from_slice(&i.to_be_bytes());
+            b
+        };
+        let mut hot = Vec::new();
+        for i in 0..320u32 {
+            let b = block(i);
+            let h = BlockHash::of(&b);
+            c.insert(&h, &b).unwrap();
+            if i % 32 == 0 {
+                hot.push((h, b));
+            }
+            if i % 16 == 0 {
+                for (h, b) in &hot {
+                    assert_eq!(&c.get(h).unwrap().unwrap()[..], &b[..]);
+                }
+            }
+        }
+        // However late the background reclaims ran, one more check after them has the last word.
+        c.wait_reclaimed();
+        c.reclaim_if_worth_it().unwrap();
+        c.wait_reclaimed();
+        let on_disk = c.db.blob_file_bytes(CF_CACHE).unwrap();
+        // 320 MiB were written; without reclaiming, about 300 MiB of blob files stay.
+        assert!(
+            on_disk < 120 << 20,
+            "{on_disk} bytes of blob files for a 40 MiB cache"
+        );
+        assert_eq!(c.used(), 40 << 20);
+        for (h, b) in &hot {
+            assert_eq!(&c.get(h).unwrap().unwrap()[..], &b[..]);
+        }
     }
 }

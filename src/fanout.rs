@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use indicatif::ProgressBar;
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -222,7 +223,7 @@ pub struct Announcing {
 }
 
 impl BlockSink for Announcing {
-    fn put(&self, job: &BlockJob, data: &[u8]) -> Result<(), TransferError> {
+    fn put(&self, job: &BlockJob, data: &Bytes) -> Result<(), TransferError> {
         // Under a rate limit blocks go out one at a time: the count stays locked from the write
         // to the end of the pause that keeps the average under the limit.
         let mut written = self.limit.as_ref().and_then(|l| l.written.lock().ok());

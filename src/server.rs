@@ -439,20 +439,11 @@ impl BlockServe for StoreBlocks {
         self.meta
             .db()
             .get_unverified(CF_BLOCKS, hash.as_bytes())
-            .map(|o| o.map(Bytes::from))
             .map_err(|e| e.to_string())
     }
 
     fn put(&self, hash: &BlockHash, data: Bytes) -> Result<(), String> {
-        let db = self.meta.db();
-        if db
-            .contains(CF_BLOCKS, hash.as_bytes())
-            .map_err(|e| e.to_string())?
-        {
-            return Ok(());
-        }
-        db.put(CF_BLOCKS, hash.as_bytes(), &data)
-            .map_err(|e| e.to_string())
+        self.meta.put_block(hash, &data).map_err(|e| e.to_string())
     }
 }
 
@@ -469,9 +460,11 @@ impl StoreServerProcess {
         let listener = TcpListener::bind(listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
+        let meta = MetaStore::new(db, lease);
+        meta.index_blocks()?;
         Ok(StoreServerProcess {
             listener,
-            meta: Arc::new(MetaStore::new(db, lease)),
+            meta: Arc::new(meta),
         })
     }
 

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use indicatif::ProgressBar;
 use tokio::sync::Semaphore;
 
@@ -69,8 +70,9 @@ pub struct BlockJob {
 
 /// Where verified blocks go.
 pub trait BlockSink: Send + Sync + 'static {
-    /// Stores a block that matched its hash. Runs on a blocking thread.
-    fn put(&self, job: &BlockJob, data: &[u8]) -> Result<(), TransferError>;
+    /// Stores a block that matched its hash. Runs on a blocking thread. The block comes as the
+    /// buffer it was received into, so a sink that keeps it in memory need not copy it.
+    fn put(&self, job: &BlockJob, data: &Bytes) -> Result<(), TransferError>;
 }
 
 /// Files that blocks are written into, at the `(file index, offset)` targets of each job.
@@ -79,7 +81,7 @@ pub struct Sinks {
 }
 
 impl BlockSink for Sinks {
-    fn put(&self, job: &BlockJob, data: &[u8]) -> Result<(), TransferError> {
+    fn put(&self, job: &BlockJob, data: &Bytes) -> Result<(), TransferError> {
         for &(idx, off) in &job.targets {
             let Some((path, file)) = self.files.get(idx) else {
                 continue;
@@ -476,7 +478,7 @@ async fn run_lane(
 fn verify_and_write(
     sinks: &dyn BlockSink,
     job: BlockJob,
-    data: &[u8],
+    data: &Bytes,
 ) -> Result<Written, TransferError> {
     if BlockHash::of(data) != job.hash {
         return Ok(Written::Corrupt(job));

@@ -254,9 +254,11 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        reply_or!(reply, self.core.read(fh.0, offset, size), |d: Vec<u8>| {
-            reply.data(&d)
-        })
+        reply_or!(
+            reply,
+            self.core.read(fh.0, offset, size),
+            |d: bytes::Bytes| { reply.data(&d) }
+        )
     }
 
     fn write(

@@ -62,7 +62,10 @@ struct CacheSink {
 }
 
 impl BlockSink for CacheSink {
-    fn put(&self, job: &BlockJob, data: &[u8]) -> Result<(), TransferError> {
+    fn put(&self, job: &BlockJob, data: &Bytes) -> Result<(), TransferError> {
+        // The cache write comes first, though the reader could go on without it: it is what
+        // holds the fetches back when the disk is slower than the network (waking the reader
+        // first let a cold read queue most of a 1 GiB file in memory).
         self.blocks
             .cache()
             .insert(&job.hash, data)
@@ -71,7 +74,7 @@ impl BlockSink for CacheSink {
                 source: std::io::Error::other(e.to_string()),
             })?;
         // The reader that waits for this block takes it from memory, not back from disk.
-        self.hot.put(job.hash, Bytes::copy_from_slice(data));
+        self.hot.put(job.hash, data.clone());
         if let Ok(w) = self.waiters.lock() {
             if let Some(tx) = w.get(&job.hash) {
                 let _ = tx.send(true);

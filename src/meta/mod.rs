@@ -6,12 +6,13 @@
 //! atomic batch, so a reader sees the old version or the new one, never half of a put.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use prost::Message;
 
-use crate::db::{Db, DbError};
+use crate::db::{BatchOp, Db, DbError};
 use crate::hash::{BlockHash, Version};
 use crate::key::{KeyPath, Namespace};
 use crate::manifest::{self, EntryKind, FileEntry, Manifest, ManifestError};
@@ -25,7 +26,16 @@ pub const CF_KEYS: &str = "keys";
 pub const CF_MANIFESTS: &str = "manifests";
 pub const CF_LOCATIONS: &str = "locations";
 pub const CF_BLOCKS: &str = "blocks";
-pub const FAMILIES: &[&str] = &[CF_KEYS, CF_MANIFESTS, CF_LOCATIONS, CF_BLOCKS];
+/// Which blocks the store holds (hash -> length): asking RocksDB whether a blob-file value
+/// exists reads the whole value and checks its CRC, 4 MiB per question.
+pub const CF_BLOCK_INDEX: &str = "block_index";
+pub const FAMILIES: &[&str] = &[
+    CF_KEYS,
+    CF_MANIFESTS,
+    CF_LOCATIONS,
+    CF_BLOCKS,
+    CF_BLOCK_INDEX,
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetaError {
@@ -67,6 +77,20 @@ pub struct MetaStore {
     write_lock: Mutex<()>,
     nodes: Mutex<HashMap<String, (NodeInfo, Instant)>>,
     lease: Duration,
+    /// Large blocks are written without the WAL (see [`MetaStore::put_block`]); `true` while
+    /// some of them may still be only in the memtable. Block writes hold the gate shared; a
+    /// publish holds it alone while it makes them durable, so no block it has seen escapes.
+    volatile_gate: RwLock<()>,
+    volatile_blocks: AtomicBool,
+}
+
+/// Blocks at least this large skip the WAL: writing them there cost a second copy and a second
+/// (software, in Debian's RocksDB) CRC of every byte uploaded. Smaller ones stay in the WAL, so
+/// many small files do not each force a memtable flush on publish.
+const VOLATILE_BLOCK: usize = 64 << 10;
+
+fn poisoned() -> MetaError {
+    MetaError::Corrupt("lock poisoned".into())
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -94,7 +118,67 @@ impl MetaStore {
             write_lock: Mutex::new(()),
             nodes: Mutex::new(HashMap::new()),
             lease,
+            volatile_gate: RwLock::new(()),
+            volatile_blocks: AtomicBool::new(false),
         }
+    }
+
+    /// Stores a block that has been verified against its hash (a block already here is left
+    /// as it is). Large blocks bypass the WAL and are made durable by the publish that first
+    /// needs them, with one memtable flush for all of them.
+    pub fn put_block(&self, hash: &BlockHash, data: &[u8]) -> Result<(), MetaError> {
+        if self.has_block(hash)? {
+            return Ok(());
+        }
+        let len = (data.len() as u32).to_be_bytes();
+        let (k, v) = (hash.as_bytes(), &len[..]);
+        if data.len() < VOLATILE_BLOCK {
+            return Ok(self.db.write(vec![
+                BatchOp::Put(CF_BLOCKS, k.to_vec(), data.to_vec()),
+                BatchOp::Put(CF_BLOCK_INDEX, k.to_vec(), v.to_vec()),
+            ])?);
+        }
+        let _gate = self.volatile_gate.read().map_err(|_| poisoned())?;
+        // Both families in one batch, and flushed together (atomic flush): a crash keeps both
+        // or neither.
+        self.db
+            .put_volatile(&[(CF_BLOCKS, k, data), (CF_BLOCK_INDEX, k, v)])?;
+        self.volatile_blocks.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    pub fn has_block(&self, hash: &BlockHash) -> Result<bool, MetaError> {
+        Ok(self.db.contains(CF_BLOCK_INDEX, hash.as_bytes())?)
+    }
+
+    /// Indexes the blocks of a store written before the index existed (a one-time pass that
+    /// reads every block once).
+    pub fn index_blocks(&self) -> Result<(), MetaError> {
+        if !self.db.is_empty(CF_BLOCK_INDEX)? || self.db.is_empty(CF_BLOCKS)? {
+            return Ok(());
+        }
+        tracing::info!("indexing the blocks of a store written by an older ktfs");
+        let mut n = 0u64;
+        self.db.for_each(CF_BLOCKS, |k, v| {
+            n += 1;
+            self.db
+                .put(CF_BLOCK_INDEX, k, &(v.len() as u32).to_be_bytes())
+        })?;
+        tracing::info!(blocks = n, "blocks indexed");
+        Ok(())
+    }
+
+    /// Flushes the blocks written without the WAL, if there are any.
+    fn make_blocks_durable(&self) -> Result<(), MetaError> {
+        let _gate = self.volatile_gate.write().map_err(|_| poisoned())?;
+        if self.volatile_blocks.swap(false, Ordering::AcqRel) {
+            // With atomic flush, the block index family is flushed with it.
+            if let Err(e) = self.db.flush_family(CF_BLOCKS) {
+                self.volatile_blocks.store(true, Ordering::Release);
+                return Err(e.into());
+            }
+        }
+        Ok(())
     }
 
     pub fn db(&self) -> &Db {
@@ -142,9 +226,7 @@ impl MetaStore {
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, ()>, MetaError> {
-        self.write_lock
-            .lock()
-            .map_err(|_| MetaError::Corrupt("lock poisoned".into()))
+        self.write_lock.lock().map_err(|_| poisoned())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -175,6 +257,8 @@ impl MetaStore {
             if !missing.is_empty() {
                 return Err(MetaError::MissingBlocks(missing.len()));
             }
+            // The key must never outlive its blocks in a crash.
+            self.make_blocks_durable()?;
         }
         let version = manifest::version_of(manifest);
         let new_is_dir = manifest::is_directory(manifest);
@@ -489,7 +573,7 @@ impl MetaStore {
     pub fn missing_blocks(&self, hashes: &[BlockHash]) -> Result<Vec<BlockHash>, MetaError> {
         let mut out = Vec::new();
         for h in hashes {
-            if !self.db.contains(CF_BLOCKS, h.as_bytes())? {
+            if !self.has_block(h)? {
                 out.push(*h);
             }
         }

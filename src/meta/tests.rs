@@ -57,9 +57,7 @@ fn store_publish_needs_its_blocks_and_swaps_atomically() {
         meta.resolve(&ns, &key),
         Err(MetaError::NotFound(_))
     ));
-    meta.db()
-        .put(CF_BLOCKS, BlockHash::of(b"one").as_bytes(), b"one")
-        .unwrap();
+    meta.put_block(&BlockHash::of(b"one"), b"one").unwrap();
     let v1 = meta
         .publish(&ns, &key, &m1, Locale::Store, "", 0, false)
         .unwrap();
@@ -70,9 +68,7 @@ fn store_publish_needs_its_blocks_and_swaps_atomically() {
         v1
     );
     let m2 = one_file(b"two");
-    meta.db()
-        .put(CF_BLOCKS, BlockHash::of(b"two").as_bytes(), b"two")
-        .unwrap();
+    meta.put_block(&BlockHash::of(b"two"), b"two").unwrap();
     assert!(matches!(
         meta.publish(&ns, &key, &m2, Locale::Store, "", 0, false),
         Err(MetaError::Exists(_))
@@ -102,9 +98,7 @@ fn expired_keys_disappear() {
     let (_d, meta) = store(DEFAULT_TEST_LEASE);
     let ns = Namespace::default();
     let key = KeyPath::parse("tmp").unwrap();
-    meta.db()
-        .put(CF_BLOCKS, BlockHash::of(b"x").as_bytes(), b"x")
-        .unwrap();
+    meta.put_block(&BlockHash::of(b"x"), b"x").unwrap();
     meta.publish(&ns, &key, &one_file(b"x"), Locale::Store, "", 1, false)
         .unwrap();
     assert_eq!(meta.list(&ns, None, false).unwrap().0.len(), 1);
@@ -143,9 +137,7 @@ fn names(meta: &MetaStore, ns: &Namespace, p: &str) -> Vec<String> {
 
 /// A published directory `d` with `x/f` and `g` inside, blocks present.
 fn published_dir(meta: &MetaStore, ns: &Namespace) {
-    meta.db()
-        .put(CF_BLOCKS, BlockHash::of(b"f").as_bytes(), b"f")
-        .unwrap();
+    meta.put_block(&BlockHash::of(b"f"), b"f").unwrap();
     let mut f = one_file(b"f").entries.remove(0);
     f.path = "x/f".into();
     let mut g = f.clone();
@@ -164,9 +156,7 @@ fn keys_nest_inside_published_directories() {
     let ns = Namespace::default();
     published_dir(&meta, &ns);
     // A file written into the published directory becomes its own key and replaces the entry.
-    meta.db()
-        .put(CF_BLOCKS, BlockHash::of(b"new").as_bytes(), b"new")
-        .unwrap();
+    meta.put_block(&BlockHash::of(b"new"), b"new").unwrap();
     meta.publish(
         &ns,
         &k("d/x/f"),
@@ -234,9 +224,7 @@ fn renames_move_keys_entries_and_subtrees() {
     assert_eq!(names(&meta, &ns, "top"), ["f", "g2"]);
     assert!(names(&meta, &ns, "d").is_empty());
     // A directory of keys moves whole, and replaces an empty directory.
-    meta.db()
-        .put(CF_BLOCKS, BlockHash::of(b"y").as_bytes(), b"y")
-        .unwrap();
+    meta.put_block(&BlockHash::of(b"y"), b"y").unwrap();
     meta.publish(
         &ns,
         &k("tmp/a/b"),
