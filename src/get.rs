@@ -375,7 +375,7 @@ async fn fetch_one(
         offer = Offer::open(&mut a.client, version, &m, files).await;
     }
     let sink = Arc::new(Announcing {
-        inner: Arc::new(Sinks { files: sinks }),
+        inner: Arc::new(Sinks::new(sinks)),
         tx: offer.as_ref().map(Offer::announcer),
         limit: opts.bwlimit.map(RateLimit::new),
     });
