@@ -73,6 +73,17 @@ pub struct Common {
     /// Show progress and what happens.
     #[arg(short, long, global = true)]
     pub verbose: bool,
+    /// From outside the cluster: reach the store server through this kubeconfig's cluster, by
+    /// port-forward to a pod of --store-service (--server is then not used). Blocks come from
+    /// the store only: the nodes' agents are not reachable from outside.
+    #[arg(long, env = "KT_KUBECONFIG", global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context (default: its current context).
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+    /// The store server's Service, NAMESPACE/NAME:PORT, for --kubeconfig.
+    #[arg(long, default_value = crate::cluster::DEFAULT_STORE_SERVICE, global = true)]
+    pub store_service: String,
 }
 
 #[derive(Clone, Copy, ValueEnum, Default, PartialEq)]
@@ -258,7 +269,8 @@ pub struct AgentArgs {
     /// This node's id (default: the host name).
     #[arg(long, env = "KT_NODE_ID")]
     pub node_id: Option<String>,
-    /// Topology zone, for nearest-source choice.
+    /// Topology zone, for nearest-source choice (default: in a pod, the label
+    /// topology.kubernetes.io/zone of its node, NODE_NAME, asked of the Kubernetes API).
     #[arg(long, env = "KT_ZONE", default_value = "")]
     pub zone: String,
     #[arg(long, default_value_t = 5)]
@@ -343,6 +355,24 @@ fn namespace(c: &Common) -> Result<Namespace> {
     Ok(Namespace::parse(&c.namespace)?)
 }
 
+/// With `--kubeconfig`, opens a port-forward to the store server and points `c.server` at it;
+/// the forward lasts as long as the value returned.
+async fn reach_store(c: &mut Common) -> Result<Option<crate::cluster::Forward>> {
+    let Some(path) = &c.kubeconfig else {
+        return Ok(None);
+    };
+    let svc: crate::cluster::ServiceRef = c.store_service.parse()?;
+    let client = crate::cluster::client_from_kubeconfig(path, c.context.as_deref()).await?;
+    let fwd = crate::cluster::forward_service(client, &svc)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot reach the store server {svc}: {e}"))?;
+    if c.verbose {
+        eprintln!("store server {svc} through pod {} at {}", fwd.pod, fwd.addr);
+    }
+    c.server = fwd.addr.to_string();
+    Ok(Some(fwd))
+}
+
 pub fn print_json(v: &impl serde::Serialize) -> Result<()> {
     println!("{}", serde_json::to_string(v)?);
     Ok(())
@@ -352,7 +382,8 @@ fn human(bytes: u64) -> String {
     indicatif::HumanBytes(bytes).to_string()
 }
 
-pub async fn put(a: PutArgs) -> Result<()> {
+pub async fn put(mut a: PutArgs) -> Result<()> {
+    let _forward = reach_store(&mut a.common).await?;
     let key = KeyPath::parse(&a.key)?;
     let ns = namespace(&a.common)?;
     if a.block_size == 0 || a.block_size > crate::manifest::MAX_BLOCK_SIZE {
@@ -413,7 +444,8 @@ pub async fn put(a: PutArgs) -> Result<()> {
     Ok(())
 }
 
-pub async fn get(a: GetArgs) -> Result<()> {
+pub async fn get(mut a: GetArgs) -> Result<()> {
+    let _forward = reach_store(&mut a.common).await?;
     let key = KeyPath::parse(&a.key)?;
     let ns = namespace(&a.common)?;
     let pb = progress_bar(a.common.verbose);
@@ -431,6 +463,7 @@ pub async fn get(a: GetArgs) -> Result<()> {
             agent_socket: a.common.agent.clone(),
             window: a.window.spec(),
             bwlimit: a.bwlimit,
+            store_only: _forward.is_some(),
         },
         &pb,
     )
@@ -456,7 +489,8 @@ pub async fn get(a: GetArgs) -> Result<()> {
     Ok(())
 }
 
-pub async fn window(a: WindowCmdArgs) -> Result<()> {
+pub async fn window(mut a: WindowCmdArgs) -> Result<()> {
+    let _forward = reach_store(&mut a.common).await?;
     let mut store = client::connect_store(&a.common.server).await?;
     let w = store
         .get_window(crate::proto::GetWindowRequest {
@@ -510,7 +544,8 @@ struct LsEntry {
     size: u64,
 }
 
-pub async fn ls(a: LsArgs) -> Result<()> {
+pub async fn ls(mut a: LsArgs) -> Result<()> {
+    let _forward = reach_store(&mut a.common).await?;
     let prefix = match &a.key {
         Some(k) => KeyPath::parse_prefix(k)?,
         None => None,
@@ -562,7 +597,8 @@ pub async fn ls(a: LsArgs) -> Result<()> {
     Ok(())
 }
 
-pub async fn rm(a: RmArgs) -> Result<()> {
+pub async fn rm(mut a: RmArgs) -> Result<()> {
+    let _forward = reach_store(&mut a.common).await?;
     let key = KeyPath::parse(&a.key)?;
     let ns = namespace(&a.common)?;
     let mut store = client::connect_store(&a.common.server).await?;
@@ -632,7 +668,10 @@ fn agent_config(a: AgentArgs) -> AgentConfig {
     }
 }
 
-async fn start_agent(cfg: AgentConfig) -> Result<AgentProcess> {
+async fn start_agent(mut cfg: AgentConfig) -> Result<AgentProcess> {
+    if cfg.zone.is_empty() {
+        cfg.zone = crate::cluster::zone_from_api().await.unwrap_or_default();
+    }
     let agent = AgentProcess::bind(cfg).await?;
     if let Err(e) = agent.register().await {
         tracing::warn!(error = %e, "not registered yet; will keep trying");
@@ -642,8 +681,13 @@ async fn start_agent(cfg: AgentConfig) -> Result<AgentProcess> {
 
 fn print_agent_ready(agent: &AgentProcess) {
     let cfg = agent.config();
+    let zone = if cfg.zone.is_empty() {
+        String::new()
+    } else {
+        format!(", zone {}", cfg.zone)
+    };
     println!(
-        "kt agent {} listening on {}, socket {}",
+        "kt agent {} listening on {}, socket {}{zone}",
         cfg.node_id,
         agent.data_addr(),
         cfg.socket.display()

@@ -28,7 +28,7 @@ use crate::proto::{
     AddSourceRequest, AgentStatusRequest, ListRequest, LocalFile, ResolveRequest, ResolveResponse,
     Source, WindowSpec,
 };
-use crate::transfer::{BlockJob, FetchReport, Sinks, SourceAddr, TransferError};
+use crate::transfer::{self, BlockJob, FetchReport, Sinks, SourceAddr, TransferError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GetError {
@@ -51,6 +51,8 @@ pub enum GetError {
     Pattern(String),
     #[error("server returned a malformed version")]
     BadVersion,
+    #[error("{0} is held only by nodes inside the cluster (locale local), which a getter outside it cannot reach")]
+    OutsideCluster(String),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> GetError + '_ {
@@ -77,6 +79,9 @@ pub struct GetOptions {
     pub window: WindowSpec,
     /// Bytes per second to write at most.
     pub bwlimit: Option<u64>,
+    /// Fetch from the store server alone, without a broadcast tree: the getter is outside the
+    /// cluster (a port-forward) and cannot reach the nodes.
+    pub store_only: bool,
 }
 
 #[derive(Debug, Serialize, Default)]
@@ -354,7 +359,10 @@ async fn fetch_one(
     let (node, zone) = agent
         .as_deref()
         .map_or(("", ""), |a| (a.node_id.as_str(), a.zone.as_str()));
-    let sources = order_sources(&r.sources, node, zone, &opts.server);
+    let mut sources = order_sources(&r.sources, node, zone, &opts.server);
+    if opts.store_only {
+        sources.retain(|s| s.label == broadcast::STORE);
+    }
     progress.inc_length(jobs.iter().map(|j| u64::from(j.len)).sum());
 
     // While it fetches, the agent serves what has arrived: children in a tree need not wait.
@@ -381,6 +389,11 @@ async fn fetch_one(
     });
     let fetched = if jobs.is_empty() {
         FetchReport::default()
+    } else if opts.store_only {
+        if sources.is_empty() {
+            return Err(GetError::OutsideCluster(r.key.clone()));
+        }
+        transfer::fetch(jobs, sink, &sources, progress).await?
     } else {
         let mut spec = opts.window.clone();
         if spec.group_id.is_empty()

@@ -15,6 +15,7 @@ pub mod broadcast;
 pub mod cache;
 pub mod cli;
 pub mod client;
+pub mod cluster;
 pub mod dataplane;
 pub mod db;
 pub mod fanout;

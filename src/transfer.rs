@@ -573,7 +573,10 @@ async fn upload_lane(
                     });
                 }
             }
-            Ok(())
+            // The connection stays whole until the last reply: dropping the sender would
+            // half-close it, which a port-forward through the Kubernetes API (`--kubeconfig`)
+            // turns into a full close.
+            Ok(tx)
         }
     };
     let receiver = async {
@@ -603,7 +606,7 @@ async fn upload_lane(
     };
     let (s, r) = tokio::join!(sender, receiver);
     // A read error on our side explains a closed connection better than the receiver's view.
-    s?;
+    let _tx = s?;
     r
 }
 
