@@ -13,8 +13,9 @@ use common::*;
 use kube_api::{FakeApi, World};
 use serde_json::json;
 
-/// A cluster whose kt-system/kt-store Service selects one running pod, as deploy/ defines them:
-/// Service port 7447 with the named target port `kt`, the container's port `kt` = 7447.
+/// A cluster whose kt-system/kt-store Service selects one pod, shaped as deploy/ defines them:
+/// Service port 7447 with the named target port `kt`. The container's port `kt` is 7448 here (7447
+/// in deploy/), so that a forward to the right port shows the name was looked up.
 fn store_world(pod_target: std::net::SocketAddr, phase: &str) -> World {
     let mut w = World {
         pod_target: Some(pod_target),
@@ -39,7 +40,7 @@ fn store_world(pod_target: std::net::SocketAddr, phase: &str) -> World {
         },
         "spec": {"containers": [{
             "name": "store", "image": "ktfs",
-            "ports": [{"name": "kt", "containerPort": 7447}]
+            "ports": [{"name": "kt", "containerPort": 7448}]
         }]},
         "status": {"phase": phase}
     }));
@@ -123,7 +124,7 @@ fn cli_reaches_the_store_by_port_forward_from_outside_the_cluster() {
     // Every connection went through the pod's port, the one the Service's named port maps to.
     let ports = api.forwarded_ports.lock().unwrap().clone();
     assert!(ports.len() >= 4, "port-forwards: {ports:?}");
-    assert!(ports.iter().all(|&p| p == 7447), "{ports:?}");
+    assert!(ports.iter().all(|&p| p == 7448), "{ports:?}");
     // And the key is gone from the real store.
     let ls = kt_with(
         &server.addr,

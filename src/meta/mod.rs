@@ -139,8 +139,8 @@ impl MetaStore {
             ])?);
         }
         let _gate = self.volatile_gate.read().map_err(|_| poisoned())?;
-        // Both families in one batch, and flushed together (atomic flush): a crash keeps both
-        // or neither.
+        // Both families in one batch; RocksDB's background flushes are atomic across families
+        // (`Db::open`), and `make_blocks_durable` flushes the blocks before the index.
         self.db
             .put_volatile(&[(CF_BLOCKS, k, data), (CF_BLOCK_INDEX, k, v)])?;
         self.volatile_blocks.store(true, Ordering::Release);
@@ -172,8 +172,13 @@ impl MetaStore {
     fn make_blocks_durable(&self) -> Result<(), MetaError> {
         let _gate = self.volatile_gate.write().map_err(|_| poisoned())?;
         if self.volatile_blocks.swap(false, Ordering::AcqRel) {
-            // With atomic flush, the block index family is flushed with it.
-            if let Err(e) = self.db.flush_family(CF_BLOCKS) {
+            // Blocks first: a crash between the two flushes leaves blocks the index does not
+            // know (uploaded again if asked for), never an index entry without its block.
+            let flushed = self
+                .db
+                .flush_family(CF_BLOCKS)
+                .and_then(|()| self.db.flush_family(CF_BLOCK_INDEX));
+            if let Err(e) = flushed {
                 self.volatile_blocks.store(true, Ordering::Release);
                 return Err(e.into());
             }
