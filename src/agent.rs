@@ -24,8 +24,11 @@ use crate::cache::{BlockCache, CF_CACHE, CF_CACHE_INDEX};
 use crate::client::{self, ClientError};
 use crate::dataplane::{BlockServe, Pending};
 use crate::db::{BatchOp, Db};
+use crate::fs::FsConfig;
 use crate::hash::{BlockHash, Version};
+use crate::hosted::HostedMounts;
 use crate::inflight::{Inflight, Place, PENDING_WAIT};
+use crate::key::Namespace;
 use crate::manifest::{self, EntryKind, Manifest};
 use crate::proto::agent_server::{Agent, AgentServer};
 use crate::proto::*;
@@ -51,6 +54,33 @@ pub struct AgentConfig {
     pub node_id: String,
     pub zone: String,
     pub heartbeat: Duration,
+    /// Mount namespaces in this process on request over the socket (`kt attach`).
+    pub host_mounts: bool,
+}
+
+impl AgentConfig {
+    /// The filesystem of `namespace` as this agent's node sees it.
+    pub fn fs_config(
+        &self,
+        namespace: Namespace,
+        locale: Locale,
+        read_only: bool,
+        fanout: u32,
+    ) -> FsConfig {
+        FsConfig {
+            server: self.server.clone(),
+            namespace,
+            locale,
+            read_only,
+            node_id: self.node_id.clone(),
+            zone: self.zone.clone(),
+            fanout,
+            staging: self.cache_dir.join("staging"),
+            // SAFETY: getuid/getgid cannot fail.
+            uid: unsafe { libc::getuid() },
+            gid: unsafe { libc::getgid() },
+        }
+    }
 }
 
 /// What this agent holds and serves to peers: its block cache and its in-place files.
@@ -208,6 +238,17 @@ struct AgentHandler {
     cfg: AgentConfig,
     data_addr: String,
     blocks: Arc<AgentBlocks>,
+    hosted: Option<Arc<HostedMounts>>,
+}
+
+impl AgentHandler {
+    fn hosted(&self) -> Result<&HostedMounts, Status> {
+        self.hosted.as_deref().ok_or_else(|| {
+            Status::failed_precondition(
+                "this agent does not host mounts (start it with --host-mounts)",
+            )
+        })
+    }
 }
 
 fn status_of(e: ClientError) -> Status {
@@ -288,6 +329,21 @@ impl Agent for AgentHandler {
             bytes_served: self.blocks.bytes_served.load(Ordering::Relaxed),
             blocks_served: self.blocks.blocks_served.load(Ordering::Relaxed),
         }))
+    }
+
+    async fn mount(&self, req: Request<MountRequest>) -> Result<Response<MountResponse>, Status> {
+        let hosted = self.hosted()?;
+        let already_mounted = hosted.mount(req.into_inner()).await?;
+        Ok(Response::new(MountResponse { already_mounted }))
+    }
+
+    async fn unmount(
+        &self,
+        req: Request<UnmountRequest>,
+    ) -> Result<Response<UnmountResponse>, Status> {
+        let hosted = self.hosted()?;
+        hosted.unmount(&req.into_inner().mountpoint).await?;
+        Ok(Response::new(UnmountResponse {}))
     }
 
     async fn receive(
@@ -462,10 +518,15 @@ impl AgentProcess {
         let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
         };
+        let hosted = self
+            .cfg
+            .host_mounts
+            .then(|| Arc::new(HostedMounts::new(self.cfg.clone(), self.blocks.clone())));
         let handler = AgentHandler {
             cfg: self.cfg.clone(),
             data_addr,
             blocks: self.blocks.clone(),
+            hosted: hosted.clone(),
         };
         let svc = AgentServer::new(handler)
             .max_decoding_message_size(crate::net::MAX_RPC_MESSAGE)
@@ -482,6 +543,9 @@ impl AgentProcess {
             let _ = stop_tx.send(true);
         };
         let (u, p, ()) = tokio::join!(unix, peer, stopper);
+        if let Some(h) = hosted {
+            h.stop_all().await;
+        }
         heartbeat.abort();
         let _ = std::fs::remove_file(&self.cfg.socket);
         self.blocks.db.flush()?;

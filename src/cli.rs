@@ -54,6 +54,33 @@ pub enum Cmd {
     Up(UpArgs),
     /// Show a broadcast window: its quorum, members and tree.
     Window(WindowCmdArgs),
+    /// Mount a namespace in this node's agent (one started with --host-mounts).
+    Attach(AttachArgs),
+    /// Unmount a mount that `kt attach` made.
+    Detach(DetachArgs),
+}
+
+#[derive(Args)]
+pub struct AttachArgs {
+    pub mountpoint: PathBuf,
+    /// Default locale of files written through the mount.
+    #[arg(long, value_enum, default_value_t = LocaleArg::Store)]
+    pub locale: LocaleArg,
+    /// Refuse every write with EROFS.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Readers of one version per source (default the server's).
+    #[arg(long, default_value_t = 0)]
+    pub fanout: u32,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args)]
+pub struct DetachArgs {
+    pub mountpoint: PathBuf,
+    #[command(flatten)]
+    pub common: Common,
 }
 
 #[derive(Args, Clone)]
@@ -275,6 +302,10 @@ pub struct AgentArgs {
     pub zone: String,
     #[arg(long, default_value_t = 5)]
     pub heartbeat_secs: u64,
+    /// Mount namespaces in this process when asked over the socket (`kt attach`): one agent
+    /// and one cache for every mount of the node.
+    #[arg(long)]
+    pub host_mounts: bool,
 }
 
 #[derive(Args)]
@@ -489,6 +520,54 @@ pub async fn get(mut a: GetArgs) -> Result<()> {
     Ok(())
 }
 
+pub async fn attach(a: AttachArgs) -> Result<()> {
+    let ns = namespace(&a.common)?;
+    let mountpoint = std::path::absolute(&a.mountpoint)?;
+    std::fs::create_dir_all(&mountpoint)?;
+    let mut agent = client::connect_agent(&a.common.agent).await?;
+    let r = agent
+        .mount(crate::proto::MountRequest {
+            mountpoint: mountpoint.display().to_string(),
+            namespace: ns.to_string(),
+            locale: Locale::from(a.locale) as i32,
+            read_only: a.read_only,
+            fanout: a.fanout,
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+        .into_inner();
+    if !a.common.json {
+        println!(
+            "{} namespace {ns} at {}",
+            if r.already_mounted {
+                "already mounted:"
+            } else {
+                "mounted"
+            },
+            mountpoint.display()
+        );
+    } else {
+        print_json(&serde_json::json!({
+            "mountpoint": mountpoint,
+            "namespace": ns.to_string(),
+            "already_mounted": r.already_mounted,
+        }))?;
+    }
+    Ok(())
+}
+
+pub async fn detach(a: DetachArgs) -> Result<()> {
+    let mountpoint = std::path::absolute(&a.mountpoint)?;
+    let mut agent = client::connect_agent(&a.common.agent).await?;
+    agent
+        .unmount(crate::proto::UnmountRequest {
+            mountpoint: mountpoint.display().to_string(),
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
+    Ok(())
+}
+
 pub async fn window(mut a: WindowCmdArgs) -> Result<()> {
     let _forward = reach_store(&mut a.common).await?;
     let mut store = client::connect_store(&a.common.server).await?;
@@ -665,6 +744,7 @@ fn agent_config(a: AgentArgs) -> AgentConfig {
         node_id: a.node_id.unwrap_or_else(hostname),
         zone: a.zone,
         heartbeat: Duration::from_secs(a.heartbeat_secs.max(1)),
+        host_mounts: a.host_mounts,
     }
 }
 
@@ -707,20 +787,12 @@ fn fs_config(
     read_only: bool,
     fanout: u32,
 ) -> Result<FsConfig> {
-    let cfg = agent.config();
-    Ok(FsConfig {
-        server: cfg.server.clone(),
-        namespace: Namespace::parse(namespace)?,
-        locale: locale.into(),
+    Ok(agent.config().fs_config(
+        Namespace::parse(namespace)?,
+        locale.into(),
         read_only,
-        node_id: cfg.node_id.clone(),
-        zone: cfg.zone.clone(),
         fanout,
-        staging: cfg.cache_dir.join("staging"),
-        // SAFETY: getuid/getgid cannot fail.
-        uid: unsafe { libc::getuid() },
-        gid: unsafe { libc::getgid() },
-    })
+    ))
 }
 
 /// Runs an agent with its filesystem mounted until signalled or unmounted.
@@ -739,7 +811,7 @@ async fn run_mounted(agent: AgentProcess, mounted: Mounted) -> Result<()> {
 pub async fn mount(a: MountArgs) -> Result<()> {
     let agent = start_agent(agent_config(a.agent)).await?;
     let fs = fs_config(&agent, &a.namespace, a.locale, a.read_only, a.fanout)?;
-    let mounted = crate::mount::mount(&agent, fs, &a.mountpoint)?;
+    let mounted = crate::mount::mount(agent.blocks(), fs, &a.mountpoint)?;
     print_agent_ready(&agent);
     println!("mounted at {}", a.mountpoint.display());
     run_mounted(agent, mounted).await
@@ -775,6 +847,7 @@ pub async fn up(a: UpArgs) -> Result<()> {
         node_id: hostname(),
         zone: String::new(),
         heartbeat: crate::agent::DEFAULT_HEARTBEAT,
+        host_mounts: false,
     })
     .await?;
     println!("kt server listening on {server_addr}");
@@ -784,7 +857,7 @@ pub async fn up(a: UpArgs) -> Result<()> {
         agent.run(shutdown_signal()).await
     } else {
         let fs = fs_config(&agent, Namespace::DEFAULT, LocaleArg::Store, false, 0)?;
-        let mounted = crate::mount::mount(&agent, fs, &a.mountpoint)?;
+        let mounted = crate::mount::mount(agent.blocks(), fs, &a.mountpoint)?;
         println!(
             "mounted at {}; data in {}; Ctrl-C to stop",
             a.mountpoint.display(),

@@ -22,6 +22,7 @@ pub mod fanout;
 pub mod fs;
 pub mod get;
 pub mod hash;
+pub mod hosted;
 pub mod inflight;
 pub mod k8s;
 pub mod key;

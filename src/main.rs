@@ -20,6 +20,8 @@ async fn main() {
         Cmd::Ls(a) => (false, a.common.verbose),
         Cmd::Rm(a) => (false, a.common.verbose),
         Cmd::Window(a) => (false, a.common.verbose),
+        Cmd::Attach(a) => (false, a.common.verbose),
+        Cmd::Detach(a) => (false, a.common.verbose),
     };
     let default = if daemon || verbose { "info" } else { "warn" };
     tracing_subscriber::fmt()
@@ -38,6 +40,8 @@ async fn main() {
         Cmd::Mount(a) => cli::mount(a).await,
         Cmd::Up(a) => cli::up(a).await,
         Cmd::Window(a) => cli::window(a).await,
+        Cmd::Attach(a) => cli::attach(a).await,
+        Cmd::Detach(a) => cli::detach(a).await,
     };
     if let Err(e) = result {
         let msg = format!("{e:#}").replace('\n', " ");

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use fuser::{Config, MountOption, SessionACL};
 
-use crate::agent::AgentProcess;
+use crate::agent::AgentBlocks;
 use crate::fs::fuse::FuseAdapter;
 use crate::fs::{FsConfig, FsCore};
 
@@ -31,14 +31,15 @@ pub struct Mounted {
     pub mountpoint: PathBuf,
 }
 
-/// Mounts the filesystem for `agent` at `mountpoint`, ready when this returns.
-pub fn mount(agent: &AgentProcess, cfg: FsConfig, mountpoint: &Path) -> Result<Mounted> {
+/// Mounts the filesystem over an agent's `blocks` at `mountpoint`, ready when this returns.
+/// Runs inside the agent's tokio runtime (a blocking thread of it will do).
+pub fn mount(blocks: Arc<AgentBlocks>, cfg: FsConfig, mountpoint: &Path) -> Result<Mounted> {
     std::fs::create_dir_all(mountpoint)
         .with_context(|| format!("creating {}", mountpoint.display()))?;
     let core = Arc::new(FsCore::new(
         cfg.clone(),
         tokio::runtime::Handle::current(),
-        agent.blocks(),
+        blocks,
     )?);
     let mut config = Config::default();
     config.mount_options = vec![

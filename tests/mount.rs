@@ -488,3 +488,125 @@ fn mount_readers_spread_over_sources_within_the_fanout() {
     assert!(fs::read(b.path("w")).unwrap() == data);
     assert!(fs::read(cc.path("w")).unwrap() == data);
 }
+
+/// `kt attach`: one agent (`--host-mounts`) mounts several namespaces in its own process.
+#[test]
+fn one_agent_hosts_the_mounts_of_several_namespaces() {
+    let c = Cluster::new("127.0.0.124");
+    let dir = c.path("node");
+    let sock = dir.join("agent.sock");
+    let mut args = vec!["agent".to_string()];
+    args.extend(
+        [
+            "--server",
+            &c.server.addr,
+            "--listen",
+            "127.0.0.125:0",
+            "--cache-dir",
+            dir.join("cache").to_str().unwrap(),
+            "--socket",
+            sock.to_str().unwrap(),
+            "--node-id",
+            "node-1",
+            "--host-mounts",
+        ]
+        .map(String::from),
+    );
+    let agent = spawn_ready(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let (a, b) = (dir.join("mnt-a"), dir.join("mnt-b"));
+    let (a_s, b_s) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let attach = |args: &[&str]| {
+        let mut all = vec!["attach"];
+        all.extend_from_slice(args);
+        kt_with(&c.server.addr, &sock, &all)
+    };
+    let ok = |out: std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // A multi-block file in team-b, read through team-b's mount of the same agent.
+    let big = c.path("big.bin");
+    fs::write(&big, pseudo_random(9 * MIB + 3, 24)).unwrap();
+    c.ok(
+        None,
+        &[
+            "put",
+            "big.bin",
+            "--src",
+            big.to_str().unwrap(),
+            "-n",
+            "team-b",
+        ],
+    );
+
+    assert!(ok(attach(&[a_s, "-n", "team-a"])).contains("mounted namespace team-a"));
+    assert!(ok(attach(&[b_s, "-n", "team-b", "--read-only"])).contains("mounted namespace team-b"));
+    assert!(is_mounted(&a) && is_mounted(&b));
+    // Asking again is success; another namespace on a taken mountpoint is not.
+    assert!(ok(attach(&[a_s, "-n", "team-a"])).contains("already mounted"));
+    let out = attach(&[a_s, "-n", "team-b"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already the mount of namespace team-a"));
+
+    fs::write(a.join("hello.txt"), b"hi from a").unwrap();
+    let ls_a: serde_json::Value =
+        serde_json::from_str(&c.ok(None, &["ls", "-n", "team-a", "--json"])).unwrap();
+    assert_eq!(ls_names(&ls_a), vec!["hello.txt"]);
+    assert!(
+        fs::read(b.join("hello.txt")).is_err(),
+        "namespaces are apart"
+    );
+    assert!(fs::read(b.join("big.bin")).unwrap() == fs::read(&big).unwrap());
+    let err = fs::write(b.join("new"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+    // The reader's blocks are in the one agent's cache: it becomes a source of them (its
+    // registration is sent in the background, so a get may still find only the store).
+    let mut n = 0;
+    let mut last = String::new();
+    let served = eventually(SETTLE, || {
+        n += 1;
+        let dest = c.path(&format!("got-{n}.bin"));
+        let out = c.ok(
+            None,
+            &[
+                "get",
+                "big.bin",
+                "-n",
+                "team-b",
+                "--dest",
+                dest.to_str().unwrap(),
+                "--json",
+            ],
+        );
+        assert!(fs::read(&dest).unwrap() == fs::read(&big).unwrap());
+        last = out.clone();
+        let get: serde_json::Value = serde_json::from_str(&out).unwrap();
+        listed_sources(&get) == ["node-1"]
+    });
+    assert!(served, "the hosting agent never served the blocks: {last}");
+
+    ok(kt_with(&c.server.addr, &sock, &["detach", a_s]));
+    assert!(!is_mounted(&a));
+    assert!(is_mounted(&b));
+    assert!(fs::read(b.join("big.bin")).unwrap() == fs::read(&big).unwrap());
+    let out = kt_with(&c.server.addr, &sock, &["detach", a_s]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not mounted by this agent"));
+
+    // Stopping the agent unmounts what it hosts.
+    assert!(agent.stop().success());
+    assert!(!is_mounted(&b));
+
+    // An agent started without --host-mounts says so.
+    let plain = start_agent("127.0.0.125", &c.server.addr, &c.path("plain"), "node-2");
+    let out = kt_with(
+        &c.server.addr,
+        &plain.socket,
+        &["attach", c.path("mnt-c").to_str().unwrap()],
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--host-mounts"));
+}

@@ -1,10 +1,11 @@
-//! One `kt mount` per namespace on the node, shared by every volume of that namespace.
+//! One node agent for every namespace mounted on this node: one block cache, one node id.
 //!
-//! Namespace `NS` is mounted at `STATE_DIR/mounts/NS` by a `kt mount` process (the node agent
-//! with its FUSE mount; cache `CACHE_DIR/NS`, socket `STATE_DIR/agents/NS.sock`, log
-//! `STATE_DIR/logs/NS.log`). The process is started in its own session, so it outlives kt-csi:
-//! a restarted kt-csi finds the mount in the mount table and keeps using it, and the volumes
-//! published from it never notice.
+//! The agent is `kt agent --host-mounts` (cache `CACHE_DIR`, socket `STATE_DIR/agents/node.sock`,
+//! pid `STATE_DIR/agents/node.pid`, log `STATE_DIR/logs/node.log`); namespace `NS` is mounted in
+//! its process at `STATE_DIR/mounts/NS` (`kt attach`), shared by every volume of that namespace.
+//! The agent is started in its own session, so it outlives kt-csi: a restarted kt-csi finds the
+//! mounts in the mount table and the agent on its socket, and the volumes published from them
+//! never notice.
 
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom};
@@ -25,18 +26,18 @@ pub struct AgentsConfig {
     pub kt: PathBuf,
     /// The store server, host:port.
     pub server: String,
-    /// This node's id; the agent of namespace NS registers as `NODE/NS`.
+    /// This node's id; the node agent registers with the store under it.
     pub node_id: String,
-    /// Block caches live in `CACHE_DIR/NS`.
+    /// The node agent's block cache.
     pub cache_dir: PathBuf,
     pub state_dir: PathBuf,
     /// Address the agents listen on for peers (port chosen by the system).
     pub agent_ip: String,
-    /// Byte budget of each namespace's cache (`kt mount --cache-size`), or kt's default.
+    /// Byte budget of the node's cache (`kt agent --cache-size`), or kt's default.
     pub cache_size: Option<String>,
     /// Topology zone passed to the agents.
     pub zone: Option<String>,
-    /// How long a new `kt mount` may take to appear in the mount table.
+    /// How long a new agent may take to answer on its socket.
     pub mount_timeout: Duration,
 }
 
@@ -58,20 +59,22 @@ pub enum AgentError {
     },
     #[error("the ktfs mount at {0} does not respond")]
     Hung(PathBuf),
-    #[error("kt mount for namespace {ns} exited ({status}) before mounting; its log says: {log}")]
+    #[error("the node agent exited ({status}) before it answered; its log says: {log}")]
     Exited {
-        ns: String,
         status: std::process::ExitStatus,
         log: String,
     },
-    #[error(
-        "kt mount for namespace {ns} did not mount {path} within {secs} s; its log says: {log}"
-    )]
+    #[error("the node agent did not answer on {path} within {secs} s; its log says: {log}")]
     Timeout {
-        ns: String,
         path: PathBuf,
         secs: u64,
         log: String,
+    },
+    #[error("mounting namespace {ns} at {path}: {message}")]
+    Attach {
+        ns: String,
+        path: PathBuf,
+        message: String,
     },
 }
 
@@ -80,7 +83,7 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
     move |source| AgentError::Io { what, source }
 }
 
-/// The namespace mounts of this node.
+/// The node agent and its namespace mounts.
 #[derive(Debug, Clone)]
 pub struct Agents {
     cfg: AgentsConfig,
@@ -99,21 +102,21 @@ impl Agents {
         self.cfg.state_dir.join("mounts").join(ns)
     }
 
-    pub fn log_path(&self, ns: &str) -> PathBuf {
-        self.cfg.state_dir.join("logs").join(format!("{ns}.log"))
+    pub fn log_path(&self) -> PathBuf {
+        self.cfg.state_dir.join("logs").join("node.log")
     }
 
-    pub fn pid_path(&self, ns: &str) -> PathBuf {
-        self.cfg.state_dir.join("agents").join(format!("{ns}.pid"))
+    pub fn pid_path(&self) -> PathBuf {
+        self.cfg.state_dir.join("agents").join("node.pid")
     }
 
-    fn socket_path(&self, ns: &str) -> PathBuf {
-        self.cfg.state_dir.join("agents").join(format!("{ns}.sock"))
+    fn socket_path(&self) -> PathBuf {
+        self.cfg.state_dir.join("agents").join("node.sock")
     }
 
-    /// The pid recorded for namespace `ns`'s `kt mount`, if any.
-    pub fn pid(&self, ns: &str) -> Option<u32> {
-        std::fs::read_to_string(self.pid_path(ns))
+    /// The pid recorded for the node agent, if any.
+    pub fn pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.pid_path())
             .ok()?
             .trim()
             .parse()
@@ -121,8 +124,8 @@ impl Agents {
     }
 
     /// The mount point of namespace `ns`, mounted and answering: an existing mount is reused
-    /// (also one started by an earlier kt-csi), a dead one is detached and replaced, and
-    /// otherwise a new `kt mount` is started. Blocking.
+    /// (also one made for an earlier kt-csi), a dead one is detached and made again, and the
+    /// node agent is started first if it does not answer. Blocking.
     pub fn ensure(&self, ns: &str) -> Result<PathBuf, AgentError> {
         let mp = self.mountpoint(ns);
         match mounts::lookup(&mp)? {
@@ -131,7 +134,7 @@ impl Agents {
                 Probe::Hangs => return Err(AgentError::Hung(mp)),
                 Probe::Fails(err) => {
                     tracing::warn!(namespace = ns, mountpoint = %mp.display(), error = %err,
-                        "the ktfs mount's agent is gone; detaching it and starting a new one");
+                        "the ktfs mount's agent is gone; detaching it and mounting again");
                     mounts::detach(&mp)?;
                 }
             },
@@ -144,24 +147,62 @@ impl Agents {
             }
             None => {}
         }
-        self.start(ns, &mp)?;
+        if !self.agent_answers() {
+            self.start_agent()?;
+        }
+        self.attach(ns, &mp)?;
         Ok(mp)
     }
 
-    /// Starts `kt mount` for `ns` in its own session and waits until its mount shows in the
-    /// mount table.
-    fn start(&self, ns: &str, mp: &Path) -> Result<(), AgentError> {
+    fn agent_answers(&self) -> bool {
+        std::os::unix::net::UnixStream::connect(self.socket_path()).is_ok()
+    }
+
+    /// Asks the node agent to mount `ns` at `mp` (`kt attach`), and checks the mount table.
+    fn attach(&self, ns: &str, mp: &Path) -> Result<(), AgentError> {
+        std::fs::create_dir_all(mp).map_err(io(format!("creating {}", mp.display())))?;
+        let out = Command::new(&self.cfg.kt)
+            .arg("attach")
+            .arg(mp)
+            .args(["--namespace", ns])
+            .arg("--agent")
+            .arg(self.socket_path())
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(io(format!("running {} attach", self.cfg.kt.display())))?;
+        let attach_err = |message: String| AgentError::Attach {
+            ns: ns.to_string(),
+            path: mp.to_path_buf(),
+            message,
+        };
+        if !out.status.success() {
+            let msg = String::from_utf8_lossy(&out.stderr);
+            return Err(attach_err(
+                msg.split_whitespace().collect::<Vec<_>>().join(" "),
+            ));
+        }
+        if !mounts::lookup(mp)?.is_some_and(|e| e.is_ktfs(ns)) {
+            return Err(attach_err(
+                "the agent answered but the mount is not there".into(),
+            ));
+        }
+        tracing::info!(namespace = ns, mountpoint = %mp.display(), "namespace mounted");
+        Ok(())
+    }
+
+    /// Starts the node agent in its own session and waits until it answers on its socket.
+    fn start_agent(&self) -> Result<(), AgentError> {
         let cfg = &self.cfg;
-        let cache = cfg.cache_dir.join(ns);
         for d in [
-            &cache,
+            &cfg.cache_dir,
             &cfg.state_dir.join("mounts"),
             &cfg.state_dir.join("agents"),
             &cfg.state_dir.join("logs"),
         ] {
             std::fs::create_dir_all(d).map_err(io(format!("creating {}", d.display())))?;
         }
-        let log_path = self.log_path(ns);
+        let log_path = self.log_path();
         let log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -172,15 +213,13 @@ impl Agents {
             .try_clone()
             .map_err(io(format!("opening {}", log_path.display())))?;
         let mut cmd = Command::new(&cfg.kt);
-        cmd.arg("mount")
-            .arg(mp)
-            .args(["--server", &cfg.server, "--namespace", ns])
+        cmd.args(["agent", "--host-mounts", "--server", &cfg.server])
             .arg("--cache-dir")
-            .arg(&cache)
+            .arg(&cfg.cache_dir)
             .arg("--socket")
-            .arg(self.socket_path(ns))
+            .arg(self.socket_path())
             .args(["--listen", &format!("{}:0", cfg.agent_ip)])
-            .args(["--node-id", &format!("{}/{ns}", cfg.node_id)]);
+            .args(["--node-id", &cfg.node_id]);
         if let Some(size) = &cfg.cache_size {
             cmd.args(["--cache-size", size]);
         }
@@ -202,25 +241,20 @@ impl Agents {
                 Ok(())
             });
         }
-        tracing::info!(namespace = ns, mountpoint = %mp.display(), kt = %cfg.kt.display(),
-            "starting kt mount");
+        tracing::info!(kt = %cfg.kt.display(), "starting the node agent");
         let mut child = cmd
             .spawn()
             .map_err(io(format!("starting {}", cfg.kt.display())))?;
-        let pid_path = self.pid_path(ns);
+        let pid_path = self.pid_path();
         std::fs::write(&pid_path, format!("{}\n", child.id()))
             .map_err(io(format!("writing {}", pid_path.display())))?;
         let deadline = Instant::now() + cfg.mount_timeout;
-        loop {
-            if mounts::lookup(mp)?.is_some_and(|e| e.is_ktfs(ns)) {
-                break;
-            }
+        while !self.agent_answers() {
             if let Some(status) = child
                 .try_wait()
-                .map_err(io("waiting for kt mount".to_string()))?
+                .map_err(io("waiting for the node agent".to_string()))?
             {
                 return Err(AgentError::Exited {
-                    ns: ns.to_string(),
                     status,
                     log: log_tail(&log_path, log_start),
                 });
@@ -229,26 +263,24 @@ impl Agents {
                 let _ = child.kill();
                 let _ = child.wait();
                 return Err(AgentError::Timeout {
-                    ns: ns.to_string(),
-                    path: mp.to_path_buf(),
+                    path: self.socket_path(),
                     secs: cfg.mount_timeout.as_secs(),
                     log: log_tail(&log_path, log_start),
                 });
             }
             std::thread::sleep(POLL);
         }
-        tracing::info!(namespace = ns, pid = child.id(), "kt mount is mounted");
+        tracing::info!(pid = child.id(), "the node agent answers");
         // Reap it when it ends, so that it never lingers as a zombie of this process.
-        let ns = ns.to_string();
         std::thread::spawn(move || match child.wait() {
-            Ok(status) => tracing::info!(namespace = ns, %status, "kt mount ended"),
-            Err(e) => tracing::warn!(namespace = ns, error = %e, "waiting for kt mount"),
+            Ok(status) => tracing::info!(%status, "the node agent ended"),
+            Err(e) => tracing::warn!(error = %e, "waiting for the node agent"),
         });
         Ok(())
     }
 }
 
-/// What `kt mount` wrote to its log since `from` (its last 2 KiB), on one line.
+/// What the node agent wrote to its log since `from` (its last 2 KiB), on one line.
 fn log_tail(path: &Path, from: u64) -> String {
     const MAX: u64 = 2048;
     let mut s = String::new();

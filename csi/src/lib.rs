@@ -1,10 +1,10 @@
 //! kt-csi: the ktfs CSI driver. A PVC of the ktfs StorageClass is a key prefix in a ktfs
-//! namespace; publishing it on a node bind-mounts that prefix, seen through the node's shared
-//! `kt mount` of the namespace, into the pod.
+//! namespace; publishing it on a node bind-mounts that prefix, seen through the node agent's
+//! shared mount of the namespace, into the pod.
 //!
 //! The gRPC handlers ([`identity`], [`controller`], [`node`]) only check requests and map
-//! errors; volumes are [`volume`], the mount table and mount calls [`mounts`], the per-namespace
-//! `kt mount` processes [`agents`], and node publishing [`publish`].
+//! errors; volumes are [`volume`], the mount table and mount calls [`mounts`], the node agent
+//! and its namespace mounts [`agents`], and node publishing [`publish`].
 
 pub mod agents;
 pub mod capability;

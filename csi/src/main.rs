@@ -16,13 +16,13 @@ struct Args {
     /// The CSI endpoint to serve.
     #[arg(long, env = "CSI_ENDPOINT", default_value = "unix:///csi/csi.sock")]
     endpoint: String,
-    /// This node's name (NodeGetInfo; the agents register as NODE/NAMESPACE).
+    /// This node's name (NodeGetInfo; the node agent registers under it).
     #[arg(long, env = "KT_NODE_ID")]
     node_id: String,
     /// The store server, host:port.
     #[arg(long, env = "KT_SERVER")]
     server: String,
-    /// Where the namespace agents keep their block caches (one subdirectory per namespace).
+    /// Where the node agent keeps its block cache (one for every namespace).
     #[arg(long, default_value = "/var/cache/kt")]
     cache_dir: PathBuf,
     /// Serve the Controller service too (CreateVolume, DeleteVolume).

@@ -391,7 +391,7 @@ async fn publish_read_write_read_only_unpublish_and_delete() {
     within(c.node.node_publish_volume(publish_req(&vol_a, &t1, false)))
         .await
         .unwrap();
-    let pid = dirs.agent_pid(ns).expect("a kt mount for the namespace");
+    let pid = dirs.agent_pid().expect("the node agent");
     assert!(alive(pid));
     std::fs::write(t1.join("hello.txt"), b"hello from a pod\n").unwrap();
     std::fs::create_dir(t1.join("sub")).unwrap();
@@ -433,7 +433,7 @@ async fn publish_read_write_read_only_unpublish_and_delete() {
     within(c.node.node_publish_volume(publish_req(&vol_b, &t2, false)))
         .await
         .unwrap();
-    assert_eq!(dirs.agent_pid(ns), Some(pid));
+    assert_eq!(dirs.agent_pid(), Some(pid));
     let ns_mounts = mount_points()
         .into_iter()
         .filter(|m| *m == dirs.ns_mount(ns))
@@ -484,7 +484,32 @@ async fn publish_read_write_read_only_unpublish_and_delete() {
         std::fs::read(t4.join("data.bin")).unwrap(),
         pattern(300_000, 1)
     );
-    assert_eq!(dirs.agent_pid(ns), Some(pid));
+    assert_eq!(dirs.agent_pid(), Some(pid));
+
+    // A volume of another namespace: mounted by the same node agent, one cache for both.
+    let t5 = pods.join("pod5-other-ns");
+    within(c.node.node_publish_volume(NodePublishVolumeRequest {
+        volume_id: "csi-fedcba9876543210".into(),
+        target_path: t5.display().to_string(),
+        volume_capability: Some(mount_cap(Mode::SingleNodeWriter)),
+        readonly: false,
+        volume_context: map(&[
+            ("csi.storage.k8s.io/ephemeral", "true"),
+            ("csi.storage.k8s.io/pod.name", "other"),
+            ("namespace", "csi-other"),
+            ("prefix", "x"),
+        ]),
+        ..Default::default()
+    }))
+    .await
+    .unwrap();
+    std::fs::write(t5.join("o.txt"), b"other namespace").unwrap();
+    assert!(eventually(Duration::from_secs(10), || store
+        .ls("csi-other", Some("x"))
+        .contains(&"o.txt".to_string())));
+    assert!(mount_points().contains(&dirs.ns_mount("csi-other")));
+    assert!(!t1.join("o.txt").exists());
+    assert_eq!(dirs.agent_pid(), Some(pid));
 
     // Bad publish requests.
     let mut r = publish_req(&vol_a, &pods.join("x"), false);
@@ -599,7 +624,7 @@ async fn restarted_plugin_keeps_mounts_serving() {
         .unwrap();
     let data = pattern(2 << 20, 7);
     std::fs::write(t1.join("model.bin"), &data).unwrap();
-    let pid = dirs.agent_pid(ns).expect("kt mount pid");
+    let pid = dirs.agent_pid().expect("the node agent's pid");
 
     // A pod reads the file over and over while the plugin is killed and restarted.
     let stop = Arc::new(AtomicBool::new(false));
@@ -633,7 +658,7 @@ async fn restarted_plugin_keeps_mounts_serving() {
         })
     };
     let mut reader = Some(reader);
-    let log_path = dirs.state().join("logs").join(format!("{ns}.log"));
+    let log_path = dirs.state().join("logs").join("node.log");
     // Waits for `n` more good reads; a reader that stopped fails the test with its error.
     let mut more_reads = |n: u64, when: &str| {
         let start = reads.load(Ordering::Relaxed);
@@ -647,14 +672,14 @@ async fn restarted_plugin_keeps_mounts_serving() {
             let listed =
                 String::from_utf8_lossy(&store.kt(&["ls", "-r", "-n", ns, "--json"]).stdout)
                     .into_owned();
-            let staged = std::fs::read_dir(dirs.cache().join(ns).join("staging"))
+            let staged = std::fs::read_dir(dirs.cache().join("staging"))
                 .map(|d| {
                     d.filter_map(|e| e.ok())
                         .map(|e| (e.file_name(), e.metadata().map(|m| m.len()).ok()))
                         .collect::<Vec<_>>()
                 })
                 .unwrap_or_default();
-            panic!("the reader stopped {when}: {result:?}\nstore lists: {listed}\nstaging: {staged:?}\nkt mount's log:\n{log}");
+            panic!("the reader stopped {when}: {result:?}\nstore lists: {listed}\nstaging: {staged:?}\nthe node agent's log:\n{log}");
         }
         assert!(ok, "fewer than {n} reads {when}");
     };
@@ -662,7 +687,7 @@ async fn restarted_plugin_keeps_mounts_serving() {
     drop(c);
     csi.kill();
     more_reads(3, "while kt-csi was down");
-    assert!(alive(pid), "kt mount must outlive kt-csi");
+    assert!(alive(pid), "the node agent must outlive kt-csi");
 
     let _csi = start_csi(&dirs, &store, "127.0.0.93", true);
     let mut c = connect(&dirs.socket()).await;
@@ -671,7 +696,7 @@ async fn restarted_plugin_keeps_mounts_serving() {
     within(c.node.node_publish_volume(publish_req(&vol, &t2, true)))
         .await
         .unwrap();
-    assert_eq!(dirs.agent_pid(ns), Some(pid));
+    assert_eq!(dirs.agent_pid(), Some(pid));
     assert_eq!(std::fs::read(t2.join("model.bin")).unwrap(), data);
     // Republishing the first target (the kubelet does this after a restart) is a no-op.
     within(c.node.node_publish_volume(publish_req(&vol, &t1, false)))

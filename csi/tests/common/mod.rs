@@ -199,9 +199,9 @@ impl CsiDirs {
         std::fs::create_dir_all(&p).unwrap();
         p
     }
-    /// The pid of namespace `ns`'s `kt mount`, from kt-csi's state.
-    pub fn agent_pid(&self, ns: &str) -> Option<u32> {
-        std::fs::read_to_string(self.state().join("agents").join(format!("{ns}.pid")))
+    /// The pid of the node agent that hosts every namespace's mount, from kt-csi's state.
+    pub fn agent_pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.state().join("agents").join("node.pid"))
             .ok()?
             .trim()
             .parse()
@@ -223,7 +223,7 @@ impl Drop for CsiDirs {
         for m in mounted.iter().filter(|m| !m.starts_with(self.state())) {
             lazy_umount(m);
         }
-        // The namespace agents: SIGTERM (they unmount), then SIGKILL if they linger.
+        // The node agent: SIGTERM (it unmounts), then SIGKILL if it lingers.
         if let Ok(entries) = std::fs::read_dir(self.state().join("agents")) {
             for e in entries.flatten() {
                 let p = e.path();
