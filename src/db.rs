@@ -104,6 +104,8 @@ impl Db {
         Ok(pinned.map(|v| Bytes::copy_from_slice(&v)))
     }
 
+    /// Whether `key` is there. It reads the value: for a family of blob-file values keep an
+    /// index family and ask that (see `meta::CF_BLOCK_INDEX`).
     pub fn contains(&self, family: &'static str, key: &[u8]) -> Result<bool, DbError> {
         let cf = self.cf(family)?;
         if !self.inner.key_may_exist_cf(cf, key) {

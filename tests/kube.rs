@@ -4,10 +4,7 @@
 mod common;
 mod kube_api;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
 
 use common::*;
 use kube_api::{FakeApi, World};
@@ -160,37 +157,18 @@ fn no_running_store_pod_is_a_clear_error() {
 /// Starts `kt agent` as a pod would run it (NODE_NAME from the downward API, no zone given) with
 /// the API reachable through KUBECONFIG; returns its ready line.
 fn agent_ready_line(server: &str, api: &FakeApi, dir: &std::path::Path, node: &str) -> String {
-    let cfg = api.kubeconfig(dir);
-    let mut child = Command::new(kt_bin())
-        .args(["agent", "--server", server, "--listen", "127.0.0.133:0"])
+    let mut cmd = Command::new(kt_bin());
+    cmd.args(["agent", "--server", server, "--listen", "127.0.0.133:0"])
         .arg("--cache-dir")
         .arg(dir.join(format!("cache-{node}")))
         .arg("--socket")
         .arg(dir.join(format!("{node}.sock")))
         .args(["--node-id", node])
-        .env("KUBECONFIG", &cfg)
+        .env("KUBECONFIG", api.kubeconfig(dir))
         .env("NODE_NAME", node)
         .env_remove("KT_ZONE")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn kt agent");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.contains("listening on") {
-                let _ = tx.send(line);
-            }
-        }
-    });
-    let line = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("agent ready");
-    let _ = child.kill();
-    let _ = child.wait();
-    line
+        .env("RUST_LOG", "warn");
+    spawn_ready_cmd(cmd).ready_line.clone()
 }
 
 #[test]

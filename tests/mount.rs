@@ -494,25 +494,14 @@ fn mount_readers_spread_over_sources_within_the_fanout() {
 fn one_agent_hosts_the_mounts_of_several_namespaces() {
     let c = Cluster::new("127.0.0.124");
     let dir = c.path("node");
-    let sock = dir.join("agent.sock");
-    let mut args = vec!["agent".to_string()];
-    args.extend(
-        [
-            "--server",
-            &c.server.addr,
-            "--listen",
-            "127.0.0.125:0",
-            "--cache-dir",
-            dir.join("cache").to_str().unwrap(),
-            "--socket",
-            sock.to_str().unwrap(),
-            "--node-id",
-            "node-1",
-            "--host-mounts",
-        ]
-        .map(String::from),
+    let agent = start_agent_with(
+        "127.0.0.125",
+        &c.server.addr,
+        &dir,
+        "node-1",
+        &["--host-mounts"],
     );
-    let agent = spawn_ready(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let sock = agent.socket.clone();
     let (a, b) = (dir.join("mnt-a"), dir.join("mnt-b"));
     let (a_s, b_s) = (a.to_str().unwrap(), b.to_str().unwrap());
     let attach = |args: &[&str]| {
@@ -597,7 +586,7 @@ fn one_agent_hosts_the_mounts_of_several_namespaces() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not mounted by this agent"));
 
     // Stopping the agent unmounts what it hosts.
-    assert!(agent.stop().success());
+    assert!(agent.proc.stop().success());
     assert!(!is_mounted(&b));
 
     // An agent started without --host-mounts says so.

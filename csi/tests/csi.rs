@@ -57,6 +57,24 @@ fn unpublish_req(volume_id: &str, target: &Path) -> NodeUnpublishVolumeRequest {
     }
 }
 
+/// The processes whose command line names a socket in kt-csi's `agents/` state directory.
+fn agent_processes(dirs: &CsiDirs) -> Vec<u32> {
+    let agents = dirs.state().join("agents").display().to_string();
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            String::from_utf8_lossy(&cmdline)
+                .contains(&agents)
+                .then_some(pid)
+        })
+        .collect();
+    pids.sort();
+    pids
+}
+
 /// Runs a gRPC call with a bound, so that a hang fails the test instead of stalling it.
 async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(120), f)
@@ -510,6 +528,8 @@ async fn publish_read_write_read_only_unpublish_and_delete() {
     assert!(mount_points().contains(&dirs.ns_mount("csi-other")));
     assert!(!t1.join("o.txt").exists());
     assert_eq!(dirs.agent_pid(), Some(pid));
+    // One agent process serves both namespaces (none was started per namespace).
+    assert_eq!(agent_processes(&dirs), vec![pid]);
 
     // Bad publish requests.
     let mut r = publish_req(&vol_a, &pods.join("x"), false);

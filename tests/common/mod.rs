@@ -17,6 +17,8 @@ pub struct Proc {
     pub child: Child,
     /// The address it printed when ready.
     pub addr: String,
+    /// The whole line it printed when ready.
+    pub ready_line: String,
 }
 
 impl Proc {
@@ -43,9 +45,15 @@ impl Drop for Proc {
 /// Starts `kt ARGS` and waits (on its output, not on a clock) for its ready line; returns the
 /// address that follows `listening on `.
 pub fn spawn_ready(args: &[&str]) -> Proc {
-    let mut child = Command::new(kt_bin())
-        .args(args)
-        .env("RUST_LOG", "warn")
+    let mut cmd = Command::new(kt_bin());
+    cmd.args(args).env("RUST_LOG", "warn");
+    spawn_ready_cmd(cmd)
+}
+
+/// [`spawn_ready`] for a command the caller prepared (its own environment, say).
+pub fn spawn_ready_cmd(mut cmd: Command) -> Proc {
+    let what = format!("{cmd:?}");
+    let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -56,19 +64,28 @@ pub fn spawn_ready(args: &[&str]) -> Proc {
         let mut lines = BufReader::new(stdout).lines();
         for line in lines.by_ref() {
             let Ok(line) = line else { break };
-            if let Some(rest) = line.split("listening on ").nth(1) {
-                let addr = rest.split([',', ' ']).next().unwrap_or("").to_string();
-                let _ = tx.send(addr);
+            if line.contains("listening on ") {
+                let _ = tx.send(line);
                 break;
             }
         }
         // Keep draining so the child never blocks on a full pipe.
         for _ in lines {}
     });
-    let addr = rx
+    let line = rx
         .recv_timeout(Duration::from_secs(60))
-        .unwrap_or_else(|_| panic!("kt {args:?} did not become ready"));
-    Proc { child, addr }
+        .unwrap_or_else(|_| panic!("{what} did not become ready"));
+    let addr = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|rest| rest.split([',', ' ']).next())
+        .unwrap_or("")
+        .to_string();
+    Proc {
+        child,
+        addr,
+        ready_line: line,
+    }
 }
 
 pub fn start_server(ip: &str, data_dir: &Path) -> Proc {
@@ -118,8 +135,20 @@ fn spawn_ready_owned(args: Vec<String>) -> Proc {
 }
 
 pub fn start_agent(ip: &str, server: &str, dir: &Path, node_id: &str) -> AgentProc {
+    start_agent_with(ip, server, dir, node_id, &[])
+}
+
+/// [`start_agent`] with more flags.
+pub fn start_agent_with(
+    ip: &str,
+    server: &str,
+    dir: &Path,
+    node_id: &str,
+    extra: &[&str],
+) -> AgentProc {
     let mut args = vec!["agent".to_string()];
     args.extend(agent_args(ip, server, dir, node_id));
+    args.extend(extra.iter().map(|a| a.to_string()));
     AgentProc {
         proc: spawn_ready_owned(args),
         socket: dir.join("agent.sock"),
