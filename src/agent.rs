@@ -24,19 +24,22 @@ use crate::cache::{BlockCache, CF_CACHE, CF_CACHE_INDEX};
 use crate::client::{self, ClientError};
 use crate::dataplane::{BlockServe, Pending};
 use crate::db::{BatchOp, Db};
+use crate::fs::inode::CF_INODES;
 use crate::fs::FsConfig;
 use crate::hash::{BlockHash, Version};
 use crate::hosted::HostedMounts;
 use crate::inflight::{Inflight, Place, PENDING_WAIT};
+use crate::keeper::KeeperClient;
 use crate::key::Namespace;
 use crate::manifest::{self, EntryKind, Manifest};
+use crate::mount::Stop;
 use crate::proto::agent_server::{Agent, AgentServer};
 use crate::proto::*;
 
 pub const CF_LOCAL: &str = "local";
 /// Per-directory settings of the mount (`user.kt.locale`).
 pub const CF_XATTR: &str = "xattr";
-const FAMILIES: &[&str] = &[CF_CACHE, CF_CACHE_INDEX, CF_LOCAL, CF_XATTR];
+const FAMILIES: &[&str] = &[CF_CACHE, CF_CACHE_INDEX, CF_LOCAL, CF_XATTR, CF_INODES];
 
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 
@@ -56,6 +59,9 @@ pub struct AgentConfig {
     pub heartbeat: Duration,
     /// Mount namespaces in this process on request over the socket (`kt attach`).
     pub host_mounts: bool,
+    /// The FUSE device keeper this agent runs under (`kt keeper`): hosted mounts are handed to
+    /// it and taken back from it at start.
+    pub fd_keeper: Option<PathBuf>,
 }
 
 impl AgentConfig {
@@ -522,6 +528,23 @@ impl AgentProcess {
             .cfg
             .host_mounts
             .then(|| Arc::new(HostedMounts::new(self.cfg.clone(), self.blocks.clone())));
+        let keeper = self.cfg.fd_keeper.clone().map(KeeperClient::new);
+        if let (Some(h), Some(k)) = (&hosted, &keeper) {
+            match h.resume_kept(k.clone()).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(mounts = n, "serving the mounts of the previous agent"),
+                Err(e) => tracing::error!(error = %e, "could not ask the keeper for its mounts"),
+            }
+        }
+        // Under a keeper, SIGUSR1 hands the mounts over to the next agent instead of
+        // unmounting them (an upgrade).
+        let handover = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut usr1 = match keeper {
+            Some(_) => Some(tokio::signal::unix::signal(
+                tokio::signal::unix::SignalKind::user_defined1(),
+            )?),
+            None => None,
+        };
         let handler = AgentHandler {
             cfg: self.cfg.clone(),
             data_addr,
@@ -538,13 +561,35 @@ impl AgentProcess {
                 wait(stop_rx.clone()),
             );
         let peer = crate::net::serve(self.listener, None, self.blocks.clone(), wait(stop_rx));
+        let handing_over = handover.clone();
         let stopper = async move {
-            shutdown.await;
+            let usr1 = async {
+                match usr1.as_mut() {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = shutdown => {}
+                _ = usr1 => handing_over.store(true, std::sync::atomic::Ordering::SeqCst),
+            }
             let _ = stop_tx.send(true);
         };
         let (u, p, ()) = tokio::join!(unix, peer, stopper);
         if let Some(h) = hosted {
-            h.stop_all().await;
+            if handover.load(std::sync::atomic::Ordering::SeqCst) {
+                h.stop_all(Stop::Handover).await;
+                heartbeat.abort();
+                self.blocks.db.flush()?;
+                // The FUSE threads still take requests; leave now rather than let them meet a
+                // runtime that is shutting down (errors a reader would see). What they had
+                // read and not answered, the kernel resends to the next agent.
+                tracing::info!("mounts handed over to the next agent");
+                std::process::exit(0);
+            }
+            h.stop_all(Stop::Unmount).await;
         }
         heartbeat.abort();
         let _ = std::fs::remove_file(&self.cfg.socket);

@@ -15,6 +15,7 @@ use crate::get::{self, GetOptions};
 use crate::key::{KeyPath, Namespace};
 use crate::manifest::DEFAULT_BLOCK_SIZE;
 use crate::mount::Mounted;
+use crate::mount::Stop;
 use crate::proto::{ListRequest, Locale, RemoveRequest, WindowSpec};
 use crate::put::{self, PutOptions};
 use crate::scan::ScanOptions;
@@ -58,6 +59,19 @@ pub enum Cmd {
     Attach(AttachArgs),
     /// Unmount a mount that `kt attach` made.
     Detach(DetachArgs),
+    /// Run a node agent under a keeper of its FUSE devices: when the agent dies it is started
+    /// again on the same mounts, and readers see a pause, not an error.
+    Keeper(KeeperArgs),
+}
+
+#[derive(Args)]
+pub struct KeeperArgs {
+    /// The keeper's socket; the agent finds it in KT_FD_KEEPER.
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// The agent's command line, after `--` (e.g. `-- kt agent --host-mounts ...`).
+    #[arg(last = true, required = true)]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 #[derive(Args)]
@@ -306,6 +320,10 @@ pub struct AgentArgs {
     /// and one cache for every mount of the node.
     #[arg(long)]
     pub host_mounts: bool,
+    /// The keeper of this agent's FUSE devices (set by `kt keeper`): hosted mounts survive
+    /// the agent.
+    #[arg(long, env = crate::keeper::ENV)]
+    pub fd_keeper: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -745,6 +763,7 @@ fn agent_config(a: AgentArgs) -> AgentConfig {
         zone: a.zone,
         heartbeat: Duration::from_secs(a.heartbeat_secs.max(1)),
         host_mounts: a.host_mounts,
+        fd_keeper: a.fd_keeper,
     }
 }
 
@@ -802,7 +821,12 @@ async fn run_mounted(agent: AgentProcess, mounted: Mounted) -> Result<()> {
         let mut rx = stop_rx;
         let _ = rx.wait_for(|s| *s).await;
     }));
-    mounted.serve_until(shutdown_signal()).await;
+    mounted
+        .serve_until(async {
+            shutdown_signal().await;
+            Stop::Unmount
+        })
+        .await;
     let _ = stop_tx.send(true);
     agent_task.await??;
     Ok(())
@@ -815,6 +839,18 @@ pub async fn mount(a: MountArgs) -> Result<()> {
     print_agent_ready(&agent);
     println!("mounted at {}", a.mountpoint.display());
     run_mounted(agent, mounted).await
+}
+
+pub async fn keeper(a: KeeperArgs) -> Result<()> {
+    let (program, args) = a
+        .command
+        .split_first()
+        .context("no agent command after --")?;
+    let code = crate::keeper::supervise(&a.socket, program, args).await?;
+    if code != 0 {
+        std::process::exit(code);
+    }
+    Ok(())
 }
 
 pub async fn up(a: UpArgs) -> Result<()> {
@@ -848,6 +884,7 @@ pub async fn up(a: UpArgs) -> Result<()> {
         zone: String::new(),
         heartbeat: crate::agent::DEFAULT_HEARTBEAT,
         host_mounts: false,
+        fd_keeper: None,
     })
     .await?;
     println!("kt server listening on {server_addr}");

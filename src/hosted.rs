@@ -14,7 +14,9 @@ use tokio::task::JoinHandle;
 use tonic::Status;
 
 use crate::agent::{AgentBlocks, AgentConfig};
+use crate::keeper::{KeeperClient, KeeperError};
 use crate::key::Namespace;
+use crate::mount::{Mounted, Stop};
 use crate::proto::{Locale, MountRequest};
 
 #[derive(Debug, thiserror::Error)]
@@ -47,7 +49,7 @@ impl From<HostError> for Status {
 struct Hosted {
     namespace: String,
     read_only: bool,
-    stop: oneshot::Sender<()>,
+    stop: oneshot::Sender<Stop>,
     /// Ends when the mount is gone: stopped here, or unmounted from outside.
     done: JoinHandle<()>,
 }
@@ -99,35 +101,59 @@ impl HostedMounts {
             .cfg
             .fs_config(ns.clone(), locale, req.read_only, req.fanout);
         let (blocks, at) = (self.blocks.clone(), mp.clone());
-        let mounted = tokio::task::spawn_blocking(move || crate::mount::mount(blocks, fs, &at))
-            .await
-            .map_err(|e| HostError::Mount {
-                path: req.mountpoint.clone(),
-                reason: e.to_string(),
-            })?
-            .map_err(|e| HostError::Mount {
-                path: req.mountpoint.clone(),
-                reason: format!("{e:#}"),
-            })?;
-        let (stop, stopped) = oneshot::channel::<()>();
-        let done = tokio::spawn(async move {
-            mounted
-                .serve_until(async {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
-        tracing::info!(namespace = %ns, mountpoint = %mp.display(), read_only = req.read_only, "mounted");
-        table.insert(
-            mp,
-            Hosted {
-                namespace: ns.to_string(),
-                read_only: req.read_only,
-                stop,
-                done,
-            },
-        );
+        let keeper = self.cfg.fd_keeper.clone().map(KeeperClient::new);
+        let (path, read_only) = (req.mountpoint.clone(), req.read_only);
+        let mounted = tokio::task::spawn_blocking(move || match keeper {
+            Some(k) => crate::mount::mount_kept(blocks, fs, k, req),
+            None => crate::mount::mount(blocks, fs, &at),
+        })
+        .await;
+        let mounted = flatten(&path, mounted)?;
+        tracing::info!(namespace = %ns, mountpoint = %mp.display(), read_only, "mounted");
+        table.insert(mp, host(ns.to_string(), read_only, mounted));
         Ok(false)
+    }
+
+    /// Serves again every mount the keeper held for an agent that died (see `crate::keeper`).
+    /// A mount that cannot be taken over is logged and left to the keeper.
+    pub async fn resume_kept(&self, keeper: KeeperClient) -> Result<usize, KeeperError> {
+        let kept = {
+            let k = keeper.clone();
+            tokio::task::spawn_blocking(move || k.list())
+                .await
+                .map_err(|e| KeeperError::Protocol(e.to_string()))??
+        };
+        let mut table = self.table.lock().await;
+        let mut resumed = 0;
+        for (record, fd) in kept {
+            let req = record.mount.clone().unwrap_or_default();
+            let (path, read_only) = (req.mountpoint.clone(), req.read_only);
+            let ns = match Namespace::parse(&req.namespace) {
+                Ok(ns) => ns,
+                Err(e) => {
+                    tracing::warn!(mountpoint = %path, error = %e, "a kept mount with a bad namespace");
+                    continue;
+                }
+            };
+            let locale = Locale::try_from(req.locale).unwrap_or(Locale::Store);
+            let fs = self
+                .cfg
+                .fs_config(ns.clone(), locale, req.read_only, req.fanout);
+            let (blocks, k) = (self.blocks.clone(), keeper.clone());
+            let mounted = tokio::task::spawn_blocking(move || {
+                crate::mount::resume(blocks, fs, k, record, fd)
+            })
+            .await;
+            match flatten(&path, mounted) {
+                Ok(m) => {
+                    tracing::info!(namespace = %ns, mountpoint = %path, "took over a kept mount");
+                    table.insert(PathBuf::from(&path), host(ns.to_string(), read_only, m));
+                    resumed += 1;
+                }
+                Err(e) => tracing::error!(error = %e, "could not take over a kept mount"),
+            }
+        }
+        Ok(resumed)
     }
 
     /// Unmounts a hosted mount, publishing what is still open for writing first.
@@ -138,21 +164,49 @@ impl HostedMounts {
             .await
             .remove(&PathBuf::from(mountpoint))
             .ok_or_else(|| HostError::NotMounted(mountpoint.to_string()))?;
-        finish(h).await;
+        finish(h, Stop::Unmount).await;
         tracing::info!(mountpoint, "unmounted");
         Ok(())
     }
 
-    /// Unmounts everything (the agent is stopping).
-    pub async fn stop_all(&self) {
+    /// Ends every mount (the agent is stopping): unmounts it, or leaves it to the keeper for
+    /// the next agent.
+    pub async fn stop_all(&self, how: Stop) {
         let all: Vec<Hosted> = self.table.lock().await.drain().map(|(_, h)| h).collect();
         for h in all {
-            finish(h).await;
+            finish(h, how).await;
         }
     }
 }
 
-async fn finish(h: Hosted) {
-    let _ = h.stop.send(());
+fn flatten(
+    path: &str,
+    r: Result<anyhow::Result<Mounted>, tokio::task::JoinError>,
+) -> Result<Mounted, HostError> {
+    let err = |reason: String| HostError::Mount {
+        path: path.to_string(),
+        reason,
+    };
+    r.map_err(|e| err(e.to_string()))?
+        .map_err(|e| err(format!("{e:#}")))
+}
+
+fn host(namespace: String, read_only: bool, mounted: Mounted) -> Hosted {
+    let (stop, stopped) = oneshot::channel::<Stop>();
+    let done = tokio::spawn(async move {
+        mounted
+            .serve_until(async { stopped.await.unwrap_or(Stop::Unmount) })
+            .await;
+    });
+    Hosted {
+        namespace,
+        read_only,
+        stop,
+        done,
+    }
+}
+
+async fn finish(h: Hosted, how: Stop) {
+    let _ = h.stop.send(how);
     let _ = h.done.await;
 }

@@ -25,6 +25,7 @@ pub mod hash;
 pub mod hosted;
 pub mod inflight;
 pub mod k8s;
+pub mod keeper;
 pub mod key;
 pub mod manifest;
 pub mod meta;

@@ -14,7 +14,9 @@ async fn main() {
     }
     let cli = Cli::parse();
     let (daemon, verbose) = match &cli.cmd {
-        Cmd::Server(_) | Cmd::Agent(_) | Cmd::Mount(_) | Cmd::Up(_) => (true, false),
+        Cmd::Server(_) | Cmd::Agent(_) | Cmd::Mount(_) | Cmd::Up(_) | Cmd::Keeper(_) => {
+            (true, false)
+        }
         Cmd::Put(a) => (false, a.common.verbose),
         Cmd::Get(a) => (false, a.common.verbose),
         Cmd::Ls(a) => (false, a.common.verbose),
@@ -42,6 +44,7 @@ async fn main() {
         Cmd::Window(a) => cli::window(a).await,
         Cmd::Attach(a) => cli::attach(a).await,
         Cmd::Detach(a) => cli::detach(a).await,
+        Cmd::Keeper(a) => cli::keeper(a).await,
     };
     if let Err(e) = result {
         let msg = format!("{e:#}").replace('\n', " ");

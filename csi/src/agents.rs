@@ -3,12 +3,15 @@
 //! The agent is `kt agent --host-mounts` (cache `CACHE_DIR`, socket `STATE_DIR/agents/node.sock`,
 //! pid `STATE_DIR/agents/node.pid`, log `STATE_DIR/logs/node.log`); namespace `NS` is mounted in
 //! its process at `STATE_DIR/mounts/NS` (`kt attach`), shared by every volume of that namespace.
-//! The agent is started in its own session, so it outlives kt-csi: a restarted kt-csi finds the
-//! mounts in the mount table and the agent on its socket, and the volumes published from them
-//! never notice.
+//! The agent runs under `kt keeper` (socket `STATE_DIR/agents/keeper.sock`), which holds the
+//! mounts' FUSE devices and starts the agent again when it dies: readers of a volume see a
+//! pause, never "transport endpoint is not connected". Both are started in their own session,
+//! so they outlive kt-csi: a restarted kt-csi finds the mounts in the mount table and the agent
+//! on its socket, and the volumes published from them never notice.
 
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -114,6 +117,10 @@ impl Agents {
         self.cfg.state_dir.join("agents").join("node.sock")
     }
 
+    fn keeper_path(&self) -> PathBuf {
+        self.cfg.state_dir.join("agents").join("keeper.sock")
+    }
+
     /// The pid recorded for the node agent, if any.
     pub fn pid(&self) -> Option<u32> {
         std::fs::read_to_string(self.pid_path())
@@ -148,14 +155,19 @@ impl Agents {
             None => {}
         }
         if !self.agent_answers() {
-            self.start_agent()?;
+            if UnixStream::connect(self.keeper_path()).is_ok() {
+                // The keeper is restarting its agent.
+                self.wait_for_agent(None)?;
+            } else {
+                self.start_agent()?;
+            }
         }
         self.attach(ns, &mp)?;
         Ok(mp)
     }
 
     fn agent_answers(&self) -> bool {
-        std::os::unix::net::UnixStream::connect(self.socket_path()).is_ok()
+        UnixStream::connect(self.socket_path()).is_ok()
     }
 
     /// Asks the node agent to mount `ns` at `mp` (`kt attach`), and checks the mount table.
@@ -213,7 +225,12 @@ impl Agents {
             .try_clone()
             .map_err(io(format!("opening {}", log_path.display())))?;
         let mut cmd = Command::new(&cfg.kt);
-        cmd.args(["agent", "--host-mounts", "--server", &cfg.server])
+        cmd.arg("keeper")
+            .arg("--socket")
+            .arg(self.keeper_path())
+            .arg("--")
+            .arg(&cfg.kt)
+            .args(["agent", "--host-mounts", "--server", &cfg.server])
             .arg("--cache-dir")
             .arg(&cfg.cache_dir)
             .arg("--socket")
@@ -231,8 +248,8 @@ impl Agents {
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err));
-        // SAFETY: setsid is async-signal-safe; the child gets its own session and process group,
-        // so neither a signal to kt-csi's group nor kt-csi's death reaches it.
+        // SAFETY: setsid is async-signal-safe; the keeper gets its own session and process
+        // group, so neither a signal to kt-csi's group nor kt-csi's death reaches it.
         unsafe {
             cmd.pre_exec(|| {
                 if libc::setsid() < 0 {
@@ -241,41 +258,58 @@ impl Agents {
                 Ok(())
             });
         }
-        tracing::info!(kt = %cfg.kt.display(), "starting the node agent");
+        tracing::info!(kt = %cfg.kt.display(), "starting the node agent under its keeper");
         let mut child = cmd
             .spawn()
             .map_err(io(format!("starting {}", cfg.kt.display())))?;
         let pid_path = self.pid_path();
         std::fs::write(&pid_path, format!("{}\n", child.id()))
             .map_err(io(format!("writing {}", pid_path.display())))?;
-        let deadline = Instant::now() + cfg.mount_timeout;
+        let waited = self.wait_for_agent(Some((&mut child, log_start)));
+        if waited.is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return waited;
+        }
+        tracing::info!(keeper = child.id(), "the node agent answers");
+        // Reap the keeper when it ends, so that it never lingers as a zombie of this process.
+        std::thread::spawn(move || match child.wait() {
+            Ok(status) => tracing::info!(%status, "the node agent's keeper ended"),
+            Err(e) => tracing::warn!(error = %e, "waiting for the node agent's keeper"),
+        });
+        Ok(())
+    }
+
+    /// Waits until the node agent answers on its socket; `started` is the keeper this process
+    /// just started (whose exit ends the wait) and where its log began.
+    fn wait_for_agent(
+        &self,
+        mut started: Option<(&mut std::process::Child, u64)>,
+    ) -> Result<(), AgentError> {
+        let log_path = self.log_path();
+        let log_start = started.as_ref().map_or(0, |(_, at)| *at);
+        let deadline = Instant::now() + self.cfg.mount_timeout;
         while !self.agent_answers() {
-            if let Some(status) = child
-                .try_wait()
-                .map_err(io("waiting for the node agent".to_string()))?
-            {
-                return Err(AgentError::Exited {
-                    status,
-                    log: log_tail(&log_path, log_start),
-                });
+            if let Some((child, _)) = started.as_mut() {
+                if let Some(status) = child
+                    .try_wait()
+                    .map_err(io("waiting for the node agent".to_string()))?
+                {
+                    return Err(AgentError::Exited {
+                        status,
+                        log: log_tail(&log_path, log_start),
+                    });
+                }
             }
             if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
                 return Err(AgentError::Timeout {
                     path: self.socket_path(),
-                    secs: cfg.mount_timeout.as_secs(),
+                    secs: self.cfg.mount_timeout.as_secs(),
                     log: log_tail(&log_path, log_start),
                 });
             }
             std::thread::sleep(POLL);
         }
-        tracing::info!(pid = child.id(), "the node agent answers");
-        // Reap it when it ends, so that it never lingers as a zombie of this process.
-        std::thread::spawn(move || match child.wait() {
-            Ok(status) => tracing::info!(%status, "the node agent ended"),
-            Err(e) => tracing::warn!(error = %e, "waiting for the node agent"),
-        });
         Ok(())
     }
 }

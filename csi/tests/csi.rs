@@ -57,7 +57,8 @@ fn unpublish_req(volume_id: &str, target: &Path) -> NodeUnpublishVolumeRequest {
     }
 }
 
-/// The processes whose command line names a socket in kt-csi's `agents/` state directory.
+/// The `kt agent` processes whose command line names a socket in kt-csi's `agents/` state
+/// directory (not their keeper, whose command line names it too).
 fn agent_processes(dirs: &CsiDirs) -> Vec<u32> {
     let agents = dirs.state().join("agents").display().to_string();
     let mut pids: Vec<u32> = std::fs::read_dir("/proc")
@@ -66,13 +67,25 @@ fn agent_processes(dirs: &CsiDirs) -> Vec<u32> {
         .filter_map(|e| {
             let pid = e.file_name().to_str()?.parse().ok()?;
             let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-            String::from_utf8_lossy(&cmdline)
-                .contains(&agents)
-                .then_some(pid)
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            (args.get(1) == Some(&&b"agent"[..])
+                && String::from_utf8_lossy(&cmdline).contains(&agents))
+            .then_some(pid)
         })
         .collect();
     pids.sort();
     pids
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces; the state and ppid follow it.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// Runs a gRPC call with a bound, so that a hang fails the test instead of stalling it.
@@ -528,8 +541,11 @@ async fn publish_read_write_read_only_unpublish_and_delete() {
     assert!(mount_points().contains(&dirs.ns_mount("csi-other")));
     assert!(!t1.join("o.txt").exists());
     assert_eq!(dirs.agent_pid(), Some(pid));
-    // One agent process serves both namespaces (none was started per namespace).
-    assert_eq!(agent_processes(&dirs), vec![pid]);
+    // One agent process serves both namespaces (none was started per namespace), under the
+    // keeper kt-csi started.
+    let agents = agent_processes(&dirs);
+    assert_eq!(agents.len(), 1, "{agents:?}");
+    assert_eq!(parent_of(agents[0]), Some(pid));
 
     // Bad publish requests.
     let mut r = publish_req(&vol_a, &pods.join("x"), false);
@@ -724,6 +740,19 @@ async fn restarted_plugin_keeps_mounts_serving() {
         .unwrap();
     more_reads(3, "after the restart");
 
+    // The node agent itself dies: its keeper starts another on the same mounts, and the reader
+    // only waits.
+    let agents = agent_processes(&dirs);
+    assert_eq!(agents.len(), 1, "one node agent: {agents:?}");
+    // SAFETY: killing the agent process this test's kt-csi started.
+    unsafe { libc::kill(agents[0] as i32, libc::SIGKILL) };
+    more_reads(3, "after the node agent was killed");
+    let restarted = agent_processes(&dirs);
+    assert!(
+        restarted.len() == 1 && restarted != agents,
+        "a new node agent: {agents:?} -> {restarted:?}"
+    );
+
     stop.store(true, Ordering::Relaxed);
     let result = reader
         .take()
@@ -731,7 +760,7 @@ async fn restarted_plugin_keeps_mounts_serving() {
         .join()
         .expect("reader thread");
     assert_eq!(result, Ok(()), "the reader saw an error");
-    assert!(reads.load(Ordering::Relaxed) >= 9);
+    assert!(reads.load(Ordering::Relaxed) >= 12);
 
     for t in [&t1, &t2] {
         within(

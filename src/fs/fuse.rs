@@ -3,7 +3,7 @@
 
 use std::ffi::OsStr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -14,6 +14,7 @@ use fuser::{
 };
 
 use super::{Attr, FsCore, FsError, Kind};
+use crate::proto::FuseInit;
 
 /// How long the kernel may trust attributes and names. Short, so that keys published elsewhere
 /// show up soon; changes made through this mount are returned fresh in their replies.
@@ -21,11 +22,21 @@ const TTL: Duration = Duration::from_secs(1);
 
 pub struct FuseAdapter {
     core: Arc<FsCore>,
+    /// What the kernel offered at FUSE_INIT, kept so that a restarted agent can replay it.
+    init: Arc<Mutex<Option<FuseInit>>>,
 }
 
 impl FuseAdapter {
     pub fn new(core: Arc<FsCore>) -> Self {
-        FuseAdapter { core }
+        FuseAdapter {
+            core,
+            init: Arc::default(),
+        }
+    }
+
+    /// Where the kernel's FUSE_INIT offer is recorded once the session's handshake is done.
+    pub fn init_record(&self) -> Arc<Mutex<Option<FuseInit>>> {
+        self.init.clone()
     }
 }
 
@@ -86,10 +97,19 @@ macro_rules! reply_or {
 
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let _ = config
-            .set_max_readahead(4 << 20)
-            .or_else(|max| config.set_max_readahead(max));
+        // Asking for more than the kernel allows tells what it allows.
+        let offered = config.set_max_readahead(u32::MAX).err().unwrap_or(u32::MAX);
+        let _ = config.set_max_readahead((4 << 20).min(offered));
         let _ = config.set_max_write(1 << 20);
+        let abi = config.kernel_abi();
+        if let Ok(mut init) = self.init.lock() {
+            *init = Some(FuseInit {
+                major: abi.0,
+                minor: abi.1,
+                max_readahead: offered,
+                flags: config.capabilities().bits(),
+            });
+        }
         Ok(())
     }
 
@@ -246,7 +266,7 @@ impl Filesystem for FuseAdapter {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -256,7 +276,7 @@ impl Filesystem for FuseAdapter {
     ) {
         reply_or!(
             reply,
-            self.core.read(fh.0, offset, size),
+            self.core.read(ino.0, fh.0, offset, size),
             |d: bytes::Bytes| { reply.data(&d) }
         )
     }

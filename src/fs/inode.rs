@@ -6,12 +6,101 @@
 
 use std::collections::HashMap;
 
+use crate::db::Db;
+
 pub const ROOT: u64 = 1;
+/// The agent's column family of inode journals (`Journal`).
+pub const CF_INODES: &str = "inodes";
+/// The kernel reference count given to inodes restored from a journal: the real count died
+/// with the agent that kept it, so they stay until the mount ends.
+const HELD: u64 = u64::MAX / 2;
+/// The journal's record of how far inode numbers were handed out, ahead by `RESERVE`, so that
+/// a restarted agent never hands out a number the kernel may have seen.
+const NEXT_KEY: u64 = u64::MAX;
+const RESERVE: u64 = 4096;
+
+/// The inodes the kernel holds, written through to the agent's database, so that an agent
+/// restarted on a kept mount (`crate::keeper`) still knows what the kernel's inode numbers
+/// name. Only inodes the kernel took a reference to are written: one write per first lookup,
+/// rename or last forget, none on the read path.
+pub struct Journal {
+    db: Db,
+    /// Key prefix of this mount: its mountpoint and a NUL.
+    tag: Vec<u8>,
+}
+
+impl Journal {
+    pub fn new(db: Db, mountpoint: &str) -> Self {
+        let mut tag = mountpoint.as_bytes().to_vec();
+        tag.push(0);
+        Journal { db, tag }
+    }
+
+    fn key(&self, ino: u64) -> Vec<u8> {
+        let mut k = self.tag.clone();
+        k.extend_from_slice(&ino.to_be_bytes());
+        k
+    }
+
+    fn put(&self, ino: u64, path: &str) {
+        if let Err(e) = self.db.put(CF_INODES, &self.key(ino), path.as_bytes()) {
+            tracing::warn!(error = %e, "could not record an inode");
+        }
+    }
+
+    fn delete(&self, ino: u64) {
+        if let Err(e) = self.db.delete(CF_INODES, &self.key(ino)) {
+            tracing::warn!(error = %e, "could not forget an inode");
+        }
+    }
+
+    fn reserve(&self, upto: u64) {
+        if let Err(e) = self
+            .db
+            .put(CF_INODES, &self.key(NEXT_KEY), &upto.to_be_bytes())
+        {
+            tracing::warn!(error = %e, "could not record inode numbers");
+        }
+    }
+
+    fn reserved(&self) -> u64 {
+        self.db
+            .get(CF_INODES, &self.key(NEXT_KEY))
+            .ok()
+            .flatten()
+            .and_then(|v| v.try_into().ok().map(u64::from_be_bytes))
+            .unwrap_or(ROOT + 1)
+    }
+
+    fn entries(&self) -> Vec<(u64, String)> {
+        let rows = self
+            .db
+            .scan_prefix(CF_INODES, &self.tag)
+            .unwrap_or_default();
+        rows.into_iter()
+            .filter_map(|(k, v)| {
+                let ino = u64::from_be_bytes(k.get(self.tag.len()..)?.try_into().ok()?);
+                (ino != NEXT_KEY).then_some(())?;
+                Some((ino, String::from_utf8(v).ok()?))
+            })
+            .collect()
+    }
+
+    fn clear(&self) {
+        for (ino, _) in self.entries() {
+            self.delete(ino);
+        }
+        self.delete(NEXT_KEY);
+    }
+}
 
 pub struct Inodes {
     by_ino: HashMap<u64, (String, u64)>,
     by_path: HashMap<String, u64>,
     next: u64,
+    /// Numbers below this are recorded as handed out in the journal.
+    reserved: u64,
+    journal: Option<Journal>,
 }
 
 impl Default for Inodes {
@@ -20,6 +109,8 @@ impl Default for Inodes {
             by_ino: HashMap::new(),
             by_path: HashMap::new(),
             next: ROOT + 1,
+            reserved: 0,
+            journal: None,
         };
         t.by_ino.insert(ROOT, (String::new(), 1));
         t.by_path.insert(String::new(), ROOT);
@@ -28,6 +119,32 @@ impl Default for Inodes {
 }
 
 impl Inodes {
+    /// A table written through to `journal`: empty for a new mount, or, when `restore`, what
+    /// the journal holds (the kernel of a kept mount still uses those numbers).
+    pub fn journaled(journal: Journal, restore: bool) -> Self {
+        let mut t = Inodes::default();
+        if restore {
+            t.next = journal.reserved();
+            for (ino, path) in journal.entries() {
+                if ino == ROOT {
+                    continue;
+                }
+                t.next = t.next.max(ino + 1);
+                t.by_path.insert(path.clone(), ino);
+                t.by_ino.insert(ino, (path, HELD));
+            }
+        } else {
+            journal.clear();
+        }
+        t.journal = Some(journal);
+        t
+    }
+
+    #[cfg(test)]
+    fn ino_readonly(&self, path: &str) -> Option<u64> {
+        self.by_path.get(path).copied()
+    }
+
     pub fn path(&self, ino: u64) -> Option<String> {
         self.by_ino.get(&ino).map(|(p, _)| p.clone())
     }
@@ -39,6 +156,10 @@ impl Inodes {
         }
         let ino = self.next;
         self.next += 1;
+        if let Some(j) = self.journal.as_ref().filter(|_| self.next > self.reserved) {
+            self.reserved = self.next + RESERVE;
+            j.reserve(self.reserved);
+        }
         self.by_ino.insert(ino, (path.to_string(), 0));
         self.by_path.insert(path.to_string(), ino);
         ino
@@ -49,6 +170,11 @@ impl Inodes {
         let ino = self.ino(path);
         if let Some((_, n)) = self.by_ino.get_mut(&ino) {
             *n += 1;
+            if *n == 1 {
+                if let Some(j) = &self.journal {
+                    j.put(ino, path);
+                }
+            }
         }
         ino
     }
@@ -70,6 +196,9 @@ impl Inodes {
                     self.by_path.remove(&path);
                 }
             }
+            if let Some(j) = &self.journal {
+                j.delete(ino);
+            }
         }
     }
 
@@ -89,8 +218,13 @@ impl Inodes {
         for (old, ino) in moved {
             self.by_path.remove(&old);
             let new = format!("{to}{}", &old[from.len()..]);
-            if let Some((p, _)) = self.by_ino.get_mut(&ino) {
+            if let Some((p, refs)) = self.by_ino.get_mut(&ino) {
                 *p = new.clone();
+                if *refs > 0 {
+                    if let Some(j) = &self.journal {
+                        j.put(ino, &new);
+                    }
+                }
             }
             self.by_path.insert(new, ino);
         }
@@ -120,5 +254,43 @@ mod tests {
         assert!(t.path(ab).is_none());
         assert_ne!(t.ino("x/b"), ab);
         assert_eq!(t.path(ROOT).unwrap(), "");
+    }
+
+    #[test]
+    fn a_journaled_table_comes_back_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path(), &[CF_INODES], &[]).unwrap();
+        let mut t = Inodes::journaled(Journal::new(db.clone(), "/mnt/a"), false);
+        let a = t.lookup("a");
+        let ab = t.lookup("a/b");
+        let gone = t.lookup("gone");
+        let listed = t.ino("only-listed");
+        t.forget(gone, 1);
+        t.rename("a", "z");
+        // Another mount's journal is separate.
+        let mut other = Inodes::journaled(Journal::new(db.clone(), "/mnt/b"), false);
+        other.lookup("elsewhere");
+        drop(t);
+
+        let mut t = Inodes::journaled(Journal::new(db.clone(), "/mnt/a"), true);
+        assert_eq!(t.path(a).as_deref(), Some("z"));
+        assert_eq!(t.path(ab).as_deref(), Some("z/b"));
+        assert_eq!(t.ino("z/b"), ab);
+        assert!(t.path(gone).is_none(), "forgotten inodes are not restored");
+        assert!(
+            t.path(listed).is_none(),
+            "only what the kernel holds is journaled"
+        );
+        let new = t.lookup("new");
+        assert!(new > ab && new > listed, "new numbers never reuse old ones");
+        // The kernel's count is unknown after a restart: a forget does not drop the inode.
+        t.forget(a, 1);
+        assert_eq!(t.path(a).as_deref(), Some("z"));
+
+        // A fresh mount at the same place starts clean.
+        let t = Inodes::journaled(Journal::new(db.clone(), "/mnt/a"), false);
+        assert!(t.path(a).is_none());
+        let other = Inodes::journaled(Journal::new(db, "/mnt/b"), true);
+        assert_eq!(other.ino_readonly("elsewhere"), Some(ROOT + 1));
     }
 }

@@ -224,6 +224,27 @@ pub struct FsCore {
     started: SystemTime,
 }
 
+fn is_write(h: &Handle) -> bool {
+    matches!(h, Handle::Write(_))
+}
+
+fn lost_writer() -> FsError {
+    FsError::Io(
+        libc::EIO,
+        "the file was open for writing in an agent that has since restarted".into(),
+    )
+}
+
+impl Handle {
+    fn share(&self) -> Handle {
+        match self {
+            Handle::Read(r) => Handle::Read(r.clone()),
+            Handle::Write(w) => Handle::Write(w.clone()),
+            Handle::Dir(d) => Handle::Dir(d.clone()),
+        }
+    }
+}
+
 pub(crate) fn join(parent: &str, name: &str) -> String {
     if parent.is_empty() {
         name.to_string()
@@ -261,7 +282,22 @@ impl FsCore {
         rt: tokio::runtime::Handle,
         blocks: Arc<AgentBlocks>,
     ) -> FsResult<Self> {
+        Self::with_inodes(cfg, rt, blocks, Inodes::default())
+    }
+
+    /// A core over a given inode table (a journaled one, for a mount the keeper holds).
+    pub fn with_inodes(
+        cfg: FsConfig,
+        rt: tokio::runtime::Handle,
+        blocks: Arc<AgentBlocks>,
+        inodes: Inodes,
+    ) -> FsResult<Self> {
         std::fs::create_dir_all(&cfg.staging)?;
+        // Handles of an agent that ran before on this mount may still be in the kernel's
+        // hands; numbers drawn from the clock (one per nanosecond at most) never meet them.
+        let first_fh = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(2, |d| d.as_nanos() as u64 & !1 & (u64::MAX >> 2));
         let store = {
             let _guard = rt.enter();
             crate::client::store_lazy(&cfg.server)?
@@ -272,10 +308,10 @@ impl FsCore {
             rt,
             store,
             blocks,
-            inodes: Mutex::new(Inodes::default()),
+            inodes: Mutex::new(inodes),
             listings: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
-            next_fh: AtomicU64::new(1),
+            next_fh: AtomicU64::new(first_fh),
             staged: Mutex::new(HashMap::new()),
             opened_versions: Mutex::new(HashMap::new()),
             seeded: Arc::new(Mutex::new(HashSet::new())),
@@ -320,8 +356,10 @@ impl FsCore {
         self.inodes.lock().map_or(0, |mut t| t.ino(path))
     }
 
+    /// Handles are even for reading and odd for writing, so that a handle this process did not
+    /// make (one the kernel kept across an agent restart) still tells what it was.
     fn insert_handle(&self, h: Handle) -> u64 {
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let fh = self.next_fh.fetch_add(2, Ordering::Relaxed) | u64::from(is_write(&h));
         if let Ok(mut hs) = self.handles.lock() {
             hs.insert(fh, h);
         }
@@ -331,10 +369,32 @@ impl FsCore {
     fn handle(&self, fh: u64) -> FsResult<Handle> {
         let hs = self.handles.lock().map_err(|_| FsError::new(libc::EIO))?;
         match hs.get(&fh) {
-            Some(Handle::Read(r)) => Ok(Handle::Read(r.clone())),
-            Some(Handle::Write(w)) => Ok(Handle::Write(w.clone())),
-            Some(Handle::Dir(d)) => Ok(Handle::Dir(d.clone())),
+            Some(h) => Ok(h.share()),
+            None if fh & 1 == 1 => Err(lost_writer()),
             None => Err(FsError::new(libc::EBADF)),
+        }
+    }
+
+    /// A handle from an agent that ran before on this mount (a kept mount, see
+    /// `crate::keeper`). A reader's is opened again, on the version the key has now; a
+    /// writer's staged bytes died with that agent.
+    fn reopen(&self, ino: u64, fh: u64, dir: bool) -> FsResult<Handle> {
+        let h = if dir {
+            Handle::Dir(self.snapshot_dir(ino)?)
+        } else {
+            Handle::Read(Arc::new(self.resolve_file(&self.path_of(ino)?)?))
+        };
+        if let Ok(mut hs) = self.handles.lock() {
+            hs.insert(fh, h.share());
+        }
+        tracing::debug!(ino, fh, "reopened a handle of an earlier agent");
+        Ok(h)
+    }
+
+    fn handle_or_reopen(&self, ino: u64, fh: u64, dir: bool) -> FsResult<Handle> {
+        match self.handle(fh) {
+            Err(e) if e.errno() == libc::EBADF => self.reopen(ino, fh, dir),
+            other => other,
         }
     }
 
@@ -487,6 +547,11 @@ impl FsCore {
 
     /// Snapshots a directory for a sequence of `readdir` calls.
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {
+        let entries = self.snapshot_dir(ino)?;
+        Ok(self.insert_handle(Handle::Dir(entries)))
+    }
+
+    fn snapshot_dir(&self, ino: u64) -> FsResult<Arc<Vec<DirEntry>>> {
         let path = self.path_of(ino)?;
         if !path.is_empty() && self.stat_path(&path)?.kind != Kind::Dir {
             return Err(FsError::new(libc::ENOTDIR));
@@ -517,12 +582,12 @@ impl FsCore {
                 });
             }
         }
-        Ok(self.insert_handle(Handle::Dir(Arc::new(entries.into_values().collect()))))
+        Ok(Arc::new(entries.into_values().collect()))
     }
 
     /// Entries of an open directory from `offset` on (`.` and `..` first).
     pub fn readdir(&self, ino: u64, fh: u64, offset: u64) -> FsResult<Vec<(u64, DirEntry)>> {
-        let Handle::Dir(entries) = self.handle(fh)? else {
+        let Handle::Dir(entries) = self.handle_or_reopen(ino, fh, true)? else {
             return Err(FsError::new(libc::EBADF));
         };
         let path = self.path_of(ino)?;
@@ -556,6 +621,7 @@ impl FsCore {
         let h = self.handles.lock().ok().and_then(|mut hs| hs.remove(&fh));
         match h {
             Some(Handle::Write(s)) => self.release_staged(&s),
+            // Nothing to release for a handle of an earlier agent either.
             _ => Ok(()),
         }
     }
@@ -713,8 +779,8 @@ impl FsCore {
         }
     }
 
-    pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
-        let f = match self.handle(fh)? {
+    pub fn read(&self, ino: u64, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
+        let f = match self.handle_or_reopen(ino, fh, false)? {
             Handle::Read(f) => f,
             Handle::Write(s) => return s.read(offset, size).map(Bytes::from),
             Handle::Dir(_) => return Err(FsError::new(libc::EISDIR)),
