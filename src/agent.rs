@@ -22,7 +22,7 @@ use tonic::{Request, Response, Status};
 
 use crate::cache::{BlockCache, CF_CACHE, CF_CACHE_INDEX};
 use crate::client::{self, ClientError};
-use crate::dataplane::{BlockServe, Pending};
+use crate::dataplane::{BlockServe, Pending, Served};
 use crate::db::{BatchOp, Db};
 use crate::fs::inode::CF_INODES;
 use crate::fs::FsConfig;
@@ -198,7 +198,8 @@ fn read_place(p: &LocalBlock, hash: &BlockHash) -> Option<Bytes> {
 }
 
 impl AgentBlocks {
-    fn find(&self, hash: &BlockHash) -> Result<Option<Bytes>, String> {
+    /// The block from the cache, a local publication or a fetch in flight; not counted as served.
+    pub(crate) fn find(&self, hash: &BlockHash) -> Result<Option<Bytes>, String> {
         if let Some(v) = self.cache.get(hash).map_err(|e| e.to_string())? {
             return Ok(Some(v));
         }
@@ -214,14 +215,14 @@ impl AgentBlocks {
 }
 
 impl BlockServe for AgentBlocks {
-    fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>, String> {
+    fn get(&self, hash: &BlockHash) -> Result<Option<Served>, String> {
         let got = self.find(hash)?;
         if let Some(b) = &got {
             self.bytes_served
                 .fetch_add(b.len() as u64, Ordering::Relaxed);
             self.blocks_served.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(got)
+        Ok(got.map(Served::Bytes))
     }
 
     fn pending(&self, hash: &BlockHash) -> Option<Pending> {

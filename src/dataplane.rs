@@ -91,23 +91,65 @@ async fn write_frame<W: AsyncWrite + Unpin>(
     head: &[u8],
     body: &[u8],
 ) -> Result<(), WireError> {
-    let len = head.len() + body.len();
-    let mut h = Vec::with_capacity(5 + head.len());
-    h.push(op);
-    h.extend_from_slice(&(len as u32).to_be_bytes());
-    h.extend_from_slice(head);
-    w.write_all(&h).await?;
+    write_head(w, op, head, body.len()).await?;
     if !body.is_empty() {
         w.write_all(body).await?;
     }
     Ok(())
 }
 
+/// A frame's op, length and `head`, for a body of `body_len` bytes that the caller sends next.
+async fn write_head<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    op: u8,
+    head: &[u8],
+    body_len: usize,
+) -> Result<(), WireError> {
+    let len = head.len() + body_len;
+    let mut h = Vec::with_capacity(5 + head.len());
+    h.push(op);
+    h.extend_from_slice(&(len as u32).to_be_bytes());
+    h.extend_from_slice(head);
+    w.write_all(&h).await?;
+    Ok(())
+}
+
+/// Sends `len` bytes of `file` from its start with sendfile(2): page cache to socket, through no
+/// buffer of ours.
+async fn send_file(wr: &OwnedWriteHalf, file: &std::fs::File, len: u64) -> Result<(), WireError> {
+    let stream: &TcpStream = wr.as_ref();
+    let mut offset: libc::off_t = 0;
+    while (offset as u64) < len {
+        stream.writable().await?;
+        let left = (len - offset as u64) as usize;
+        match stream.try_io(tokio::io::Interest::WRITABLE, || {
+            nix::sys::sendfile::sendfile(stream, file, Some(&mut offset), left)
+                .map_err(std::io::Error::from)
+        }) {
+            // The file is shorter than it was when the frame's length was written: the frame
+            // cannot be finished, so the connection ends.
+            Ok(0) => return Err(WireError::BadFrame("block file shrank while being sent")),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// A block as a server holds it.
+pub enum Served {
+    Bytes(Bytes),
+    /// The whole of a file of this length, sent straight from the page cache (sendfile).
+    File(std::fs::File, u64),
+}
+
 /// What a data-plane server serves. Calls block (disk, RocksDB); the server runs them off the
 /// async threads.
 pub trait BlockServe: Send + Sync + 'static {
-    /// The block's bytes, verified to match `hash`, or `None` if this peer does not hold it.
-    fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>, String>;
+    /// The block, or `None` if this peer does not hold it. Bytes in memory must match `hash`;
+    /// a file is what was stored under `hash` (its reader verifies it, as every reader does).
+    fn get(&self, hash: &BlockHash) -> Result<Option<Served>, String>;
     /// Stores a block. Peers that take no uploads refuse.
     fn put(&self, hash: &BlockHash, data: Bytes) -> Result<(), String>;
     /// For a block this peer does not hold yet but is receiving: resolves once it may have
@@ -120,22 +162,38 @@ pub trait BlockServe: Send + Sync + 'static {
 /// See [`BlockServe::pending`].
 pub type Pending = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
-fn answer(got: Result<Option<Bytes>, String>, hash: BlockHash) -> Response {
-    match got {
-        Ok(Some(b)) => Response::Block(hash, b),
-        Ok(None) => Response::NotFound(hash),
-        Err(e) => Response::Error(e),
-    }
+/// A server's answer to one request, before it is written.
+enum Answer {
+    Frame(Response),
+    File(BlockHash, std::fs::File, u64),
 }
 
-async fn serve_get(svc: Arc<dyn BlockServe>, hash: BlockHash) -> Response {
+fn answer(got: Result<Option<Served>, String>, hash: BlockHash) -> Answer {
+    Answer::Frame(match got {
+        Ok(Some(Served::Bytes(b))) => Response::Block(hash, b),
+        Ok(Some(Served::File(f, len))) if len <= MAX_BLOCK_SIZE as u64 => {
+            return Answer::File(hash, f, len)
+        }
+        Ok(Some(Served::File(_, len))) => Response::Error(format!(
+            "block {hash} is stored with {len} bytes, over the limit"
+        )),
+        Ok(None) => Response::NotFound(hash),
+        Err(e) => Response::Error(e),
+    })
+}
+
+fn failed(e: tokio::task::JoinError) -> Answer {
+    Answer::Frame(Response::Error(format!("server task failed: {e}")))
+}
+
+async fn serve_get(svc: Arc<dyn BlockServe>, hash: BlockHash) -> Answer {
     let get = |svc: Arc<dyn BlockServe>| async move {
         tokio::task::spawn_blocking(move || answer(svc.get(&hash), hash))
             .await
-            .unwrap_or_else(|e| Response::Error(format!("server task failed: {e}")))
+            .unwrap_or_else(failed)
     };
     let first = get(svc.clone()).await;
-    if let Response::NotFound(_) = first {
+    if let Answer::Frame(Response::NotFound(_)) = first {
         if let Some(wait) = svc.pending(&hash) {
             wait.await;
             return get(svc).await;
@@ -173,13 +231,14 @@ async fn serve_inner(stream: TcpStream, svc: Arc<dyn BlockServe>) -> Result<(), 
             let job = match op {
                 OP_GET if data.is_empty() => tokio::spawn(serve_get(svc, hash)),
                 OP_PUT => tokio::task::spawn_blocking(move || {
-                    if BlockHash::of(&data) != hash {
-                        return Response::Error(format!("block {hash} does not match its hash"));
-                    }
-                    match svc.put(&hash, data) {
-                        Ok(()) => Response::Stored(hash),
-                        Err(e) => Response::Error(e),
-                    }
+                    Answer::Frame(if BlockHash::of(&data) != hash {
+                        Response::Error(format!("block {hash} does not match its hash"))
+                    } else {
+                        match svc.put(&hash, data) {
+                            Ok(()) => Response::Stored(hash),
+                            Err(e) => Response::Error(e),
+                        }
+                    })
                 }),
                 _ => return Err(WireError::BadFrame("unknown op")),
             };
@@ -191,9 +250,14 @@ async fn serve_inner(stream: TcpStream, svc: Arc<dyn BlockServe>) -> Result<(), 
     };
     let writer = async move {
         while let Some(job) = rx.recv().await {
-            let resp = job
-                .await
-                .unwrap_or_else(|e| Response::Error(format!("server task failed: {e}")));
+            let resp = match job.await.unwrap_or_else(failed) {
+                Answer::Frame(resp) => resp,
+                Answer::File(h, file, len) => {
+                    write_head(&mut wr, OP_BLOCK, h.as_bytes(), len as usize).await?;
+                    send_file(&wr, &file, len).await?;
+                    continue;
+                }
+            };
             match resp {
                 Response::Block(h, b) => write_frame(&mut wr, OP_BLOCK, h.as_bytes(), &b).await?,
                 Response::NotFound(h) => {
@@ -281,8 +345,8 @@ mod tests {
     #[derive(Default)]
     struct Mem(Mutex<HashMap<BlockHash, Bytes>>);
     impl BlockServe for Mem {
-        fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>, String> {
-            Ok(self.0.lock().unwrap().get(hash).cloned())
+        fn get(&self, hash: &BlockHash) -> Result<Option<Served>, String> {
+            Ok(self.0.lock().unwrap().get(hash).cloned().map(Served::Bytes))
         }
         fn put(&self, hash: &BlockHash, data: Bytes) -> Result<(), String> {
             self.0.lock().unwrap().insert(*hash, data);
@@ -338,5 +402,63 @@ mod tests {
         let (mut tx, mut rx) = connect(&addr).await.unwrap();
         tx.get(&BlockHash::of(&blocks[0])).await.unwrap();
         assert!(matches!(rx.recv().await.unwrap(), Response::Block(..)));
+    }
+
+    /// Serves every block from one file, whatever the hash: the file's length as it is now.
+    struct OneFile(std::path::PathBuf);
+    impl BlockServe for OneFile {
+        fn get(&self, _hash: &BlockHash) -> Result<Option<Served>, String> {
+            let f = std::fs::File::open(&self.0).map_err(|e| e.to_string())?;
+            let len = f.metadata().map_err(|e| e.to_string())?.len();
+            Ok(Some(Served::File(f, len)))
+        }
+        fn put(&self, _hash: &BlockHash, _data: Bytes) -> Result<(), String> {
+            Err("no uploads".into())
+        }
+    }
+
+    #[tokio::test]
+    async fn file_blocks_go_out_whole_with_sendfile_and_oversized_ones_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("block");
+        // Larger than a socket buffer, so sendfile returns short and waits for the reader.
+        let data: Vec<u8> = (0..(3u32 << 20)).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let svc: Arc<dyn BlockServe> = Arc::new(OneFile(path.clone()));
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = listener.accept().await.unwrap();
+                tokio::spawn(serve_connection(s, svc.clone()));
+            }
+        });
+        let (mut tx, mut rx) = connect(&addr).await.unwrap();
+        for i in 0..3u8 {
+            tx.get(&BlockHash::of(&[i])).await.unwrap();
+        }
+        for i in 0..3u8 {
+            match rx.recv().await.unwrap() {
+                Response::Block(h, d) => {
+                    assert_eq!(h, BlockHash::of(&[i]));
+                    assert!(d[..] == data[..], "block {i} came back different");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // A file over the frame limit is an error answer, and the connection goes on.
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(MAX_BLOCK_SIZE as u64 + 1)
+            .unwrap();
+        tx.get(&BlockHash::of(b"big")).await.unwrap();
+        assert!(matches!(rx.recv().await.unwrap(), Response::Error(_)));
+        std::fs::write(&path, b"small again").unwrap();
+        tx.get(&BlockHash::of(b"small")).await.unwrap();
+        assert!(
+            matches!(rx.recv().await.unwrap(), Response::Block(_, d) if &d[..] == b"small again")
+        );
     }
 }

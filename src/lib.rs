@@ -11,6 +11,7 @@ pub mod proto {
 }
 
 pub mod agent;
+pub mod blockfiles;
 pub mod broadcast;
 pub mod cache;
 pub mod cli;

@@ -10,8 +10,9 @@ use bytes::Bytes;
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
+use crate::blockfiles::BlockFiles;
 use crate::broadcast::{self, BroadcastError, Broadcasts, Joiner, NodeView, Seed};
-use crate::dataplane::BlockServe;
+use crate::dataplane::{BlockServe, Served};
 use crate::db::Db;
 use crate::hash::{BlockHash, Version};
 use crate::key::{KeyPath, Namespace};
@@ -41,7 +42,11 @@ impl From<MetaError> for Status {
             MetaError::BadRequest(_) | MetaError::Manifest(_) => {
                 (Status::invalid_argument(msg), libc::EINVAL)
             }
-            MetaError::Db(_) | MetaError::Corrupt(_) => {
+            MetaError::Blocks(ref io) if io.raw_os_error() == Some(libc::ENOSPC) => {
+                tracing::error!(error = %msg, "store failure");
+                (Status::resource_exhausted(msg), libc::ENOSPC)
+            }
+            MetaError::Db(_) | MetaError::Corrupt(_) | MetaError::Blocks(_) => {
                 tracing::error!(error = %msg, "store failure");
                 (Status::internal(msg), libc::EIO)
             }
@@ -435,11 +440,8 @@ struct StoreBlocks {
 }
 
 impl BlockServe for StoreBlocks {
-    fn get(&self, hash: &BlockHash) -> Result<Option<Bytes>, String> {
-        self.meta
-            .db()
-            .get_unverified(CF_BLOCKS, hash.as_bytes())
-            .map_err(|e| e.to_string())
+    fn get(&self, hash: &BlockHash) -> Result<Option<Served>, String> {
+        self.meta.block(hash).map_err(|e| e.to_string())
     }
 
     fn put(&self, hash: &BlockHash, data: Bytes) -> Result<(), String> {
@@ -457,10 +459,12 @@ impl StoreServerProcess {
     pub async fn bind(listen: &str, data_dir: &Path, lease: Duration) -> anyhow::Result<Self> {
         std::fs::create_dir_all(data_dir)?;
         let db = Db::open(&data_dir.join("meta.rocksdb"), FAMILIES, &[CF_BLOCKS])?;
+        let files = BlockFiles::open(&data_dir.join("blocks"))
+            .map_err(|e| anyhow::anyhow!("block directory in {}: {e}", data_dir.display()))?;
         let listener = TcpListener::bind(listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
-        let meta = MetaStore::new(db, lease);
+        let meta = MetaStore::new(db, files, lease);
         meta.index_blocks()?;
         Ok(StoreServerProcess {
             listener,

@@ -295,6 +295,28 @@ fn survives_server_restart_between_put_and_get() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(fs::read(&got).unwrap() == fs::read(&big).unwrap());
+
+    // Large blocks are plain files in the store, sent as they are on disk: one damaged there
+    // is caught by the reader's hash check, with a clear error and no destination file.
+    let fan = fs::read_dir(store.join("blocks"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .expect("no block files in the store");
+    let victim = fs::read_dir(&fan).unwrap().next().unwrap().unwrap().path();
+    let mut bytes = fs::read(&victim).unwrap();
+    bytes[1000] ^= 0xff;
+    fs::write(&victim, &bytes).unwrap();
+    let bad = dir.path().join("bad.out");
+    let out = kt_with(
+        &server.addr,
+        &sock,
+        &["get", "keep/big", "--dest", bad.to_str().unwrap()],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a damaged block was accepted");
+    assert!(err.contains("failed verification"), "{err}");
+    assert!(!bad.exists(), "a half-fetched file was left behind");
 }
 
 #[test]

@@ -16,7 +16,6 @@ use tokio::sync::watch;
 
 use super::FsError;
 use crate::agent::AgentBlocks;
-use crate::dataplane::BlockServe;
 use crate::hash::BlockHash;
 use crate::transfer::{self, BlockJob, BlockSink, SourceAddr, TransferError};
 
@@ -98,7 +97,7 @@ impl Loader {
             return Ok(Some(b));
         }
         let blocks = self.blocks.clone();
-        let found = tokio::task::spawn_blocking(move || blocks.get(&h))
+        let found = tokio::task::spawn_blocking(move || blocks.find(&h))
             .await
             .map_err(|e| FsError::Other(e.to_string()))?
             .map_err(FsError::Other)?;

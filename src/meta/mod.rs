@@ -12,6 +12,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use prost::Message;
 
+use crate::blockfiles::BlockFiles;
+use crate::dataplane::Served;
 use crate::db::{BatchOp, Db, DbError};
 use crate::hash::{BlockHash, Version};
 use crate::key::{KeyPath, Namespace};
@@ -59,6 +61,8 @@ pub enum MetaError {
     Manifest(#[from] ManifestError),
     #[error(transparent)]
     Db(#[from] DbError),
+    #[error("block store: {0}")]
+    Blocks(std::io::Error),
     #[error("stored record is corrupt: {0}")]
     Corrupt(String),
 }
@@ -77,6 +81,7 @@ pub struct MetaStore {
     write_lock: Mutex<()>,
     nodes: Mutex<HashMap<String, (NodeInfo, Instant)>>,
     lease: Duration,
+    files: BlockFiles,
     /// Large blocks are written without the WAL (see [`MetaStore::put_block`]); `true` while
     /// some of them may still be only in the memtable. Block writes hold the gate shared; a
     /// publish holds it alone while it makes them durable, so no block it has seen escapes.
@@ -84,10 +89,12 @@ pub struct MetaStore {
     volatile_blocks: AtomicBool,
 }
 
-/// Blocks at least this large skip the WAL: writing them there cost a second copy and a second
-/// (software, in Debian's RocksDB) CRC of every byte uploaded. Smaller ones stay in the WAL, so
-/// many small files do not each force a memtable flush on publish.
-const VOLATILE_BLOCK: usize = 64 << 10;
+/// Blocks at least this large are stored as files (see `blockfiles`); smaller ones stay in
+/// RocksDB, with the WAL, so many small files neither make many files nor each force a sync on
+/// publish.
+const FILE_BLOCK: usize = 64 << 10;
+/// Marks an index entry (`len: u32 BE` then this byte) whose block is in a file.
+const IN_FILE: u8 = b'f';
 
 fn poisoned() -> MetaError {
     MetaError::Corrupt("lock poisoned".into())
@@ -112,9 +119,10 @@ pub(crate) fn live(r: &KeyRecord) -> bool {
 }
 
 impl MetaStore {
-    pub fn new(db: Db, lease: Duration) -> Self {
+    pub fn new(db: Db, files: BlockFiles, lease: Duration) -> Self {
         MetaStore {
             db,
+            files,
             write_lock: Mutex::new(()),
             nodes: Mutex::new(HashMap::new()),
             lease,
@@ -124,31 +132,58 @@ impl MetaStore {
     }
 
     /// Stores a block that has been verified against its hash (a block already here is left
-    /// as it is). Large blocks bypass the WAL and are made durable by the publish that first
-    /// needs them, with one memtable flush for all of them.
+    /// as it is). Large blocks go to plain files ([`BlockFiles`]) and into the index without the
+    /// WAL; the publish that first needs them makes both durable, with one sync for all of them.
     pub fn put_block(&self, hash: &BlockHash, data: &[u8]) -> Result<(), MetaError> {
         if self.has_block(hash)? {
             return Ok(());
         }
+        let k = hash.as_bytes();
         let len = (data.len() as u32).to_be_bytes();
-        let (k, v) = (hash.as_bytes(), &len[..]);
-        if data.len() < VOLATILE_BLOCK {
+        if data.len() < FILE_BLOCK {
             return Ok(self.db.write(vec![
                 BatchOp::Put(CF_BLOCKS, k.to_vec(), data.to_vec()),
-                BatchOp::Put(CF_BLOCK_INDEX, k.to_vec(), v.to_vec()),
+                BatchOp::Put(CF_BLOCK_INDEX, k.to_vec(), len.to_vec()),
             ])?);
         }
         let _gate = self.volatile_gate.read().map_err(|_| poisoned())?;
-        // Both families in one batch; RocksDB's background flushes are atomic across families
-        // (`Db::open`), and `make_blocks_durable` flushes the blocks before the index.
-        self.db
-            .put_volatile(&[(CF_BLOCKS, k, data), (CF_BLOCK_INDEX, k, v)])?;
+        self.files.write(hash, data).map_err(MetaError::Blocks)?;
+        let mut v = len.to_vec();
+        v.push(IN_FILE);
+        self.db.put_volatile(&[(CF_BLOCK_INDEX, k, &v)])?;
         self.volatile_blocks.store(true, Ordering::Release);
         Ok(())
     }
 
+    /// Whether the store holds the block. A block whose file has gone (a disk replaced under
+    /// the store) counts as missing, so that the next put uploads it again.
     pub fn has_block(&self, hash: &BlockHash) -> Result<bool, MetaError> {
-        Ok(self.db.contains(CF_BLOCK_INDEX, hash.as_bytes())?)
+        Ok(match self.db.get(CF_BLOCK_INDEX, hash.as_bytes())? {
+            None => false,
+            Some(v) if v.get(4) == Some(&IN_FILE) => self.files.exists(hash),
+            Some(_) => true,
+        })
+    }
+
+    /// A block's bytes for the data plane: an open file for a large block (sent with
+    /// sendfile), the value itself for a small one.
+    pub fn block(&self, hash: &BlockHash) -> Result<Option<Served>, MetaError> {
+        let Some(v) = self.db.get(CF_BLOCK_INDEX, hash.as_bytes())? else {
+            return Ok(None);
+        };
+        if v.get(4) == Some(&IN_FILE) {
+            let found = self.files.open_block(hash).map_err(MetaError::Blocks)?;
+            if found.is_none() {
+                tracing::warn!(block = %hash.hex(), "the index names a block file that is gone");
+            }
+            return Ok(found.map(|(file, len)| Served::File(file, len)));
+        }
+        // Blocks stored in RocksDB: small ones, and every block of a store written before
+        // large blocks moved to files. Readers check the hash, so RocksDB's CRC is skipped.
+        Ok(self
+            .db
+            .get_unverified(CF_BLOCKS, hash.as_bytes())?
+            .map(Served::Bytes))
     }
 
     /// Indexes the blocks of a store written before the index existed (a one-time pass that
@@ -172,15 +207,16 @@ impl MetaStore {
     fn make_blocks_durable(&self) -> Result<(), MetaError> {
         let _gate = self.volatile_gate.write().map_err(|_| poisoned())?;
         if self.volatile_blocks.swap(false, Ordering::AcqRel) {
-            // Blocks first: a crash between the two flushes leaves blocks the index does not
-            // know (uploaded again if asked for), never an index entry without its block.
+            // Blocks first: a crash between the two leaves blocks the index does not know
+            // (uploaded again if asked for), never an index entry without its block.
             let flushed = self
-                .db
-                .flush_family(CF_BLOCKS)
-                .and_then(|()| self.db.flush_family(CF_BLOCK_INDEX));
+                .files
+                .sync()
+                .map_err(MetaError::Blocks)
+                .and_then(|()| Ok(self.db.flush_family(CF_BLOCK_INDEX)?));
             if let Err(e) = flushed {
                 self.volatile_blocks.store(true, Ordering::Release);
-                return Err(e.into());
+                return Err(e);
             }
         }
         Ok(())

@@ -3,8 +3,9 @@ use crate::manifest::{BlockRef, EntryKind, FileEntry};
 
 fn store(lease: Duration) -> (tempfile::TempDir, MetaStore) {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(dir.path(), FAMILIES, &[CF_BLOCKS]).unwrap();
-    (dir, MetaStore::new(db, lease))
+    let db = Db::open(&dir.path().join("db"), FAMILIES, &[CF_BLOCKS]).unwrap();
+    let files = BlockFiles::open(&dir.path().join("blocks")).unwrap();
+    (dir, MetaStore::new(db, files, lease))
 }
 
 fn one_file(data: &[u8]) -> Manifest {
@@ -286,4 +287,53 @@ fn set_attr_rewrites_metadata_only() {
     let p = l.iter().find(|e| e.name == "p/").unwrap();
     assert_eq!(p.mode, 0o700);
     assert_eq!(names(&meta, &ns, "p"), ["q"]);
+}
+
+#[test]
+fn large_blocks_are_files_that_survive_a_restart_and_a_lost_file_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = || {
+        let db = Db::open(&dir.path().join("db"), FAMILIES, &[CF_BLOCKS]).unwrap();
+        let files = BlockFiles::open(&dir.path().join("blocks")).unwrap();
+        MetaStore::new(db, files, DEFAULT_TEST_LEASE)
+    };
+    let big = vec![3u8; FILE_BLOCK];
+    let small = b"small".to_vec();
+    let (hb, hs) = (BlockHash::of(&big), BlockHash::of(&small));
+    let ns = Namespace::default();
+    let key = KeyPath::parse("k").unwrap();
+    {
+        let meta = open();
+        meta.put_block(&hb, &big).unwrap();
+        meta.put_block(&hs, &small).unwrap();
+        let mut m = one_file(&big);
+        m.entries[0].blocks.push(BlockRef {
+            hash: hs.0.to_vec(),
+            len: small.len() as u32,
+        });
+        m.entries[0].size += small.len() as u64;
+        m.block_size = FILE_BLOCK as u32;
+        meta.publish(&ns, &key, &m, Locale::Store, "", 0, false)
+            .unwrap();
+        assert!(
+            matches!(meta.block(&hb).unwrap(), Some(Served::File(_, n)) if n == big.len() as u64)
+        );
+        assert!(matches!(meta.block(&hs).unwrap(), Some(Served::Bytes(b)) if b[..] == small[..]));
+    }
+    let meta = open();
+    assert_eq!(meta.missing_blocks(&[hb, hs]).unwrap(), vec![]);
+    let Some(Served::File(f, _)) = meta.block(&hb).unwrap() else {
+        panic!("the large block is not a file after a restart");
+    };
+    let mut read = Vec::new();
+    std::io::Read::read_to_end(&mut &f, &mut read).unwrap();
+    assert!(read == big);
+
+    // A block file lost under the store is missing, so that the next put uploads it again.
+    let hex = hb.hex();
+    std::fs::remove_file(dir.path().join("blocks").join(&hex[..2]).join(&hex)).unwrap();
+    assert_eq!(meta.missing_blocks(&[hb, hs]).unwrap(), vec![hb]);
+    assert!(meta.block(&hb).unwrap().is_none());
+    meta.put_block(&hb, &big).unwrap();
+    assert!(meta.missing_blocks(&[hb]).unwrap().is_empty());
 }
