@@ -87,6 +87,9 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
         origin_node: String::new(),
         ttl_secs: opts.ttl_secs,
         force: opts.force,
+        // Blocks go on the data plane, after asking which the store lacks: a put of what the
+        // store holds sends nothing.
+        inline_blocks: Vec::new(),
     };
     let (version, transferred) = match opts.locale {
         Locale::Store => {

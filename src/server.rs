@@ -74,6 +74,33 @@ fn parse_version(v: &[u8]) -> Result<Version, Status> {
 }
 
 /// Runs blocking store work off the async threads.
+/// Most bytes of blocks one publish may carry inline.
+pub const MAX_INLINE_BYTES: usize = 1 << 20;
+
+/// Inline blocks of a publish, each checked against its hash.
+fn checked_inline(blocks: Vec<InlineBlock>) -> Result<Vec<(BlockHash, Vec<u8>)>, Status> {
+    let total: usize = blocks.iter().map(|b| b.data.len()).sum();
+    if total > MAX_INLINE_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "{total} bytes of inline blocks exceed the limit of {MAX_INLINE_BYTES}; upload them on the data plane"
+        )));
+    }
+    blocks
+        .into_iter()
+        .map(|b| {
+            let hash = BlockHash::from_slice(&b.hash)
+                .ok_or_else(|| Status::invalid_argument("inline block: bad hash"))?;
+            if BlockHash::of(&b.data) != hash {
+                return Err(Status::invalid_argument(format!(
+                    "inline block {} does not match its hash",
+                    hash.hex()
+                )));
+            }
+            Ok((hash, b.data))
+        })
+        .collect()
+}
+
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, MetaError> + Send + 'static,
 ) -> Result<T, Status> {
@@ -204,8 +231,12 @@ impl Store for StoreHandler {
         let manifest = r
             .manifest
             .ok_or_else(|| Status::invalid_argument("manifest missing"))?;
+        let inline = checked_inline(r.inline_blocks)?;
         let meta = self.meta.clone();
         let version = blocking(move || {
+            for (hash, data) in &inline {
+                meta.put_block(hash, data)?;
+            }
             meta.publish(
                 &ns,
                 &key,

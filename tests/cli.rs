@@ -420,3 +420,94 @@ fn kt_up_runs_server_agent_and_mount_and_stops_cleanly() {
     assert!(!sock.exists(), "agent socket left behind");
     assert!(!is_mounted(&mnt), "kt up left its mount behind");
 }
+
+/// A publish may carry its small blocks inline (the mount sends small files this way): the
+/// store checks them against their hashes, keeps them, and refuses too many bytes.
+#[test]
+fn publish_with_inline_blocks_checks_and_keeps_them() {
+    use ktfs::proto::{BlockRef, FileEntry, InlineBlock, Manifest, PublishRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server("127.0.0.17", &dir.path().join("store"));
+    let data = pseudo_random(5000, 16);
+    let hash = blake3::hash(&data).as_bytes().to_vec();
+    let publish = |key: &str, blocks: Vec<InlineBlock>, size: usize| PublishRequest {
+        namespace: "default".into(),
+        key: key.into(),
+        manifest: Some(Manifest {
+            block_size: 4 << 20,
+            entries: vec![FileEntry {
+                size: size as u64,
+                blocks: blocks
+                    .iter()
+                    .map(|b| BlockRef {
+                        hash: b.hash.clone(),
+                        len: b.data.len() as u32,
+                    })
+                    .collect(),
+                mode: 0o644,
+                ..Default::default()
+            }],
+        }),
+        inline_blocks: blocks,
+        ..Default::default()
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut store = ktfs::client::connect_store(&server.addr).await.unwrap();
+        let good = InlineBlock {
+            hash: hash.clone(),
+            data: data.clone(),
+        };
+        store
+            .publish(publish("inline/good", vec![good], data.len()))
+            .await
+            .expect("an inline publish of blocks the store lacks");
+
+        let mut lie = data.clone();
+        lie[0] ^= 1;
+        let bad = InlineBlock {
+            hash: hash.clone(),
+            data: lie,
+        };
+        let err = store
+            .publish(publish("inline/bad", vec![bad], data.len()))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+        assert!(err.message().contains("does not match its hash"), "{err}");
+
+        let big: Vec<InlineBlock> = (0..5u64)
+            .map(|i| {
+                let d = pseudo_random(256 << 10, 100 + i);
+                InlineBlock {
+                    hash: blake3::hash(&d).as_bytes().to_vec(),
+                    data: d,
+                }
+            })
+            .collect();
+        let err = store
+            .publish(publish("inline/big", big, 5 * (256 << 10)))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    });
+    let sock = dir.path().join("none.sock");
+    let out_path = dir.path().join("good.out");
+    let out = kt_with(
+        &server.addr,
+        &sock,
+        &["get", "inline/good", "--dest", out_path.to_str().unwrap()],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(fs::read(&out_path).unwrap() == data);
+    let out = kt_with(&server.addr, &sock, &["ls", "inline", "--json"]);
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listing.contains("good") && !listing.contains("bad") && !listing.contains("big"),
+        "{listing}"
+    );
+}

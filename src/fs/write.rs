@@ -26,12 +26,16 @@ use crate::agent::CF_XATTR;
 use crate::hash::BlockHash;
 use crate::manifest::{self, EntryKind, FileEntry, Manifest};
 use crate::proto::{
-    LocalFile, Locale, MissingBlocksRequest, PublishRequest, RemoveRequest, RenameRequest,
-    SetAttrRequest,
+    InlineBlock, LocalFile, Locale, MissingBlocksRequest, PublishRequest, RemoveRequest,
+    RenameRequest, SetAttrRequest,
 };
 use crate::transfer::{self, UploadJob};
 
 pub const LOCALE_XATTR: &str = "user.kt.locale";
+/// Files up to this size go to the store inside their publish (`PublishRequest.inline_blocks`):
+/// for a small file, asking which blocks are missing and uploading on the data plane cost two
+/// more round trips than the bytes themselves.
+const INLINE_MAX: u64 = 64 << 10;
 
 static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
 
@@ -376,8 +380,18 @@ impl FsCore {
             }],
         };
         let mut store = self.store();
+        let mut inline_blocks = Vec::new();
         if locale == Locale::Store {
-            self.upload(&m, &disk)?;
+            match &m.entries[0].blocks[..] {
+                // Already read whole into `buf`: sent with the publish, one round trip.
+                [b] if size <= INLINE_MAX && u64::from(b.len) == size => {
+                    inline_blocks.push(InlineBlock {
+                        hash: b.hash.clone(),
+                        data: buf[..size as usize].to_vec(),
+                    });
+                }
+                _ => self.upload(&m, &disk)?,
+            }
         } else {
             let files = [LocalFile {
                 entry_path: String::new(),
@@ -393,6 +407,7 @@ impl FsCore {
             origin_node: self.cfg.node_id.clone(),
             ttl_secs: 0,
             force: true,
+            inline_blocks,
         }))?;
         s.published.fetch_max(changes, Ordering::SeqCst);
         self.invalidate(&[split(&path).0, &path]);
@@ -455,6 +470,7 @@ impl FsCore {
             origin_node: String::new(),
             ttl_secs: 0,
             force: false,
+            inline_blocks: Vec::new(),
         }))?;
         self.invalidate(&[split(path).0, path]);
         Ok(())
