@@ -147,6 +147,7 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
     };
     let resolved = store
         .resolve(ResolveRequest {
+            inline_up_to: 0,
             namespace: opts.namespace.to_string(),
             key: opts.key.to_string(),
         })
@@ -211,6 +212,7 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
                 let (r, m) = checked(
                     store
                         .resolve(ResolveRequest {
+                            inline_up_to: 0,
                             namespace: opts.namespace.to_string(),
                             key: key.to_string(),
                         })

@@ -101,6 +101,34 @@ fn checked_inline(blocks: Vec<InlineBlock>) -> Result<Vec<(BlockHash, Vec<u8>)>,
         .collect()
 }
 
+/// Largest file whose blocks a resolve sends inline.
+pub const MAX_INLINE_FILE: u32 = 64 << 10;
+
+/// The blocks of a small one-file manifest, if the caller wants them and they are all small
+/// blocks in the database (never a block file: those go on the data plane).
+fn inline_file(meta: &MetaStore, m: &Manifest, up_to: u32) -> Result<Vec<InlineBlock>, MetaError> {
+    let [entry] = &m.entries[..] else {
+        return Ok(Vec::new());
+    };
+    if entry.kind() != EntryKind::File || entry.size > u64::from(up_to.min(MAX_INLINE_FILE)) {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::with_capacity(entry.blocks.len());
+    for b in &entry.blocks {
+        let Some(hash) = crate::manifest::block_hash(b) else {
+            return Ok(Vec::new());
+        };
+        match meta.block(&hash)? {
+            Some(Served::Bytes(data)) => out.push(InlineBlock {
+                hash: b.hash.clone(),
+                data: data.to_vec(),
+            }),
+            _ => return Ok(Vec::new()),
+        }
+    }
+    Ok(out)
+}
+
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, MetaError> + Send + 'static,
 ) -> Result<T, Status> {
@@ -268,6 +296,11 @@ impl Store for StoreHandler {
                 .ok_or_else(|| MetaError::Corrupt("version".into()))?;
             let sources = meta.sources(&version, &found.record)?;
             let rec = found.record;
+            let inline_blocks = if rec.locale() == Locale::Store {
+                inline_file(&meta, &found.manifest, r.inline_up_to)?
+            } else {
+                Vec::new()
+            };
             Ok(ResolveResponse {
                 key: found.key,
                 version: rec.version.clone(),
@@ -280,6 +313,7 @@ impl Store for StoreHandler {
                 created_unix_ms: rec.created_unix_ms,
                 expires_unix_ms: rec.expires_unix_ms,
                 subpath: found.subpath,
+                inline_blocks,
             })
         })
         .await?;

@@ -463,6 +463,21 @@ fn publish_with_inline_blocks_checks_and_keeps_them() {
             .await
             .expect("an inline publish of blocks the store lacks");
 
+        // A reader that asks gets the small file's blocks with its resolve; one that does not,
+        // or asks for less than the file's size, gets none.
+        let resolve = |inline_up_to: u32| ktfs::proto::ResolveRequest {
+            namespace: "default".into(),
+            key: "inline/good".into(),
+            inline_up_to,
+        };
+        let r = store.resolve(resolve(64 << 10)).await.unwrap().into_inner();
+        assert_eq!(r.inline_blocks.len(), 1);
+        assert!(r.inline_blocks[0].data == data && r.inline_blocks[0].hash == hash);
+        let r = store.resolve(resolve(0)).await.unwrap().into_inner();
+        assert!(r.inline_blocks.is_empty());
+        let r = store.resolve(resolve(4000)).await.unwrap().into_inner();
+        assert!(r.inline_blocks.is_empty());
+
         let mut lie = data.clone();
         lie[0] ^= 1;
         let bad = InlineBlock {

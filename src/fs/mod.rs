@@ -26,8 +26,8 @@ use crate::hash::{BlockHash, Version};
 use crate::key::{KeyPath, Namespace};
 use crate::manifest::{self, EntryKind, FileEntry};
 use crate::proto::{
-    AddLocationRequest, JoinRequest, LeaveRequest, ListEntry, ListRequest, Locale, ResolveRequest,
-    Role, WindowSpec,
+    AddLocationRequest, InlineBlock, JoinRequest, LeaveRequest, ListEntry, ListRequest, Locale,
+    ResolveRequest, Role, WindowSpec,
 };
 use crate::server::ERRNO_KEY;
 use crate::transfer::{BlockJob, SourceAddr};
@@ -657,6 +657,7 @@ impl FsCore {
             .block_on(store.resolve(ResolveRequest {
                 namespace: self.ns(),
                 key: path.to_string(),
+                inline_up_to: crate::server::MAX_INLINE_FILE,
             }))?
             .into_inner();
         let m = r.manifest.clone().ok_or_else(|| FsError::new(libc::EIO))?;
@@ -672,6 +673,7 @@ impl FsCore {
             EntryKind::Symlink => return Err(FsError::new(libc::ELOOP)),
         }
         let version = Version::from_slice(&r.version).ok_or_else(|| FsError::new(libc::EIO))?;
+        self.take_inline(&entry, version, r.inline_blocks);
         let mut sources: Vec<SourceAddr> = crate::get::order_sources(
             &r.sources,
             &self.cfg.node_id,
@@ -743,6 +745,31 @@ impl FsCore {
         };
         let parent = crate::get::source_addr(&joined.parent?, &self.cfg.server);
         Some((member, parent))
+    }
+
+    /// Keeps the blocks a resolve sent inline (a small file), so its reads need no fetch. Only
+    /// blocks of the entry are taken; one that fails its hash is dropped (the read fetches it).
+    fn take_inline(&self, entry: &FileEntry, version: Version, blocks: Vec<InlineBlock>) {
+        let mut took = false;
+        for b in blocks {
+            let Some(hash) = BlockHash::from_slice(&b.hash) else {
+                continue;
+            };
+            if !entry.blocks.iter().any(|e| e.hash == b.hash) || self.blocks.cache().contains(&hash)
+            {
+                continue;
+            }
+            match self.loader.accept(hash, Bytes::from(b.data)) {
+                Ok(()) => took = true,
+                Err(e) => tracing::warn!(error = %e, "inline block dropped"),
+            }
+        }
+        if took {
+            // The hook spawns its registration: it needs the runtime's context, which a FUSE
+            // thread has only inside `block_on`.
+            let _in_runtime = self.rt.enter();
+            self.seed_hook(version)();
+        }
     }
 
     fn job(f: &ReadFile, i: usize) -> FsResult<BlockJob> {

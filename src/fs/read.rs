@@ -152,6 +152,22 @@ impl Loader {
         });
     }
 
+    /// A block that came with its file's resolve: verified, then kept like a fetched one.
+    pub fn accept(&self, hash: BlockHash, data: Bytes) -> Result<(), FsError> {
+        if BlockHash::of(&data) != hash {
+            return Err(FsError::Io(
+                libc::EIO,
+                format!("inline block {hash} does not match its hash"),
+            ));
+        }
+        self.blocks
+            .cache()
+            .insert(&hash, &data)
+            .map_err(|e| FsError::Io(libc::EIO, e.to_string()))?;
+        self.hot.put(hash, data);
+        Ok(())
+    }
+
     /// One block, from here or fetched, verified.
     pub async fn block(
         &self,
