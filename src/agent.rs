@@ -441,7 +441,11 @@ impl AgentProcess {
     pub async fn bind(cfg: AgentConfig) -> anyhow::Result<Self> {
         std::fs::create_dir_all(&cfg.cache_dir)?;
         let db = Db::open(&cfg.cache_dir.join("agent.rocksdb"), FAMILIES, &[CF_CACHE])?;
-        let cache = Arc::new(BlockCache::open(db.clone(), cfg.cache_size)?);
+        let cache = Arc::new(BlockCache::open(
+            db.clone(),
+            &cfg.cache_dir.join("blocks"),
+            cfg.cache_size,
+        )?);
         let listener = TcpListener::bind(&cfg.listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;

@@ -28,6 +28,8 @@ const MAX_UNSYNCED: usize = 4096;
 
 pub struct BlockFiles {
     dir: PathBuf,
+    /// Whether writes are tracked for [`BlockFiles::sync`] (the store); a cache's are not.
+    durable: bool,
     /// Blocks written since the last [`BlockFiles::sync`].
     unsynced: Mutex<Vec<BlockHash>>,
     /// Makes temporary names unique among concurrent writers of one block.
@@ -53,9 +55,46 @@ impl BlockFiles {
         }
         Ok(BlockFiles {
             dir: dir.to_path_buf(),
+            durable: true,
             unsynced: Mutex::new(Vec::new()),
             tmp_seq: AtomicU64::new(0),
         })
+    }
+
+    /// Like [`BlockFiles::open`], for a cache: writes are never synced, and a block lost in a
+    /// crash (or left half-written by one) is found out by its hash when read and fetched again.
+    pub fn open_volatile(dir: &Path) -> io::Result<Self> {
+        let mut files = Self::open(dir)?;
+        files.durable = false;
+        Ok(files)
+    }
+
+    /// The hash of every block file, in no order.
+    pub fn hashes(&self) -> io::Result<Vec<BlockHash>> {
+        let mut out = Vec::new();
+        for fan in std::fs::read_dir(&self.dir)? {
+            let fan = fan?;
+            if !fan.file_type()?.is_dir() {
+                continue;
+            }
+            for entry in std::fs::read_dir(fan.path())? {
+                let name = entry?.file_name();
+                let hash = name
+                    .to_str()
+                    .and_then(|n| blake3::Hash::from_hex(n).ok())
+                    .map(|h| BlockHash(*h.as_bytes()));
+                out.extend(hash);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes a block's file; one already gone is no error.
+    pub fn remove(&self, hash: &BlockHash) -> io::Result<()> {
+        match std::fs::remove_file(self.path(hash)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// `DIR/ab/abcdef...`: 256 fan-out directories keep each directory small.
@@ -78,6 +117,9 @@ impl BlockFiles {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
         }
+        if !self.durable {
+            return Ok(());
+        }
         let full = {
             let mut unsynced = self.unsynced.lock().map_err(|_| poisoned())?;
             unsynced.push(*hash);
@@ -96,6 +138,15 @@ impl BlockFiles {
                 let len = f.metadata()?.len();
                 Ok(Some((f, len)))
             }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The block's bytes, or `None` if there is no such file.
+    pub fn read(&self, hash: &BlockHash) -> io::Result<Option<Vec<u8>>> {
+        match std::fs::read(self.path(hash)) {
+            Ok(v) => Ok(Some(v)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         }

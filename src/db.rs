@@ -22,6 +22,9 @@ pub enum DbError {
     NoFamily(&'static str),
     #[error("a lock was poisoned by a panic")]
     Poisoned,
+    /// Files kept beside the database (large cached blocks).
+    #[error("{0}")]
+    Io(String),
 }
 
 pub type KeyValue = (Vec<u8>, Vec<u8>);
