@@ -22,6 +22,10 @@ use std::sync::Mutex;
 
 use crate::hash::BlockHash;
 
+/// Blocks at least this large are files, in the store and in a node's cache; smaller ones stay
+/// in RocksDB, where many of them cost less than as many files.
+pub const MIN_FILE_BLOCK: usize = 64 << 10;
+
 /// Unsynced blocks beyond this many are synced by the writer itself, so that an upload that is
 /// never published does not grow the list without bound.
 const MAX_UNSYNCED: usize = 4096;
@@ -40,7 +44,32 @@ impl BlockFiles {
     /// Opens (creating) the block directory and removes the temporary files of writes that a
     /// crash interrupted.
     pub fn open(dir: &Path) -> io::Result<Self> {
+        Self::scan(dir)?;
+        Ok(Self::new(dir, true))
+    }
+
+    /// Like [`BlockFiles::open`], for a cache: writes are never synced, and a block lost in a
+    /// crash (or left half-written by one) is found out by its hash when read and fetched again.
+    /// Also returns the hash of every block file found, in no order.
+    pub fn open_volatile(dir: &Path) -> io::Result<(Self, Vec<BlockHash>)> {
+        let found = Self::scan(dir)?;
+        Ok((Self::new(dir, false), found))
+    }
+
+    fn new(dir: &Path, durable: bool) -> Self {
+        BlockFiles {
+            dir: dir.to_path_buf(),
+            durable,
+            unsynced: Mutex::new(Vec::new()),
+            tmp_seq: AtomicU64::new(0),
+        }
+    }
+
+    /// One pass over the fan-out directories: removes temporary files, returns the hashes of
+    /// the block files.
+    fn scan(dir: &Path) -> io::Result<Vec<BlockHash>> {
         std::fs::create_dir_all(dir)?;
+        let mut found = Vec::new();
         for fan in std::fs::read_dir(dir)? {
             let fan = fan?;
             if !fan.file_type()?.is_dir() {
@@ -48,45 +77,16 @@ impl BlockFiles {
             }
             for entry in std::fs::read_dir(fan.path())? {
                 let entry = entry?;
-                if entry.file_name().to_string_lossy().contains(".tmp") {
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                if name.contains(".tmp") {
                     std::fs::remove_file(entry.path())?;
+                } else if let Ok(h) = blake3::Hash::from_hex(name.as_bytes()) {
+                    found.push(BlockHash(*h.as_bytes()));
                 }
             }
         }
-        Ok(BlockFiles {
-            dir: dir.to_path_buf(),
-            durable: true,
-            unsynced: Mutex::new(Vec::new()),
-            tmp_seq: AtomicU64::new(0),
-        })
-    }
-
-    /// Like [`BlockFiles::open`], for a cache: writes are never synced, and a block lost in a
-    /// crash (or left half-written by one) is found out by its hash when read and fetched again.
-    pub fn open_volatile(dir: &Path) -> io::Result<Self> {
-        let mut files = Self::open(dir)?;
-        files.durable = false;
-        Ok(files)
-    }
-
-    /// The hash of every block file, in no order.
-    pub fn hashes(&self) -> io::Result<Vec<BlockHash>> {
-        let mut out = Vec::new();
-        for fan in std::fs::read_dir(&self.dir)? {
-            let fan = fan?;
-            if !fan.file_type()?.is_dir() {
-                continue;
-            }
-            for entry in std::fs::read_dir(fan.path())? {
-                let name = entry?.file_name();
-                let hash = name
-                    .to_str()
-                    .and_then(|n| blake3::Hash::from_hex(n).ok())
-                    .map(|h| BlockHash(*h.as_bytes()));
-                out.extend(hash);
-            }
-        }
-        Ok(out)
+        Ok(found)
     }
 
     /// Deletes a block's file; one already gone is no error.

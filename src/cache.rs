@@ -23,7 +23,7 @@ use std::sync::Mutex;
 
 use bytes::Bytes;
 
-use crate::blockfiles::BlockFiles;
+use crate::blockfiles::{BlockFiles, MIN_FILE_BLOCK};
 use crate::db::{BatchOp, Db, DbError};
 use crate::hash::BlockHash;
 
@@ -34,8 +34,6 @@ pub const CF_CACHE_INDEX: &str = "cache_index";
 pub const DEFAULT_BUDGET: u64 = 10 << 30;
 /// Blob-file bytes over the budget that never trigger a reclaim (for budgets at least as large).
 const RECLAIM_SLACK: u64 = 256 << 20;
-/// Blocks at least this large are cached as files.
-pub const FILE_BLOCK: usize = 64 << 10;
 /// Marks an index entry (`age: u64 BE, len: u32 BE`, then this byte) whose block is a file.
 const IN_FILE: u8 = b'f';
 
@@ -87,7 +85,7 @@ impl Lru {
 pub struct BlockCache {
     db: Db,
     files: BlockFiles,
-    /// Blocks at least this large are files ([`FILE_BLOCK`]; tests change it).
+    /// Blocks at least this large are files ([`MIN_FILE_BLOCK`]; tests change it).
     file_min: usize,
     budget: u64,
     lru: Mutex<Lru>,
@@ -98,11 +96,12 @@ impl BlockCache {
     /// Opens the cache over `db` (which must have [`CF_CACHE`] and [`CF_CACHE_INDEX`]), with
     /// its block files in `files_dir`.
     pub fn open(db: Db, files_dir: &Path, budget: u64) -> Result<Self, DbError> {
-        Self::open_with(db, files_dir, budget, FILE_BLOCK)
+        Self::open_with(db, files_dir, budget, MIN_FILE_BLOCK)
     }
 
     fn open_with(db: Db, files_dir: &Path, budget: u64, file_min: usize) -> Result<Self, DbError> {
-        let files = BlockFiles::open_volatile(files_dir).map_err(|e| files_err(files_dir, e))?;
+        let (files, on_disk) =
+            BlockFiles::open_volatile(files_dir).map_err(|e| files_err(files_dir, e))?;
         let mut lru = Lru::default();
         for (k, v) in db.scan_prefix(CF_CACHE_INDEX, &[])? {
             let (Some(h), Some(age), Some(len)) = (
@@ -117,9 +116,7 @@ impl BlockCache {
         }
         // Files the index does not name: inserts whose index entry a crash lost, or evictions
         // a crash cut short. Nothing will ever read them.
-        let orphans: Vec<BlockHash> = files
-            .hashes()
-            .map_err(|e| files_err(files_dir, e))?
+        let orphans: Vec<BlockHash> = on_disk
             .into_iter()
             .filter(|h| lru.in_file(h) != Some(true))
             .collect();
@@ -383,11 +380,11 @@ mod tests {
     #[test]
     fn crash_leftovers_in_block_files_are_cleaned_or_caught() {
         let dir = tempfile::tempdir().unwrap();
-        let big = |i: u8| vec![i; FILE_BLOCK];
+        let big = |i: u8| vec![i; MIN_FILE_BLOCK];
         let (a, b) = (big(1), big(2));
         let (ha, hb) = (BlockHash::of(&a), BlockHash::of(&b));
         {
-            let c = open_with(dir.path(), 1 << 30, FILE_BLOCK);
+            let c = open_with(dir.path(), 1 << 30, MIN_FILE_BLOCK);
             c.insert(&ha, &a).unwrap();
             c.insert(&hb, &b).unwrap();
         }
@@ -401,13 +398,13 @@ mod tests {
         std::fs::create_dir_all(path(&ho).parent().unwrap()).unwrap();
         std::fs::write(path(&ho), &orphan).unwrap();
         // A file whose bytes never reached the disk is caught by its hash and dropped.
-        std::fs::write(path(&hb), vec![0u8; FILE_BLOCK]).unwrap();
-        let c = open_with(dir.path(), 1 << 30, FILE_BLOCK);
+        std::fs::write(path(&hb), vec![0u8; MIN_FILE_BLOCK]).unwrap();
+        let c = open_with(dir.path(), 1 << 30, MIN_FILE_BLOCK);
         assert!(!path(&ho).exists(), "an orphan block file was kept");
         assert_eq!(&c.get(&ha).unwrap().unwrap()[..], &a[..]);
         assert!(c.get(&hb).unwrap().is_none());
         assert!(!c.contains(&hb) && !path(&hb).exists());
-        assert_eq!(c.used(), FILE_BLOCK as u64);
+        assert_eq!(c.used(), MIN_FILE_BLOCK as u64);
     }
 
     #[test]

@@ -333,6 +333,30 @@ fn dead_source_during_read_is_an_error_not_a_hang() {
     assert!(start.elapsed() < Duration::from_secs(30), "the read hung");
 }
 
+/// A small file in the store comes with its `open` (the resolve carries its bytes), so reading
+/// it needs nothing more from the store: here the store is stopped between the open and the
+/// read. Without the inline bytes the read would wait on the stopped store's data plane.
+#[test]
+fn a_small_file_comes_with_its_open() {
+    let c = Cluster::new("127.0.0.102");
+    let a = start_mount("127.0.0.103", &c.server.addr, &c.path("a"), "node-a", &[]);
+    let b = start_mount("127.0.0.104", &c.server.addr, &c.path("b"), "node-b", &[]);
+    let data = pseudo_random(5000, 21);
+    fs::write(a.path("small.txt"), &data).unwrap();
+    let mut f = fs::File::open(b.path("small.txt")).unwrap();
+    let server = c.server.child.id() as i32;
+    signal(server, libc::SIGSTOP);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = tx.send(f.read_to_end(&mut buf).map(|_| buf));
+    });
+    let got = rx.recv_timeout(Duration::from_secs(10));
+    signal(server, libc::SIGCONT);
+    let got = got.expect("the read waited for the stopped store").unwrap();
+    assert!(got == data, "the small file read back different");
+}
+
 #[test]
 fn unmount_with_open_files_keeps_published_data() {
     let c = Cluster::new("127.0.0.100");

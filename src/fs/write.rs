@@ -35,7 +35,7 @@ pub const LOCALE_XATTR: &str = "user.kt.locale";
 /// Files up to this size go to the store inside their publish (`PublishRequest.inline_blocks`):
 /// for a small file, asking which blocks are missing and uploading on the data plane cost two
 /// more round trips than the bytes themselves.
-const INLINE_MAX: u64 = 64 << 10;
+const INLINE_MAX: u64 = crate::server::MAX_INLINE_FILE as u64;
 
 static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use prost::Message;
 
-use crate::blockfiles::BlockFiles;
+use crate::blockfiles::{BlockFiles, MIN_FILE_BLOCK};
 use crate::dataplane::Served;
 use crate::db::{BatchOp, Db, DbError};
 use crate::hash::{BlockHash, Version};
@@ -89,10 +89,6 @@ pub struct MetaStore {
     volatile_blocks: AtomicBool,
 }
 
-/// Blocks at least this large are stored as files (see `blockfiles`); smaller ones stay in
-/// RocksDB, with the WAL, so many small files neither make many files nor each force a sync on
-/// publish.
-const FILE_BLOCK: usize = 64 << 10;
 /// Marks an index entry (`len: u32 BE` then this byte) whose block is in a file.
 const IN_FILE: u8 = b'f';
 
@@ -140,7 +136,9 @@ impl MetaStore {
         }
         let k = hash.as_bytes();
         let len = (data.len() as u32).to_be_bytes();
-        if data.len() < FILE_BLOCK {
+        // Small blocks go to RocksDB with the WAL, so many small files do not each force a sync
+        // on publish.
+        if data.len() < MIN_FILE_BLOCK {
             return Ok(self.db.write(vec![
                 BatchOp::Put(CF_BLOCKS, k.to_vec(), data.to_vec()),
                 BatchOp::Put(CF_BLOCK_INDEX, k.to_vec(), len.to_vec()),

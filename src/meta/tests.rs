@@ -297,7 +297,7 @@ fn large_blocks_are_files_that_survive_a_restart_and_a_lost_file_is_missing() {
         let files = BlockFiles::open(&dir.path().join("blocks")).unwrap();
         MetaStore::new(db, files, DEFAULT_TEST_LEASE)
     };
-    let big = vec![3u8; FILE_BLOCK];
+    let big = vec![3u8; MIN_FILE_BLOCK];
     let small = b"small".to_vec();
     let (hb, hs) = (BlockHash::of(&big), BlockHash::of(&small));
     let ns = Namespace::default();
@@ -312,7 +312,7 @@ fn large_blocks_are_files_that_survive_a_restart_and_a_lost_file_is_missing() {
             len: small.len() as u32,
         });
         m.entries[0].size += small.len() as u64;
-        m.block_size = FILE_BLOCK as u32;
+        m.block_size = MIN_FILE_BLOCK as u32;
         meta.publish(&ns, &key, &m, Locale::Store, "", 0, false)
             .unwrap();
         assert!(
