@@ -9,13 +9,20 @@
 //! RocksDB, where many of them cost less than as many files. The index (`meta::CF_BLOCK_INDEX`)
 //! says which blocks exist and where.
 //!
+//! A node's block cache keeps its large blocks the same way (`cache`), written with O_DIRECT:
+//! what a mount reads already sits in the kernel's page cache under the FUSE file, and a second
+//! copy under the cache file would only double the memory and the copying. Measured on a cold
+//! 1 GiB read through a fresh mount, alternated run by run: the mount's CPU fell from 2.8 to
+//! 2.35 s and its time by a tenth. Blocks are received page-aligned (`dataplane`), so this
+//! costs no copy.
+//!
 //! A block is written to a temporary name and renamed, so a file under its hash is always whole.
 //! Writes are not synced one by one: the publish that first needs them syncs them all
 //! ([`BlockFiles::sync`]) before it makes the index durable, so the index never names a block
 //! that a crash could have lost.
 
 use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -110,9 +117,14 @@ impl BlockFiles {
         std::fs::create_dir_all(parent)?;
         let seq = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
         let tmp = parent.join(format!("{}.tmp{seq}", hash.hex()));
-        let written = File::create(&tmp)
-            .and_then(|mut f| f.write_all(data))
-            .and_then(|()| std::fs::rename(&tmp, &path));
+        // A cache's blocks skip the page cache; the store's are read back soon after (sendfile
+        // to getters, the publish's fsync) and stay there.
+        let written = if !self.durable && data.len().is_multiple_of(DIRECT_ALIGN) {
+            write_direct(&tmp, data)
+        } else {
+            File::create(&tmp).and_then(|f| crate::filewrite::write_all(f, data))
+        };
+        let written = written.and_then(|()| std::fs::rename(&tmp, &path));
         if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
@@ -186,6 +198,52 @@ impl BlockFiles {
     }
 }
 
+/// Alignment of memory, offsets and lengths that O_DIRECT asks for (a page covers every
+/// logical block size in use).
+const DIRECT_ALIGN: usize = 4096;
+
+thread_local! {
+    /// A page-aligned copy of a block that did not arrive page-aligned; kept per blocking
+    /// thread so that its pages are touched once.
+    static ALIGNED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Writes a cache's block past the page cache. Falls back to a buffered write where the file
+/// system refuses O_DIRECT (tmpfs, some overlays).
+fn write_direct(path: &Path, data: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let buffered = || File::create(path).and_then(|f| crate::filewrite::write_all(f, data));
+    let opened = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path);
+    let mut f = match opened {
+        Ok(f) => f,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return buffered(),
+        Err(e) => return Err(e),
+    };
+    let written = if (data.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN) {
+        f.write_all(data)
+    } else {
+        ALIGNED.with(|b| {
+            let mut b = b.borrow_mut();
+            b.clear();
+            b.reserve(data.len() + DIRECT_ALIGN);
+            let pad = b.as_ptr().align_offset(DIRECT_ALIGN);
+            b.resize(pad, 0);
+            b.extend_from_slice(data);
+            f.write_all(&b[pad..])
+        })
+    };
+    match written {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => buffered(),
+        other => other,
+    }
+}
+
 fn poisoned() -> io::Error {
     io::Error::other("a lock was poisoned by a panic")
 }
@@ -217,5 +275,70 @@ mod tests {
         let files = BlockFiles::open(dir.path()).unwrap();
         assert!(!tmp.exists());
         assert!(files.exists(&hash));
+    }
+
+    /// Pages of `path` in the page cache.
+    fn resident_pages(path: &Path) -> usize {
+        let f = File::open(path).unwrap();
+        let len = f.metadata().unwrap().len() as usize;
+        let pages = len.div_ceil(4096);
+        let mut vec = vec![0u8; pages];
+        // SAFETY: a read-only shared mapping of a file we hold open, unmapped before return;
+        // mincore writes one byte per page into `vec`, which has that many.
+        unsafe {
+            use std::os::fd::AsRawFd;
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            assert_eq!(libc::mincore(p, len, vec.as_mut_ptr()), 0);
+            libc::munmap(p, len);
+        }
+        vec.iter().filter(|&&b| b & 1 == 1).count()
+    }
+
+    #[test]
+    fn a_cache_writes_whole_pages_past_the_page_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let (files, _) = BlockFiles::open_volatile(dir.path()).unwrap();
+        // Aligned as the data plane receives blocks, one not aligned, and a length that is
+        // not a whole number of pages.
+        let mut aligned = vec![0u8; (256 << 10) + 2 * DIRECT_ALIGN];
+        let pad = aligned.as_ptr().align_offset(DIRECT_ALIGN);
+        let block: Vec<u8> = (0..256u32 << 10).map(|i| (i % 253) as u8).collect();
+        aligned[pad..pad + block.len()].copy_from_slice(&block);
+        let cases: [(&[u8], bool); 3] = [
+            (&aligned[pad..pad + block.len()], true),
+            (&aligned[pad + 1..pad + 1 + block.len()], true),
+            (&block[..block.len() - 100], false),
+        ];
+        for (data, direct) in cases {
+            let h = BlockHash::of(data);
+            files.write(&h, data).unwrap();
+            assert_eq!(files.read(&h).unwrap().unwrap(), data);
+            // Read back through the page cache just now: drop it and look at what a write
+            // alone leaves there.
+            files.remove(&h).unwrap();
+            files.write(&h, data).unwrap();
+            let resident = resident_pages(&files.path(&h));
+            if direct {
+                assert_eq!(
+                    resident, 0,
+                    "an O_DIRECT write left pages in the page cache"
+                );
+            } else {
+                assert!(resident > 0);
+            }
+        }
+        // The store's blocks stay in the page cache for the getters that come next.
+        let store = BlockFiles::open(&dir.path().join("store")).unwrap();
+        let h = BlockHash::of(&block);
+        store.write(&h, &block).unwrap();
+        assert!(resident_pages(&store.path(&h)) > 0);
     }
 }

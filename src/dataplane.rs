@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -63,7 +63,7 @@ pub enum Response {
     Error(String),
 }
 
-async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<(u8, BytesMut)>, WireError> {
+async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<(u8, Bytes)>, WireError> {
     let mut head = [0u8; 5];
     match r.read_exact(&mut head).await {
         Ok(_) => {}
@@ -74,16 +74,27 @@ async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<(u8, Bytes
     if len > MAX_FRAME {
         return Err(WireError::FrameTooLarge(len));
     }
+    // A block's bytes start on a page boundary, so that a block cache can hand them to an
+    // O_DIRECT write as they are (see `blockfiles`).
+    let mut buf = Vec::with_capacity(len + BODY_ALIGN);
+    let pad = if len >= BODY_ALIGN {
+        (buf.as_ptr() as usize + 32).wrapping_neg() % BODY_ALIGN
+    } else {
+        0
+    };
+    buf.resize(pad, 0);
     // Filled by the reads themselves, never zeroed first: 4 MiB a frame adds up.
-    let mut buf = BytesMut::with_capacity(len);
-    while buf.len() < len {
-        let mut limited = (&mut *r).take((len - buf.len()) as u64);
+    while buf.len() - pad < len {
+        let mut limited = (&mut *r).take((len - (buf.len() - pad)) as u64);
         if limited.read_buf(&mut buf).await? == 0 {
             return Err(WireError::Closed);
         }
     }
-    Ok(Some((head[0], buf)))
+    Ok(Some((head[0], Bytes::from(buf).slice(pad..))))
 }
+
+/// Where a block's bytes start in a received frame's buffer.
+const BODY_ALIGN: usize = 4096;
 
 async fn write_frame<W: AsyncWrite + Unpin>(
     w: &mut W,
@@ -225,7 +236,7 @@ async fn serve_inner(stream: TcpStream, svc: Arc<dyn BlockServe>) -> Result<(), 
             if payload.len() < 32 {
                 return Err(WireError::BadFrame("short payload"));
             }
-            let data = payload.split_off(32).freeze();
+            let data = payload.split_off(32);
             let hash = BlockHash::from_slice(&payload).ok_or(WireError::BadFrame("hash"))?;
             let svc = svc.clone();
             let job = match op {
@@ -324,7 +335,7 @@ impl DataReceiver {
         if payload.len() < 32 {
             return Err(WireError::BadFrame("short payload"));
         }
-        let body = payload.split_off(32).freeze();
+        let body = payload.split_off(32);
         let hash = BlockHash::from_slice(&payload).ok_or(WireError::BadFrame("hash"))?;
         Ok(match op {
             OP_BLOCK => Response::Block(hash, body),
@@ -442,6 +453,8 @@ mod tests {
                 Response::Block(h, d) => {
                     assert_eq!(h, BlockHash::of(&[i]));
                     assert!(d[..] == data[..], "block {i} came back different");
+                    // What a block cache writes with O_DIRECT must start on a page.
+                    assert_eq!(d.as_ptr() as usize % BODY_ALIGN, 0);
                 }
                 other => panic!("{other:?}"),
             }

@@ -20,6 +20,7 @@ pub mod cluster;
 pub mod dataplane;
 pub mod db;
 pub mod fanout;
+pub mod filewrite;
 pub mod fs;
 pub mod get;
 pub mod hash;

@@ -100,11 +100,12 @@ impl BlockSink for Sinks {
             // Writes to one file are serialised by the kernel anyway (the inode lock), where
             // the waiting threads spin: measured, a tenth of a `kt get`'s CPU. Here they sleep.
             let _one_writer = lock.lock();
-            file.write_all_at(data, off)
-                .map_err(|source| TransferError::Write {
+            crate::filewrite::write_all_at(file, data, off).map_err(|source| {
+                TransferError::Write {
                     path: path.display().to_string(),
                     source,
-                })?;
+                }
+            })?;
         }
         Ok(())
     }

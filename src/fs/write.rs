@@ -258,7 +258,7 @@ impl FsCore {
                 &f.sources,
                 self.seed_hook(f.version),
             ))?;
-            staged.file.write_all_at(&data, f.offsets[i])?;
+            crate::filewrite::write_all_at(&staged.file, &data, f.offsets[i])?;
         }
         Ok(())
     }
