@@ -870,3 +870,63 @@ fn a_killed_agent_is_restarted_on_its_mounts_and_readers_only_pause() {
     assert!(status.success(), "keeper: {status}");
     assert!(!is_mounted(&mp));
 }
+
+/// Pages of the file behind `f` that sit in the page cache, and the file's bytes seen through
+/// a shared read-only mapping of it.
+fn resident_and_mapped(f: &fs::File, len: usize) -> (usize, Vec<u8>) {
+    use std::os::fd::AsRawFd;
+    let mut vec = vec![0u8; len.div_ceil(4096)];
+    // SAFETY: a read-only mapping of `len` bytes of an open file, unmapped before return;
+    // mincore writes one byte per page into `vec`, which has that many; the slice is copied
+    // out while the mapping lives.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(
+            p,
+            libc::MAP_FAILED,
+            "mmap: {}",
+            std::io::Error::last_os_error()
+        );
+        assert_eq!(libc::mincore(p, len, vec.as_mut_ptr()), 0);
+        let resident = vec.iter().filter(|&&b| b & 1 == 1).count();
+        let mapped = std::slice::from_raw_parts(p as *const u8, len).to_vec();
+        libc::munmap(p, len);
+        (resident, mapped)
+    }
+}
+
+#[test]
+fn a_large_file_read_the_first_time_streams_past_the_page_cache() {
+    let c = Cluster::new("127.0.0.105");
+    let a = start_mount("127.0.0.106", &c.server.addr, &c.path("a"), "node-a", &[]);
+    let b = start_mount("127.0.0.107", &c.server.addr, &c.path("b"), "node-b", &[]);
+    let big = pseudo_random(80 * MIB + 123, 31);
+    let small = pseudo_random(8 * MIB, 32);
+    fs::write(a.path("big.bin"), &big).unwrap();
+    fs::write(a.path("small.bin"), &small).unwrap();
+    for (name, want, bypass) in [("big.bin", &big, true), ("small.bin", &small, false)] {
+        let mut f = fs::File::open(b.path(name)).unwrap();
+        let mut got = Vec::new();
+        f.read_to_end(&mut got).unwrap();
+        assert!(got == *want, "{name} read back different");
+        let (resident, mapped) = resident_and_mapped(&f, want.len());
+        if bypass {
+            assert_eq!(resident, 0, "reading {name} filled the page cache");
+        } else {
+            assert!(resident > 0, "{name} was not read through the page cache");
+        }
+        assert!(mapped == *want, "{name} mapped different");
+    }
+    // The next open of the same version keeps what the mapping brought into the page cache.
+    let f = fs::File::open(b.path("big.bin")).unwrap();
+    let (resident, mapped) = resident_and_mapped(&f, big.len());
+    assert!(resident > 0);
+    assert!(mapped == big);
+}

@@ -3,17 +3,18 @@
 
 use std::ffi::OsStr;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, TimeOrNow, WriteFlags,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use super::{Attr, FsCore, FsError, Kind};
+use super::{Attr, FsCore, FsError, Kind, PageCache};
 use crate::proto::FuseInit;
 
 /// How long the kernel may trust attributes and names. Short, so that keys published elsewhere
@@ -24,6 +25,8 @@ pub struct FuseAdapter {
     core: Arc<FsCore>,
     /// What the kernel offered at FUSE_INIT, kept so that a restarted agent can replay it.
     init: Arc<Mutex<Option<FuseInit>>>,
+    /// Whether the kernel lets a file opened past the page cache be mmapped.
+    bypass_mmap: AtomicBool,
 }
 
 impl FuseAdapter {
@@ -31,6 +34,7 @@ impl FuseAdapter {
         FuseAdapter {
             core,
             init: Arc::default(),
+            bypass_mmap: AtomicBool::new(false),
         }
     }
 
@@ -101,6 +105,10 @@ impl Filesystem for FuseAdapter {
         let offered = config.set_max_readahead(u32::MAX).err().unwrap_or(u32::MAX);
         let _ = config.set_max_readahead((4 << 20).min(offered));
         let _ = config.set_max_write(1 << 20);
+        let mmap = config
+            .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+            .is_ok();
+        self.bypass_mmap.store(mmap, Ordering::Relaxed);
         let abi = config.kernel_abi();
         if let Ok(mut init) = self.init.lock() {
             *init = Some(FuseInit {
@@ -250,14 +258,17 @@ impl Filesystem for FuseAdapter {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        reply_or!(reply, self.core.open(ino.0, flags.0), |(fh, keep): (
+        reply_or!(reply, self.core.open(ino.0, flags.0), |(fh, cache): (
             u64,
-            bool
+            PageCache
         )| {
-            let f = if keep {
-                FopenFlags::FOPEN_KEEP_CACHE
-            } else {
-                FopenFlags::empty()
+            let f = match cache {
+                PageCache::Keep => FopenFlags::FOPEN_KEEP_CACHE,
+                // Without the kernel's leave to mmap such a file (Linux 6.6+), mmap would fail.
+                PageCache::Bypass if self.bypass_mmap.load(Ordering::Relaxed) => {
+                    FopenFlags::FOPEN_DIRECT_IO
+                }
+                PageCache::Bypass | PageCache::Fresh => FopenFlags::empty(),
             };
             reply.opened(FileHandle(fh), f)
         })
