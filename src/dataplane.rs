@@ -75,12 +75,14 @@ async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<(u8, Bytes
         return Err(WireError::FrameTooLarge(len));
     }
     // A block's bytes start on a page boundary, so that a block cache can hand them to an
-    // O_DIRECT write as they are (see `blockfiles`).
-    let mut buf = Vec::with_capacity(len + BODY_ALIGN);
-    let pad = if len >= BODY_ALIGN {
-        (buf.as_ptr() as usize + 32).wrapping_neg() % BODY_ALIGN
-    } else {
+    // O_DIRECT write as they are (see `blockfiles`). Frames shorter than a page (requests are
+    // a 32-byte hash) get no room for that.
+    let room = if len >= BODY_ALIGN { BODY_ALIGN } else { 0 };
+    let mut buf = Vec::with_capacity(len + room);
+    let pad = if room == 0 {
         0
+    } else {
+        (buf.as_ptr() as usize + 32).wrapping_neg() % BODY_ALIGN
     };
     buf.resize(pad, 0);
     // Filled by the reads themselves, never zeroed first: 4 MiB a frame adds up.

@@ -648,7 +648,7 @@ impl FsCore {
     }
 
     /// Opens a file. Reads resolve the version now (close-to-open); writes stage.
-    /// Returns the handle and whether the kernel may keep its cached pages.
+    /// Returns the handle and what the kernel should do with its cached pages of the file.
     pub fn open(&self, ino: u64, flags: i32) -> FsResult<(u64, PageCache)> {
         let path = self.path_of(ino)?;
         let acc = flags & libc::O_ACCMODE;
