@@ -13,7 +13,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use ktfs::hash::BlockHash;
 use ktfs::manifest::DEFAULT_BLOCK_SIZE;
-use ktfs::scan::hash_file;
+use ktfs::transfer::scan::hash_file;
 
 const BLOCK: usize = 4 << 20;
 const FILE: usize = 64 << 20;

@@ -20,11 +20,6 @@ pub enum DbError {
     Rocks(#[from] rocksdb::Error),
     #[error("database has no column family {0}")]
     NoFamily(&'static str),
-    #[error("a lock was poisoned by a panic")]
-    Poisoned,
-    /// Files kept beside the database (large cached blocks).
-    #[error("{0}")]
-    Io(String),
 }
 
 pub type KeyValue = (Vec<u8>, Vec<u8>);

@@ -211,10 +211,7 @@ impl Keeper {
             .map_err(|e| KeeperError::Protocol(e.to_string()))?;
         let mut reply = KeeperReply::default();
         let mut out: Vec<RawFd> = Vec::new();
-        let mut table = self
-            .mounts
-            .lock()
-            .map_err(|_| KeeperError::Protocol("poisoned".into()))?;
+        let mut table = crate::locks::lock(&self.mounts);
         match req.op {
             Some(Op::Keep(kept)) => {
                 let mp = kept

@@ -1,8 +1,18 @@
 //! ktfs: a distributed data store for Kubernetes that its users see as a filesystem.
 //!
-//! The library holds everything the `kt` binary runs: keys and manifests, the RocksDB block and
-//! metadata stores, the store server, the node agent, the data plane and the transfers. The CLI,
-//! the FUSE mount and the CSI node all publish and fetch through the same calls here.
+//! A folder per concern, and dependencies that point one way (checked by `tests/layering.rs`):
+//!
+//! - the data model: [`hash`], [`key`], [`manifest`], the generated [`proto`], the [`clock`]
+//!   seam, the [`locks`] policy, and [`db`], the one file that knows RocksDB;
+//! - [`blocks`]: what the store and each node hold, and how they serve it;
+//! - [`rpc`]: the control plane as both ends see it; [`k8s`]: what Kubernetes tells;
+//! - [`transfer`]: the data plane, publishing, fetching, broadcast membership, `put` and `get`;
+//! - [`meta`] and [`broadcast`] below the store [`server`];
+//! - [`keeper`] below the filesystem core [`fs`], below the node [`agent`].
+//!
+//! The `daemons` feature (on by default) builds the server, the agent and the mount; without
+//! it, the library is the client that `put/get/ls/rm` need (no RocksDB, no FUSE): what a
+//! laptop's `kt` and the Python package link.
 
 pub mod proto {
     //! Generated control-plane messages and services (`proto/ktfs.proto`).
@@ -10,30 +20,28 @@ pub mod proto {
     tonic::include_proto!("ktfs.v1");
 }
 
-pub mod agent;
-pub mod blockfiles;
-pub mod broadcast;
-pub mod cache;
-pub mod cli;
-pub mod client;
-pub mod cluster;
-pub mod dataplane;
-pub mod db;
-pub mod fanout;
-pub mod filewrite;
-pub mod fs;
-pub mod get;
+pub mod clock;
 pub mod hash;
-pub mod hosted;
-pub mod inflight;
-pub mod k8s;
-pub mod keeper;
 pub mod key;
+pub mod locks;
 pub mod manifest;
-pub mod meta;
-pub mod mount;
-pub mod net;
-pub mod put;
-pub mod scan;
-pub mod server;
+
+pub mod blocks;
+pub mod k8s;
+pub mod rpc;
 pub mod transfer;
+
+#[cfg(feature = "daemons")]
+pub mod agent;
+#[cfg(feature = "daemons")]
+pub mod broadcast;
+#[cfg(feature = "daemons")]
+pub mod db;
+#[cfg(feature = "daemons")]
+pub mod fs;
+#[cfg(feature = "daemons")]
+pub mod keeper;
+#[cfg(feature = "daemons")]
+pub mod meta;
+#[cfg(feature = "daemons")]
+pub mod server;

@@ -1,5 +1,8 @@
+//! `kt`: the command line of ktfs (see `cli`).
+
+mod cli;
+
 use clap::Parser;
-use ktfs::cli::{self, Cli, Cmd};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -17,19 +20,8 @@ async fn main() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
         libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
     }
-    let cli = Cli::parse();
-    let (daemon, verbose) = match &cli.cmd {
-        Cmd::Server(_) | Cmd::Agent(_) | Cmd::Mount(_) | Cmd::Up(_) | Cmd::Keeper(_) => {
-            (true, false)
-        }
-        Cmd::Put(a) => (false, a.common.verbose),
-        Cmd::Get(a) => (false, a.common.verbose),
-        Cmd::Ls(a) => (false, a.common.verbose),
-        Cmd::Rm(a) => (false, a.common.verbose),
-        Cmd::Window(a) => (false, a.common.verbose),
-        Cmd::Attach(a) => (false, a.common.verbose),
-        Cmd::Detach(a) => (false, a.common.verbose),
-    };
+    let cli = cli::Cli::parse();
+    let (daemon, verbose, json) = cli::mode(&cli.cmd);
     let default = if daemon || verbose { "info" } else { "warn" };
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -37,23 +29,8 @@ async fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    let result = match cli.cmd {
-        Cmd::Put(a) => cli::put(a).await,
-        Cmd::Get(a) => cli::get(a).await,
-        Cmd::Ls(a) => cli::ls(a).await,
-        Cmd::Rm(a) => cli::rm(a).await,
-        Cmd::Server(a) => cli::server(a).await,
-        Cmd::Agent(a) => cli::agent(a).await,
-        Cmd::Mount(a) => cli::mount(a).await,
-        Cmd::Up(a) => cli::up(a).await,
-        Cmd::Window(a) => cli::window(a).await,
-        Cmd::Attach(a) => cli::attach(a).await,
-        Cmd::Detach(a) => cli::detach(a).await,
-        Cmd::Keeper(a) => cli::keeper(a).await,
-    };
-    if let Err(e) = result {
-        let msg = format!("{e:#}").replace('\n', " ");
-        eprintln!("kt: error: {msg}");
-        std::process::exit(1);
+    let code = cli::run(cli.cmd, json).await;
+    if code != 0 {
+        std::process::exit(code);
     }
 }

@@ -26,7 +26,7 @@ fn served_blocks(agent: &AgentProc) -> u64 {
         .build()
         .unwrap();
     rt.block_on(async {
-        let mut c = ktfs::client::connect_agent(&agent.socket).await.ok()?;
+        let mut c = ktfs::rpc::client::connect_agent(&agent.socket).await.ok()?;
         let st = c
             .status(ktfs::proto::AgentStatusRequest {})
             .await

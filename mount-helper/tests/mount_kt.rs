@@ -1,28 +1,17 @@
 //! mount.kt for real: a `kt server`, then `mount.kt SERVER DIR -o ...` as mount(8) runs it, a
 //! file written and read through the mount, and `umount DIR`, after which `kt mount` is gone.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use test_support::{alive, eventually, lazy_umount, require_fuse, spawn_ready, Proc};
 
 const IP: &str = "127.0.0.94";
 
 /// `target/PROFILE/kt` of this workspace, next to the `deps` directory this test runs from.
 fn kt_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let kt = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test binary lives in target/PROFILE/deps")
-        .join("kt");
-    assert!(
-        kt.is_file(),
-        "{} is missing: build it first (`cargo build --bin kt`, or run `cargo test --workspace`)",
-        kt.display()
-    );
-    kt
+    test_support::workspace_bin("kt")
 }
 
 /// The helper under the name mount(8) looks for: a `mount.kt` symlink to the built binary.
@@ -34,74 +23,15 @@ fn mount_kt(dir: &Path) -> PathBuf {
     link
 }
 
-fn require_fuse() {
-    assert!(
-        Path::new("/dev/fuse").exists(),
-        "/dev/fuse is missing: these tests mount ktfs for real (run as root with FUSE)"
-    );
-}
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A `kt server` on `IP`; returns it and its address.
 fn start_server(data: &Path) -> (Proc, String) {
-    let mut child = Command::new(kt_bin())
-        .args(["server", "--listen", &format!("{IP}:0"), "--data-dir"])
+    let mut cmd = Command::new(kt_bin());
+    cmd.args(["server", "--listen", &format!("{IP}:0"), "--data-dir"])
         .arg(data)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn kt server");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        for line in lines.by_ref() {
-            let Ok(line) = line else { break };
-            if let Some(rest) = line.split("listening on ").nth(1) {
-                let _ = tx.send(rest.split([',', ' ']).next().unwrap_or("").to_string());
-                break;
-            }
-        }
-        for _ in lines {}
-    });
-    let proc = Proc(child);
-    let addr = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("kt server did not become ready");
+        .env("RUST_LOG", "warn");
+    let proc = spawn_ready(cmd);
+    let addr = proc.addr.clone();
     (proc, addr)
-}
-
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .and_then(|(_, r)| r.split_whitespace().next().map(str::to_string))
-        })
-        .is_some_and(|state| state != "Z" && state != "X")
-}
-
-fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    loop {
-        if cond() {
-            return true;
-        }
-        if start.elapsed() > limit {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn mount_source(path: &Path) -> Option<String> {
@@ -116,19 +46,12 @@ struct Cleanup {
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        if let Some(pid) = self.pid.filter(|p| alive(*p)) {
-            // SAFETY: a process this test started through mount.kt.
-            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-            if !eventually(Duration::from_secs(10), || !alive(pid)) {
-                // SAFETY: as above.
-                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            }
+        // The `kt mount` this test started through mount.kt.
+        if let Some(pid) = self.pid {
+            test_support::terminate(pid, Duration::from_secs(10));
         }
         if mount_source(&self.mountpoint).is_some() {
-            let _ = Command::new("umount")
-                .arg("-l")
-                .arg(&self.mountpoint)
-                .status();
+            lazy_umount(&self.mountpoint);
         }
     }
 }

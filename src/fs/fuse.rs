@@ -15,6 +15,7 @@ use fuser::{
 };
 
 use super::{Attr, FsCore, FsError, Kind, PageCache};
+use crate::locks::lock;
 use crate::proto::FuseInit;
 
 /// How long the kernel may trust attributes and names. Short, so that keys published elsewhere
@@ -110,14 +111,12 @@ impl Filesystem for FuseAdapter {
             .is_ok();
         self.bypass_mmap.store(mmap, Ordering::Relaxed);
         let abi = config.kernel_abi();
-        if let Ok(mut init) = self.init.lock() {
-            *init = Some(FuseInit {
-                major: abi.0,
-                minor: abi.1,
-                max_readahead: offered,
-                flags: config.capabilities().bits(),
-            });
-        }
+        *lock(&self.init) = Some(FuseInit {
+            major: abi.0,
+            minor: abi.1,
+            max_readahead: offered,
+            flags: config.capabilities().bits(),
+        });
         Ok(())
     }
 

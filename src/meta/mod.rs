@@ -1,43 +1,37 @@
 //! The store server's metadata: keys, manifests, locations and node leases.
 //!
-//! Keys, manifests and locations live in RocksDB and survive a restart. Node leases live in
-//! memory: after a restart no node is offered as a source until it heartbeats again, which is
-//! exactly when it is known to be alive. Publishing writes the manifest and the key record in one
-//! atomic batch, so a reader sees the old version or the new one, never half of a put.
+//! Keys, manifests and locations live in a [`MetaBackend`] (RocksDB today) and survive a
+//! restart; node leases live in memory ([`nodes`]). Every change is planned against a view that
+//! sees its own pending edits and written in one atomic batch ([`txn`]), so a reader sees the
+//! old version or the new one, never half of a put. Time (TTLs, leases) comes from the injected
+//! clock.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use prost::Message;
 
-use crate::blockfiles::{BlockFiles, MIN_FILE_BLOCK};
-use crate::dataplane::Served;
-use crate::db::{BatchOp, Db, DbError};
+use crate::blocks::store::StoreBlocks;
+use crate::blocks::BlockError;
+use crate::clock::SharedClock;
 use crate::hash::{BlockHash, Version};
 use crate::key::{KeyPath, Namespace};
+use crate::locks;
 use crate::manifest::{self, EntryKind, FileEntry, Manifest, ManifestError};
 use crate::proto::{KeyRecord, ListEntry, Locale, NodeInfo, Source};
 
+pub mod backend;
+mod keys;
+pub mod nodes;
 mod txn;
+
+use backend::Table;
+pub use backend::{BackendError, MetaBackend, FAMILIES};
+use keys::{key_bytes, key_entry, live, location_key, manifest_listing};
+use nodes::NodeLeases;
 pub use txn::Loc;
 use txn::{moved_entries, Lineage, Txn};
-
-pub const CF_KEYS: &str = "keys";
-pub const CF_MANIFESTS: &str = "manifests";
-pub const CF_LOCATIONS: &str = "locations";
-pub const CF_BLOCKS: &str = "blocks";
-/// Which blocks the store holds (hash -> length): asking RocksDB whether a blob-file value
-/// exists reads the whole value and checks its CRC, 4 MiB per question.
-pub const CF_BLOCK_INDEX: &str = "block_index";
-pub const FAMILIES: &[&str] = &[
-    CF_KEYS,
-    CF_MANIFESTS,
-    CF_LOCATIONS,
-    CF_BLOCKS,
-    CF_BLOCK_INDEX,
-];
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetaError {
@@ -60,9 +54,9 @@ pub enum MetaError {
     #[error(transparent)]
     Manifest(#[from] ManifestError),
     #[error(transparent)]
-    Db(#[from] DbError),
+    Backend(#[from] BackendError),
     #[error("block store: {0}")]
-    Blocks(std::io::Error),
+    Blocks(#[from] BlockError),
     #[error("stored record is corrupt: {0}")]
     Corrupt(String),
 }
@@ -76,166 +70,56 @@ pub struct Resolved {
 }
 
 pub struct MetaStore {
-    db: Db,
+    backend: Box<dyn MetaBackend>,
+    blocks: Arc<StoreBlocks>,
     /// Serialises publish and remove, which check and then write.
     write_lock: Mutex<()>,
-    nodes: Mutex<HashMap<String, (NodeInfo, Instant)>>,
-    lease: Duration,
-    files: BlockFiles,
-    /// Large blocks are written without the WAL (see [`MetaStore::put_block`]); `true` while
-    /// some of them may still be only in the memtable. Block writes hold the gate shared; a
-    /// publish holds it alone while it makes them durable, so no block it has seen escapes.
-    volatile_gate: RwLock<()>,
-    volatile_blocks: AtomicBool,
-}
-
-/// Marks an index entry (`len: u32 BE` then this byte) whose block is in a file.
-const IN_FILE: u8 = b'f';
-
-fn poisoned() -> MetaError {
-    MetaError::Corrupt("lock poisoned".into())
-}
-
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
-pub(crate) fn key_bytes(ns: &Namespace, key: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(ns.as_str().len() + 1 + key.len());
-    k.extend_from_slice(ns.as_str().as_bytes());
-    k.push(0);
-    k.extend_from_slice(key.as_bytes());
-    k
-}
-
-pub(crate) fn live(r: &KeyRecord) -> bool {
-    r.expires_unix_ms == 0 || r.expires_unix_ms > now_ms()
+    nodes: NodeLeases,
+    clock: SharedClock,
 }
 
 impl MetaStore {
-    pub fn new(db: Db, files: BlockFiles, lease: Duration) -> Self {
+    pub fn new(
+        backend: impl MetaBackend,
+        blocks: Arc<StoreBlocks>,
+        lease: Duration,
+        clock: SharedClock,
+    ) -> Self {
         MetaStore {
-            db,
-            files,
+            backend: Box::new(backend),
+            blocks,
             write_lock: Mutex::new(()),
-            nodes: Mutex::new(HashMap::new()),
-            lease,
-            volatile_gate: RwLock::new(()),
-            volatile_blocks: AtomicBool::new(false),
+            nodes: NodeLeases::new(lease, clock.clone()),
+            clock,
         }
     }
 
-    /// Stores a block that has been verified against its hash (a block already here is left
-    /// as it is). Large blocks go to plain files ([`BlockFiles`]) and into the index without the
-    /// WAL; the publish that first needs them makes both durable, with one sync for all of them.
-    pub fn put_block(&self, hash: &BlockHash, data: &[u8]) -> Result<(), MetaError> {
-        if self.has_block(hash)? {
-            return Ok(());
-        }
-        let k = hash.as_bytes();
-        let len = (data.len() as u32).to_be_bytes();
-        // Small blocks go to RocksDB with the WAL, so many small files do not each force a sync
-        // on publish.
-        if data.len() < MIN_FILE_BLOCK {
-            return Ok(self.db.write(vec![
-                BatchOp::Put(CF_BLOCKS, k.to_vec(), data.to_vec()),
-                BatchOp::Put(CF_BLOCK_INDEX, k.to_vec(), len.to_vec()),
-            ])?);
-        }
-        let _gate = self.volatile_gate.read().map_err(|_| poisoned())?;
-        self.files.write(hash, data).map_err(MetaError::Blocks)?;
-        let mut v = len.to_vec();
-        v.push(IN_FILE);
-        self.db.put_volatile(&[(CF_BLOCK_INDEX, k, &v)])?;
-        self.volatile_blocks.store(true, Ordering::Release);
-        Ok(())
+    /// The store's blocks, which a publish of `locale=store` needs.
+    pub fn blocks(&self) -> &Arc<StoreBlocks> {
+        &self.blocks
     }
 
-    /// Whether the store holds the block. A block whose file has gone (a disk replaced under
-    /// the store) counts as missing, so that the next put uploads it again.
-    pub fn has_block(&self, hash: &BlockHash) -> Result<bool, MetaError> {
-        Ok(match self.db.get(CF_BLOCK_INDEX, hash.as_bytes())? {
-            None => false,
-            Some(v) if v.get(4) == Some(&IN_FILE) => self.files.exists(hash),
-            Some(_) => true,
-        })
+    fn now_ms(&self) -> i64 {
+        self.clock.now().unix_ms
     }
 
-    /// A block's bytes for the data plane: an open file for a large block (sent with
-    /// sendfile), the value itself for a small one.
-    pub fn block(&self, hash: &BlockHash) -> Result<Option<Served>, MetaError> {
-        let Some(v) = self.db.get(CF_BLOCK_INDEX, hash.as_bytes())? else {
-            return Ok(None);
-        };
-        if v.get(4) == Some(&IN_FILE) {
-            let found = self.files.open_block(hash).map_err(MetaError::Blocks)?;
-            if found.is_none() {
-                tracing::warn!(block = %hash.hex(), "the index names a block file that is gone");
-            }
-            return Ok(found.map(|(file, len)| Served::File(file, len)));
-        }
-        // Blocks stored in RocksDB: small ones, and every block of a store written before
-        // large blocks moved to files. Readers check the hash, so RocksDB's CRC is skipped.
-        Ok(self
-            .db
-            .get_unverified(CF_BLOCKS, hash.as_bytes())?
-            .map(Served::Bytes))
-    }
-
-    /// Indexes the blocks of a store written before the index existed (a one-time pass that
-    /// reads every block once).
-    pub fn index_blocks(&self) -> Result<(), MetaError> {
-        if !self.db.is_empty(CF_BLOCK_INDEX)? || self.db.is_empty(CF_BLOCKS)? {
-            return Ok(());
-        }
-        tracing::info!("indexing the blocks of a store written by an older ktfs");
-        let mut n = 0u64;
-        self.db.for_each(CF_BLOCKS, |k, v| {
-            n += 1;
-            self.db
-                .put(CF_BLOCK_INDEX, k, &(v.len() as u32).to_be_bytes())
-        })?;
-        tracing::info!(blocks = n, "blocks indexed");
-        Ok(())
-    }
-
-    /// Flushes the blocks written without the WAL, if there are any.
-    fn make_blocks_durable(&self) -> Result<(), MetaError> {
-        let _gate = self.volatile_gate.write().map_err(|_| poisoned())?;
-        if self.volatile_blocks.swap(false, Ordering::AcqRel) {
-            // Blocks first: a crash between the two leaves blocks the index does not know
-            // (uploaded again if asked for), never an index entry without its block.
-            let flushed = self
-                .files
-                .sync()
-                .map_err(MetaError::Blocks)
-                .and_then(|()| Ok(self.db.flush_family(CF_BLOCK_INDEX)?));
-            if let Err(e) = flushed {
-                self.volatile_blocks.store(true, Ordering::Release);
-                return Err(e);
-            }
-        }
-        Ok(())
-    }
-
-    pub fn db(&self) -> &Db {
-        &self.db
+    /// Makes every write so far durable.
+    pub fn flush(&self) -> Result<(), MetaError> {
+        Ok(self.backend.flush()?)
     }
 
     pub(crate) fn record(&self, ns: &Namespace, key: &str) -> Result<Option<KeyRecord>, MetaError> {
-        let Some(v) = self.db.get(CF_KEYS, &key_bytes(ns, key))? else {
+        let Some(v) = self.backend.get(Table::Keys, &key_bytes(ns, key))? else {
             return Ok(None);
         };
         let r = KeyRecord::decode(v.as_slice()).map_err(|e| MetaError::Corrupt(e.to_string()))?;
-        Ok(live(&r).then_some(r))
+        Ok(live(&r, self.now_ms()).then_some(r))
     }
 
     pub(crate) fn manifest(&self, version: &[u8]) -> Result<Manifest, MetaError> {
         let bytes = self
-            .db
-            .get(CF_MANIFESTS, version)?
+            .backend
+            .get(Table::Manifests, version)?
             .ok_or_else(|| MetaError::Corrupt("manifest missing for a live key".into()))?;
         Manifest::decode(bytes.as_slice()).map_err(|e| MetaError::Corrupt(e.to_string()))
     }
@@ -252,10 +136,11 @@ impl MetaStore {
         };
         let skip = ns.as_str().len() + 1;
         let mut out = Vec::new();
-        for (k, v) in self.db.scan_prefix(CF_KEYS, &prefix)? {
+        let now = self.now_ms();
+        for (k, v) in self.backend.scan_prefix(Table::Keys, &prefix)? {
             let r =
                 KeyRecord::decode(v.as_slice()).map_err(|e| MetaError::Corrupt(e.to_string()))?;
-            if live(&r) {
+            if live(&r, now) {
                 let name = String::from_utf8(k[skip..].to_vec())
                     .map_err(|e| MetaError::Corrupt(e.to_string()))?;
                 out.push((name, r));
@@ -264,8 +149,8 @@ impl MetaStore {
         Ok(out)
     }
 
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, ()>, MetaError> {
-        self.write_lock.lock().map_err(|_| poisoned())
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        locks::lock(&self.write_lock)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -292,16 +177,16 @@ impl MetaStore {
                 .flat_map(|e| &e.blocks)
                 .filter_map(manifest::block_hash)
                 .collect();
-            let missing = self.missing_blocks(&hashes)?;
+            let missing = self.blocks.missing(&hashes)?;
             if !missing.is_empty() {
                 return Err(MetaError::MissingBlocks(missing.len()));
             }
             // The key must never outlive its blocks in a crash.
-            self.make_blocks_durable()?;
+            self.blocks.make_durable()?;
         }
         let version = manifest::version_of(manifest);
         let new_is_dir = manifest::is_directory(manifest);
-        let _guard = self.lock()?;
+        let _guard = self.lock();
         let mut t = Txn::new(self, ns);
         let path = key.as_str();
         t.check_parent(path)?;
@@ -328,7 +213,7 @@ impl MetaStore {
         t.put_key(
             path,
             manifest.clone(),
-            &Lineage::fresh(locale, origin, ttl_secs),
+            &Lineage::fresh(locale, origin, ttl_secs, self.now_ms()),
         );
         t.commit()?;
         Ok(version)
@@ -438,7 +323,7 @@ impl MetaStore {
         recursive: bool,
         prefix: bool,
     ) -> Result<Vec<String>, MetaError> {
-        let _guard = self.lock()?;
+        let _guard = self.lock();
         let mut t = Txn::new(self, ns);
         if prefix {
             let doomed: Vec<String> = t
@@ -486,7 +371,7 @@ impl MetaStore {
                 "cannot move {from} into itself"
             )));
         }
-        let _guard = self.lock()?;
+        let _guard = self.lock();
         let mut t = Txn::new(self, ns);
         let src = t.locate(f)?;
         let src_kind = src
@@ -572,7 +457,7 @@ impl MetaStore {
                 e.mtime_nsec = n;
             }
         };
-        let _guard = self.lock()?;
+        let _guard = self.lock();
         let mut t = Txn::new(self, ns);
         let path = key.as_str();
         match t.locate(path)? {
@@ -602,45 +487,28 @@ impl MetaStore {
                     block_size: manifest::DEFAULT_BLOCK_SIZE,
                     entries: vec![root],
                 };
-                t.put_key(path, m, &Lineage::fresh(Locale::Store, "", 0));
+                t.put_key(
+                    path,
+                    m,
+                    &Lineage::fresh(Locale::Store, "", 0, self.now_ms()),
+                );
             }
             Loc::Nothing => return Err(MetaError::NotFound(key.to_string())),
         }
         t.commit()
     }
 
-    pub fn missing_blocks(&self, hashes: &[BlockHash]) -> Result<Vec<BlockHash>, MetaError> {
-        let mut out = Vec::new();
-        for h in hashes {
-            if !self.has_block(h)? {
-                out.push(*h);
-            }
-        }
-        Ok(out)
-    }
-
     pub fn register_node(&self, node: NodeInfo) {
-        if let Ok(mut nodes) = self.nodes.lock() {
-            nodes.insert(node.node_id.clone(), (node, Instant::now() + self.lease));
-        }
+        self.nodes.register(node);
     }
 
     /// Renews a node's lease; `false` when the node must register again (e.g. after a restart).
     pub fn heartbeat(&self, node_id: &str) -> bool {
-        let Ok(mut nodes) = self.nodes.lock() else {
-            return false;
-        };
-        match nodes.get_mut(node_id) {
-            Some((_, until)) => {
-                *until = Instant::now() + self.lease;
-                true
-            }
-            None => false,
-        }
+        self.nodes.heartbeat(node_id)
     }
 
     pub fn lease(&self) -> Duration {
-        self.lease
+        self.nodes.lease()
     }
 
     fn node_alive(&self, node_id: &str) -> bool {
@@ -648,9 +516,7 @@ impl MetaStore {
     }
 
     pub fn live_node(&self, node_id: &str) -> Option<NodeInfo> {
-        let nodes = self.nodes.lock().ok()?;
-        let (info, until) = nodes.get(node_id)?;
-        (*until > Instant::now()).then(|| info.clone())
+        self.nodes.live(node_id)
     }
 
     pub fn add_location(&self, version: &Version, node_id: &str) -> Result<(), MetaError> {
@@ -659,11 +525,14 @@ impl MetaStore {
                 "node {node_id:?} is not registered"
             )));
         }
-        if self.db.get(CF_MANIFESTS, &version.0)?.is_none() {
+        if self.backend.get(Table::Manifests, &version.0)?.is_none() {
             return Err(MetaError::NotFound(format!("version {version}")));
         }
-        self.db
-            .put(CF_LOCATIONS, &location_key(version, node_id), &[])?;
+        self.backend.write(vec![backend::Op::Put(
+            Table::Locations,
+            location_key(version, node_id),
+            Vec::new(),
+        )])?;
         Ok(())
     }
 
@@ -671,7 +540,7 @@ impl MetaStore {
     /// `locale=store` (an empty address: the caller already knows the server's).
     pub fn sources(&self, version: &Version, record: &KeyRecord) -> Result<Vec<Source>, MetaError> {
         let mut out = Vec::new();
-        for (k, _) in self.db.scan_prefix(CF_LOCATIONS, &version.0)? {
+        for (k, _) in self.backend.scan_prefix(Table::Locations, &version.0)? {
             let node = String::from_utf8_lossy(&k[32..]).into_owned();
             if let Some(info) = self.live_node(&node) {
                 out.push(Source {
@@ -690,60 +559,6 @@ impl MetaStore {
         }
         Ok(out)
     }
-}
-
-pub(crate) fn location_key(version: &Version, node: &str) -> Vec<u8> {
-    let mut k = version.0.to_vec();
-    k.extend_from_slice(node.as_bytes());
-    k
-}
-
-fn key_entry(rel: &str, r: &KeyRecord) -> ListEntry {
-    ListEntry {
-        name: if r.is_directory {
-            format!("{rel}/")
-        } else {
-            rel.to_string()
-        },
-        is_directory: r.is_directory,
-        locale: r.locale,
-        origin_node: r.origin_node.clone(),
-        size: r.size,
-        is_key: true,
-        kind: r.kind,
-        mode: r.mode,
-        mtime_sec: r.mtime_sec,
-        mtime_nsec: r.mtime_nsec,
-        symlink_target: r.symlink_target.clone(),
-    }
-}
-
-fn manifest_listing(m: &Manifest, r: &KeyRecord, recursive: bool) -> Vec<ListEntry> {
-    m.entries
-        .iter()
-        .filter(|e| !e.path.is_empty() || !manifest::is_directory(m))
-        .filter(|e| recursive || !e.path.contains('/'))
-        .map(|e| {
-            let dir = e.kind() == EntryKind::Directory;
-            ListEntry {
-                name: if dir {
-                    format!("{}/", e.path)
-                } else {
-                    e.path.clone()
-                },
-                is_directory: dir,
-                locale: r.locale,
-                origin_node: r.origin_node.clone(),
-                size: e.size,
-                is_key: false,
-                kind: e.kind,
-                mode: e.mode,
-                mtime_sec: e.mtime_sec,
-                mtime_nsec: e.mtime_nsec,
-                symlink_target: e.symlink_target.clone(),
-            }
-        })
-        .collect()
 }
 
 #[cfg(test)]

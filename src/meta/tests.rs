@@ -1,11 +1,33 @@
+//! Tests of the metadata store, on a manual clock.
+
 use super::*;
+use crate::blocks::files::{BlockFiles, MIN_FILE_BLOCK};
+use crate::blocks::store::{CF_BLOCKS, CF_BLOCK_INDEX};
+use crate::blocks::Served;
+use crate::clock::ManualClock;
+use crate::db::Db;
 use crate::manifest::{BlockRef, EntryKind, FileEntry};
 
-fn store(lease: Duration) -> (tempfile::TempDir, MetaStore) {
+/// A store over a fresh database in `dir`, on `clock`.
+fn open_in(dir: &std::path::Path, lease: Duration, clock: &ManualClock) -> MetaStore {
+    let mut families = FAMILIES.to_vec();
+    families.extend([CF_BLOCKS, CF_BLOCK_INDEX]);
+    let db = Db::open(&dir.join("db"), &families, &[CF_BLOCKS]).unwrap();
+    let files = BlockFiles::open(&dir.join("blocks")).unwrap();
+    let blocks = Arc::new(StoreBlocks::new(db.clone(), files));
+    MetaStore::new(db, blocks, lease, clock.shared())
+}
+
+fn store_on(lease: Duration) -> (tempfile::TempDir, MetaStore, ManualClock) {
     let dir = tempfile::tempdir().unwrap();
-    let db = Db::open(&dir.path().join("db"), FAMILIES, &[CF_BLOCKS]).unwrap();
-    let files = BlockFiles::open(&dir.path().join("blocks")).unwrap();
-    (dir, MetaStore::new(db, files, lease))
+    let clock = ManualClock::default();
+    let meta = open_in(dir.path(), lease, &clock);
+    (dir, meta, clock)
+}
+
+fn store(lease: Duration) -> (tempfile::TempDir, MetaStore) {
+    let (dir, meta, _) = store_on(lease);
+    (dir, meta)
 }
 
 fn one_file(data: &[u8]) -> Manifest {
@@ -25,7 +47,7 @@ fn one_file(data: &[u8]) -> Manifest {
 
 #[test]
 fn nodes_that_stop_heartbeating_stop_being_sources() {
-    let (_d, meta) = store(Duration::from_millis(200));
+    let (_d, meta, clock) = store_on(Duration::from_millis(200));
     meta.register_node(NodeInfo {
         node_id: "n1".into(),
         data_addr: "127.0.0.1:1".into(),
@@ -39,7 +61,7 @@ fn nodes_that_stop_heartbeating_stop_being_sources() {
     let rec = meta.resolve(&ns, &key).unwrap().record;
     assert_eq!(meta.sources(&v, &rec).unwrap().len(), 1);
     assert!(meta.heartbeat("n1"));
-    std::thread::sleep(Duration::from_millis(300));
+    clock.advance(Duration::from_millis(300));
     assert!(meta.sources(&v, &rec).unwrap().is_empty());
     assert!(!meta.heartbeat("unknown"));
 }
@@ -58,7 +80,7 @@ fn store_publish_needs_its_blocks_and_swaps_atomically() {
         meta.resolve(&ns, &key),
         Err(MetaError::NotFound(_))
     ));
-    meta.put_block(&BlockHash::of(b"one"), b"one").unwrap();
+    meta.blocks().put(&BlockHash::of(b"one"), b"one").unwrap();
     let v1 = meta
         .publish(&ns, &key, &m1, Locale::Store, "", 0, false)
         .unwrap();
@@ -69,7 +91,7 @@ fn store_publish_needs_its_blocks_and_swaps_atomically() {
         v1
     );
     let m2 = one_file(b"two");
-    meta.put_block(&BlockHash::of(b"two"), b"two").unwrap();
+    meta.blocks().put(&BlockHash::of(b"two"), b"two").unwrap();
     assert!(matches!(
         meta.publish(&ns, &key, &m2, Locale::Store, "", 0, false),
         Err(MetaError::Exists(_))
@@ -96,14 +118,16 @@ fn store_publish_needs_its_blocks_and_swaps_atomically() {
 
 #[test]
 fn expired_keys_disappear() {
-    let (_d, meta) = store(DEFAULT_TEST_LEASE);
+    let (_d, meta, clock) = store_on(DEFAULT_TEST_LEASE);
     let ns = Namespace::default();
     let key = KeyPath::parse("tmp").unwrap();
-    meta.put_block(&BlockHash::of(b"x"), b"x").unwrap();
+    meta.blocks().put(&BlockHash::of(b"x"), b"x").unwrap();
     meta.publish(&ns, &key, &one_file(b"x"), Locale::Store, "", 1, false)
         .unwrap();
     assert_eq!(meta.list(&ns, None, false).unwrap().0.len(), 1);
-    std::thread::sleep(Duration::from_millis(1100));
+    clock.advance(Duration::from_millis(999));
+    assert_eq!(meta.list(&ns, None, false).unwrap().0.len(), 1);
+    clock.advance(Duration::from_millis(1));
     assert!(meta.list(&ns, None, false).unwrap().0.is_empty());
     assert!(matches!(
         meta.resolve(&ns, &key),
@@ -138,7 +162,7 @@ fn names(meta: &MetaStore, ns: &Namespace, p: &str) -> Vec<String> {
 
 /// A published directory `d` with `x/f` and `g` inside, blocks present.
 fn published_dir(meta: &MetaStore, ns: &Namespace) {
-    meta.put_block(&BlockHash::of(b"f"), b"f").unwrap();
+    meta.blocks().put(&BlockHash::of(b"f"), b"f").unwrap();
     let mut f = one_file(b"f").entries.remove(0);
     f.path = "x/f".into();
     let mut g = f.clone();
@@ -157,7 +181,7 @@ fn keys_nest_inside_published_directories() {
     let ns = Namespace::default();
     published_dir(&meta, &ns);
     // A file written into the published directory becomes its own key and replaces the entry.
-    meta.put_block(&BlockHash::of(b"new"), b"new").unwrap();
+    meta.blocks().put(&BlockHash::of(b"new"), b"new").unwrap();
     meta.publish(
         &ns,
         &k("d/x/f"),
@@ -225,7 +249,7 @@ fn renames_move_keys_entries_and_subtrees() {
     assert_eq!(names(&meta, &ns, "top"), ["f", "g2"]);
     assert!(names(&meta, &ns, "d").is_empty());
     // A directory of keys moves whole, and replaces an empty directory.
-    meta.put_block(&BlockHash::of(b"y"), b"y").unwrap();
+    meta.blocks().put(&BlockHash::of(b"y"), b"y").unwrap();
     meta.publish(
         &ns,
         &k("tmp/a/b"),
@@ -292,11 +316,8 @@ fn set_attr_rewrites_metadata_only() {
 #[test]
 fn large_blocks_are_files_that_survive_a_restart_and_a_lost_file_is_missing() {
     let dir = tempfile::tempdir().unwrap();
-    let open = || {
-        let db = Db::open(&dir.path().join("db"), FAMILIES, &[CF_BLOCKS]).unwrap();
-        let files = BlockFiles::open(&dir.path().join("blocks")).unwrap();
-        MetaStore::new(db, files, DEFAULT_TEST_LEASE)
-    };
+    let clock = ManualClock::default();
+    let open = || open_in(dir.path(), DEFAULT_TEST_LEASE, &clock);
     let big = vec![3u8; MIN_FILE_BLOCK];
     let small = b"small".to_vec();
     let (hb, hs) = (BlockHash::of(&big), BlockHash::of(&small));
@@ -304,8 +325,8 @@ fn large_blocks_are_files_that_survive_a_restart_and_a_lost_file_is_missing() {
     let key = KeyPath::parse("k").unwrap();
     {
         let meta = open();
-        meta.put_block(&hb, &big).unwrap();
-        meta.put_block(&hs, &small).unwrap();
+        meta.blocks().put(&hb, &big).unwrap();
+        meta.blocks().put(&hs, &small).unwrap();
         let mut m = one_file(&big);
         m.entries[0].blocks.push(BlockRef {
             hash: hs.0.to_vec(),
@@ -316,13 +337,15 @@ fn large_blocks_are_files_that_survive_a_restart_and_a_lost_file_is_missing() {
         meta.publish(&ns, &key, &m, Locale::Store, "", 0, false)
             .unwrap();
         assert!(
-            matches!(meta.block(&hb).unwrap(), Some(Served::File(_, n)) if n == big.len() as u64)
+            matches!(meta.blocks().get(&hb).unwrap(), Some(Served::File(_, n)) if n == big.len() as u64)
         );
-        assert!(matches!(meta.block(&hs).unwrap(), Some(Served::Bytes(b)) if b[..] == small[..]));
+        assert!(
+            matches!(meta.blocks().get(&hs).unwrap(), Some(Served::Bytes(b)) if b[..] == small[..])
+        );
     }
     let meta = open();
-    assert_eq!(meta.missing_blocks(&[hb, hs]).unwrap(), vec![]);
-    let Some(Served::File(f, _)) = meta.block(&hb).unwrap() else {
+    assert_eq!(meta.blocks().missing(&[hb, hs]).unwrap(), vec![]);
+    let Some(Served::File(f, _)) = meta.blocks().get(&hb).unwrap() else {
         panic!("the large block is not a file after a restart");
     };
     let mut read = Vec::new();
@@ -332,8 +355,8 @@ fn large_blocks_are_files_that_survive_a_restart_and_a_lost_file_is_missing() {
     // A block file lost under the store is missing, so that the next put uploads it again.
     let hex = hb.hex();
     std::fs::remove_file(dir.path().join("blocks").join(&hex[..2]).join(&hex)).unwrap();
-    assert_eq!(meta.missing_blocks(&[hb, hs]).unwrap(), vec![hb]);
-    assert!(meta.block(&hb).unwrap().is_none());
-    meta.put_block(&hb, &big).unwrap();
-    assert!(meta.missing_blocks(&[hb]).unwrap().is_empty());
+    assert_eq!(meta.blocks().missing(&[hb, hs]).unwrap(), vec![hb]);
+    assert!(meta.blocks().get(&hb).unwrap().is_none());
+    meta.blocks().put(&hb, &big).unwrap();
+    assert!(meta.blocks().missing(&[hb]).unwrap().is_empty());
 }

@@ -1,5 +1,5 @@
 //! Metadata transactions: every change to keys is planned against a view that sees its own
-//! pending edits, then written in one RocksDB batch. A publish, a remove or a rename therefore
+//! pending edits, then written in one atomic batch. A publish, a remove or a rename therefore
 //! lands whole or not at all, and readers never see half of one.
 //!
 //! The namespace is a tree made of keys. A key names a file, a symlink or a directory manifest;
@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 
 use prost::Message;
 
-use super::{key_bytes, location_key, now_ms, MetaError, MetaStore};
-use super::{CF_KEYS, CF_LOCATIONS, CF_MANIFESTS};
-use crate::db::BatchOp;
+use super::backend::{Op, Table};
+use super::keys::{key_bytes, location_key};
+use super::{MetaError, MetaStore};
 use crate::hash::Version;
 use crate::key::Namespace;
 use crate::manifest::{self, EntryKind, FileEntry, Manifest};
@@ -71,8 +71,8 @@ impl Lineage {
         }
     }
 
-    pub fn fresh(locale: Locale, origin: &str, ttl_secs: u64) -> Self {
-        let created = now_ms();
+    pub fn fresh(locale: Locale, origin: &str, ttl_secs: u64, now_ms: i64) -> Self {
+        let created = now_ms;
         Lineage {
             locale,
             origin: if locale == Locale::Local {
@@ -308,24 +308,24 @@ impl<'m> Txn<'m> {
                 Pending::Put(r, m) => {
                     let v = Version::from_slice(&r.version)
                         .ok_or_else(|| MetaError::Corrupt("version".into()))?;
-                    ops.push(BatchOp::Put(CF_MANIFESTS, v.0.to_vec(), m.encode_to_vec()));
+                    ops.push(Op::Put(Table::Manifests, v.0.to_vec(), m.encode_to_vec()));
                     if r.locale() == Locale::Local && !r.origin_node.is_empty() {
-                        ops.push(BatchOp::Put(
-                            CF_LOCATIONS,
+                        ops.push(Op::Put(
+                            Table::Locations,
                             location_key(&v, &r.origin_node),
                             Vec::new(),
                         ));
                     }
-                    ops.push(BatchOp::Put(
-                        CF_KEYS,
+                    ops.push(Op::Put(
+                        Table::Keys,
                         key_bytes(&self.ns, &k),
                         r.encode_to_vec(),
                     ));
                 }
-                Pending::Delete => ops.push(BatchOp::Delete(CF_KEYS, key_bytes(&self.ns, &k))),
+                Pending::Delete => ops.push(Op::Delete(Table::Keys, key_bytes(&self.ns, &k))),
             }
         }
-        self.meta.db().write(ops)?;
+        self.meta.backend.write(ops)?;
         Ok(())
     }
 }

@@ -2,44 +2,19 @@
 //! addresses, each with its own data directory, driven through the real CLI.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
+
+// The generic pieces come from the workspace's shared harness; `spawn_ready_cmd` is its
+// `spawn_ready` (this crate's `spawn_ready` takes `kt`'s arguments). Each test file uses some.
+#[allow(unused_imports)]
+pub use test_support::{
+    eventually, is_mounted, lazy_umount, pseudo_random, sh, spawn_ready as spawn_ready_cmd, Proc,
+};
 
 pub fn kt_bin() -> &'static str {
     env!("CARGO_BIN_EXE_kt")
-}
-
-/// A process that is killed when dropped.
-pub struct Proc {
-    pub child: Child,
-    /// The address it printed when ready.
-    pub addr: String,
-    /// The whole line it printed when ready.
-    pub ready_line: String,
-}
-
-impl Proc {
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Stops the process with SIGTERM and waits for it, as a user's Ctrl-C would.
-    pub fn stop(mut self) -> std::process::ExitStatus {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let st = self.child.wait().expect("wait");
-        std::mem::forget(self);
-        st
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Starts `kt ARGS` and waits (on its output, not on a clock) for its ready line; returns the
@@ -48,44 +23,6 @@ pub fn spawn_ready(args: &[&str]) -> Proc {
     let mut cmd = Command::new(kt_bin());
     cmd.args(args).env("RUST_LOG", "warn");
     spawn_ready_cmd(cmd)
-}
-
-/// [`spawn_ready`] for a command the caller prepared (its own environment, say).
-pub fn spawn_ready_cmd(mut cmd: Command) -> Proc {
-    let what = format!("{cmd:?}");
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn kt");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        for line in lines.by_ref() {
-            let Ok(line) = line else { break };
-            if line.contains("listening on ") {
-                let _ = tx.send(line);
-                break;
-            }
-        }
-        // Keep draining so the child never blocks on a full pipe.
-        for _ in lines {}
-    });
-    let line = rx
-        .recv_timeout(Duration::from_secs(60))
-        .unwrap_or_else(|_| panic!("{what} did not become ready"));
-    let addr = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|rest| rest.split([',', ' ']).next())
-        .unwrap_or("")
-        .to_string();
-    Proc {
-        child,
-        addr,
-        ready_line: line,
-    }
 }
 
 pub fn start_server(ip: &str, data_dir: &Path) -> Proc {
@@ -272,20 +209,6 @@ pub fn kt_with(server: &str, agent_sock: &Path, args: &[&str]) -> Output {
         .expect("run kt")
 }
 
-/// Deterministic pseudo-random bytes (xorshift), so every test run moves the same data.
-pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
 /// Asserts two trees are identical: names, kinds, bytes, modes, symlink targets.
 pub fn assert_same_tree(a: &Path, b: &Path) {
     use std::os::unix::fs::PermissionsExt;
@@ -372,17 +295,11 @@ impl MountProc {
 
     /// Kills the agent without warning, as a crash would, and clears the dead mount.
     pub fn crash(&mut self) {
-        if let Some(mut p) = self.proc.take() {
-            let _ = p.child.kill();
-            let _ = p.child.wait();
-            std::mem::forget(p);
+        if let Some(p) = self.proc.take() {
+            p.kill();
         }
         lazy_umount(&self.mountpoint);
     }
-}
-
-pub fn lazy_umount(path: &Path) {
-    let _ = Command::new("umount").arg("-l").arg(path).status();
 }
 
 impl Drop for MountProc {
@@ -394,52 +311,6 @@ impl Drop for MountProc {
         if is_mounted(&self.mountpoint) {
             lazy_umount(&self.mountpoint);
         }
-    }
-}
-
-pub fn is_mounted(path: &Path) -> bool {
-    let Ok(canon) = path
-        .canonicalize()
-        .or_else(|_| Ok::<_, ()>(path.to_path_buf()))
-    else {
-        return false;
-    };
-    std::fs::read_to_string("/proc/self/mounts")
-        .map(|m| {
-            m.lines()
-                .any(|l| l.split(' ').nth(1) == Some(canon.to_str().unwrap_or("")))
-        })
-        .unwrap_or(false)
-}
-
-/// Runs a bash command (with pipefail), which must succeed; returns its stdout.
-pub fn sh(cmd: &str) -> String {
-    let out = Command::new("bash")
-        .arg("-c")
-        .arg(format!("set -o pipefail; {cmd}"))
-        .output()
-        .expect("bash");
-    assert!(
-        out.status.success(),
-        "`{cmd}` failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Polls `cond` until it holds or `limit` passes; for state that another mount sees only after
-/// its short metadata cache expires.
-pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let start = std::time::Instant::now();
-    loop {
-        if cond() {
-            return true;
-        }
-        if start.elapsed() > limit {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -471,4 +342,10 @@ pub fn bytes_from(get: &serde_json::Value, source: &str) -> u64 {
         .filter(|s| s["source"] == source)
         .map(|s| s["bytes"].as_u64().expect("bytes"))
         .sum()
+}
+
+/// Sends `sig` to a process this test started.
+pub fn signal(pid: i32, sig: i32) {
+    // SAFETY: signalling a process this test started.
+    unsafe { libc::kill(pid, sig) };
 }

@@ -3,11 +3,9 @@
 //! stopped, and everything mounted unmounted, when the guards drop.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use kt_csi::proto::controller_client::ControllerClient;
 use kt_csi::proto::identity_client::IdentityClient;
@@ -17,98 +15,24 @@ use kt_csi::proto::volume_capability::{AccessMode, AccessType, BlockVolume, Moun
 use kt_csi::proto::VolumeCapability;
 use tonic::transport::Channel;
 
+// The generic pieces come from the workspace's shared harness.
+#[allow(unused_imports)]
+pub use test_support::{alive, eventually, lazy_umount, mount_points, pattern, require_fuse, Proc};
+
 /// The `kt` binary of this workspace: `target/PROFILE/kt`, next to the `deps` directory this
 /// test runs from (Cargo does not tell another package's tests where it is).
 pub fn kt_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test binary lives in target/PROFILE/deps");
-    let kt = profile_dir.join("kt");
-    assert!(
-        kt.is_file(),
-        "{} is missing: build it first (`cargo build --bin kt`, or run `cargo test --workspace`)",
-        kt.display()
-    );
-    kt
+    test_support::workspace_bin("kt")
 }
 
 pub fn kt_csi_bin() -> &'static str {
     env!("CARGO_BIN_EXE_kt-csi")
 }
 
-/// These tests mount for real; without FUSE they fail (they never skip).
-pub fn require_fuse() {
-    assert!(
-        Path::new("/dev/fuse").exists(),
-        "/dev/fuse is missing: the kt-csi tests mount ktfs for real (run as root with FUSE{})",
-        if std::env::var("CI").as_deref() == Ok("true") {
-            "; CI must provide it"
-        } else {
-            ""
-        }
-    );
-}
-
-/// A process killed (and reaped) when dropped.
-pub struct Proc {
-    pub child: Child,
-    /// What followed `listening on ` in its ready line.
-    pub ready: String,
-}
-
-impl Proc {
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// SIGKILL, as a crash would.
-    pub fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `cmd` and waits (on its output) for a line with `listening on `.
-pub fn spawn_ready(mut cmd: Command, what: &str) -> Proc {
-    let mut child = cmd
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawning {what}: {e}"));
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        for line in lines.by_ref() {
-            let Ok(line) = line else { break };
-            if let Some(rest) = line.split("listening on ").nth(1) {
-                let ready = rest.split([',', ' ']).next().unwrap_or("").to_string();
-                let _ = tx.send(ready);
-                break;
-            }
-        }
-        for _ in lines {}
-    });
-    let ready = match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(r) => r,
-        Err(_) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not become ready");
-        }
-    };
-    Proc { child, ready }
+/// Starts `cmd` with `RUST_LOG=warn` and waits for its ready line ([`test_support::spawn_ready`]).
+pub fn spawn_ready(mut cmd: Command) -> Proc {
+    cmd.env("RUST_LOG", "warn");
+    test_support::spawn_ready(cmd)
 }
 
 /// A `kt server` on `ip` with its data in a temporary directory.
@@ -125,8 +49,8 @@ impl Store {
         cmd.args(["server", "--listen", &format!("{ip}:0"), "--data-dir"])
             .arg(dir.path().join("store"))
             .args(["--lease-secs", "10"]);
-        let proc = spawn_ready(cmd, "kt server");
-        let addr = proc.ready.clone();
+        let proc = spawn_ready(cmd);
+        let addr = proc.addr.clone();
         Store { dir, proc, addr }
     }
 
@@ -230,9 +154,9 @@ impl Drop for CsiDirs {
                 if p.extension().is_some_and(|x| x == "pid") {
                     if let Some(pid) = std::fs::read_to_string(&p)
                         .ok()
-                        .and_then(|s| s.trim().parse::<i32>().ok())
+                        .and_then(|s| s.trim().parse::<u32>().ok())
                     {
-                        stop_pid(pid);
+                        test_support::terminate(pid, Duration::from_secs(10));
                     }
                 }
             }
@@ -243,57 +167,6 @@ impl Drop for CsiDirs {
         {
             lazy_umount(&m);
         }
-    }
-}
-
-/// Whether a process is alive (not gone, not a zombie).
-pub fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the command name in parentheses.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
-    }
-}
-
-fn stop_pid(pid: i32) {
-    let Ok(upid) = u32::try_from(pid) else { return };
-    if !alive(upid) {
-        return;
-    }
-    // SAFETY: signalling a process this test's kt-csi started.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    if !eventually(Duration::from_secs(10), || !alive(upid)) {
-        // SAFETY: as above.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-        eventually(Duration::from_secs(5), || !alive(upid));
-    }
-}
-
-pub fn lazy_umount(path: &Path) {
-    let _ = Command::new("umount").arg("-l").arg(path).status();
-}
-
-/// Mount points of the mount table, as paths.
-pub fn mount_points() -> Vec<PathBuf> {
-    kt_csi::mounts::read_mountinfo()
-        .map(|m| m.into_iter().map(|e| e.mount_point).collect())
-        .unwrap_or_default()
-}
-
-/// Polls `cond` until it holds or `limit` passes.
-pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    loop {
-        if cond() {
-            return true;
-        }
-        if start.elapsed() > limit {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -315,7 +188,7 @@ pub fn start_csi(dirs: &CsiDirs, store: &Store, agent_ip: &str, controller: bool
     if controller {
         cmd.arg("--controller");
     }
-    spawn_ready(cmd, "kt-csi")
+    spawn_ready(cmd)
 }
 
 /// Clients of the three CSI services on one connection.
@@ -350,17 +223,4 @@ pub fn block_cap() -> VolumeCapability {
             mode: Mode::SingleNodeWriter as i32,
         }),
     }
-}
-
-/// Deterministic bytes.
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }

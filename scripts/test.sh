@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The test command: sets up a fresh Debian machine (the apt and pip packages the build and the
+# tests need), then runs every test of the workspace. Run it as root: the mount and CSI tests
+# mount FUSE for real, and the package install needs root (as a user, install the packages
+# yourself; the install step is skipped, not the tests).
+#
+#   sudo bash scripts/test.sh
+#
+# It also checks formatting and the client-only build (`--no-default-features`: no RocksDB, no
+# FUSE), which a laptop's `kt` and the Python package link. `.ci/run` runs exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# librocksdb-dev: linked instead of compiling RocksDB (see .cargo/config.toml); clang and
+# libclang-dev: bindgen for its bindings; protobuf-compiler: the control-plane proto, and
+# libprotobuf-dev: the google/protobuf/*.proto that the CSI spec's csi.proto imports (kt-csi);
+# fuse3, attr (setfattr), git and python3: the mount tests drive the filesystem with them.
+APT_PACKAGES=(librocksdb-dev clang libclang-dev protobuf-compiler libprotobuf-dev fuse3 attr git
+    python3 python3-pip)
+# kubernetes-validate: the offline Kubernetes schemas deploy/check.sh validates the manifests
+# against (tests/deploy.rs runs it).
+PIP_PACKAGES=(kubernetes-validate==1.37.0)
+
+if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${APT_PACKAGES[@]}" >/dev/null
+    # A Debian-managed python3 needs --break-system-packages.
+    python3 -m pip install -q "${PIP_PACKAGES[@]}" 2>/dev/null \
+        || python3 -m pip install -q --break-system-packages "${PIP_PACKAGES[@]}"
+else
+    echo "test.sh: not root: not installing ${APT_PACKAGES[*]} ${PIP_PACKAGES[*]}" >&2
+fi
+
+cargo fmt --all -- --check
+
+# The client-only build holds nothing of RocksDB or FUSE, and compiles (checked, not built:
+# a build would put its `kt` where the tests expect the full one).
+if cargo tree --no-default-features -p ktfs -e normal -i rocksdb >/dev/null 2>&1 \
+    || cargo tree --no-default-features -p ktfs -e normal -i fuser >/dev/null 2>&1; then
+    echo "test.sh: the client-only build depends on rocksdb or fuser" >&2
+    exit 1
+fi
+cargo check --no-default-features -p ktfs --lib --bins
+
+cargo test --workspace

@@ -1,0 +1,58 @@
+//! How a node agent is set up, and the filesystem settings it gives each of its mounts.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::clock;
+use crate::fs::FsConfig;
+use crate::key::Namespace;
+use crate::proto::Locale;
+
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// How this agent is set up.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub server: String,
+    pub listen: String,
+    /// The address peers reach this agent on; the bound address when `None`.
+    pub advertise: Option<String>,
+    pub cache_dir: PathBuf,
+    /// Byte budget of the block cache.
+    pub cache_size: u64,
+    pub socket: PathBuf,
+    pub node_id: String,
+    pub zone: String,
+    pub heartbeat: Duration,
+    /// Mount namespaces in this process on request over the socket (`kt attach`).
+    pub host_mounts: bool,
+    /// The FUSE device keeper this agent runs under (`kt keeper`): hosted mounts are handed to
+    /// it and taken back from it at start.
+    pub fd_keeper: Option<PathBuf>,
+}
+
+impl AgentConfig {
+    /// The filesystem of `namespace` as this agent's node sees it.
+    pub fn fs_config(
+        &self,
+        namespace: Namespace,
+        locale: Locale,
+        read_only: bool,
+        fanout: u32,
+    ) -> FsConfig {
+        FsConfig {
+            server: self.server.clone(),
+            namespace,
+            locale,
+            read_only,
+            node_id: self.node_id.clone(),
+            zone: self.zone.clone(),
+            fanout,
+            staging: self.cache_dir.join("staging"),
+            // SAFETY: getuid/getgid cannot fail.
+            uid: unsafe { libc::getuid() },
+            gid: unsafe { libc::getgid() },
+            clock: clock::system(),
+        }
+    }
+}

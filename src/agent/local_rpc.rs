@@ -1,0 +1,208 @@
+//! The agent's service on its unix socket, for CLIs on this node: publish in place, seed what
+//! a getter fetched, offer blocks while they arrive, mount and unmount namespaces, status.
+//! Its errors become statuses through the one table of `rpc::status`.
+
+use std::sync::Arc;
+
+use indicatif::ProgressBar;
+use tonic::{Request, Response, Status};
+
+use super::config::AgentConfig;
+use super::hosted::{HostError, HostedMounts};
+use crate::blocks::in_place::InPlaceError;
+use crate::blocks::node::NodeBlocks;
+use crate::hash::{BlockHash, Version};
+use crate::manifest::{self, Manifest};
+use crate::proto::agent_server::Agent;
+use crate::proto::*;
+use crate::rpc::client::{self, ClientError};
+use crate::rpc::status::{to_status, Fault};
+use crate::transfer::publish::{self, Payload, PublishError};
+
+pub(super) struct AgentHandler {
+    pub cfg: AgentConfig,
+    pub data_addr: String,
+    pub blocks: Arc<NodeBlocks>,
+    pub hosted: Option<Arc<HostedMounts>>,
+}
+
+fn invalid(msg: impl Into<String>) -> Status {
+    to_status(Fault::Invalid, msg)
+}
+
+fn client_status(e: ClientError) -> Status {
+    to_status(e.fault(), e.to_string())
+}
+
+fn in_place_status(e: InPlaceError) -> Status {
+    let fault = match &e {
+        InPlaceError::NoEntry(_) | InPlaceError::NotAbsolute(_) | InPlaceError::BadHash(_) => {
+            Fault::Invalid
+        }
+        InPlaceError::Disk { .. } | InPlaceError::Changed(_) => Fault::Conflict,
+        InPlaceError::Db(_) | InPlaceError::Corrupt(_) => Fault::Internal,
+    };
+    to_status(fault, e.to_string())
+}
+
+fn host_status(e: HostError) -> Status {
+    let fault = match &e {
+        HostError::Conflict { .. } => Fault::Exists,
+        HostError::BadRequest(_) => Fault::Invalid,
+        HostError::Mount { .. } => Fault::Internal,
+        HostError::NotMounted(_) => Fault::NotFound,
+    };
+    to_status(fault, e.to_string())
+}
+
+fn publish_status(e: PublishError) -> Status {
+    match e {
+        PublishError::Client(c) => client_status(c),
+        PublishError::Transfer(t) => to_status(t.fault(), t.to_string()),
+        PublishError::BadVersion => to_status(Fault::Internal, e.to_string()),
+    }
+}
+
+/// A manifest a CLI sent, checked before anything is registered from it.
+fn checked(m: Option<Manifest>) -> Result<Manifest, Status> {
+    let m = m.ok_or_else(|| invalid("manifest missing"))?;
+    manifest::validate(&m).map_err(|e| invalid(e.to_string()))?;
+    Ok(m)
+}
+
+impl AgentHandler {
+    fn hosted(&self) -> Result<&HostedMounts, Status> {
+        self.hosted.as_deref().ok_or_else(|| {
+            to_status(
+                Fault::Conflict,
+                "this agent does not host mounts (start it with --host-mounts)",
+            )
+        })
+    }
+
+    /// Registers `files` as holding the blocks of `m`, off the async threads.
+    async fn register(&self, m: Manifest, files: Vec<LocalFile>) -> Result<usize, Status> {
+        let blocks = self.blocks.clone();
+        tokio::task::spawn_blocking(move || blocks.register(&m, &files))
+            .await
+            .map_err(|e| to_status(Fault::Internal, e.to_string()))?
+            .map_err(in_place_status)
+    }
+}
+
+#[tonic::async_trait]
+impl Agent for AgentHandler {
+    async fn publish_local(
+        &self,
+        req: Request<PublishLocalRequest>,
+    ) -> Result<Response<PublishResponse>, Status> {
+        let r = req.into_inner();
+        let mut req = r.publish.ok_or_else(|| invalid("publish missing"))?;
+        let m = checked(req.manifest.clone())?;
+        let n = self.register(m, r.files).await?;
+        req.locale = Locale::Local as i32;
+        req.origin_node = self.cfg.node_id.clone();
+        let mut store = client::connect_store(&self.cfg.server)
+            .await
+            .map_err(client_status)?;
+        let done = publish::publish(
+            &mut store,
+            &self.cfg.server,
+            req,
+            Payload::InPlace,
+            &ProgressBar::hidden(),
+        )
+        .await
+        .map_err(publish_status)?;
+        tracing::info!(blocks = n, "published in place");
+        Ok(Response::new(PublishResponse {
+            version: done.version.0.to_vec(),
+        }))
+    }
+
+    async fn add_source(
+        &self,
+        req: Request<AddSourceRequest>,
+    ) -> Result<Response<AddSourceResponse>, Status> {
+        let r = req.into_inner();
+        let version = Version::from_slice(&r.version).ok_or_else(|| invalid("bad version"))?;
+        let m = checked(r.manifest)?;
+        self.register(m, r.files).await?;
+        let mut store = client::connect_store(&self.cfg.server)
+            .await
+            .map_err(client_status)?;
+        store
+            .add_location(AddLocationRequest {
+                version: version.0.to_vec(),
+                node_id: self.cfg.node_id.clone(),
+            })
+            .await?;
+        tracing::info!(%version, "seeding");
+        Ok(Response::new(AddSourceResponse {}))
+    }
+
+    async fn status(
+        &self,
+        _req: Request<AgentStatusRequest>,
+    ) -> Result<Response<AgentStatusResponse>, Status> {
+        let (bytes_served, blocks_served) = self.blocks.served();
+        Ok(Response::new(AgentStatusResponse {
+            node_id: self.cfg.node_id.clone(),
+            data_addr: self.data_addr.clone(),
+            server: self.cfg.server.clone(),
+            zone: self.cfg.zone.clone(),
+            bytes_served,
+            blocks_served,
+        }))
+    }
+
+    async fn mount(&self, req: Request<MountRequest>) -> Result<Response<MountResponse>, Status> {
+        let already_mounted = self
+            .hosted()?
+            .mount(req.into_inner())
+            .await
+            .map_err(host_status)?;
+        Ok(Response::new(MountResponse { already_mounted }))
+    }
+
+    async fn unmount(
+        &self,
+        req: Request<UnmountRequest>,
+    ) -> Result<Response<UnmountResponse>, Status> {
+        self.hosted()?
+            .unmount(&req.into_inner().mountpoint)
+            .await
+            .map_err(host_status)?;
+        Ok(Response::new(UnmountResponse {}))
+    }
+
+    async fn receive(
+        &self,
+        req: Request<tonic::Streaming<ReceiveEvent>>,
+    ) -> Result<Response<ReceiveResponse>, Status> {
+        let mut stream = req.into_inner();
+        let first = stream
+            .message()
+            .await?
+            .ok_or_else(|| invalid("empty receive stream"))?;
+        let m = checked(first.manifest)?;
+        let offer = self
+            .blocks
+            .offer(&m, &first.files)
+            .map_err(in_place_status)?;
+        let ready = |hashes: &[Vec<u8>]| {
+            let hashes: Vec<BlockHash> = hashes
+                .iter()
+                .filter_map(|h| BlockHash::from_slice(h))
+                .collect();
+            offer.ready(&hashes);
+        };
+        ready(&first.ready);
+        // The offer lasts as long as the getter's stream; a getter that dies ends it.
+        while let Ok(Some(ev)) = stream.message().await {
+            ready(&ev.ready);
+        }
+        drop(offer);
+        Ok(Response::new(ReceiveResponse {}))
+    }
+}

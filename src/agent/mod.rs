@@ -1,0 +1,241 @@
+//! The node agent: this node's blocks ([`crate::blocks::node`]) served to peers on the data
+//! plane, its lease with the store server ([`heartbeat`]), the unix socket on which local CLIs
+//! publish, seed and mount ([`local_rpc`]), and the namespaces it mounts in its own process
+//! ([`hosted`]).
+
+mod config;
+mod heartbeat;
+pub mod hosted;
+mod local_rpc;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio_stream::wrappers::UnixListenerStream;
+
+pub use config::{AgentConfig, DEFAULT_HEARTBEAT};
+use hosted::HostedMounts;
+use local_rpc::AgentHandler;
+
+use crate::blocks::cache::{BlockCache, CF_CACHE, CF_CACHE_INDEX};
+use crate::blocks::in_place::CF_LOCAL;
+use crate::blocks::node::NodeBlocks;
+use crate::blocks::BlockError;
+use crate::db::{Db, DbError};
+use crate::fs::inode::CF_INODES;
+use crate::fs::session::Stop;
+use crate::fs::xattr::CF_XATTR;
+use crate::keeper::KeeperClient;
+use crate::proto::agent_server::AgentServer;
+use crate::proto::{NodeInfo, RegisterNodeRequest};
+use crate::rpc::client::{self, ClientError};
+use crate::rpc::MAX_RPC_MESSAGE;
+use crate::transfer::port;
+
+/// Every column family of the agent's database, whoever owns it.
+const FAMILIES: &[&str] = &[CF_CACHE, CF_CACHE_INDEX, CF_LOCAL, CF_XATTR, CF_INODES];
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another agent is listening on {0}")]
+    SocketTaken(String),
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error(transparent)]
+    Blocks(#[from] BlockError),
+    #[error("signal handler: {0}")]
+    Signal(#[source] std::io::Error),
+    #[error("serving: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// A bound agent, ready to run.
+pub struct AgentProcess {
+    cfg: AgentConfig,
+    listener: TcpListener,
+    unix: UnixListener,
+    blocks: Arc<NodeBlocks>,
+}
+
+impl AgentProcess {
+    pub async fn bind(cfg: AgentConfig) -> Result<Self, AgentError> {
+        let io = |path: &Path| {
+            let path = path.display().to_string();
+            move |source| AgentError::Io { path, source }
+        };
+        std::fs::create_dir_all(&cfg.cache_dir).map_err(io(&cfg.cache_dir))?;
+        let db = Db::open(&cfg.cache_dir.join("agent.rocksdb"), FAMILIES, &[CF_CACHE])?;
+        let cache = BlockCache::open(db.clone(), &cfg.cache_dir.join("blocks"), cfg.cache_size)?;
+        let listener =
+            TcpListener::bind(&cfg.listen)
+                .await
+                .map_err(|source| AgentError::Listen {
+                    addr: cfg.listen.clone(),
+                    source,
+                })?;
+        if let Some(dir) = cfg.socket.parent() {
+            std::fs::create_dir_all(dir).map_err(io(dir))?;
+        }
+        // A socket left by an agent that died is stale; one that answers belongs to a live agent.
+        if cfg.socket.exists() {
+            if std::os::unix::net::UnixStream::connect(&cfg.socket).is_ok() {
+                return Err(AgentError::SocketTaken(cfg.socket.display().to_string()));
+            }
+            std::fs::remove_file(&cfg.socket).map_err(io(&cfg.socket))?;
+        }
+        let unix = UnixListener::bind(&cfg.socket).map_err(|source| AgentError::Listen {
+            addr: cfg.socket.display().to_string(),
+            source,
+        })?;
+        Ok(AgentProcess {
+            cfg,
+            listener,
+            unix,
+            blocks: Arc::new(NodeBlocks::new(db, cache)),
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn blocks(&self) -> Arc<NodeBlocks> {
+        self.blocks.clone()
+    }
+
+    pub fn config(&self) -> &AgentConfig {
+        &self.cfg
+    }
+
+    pub fn data_addr(&self) -> String {
+        match &self.cfg.advertise {
+            Some(a) => a.clone(),
+            None => self.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        }
+    }
+
+    /// Registers this node with the store server once, so that a publish right after start
+    /// finds it; the heartbeat keeps it registered from then on.
+    pub async fn register(&self) -> Result<(), ClientError> {
+        let mut store = client::connect_store(&self.cfg.server).await?;
+        store
+            .register_node(RegisterNodeRequest {
+                node: Some(self.node_info()),
+            })
+            .await?;
+        Ok(())
+    }
+
+    fn node_info(&self) -> NodeInfo {
+        NodeInfo {
+            node_id: self.cfg.node_id.clone(),
+            data_addr: self.data_addr(),
+            zone: self.cfg.zone.clone(),
+        }
+    }
+
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), AgentError> {
+        let data_addr = self.data_addr();
+        let node = self.node_info();
+        let heartbeat = tokio::spawn(heartbeat::heartbeat_loop(
+            self.cfg.server.clone(),
+            node,
+            self.cfg.heartbeat,
+        ));
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let hosted = self
+            .cfg
+            .host_mounts
+            .then(|| Arc::new(HostedMounts::new(self.cfg.clone(), self.blocks.clone())));
+        let keeper = self.cfg.fd_keeper.clone().map(KeeperClient::new);
+        if let (Some(h), Some(k)) = (&hosted, &keeper) {
+            match h.resume_kept(k.clone()).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(mounts = n, "serving the mounts of the previous agent"),
+                Err(e) => tracing::error!(error = %e, "could not ask the keeper for its mounts"),
+            }
+        }
+        // Under a keeper, SIGUSR1 hands the mounts over to the next agent instead of
+        // unmounting them (an upgrade).
+        let handover = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut usr1 = match keeper {
+            Some(_) => Some(
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+                    .map_err(AgentError::Signal)?,
+            ),
+            None => None,
+        };
+        let handler = AgentHandler {
+            cfg: self.cfg.clone(),
+            data_addr,
+            blocks: self.blocks.clone(),
+            hosted: hosted.clone(),
+        };
+        let svc = AgentServer::new(handler)
+            .max_decoding_message_size(MAX_RPC_MESSAGE)
+            .max_encoding_message_size(MAX_RPC_MESSAGE);
+        let unix = tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming_shutdown(
+                UnixListenerStream::new(self.unix),
+                wait(stop_rx.clone()),
+            );
+        let peer = port::serve(self.listener, None, self.blocks.clone(), wait(stop_rx));
+        let handing_over = handover.clone();
+        let stopper = async move {
+            let usr1 = async {
+                match usr1.as_mut() {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = shutdown => {}
+                _ = usr1 => handing_over.store(true, std::sync::atomic::Ordering::SeqCst),
+            }
+            let _ = stop_tx.send(true);
+        };
+        let (u, p, ()) = tokio::join!(unix, peer, stopper);
+        if let Some(h) = hosted {
+            if handover.load(std::sync::atomic::Ordering::SeqCst) {
+                h.stop_all(Stop::Handover).await;
+                heartbeat.abort();
+                self.blocks.db().flush()?;
+                // The FUSE threads still take requests; leave now rather than let them meet a
+                // runtime that is shutting down (errors a reader would see). What they had
+                // read and not answered, the kernel resends to the next agent.
+                tracing::info!("mounts handed over to the next agent");
+                std::process::exit(0);
+            }
+            h.stop_all(Stop::Unmount).await;
+        }
+        heartbeat.abort();
+        let _ = std::fs::remove_file(&self.cfg.socket);
+        self.blocks.db().flush()?;
+        u?;
+        p?;
+        Ok(())
+    }
+}

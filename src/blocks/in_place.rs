@@ -1,0 +1,151 @@
+//! Files served in place: the blocks of a version this node published with `locale=local` or
+//! fetched and seeds, read straight from the files that hold them, never copied.
+//!
+//! A registration records, per block, where it lies (path, offset) and what the file looked like
+//! then (size, mtime). Before a block goes out, the file's size and mtime are checked and the
+//! bytes hashed, so a file changed after publishing is never served as the published block.
+
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+
+use bytes::Bytes;
+use prost::Message;
+
+use super::BlockError;
+use crate::db::{BatchOp, Db, DbError};
+use crate::hash::BlockHash;
+use crate::manifest::{self, EntryKind, FileEntry, Manifest};
+use crate::proto::{LocalBlock, LocalBlocks, LocalFile};
+
+/// Where each registered block lies on this node.
+pub const CF_LOCAL: &str = "local";
+/// Places kept per block; older places are tried first and dropped first.
+const MAX_PLACES: usize = 8;
+
+#[derive(Debug, thiserror::Error)]
+pub enum InPlaceError {
+    #[error("the manifest has no file entry {0:?}")]
+    NoEntry(String),
+    #[error("disk path {0} is not absolute")]
+    NotAbsolute(String),
+    #[error("{path}: {source}")]
+    Disk {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0} changed since it was scanned")]
+    Changed(String),
+    #[error("the manifest of {0:?} names a malformed block hash")]
+    BadHash(String),
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error("a stored place of a block is corrupt: {0}")]
+    Corrupt(#[from] prost::DecodeError),
+}
+
+/// The file entry of `m` that a local file claims to hold, and the file's absolute path.
+pub fn entry_of<'m>(m: &'m Manifest, f: &LocalFile) -> Result<&'m FileEntry, InPlaceError> {
+    if !Path::new(&f.disk_path).is_absolute() {
+        return Err(InPlaceError::NotAbsolute(f.disk_path.clone()));
+    }
+    m.entries
+        .iter()
+        .find(|e| e.path == f.entry_path && e.kind() == EntryKind::File)
+        .ok_or_else(|| InPlaceError::NoEntry(f.entry_path.clone()))
+}
+
+/// The registered places of blocks, in the node's database.
+pub struct InPlace {
+    db: Db,
+}
+
+impl InPlace {
+    pub fn new(db: Db) -> Self {
+        InPlace { db }
+    }
+
+    fn places(&self, hash: &BlockHash) -> Result<Vec<LocalBlock>, InPlaceError> {
+        match self.db.get(CF_LOCAL, hash.as_bytes())? {
+            Some(v) => Ok(LocalBlocks::decode(v.as_slice())?.places),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Registers files on disk as holding the blocks of `m`, in place. Returns the number of
+    /// blocks registered.
+    pub fn register(&self, m: &Manifest, files: &[LocalFile]) -> Result<usize, InPlaceError> {
+        let mut ops = Vec::new();
+        let mut count = 0;
+        for f in files {
+            let entry = entry_of(m, f)?;
+            let disk = Path::new(&f.disk_path);
+            let meta = std::fs::metadata(disk).map_err(|source| InPlaceError::Disk {
+                path: f.disk_path.clone(),
+                source,
+            })?;
+            if meta.len() != entry.size {
+                return Err(InPlaceError::Changed(f.disk_path.clone()));
+            }
+            let mut offset = 0u64;
+            for b in &entry.blocks {
+                let hash = manifest::block_hash(b)
+                    .ok_or_else(|| InPlaceError::BadHash(entry.path.clone()))?;
+                let mut places = self.places(&hash)?;
+                places.retain(|p| p.disk_path != f.disk_path || p.offset != offset);
+                places.push(LocalBlock {
+                    disk_path: f.disk_path.clone(),
+                    offset,
+                    len: b.len,
+                    file_size: meta.len(),
+                    mtime_sec: meta.mtime(),
+                    mtime_nsec: meta.mtime_nsec() as u32,
+                });
+                if places.len() > MAX_PLACES {
+                    places.remove(0);
+                }
+                ops.push(BatchOp::Put(
+                    CF_LOCAL,
+                    hash.0.to_vec(),
+                    LocalBlocks { places }.encode_to_vec(),
+                ));
+                offset += u64::from(b.len);
+                count += 1;
+            }
+        }
+        self.db.write(ops)?;
+        Ok(count)
+    }
+
+    /// The block from a registered file that still holds it unchanged.
+    pub fn find(&self, hash: &BlockHash) -> Result<Option<Bytes>, BlockError> {
+        let places = match self.places(hash) {
+            Ok(p) => p,
+            Err(InPlaceError::Db(e)) => return Err(e.into()),
+            Err(e) => {
+                tracing::warn!(block = %hash, error = %e, "unreadable places of a block");
+                return Ok(None);
+            }
+        };
+        Ok(places.iter().find_map(|p| read_place(p, hash)))
+    }
+}
+
+fn read_place(p: &LocalBlock, hash: &BlockHash) -> Option<Bytes> {
+    let f = std::fs::File::open(&p.disk_path).ok()?;
+    let meta = f.metadata().ok()?;
+    if meta.len() != p.file_size
+        || meta.mtime() != p.mtime_sec
+        || meta.mtime_nsec() as u32 != p.mtime_nsec
+    {
+        tracing::warn!(path = %p.disk_path, "published file changed on disk; not serving it");
+        return None;
+    }
+    let mut buf = vec![0u8; p.len as usize];
+    f.read_exact_at(&mut buf, p.offset).ok()?;
+    if BlockHash::of(&buf) != *hash {
+        tracing::warn!(path = %p.disk_path, block = %hash, "published file no longer matches its hash; not serving it");
+        return None;
+    }
+    Some(Bytes::from(buf))
+}

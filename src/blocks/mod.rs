@@ -1,0 +1,77 @@
+//! Blocks by hash: what the store and each node hold, and how they serve them.
+//!
+//! A block is served only from what the server holds ([`BlockServe`]): the store's files and
+//! database ([`store`]), a node's cache ([`cache`]), the files it published or fetched, served
+//! in place ([`in_place`]), and the blocks it is receiving right now ([`in_flight`]); [`node`]
+//! puts a node's three together. Large blocks live in files named by hash ([`files`]), written
+//! in pieces ([`pieces`]). Everything here is below the transfers and the filesystem, and knows
+//! nothing of either.
+
+pub mod pieces;
+
+#[cfg(feature = "daemons")]
+pub mod cache;
+#[cfg(feature = "daemons")]
+pub mod files;
+#[cfg(feature = "daemons")]
+pub mod in_flight;
+#[cfg(feature = "daemons")]
+pub mod in_place;
+#[cfg(feature = "daemons")]
+pub mod node;
+#[cfg(feature = "daemons")]
+pub mod store;
+
+use bytes::Bytes;
+
+use crate::hash::BlockHash;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BlockError {
+    #[cfg(feature = "daemons")]
+    #[error(transparent)]
+    Db(#[from] crate::db::DbError),
+    #[error("block files in {dir}: {source}")]
+    Files {
+        dir: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("this peer takes no uploads")]
+    NoUploads,
+}
+
+impl BlockError {
+    /// The disk's own error, if the failure was one (a full disk, say).
+    pub fn io(&self) -> Option<&std::io::Error> {
+        match self {
+            BlockError::Files { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// A block as a server holds it.
+pub enum Served {
+    Bytes(Bytes),
+    /// The whole of a file of this length, sent straight from the page cache (sendfile).
+    File(std::fs::File, u64),
+}
+
+/// What a data-plane server serves. Calls block (disk, RocksDB); the server runs them off the
+/// async threads.
+pub trait BlockServe: Send + Sync + 'static {
+    /// The block, or `None` if this peer does not hold it. Bytes in memory must match `hash`;
+    /// a file is what was stored under `hash` (its reader verifies it, as every reader does).
+    fn get(&self, hash: &BlockHash) -> Result<Option<Served>, BlockError>;
+    /// Stores a block. Peers that take no uploads refuse.
+    fn put(&self, hash: &BlockHash, data: Bytes) -> Result<(), BlockError>;
+    /// For a block this peer does not hold yet but is receiving: resolves once it may have
+    /// arrived, so that a child in a broadcast tree is answered as soon as its parent has it.
+    fn pending(&self, _hash: &BlockHash) -> Option<Pending> {
+        None
+    }
+}
+
+/// See [`BlockServe::pending`].
+pub type Pending = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;

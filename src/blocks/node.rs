@@ -1,0 +1,160 @@
+//! A node's blocks, as its agent serves them to peers and its mounts read them: the block
+//! cache, the files it serves in place, and the blocks it is receiving right now.
+//!
+//! Blocks are served by hash, only from what this node holds. A block in flight is served once
+//! its getter has written and verified it, and a request for one that is expected but not yet
+//! here waits for it (up to [`PENDING_WAIT`]) instead of being refused: that is what pipelines
+//! a broadcast tree.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::cache::BlockCache;
+use super::in_flight::{InFlight, Place, PENDING_WAIT};
+use super::in_place::{entry_of, InPlace, InPlaceError};
+use super::{BlockError, BlockServe, Pending, Served};
+use crate::db::Db;
+use crate::hash::BlockHash;
+use crate::manifest::{self, Manifest};
+use crate::proto::LocalFile;
+
+/// What this node holds and serves to peers.
+pub struct NodeBlocks {
+    db: Db,
+    cache: Arc<BlockCache>,
+    in_place: InPlace,
+    in_flight: Arc<InFlight>,
+    bytes_served: AtomicU64,
+    blocks_served: AtomicU64,
+}
+
+impl NodeBlocks {
+    /// The blocks of a node over its database (which holds the cache's and the in-place
+    /// families) and its block cache.
+    pub fn new(db: Db, cache: BlockCache) -> Self {
+        NodeBlocks {
+            in_place: InPlace::new(db.clone()),
+            db,
+            cache: Arc::new(cache),
+            in_flight: Arc::default(),
+            bytes_served: AtomicU64::new(0),
+            blocks_served: AtomicU64::new(0),
+        }
+    }
+
+    pub fn cache(&self) -> &Arc<BlockCache> {
+        &self.cache
+    }
+
+    /// The node's database, for the records that live beside its blocks (a mount's xattrs and
+    /// inode journal).
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    /// Bytes and blocks served to peers so far.
+    pub fn served(&self) -> (u64, u64) {
+        (
+            self.bytes_served.load(Ordering::Relaxed),
+            self.blocks_served.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Registers files on disk as holding the blocks of `m`, served in place from now on.
+    pub fn register(&self, m: &Manifest, files: &[LocalFile]) -> Result<usize, InPlaceError> {
+        self.in_place.register(m, files)
+    }
+
+    /// The block from the cache, a file served in place or a fetch in flight; not counted as
+    /// served.
+    pub fn find(&self, hash: &BlockHash) -> Result<Option<Bytes>, BlockError> {
+        if let Some(v) = self.cache.get(hash)? {
+            return Ok(Some(v));
+        }
+        if let Some(v) = self.in_place.find(hash)? {
+            return Ok(Some(v));
+        }
+        Ok(self.in_flight.read(hash))
+    }
+
+    /// Offers the blocks of files being received (entries of `m` at absolute temporary paths):
+    /// each is served once marked ready. The offer ends when the returned guard drops.
+    pub fn offer(&self, m: &Manifest, files: &[LocalFile]) -> Result<Offered, InPlaceError> {
+        let mut expected: HashMap<BlockHash, Vec<Place>> = HashMap::new();
+        for f in files {
+            let entry = entry_of(m, f)?;
+            let file = std::fs::File::open(Path::new(&f.disk_path)).map_err(|source| {
+                InPlaceError::Disk {
+                    path: f.disk_path.clone(),
+                    source,
+                }
+            })?;
+            let file = Arc::new(file);
+            let mut offset = 0u64;
+            for b in &entry.blocks {
+                let hash = manifest::block_hash(b)
+                    .ok_or_else(|| InPlaceError::BadHash(entry.path.clone()))?;
+                expected.entry(hash).or_default().push(Place {
+                    file: file.clone(),
+                    offset,
+                    len: b.len,
+                });
+                offset += u64::from(b.len);
+            }
+        }
+        let id = self.in_flight.open(expected);
+        Ok(Offered {
+            in_flight: self.in_flight.clone(),
+            id,
+        })
+    }
+}
+
+/// An offer of blocks in flight; ends however its holder ends, a cancelled call included.
+pub struct Offered {
+    in_flight: Arc<InFlight>,
+    id: u64,
+}
+
+impl Offered {
+    /// Marks blocks written and verified: they are served from now on. Unknown ones are ignored.
+    pub fn ready(&self, hashes: &[BlockHash]) {
+        self.in_flight.ready(self.id, hashes);
+    }
+}
+
+impl Drop for Offered {
+    fn drop(&mut self) {
+        self.in_flight.close(self.id);
+    }
+}
+
+impl BlockServe for NodeBlocks {
+    fn get(&self, hash: &BlockHash) -> Result<Option<Served>, BlockError> {
+        let got = self.find(hash)?;
+        if let Some(b) = &got {
+            self.bytes_served
+                .fetch_add(b.len() as u64, Ordering::Relaxed);
+            self.blocks_served.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(got.map(Served::Bytes))
+    }
+
+    fn pending(&self, hash: &BlockHash) -> Option<Pending> {
+        if !self.in_flight.pending(hash) {
+            return None;
+        }
+        let (in_flight, hash) = (self.in_flight.clone(), *hash);
+        Some(Box::pin(async move {
+            in_flight.wait(&hash, PENDING_WAIT).await;
+        }))
+    }
+
+    fn put(&self, _hash: &BlockHash, _data: Bytes) -> Result<(), BlockError> {
+        Err(BlockError::NoUploads)
+    }
+}

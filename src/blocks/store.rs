@@ -1,0 +1,167 @@
+//! The store server's blocks: small ones in RocksDB, large ones as files named by hash
+//! ([`BlockFiles`]), all of them in an index that says which exist and where.
+//!
+//! Large blocks are written without RocksDB's write-ahead log and their files without a sync;
+//! the publish that first needs them makes both durable ([`StoreBlocks::make_durable`]), with
+//! one sync for all of them: files first, index after, so a crash never leaves an index entry
+//! without its block, and a key is never published before its blocks are safe.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::RwLock;
+
+use bytes::Bytes;
+
+use super::files::{BlockFiles, MIN_FILE_BLOCK};
+use super::{BlockError, BlockServe, Served};
+use crate::db::{BatchOp, Db};
+use crate::hash::BlockHash;
+use crate::locks;
+
+pub const CF_BLOCKS: &str = "blocks";
+/// Which blocks the store holds (hash -> length): asking RocksDB whether a blob-file value
+/// exists reads the whole value and checks its CRC, 4 MiB per question.
+pub const CF_BLOCK_INDEX: &str = "block_index";
+
+/// Marks an index entry (`len: u32 BE` then this byte) whose block is in a file.
+const IN_FILE: u8 = b'f';
+
+pub struct StoreBlocks {
+    db: Db,
+    files: BlockFiles,
+    /// `true` while some large blocks may be only in the memtable. Block writes hold the gate
+    /// shared; [`StoreBlocks::make_durable`] holds it alone, so no block it has seen escapes.
+    volatile_gate: RwLock<()>,
+    volatile_blocks: AtomicBool,
+}
+
+impl StoreBlocks {
+    /// The blocks in `db` (which must have [`CF_BLOCKS`] and [`CF_BLOCK_INDEX`]) and `files`.
+    pub fn new(db: Db, files: BlockFiles) -> Self {
+        StoreBlocks {
+            db,
+            files,
+            volatile_gate: RwLock::new(()),
+            volatile_blocks: AtomicBool::new(false),
+        }
+    }
+
+    /// Stores a block that has been verified against its hash (a block already here is left
+    /// as it is).
+    pub fn put(&self, hash: &BlockHash, data: &[u8]) -> Result<(), BlockError> {
+        if self.contains(hash)? {
+            return Ok(());
+        }
+        let k = hash.as_bytes();
+        let len = (data.len() as u32).to_be_bytes();
+        // Small blocks go to RocksDB with the WAL, so many small files do not each force a sync
+        // on publish.
+        if data.len() < MIN_FILE_BLOCK {
+            return Ok(self.db.write(vec![
+                BatchOp::Put(CF_BLOCKS, k.to_vec(), data.to_vec()),
+                BatchOp::Put(CF_BLOCK_INDEX, k.to_vec(), len.to_vec()),
+            ])?);
+        }
+        let _gate = locks::read(&self.volatile_gate);
+        self.files
+            .write(hash, data)
+            .map_err(|e| self.files.error(e))?;
+        let mut v = len.to_vec();
+        v.push(IN_FILE);
+        self.db.put_volatile(&[(CF_BLOCK_INDEX, k, &v)])?;
+        self.volatile_blocks.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Whether the store holds the block. A block whose file has gone (a disk replaced under
+    /// the store) counts as missing, so that the next put uploads it again.
+    pub fn contains(&self, hash: &BlockHash) -> Result<bool, BlockError> {
+        Ok(match self.db.get(CF_BLOCK_INDEX, hash.as_bytes())? {
+            None => false,
+            Some(v) if v.get(4) == Some(&IN_FILE) => self.files.exists(hash),
+            Some(_) => true,
+        })
+    }
+
+    /// The blocks of `hashes` the store lacks.
+    pub fn missing(&self, hashes: &[BlockHash]) -> Result<Vec<BlockHash>, BlockError> {
+        let mut out = Vec::new();
+        for h in hashes {
+            if !self.contains(h)? {
+                out.push(*h);
+            }
+        }
+        Ok(out)
+    }
+
+    /// A block's bytes for the data plane: an open file for a large block (sent with
+    /// sendfile), the value itself for a small one.
+    pub fn get(&self, hash: &BlockHash) -> Result<Option<Served>, BlockError> {
+        let Some(v) = self.db.get(CF_BLOCK_INDEX, hash.as_bytes())? else {
+            return Ok(None);
+        };
+        if v.get(4) == Some(&IN_FILE) {
+            let found = self
+                .files
+                .open_block(hash)
+                .map_err(|e| self.files.error(e))?;
+            if found.is_none() {
+                tracing::warn!(block = %hash.hex(), "the index names a block file that is gone");
+            }
+            return Ok(found.map(|(file, len)| Served::File(file, len)));
+        }
+        // Blocks stored in RocksDB: small ones, and every block of a store written before
+        // large blocks moved to files. Readers check the hash, so RocksDB's CRC is skipped.
+        Ok(self
+            .db
+            .get_unverified(CF_BLOCKS, hash.as_bytes())?
+            .map(Served::Bytes))
+    }
+
+    /// Indexes the blocks of a store written before the index existed (a one-time pass that
+    /// reads every block once).
+    pub fn index_old_blocks(&self) -> Result<(), BlockError> {
+        if !self.db.is_empty(CF_BLOCK_INDEX)? || self.db.is_empty(CF_BLOCKS)? {
+            return Ok(());
+        }
+        tracing::info!("indexing the blocks of a store written by an older ktfs");
+        let mut n = 0u64;
+        self.db.for_each(CF_BLOCKS, |k, v| {
+            n += 1;
+            self.db
+                .put(CF_BLOCK_INDEX, k, &(v.len() as u32).to_be_bytes())
+        })?;
+        tracing::info!(blocks = n, "blocks indexed");
+        Ok(())
+    }
+
+    /// Flushes the blocks written without the WAL, if there are any.
+    pub fn make_durable(&self) -> Result<(), BlockError> {
+        let _gate = locks::write(&self.volatile_gate);
+        if self.volatile_blocks.swap(false, Ordering::AcqRel) {
+            // Blocks first: a crash between the two leaves blocks the index does not know
+            // (uploaded again if asked for), never an index entry without its block.
+            let flushed = self
+                .files
+                .sync()
+                .map_err(|e| self.files.error(e))
+                .and_then(|()| Ok(self.db.flush_family(CF_BLOCK_INDEX)?));
+            if let Err(e) = flushed {
+                self.volatile_blocks.store(true, Ordering::Release);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The central block store, served on the data plane. Uploads are verified against their hash
+/// by the data plane before they get here.
+impl BlockServe for StoreBlocks {
+    fn get(&self, hash: &BlockHash) -> Result<Option<Served>, BlockError> {
+        StoreBlocks::get(self, hash)
+    }
+
+    fn put(&self, hash: &BlockHash, data: Bytes) -> Result<(), BlockError> {
+        StoreBlocks::put(self, hash, &data)
+    }
+}

@@ -1,0 +1,242 @@
+//! Broadcast windows and fan-out trees, kept in memory by the store server.
+//!
+//! A window gathers the participants of one distribution under a `group_id`. Its quorum closes
+//! when ANY of its criteria is met: `world_size` participants joined, every address of `ips`
+//! joined, or `timeout` passed since it opened. Putters may wait for the quorum; getters of files
+//! do not: each is given a parent the moment it joins (rolling), among the nodes that already
+//! hold the version (seeds: the store, the origin, earlier getters) and the participants that are
+//! receiving it, at most `fanout` children each. Nearer is better (same node, then same zone),
+//! then shallower, then less loaded. A child whose parent fails asks again and gets a parent
+//! outside its own subtree, so that no one ever waits on its own descendants.
+//!
+//! Getters without window settings join an implicit window per version with no quorum: that is
+//! how concurrent getters spread over the sources instead of all hitting the store.
+//!
+//! Everything here is plain state driven with an explicit `now` (a [`Moment`] of the server's
+//! clock), so tests run it without a clock. [`window`] holds a window's members and its quorum,
+//! [`tree`] the choice of parents.
+
+mod tree;
+mod window;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::clock::Moment;
+use crate::hash::Version;
+use crate::proto::{Role, Source, Window, WindowSpec};
+pub use crate::rpc::{DEFAULT_FANOUT, STORE};
+use window::{MemberState, WindowState};
+
+/// A window no one has touched for this long is forgotten.
+pub const WINDOW_IDLE: Duration = Duration::from_secs(600);
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum BroadcastError {
+    #[error("no broadcast window {0}")]
+    NoWindow(String),
+    #[error("window {0} has no member {1}")]
+    NoMember(String, u64),
+    #[error("bad window request: {0}")]
+    Bad(String),
+}
+
+/// A node that holds a whole version already: the store server (empty `node_id`), the origin of
+/// a local publication, or a node that fetched it before.
+#[derive(Clone, Debug)]
+pub struct Seed {
+    pub node_id: String,
+    pub data_addr: String,
+    pub zone: String,
+    /// The store or the origin: asked only when no other holder is as near, to spare it.
+    pub origin: bool,
+}
+
+impl Seed {
+    pub(crate) fn label(&self) -> &str {
+        if self.node_id.is_empty() {
+            STORE
+        } else {
+            &self.node_id
+        }
+    }
+}
+
+/// A live node as the server's lease table knows it.
+#[derive(Clone, Debug)]
+pub struct NodeView {
+    pub data_addr: String,
+    pub zone: String,
+}
+
+/// Who is joining.
+#[derive(Clone, Debug, Default)]
+pub struct Joiner {
+    pub node_id: String,
+    pub zone: String,
+    pub ip: String,
+    pub role: Role,
+    pub version: Option<Version>,
+    pub serves: bool,
+}
+
+/// What a join returns.
+#[derive(Debug)]
+pub struct Joined {
+    pub window: Window,
+    pub member: u64,
+    pub parent: Option<Source>,
+    /// When the quorum closes by timeout, if it is still open.
+    pub deadline: Option<Instant>,
+}
+
+/// Every window the server knows.
+#[derive(Default)]
+pub struct Broadcasts {
+    windows: HashMap<String, WindowState>,
+    generations: u64,
+}
+
+impl Broadcasts {
+    fn sweep(&mut self, now: Moment) {
+        self.windows
+            .retain(|_, w| now.at.duration_since(w.touched) < WINDOW_IDLE);
+    }
+
+    /// Adds a participant; a getter is given its parent at once.
+    pub fn join(
+        &mut self,
+        spec: WindowSpec,
+        joiner: Joiner,
+        seeds: &[Seed],
+        live: &dyn Fn(&str) -> Option<NodeView>,
+        now: Moment,
+    ) -> Result<Joined, BroadcastError> {
+        if spec.group_id.is_empty() {
+            return Err(BroadcastError::Bad("group id missing".into()));
+        }
+        self.sweep(now);
+        let fresh = match self.windows.get(&spec.group_id) {
+            None => true,
+            Some(w) => w.finished(),
+        };
+        if fresh {
+            self.generations += 1;
+            let w = WindowState::new(spec.group_id.clone(), self.generations, spec.clone(), now);
+            self.windows.insert(spec.group_id.clone(), w);
+        }
+        let Some(w) = self.windows.get_mut(&spec.group_id) else {
+            return Err(BroadcastError::NoWindow(spec.group_id));
+        };
+        w.touched = now.at;
+        if let Some(v) = joiner.version {
+            w.seeds.insert(v, seeds.to_vec());
+        }
+        let getter = joiner.role == Role::Getter;
+        w.members.push(MemberState {
+            joiner,
+            parent: None,
+            depth: 0,
+            children: 0,
+            done: !getter,
+            failed: false,
+            left: false,
+        });
+        let m = w.members.len() - 1;
+        let parent = if getter {
+            w.assign(m, live, None).map(|(_, s)| s)
+        } else {
+            None
+        };
+        w.update_quorum(now);
+        Ok(Joined {
+            window: w.to_proto(),
+            member: m as u64,
+            parent,
+            deadline: w.deadline(),
+        })
+    }
+
+    fn member(
+        &mut self,
+        group: &str,
+        generation: u64,
+        member: u64,
+    ) -> Result<(&mut WindowState, usize), BroadcastError> {
+        let w = self
+            .windows
+            .get_mut(group)
+            .filter(|w| w.generation == generation)
+            .ok_or_else(|| BroadcastError::NoWindow(group.to_string()))?;
+        let m = member as usize;
+        if m >= w.members.len() {
+            return Err(BroadcastError::NoMember(group.to_string(), member));
+        }
+        Ok((w, m))
+    }
+
+    /// A new parent for a member whose parent failed. `unreachable` marks that parent dead for
+    /// the whole window; a parent that only stalled stays available to others.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new_parent(
+        &mut self,
+        group: &str,
+        generation: u64,
+        member: u64,
+        failed: &str,
+        unreachable: bool,
+        live: &dyn Fn(&str) -> Option<NodeView>,
+        now: Moment,
+    ) -> Result<Option<Source>, BroadcastError> {
+        let (w, m) = self.member(group, generation, member)?;
+        w.touched = now.at;
+        if unreachable && !failed.is_empty() {
+            if !w.dead.iter().any(|d| d == failed) {
+                w.dead.push(failed.to_string());
+            }
+            // The dead node's own downloads are over too: their parents get their slots back.
+            for i in 0..w.members.len() {
+                if w.members[i].joiner.node_id == failed && i != m {
+                    w.members[i].failed = true;
+                    w.release(i);
+                }
+            }
+        }
+        w.release(m);
+        Ok(w.assign(m, live, Some(failed).filter(|f| !f.is_empty()))
+            .map(|(_, s)| s))
+    }
+
+    /// A member is finished: with a verified copy (`done`) or not.
+    pub fn leave(
+        &mut self,
+        group: &str,
+        generation: u64,
+        member: u64,
+        done: bool,
+        now: Moment,
+    ) -> Result<(), BroadcastError> {
+        let (w, m) = self.member(group, generation, member)?;
+        w.touched = now.at;
+        w.release(m);
+        let x = &mut w.members[m];
+        x.left = true;
+        x.done = x.done || done;
+        // A getter that served others and gave up is failed; a reader that serves no one (a
+        // mount's reader closing a file it read in part) just leaves.
+        if !done && x.joiner.serves {
+            x.failed = true;
+        }
+        Ok(())
+    }
+
+    /// The window as it stands, with its quorum brought up to date.
+    pub fn window(&mut self, group: &str, now: Moment) -> Option<(Window, Option<Instant>)> {
+        let w = self.windows.get_mut(group)?;
+        w.update_quorum(now);
+        Some((w.to_proto(), w.deadline()))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,256 @@
+//! Tests of windows, quorums and parent choice, on explicit moments of time.
+
+use super::*;
+use crate::clock::{Clock, SystemClock};
+
+fn spec(group: &str) -> WindowSpec {
+    WindowSpec {
+        group_id: group.into(),
+        ..Default::default()
+    }
+}
+
+fn getter(node: &str, zone: &str) -> Joiner {
+    Joiner {
+        node_id: node.into(),
+        zone: zone.into(),
+        ip: format!("ip-{node}"),
+        role: Role::Getter,
+        version: Some(Version([7; 32])),
+        serves: true,
+    }
+}
+
+fn store() -> Vec<Seed> {
+    vec![Seed {
+        node_id: String::new(),
+        data_addr: String::new(),
+        zone: String::new(),
+        origin: true,
+    }]
+}
+
+fn all_live(n: &str) -> Option<NodeView> {
+    Some(NodeView {
+        data_addr: format!("addr-{n}"),
+        zone: if n.starts_with('z') {
+            "z".into()
+        } else {
+            String::new()
+        },
+    })
+}
+
+fn parent_of(j: &Joined) -> String {
+    let p = j.parent.as_ref().expect("a parent");
+    if p.node_id.is_empty() {
+        STORE.into()
+    } else {
+        p.node_id.clone()
+    }
+}
+
+#[test]
+fn quorum_closes_by_world_size() {
+    let now = SystemClock.now();
+    let mut b = Broadcasts::default();
+    let s = WindowSpec {
+        world_size: 3,
+        ..spec("g")
+    };
+    let put = Joiner {
+        role: Role::Putter,
+        ..getter("p", "")
+    };
+    let j = b.join(s.clone(), put, &store(), &all_live, now).unwrap();
+    assert!(!j.window.closed);
+    assert!(j.parent.is_none(), "putters get no parent");
+    b.join(s.clone(), getter("a", ""), &store(), &all_live, now)
+        .unwrap();
+    let j = b
+        .join(s, getter("b", ""), &store(), &all_live, now)
+        .unwrap();
+    assert!(j.window.closed);
+    assert_eq!(j.window.closed_by, "world_size");
+    assert_eq!(j.window.members.len(), 3);
+}
+
+#[test]
+fn quorum_closes_by_ips_and_by_timeout() {
+    let now = SystemClock.now();
+    let mut b = Broadcasts::default();
+    let s = WindowSpec {
+        ips: vec!["ip-a".into(), "ip-b".into()],
+        timeout_ms: 5000,
+        ..spec("g")
+    };
+    let j = b
+        .join(s.clone(), getter("a", ""), &store(), &all_live, now)
+        .unwrap();
+    assert!(!j.window.closed);
+    assert_eq!(j.deadline, Some((now + Duration::from_secs(5)).at));
+    let j = b
+        .join(s, getter("b", ""), &store(), &all_live, now)
+        .unwrap();
+    assert_eq!(j.window.closed_by, "ips");
+
+    let s = WindowSpec {
+        timeout_ms: 1000,
+        world_size: 10,
+        ..spec("t")
+    };
+    b.join(s, getter("a", ""), &store(), &all_live, now)
+        .unwrap();
+    let (w, _) = b.window("t", now + Duration::from_millis(999)).unwrap();
+    assert!(!w.closed);
+    let (w, deadline) = b.window("t", now + Duration::from_millis(1000)).unwrap();
+    assert_eq!(w.closed_by, "timeout");
+    assert!(deadline.is_none());
+}
+
+#[test]
+fn fanout_is_respected_and_the_tree_fills_shallow_first() {
+    let now = SystemClock.now();
+    let mut b = Broadcasts::default();
+    let s = WindowSpec {
+        fanout: 2,
+        ..spec("g")
+    };
+    let mut parents = Vec::new();
+    for i in 0..14 {
+        let j = b
+            .join(
+                s.clone(),
+                getter(&format!("n{i}"), ""),
+                &store(),
+                &all_live,
+                now,
+            )
+            .unwrap();
+        parents.push(parent_of(&j));
+    }
+    // The store takes two, each of those two more, and so on: a binary tree.
+    assert_eq!(&parents[..2], &["store", "store"]);
+    assert_eq!(&parents[2..6], &["n0", "n1", "n0", "n1"]);
+    let (w, _) = b.window("g", now).unwrap();
+    assert!(w.members.iter().all(|m| m.children <= 2));
+    let depth_of = |name: &str| {
+        let mut d = 0;
+        let mut cur = name.to_string();
+        while cur != STORE {
+            cur = w
+                .members
+                .iter()
+                .find(|m| m.node_id == cur)
+                .unwrap()
+                .parent
+                .clone();
+            d += 1;
+        }
+        d
+    };
+    assert_eq!(depth_of("n13"), 3);
+}
+
+#[test]
+fn nearer_parents_first_same_node_then_zone() {
+    let now = SystemClock.now();
+    let mut b = Broadcasts::default();
+    let s = spec("g");
+    b.join(s.clone(), getter("a", ""), &store(), &all_live, now)
+        .unwrap();
+    b.join(s.clone(), getter("z1", "z"), &store(), &all_live, now)
+        .unwrap();
+    let j = b
+        .join(s.clone(), getter("z2", "z"), &store(), &all_live, now)
+        .unwrap();
+    assert_eq!(parent_of(&j), "z1", "same zone beats the store");
+    let j = b
+        .join(s, getter("a", ""), &store(), &all_live, now)
+        .unwrap();
+    assert_eq!(parent_of(&j), "a", "same node beats everything");
+}
+
+#[test]
+fn failover_moves_children_outside_their_subtree() {
+    let now = SystemClock.now();
+    let mut b = Broadcasts::default();
+    let s = WindowSpec {
+        fanout: 1,
+        ..spec("g")
+    };
+    // A chain: store -> a -> b -> c.
+    let mut gen = 0;
+    for n in ["a", "b", "c"] {
+        let j = b
+            .join(s.clone(), getter(n, ""), &store(), &all_live, now)
+            .unwrap();
+        gen = j.window.generation;
+    }
+    // a dies: b moves to the store (free again once a is gone), never to its child c.
+    let p = b
+        .new_parent("g", gen, 1, "a", true, &all_live, now)
+        .unwrap()
+        .unwrap();
+    assert!(p.node_id.is_empty(), "b goes to the store, got {p:?}");
+    let (w, _) = b.window("g", now).unwrap();
+    assert!(w.members[0].failed);
+    // b stalls for c, which asks again: a is dead, b is excluded, the store is full.
+    let p = b
+        .new_parent("g", gen, 2, "b", false, &all_live, now)
+        .unwrap();
+    assert!(p.is_none(), "{p:?}");
+    // When b is done, the store frees up.
+    b.leave("g", gen, 1, true, now).unwrap();
+    let p = b
+        .new_parent("g", gen, 2, "b", false, &all_live, now)
+        .unwrap()
+        .unwrap();
+    assert!(p.node_id.is_empty());
+}
+
+#[test]
+fn dead_nodes_and_non_serving_getters_are_never_parents() {
+    let now = SystemClock.now();
+    let mut b = Broadcasts::default();
+    let s = spec("g");
+    let quiet = Joiner {
+        serves: false,
+        ..getter("q", "")
+    };
+    b.join(s.clone(), quiet, &store(), &all_live, now).unwrap();
+    b.join(s.clone(), getter("gone", ""), &store(), &all_live, now)
+        .unwrap();
+    let live = |n: &str| if n == "gone" { None } else { all_live(n) };
+    let j = b.join(s, getter("x", ""), &store(), &live, now).unwrap();
+    assert_eq!(parent_of(&j), STORE);
+}
+
+#[test]
+fn a_finished_window_starts_a_new_generation_and_idle_ones_are_forgotten() {
+    let now = SystemClock.now();
+    let mut b = Broadcasts::default();
+    let j = b
+        .join(spec("g"), getter("a", ""), &store(), &all_live, now)
+        .unwrap();
+    b.leave("g", j.window.generation, 0, true, now).unwrap();
+    let k = b
+        .join(spec("g"), getter("b", ""), &store(), &all_live, now)
+        .unwrap();
+    assert!(k.window.generation > j.window.generation);
+    assert_eq!(k.window.members.len(), 1);
+    assert!(b.window("g", now).is_some());
+    b.join(
+        spec("other"),
+        getter("c", ""),
+        &store(),
+        &all_live,
+        now + WINDOW_IDLE,
+    )
+    .unwrap();
+    assert!(b.window("g", now + WINDOW_IDLE).is_none());
+    assert_eq!(
+        b.leave("g", k.window.generation, 0, true, now),
+        Err(BroadcastError::NoWindow("g".into()))
+    );
+}

@@ -1,0 +1,157 @@
+//! One window: its members, its quorum, and how it shows on the wire.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use super::{Joiner, Seed, DEFAULT_FANOUT};
+use crate::clock::Moment;
+use crate::hash::Version;
+use crate::proto::{Member, Window, WindowSpec};
+
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum ParentRef {
+    Seed(String),
+    Member(usize),
+}
+
+#[derive(Debug)]
+pub(super) struct MemberState {
+    pub(super) joiner: Joiner,
+    pub(super) parent: Option<ParentRef>,
+    pub(super) depth: u32,
+    pub(super) children: u32,
+    pub(super) done: bool,
+    pub(super) failed: bool,
+    pub(super) left: bool,
+}
+
+#[derive(Debug)]
+pub(super) struct WindowState {
+    pub(super) group_id: String,
+    pub(super) generation: u64,
+    pub(super) spec: WindowSpec,
+    pub(super) opened: Instant,
+    pub(super) opened_unix_ms: i64,
+    pub(super) closed_by: Option<&'static str>,
+    pub(super) closed_unix_ms: i64,
+    pub(super) touched: Instant,
+    pub(super) members: Vec<MemberState>,
+    /// Children of each seed, by label.
+    pub(super) seed_load: HashMap<String, u32>,
+    /// Nodes reported unreachable; never offered again in this window.
+    pub(super) dead: Vec<String>,
+    /// The holders of each version, as of the latest join for it.
+    pub(super) seeds: HashMap<Version, Vec<Seed>>,
+}
+
+impl WindowState {
+    pub(super) fn new(group_id: String, generation: u64, spec: WindowSpec, now: Moment) -> Self {
+        WindowState {
+            group_id,
+            generation,
+            spec,
+            opened: now.at,
+            opened_unix_ms: now.unix_ms,
+            closed_by: None,
+            closed_unix_ms: 0,
+            touched: now.at,
+            members: Vec::new(),
+            seed_load: HashMap::new(),
+            dead: Vec::new(),
+            seeds: HashMap::new(),
+        }
+    }
+
+    pub(super) fn fanout(&self) -> u32 {
+        if self.spec.fanout == 0 {
+            DEFAULT_FANOUT
+        } else {
+            self.spec.fanout
+        }
+    }
+
+    pub(super) fn has_criteria(&self) -> bool {
+        self.spec.timeout_ms > 0 || self.spec.world_size > 0 || !self.spec.ips.is_empty()
+    }
+
+    /// Closes the quorum if a criterion is met; the first one met is recorded.
+    pub(super) fn update_quorum(&mut self, now: Moment) {
+        if self.closed_by.is_some() {
+            return;
+        }
+        let by = if self.spec.world_size > 0 && self.members.len() >= self.spec.world_size as usize
+        {
+            Some("world_size")
+        } else if !self.spec.ips.is_empty()
+            && self
+                .spec
+                .ips
+                .iter()
+                .all(|ip| self.members.iter().any(|m| &m.joiner.ip == ip))
+        {
+            Some("ips")
+        } else if self.spec.timeout_ms > 0
+            && now.at.duration_since(self.opened) >= Duration::from_millis(self.spec.timeout_ms)
+        {
+            Some("timeout")
+        } else {
+            None
+        };
+        if let Some(by) = by {
+            self.closed_by = Some(by);
+            self.closed_unix_ms = now.unix_ms;
+        }
+    }
+
+    /// When the quorum closes by timeout, if nothing closes it earlier.
+    pub(super) fn deadline(&self) -> Option<Instant> {
+        (self.closed_by.is_none() && self.spec.timeout_ms > 0)
+            .then(|| self.opened + Duration::from_millis(self.spec.timeout_ms))
+    }
+
+    /// Every member has finished; a new join starts the next generation.
+    pub(super) fn finished(&self) -> bool {
+        !self.members.is_empty()
+            && self.members.iter().all(|m| m.left)
+            && (self.closed_by.is_some() || !self.has_criteria())
+    }
+
+    pub(super) fn parent_label(&self, p: &ParentRef) -> String {
+        match p {
+            ParentRef::Seed(l) => l.clone(),
+            ParentRef::Member(i) => self.members[*i].joiner.node_id.clone(),
+        }
+    }
+
+    pub(super) fn to_proto(&self) -> Window {
+        Window {
+            group_id: self.group_id.clone(),
+            generation: self.generation,
+            spec: Some(self.spec.clone()),
+            members: self
+                .members
+                .iter()
+                .enumerate()
+                .map(|(i, m)| Member {
+                    id: i as u64,
+                    node_id: m.joiner.node_id.clone(),
+                    ip: m.joiner.ip.clone(),
+                    role: m.joiner.role as i32,
+                    version: m.joiner.version.map(|v| v.0.to_vec()).unwrap_or_default(),
+                    parent: m
+                        .parent
+                        .as_ref()
+                        .map(|p| self.parent_label(p))
+                        .unwrap_or_default(),
+                    done: m.done,
+                    failed: m.failed,
+                    children: m.children,
+                })
+                .collect(),
+            closed: self.closed_by.is_some(),
+            closed_by: self.closed_by.unwrap_or_default().to_string(),
+            opened_unix_ms: self.opened_unix_ms,
+            closed_unix_ms: self.closed_unix_ms,
+        }
+    }
+}

@@ -1,0 +1,386 @@
+//! The arguments of every `kt` command.
+
+use std::path::PathBuf;
+
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+
+use ktfs::k8s::{api, env};
+use ktfs::manifest::DEFAULT_BLOCK_SIZE;
+use ktfs::proto::{Locale, WindowSpec};
+
+pub const DEFAULT_SOCKET: &str = "/tmp/ktfs/agent.sock";
+
+#[derive(Parser)]
+#[command(
+    name = "kt",
+    version,
+    about = "ktfs: a distributed data store for Kubernetes, seen as a filesystem",
+    after_help = super::output::EXIT_CODES_HELP
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Publish files or a directory under a key.
+    Put(PutArgs),
+    /// Copy a published key to local disk.
+    Get(GetArgs),
+    /// List keys, or the inside of a published directory.
+    Ls(LsArgs),
+    /// Remove keys.
+    Rm(RmArgs),
+    #[cfg(feature = "daemons")]
+    /// Run the store server.
+    Server(ServerArgs),
+    #[cfg(feature = "daemons")]
+    /// Run a node agent.
+    Agent(AgentArgs),
+    #[cfg(feature = "daemons")]
+    /// Run a node agent with the filesystem mounted.
+    Mount(MountArgs),
+    #[cfg(feature = "daemons")]
+    /// Run a store server and a node agent in one process, on loopback.
+    Up(UpArgs),
+    /// Show a broadcast window: its quorum, members and tree.
+    Window(WindowCmdArgs),
+    /// Mount a namespace in this node's agent (one started with --host-mounts).
+    Attach(AttachArgs),
+    /// Unmount a mount that `kt attach` made.
+    Detach(DetachArgs),
+    /// Run a node agent under a keeper of its FUSE devices: when the agent dies it is started
+    /// again on the same mounts, and readers see a pause, not an error.
+    #[cfg(feature = "daemons")]
+    Keeper(KeeperArgs),
+}
+
+#[cfg(feature = "daemons")]
+#[derive(Args)]
+pub struct KeeperArgs {
+    /// The keeper's socket; the agent finds it in KT_FD_KEEPER.
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// The agent's command line, after `--` (e.g. `-- kt agent --host-mounts ...`).
+    #[arg(last = true, required = true)]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Args)]
+pub struct AttachArgs {
+    pub mountpoint: PathBuf,
+    /// Default locale of files written through the mount.
+    #[arg(long, value_enum, default_value_t = LocaleArg::Store)]
+    pub locale: LocaleArg,
+    /// Refuse every write with EROFS.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Readers of one version per source (default the server's).
+    #[arg(long, default_value_t = 0)]
+    pub fanout: u32,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args)]
+pub struct DetachArgs {
+    pub mountpoint: PathBuf,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args, Clone)]
+pub struct Common {
+    /// Store server, host:port (in a pod: the kt-store Service).
+    #[arg(long, env = "KT_SERVER", default_value_t = env::default_server(), global = true)]
+    pub server: String,
+    /// Namespace of the keys (in a pod: the pod's, from POD_NAMESPACE).
+    #[arg(short = 'n', long, env = "KT_NAMESPACE", default_value_t = env::default_namespace(), global = true)]
+    pub namespace: String,
+    /// This node's agent socket.
+    #[arg(long = "agent", env = "KT_AGENT", default_value = DEFAULT_SOCKET, global = true)]
+    pub agent: PathBuf,
+    /// Print one JSON object instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Show progress and what happens.
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
+    /// From outside the cluster: reach the store server through this kubeconfig's cluster, by
+    /// port-forward to a pod of --store-service (--server is then not used). Blocks come from
+    /// the store only: the nodes' agents are not reachable from outside.
+    #[arg(long, env = "KT_KUBECONFIG", global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context (default: its current context).
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+    /// The store server's Service, NAMESPACE/NAME:PORT, for --kubeconfig.
+    #[arg(long, default_value = api::DEFAULT_STORE_SERVICE, global = true)]
+    pub store_service: String,
+}
+
+#[derive(Clone, Copy, ValueEnum, Default, PartialEq)]
+pub enum LocaleArg {
+    #[default]
+    Store,
+    Local,
+}
+
+impl From<LocaleArg> for Locale {
+    fn from(l: LocaleArg) -> Self {
+        match l {
+            LocaleArg::Store => Locale::Store,
+            LocaleArg::Local => Locale::Local,
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct PutArgs {
+    pub key: String,
+    /// A file or directory to publish (repeatable). `dir/` or --contents publishes its contents.
+    #[arg(long = "src", required = true)]
+    pub src: Vec<String>,
+    #[arg(long, value_enum, default_value_t = LocaleArg::Store)]
+    pub locale: LocaleArg,
+    /// Publish the contents of the source directories, not the directories themselves.
+    #[arg(short = 'c', long)]
+    pub contents: bool,
+    /// Replace the key if it already exists.
+    #[arg(short = 'f', long)]
+    pub force: bool,
+    /// Leave out paths matching this rsync pattern (repeatable).
+    #[arg(long)]
+    pub exclude: Vec<String>,
+    /// Keep paths matching this rsync pattern, whatever the excludes and .gitignore say.
+    #[arg(long)]
+    pub include: Vec<String>,
+    /// Expire the key after this many seconds.
+    #[arg(long, default_value_t = 0)]
+    pub ttl: u64,
+    /// Block size in bytes.
+    #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE)]
+    pub block_size: u32,
+    #[command(flatten)]
+    pub window: WindowArgs,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+/// A broadcast window: participants that join the same group form one distribution tree.
+#[derive(Args, Clone, Default)]
+pub struct WindowArgs {
+    /// Close the window's quorum this many seconds after it opened.
+    #[arg(long = "broadcast-timeout", value_name = "SECS")]
+    pub broadcast_timeout: Option<f64>,
+    /// Close the quorum once this many putters and getters have joined.
+    #[arg(long)]
+    pub world_size: Option<u32>,
+    /// Close the quorum once participants from all these addresses have joined.
+    #[arg(long, value_delimiter = ',')]
+    pub ips: Vec<String>,
+    /// The window to join (default: one per key).
+    #[arg(long)]
+    pub group_id: Option<String>,
+    /// Children per parent in the tree.
+    #[arg(long)]
+    pub fanout: Option<u32>,
+}
+
+impl WindowArgs {
+    pub fn spec(&self) -> WindowSpec {
+        WindowSpec {
+            group_id: self.group_id.clone().unwrap_or_default(),
+            timeout_ms: self
+                .broadcast_timeout
+                .map(|s| (s.max(0.0) * 1000.0) as u64)
+                .unwrap_or(0),
+            world_size: self.world_size.unwrap_or(0),
+            ips: self.ips.clone(),
+            fanout: self.fanout.unwrap_or(0),
+        }
+    }
+
+    /// Whether a window was asked for at all.
+    pub fn any(&self) -> bool {
+        self.broadcast_timeout.is_some()
+            || self.world_size.is_some()
+            || !self.ips.is_empty()
+            || self.group_id.is_some()
+    }
+}
+
+#[derive(Args)]
+pub struct GetArgs {
+    pub key: String,
+    /// Where to write (a directory, or a file name for a single file).
+    #[arg(short = 'd', long, default_value = ".")]
+    pub dest: String,
+    /// Write the contents of a published directory straight into DEST.
+    #[arg(short = 'c', long)]
+    pub contents: bool,
+    /// Overwrite existing files that differ.
+    #[arg(short = 'f', long)]
+    pub force: bool,
+    #[arg(long)]
+    pub exclude: Vec<String>,
+    #[arg(long)]
+    pub include: Vec<String>,
+    /// Offer the fetched data to peers through this node's agent (default).
+    #[arg(long = "seed-data", overrides_with = "no_seed_data", action = ArgAction::SetTrue)]
+    pub seed_data: bool,
+    /// Do not offer the fetched data to peers.
+    #[arg(long = "no-seed-data", action = ArgAction::SetTrue)]
+    pub no_seed_data: bool,
+    /// Write at most this many bytes per second (e.g. 50M).
+    #[arg(long, value_parser = parse_size)]
+    pub bwlimit: Option<u64>,
+    #[command(flatten)]
+    pub window: WindowArgs,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args)]
+pub struct WindowCmdArgs {
+    /// The window's group id.
+    pub group_id: String,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args)]
+pub struct LsArgs {
+    pub key: Option<String>,
+    /// List everything below, not only the first level.
+    #[arg(short = 'r', long)]
+    pub recursive: bool,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args)]
+pub struct RmArgs {
+    pub key: String,
+    /// Remove a directory and every key below it.
+    #[arg(short = 'r', long)]
+    pub recursive: bool,
+    /// Remove every key whose name starts with KEY.
+    #[arg(long)]
+    pub prefix: bool,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[cfg(feature = "daemons")]
+#[derive(Args)]
+pub struct ServerArgs {
+    #[arg(long, default_value = "0.0.0.0:7447")]
+    pub listen: String,
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// Seconds a node stays a source without a heartbeat.
+    #[arg(long, default_value_t = 15)]
+    pub lease_secs: u64,
+}
+
+#[cfg(feature = "daemons")]
+#[derive(Args)]
+pub struct AgentArgs {
+    #[arg(long, env = "KT_SERVER", default_value_t = env::default_server())]
+    pub server: String,
+    #[arg(long, default_value = "0.0.0.0:7448")]
+    pub listen: String,
+    /// Address peers use to reach this agent (default: the listen address; POD_IP in a pod).
+    #[arg(long, env = "KT_ADVERTISE")]
+    pub advertise: Option<String>,
+    #[arg(long)]
+    pub cache_dir: PathBuf,
+    /// Byte budget of the block cache (e.g. 50G, 512M).
+    #[arg(long, default_value = "10G", value_parser = parse_size)]
+    pub cache_size: u64,
+    #[arg(long, env = "KT_AGENT", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// This node's id (default: the host name).
+    #[arg(long, env = "KT_NODE_ID")]
+    pub node_id: Option<String>,
+    /// Topology zone, for nearest-source choice (default: in a pod, the label
+    /// topology.kubernetes.io/zone of its node, NODE_NAME, asked of the Kubernetes API).
+    #[arg(long, env = "KT_ZONE", default_value = "")]
+    pub zone: String,
+    #[arg(long, default_value_t = 5)]
+    pub heartbeat_secs: u64,
+    /// Mount namespaces in this process when asked over the socket (`kt attach`): one agent
+    /// and one cache for every mount of the node.
+    #[arg(long)]
+    pub host_mounts: bool,
+    /// The keeper of this agent's FUSE devices (set by `kt keeper`): hosted mounts survive
+    /// the agent.
+    #[arg(long, env = ktfs::keeper::ENV)]
+    pub fd_keeper: Option<PathBuf>,
+}
+
+#[cfg(feature = "daemons")]
+#[derive(Args)]
+pub struct MountArgs {
+    pub mountpoint: PathBuf,
+    /// Default locale of files written through the mount (per directory: xattr user.kt.locale).
+    #[arg(long, value_enum, default_value_t = LocaleArg::Store)]
+    pub locale: LocaleArg,
+    /// Namespace shown at the mount's root.
+    #[arg(short = 'n', long, env = "KT_NAMESPACE", default_value_t = env::default_namespace())]
+    pub namespace: String,
+    /// Refuse every write with EROFS.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Readers of one version per source (the implicit window's fanout; default the server's).
+    #[arg(long, default_value_t = 0)]
+    pub fanout: u32,
+    #[command(flatten)]
+    pub agent: AgentArgs,
+}
+
+/// Parses a byte count with an optional K/M/G/T suffix (powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim().trim_end_matches(['i', 'B', 'b']);
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("unknown size suffix in {s:?}")),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a size: {s:?}"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size too large: {s:?}"))
+}
+
+#[cfg(feature = "daemons")]
+#[derive(Args)]
+pub struct UpArgs {
+    /// Where to mount the filesystem.
+    #[arg(default_value = "./kt")]
+    pub mountpoint: PathBuf,
+    /// Run the store server and the agent without mounting.
+    #[arg(long)]
+    pub no_mount: bool,
+    /// Where the store and the agent keep their data.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long, default_value = env::LOCAL_SERVER)]
+    pub listen: String,
+    #[arg(long, default_value = "127.0.0.1:7448")]
+    pub agent_listen: String,
+    #[arg(long, env = "KT_AGENT", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+}

@@ -1,0 +1,329 @@
+//! The client commands: put, get, ls, rm, window, attach, detach.
+
+use anyhow::{Context, Result};
+
+use ktfs::k8s::api;
+use ktfs::key::{KeyPath, Namespace};
+use ktfs::manifest::MAX_BLOCK_SIZE;
+use ktfs::proto::{
+    GetWindowRequest, ListRequest, Locale, MountRequest, RemoveRequest, UnmountRequest,
+};
+use ktfs::rpc::client::{self, ClientError};
+use ktfs::transfer::get::{self, GetOptions};
+use ktfs::transfer::put::{self, PutOptions};
+use ktfs::transfer::scan::ScanOptions;
+use ktfs::transfer::tree;
+
+use super::args::*;
+use super::output::{human, print_json, progress_bar, CliError};
+
+pub(super) fn namespace(c: &Common) -> Result<Namespace> {
+    Ok(Namespace::parse(&c.namespace)?)
+}
+
+/// With `--kubeconfig`, opens a port-forward to the store server and points `c.server` at it;
+/// the forward lasts as long as the value returned.
+async fn reach_store(c: &mut Common) -> Result<Option<api::Forward>> {
+    let Some(path) = &c.kubeconfig else {
+        return Ok(None);
+    };
+    let svc: api::ServiceRef = c.store_service.parse()?;
+    let client = api::client_from_kubeconfig(path, c.context.as_deref()).await?;
+    let fwd = api::forward_service(client, &svc)
+        .await
+        .with_context(|| format!("cannot reach the store server {svc}"))?;
+    if c.verbose {
+        eprintln!("store server {svc} through pod {} at {}", fwd.pod, fwd.addr);
+    }
+    c.server = fwd.addr.to_string();
+    Ok(Some(fwd))
+}
+
+pub async fn put(mut a: PutArgs) -> Result<()> {
+    let _forward = reach_store(&mut a.common).await?;
+    let key = KeyPath::parse(&a.key)?;
+    let ns = namespace(&a.common)?;
+    if a.block_size == 0 || a.block_size > MAX_BLOCK_SIZE {
+        return Err(CliError::Invalid(format!(
+            "--block-size must be between 1 and {MAX_BLOCK_SIZE}"
+        ))
+        .into());
+    }
+    let pb = progress_bar(a.common.verbose);
+    let report = put::put(
+        PutOptions {
+            server: a.common.server.clone(),
+            namespace: ns,
+            key,
+            srcs: a.src,
+            scan: ScanOptions {
+                block_size: a.block_size,
+                contents: a.contents,
+                excludes: a.exclude,
+                includes: a.include,
+            },
+            locale: a.locale.into(),
+            force: a.force,
+            ttl_secs: a.ttl,
+            agent_socket: a.common.agent.clone(),
+            window: a.window.any().then(|| a.window.spec()),
+        },
+        &pb,
+    )
+    .await?;
+    pb.finish_and_clear();
+    if a.common.json {
+        print_json(&report)?;
+    } else {
+        if let Some(w) = &report.broadcast {
+            println!(
+                "broadcast window {} {} with {} members{}",
+                w.group_id,
+                if w.closed { "closed" } else { "open" },
+                w.members.len(),
+                if w.closed {
+                    format!(" (by {})", w.closed_by)
+                } else {
+                    String::new()
+                }
+            );
+        }
+        println!(
+            "published {} ({} files, {}, {} sent, locale {}) version {}",
+            report.key,
+            report.files,
+            human(report.bytes),
+            human(report.bytes_transferred),
+            report.locale,
+            &report.version[..16]
+        );
+    }
+    Ok(())
+}
+
+pub async fn get(mut a: GetArgs) -> Result<()> {
+    let _forward = reach_store(&mut a.common).await?;
+    let key = KeyPath::parse(&a.key)?;
+    let ns = namespace(&a.common)?;
+    let pb = progress_bar(a.common.verbose);
+    let report = get::get(
+        GetOptions {
+            server: a.common.server.clone(),
+            namespace: ns,
+            key,
+            dest: a.dest,
+            contents: a.contents,
+            force: a.force,
+            excludes: a.exclude,
+            includes: a.include,
+            seed: !a.no_seed_data,
+            agent_socket: a.common.agent.clone(),
+            window: a.window.spec(),
+            bwlimit: a.bwlimit,
+            store_only: _forward.is_some(),
+        },
+        &pb,
+    )
+    .await?;
+    pb.finish_and_clear();
+    if a.common.json {
+        print_json(&report)?;
+    } else {
+        println!(
+            "fetched {} to {} ({} files, {}, {} transferred)",
+            report.key,
+            report.dest,
+            report.files,
+            human(report.bytes),
+            human(report.bytes_transferred)
+        );
+        if a.common.verbose {
+            for s in &report.sources {
+                println!("  {} from {} ({})", human(s.bytes), s.source, s.addr);
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn attach(a: AttachArgs) -> Result<()> {
+    let ns = namespace(&a.common)?;
+    let mountpoint = std::path::absolute(&a.mountpoint)?;
+    std::fs::create_dir_all(&mountpoint)?;
+    let mut agent = client::connect_agent(&a.common.agent).await?;
+    let r = agent
+        .mount(MountRequest {
+            mountpoint: mountpoint.display().to_string(),
+            namespace: ns.to_string(),
+            locale: Locale::from(a.locale) as i32,
+            read_only: a.read_only,
+            fanout: a.fanout,
+        })
+        .await
+        .map_err(ClientError::from)?
+        .into_inner();
+    if !a.common.json {
+        println!(
+            "{} namespace {ns} at {}",
+            if r.already_mounted {
+                "already mounted:"
+            } else {
+                "mounted"
+            },
+            mountpoint.display()
+        );
+    } else {
+        print_json(&serde_json::json!({
+            "mountpoint": mountpoint,
+            "namespace": ns.to_string(),
+            "already_mounted": r.already_mounted,
+        }))?;
+    }
+    Ok(())
+}
+
+pub async fn detach(a: DetachArgs) -> Result<()> {
+    let mountpoint = std::path::absolute(&a.mountpoint)?;
+    let mut agent = client::connect_agent(&a.common.agent).await?;
+    agent
+        .unmount(UnmountRequest {
+            mountpoint: mountpoint.display().to_string(),
+        })
+        .await
+        .map_err(ClientError::from)?;
+    Ok(())
+}
+
+pub async fn window(mut a: WindowCmdArgs) -> Result<()> {
+    let _forward = reach_store(&mut a.common).await?;
+    let mut store = client::connect_store(&a.common.server).await?;
+    let w = store
+        .get_window(GetWindowRequest {
+            group_id: a.group_id,
+        })
+        .await
+        .map_err(ClientError::from)?
+        .into_inner();
+    if a.common.json {
+        return print_json(&tree::window_json(&w));
+    }
+    println!(
+        "window {} generation {}: {}{}",
+        w.group_id,
+        w.generation,
+        if w.closed { "closed" } else { "open" },
+        if w.closed {
+            format!(" by {}", w.closed_by)
+        } else {
+            String::new()
+        }
+    );
+    for m in &w.members {
+        println!(
+            "  {:>3} {:<20} parent {:<20} children {:>3} {}",
+            m.id,
+            if m.node_id.is_empty() {
+                "-"
+            } else {
+                &m.node_id
+            },
+            if m.parent.is_empty() { "-" } else { &m.parent },
+            m.children,
+            if m.failed {
+                "failed"
+            } else if m.done {
+                "done"
+            } else {
+                "receiving"
+            }
+        );
+    }
+    Ok(())
+}
+
+#[derive(serde::Serialize)]
+struct LsEntry {
+    name: String,
+    is_directory: bool,
+    locale: String,
+    size: u64,
+}
+
+pub async fn ls(mut a: LsArgs) -> Result<()> {
+    let _forward = reach_store(&mut a.common).await?;
+    let prefix = match &a.key {
+        Some(k) => KeyPath::parse_prefix(k)?,
+        None => None,
+    };
+    let ns = namespace(&a.common)?;
+    let mut store = client::connect_store(&a.common.server).await?;
+    let resp = store
+        .list(ListRequest {
+            namespace: ns.to_string(),
+            prefix: prefix.as_ref().map(|p| p.to_string()).unwrap_or_default(),
+            recursive: a.recursive,
+        })
+        .await
+        .map_err(ClientError::from)?
+        .into_inner();
+    if !resp.exists {
+        return Err(CliError::NotFound(a.key.unwrap_or_default()).into());
+    }
+    let entries: Vec<LsEntry> = resp
+        .entries
+        .into_iter()
+        .map(|e| LsEntry {
+            locale: if e.locale() == Locale::Local && !e.origin_node.is_empty() {
+                e.origin_node.clone()
+            } else {
+                "store".into()
+            },
+            name: e.name,
+            is_directory: e.is_directory,
+            size: e.size,
+        })
+        .collect();
+    if a.common.json {
+        print_json(&entries)?;
+    } else {
+        for e in entries {
+            println!(
+                "{:>10}  {:<12}  {}",
+                if e.is_directory {
+                    "-".into()
+                } else {
+                    human(e.size)
+                },
+                e.locale,
+                e.name
+            );
+        }
+    }
+    Ok(())
+}
+
+pub async fn rm(mut a: RmArgs) -> Result<()> {
+    let _forward = reach_store(&mut a.common).await?;
+    let key = KeyPath::parse(&a.key)?;
+    let ns = namespace(&a.common)?;
+    let mut store = client::connect_store(&a.common.server).await?;
+    let removed = store
+        .remove(RemoveRequest {
+            namespace: ns.to_string(),
+            key: key.to_string(),
+            recursive: a.recursive,
+            prefix: a.prefix,
+        })
+        .await
+        .map_err(ClientError::from)?
+        .into_inner()
+        .removed;
+    if a.common.json {
+        print_json(&serde_json::json!({ "removed": removed }))?;
+    } else {
+        for k in &removed {
+            println!("removed {k}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,206 @@
+//! The daemons: `kt server`, `kt agent`, `kt mount`, `kt up`, `kt keeper`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use ktfs::agent::{AgentConfig, AgentProcess, DEFAULT_HEARTBEAT};
+use ktfs::blocks::cache::DEFAULT_BUDGET;
+use ktfs::fs::session::{self, Mounted, Stop};
+use ktfs::fs::FsConfig;
+use ktfs::k8s::api;
+use ktfs::key::Namespace;
+use ktfs::server::StoreServerProcess;
+
+use super::args::*;
+
+/// Completes on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+pub async fn server(a: ServerArgs) -> Result<()> {
+    let srv =
+        StoreServerProcess::bind(&a.listen, &a.data_dir, Duration::from_secs(a.lease_secs)).await?;
+    println!("kt server listening on {}", srv.local_addr()?);
+    Ok(srv.run(shutdown_signal()).await?)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "node".into())
+}
+
+fn agent_config(a: AgentArgs) -> AgentConfig {
+    AgentConfig {
+        server: a.server,
+        listen: a.listen,
+        advertise: a.advertise,
+        cache_dir: a.cache_dir,
+        cache_size: a.cache_size,
+        socket: a.socket,
+        node_id: a.node_id.unwrap_or_else(hostname),
+        zone: a.zone,
+        heartbeat: Duration::from_secs(a.heartbeat_secs.max(1)),
+        host_mounts: a.host_mounts,
+        fd_keeper: a.fd_keeper,
+    }
+}
+
+async fn start_agent(mut cfg: AgentConfig) -> Result<AgentProcess> {
+    if cfg.zone.is_empty() {
+        cfg.zone = api::zone_from_api().await.unwrap_or_default();
+    }
+    let agent = AgentProcess::bind(cfg).await?;
+    if let Err(e) = agent.register().await {
+        tracing::warn!(error = %e, "not registered yet; will keep trying");
+    }
+    Ok(agent)
+}
+
+fn print_agent_ready(agent: &AgentProcess) {
+    let cfg = agent.config();
+    let zone = if cfg.zone.is_empty() {
+        String::new()
+    } else {
+        format!(", zone {}", cfg.zone)
+    };
+    println!(
+        "kt agent {} listening on {}, socket {}{zone}",
+        cfg.node_id,
+        agent.data_addr(),
+        cfg.socket.display()
+    );
+}
+
+pub async fn agent(a: AgentArgs) -> Result<()> {
+    let agent = start_agent(agent_config(a)).await?;
+    print_agent_ready(&agent);
+    Ok(agent.run(shutdown_signal()).await?)
+}
+
+fn fs_config(
+    agent: &AgentProcess,
+    namespace: &str,
+    locale: LocaleArg,
+    read_only: bool,
+    fanout: u32,
+) -> Result<FsConfig> {
+    Ok(agent.config().fs_config(
+        Namespace::parse(namespace)?,
+        locale.into(),
+        read_only,
+        fanout,
+    ))
+}
+
+/// Runs an agent with its filesystem mounted until signalled or unmounted.
+async fn run_mounted(agent: AgentProcess, mounted: Mounted) -> Result<()> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let agent_task = tokio::spawn(agent.run(async move {
+        let mut rx = stop_rx;
+        let _ = rx.wait_for(|s| *s).await;
+    }));
+    mounted
+        .serve_until(async {
+            shutdown_signal().await;
+            Stop::Unmount
+        })
+        .await;
+    let _ = stop_tx.send(true);
+    agent_task.await??;
+    Ok(())
+}
+
+pub async fn mount(a: MountArgs) -> Result<()> {
+    let agent = start_agent(agent_config(a.agent)).await?;
+    let fs = fs_config(&agent, &a.namespace, a.locale, a.read_only, a.fanout)?;
+    let mounted = session::mount(agent.blocks(), fs, &a.mountpoint)?;
+    print_agent_ready(&agent);
+    println!("mounted at {}", a.mountpoint.display());
+    run_mounted(agent, mounted).await
+}
+
+pub async fn keeper(a: KeeperArgs) -> Result<()> {
+    let (program, args) = a
+        .command
+        .split_first()
+        .context("no agent command after --")?;
+    let code = ktfs::keeper::supervise(&a.socket, program, args).await?;
+    if code != 0 {
+        std::process::exit(code);
+    }
+    Ok(())
+}
+
+pub async fn up(a: UpArgs) -> Result<()> {
+    let data_dir = match a.data_dir {
+        Some(d) => d,
+        None => {
+            let home = std::env::var_os("HOME").context("no --data-dir and no HOME")?;
+            PathBuf::from(home).join(".local/share/ktfs")
+        }
+    };
+    let srv = StoreServerProcess::bind(
+        &a.listen,
+        &data_dir.join("store"),
+        ktfs::server::DEFAULT_LEASE,
+    )
+    .await?;
+    let server_addr = srv.local_addr()?.to_string();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let server_task = tokio::spawn(srv.run(async move {
+        let mut rx = stop_rx;
+        let _ = rx.wait_for(|s| *s).await;
+    }));
+    let agent = start_agent(AgentConfig {
+        server: server_addr.clone(),
+        listen: a.agent_listen,
+        advertise: None,
+        cache_dir: data_dir.join("agent"),
+        cache_size: DEFAULT_BUDGET,
+        socket: a.socket,
+        node_id: hostname(),
+        zone: String::new(),
+        heartbeat: DEFAULT_HEARTBEAT,
+        host_mounts: false,
+        fd_keeper: None,
+    })
+    .await?;
+    println!("kt server listening on {server_addr}");
+    print_agent_ready(&agent);
+    let result = if a.no_mount {
+        println!("data in {}; Ctrl-C to stop", data_dir.display());
+        agent
+            .run(shutdown_signal())
+            .await
+            .map_err(anyhow::Error::from)
+    } else {
+        let fs = fs_config(&agent, Namespace::DEFAULT, LocaleArg::Store, false, 0)?;
+        let mounted = session::mount(agent.blocks(), fs, &a.mountpoint)?;
+        println!(
+            "mounted at {}; data in {}; Ctrl-C to stop",
+            a.mountpoint.display(),
+            data_dir.display()
+        );
+        run_mounted(agent, mounted).await
+    };
+    let _ = stop_tx.send(true);
+    server_task.await??;
+    result
+}

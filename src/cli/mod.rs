@@ -1,0 +1,56 @@
+//! The `kt` command line: its arguments ([`args`]), the client commands ([`commands`]), the
+//! daemons ([`daemons`], with the `daemons` feature) and what it prints and exits with
+//! ([`output`]). It is the binary's own code: the library below it knows no command line.
+
+mod args;
+mod commands;
+#[cfg(feature = "daemons")]
+mod daemons;
+mod output;
+
+pub use args::{Cli, Cmd};
+
+/// Whether a command is a daemon (logs at info), asked for `-v`, and asked for `--json`.
+pub fn mode(cmd: &Cmd) -> (bool, bool, bool) {
+    let client = |c: &args::Common| (false, c.verbose, c.json);
+    match cmd {
+        #[cfg(feature = "daemons")]
+        Cmd::Server(_) | Cmd::Agent(_) | Cmd::Mount(_) | Cmd::Up(_) | Cmd::Keeper(_) => {
+            (true, false, false)
+        }
+        Cmd::Put(a) => client(&a.common),
+        Cmd::Get(a) => client(&a.common),
+        Cmd::Ls(a) => client(&a.common),
+        Cmd::Rm(a) => client(&a.common),
+        Cmd::Window(a) => client(&a.common),
+        Cmd::Attach(a) => client(&a.common),
+        Cmd::Detach(a) => client(&a.common),
+    }
+}
+
+/// Runs a command; returns its exit code (see [`output::EXIT_CODES_HELP`]).
+pub async fn run(cmd: Cmd, json: bool) -> i32 {
+    let result = match cmd {
+        Cmd::Put(a) => commands::put(a).await,
+        Cmd::Get(a) => commands::get(a).await,
+        Cmd::Ls(a) => commands::ls(a).await,
+        Cmd::Rm(a) => commands::rm(a).await,
+        Cmd::Window(a) => commands::window(a).await,
+        Cmd::Attach(a) => commands::attach(a).await,
+        Cmd::Detach(a) => commands::detach(a).await,
+        #[cfg(feature = "daemons")]
+        Cmd::Server(a) => daemons::server(a).await,
+        #[cfg(feature = "daemons")]
+        Cmd::Agent(a) => daemons::agent(a).await,
+        #[cfg(feature = "daemons")]
+        Cmd::Mount(a) => daemons::mount(a).await,
+        #[cfg(feature = "daemons")]
+        Cmd::Up(a) => daemons::up(a).await,
+        #[cfg(feature = "daemons")]
+        Cmd::Keeper(a) => daemons::keeper(a).await,
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => output::report_failure(&e, json),
+    }
+}

@@ -1,0 +1,107 @@
+//! The clock seam: every lease, TTL and quorum deadline is computed from a [`Clock`] passed in,
+//! never from `Instant::now()` read on the spot, so tests move time forward instead of sleeping.
+//!
+//! Two readings travel together: a monotonic [`Instant`] for leases and deadlines (immune to
+//! the wall clock being set), and wall-clock milliseconds for what is stored or shown (a key's
+//! expiry, when a window opened).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// One reading of a clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Moment {
+    pub at: Instant,
+    /// Milliseconds since the Unix epoch.
+    pub unix_ms: i64,
+}
+
+impl std::ops::Add<Duration> for Moment {
+    type Output = Moment;
+
+    fn add(self, d: Duration) -> Moment {
+        Moment {
+            at: self.at + d,
+            unix_ms: self.unix_ms + d.as_millis() as i64,
+        }
+    }
+}
+
+pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
+    fn now(&self) -> Moment;
+}
+
+pub type SharedClock = Arc<dyn Clock>;
+
+/// The machine's clocks.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Moment {
+        Moment {
+            at: Instant::now(),
+            unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64),
+        }
+    }
+}
+
+/// The machine's clocks, shared.
+pub fn system() -> SharedClock {
+    Arc::new(SystemClock)
+}
+
+/// A clock that moves only when told to: for tests of leases, TTLs and quorum timeouts.
+#[derive(Clone, Debug)]
+pub struct ManualClock {
+    start: Moment,
+    elapsed: Arc<Mutex<Duration>>,
+}
+
+impl Default for ManualClock {
+    fn default() -> Self {
+        ManualClock {
+            start: SystemClock.now(),
+            elapsed: Arc::default(),
+        }
+    }
+}
+
+impl ManualClock {
+    /// Moves both readings forward by `d`.
+    pub fn advance(&self, d: Duration) {
+        *crate::locks::lock(&self.elapsed) += d;
+    }
+
+    pub fn shared(&self) -> SharedClock {
+        Arc::new(self.clone())
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Moment {
+        let d = *crate::locks::lock(&self.elapsed);
+        Moment {
+            at: self.start.at + d,
+            unix_ms: self.start.unix_ms + d.as_millis() as i64,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manual_clock_moves_only_when_told() {
+        let c = ManualClock::default();
+        let a = c.now();
+        assert_eq!(c.now(), a);
+        c.advance(Duration::from_millis(1500));
+        let b = c.now();
+        assert_eq!(b.at - a.at, Duration::from_millis(1500));
+        assert_eq!(b.unix_ms - a.unix_ms, 1500);
+    }
+}

@@ -1,0 +1,216 @@
+//! Metadata operations: mkdir, symlink, unlink, rmdir, rename, setattr. Each is one change on
+//! the store server, applied atomically there; a file still being written here takes part as
+//! its staged copy.
+
+use std::sync::atomic::Ordering;
+use std::time::SystemTime;
+
+use super::{join, split, to_unix, Attr, FsCore, FsError, FsResult, Handle, Kind};
+use crate::locks::lock;
+use crate::manifest::{EntryKind, FileEntry};
+use crate::proto::{RemoveRequest, RenameRequest, SetAttrRequest};
+use crate::rpc::ClientError;
+
+impl FsCore {
+    pub(super) fn writable(&self) -> FsResult<()> {
+        if self.cfg.read_only {
+            Err(FsError::ReadOnly)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn new_entry_path(&self, parent: u64, name: &str) -> FsResult<String> {
+        self.writable()?;
+        let path = join(&self.path_of(parent)?, name);
+        Self::check_key(&path)?;
+        match self.stat_path(&path) {
+            Ok(_) => Err(FsError::Exists),
+            Err(e) if e.is_not_found() => Ok(path),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn lookup_new(&self, path: &str) -> FsResult<Attr> {
+        let mut a = self.stat_path(path)?;
+        a.ino = self.inodes().lookup(path);
+        Ok(a)
+    }
+
+    pub fn mkdir(&self, parent: u64, name: &str, mode: u32) -> FsResult<Attr> {
+        let path = self.new_entry_path(parent, name)?;
+        let (mtime_sec, mtime_nsec) = to_unix(SystemTime::now());
+        self.publish_meta(
+            &path,
+            FileEntry {
+                kind: EntryKind::Directory as i32,
+                mode: mode & 0o7777,
+                mtime_sec,
+                mtime_nsec,
+                ..Default::default()
+            },
+        )?;
+        self.lookup_new(&path)
+    }
+
+    pub fn symlink(&self, parent: u64, name: &str, target: &str) -> FsResult<Attr> {
+        let path = self.new_entry_path(parent, name)?;
+        let (mtime_sec, mtime_nsec) = to_unix(SystemTime::now());
+        self.publish_meta(
+            &path,
+            FileEntry {
+                kind: EntryKind::Symlink as i32,
+                mode: 0o777,
+                mtime_sec,
+                mtime_nsec,
+                symlink_target: target.to_string(),
+                ..Default::default()
+            },
+        )?;
+        self.lookup_new(&path)
+    }
+
+    fn remove(&self, path: &str, want_dir: bool) -> FsResult<()> {
+        self.writable()?;
+        let staged = self.staged_at(path);
+        let attr = self.stat_path(path)?;
+        match (want_dir, attr.kind == Kind::Dir) {
+            (true, false) => return Err(FsError::NotDir),
+            (false, true) => return Err(FsError::IsDir),
+            _ => {}
+        }
+        if let Some(s) = &staged {
+            s.unlinked.store(true, Ordering::SeqCst);
+            lock(&self.staged).remove(path);
+        }
+        let mut store = self.store();
+        let r = self
+            .block_on(store.remove(RemoveRequest {
+                namespace: self.ns(),
+                key: path.to_string(),
+                recursive: false,
+                prefix: false,
+            }))
+            .map_err(ClientError::from);
+        self.invalidate(&[split(path).0, path]);
+        match r {
+            Ok(_) => Ok(()),
+            // A file that was created but never published has nothing to remove on the server.
+            Err(e) if staged.is_some() && e.is_not_found() => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub fn unlink(&self, parent: u64, name: &str) -> FsResult<()> {
+        self.remove(&join(&self.path_of(parent)?, name), false)
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &str) -> FsResult<()> {
+        self.remove(&join(&self.path_of(parent)?, name), true)
+    }
+
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &str,
+        newparent: u64,
+        newname: &str,
+        flags: u32,
+    ) -> FsResult<()> {
+        self.writable()?;
+        if flags & libc::RENAME_EXCHANGE != 0 || flags & libc::RENAME_WHITEOUT != 0 {
+            return Err(FsError::Invalid(
+                "RENAME_EXCHANGE and RENAME_WHITEOUT are not supported".into(),
+            ));
+        }
+        let from = join(&self.path_of(parent)?, name);
+        let to = join(&self.path_of(newparent)?, newname);
+        Self::check_key(&to)?;
+        // A file still being written is published first, so the move carries its bytes.
+        if let Some(s) = self.staged_at(&from) {
+            self.publish_staged(&s)?;
+        }
+        let mut store = self.store();
+        self.block_on(store.rename(RenameRequest {
+            namespace: self.ns(),
+            from: from.clone(),
+            to: to.clone(),
+            no_replace: flags & libc::RENAME_NOREPLACE != 0,
+        }))
+        .map_err(ClientError::from)?;
+        {
+            let mut m = lock(&self.staged);
+            if let Some(s) = m.remove(&from) {
+                *lock(&s.path) = to.clone();
+                m.insert(to.clone(), s);
+            }
+        }
+        self.inodes().rename(&from, &to);
+        self.invalidate(&[split(&from).0, split(&to).0, &from, &to]);
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn setattr(
+        &self,
+        ino: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        mtime: Option<SystemTime>,
+        fh: Option<u64>,
+    ) -> FsResult<Attr> {
+        let path = self.path_of(ino)?;
+        if mode.is_none() && uid.is_none() && gid.is_none() && size.is_none() && mtime.is_none() {
+            return self.getattr(ino);
+        }
+        self.writable()?;
+        if uid.is_some_and(|u| u != self.cfg.uid) || gid.is_some_and(|g| g != self.cfg.gid) {
+            return Err(FsError::NotPermitted);
+        }
+        let staged = match fh.map(|f| self.handle(f)) {
+            Some(Ok(Handle::Write(s))) => Some(s),
+            _ => self.staged_at(&path),
+        };
+        if let Some(size) = size {
+            match &staged {
+                Some(s) => s.truncate(size, &self.cfg.staging)?,
+                None => {
+                    let s = self.open_staged(&path, size == 0)?;
+                    let r = s
+                        .truncate(size, &self.cfg.staging)
+                        .and_then(|_| self.release_staged(&s));
+                    r?;
+                }
+            }
+        }
+        if mode.is_some() || mtime.is_some() {
+            match &staged {
+                Some(s) => {
+                    if let Some(m) = mode {
+                        s.mode.store(m & 0o7777, Ordering::Relaxed);
+                    }
+                    if let Some(t) = mtime {
+                        *lock(&s.mtime) = t;
+                    }
+                    s.changes.fetch_add(1, Ordering::SeqCst);
+                }
+                None => {
+                    let (sec, nsec) = mtime.map(to_unix).unzip();
+                    let mut store = self.store();
+                    self.block_on(store.set_attr(SetAttrRequest {
+                        namespace: self.ns(),
+                        key: path.clone(),
+                        mode,
+                        mtime_sec: sec,
+                        mtime_nsec: nsec.unwrap_or(0),
+                    }))
+                    .map_err(ClientError::from)?;
+                    self.invalidate(&[split(&path).0, &path]);
+                }
+            }
+        }
+        self.getattr(ino)
+    }
+}

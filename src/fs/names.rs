@@ -1,0 +1,262 @@
+//! Names: what a path is, as the store server lists it, and what `stat` and `readdir` show.
+//!
+//! Listings of directories are cached for [`LISTING_TTL`] on the core's clock, and forgotten
+//! at once when this mount changes them; files being written here show before they are
+//! published.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{inode, join, split, time_of, Attr, DirEntry, FsCore, FsError, FsResult, Handle, Kind};
+use crate::clock::SharedClock;
+use crate::locks::lock;
+use crate::manifest::EntryKind;
+use crate::proto::{ListEntry, ListRequest};
+
+/// How long a directory listing from the store server is trusted.
+pub const LISTING_TTL: Duration = Duration::from_secs(1);
+
+type Entries = Arc<BTreeMap<String, ListEntry>>;
+
+/// Directory listings fetched from the store server, by path.
+pub(super) struct Listings {
+    clock: SharedClock,
+    cached: Mutex<HashMap<String, (Instant, Entries)>>,
+}
+
+impl Listings {
+    pub fn new(clock: SharedClock) -> Self {
+        Listings {
+            clock,
+            cached: Mutex::default(),
+        }
+    }
+
+    fn fresh(&self, path: &str) -> Option<Entries> {
+        let now = self.clock.now().at;
+        let cached = lock(&self.cached);
+        let (at, entries) = cached.get(path)?;
+        (now.duration_since(*at) < LISTING_TTL).then(|| entries.clone())
+    }
+
+    fn put(&self, path: &str, entries: Entries) {
+        let now = self.clock.now().at;
+        lock(&self.cached).insert(path.to_string(), (now, entries));
+    }
+
+    fn forget(&self, paths: &[&str]) {
+        let mut cached = lock(&self.cached);
+        for p in paths {
+            cached.remove(*p);
+        }
+    }
+}
+
+pub(super) fn kind_of(k: EntryKind) -> Kind {
+    match k {
+        EntryKind::File => Kind::File,
+        EntryKind::Directory => Kind::Dir,
+        EntryKind::Symlink => Kind::Symlink,
+    }
+}
+
+impl FsCore {
+    /// Forgets cached listings of `paths`, after this mount changed them.
+    pub(crate) fn invalidate(&self, paths: &[&str]) {
+        self.listings.forget(paths);
+    }
+
+    fn fetch_listing(&self, path: &str) -> FsResult<Entries> {
+        let mut store = self.store();
+        let resp = self
+            .block_on(store.list(ListRequest {
+                namespace: self.ns(),
+                prefix: path.to_string(),
+                recursive: false,
+            }))
+            .map_err(crate::rpc::ClientError::from)?
+            .into_inner();
+        if !resp.exists && !path.is_empty() {
+            return Err(FsError::NotFound);
+        }
+        let entries: BTreeMap<String, ListEntry> = resp
+            .entries
+            .into_iter()
+            .map(|e| (e.name.trim_end_matches('/').to_string(), e))
+            .collect();
+        let entries = Arc::new(entries);
+        self.listings.put(path, entries.clone());
+        Ok(entries)
+    }
+
+    fn listing(&self, path: &str) -> FsResult<Entries> {
+        match self.listings.fresh(path) {
+            Some(e) => Ok(e),
+            None => self.fetch_listing(path),
+        }
+    }
+
+    fn root_attr(&self) -> Attr {
+        Attr {
+            ino: inode::ROOT,
+            kind: Kind::Dir,
+            size: 0,
+            perm: 0o755,
+            mtime: self.started,
+            nlink: 2,
+            uid: self.cfg.uid,
+            gid: self.cfg.gid,
+        }
+    }
+
+    fn attr_from_entry(&self, ino: u64, e: &ListEntry) -> Attr {
+        let kind = kind_of(e.kind());
+        let perm = if e.mode == 0 {
+            if kind == Kind::Dir {
+                0o755
+            } else {
+                0o644
+            }
+        } else {
+            (e.mode & 0o7777) as u16
+        };
+        Attr {
+            ino,
+            kind,
+            size: match kind {
+                Kind::File => e.size,
+                Kind::Symlink => e.symlink_target.len() as u64,
+                Kind::Dir => 0,
+            },
+            perm,
+            mtime: if e.mtime_sec == 0 && e.mtime_nsec == 0 {
+                self.started
+            } else {
+                time_of(e.mtime_sec, e.mtime_nsec)
+            },
+            nlink: if kind == Kind::Dir { 2 } else { 1 },
+            uid: self.cfg.uid,
+            gid: self.cfg.gid,
+        }
+    }
+
+    /// The listing entry of `path`, from its parent's listing.
+    pub(super) fn entry(&self, path: &str) -> FsResult<ListEntry> {
+        let (parent, name) = split(path);
+        self.listing(parent)?
+            .get(name)
+            .cloned()
+            .ok_or(FsError::NotFound)
+    }
+
+    /// The attributes of `path`: an open staged write if there is one, else what the store shows.
+    pub fn stat_path(&self, path: &str) -> FsResult<Attr> {
+        if path.is_empty() {
+            return Ok(self.root_attr());
+        }
+        if let Some(s) = self.staged_at(path) {
+            return s.attr(self.ino_of(path), self.cfg.uid, self.cfg.gid);
+        }
+        let e = self.entry(path)?;
+        Ok(self.attr_from_entry(self.ino_of(path), &e))
+    }
+
+    pub fn lookup(&self, parent: u64, name: &str) -> FsResult<Attr> {
+        let path = join(&self.path_of(parent)?, name);
+        let mut attr = self.stat_path(&path)?;
+        attr.ino = self.inodes().lookup(&path);
+        Ok(attr)
+    }
+
+    pub fn forget(&self, ino: u64, n: u64) {
+        self.inodes().forget(ino, n);
+    }
+
+    pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
+        let path = self.path_of(ino)?;
+        let mut a = self.stat_path(&path)?;
+        a.ino = ino;
+        Ok(a)
+    }
+
+    pub fn readlink(&self, ino: u64) -> FsResult<String> {
+        let e = self.entry(&self.path_of(ino)?)?;
+        if e.kind() != EntryKind::Symlink {
+            return Err(FsError::NotSymlink);
+        }
+        Ok(e.symlink_target)
+    }
+
+    /// Snapshots a directory for a sequence of `readdir` calls.
+    pub fn opendir(&self, ino: u64) -> FsResult<u64> {
+        let entries = self.snapshot_dir(ino)?;
+        Ok(self.insert_handle(Handle::Dir(entries)))
+    }
+
+    pub(super) fn snapshot_dir(&self, ino: u64) -> FsResult<Arc<Vec<DirEntry>>> {
+        let path = self.path_of(ino)?;
+        if !path.is_empty() && self.stat_path(&path)?.kind != Kind::Dir {
+            return Err(FsError::NotDir);
+        }
+        let listing = self.fetch_listing(&path)?;
+        let mut entries: BTreeMap<String, DirEntry> = listing
+            .iter()
+            .map(|(name, e)| {
+                let p = join(&path, name);
+                (
+                    name.clone(),
+                    DirEntry {
+                        ino: self.ino_of(&p),
+                        kind: kind_of(e.kind()),
+                        name: name.clone(),
+                    },
+                )
+            })
+            .collect();
+        // Files being written here show before they are published.
+        for p in self.staged_paths() {
+            let (parent, name) = split(&p);
+            if parent == path {
+                entries.entry(name.to_string()).or_insert_with(|| DirEntry {
+                    ino: self.ino_of(&p),
+                    kind: Kind::File,
+                    name: name.to_string(),
+                });
+            }
+        }
+        Ok(Arc::new(entries.into_values().collect()))
+    }
+
+    /// Entries of an open directory from `offset` on (`.` and `..` first).
+    pub fn readdir(&self, ino: u64, fh: u64, offset: u64) -> FsResult<Vec<(u64, DirEntry)>> {
+        let Handle::Dir(entries) = self.handle_or_reopen(ino, fh, true)? else {
+            return Err(FsError::BadHandle);
+        };
+        let path = self.path_of(ino)?;
+        let parent_ino = if path.is_empty() {
+            inode::ROOT
+        } else {
+            self.ino_of(split(&path).0)
+        };
+        let dots = [
+            DirEntry {
+                ino,
+                kind: Kind::Dir,
+                name: ".".into(),
+            },
+            DirEntry {
+                ino: parent_ino,
+                kind: Kind::Dir,
+                name: "..".into(),
+            },
+        ];
+        Ok(dots
+            .into_iter()
+            .chain(entries.iter().cloned())
+            .enumerate()
+            .skip(offset as usize)
+            .map(|(i, e)| (i as u64 + 1, e))
+            .collect())
+    }
+}

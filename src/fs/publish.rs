@@ -1,0 +1,127 @@
+//! Publish on close: a staged file is hashed and published through the one publish path
+//! (`transfer::publish`), with its blocks uploaded to the store, sent inside the publish (a
+//! small file), or registered with this node as their in-place source (`locale=local`). The
+//! close returns only after the key switched, so a reader that opens afterwards sees the new
+//! version.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use indicatif::ProgressBar;
+
+use super::staged::Staged;
+use super::{split, to_unix, FsCore, FsResult};
+use crate::locks::lock;
+use crate::manifest::{self, EntryKind, FileEntry, Manifest};
+use crate::proto::{InlineBlock, LocalFile, Locale, PublishRequest};
+use crate::rpc::MAX_INLINE_FILE;
+use crate::transfer::publish::{self, Payload};
+use crate::transfer::upload;
+
+impl FsCore {
+    pub(super) fn publish_staged(&self, s: &Arc<Staged>) -> FsResult<()> {
+        let _guard = lock(&s.publish_lock);
+        if !s.dirty() || s.unlinked.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let path = s.path();
+        let locale = self.locale_for(&path);
+        let (disk, len, changes) = {
+            let mut f = lock(&s.file);
+            // Writes hold this lock: the count and the length agree.
+            let changes = s.changes.load(Ordering::SeqCst);
+            if locale == Locale::Local {
+                // Served in place from now on: it must survive a crash of this node.
+                f.file.sync_data()?;
+                f.in_place = true;
+            }
+            (f.disk.clone(), f.file.metadata()?.len(), changes)
+        };
+        let mut buf = vec![0u8; manifest::DEFAULT_BLOCK_SIZE.min(len.max(1) as u32) as usize];
+        let (size, blocks) = crate::transfer::scan::hash_file(&disk, &mut buf)?;
+        let (mtime_sec, mtime_nsec) = to_unix(*lock(&s.mtime));
+        let m = Manifest {
+            block_size: manifest::DEFAULT_BLOCK_SIZE,
+            entries: vec![FileEntry {
+                path: String::new(),
+                kind: EntryKind::File as i32,
+                mode: s.mode.load(Ordering::Relaxed),
+                size,
+                mtime_sec,
+                mtime_nsec,
+                blocks,
+                symlink_target: String::new(),
+            }],
+        };
+        let payload = match (&m.entries[0].blocks[..], locale) {
+            (_, Locale::Local) => {
+                let files = [LocalFile {
+                    entry_path: String::new(),
+                    disk_path: disk.display().to_string(),
+                }];
+                self.blocks.register(&m, &files)?;
+                Payload::InPlace
+            }
+            // Already read whole into `buf`: sent with the publish, one round trip.
+            ([b], Locale::Store)
+                if size <= u64::from(MAX_INLINE_FILE) && u64::from(b.len) == size =>
+            {
+                Payload::Inline(vec![InlineBlock {
+                    hash: b.hash.clone(),
+                    data: buf[..size as usize].to_vec(),
+                }])
+            }
+            (blocks, Locale::Store) => {
+                Payload::Upload(upload::jobs_of([(Arc::new(disk.clone()), blocks)]))
+            }
+        };
+        let req = PublishRequest {
+            namespace: self.ns(),
+            key: path.clone(),
+            locale: locale as i32,
+            origin_node: self.cfg.node_id.clone(),
+            ttl_secs: 0,
+            force: true,
+            inline_blocks: Vec::new(),
+            manifest: Some(m),
+        };
+        let mut store = self.store();
+        self.block_on(publish::publish(
+            &mut store,
+            &self.cfg.server,
+            req,
+            payload,
+            &ProgressBar::hidden(),
+        ))?;
+        s.published.fetch_max(changes, Ordering::SeqCst);
+        self.invalidate(&[split(&path).0, &path]);
+        Ok(())
+    }
+
+    /// Publishes a manifest with no blocks (a directory or a symlink) at `path`.
+    pub(super) fn publish_meta(&self, path: &str, entry: FileEntry) -> FsResult<()> {
+        let req = PublishRequest {
+            namespace: self.ns(),
+            key: path.to_string(),
+            manifest: Some(Manifest {
+                block_size: manifest::DEFAULT_BLOCK_SIZE,
+                entries: vec![entry],
+            }),
+            locale: Locale::Store as i32,
+            origin_node: String::new(),
+            ttl_secs: 0,
+            force: false,
+            inline_blocks: Vec::new(),
+        };
+        let mut store = self.store();
+        self.block_on(publish::publish(
+            &mut store,
+            &self.cfg.server,
+            req,
+            Payload::InPlace,
+            &ProgressBar::hidden(),
+        ))?;
+        self.invalidate(&[split(path).0, path]);
+        Ok(())
+    }
+}

@@ -1,0 +1,274 @@
+//! Files open for writing on this node, staged in local files until published.
+//!
+//! A new file starts empty; an existing one is copied on write from its published blocks. The
+//! staged file belongs to every descriptor that opened the path; the last release publishes it
+//! and removes it (unless it was published in place: then it stays, served to peers, and a
+//! later write copies it first).
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::{join, Attr, FsCore, FsError, FsResult, Handle, Kind};
+use crate::locks::lock;
+
+static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
+
+pub(super) struct StagedFile {
+    pub file: File,
+    pub disk: PathBuf,
+    /// Published in place: its bytes are being served and must not change.
+    pub in_place: bool,
+}
+
+/// A file open for writing on this node.
+pub struct Staged {
+    pub(super) path: Mutex<String>,
+    pub(super) file: Mutex<StagedFile>,
+    pub(crate) opens: AtomicUsize,
+    /// Changes made so far, and how many of them the last publish took in. A publish may run
+    /// while writes go on (a FLUSH comes whenever any copy of the descriptor is closed, e.g. by
+    /// a forked child at exec), so "dirty" is a count, never a flag that a publish clears.
+    pub(super) changes: AtomicU64,
+    pub(super) published: AtomicU64,
+    pub(super) unlinked: AtomicBool,
+    pub(super) mode: AtomicU32,
+    pub(super) mtime: Mutex<SystemTime>,
+    pub(super) publish_lock: Mutex<()>,
+}
+
+impl Staged {
+    pub(super) fn path(&self) -> String {
+        lock(&self.path).clone()
+    }
+
+    pub(crate) fn attr(&self, ino: u64, uid: u32, gid: u32) -> FsResult<Attr> {
+        let size = lock(&self.file).file.metadata()?.len();
+        Ok(Attr {
+            ino,
+            kind: Kind::File,
+            size,
+            perm: self.mode.load(Ordering::Relaxed) as u16,
+            mtime: *lock(&self.mtime),
+            nlink: 1,
+            uid,
+            gid,
+        })
+    }
+
+    pub(crate) fn read(&self, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        let f = lock(&self.file);
+        let mut buf = vec![0u8; size as usize];
+        let mut n = 0;
+        while n < buf.len() {
+            let k = f.file.read_at(&mut buf[n..], offset + n as u64)?;
+            if k == 0 {
+                break;
+            }
+            n += k;
+        }
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    /// Makes the staged file writable again after it was published in place.
+    fn unshare(&self, f: &mut StagedFile, staging: &Path) -> FsResult<()> {
+        if !f.in_place {
+            return Ok(());
+        }
+        let (mut file, disk) = new_staging_file(staging)?;
+        let mut src = File::open(&f.disk)?;
+        std::io::copy(&mut src, &mut file)?;
+        *f = StagedFile {
+            file,
+            disk,
+            in_place: false,
+        };
+        Ok(())
+    }
+
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        *lock(&self.mtime) = SystemTime::now();
+    }
+
+    fn write(&self, offset: u64, data: &[u8], staging: &Path) -> FsResult<u32> {
+        let mut f = lock(&self.file);
+        self.unshare(&mut f, staging)?;
+        f.file.write_all_at(data, offset)?;
+        self.changed();
+        Ok(data.len() as u32)
+    }
+
+    /// Whether something changed since the last publish took its snapshot.
+    pub(super) fn dirty(&self) -> bool {
+        self.changes.load(Ordering::SeqCst) != self.published.load(Ordering::SeqCst)
+    }
+
+    pub(super) fn truncate(&self, size: u64, staging: &Path) -> FsResult<()> {
+        let mut f = lock(&self.file);
+        self.unshare(&mut f, staging)?;
+        f.file.set_len(size)?;
+        self.changed();
+        Ok(())
+    }
+}
+
+fn new_staging_file(staging: &Path) -> FsResult<(File, PathBuf)> {
+    let n = STAGING_SEQ.fetch_add(1, Ordering::Relaxed);
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let disk = staging.join(format!("{}-{t}-{n}", std::process::id()));
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&disk)?;
+    Ok((file, disk))
+}
+
+impl FsCore {
+    pub(crate) fn staged_at(&self, path: &str) -> Option<Arc<Staged>> {
+        let s = lock(&self.staged).get(path).cloned()?;
+        (!s.unlinked.load(Ordering::SeqCst)).then_some(s)
+    }
+
+    pub(crate) fn staged_paths(&self) -> Vec<String> {
+        lock(&self.staged).keys().cloned().collect()
+    }
+
+    fn new_staged(
+        &self,
+        path: &str,
+        mode: u32,
+        mtime: SystemTime,
+        dirty: bool,
+    ) -> FsResult<Arc<Staged>> {
+        let (file, disk) = new_staging_file(&self.cfg.staging)?;
+        let s = Arc::new(Staged {
+            path: Mutex::new(path.to_string()),
+            file: Mutex::new(StagedFile {
+                file,
+                disk,
+                in_place: false,
+            }),
+            opens: AtomicUsize::new(1),
+            changes: AtomicU64::new(u64::from(dirty)),
+            published: AtomicU64::new(0),
+            unlinked: AtomicBool::new(false),
+            mode: AtomicU32::new(mode & 0o7777),
+            mtime: Mutex::new(mtime),
+            publish_lock: Mutex::new(()),
+        });
+        lock(&self.staged).insert(path.to_string(), s.clone());
+        Ok(s)
+    }
+
+    /// Stages an existing file for writing: empty for `O_TRUNC`, else a copy of its published bytes.
+    pub(crate) fn open_staged(&self, path: &str, trunc: bool) -> FsResult<Arc<Staged>> {
+        if let Some(s) = self.staged_at(path) {
+            s.opens.fetch_add(1, Ordering::SeqCst);
+            if trunc {
+                s.truncate(0, &self.cfg.staging)?;
+            }
+            return Ok(s);
+        }
+        let attr = self.stat_path(path)?;
+        match attr.kind {
+            Kind::File => {}
+            Kind::Dir => return Err(FsError::IsDir),
+            Kind::Symlink => return Err(FsError::IsSymlink),
+        }
+        let s = self.new_staged(path, u32::from(attr.perm), attr.mtime, trunc)?;
+        if !trunc && attr.size > 0 {
+            if let Err(e) = self.copy_published(path, &s) {
+                self.drop_staged(&s);
+                return Err(e);
+            }
+        }
+        Ok(s)
+    }
+
+    /// Copy on write: the published bytes of `path` into the staged file.
+    fn copy_published(&self, path: &str, s: &Staged) -> FsResult<()> {
+        let f = self.resolve_file(path)?;
+        let staged = lock(&s.file);
+        for i in 0..f.entry.blocks.len() {
+            let job = f.job(i)?;
+            let data =
+                self.block_on(self.loader.block(&job, &f.route, self.seed_hook(f.version)))?;
+            crate::blocks::pieces::write_all_at(&staged.file, &data, f.offsets[i])?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn drop_staged(&self, s: &Arc<Staged>) {
+        let path = s.path();
+        {
+            let mut m = lock(&self.staged);
+            if m.get(&path).is_some_and(|x| Arc::ptr_eq(x, s)) {
+                m.remove(&path);
+            }
+        }
+        let f = lock(&s.file);
+        if !f.in_place {
+            let _ = std::fs::remove_file(&f.disk);
+        }
+    }
+
+    pub fn create(&self, parent: u64, name: &str, mode: u32, flags: i32) -> FsResult<(Attr, u64)> {
+        self.writable()?;
+        let path = join(&self.path_of(parent)?, name);
+        Self::check_key(&path)?;
+        let s = match self.stat_path(&path) {
+            Ok(_) if flags & libc::O_EXCL != 0 => return Err(FsError::Exists),
+            Ok(_) => self.open_staged(&path, flags & libc::O_TRUNC != 0)?,
+            Err(e) if e.is_not_found() => self.new_staged(&path, mode, SystemTime::now(), true)?,
+            Err(e) => return Err(e),
+        };
+        let ino = self.inodes().lookup(&path);
+        let attr = s.attr(ino, self.cfg.uid, self.cfg.gid)?;
+        Ok((attr, self.insert_handle(Handle::Write(s))))
+    }
+
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+        match self.handle(fh)? {
+            Handle::Write(s) => s.write(offset, data, &self.cfg.staging),
+            _ => Err(FsError::BadHandle),
+        }
+    }
+
+    /// `close` and `fsync`: publish what was written.
+    pub fn flush(&self, fh: u64) -> FsResult<()> {
+        match self.handle(fh) {
+            Ok(Handle::Write(s)) => self.publish_staged(&s),
+            // A reader's handle from an earlier agent: closing it is fine.
+            Err(FsError::BadHandle) => Ok(()),
+            Err(e) => Err(e),
+            Ok(_) => Ok(()),
+        }
+    }
+
+    pub(crate) fn release_staged(&self, s: &Arc<Staged>) -> FsResult<()> {
+        if s.opens.fetch_sub(1, Ordering::SeqCst) > 1 {
+            return Ok(());
+        }
+        let r = self.publish_staged(s);
+        self.drop_staged(s);
+        r
+    }
+
+    /// Publishes every file still open for writing (at unmount).
+    pub fn flush_all(&self) {
+        let all: Vec<Arc<Staged>> = lock(&self.staged).values().cloned().collect();
+        for s in all {
+            if let Err(e) = self.publish_staged(&s) {
+                tracing::error!(path = %s.path(), error = %e, "could not publish a file open at unmount");
+            }
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! The one extended attribute: `user.kt.locale` on a directory (`store` or `local`) decides
+//! where files written below it are published. It is this node's setting, kept in the agent's
+//! database, not shared metadata.
+
+use super::{split, FsCore, FsError, FsResult, Kind};
+use crate::proto::Locale;
+
+pub const LOCALE_XATTR: &str = "user.kt.locale";
+/// Per-directory settings of the mount, by `namespace NUL path`.
+pub const CF_XATTR: &str = "xattr";
+
+impl FsCore {
+    fn xattr_key(&self, path: &str) -> Vec<u8> {
+        format!("{}\0{path}", self.cfg.namespace).into_bytes()
+    }
+
+    /// The locale of a file at `path`: the nearest directory's `user.kt.locale`, else the
+    /// mount's.
+    pub(super) fn locale_for(&self, path: &str) -> Locale {
+        let mut cur = Some(split(path).0);
+        while let Some(dir) = cur {
+            if let Ok(Some(v)) = self.blocks.db().get(CF_XATTR, &self.xattr_key(dir)) {
+                match v.as_slice() {
+                    b"local" => return Locale::Local,
+                    b"store" => return Locale::Store,
+                    _ => {}
+                }
+            }
+            cur = if dir.is_empty() {
+                None
+            } else {
+                Some(split(dir).0)
+            };
+        }
+        self.cfg.locale
+    }
+
+    pub fn setxattr(&self, ino: u64, name: &str, value: &[u8]) -> FsResult<()> {
+        if name != LOCALE_XATTR {
+            return Err(FsError::NotSupported("this extended attribute"));
+        }
+        self.writable()?;
+        let path = self.path_of(ino)?;
+        if self.stat_path(&path)?.kind != Kind::Dir {
+            return Err(FsError::Invalid(format!(
+                "{LOCALE_XATTR} applies to directories"
+            )));
+        }
+        let v = std::str::from_utf8(value).map(str::trim).unwrap_or("");
+        if v != "store" && v != "local" {
+            return Err(FsError::Invalid(format!(
+                "{LOCALE_XATTR} must be store or local"
+            )));
+        }
+        Ok(self
+            .blocks
+            .db()
+            .put(CF_XATTR, &self.xattr_key(&path), v.as_bytes())?)
+    }
+
+    pub fn getxattr(&self, ino: u64, name: &str) -> FsResult<Vec<u8>> {
+        let path = self.path_of(ino)?;
+        if name != LOCALE_XATTR {
+            return Err(FsError::NoAttr);
+        }
+        self.blocks
+            .db()
+            .get(CF_XATTR, &self.xattr_key(&path))?
+            .ok_or(FsError::NoAttr)
+    }
+
+    pub fn listxattr(&self, ino: u64) -> FsResult<Vec<u8>> {
+        match self.getxattr(ino, LOCALE_XATTR) {
+            Ok(_) => Ok(format!("{LOCALE_XATTR}\0").into_bytes()),
+            Err(FsError::NoAttr) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn removexattr(&self, ino: u64, name: &str) -> FsResult<()> {
+        self.writable()?;
+        self.getxattr(ino, name)?;
+        let path = self.path_of(ino)?;
+        Ok(self.blocks.db().delete(CF_XATTR, &self.xattr_key(&path))?)
+    }
+}

@@ -1,0 +1,85 @@
+//! The seam under the metadata: three tables (keys, manifests, locations) with gets, prefix
+//! scans and atomic batches of writes, and nothing else. RocksDB is the backend today (its
+//! implementation is below, beside the trait, which itself knows nothing of RocksDB); a
+//! distributed KV such as etcd can take its place behind the same trait, never a home-made
+//! consensus.
+
+use crate::db::{BatchOp, Db};
+
+/// A table of the metadata.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Table {
+    /// `namespace NUL key` -> `KeyRecord`.
+    Keys,
+    /// version -> `Manifest`.
+    Manifests,
+    /// `version node-id` -> nothing: a node that holds the version.
+    Locations,
+}
+
+/// One write of an atomic batch.
+#[derive(Clone, Debug)]
+pub enum Op {
+    Put(Table, Vec<u8>, Vec<u8>),
+    Delete(Table, Vec<u8>),
+}
+
+pub type KeyValue = (Vec<u8>, Vec<u8>);
+
+#[derive(Debug, thiserror::Error)]
+#[error("metadata backend: {0}")]
+pub struct BackendError(#[source] pub Box<dyn std::error::Error + Send + Sync>);
+
+pub trait MetaBackend: Send + Sync + 'static {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError>;
+    /// Every entry whose key starts with `prefix`, in key order.
+    fn scan_prefix(&self, table: Table, prefix: &[u8]) -> Result<Vec<KeyValue>, BackendError>;
+    /// Applies every op or none.
+    fn write(&self, ops: Vec<Op>) -> Result<(), BackendError>;
+    /// Makes every write so far durable.
+    fn flush(&self) -> Result<(), BackendError>;
+}
+
+pub const CF_KEYS: &str = "keys";
+pub const CF_MANIFESTS: &str = "manifests";
+pub const CF_LOCATIONS: &str = "locations";
+/// The column families the RocksDB backend needs.
+pub const FAMILIES: &[&str] = &[CF_KEYS, CF_MANIFESTS, CF_LOCATIONS];
+
+fn family(t: Table) -> &'static str {
+    match t {
+        Table::Keys => CF_KEYS,
+        Table::Manifests => CF_MANIFESTS,
+        Table::Locations => CF_LOCATIONS,
+    }
+}
+
+fn err(e: crate::db::DbError) -> BackendError {
+    BackendError(Box::new(e))
+}
+
+/// RocksDB: one column family per table.
+impl MetaBackend for Db {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
+        Db::get(self, family(table), key).map_err(err)
+    }
+
+    fn scan_prefix(&self, table: Table, prefix: &[u8]) -> Result<Vec<KeyValue>, BackendError> {
+        Db::scan_prefix(self, family(table), prefix).map_err(err)
+    }
+
+    fn write(&self, ops: Vec<Op>) -> Result<(), BackendError> {
+        let ops = ops
+            .into_iter()
+            .map(|op| match op {
+                Op::Put(t, k, v) => BatchOp::Put(family(t), k, v),
+                Op::Delete(t, k) => BatchOp::Delete(family(t), k),
+            })
+            .collect();
+        Db::write(self, ops).map_err(err)
+    }
+
+    fn flush(&self) -> Result<(), BackendError> {
+        Db::flush(self).map_err(err)
+    }
+}

@@ -1,0 +1,74 @@
+//! How keys and locations are stored, and how stored records become listing entries.
+
+use crate::hash::Version;
+use crate::key::Namespace;
+use crate::manifest::{self, EntryKind, Manifest};
+use crate::proto::{KeyRecord, ListEntry};
+
+/// The stored key of `key` in namespace `ns`: `namespace NUL key`.
+pub(crate) fn key_bytes(ns: &Namespace, key: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(ns.as_str().len() + 1 + key.len());
+    k.extend_from_slice(ns.as_str().as_bytes());
+    k.push(0);
+    k.extend_from_slice(key.as_bytes());
+    k
+}
+
+/// Whether a key has not expired at `now_ms`.
+pub(crate) fn live(r: &KeyRecord, now_ms: i64) -> bool {
+    r.expires_unix_ms == 0 || r.expires_unix_ms > now_ms
+}
+
+pub(crate) fn location_key(version: &Version, node: &str) -> Vec<u8> {
+    let mut k = version.0.to_vec();
+    k.extend_from_slice(node.as_bytes());
+    k
+}
+
+pub(crate) fn key_entry(rel: &str, r: &KeyRecord) -> ListEntry {
+    ListEntry {
+        name: if r.is_directory {
+            format!("{rel}/")
+        } else {
+            rel.to_string()
+        },
+        is_directory: r.is_directory,
+        locale: r.locale,
+        origin_node: r.origin_node.clone(),
+        size: r.size,
+        is_key: true,
+        kind: r.kind,
+        mode: r.mode,
+        mtime_sec: r.mtime_sec,
+        mtime_nsec: r.mtime_nsec,
+        symlink_target: r.symlink_target.clone(),
+    }
+}
+
+pub(crate) fn manifest_listing(m: &Manifest, r: &KeyRecord, recursive: bool) -> Vec<ListEntry> {
+    m.entries
+        .iter()
+        .filter(|e| !e.path.is_empty() || !manifest::is_directory(m))
+        .filter(|e| recursive || !e.path.contains('/'))
+        .map(|e| {
+            let dir = e.kind() == EntryKind::Directory;
+            ListEntry {
+                name: if dir {
+                    format!("{}/", e.path)
+                } else {
+                    e.path.clone()
+                },
+                is_directory: dir,
+                locale: r.locale,
+                origin_node: r.origin_node.clone(),
+                size: e.size,
+                is_key: false,
+                kind: e.kind,
+                mode: e.mode,
+                mtime_sec: e.mtime_sec,
+                mtime_nsec: e.mtime_nsec,
+                symlink_target: e.symlink_target.clone(),
+            }
+        })
+        .collect()
+}

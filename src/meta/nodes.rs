@@ -1,0 +1,58 @@
+//! Node leases: which nodes are alive, as their heartbeats say.
+//!
+//! Leases live in memory: after a restart of the store server no node is offered as a source
+//! until it heartbeats again, which is exactly when it is known to be alive. Time comes from
+//! the injected clock, so tests expire a lease by moving the clock, not by sleeping.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::clock::SharedClock;
+use crate::locks::lock;
+use crate::proto::NodeInfo;
+
+pub struct NodeLeases {
+    nodes: Mutex<HashMap<String, (NodeInfo, Instant)>>,
+    lease: Duration,
+    clock: SharedClock,
+}
+
+impl NodeLeases {
+    pub fn new(lease: Duration, clock: SharedClock) -> Self {
+        NodeLeases {
+            nodes: Mutex::default(),
+            lease,
+            clock,
+        }
+    }
+
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    pub fn register(&self, node: NodeInfo) {
+        let until = self.clock.now().at + self.lease;
+        lock(&self.nodes).insert(node.node_id.clone(), (node, until));
+    }
+
+    /// Renews a node's lease; `false` when the node must register again (e.g. after a restart).
+    pub fn heartbeat(&self, node_id: &str) -> bool {
+        let until = self.clock.now().at + self.lease;
+        match lock(&self.nodes).get_mut(node_id) {
+            Some((_, u)) => {
+                *u = until;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The node, if its lease has not run out.
+    pub fn live(&self, node_id: &str) -> Option<NodeInfo> {
+        let now = self.clock.now().at;
+        let nodes = lock(&self.nodes);
+        let (info, until) = nodes.get(node_id)?;
+        (*until > now).then(|| info.clone())
+    }
+}

@@ -1,0 +1,425 @@
+//! The store server's gRPC handler: the service logic of the control plane. Sockets and
+//! shutdown belong to [`super::StoreServerProcess`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::status::{blocking, invalid, parse_key, parse_ns, parse_version};
+use crate::blocks::store::StoreBlocks;
+use crate::blocks::Served;
+use crate::broadcast::{Broadcasts, Joiner, NodeView, Seed};
+use crate::clock::SharedClock;
+use crate::hash::{BlockHash, Version};
+use crate::key::KeyPath;
+use crate::locks;
+use crate::meta::{MetaError, MetaStore};
+use crate::proto::store_server::Store;
+use crate::proto::*;
+use crate::rpc::status::{to_status, Fault};
+use crate::rpc::{self, MAX_INLINE_BYTES, MAX_INLINE_FILE};
+
+/// Inline blocks of a publish, each checked against its hash.
+fn checked_inline(blocks: Vec<InlineBlock>) -> Result<Vec<(BlockHash, Vec<u8>)>, Status> {
+    let total: usize = blocks.iter().map(|b| b.data.len()).sum();
+    if total > MAX_INLINE_BYTES {
+        return Err(invalid(format!(
+            "{total} bytes of inline blocks exceed the limit of {MAX_INLINE_BYTES}; upload them on the data plane"
+        )));
+    }
+    blocks
+        .into_iter()
+        .map(|b| {
+            let hash =
+                BlockHash::from_slice(&b.hash).ok_or_else(|| invalid("inline block: bad hash"))?;
+            if BlockHash::of(&b.data) != hash {
+                return Err(invalid(format!(
+                    "inline block {} does not match its hash",
+                    hash.hex()
+                )));
+            }
+            Ok((hash, b.data))
+        })
+        .collect()
+}
+
+/// The blocks of a small one-file manifest, if the caller wants them and they are all small
+/// blocks in the database (never a block file: those go on the data plane).
+fn inline_file(
+    blocks: &StoreBlocks,
+    m: &Manifest,
+    up_to: u32,
+) -> Result<Vec<InlineBlock>, MetaError> {
+    let [entry] = &m.entries[..] else {
+        return Ok(Vec::new());
+    };
+    if entry.kind() != EntryKind::File || entry.size > u64::from(up_to.min(MAX_INLINE_FILE)) {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::with_capacity(entry.blocks.len());
+    for b in &entry.blocks {
+        let Some(hash) = crate::manifest::block_hash(b) else {
+            return Ok(Vec::new());
+        };
+        match blocks.get(&hash)? {
+            Some(Served::Bytes(data)) => out.push(InlineBlock {
+                hash: b.hash.clone(),
+                data: data.to_vec(),
+            }),
+            _ => return Ok(Vec::new()),
+        }
+    }
+    Ok(out)
+}
+
+/// The gRPC handler; sockets and shutdown belong to [`StoreServerProcess`].
+pub struct StoreHandler {
+    pub(super) meta: Arc<MetaStore>,
+    pub(super) clock: SharedClock,
+    pub(super) windows: Arc<std::sync::Mutex<Broadcasts>>,
+    /// Wakes putters waiting for a quorum whenever someone joins.
+    pub(super) joined: Arc<tokio::sync::Notify>,
+}
+
+impl StoreHandler {
+    fn windows(&self) -> std::sync::MutexGuard<'_, Broadcasts> {
+        locks::lock(&self.windows)
+    }
+
+    fn live(&self) -> impl Fn(&str) -> Option<NodeView> + '_ {
+        |n: &str| {
+            self.meta.live_node(n).map(|i| NodeView {
+                data_addr: i.data_addr,
+                zone: i.zone,
+            })
+        }
+    }
+
+    /// The nodes that hold the whole of `version` of `key` now.
+    async fn seeds(&self, ns: &str, key: &str, version: &[u8]) -> Result<Vec<Seed>, Status> {
+        let ns = parse_ns(ns)?;
+        let key = parse_key(key)?;
+        let version = parse_version(version)?;
+        let meta = self.meta.clone();
+        let sources = blocking(move || {
+            let found = meta.resolve(&ns, &key)?;
+            if found.record.version != version.0 {
+                return Err(MetaError::Conflict(format!(
+                    "{key} now names another version; resolve it again"
+                )));
+            }
+            meta.sources(&version, &found.record)
+        })
+        .await?;
+        Ok(sources
+            .into_iter()
+            .map(|s| Seed {
+                origin: s.origin || s.node_id.is_empty(),
+                node_id: s.node_id,
+                data_addr: s.data_addr,
+                zone: s.zone,
+            })
+            .collect())
+    }
+}
+
+#[tonic::async_trait]
+impl Store for StoreHandler {
+    async fn register_node(
+        &self,
+        req: Request<RegisterNodeRequest>,
+    ) -> Result<Response<RegisterNodeResponse>, Status> {
+        let node = req
+            .into_inner()
+            .node
+            .ok_or_else(|| invalid("node missing"))?;
+        if node.node_id.is_empty() || node.data_addr.parse::<SocketAddr>().is_err() {
+            return Err(invalid("node needs an id and a data address ip:port"));
+        }
+        tracing::info!(node = %node.node_id, addr = %node.data_addr, "node registered");
+        self.meta.register_node(node);
+        Ok(Response::new(RegisterNodeResponse {
+            lease_secs: self.meta.lease().as_secs() as u32,
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        req: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        let known = self.meta.heartbeat(&req.into_inner().node_id);
+        Ok(Response::new(HeartbeatResponse { known }))
+    }
+
+    async fn missing_blocks(
+        &self,
+        req: Request<MissingBlocksRequest>,
+    ) -> Result<Response<MissingBlocksResponse>, Status> {
+        let hashes = req
+            .into_inner()
+            .hashes
+            .iter()
+            .map(|h| BlockHash::from_slice(h).ok_or_else(|| invalid("bad hash")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let meta = self.meta.clone();
+        let missing = blocking(move || Ok(meta.blocks().missing(&hashes)?)).await?;
+        Ok(Response::new(MissingBlocksResponse {
+            hashes: missing.iter().map(|h| h.0.to_vec()).collect(),
+        }))
+    }
+
+    async fn publish(
+        &self,
+        req: Request<PublishRequest>,
+    ) -> Result<Response<PublishResponse>, Status> {
+        let r = req.into_inner();
+        let ns = parse_ns(&r.namespace)?;
+        let key = parse_key(&r.key)?;
+        let locale = r.locale();
+        let manifest = r.manifest.ok_or_else(|| invalid("manifest missing"))?;
+        let inline = checked_inline(r.inline_blocks)?;
+        let meta = self.meta.clone();
+        let version = blocking(move || {
+            for (hash, data) in &inline {
+                meta.blocks().put(hash, data)?;
+            }
+            meta.publish(
+                &ns,
+                &key,
+                &manifest,
+                locale,
+                &r.origin_node,
+                r.ttl_secs,
+                r.force,
+            )
+        })
+        .await?;
+        tracing::info!(key = %r.key, %version, ?locale, "published");
+        Ok(Response::new(PublishResponse {
+            version: version.0.to_vec(),
+        }))
+    }
+
+    async fn resolve(
+        &self,
+        req: Request<ResolveRequest>,
+    ) -> Result<Response<ResolveResponse>, Status> {
+        let r = req.into_inner();
+        let ns = parse_ns(&r.namespace)?;
+        let key = parse_key(&r.key)?;
+        let meta = self.meta.clone();
+        let resp = blocking(move || {
+            let found = meta.resolve(&ns, &key)?;
+            let version = Version::from_slice(&found.record.version)
+                .ok_or_else(|| MetaError::Corrupt("version".into()))?;
+            let sources = meta.sources(&version, &found.record)?;
+            let rec = found.record;
+            let inline_blocks = if rec.locale() == Locale::Store {
+                inline_file(meta.blocks(), &found.manifest, r.inline_up_to)?
+            } else {
+                Vec::new()
+            };
+            Ok(ResolveResponse {
+                key: found.key,
+                version: rec.version.clone(),
+                locale: rec.locale,
+                origin_node: rec.origin_node.clone(),
+                size: crate::manifest::total_size(&found.manifest),
+                files: crate::manifest::file_count(&found.manifest),
+                manifest: Some(found.manifest),
+                sources,
+                created_unix_ms: rec.created_unix_ms,
+                expires_unix_ms: rec.expires_unix_ms,
+                subpath: found.subpath,
+                inline_blocks,
+            })
+        })
+        .await?;
+        Ok(Response::new(resp))
+    }
+
+    async fn list(&self, req: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        let r = req.into_inner();
+        let ns = parse_ns(&r.namespace)?;
+        let prefix = KeyPath::parse_prefix(&r.prefix).map_err(|e| invalid(e.to_string()))?;
+        let meta = self.meta.clone();
+        let (entries, exists) =
+            blocking(move || meta.list(&ns, prefix.as_ref(), r.recursive)).await?;
+        Ok(Response::new(ListResponse { entries, exists }))
+    }
+
+    async fn remove(
+        &self,
+        req: Request<RemoveRequest>,
+    ) -> Result<Response<RemoveResponse>, Status> {
+        let r = req.into_inner();
+        let ns = parse_ns(&r.namespace)?;
+        let key = parse_key(&r.key)?;
+        let meta = self.meta.clone();
+        let removed = blocking(move || meta.remove(&ns, &key, r.recursive, r.prefix)).await?;
+        tracing::info!(count = removed.len(), "removed keys");
+        Ok(Response::new(RemoveResponse { removed }))
+    }
+
+    async fn rename(
+        &self,
+        req: Request<RenameRequest>,
+    ) -> Result<Response<RenameResponse>, Status> {
+        let r = req.into_inner();
+        let ns = parse_ns(&r.namespace)?;
+        let (from, to) = (parse_key(&r.from)?, parse_key(&r.to)?);
+        let meta = self.meta.clone();
+        blocking(move || meta.rename(&ns, &from, &to, r.no_replace)).await?;
+        Ok(Response::new(RenameResponse {}))
+    }
+
+    async fn set_attr(
+        &self,
+        req: Request<SetAttrRequest>,
+    ) -> Result<Response<SetAttrResponse>, Status> {
+        let r = req.into_inner();
+        let ns = parse_ns(&r.namespace)?;
+        let key = parse_key(&r.key)?;
+        let mtime = r.mtime_sec.map(|s| (s, r.mtime_nsec.min(999_999_999)));
+        let meta = self.meta.clone();
+        blocking(move || meta.set_attr(&ns, &key, r.mode, mtime)).await?;
+        Ok(Response::new(SetAttrResponse {}))
+    }
+
+    async fn join_broadcast(
+        &self,
+        req: Request<JoinRequest>,
+    ) -> Result<Response<JoinResponse>, Status> {
+        let remote_ip = req.remote_addr().map(|a| a.ip().to_string());
+        let r = req.into_inner();
+        let version = parse_version(&r.version)?;
+        let seeds = self.seeds(&r.namespace, &r.key, &r.version).await?;
+        let mut spec = r.window.clone().unwrap_or_default();
+        if spec.group_id.is_empty() {
+            spec.group_id = rpc::default_group(&r.namespace, &r.key);
+        }
+        let group = spec.group_id.clone();
+        let zone = self
+            .meta
+            .live_node(&r.node_id)
+            .map(|n| n.zone)
+            .unwrap_or_default();
+        let joiner = Joiner {
+            node_id: r.node_id.clone(),
+            zone,
+            ip: if r.ip.is_empty() {
+                remote_ip.unwrap_or_default()
+            } else {
+                r.ip.clone()
+            },
+            role: r.role(),
+            version: Some(version),
+            serves: r.serves && !r.node_id.is_empty(),
+        };
+        let joined = {
+            let live = self.live();
+            self.windows()
+                .join(spec, joiner, &seeds, &live, self.clock.now())?
+        };
+        self.joined.notify_waiters();
+        tracing::info!(
+            group = %group,
+            member = joined.member,
+            node = %r.node_id,
+            parent = ?joined.parent.as_ref().map(|p| p.node_id.clone()),
+            closed = joined.window.closed,
+            "joined broadcast"
+        );
+        let mut window = joined.window;
+        let mut deadline = joined.deadline;
+        while r.wait_quorum && !window.closed {
+            let woken = self.joined.notified();
+            match deadline {
+                Some(d) => {
+                    tokio::select! {
+                        _ = woken => {}
+                        _ = tokio::time::sleep_until(d.into()) => {}
+                    }
+                }
+                None => woken.await,
+            }
+            let Some((w, d)) = self.windows().window(&group, self.clock.now()) else {
+                return Err(to_status(
+                    Fault::NotFound,
+                    format!("window {group} expired"),
+                ));
+            };
+            window = w;
+            deadline = d;
+        }
+        Ok(Response::new(JoinResponse {
+            window: Some(window),
+            member: joined.member,
+            parent: joined.parent,
+        }))
+    }
+
+    async fn new_parent(
+        &self,
+        req: Request<NewParentRequest>,
+    ) -> Result<Response<NewParentResponse>, Status> {
+        let r = req.into_inner();
+        let parent = {
+            let live = self.live();
+            self.windows().new_parent(
+                &r.group_id,
+                r.generation,
+                r.member,
+                &r.failed_parent,
+                r.unreachable,
+                &live,
+                self.clock.now(),
+            )?
+        };
+        tracing::info!(
+            group = %r.group_id,
+            member = r.member,
+            failed = %r.failed_parent,
+            unreachable = r.unreachable,
+            parent = ?parent.as_ref().map(|p| p.node_id.clone()),
+            "new parent"
+        );
+        Ok(Response::new(NewParentResponse { parent }))
+    }
+
+    async fn leave_broadcast(
+        &self,
+        req: Request<LeaveRequest>,
+    ) -> Result<Response<LeaveResponse>, Status> {
+        let r = req.into_inner();
+        self.windows().leave(
+            &r.group_id,
+            r.generation,
+            r.member,
+            r.done,
+            self.clock.now(),
+        )?;
+        Ok(Response::new(LeaveResponse {}))
+    }
+
+    async fn get_window(&self, req: Request<GetWindowRequest>) -> Result<Response<Window>, Status> {
+        let group = req.into_inner().group_id;
+        let (w, _) = self
+            .windows()
+            .window(&group, self.clock.now())
+            .ok_or_else(|| to_status(Fault::NotFound, format!("no broadcast window {group}")))?;
+        Ok(Response::new(w))
+    }
+
+    async fn add_location(
+        &self,
+        req: Request<AddLocationRequest>,
+    ) -> Result<Response<AddLocationResponse>, Status> {
+        let r = req.into_inner();
+        let version = parse_version(&r.version)?;
+        let meta = self.meta.clone();
+        blocking(move || meta.add_location(&version, &r.node_id)).await?;
+        Ok(Response::new(AddLocationResponse {}))
+    }
+}

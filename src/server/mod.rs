@@ -1,0 +1,119 @@
+//! The store server: metadata ([`crate::meta`]), broadcast windows ([`crate::broadcast`]) and
+//! the central block store ([`crate::blocks::store`]), behind the gRPC control plane
+//! ([`handler`], its errors in [`status`]) and the data plane, on one port.
+
+mod handler;
+mod status;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+use crate::blocks::files::BlockFiles;
+use crate::blocks::store::{StoreBlocks, CF_BLOCKS, CF_BLOCK_INDEX};
+use crate::blocks::BlockError;
+use crate::clock::{self, SharedClock};
+use crate::db::{Db, DbError};
+use crate::meta::{self, MetaError, MetaStore};
+use crate::proto::store_server::StoreServer;
+use crate::rpc::MAX_RPC_MESSAGE;
+use handler::StoreHandler;
+
+/// How long a node stays a source without a heartbeat.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("data directory {path}: {source}")]
+    DataDir {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error(transparent)]
+    Blocks(#[from] BlockError),
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+    #[error("serving: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// A bound store server, ready to run.
+pub struct StoreServerProcess {
+    listener: TcpListener,
+    meta: Arc<MetaStore>,
+    clock: SharedClock,
+}
+
+impl StoreServerProcess {
+    /// Opens the store in `data_dir` and binds `listen`, on the machine's clock.
+    pub async fn bind(listen: &str, data_dir: &Path, lease: Duration) -> Result<Self, ServerError> {
+        Self::bind_with_clock(listen, data_dir, lease, clock::system()).await
+    }
+
+    pub async fn bind_with_clock(
+        listen: &str,
+        data_dir: &Path,
+        lease: Duration,
+        clock: SharedClock,
+    ) -> Result<Self, ServerError> {
+        let dir_err = |source| ServerError::DataDir {
+            path: data_dir.display().to_string(),
+            source,
+        };
+        std::fs::create_dir_all(data_dir).map_err(dir_err)?;
+        let mut families = meta::FAMILIES.to_vec();
+        families.extend([CF_BLOCKS, CF_BLOCK_INDEX]);
+        let db = Db::open(&data_dir.join("meta.rocksdb"), &families, &[CF_BLOCKS])?;
+        let files = BlockFiles::open(&data_dir.join("blocks")).map_err(dir_err)?;
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|source| ServerError::Listen {
+                addr: listen.to_string(),
+                source,
+            })?;
+        let blocks = Arc::new(StoreBlocks::new(db.clone(), files));
+        blocks.index_old_blocks()?;
+        let meta = MetaStore::new(db, blocks, lease, clock.clone());
+        Ok(StoreServerProcess {
+            listener,
+            meta: Arc::new(meta),
+            clock,
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        let handler = StoreHandler {
+            meta: self.meta.clone(),
+            clock: self.clock,
+            windows: Default::default(),
+            joined: Default::default(),
+        };
+        let svc = StoreServer::new(handler)
+            .max_decoding_message_size(MAX_RPC_MESSAGE)
+            .max_encoding_message_size(MAX_RPC_MESSAGE);
+        let router = tonic::transport::Server::builder().add_service(svc);
+        let blocks = self.meta.blocks().clone();
+        crate::transfer::port::serve(self.listener, Some(router), blocks, shutdown).await?;
+        self.meta.flush()?;
+        Ok(())
+    }
+}

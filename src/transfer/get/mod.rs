@@ -1,0 +1,351 @@
+//! Fetching: `kt get`, shared by every caller that copies a published entry to disk.
+//!
+//! The manifest is resolved and checked, the destination laid out (rsync semantics: a directory
+//! lands as `DEST/NAME`, or its contents straight in `DEST` with `--contents`), and every unique
+//! block fetched once from the nearest source that has it. Files are written to temporary names
+//! beside their destination and renamed only when complete, so a failed get leaves no
+//! half-written file. Afterwards the files are handed to this node's agent, which serves them in
+//! place: the getter becomes a source.
+
+mod plan;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use indicatif::ProgressBar;
+use serde::Serialize;
+
+use super::fetch::{self, FetchReport, Sinks};
+use super::offer::{Announcing, Offer, RateLimit};
+use super::sources::{local_agent, order_sources, LocalAgent};
+use super::tree::{self, JoinSpec, TreeReport};
+use super::TransferError;
+use crate::hash::Version;
+use crate::key::{KeyPath, Namespace};
+use crate::manifest::{self, EntryKind, FileEntry, Manifest, ManifestError};
+use crate::proto::{AddSourceRequest, ListRequest, ResolveRequest, ResolveResponse, WindowSpec};
+use crate::rpc::client::{self, ClientError, Store};
+use crate::rpc::{implicit_group, Fault, STORE};
+use plan::{Filter, Layout, TempGuard};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GetError {
+    #[error("key {0} not found")]
+    NotFound(String),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error(transparent)]
+    Transfer(#[from] TransferError),
+    #[error("{0} exists and differs (use --force to overwrite)")]
+    Exists(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("bad filter pattern: {0}")]
+    Pattern(String),
+    #[error("server returned a malformed version")]
+    BadVersion,
+    #[error("{0} is held only by nodes inside the cluster (locale local), which a getter outside it cannot reach")]
+    OutsideCluster(String),
+}
+
+impl GetError {
+    pub fn fault(&self) -> Fault {
+        match self {
+            GetError::NotFound(_) => Fault::NotFound,
+            GetError::Client(e) => e.fault(),
+            GetError::Transfer(t) => t.fault(),
+            GetError::Exists(_) => Fault::Conflict,
+            GetError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
+                Fault::NoSpace
+            }
+            GetError::Pattern(_) => Fault::Invalid,
+            GetError::OutsideCluster(_) => Fault::Unavailable,
+            GetError::Manifest(_) | GetError::Io { .. } | GetError::BadVersion => Fault::Internal,
+        }
+    }
+}
+
+pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> GetError + '_ {
+    move |source| GetError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+pub struct GetOptions {
+    pub server: String,
+    pub namespace: Namespace,
+    pub key: KeyPath,
+    /// As typed: a trailing `/` means "a directory".
+    pub dest: String,
+    pub contents: bool,
+    pub force: bool,
+    pub excludes: Vec<String>,
+    pub includes: Vec<String>,
+    pub seed: bool,
+    pub agent_socket: PathBuf,
+    /// The broadcast window to join; without a group id or quorum criteria, the implicit
+    /// window of the version (only its fanout counts).
+    pub window: WindowSpec,
+    /// Bytes per second to write at most.
+    pub bwlimit: Option<u64>,
+    /// Fetch from the store server alone, without a broadcast tree: the getter is outside the
+    /// cluster (a port-forward) and cannot reach the nodes.
+    pub store_only: bool,
+}
+
+#[derive(Debug, Serialize, Default)]
+pub struct SourceReport {
+    pub source: String,
+    pub addr: String,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Serialize, Default)]
+pub struct GetReport {
+    pub key: String,
+    pub namespace: String,
+    pub versions: Vec<String>,
+    pub dest: String,
+    pub files: u64,
+    pub bytes: u64,
+    pub bytes_transferred: u64,
+    pub sources: Vec<SourceReport>,
+    pub seeded: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub broadcast: Vec<TreeReport>,
+}
+
+pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, GetError> {
+    let mut store = client::connect_store(&opts.server).await?;
+    let mut agent = local_agent(&opts.agent_socket).await;
+    let filter = Filter::new(&opts.excludes, &opts.includes)?;
+    let mut report = GetReport {
+        key: opts.key.to_string(),
+        namespace: opts.namespace.to_string(),
+        ..Default::default()
+    };
+    let resolved = store
+        .resolve(ResolveRequest {
+            inline_up_to: 0,
+            namespace: opts.namespace.to_string(),
+            key: opts.key.to_string(),
+        })
+        .await
+        .map_err(ClientError::from);
+    let dest_dir_like = opts.dest.ends_with('/') || Path::new(&opts.dest).is_dir();
+    match resolved {
+        Ok(r) => {
+            let (r, m) = checked(r.into_inner())?;
+            let name = opts.key.name();
+            let root = if manifest::is_directory(&m) {
+                if opts.contents {
+                    PathBuf::from(&opts.dest)
+                } else {
+                    Path::new(&opts.dest).join(name)
+                }
+            } else if dest_dir_like {
+                Path::new(&opts.dest).join(name)
+            } else {
+                PathBuf::from(&opts.dest)
+            };
+            report.dest = root.display().to_string();
+            fetch_one(
+                &mut store,
+                agent.as_mut(),
+                &opts,
+                &r,
+                m,
+                &root,
+                &filter,
+                progress,
+                &mut report,
+            )
+            .await?;
+        }
+        Err(e) if e.is_not_found() => {
+            // Not a key: perhaps a prefix with keys below it, fetched as one directory.
+            let list = store
+                .list(ListRequest {
+                    namespace: opts.namespace.to_string(),
+                    prefix: opts.key.to_string(),
+                    recursive: true,
+                })
+                .await
+                .map_err(ClientError::from)?
+                .into_inner();
+            let keys: Vec<_> = list.entries.into_iter().filter(|e| e.is_key).collect();
+            if keys.is_empty() {
+                return Err(GetError::NotFound(opts.key.to_string()));
+            }
+            let base = if opts.contents {
+                PathBuf::from(&opts.dest)
+            } else {
+                Path::new(&opts.dest).join(opts.key.name())
+            };
+            report.dest = base.display().to_string();
+            for e in keys {
+                let rel = e.name.trim_end_matches('/');
+                let key = opts
+                    .key
+                    .join(rel)
+                    .map_err(|e| GetError::NotFound(e.to_string()))?;
+                let (r, m) = checked(
+                    store
+                        .resolve(ResolveRequest {
+                            inline_up_to: 0,
+                            namespace: opts.namespace.to_string(),
+                            key: key.to_string(),
+                        })
+                        .await
+                        .map_err(ClientError::from)?
+                        .into_inner(),
+                )?;
+                fetch_one(
+                    &mut store,
+                    agent.as_mut(),
+                    &opts,
+                    &r,
+                    m,
+                    &base.join(rel),
+                    &filter,
+                    progress,
+                    &mut report,
+                )
+                .await?;
+            }
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(report)
+}
+
+/// The manifest of a resolve answer, checked before anything is written from it.
+fn checked(r: ResolveResponse) -> Result<(ResolveResponse, Manifest), GetError> {
+    let m = r.manifest.clone().ok_or(ManifestError::Empty)?;
+    manifest::validate(&m)?;
+    Ok((r, m))
+}
+
+/// Fetches one version into `root`: plan the destination, lay out temporary files, fetch
+/// every block through the version's window (offering each to peers as it is verified), give
+/// the files their names, and seed them.
+#[allow(clippy::too_many_arguments)]
+async fn fetch_one(
+    store: &mut Store,
+    mut agent: Option<&mut LocalAgent>,
+    opts: &GetOptions,
+    r: &ResolveResponse,
+    m: Manifest,
+    root: &Path,
+    filter: &Filter,
+    progress: &ProgressBar,
+    report: &mut GetReport,
+) -> Result<(), GetError> {
+    let version = Version::from_slice(&r.version).ok_or(GetError::BadVersion)?;
+    let entries: Vec<&FileEntry> = m
+        .entries
+        .iter()
+        .filter(|e| e.path.is_empty() || !filter.skips(&e.path, e.kind() == EntryKind::Directory))
+        .collect();
+    let layout = Layout::plan(entries, root, opts.force)?;
+    let mut guard = TempGuard::default();
+    let laid = layout.lay_out(&mut guard)?;
+    let jobs = laid.jobs;
+    let (node, zone) = agent
+        .as_deref()
+        .map_or(("", ""), |a| (a.node_id.as_str(), a.zone.as_str()));
+    let mut sources = order_sources(&r.sources, node, zone, &opts.server);
+    if opts.store_only {
+        sources.retain(|s| s.label == STORE);
+    }
+    progress.inc_length(jobs.iter().map(|j| u64::from(j.len)).sum());
+
+    // While it fetches, the agent serves what has arrived: children in a tree need not wait.
+    let mut offer = None;
+    if let (true, false, Some(a)) = (opts.seed, jobs.is_empty(), agent.as_deref_mut()) {
+        offer = Offer::open(&mut a.client, version, &m, layout.receiving()?).await;
+    }
+    let sink = Arc::new(Announcing {
+        inner: Arc::new(Sinks::new(laid.files)),
+        tx: offer.as_ref().map(Offer::announcer),
+        limit: opts.bwlimit.map(RateLimit::new),
+    });
+    let fetched = if jobs.is_empty() {
+        FetchReport::default()
+    } else if opts.store_only {
+        if sources.is_empty() {
+            return Err(GetError::OutsideCluster(r.key.clone()));
+        }
+        fetch::fetch(jobs, sink, &sources, progress).await?
+    } else {
+        let mut window = opts.window.clone();
+        if window.group_id.is_empty()
+            && window.world_size == 0
+            && window.timeout_ms == 0
+            && window.ips.is_empty()
+        {
+            window.group_id = implicit_group(&version);
+        }
+        let spec = JoinSpec {
+            namespace: opts.namespace.as_str(),
+            key: &r.key,
+            version,
+            window,
+            node: agent.as_deref().map(LocalAgent::node),
+            serves: offer.is_some(),
+        };
+        let (fetched, tree) =
+            tree::fetch_in_window(store, &opts.server, spec, jobs, sink, &sources, progress)
+                .await?;
+        report.broadcast.extend(tree);
+        fetched
+    };
+    layout.finish(&mut guard)?;
+
+    let files = layout.seeded()?;
+    for (src, bytes) in fetched.by_source.iter() {
+        report.sources.push(SourceReport {
+            source: src.label.clone(),
+            addr: src.addr.clone(),
+            bytes: *bytes,
+        });
+    }
+    report.bytes_transferred += fetched.bytes();
+    report.files += files.len() as u64;
+    report.bytes += layout
+        .entries
+        .iter()
+        .filter(|e| e.kind() == EntryKind::File)
+        .map(|e| e.size)
+        .sum::<u64>();
+    report.versions.push(version.hex());
+
+    if opts.seed {
+        if let Some(a) = agent {
+            let seeded = a
+                .client
+                .add_source(AddSourceRequest {
+                    version: version.0.to_vec(),
+                    manifest: Some(m.clone()),
+                    files,
+                })
+                .await;
+            match seeded {
+                Ok(_) => report.seeded = true,
+                Err(e) => {
+                    tracing::warn!(error = %e.message(), "could not seed through the local agent")
+                }
+            }
+        }
+    }
+    if let Some(o) = offer {
+        o.close().await;
+    }
+    Ok(())
+}

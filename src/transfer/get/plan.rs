@@ -1,0 +1,288 @@
+//! The destination side of a get: what to do with each entry (checked before anything is
+//! written), temporary files laid out beside their destinations, and the finish that gives
+//! files their metadata and their names once every block arrived and was verified.
+
+use std::collections::HashMap;
+use std::fs::{self, File, FileTimes};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+
+use super::{io, GetError};
+use crate::manifest::{self, EntryKind, FileEntry, ManifestError};
+use crate::proto::LocalFile;
+use crate::transfer::fetch::BlockJob;
+
+/// What to do with one manifest entry at the destination.
+pub(super) enum Plan {
+    Dir,
+    Symlink,
+    /// Already there with the same size and mtime (rsync's quick check).
+    UpToDate,
+    /// Fetch into this temporary file, then rename.
+    Fetch(PathBuf),
+}
+
+/// The entries of one version, each with its destination path and plan.
+pub(super) struct Layout<'m> {
+    pub entries: Vec<&'m FileEntry>,
+    pub plans: Vec<(PathBuf, Plan)>,
+}
+
+impl<'m> Layout<'m> {
+    /// Checks the whole destination below `root` before writing anything: an existing entry
+    /// that differs is refused unless `force`.
+    pub fn plan(entries: Vec<&'m FileEntry>, root: &Path, force: bool) -> Result<Self, GetError> {
+        let mut plans = Vec::with_capacity(entries.len());
+        for e in &entries {
+            let path = if e.path.is_empty() {
+                root.to_path_buf()
+            } else {
+                root.join(&e.path)
+            };
+            let plan = plan_entry(e, &path, force)?;
+            plans.push((path, plan));
+        }
+        Ok(Layout { entries, plans })
+    }
+
+    fn each(&self) -> impl DoubleEndedIterator<Item = (&'m FileEntry, &Path, &Plan)> + '_ {
+        self.entries
+            .iter()
+            .zip(&self.plans)
+            .map(|(e, (p, plan))| (*e, p.as_path(), plan))
+    }
+
+    /// Creates directories and the temporary files, and lists each unique block once with
+    /// every place it goes (in the order first met).
+    pub fn lay_out(&self, guard: &mut TempGuard) -> Result<Laid, GetError> {
+        let mut files = Vec::new();
+        let mut jobs: HashMap<[u8; 32], BlockJob> = HashMap::new();
+        let mut order = Vec::new();
+        for (e, path, plan) in self.each() {
+            match plan {
+                Plan::Dir => fs::create_dir_all(path).map_err(io(path))?,
+                Plan::Fetch(tmp) => {
+                    if let Some(parent) = tmp.parent() {
+                        fs::create_dir_all(parent).map_err(io(parent))?;
+                    }
+                    let f = File::create(tmp).map_err(io(tmp))?;
+                    guard.0.push(tmp.clone());
+                    f.set_len(e.size).map_err(io(tmp))?;
+                    let idx = files.len();
+                    files.push((tmp.clone(), f));
+                    let mut off = 0u64;
+                    for b in &e.blocks {
+                        let h = manifest::block_hash(b)
+                            .ok_or_else(|| ManifestError::BadBlock(e.path.clone()))?;
+                        jobs.entry(h.0)
+                            .or_insert_with(|| {
+                                order.push(h.0);
+                                BlockJob {
+                                    hash: h,
+                                    len: b.len,
+                                    targets: Vec::new(),
+                                }
+                            })
+                            .targets
+                            .push((idx, off));
+                        off += u64::from(b.len);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let jobs = order.iter().filter_map(|h| jobs.remove(h)).collect();
+        Ok(Laid { files, jobs })
+    }
+
+    /// The temporary files being filled, as the agent serves them while they fill.
+    pub fn receiving(&self) -> Result<Vec<LocalFile>, GetError> {
+        self.each()
+            .filter_map(|(e, _, plan)| match plan {
+                Plan::Fetch(tmp) => Some((e, tmp)),
+                _ => None,
+            })
+            .map(|(e, tmp)| local_file(e, tmp))
+            .collect()
+    }
+
+    /// Every file the destination holds now, as the agent seeds them.
+    pub fn seeded(&self) -> Result<Vec<LocalFile>, GetError> {
+        self.each()
+            .filter(|(_, _, plan)| matches!(plan, Plan::Fetch(_) | Plan::UpToDate))
+            .map(|(e, path, _)| local_file(e, path))
+            .collect()
+    }
+
+    /// Everything arrived and was verified: files get their metadata and their names,
+    /// symlinks are made, and directories get their modes last and deepest first (so a
+    /// read-only directory is filled before it closes).
+    pub fn finish(&self, guard: &mut TempGuard) -> Result<(), GetError> {
+        for (e, path, plan) in self.each() {
+            match plan {
+                Plan::Fetch(tmp) => {
+                    finish_file(tmp, e)?;
+                    if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+                        fs::remove_file(path).map_err(io(path))?;
+                    }
+                    fs::rename(tmp, path).map_err(io(path))?;
+                }
+                Plan::Symlink => place_symlink(path, &e.symlink_target)?,
+                _ => {}
+            }
+        }
+        guard.0.clear();
+        for (e, path, plan) in self.each().rev() {
+            if let Plan::Dir = plan {
+                fs::set_permissions(path, fs::Permissions::from_mode(e.mode)).map_err(io(path))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The temporary files and the blocks that fill them.
+pub(super) struct Laid {
+    pub files: Vec<(PathBuf, File)>,
+    pub jobs: Vec<BlockJob>,
+}
+
+fn plan_entry(e: &FileEntry, path: &Path, force: bool) -> Result<Plan, GetError> {
+    let existing = fs::symlink_metadata(path).ok();
+    let differs = || GetError::Exists(path.display().to_string());
+    Ok(match e.kind() {
+        EntryKind::Directory => {
+            if existing.as_ref().is_some_and(|x| !x.is_dir()) && !force {
+                return Err(differs());
+            }
+            Plan::Dir
+        }
+        EntryKind::Symlink => {
+            if let Some(x) = &existing {
+                let same = x.file_type().is_symlink()
+                    && fs::read_link(path)
+                        .is_ok_and(|t| t.as_os_str() == e.symlink_target.as_str());
+                if !same && !force {
+                    return Err(differs());
+                }
+            }
+            Plan::Symlink
+        }
+        EntryKind::File => match &existing {
+            Some(x)
+                if x.is_file()
+                    && x.len() == e.size
+                    && mtime_of(x) == (e.mtime_sec, e.mtime_nsec) =>
+            {
+                Plan::UpToDate
+            }
+            Some(x) if x.is_dir() => return Err(differs()),
+            Some(_) if !force => return Err(differs()),
+            _ => Plan::Fetch(temp_name(path)),
+        },
+    })
+}
+
+fn place_symlink(path: &Path, target: &str) -> Result<(), GetError> {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).map_err(io(parent))?;
+    }
+    if fs::symlink_metadata(path).is_ok() {
+        if fs::read_link(path).is_ok_and(|t| t.as_os_str() == target) {
+            return Ok(());
+        }
+        fs::remove_file(path).map_err(io(path))?;
+    }
+    std::os::unix::fs::symlink(target, path).map_err(io(path))
+}
+
+fn local_file(e: &FileEntry, path: &Path) -> Result<LocalFile, GetError> {
+    Ok(LocalFile {
+        entry_path: e.path.clone(),
+        disk_path: std::path::absolute(path)
+            .map_err(io(path))?
+            .display()
+            .to_string(),
+    })
+}
+
+fn mtime_of(m: &fs::Metadata) -> (i64, u32) {
+    use std::os::unix::fs::MetadataExt;
+    (m.mtime(), m.mtime_nsec() as u32)
+}
+
+fn temp_name(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.ktpart-{}", std::process::id()))
+}
+
+fn finish_file(tmp: &Path, e: &FileEntry) -> Result<(), GetError> {
+    let f = File::options().write(true).open(tmp).map_err(io(tmp))?;
+    if e.mtime_sec >= 0 {
+        let t = UNIX_EPOCH + Duration::new(e.mtime_sec as u64, e.mtime_nsec);
+        f.set_times(
+            FileTimes::new()
+                .set_modified(t)
+                .set_accessed(SystemTime::now()),
+        )
+        .map_err(io(tmp))?;
+    }
+    f.set_permissions(fs::Permissions::from_mode(e.mode))
+        .map_err(io(tmp))?;
+    Ok(())
+}
+
+/// Removes temporary files left by a get that did not finish.
+#[derive(Default)]
+pub(super) struct TempGuard(Vec<PathBuf>);
+
+impl Drop for TempGuard {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = fs::remove_file(p);
+        }
+    }
+}
+
+/// `--exclude`/`--include` on the paths of a manifest, rsync style.
+pub(super) struct Filter {
+    excludes: Gitignore,
+    includes: Gitignore,
+}
+
+impl Filter {
+    pub fn new(excludes: &[String], includes: &[String]) -> Result<Self, GetError> {
+        let build = |pats: &[String]| {
+            let mut b = GitignoreBuilder::new("/");
+            for p in pats {
+                b.add_line(None, p)
+                    .map_err(|e| GetError::Pattern(format!("{p}: {e}")))?;
+            }
+            b.build().map_err(|e| GetError::Pattern(e.to_string()))
+        };
+        Ok(Filter {
+            excludes: build(excludes)?,
+            includes: build(includes)?,
+        })
+    }
+
+    pub fn skips(&self, rel: &str, is_dir: bool) -> bool {
+        let p = Path::new("/").join(rel);
+        if self
+            .includes
+            .matched_path_or_any_parents(&p, is_dir)
+            .is_ignore()
+        {
+            return false;
+        }
+        self.excludes
+            .matched_path_or_any_parents(&p, is_dir)
+            .is_ignore()
+    }
+}

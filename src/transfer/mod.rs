@@ -1,0 +1,78 @@
+//! Moving data: the block protocol on the wire ([`wire`], and [`port`], one port for both
+//! planes), fetching from ordered sources with failover ([`fetch`]), uploading what the store
+//! lacks ([`upload`]), the one publish path ([`publish`]), where sources are and how near
+//! ([`sources`]), membership of a broadcast window ([`tree`]) and pipelining to peers
+//! ([`offer`]); and on top of them the two jobs every caller shares: [`put`] (with [`scan`],
+//! building a manifest from local files) and [`get`].
+//!
+//! Everything here is client-side (it compiles without RocksDB or FUSE), but the server half of
+//! the wire protocol, which the store and the agents run over [`crate::blocks`].
+
+pub mod fetch;
+pub mod get;
+pub mod offer;
+pub mod port;
+pub mod publish;
+pub mod put;
+pub mod scan;
+pub mod sources;
+pub mod tree;
+pub mod upload;
+pub mod wire;
+
+pub use fetch::{BlockJob, BlockSink, FetchReport};
+pub use sources::SourceAddr;
+
+use crate::rpc::{ClientError, Fault};
+
+/// Connections opened to one source at a time.
+const CONNS_PER_SOURCE: usize = 2;
+/// Bytes in flight on one connection: requested and not yet written to disk.
+const WINDOW_BYTES: u32 = 16 << 20;
+/// Semaphore unit for the byte budget.
+const UNIT: u32 = 64 << 10;
+
+fn permits(len: u32) -> u32 {
+    len.div_ceil(UNIT).clamp(1, WINDOW_BYTES / UNIT)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    #[error("could not fetch {missing} blocks from any source ({reasons})")]
+    Unavailable { missing: usize, reasons: String },
+    #[error("no source holds this version")]
+    NoSource,
+    #[error("writing {path}: {source}")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{0} changed while it was being published; run the put again")]
+    Changed(String),
+    #[error("upload to {addr} failed: {reason}")]
+    Upload { addr: String, reason: String },
+    #[error(transparent)]
+    Rpc(#[from] ClientError),
+}
+
+impl TransferError {
+    pub fn fault(&self) -> Fault {
+        match self {
+            TransferError::Unavailable { .. } | TransferError::NoSource => Fault::Unavailable,
+            TransferError::Write { source, .. } | TransferError::Read { source, .. }
+                if source.raw_os_error() == Some(libc::ENOSPC) =>
+            {
+                Fault::NoSpace
+            }
+            TransferError::Changed(_) => Fault::Conflict,
+            TransferError::Upload { .. } => Fault::Unreachable,
+            TransferError::Rpc(e) => e.fault(),
+            TransferError::Write { .. } | TransferError::Read { .. } => Fault::Internal,
+        }
+    }
+}

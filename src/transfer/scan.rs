@@ -1,0 +1,456 @@
+//! Building a manifest from files on local disk: what `kt put` publishes.
+//!
+//! Directory semantics follow rsync: `--src dir` publishes `dir` itself under the key, while
+//! `--src dir/` or `--contents` publishes what is inside it. A single file source makes the key
+//! name that file. `--exclude`/`--include` are rsync filter patterns (gitignore syntax: `*.log`
+//! matches at any depth, `/build` only at the top, `cache/` only directories); `.gitignore`
+//! files in the tree are honoured, and an `--include` overrides both.
+
+use std::fs::{self, File};
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use ignore::Match;
+
+use crate::manifest::{BlockRef, EntryKind, FileEntry, Manifest};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScanError {
+    #[error("source {0} does not exist")]
+    Missing(String),
+    #[error("no --src given")]
+    NoSource,
+    #[error("{0}: file name is not valid UTF-8")]
+    NotUtf8(String),
+    #[error("two sources publish the same path {0:?}")]
+    Duplicate(String),
+    #[error("bad filter pattern {0:?}: {1}")]
+    Pattern(String, String),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+impl ScanError {
+    pub fn fault(&self) -> crate::rpc::Fault {
+        use crate::rpc::Fault;
+        match self {
+            ScanError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
+                Fault::NoSpace
+            }
+            ScanError::Io { .. } => Fault::Internal,
+            _ => Fault::Invalid,
+        }
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ScanError + '_ {
+    move |source| ScanError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ScanOptions {
+    pub block_size: u32,
+    pub contents: bool,
+    pub excludes: Vec<String>,
+    pub includes: Vec<String>,
+}
+
+/// A manifest and, for every file entry, the file on disk that holds its bytes.
+pub struct Scanned {
+    pub manifest: Manifest,
+    /// `(entry path, disk path)` for each file entry, in manifest order.
+    pub files: Vec<(String, PathBuf)>,
+}
+
+impl Scanned {
+    /// The disk path of each file entry, looked up by entry path.
+    pub fn disk_path(&self, entry: &str) -> Option<&Path> {
+        self.files
+            .binary_search_by(|(p, _)| p.as_str().cmp(entry))
+            .ok()
+            .map(|i| self.files[i].1.as_path())
+    }
+}
+
+struct Filters {
+    excludes: Gitignore,
+    includes: Gitignore,
+}
+
+impl Filters {
+    fn new(root: &Path, opts: &ScanOptions) -> Result<Self, ScanError> {
+        let build = |pats: &[String]| {
+            let mut b = GitignoreBuilder::new(root);
+            for p in pats {
+                b.add_line(None, p)
+                    .map_err(|e| ScanError::Pattern(p.clone(), e.to_string()))?;
+            }
+            b.build()
+                .map_err(|e| ScanError::Pattern(pats.join(" "), e.to_string()))
+        };
+        Ok(Filters {
+            excludes: build(&opts.excludes)?,
+            includes: build(&opts.includes)?,
+        })
+    }
+
+    /// Whether `path` is left out, given the `.gitignore` matchers of its directories, innermost last.
+    fn skips(&self, path: &Path, is_dir: bool, gitignores: &[Gitignore]) -> bool {
+        if self.includes.matched(path, is_dir).is_ignore() {
+            return false;
+        }
+        if self.excludes.matched(path, is_dir).is_ignore() {
+            return true;
+        }
+        for gi in gitignores.iter().rev() {
+            match gi.matched(path, is_dir) {
+                Match::Ignore(_) => return true,
+                Match::Whitelist(_) => return false,
+                Match::None => {}
+            }
+        }
+        false
+    }
+}
+
+/// Scans the sources (as the user typed them: a trailing `/` means "contents") into a manifest.
+pub fn scan(srcs: &[String], opts: &ScanOptions) -> Result<Scanned, ScanError> {
+    if srcs.is_empty() {
+        return Err(ScanError::NoSource);
+    }
+    let mut metas = Vec::new();
+    for s in srcs {
+        let path = PathBuf::from(s);
+        let meta = fs::symlink_metadata(&path).map_err(|_| ScanError::Missing(s.clone()))?;
+        metas.push((s, path, meta));
+    }
+    let mut entries: Vec<FileEntry> = Vec::new();
+    let mut files: Vec<(String, PathBuf)> = Vec::new();
+
+    if let [(_, path, meta)] = metas.as_slice() {
+        if !meta.is_dir() {
+            entries.push(entry_from_meta(String::new(), path, meta)?);
+            if meta.is_file() {
+                files.push((String::new(), path.clone()));
+            }
+            return finish(entries, files, opts.block_size);
+        }
+    }
+
+    let root_mode = metas
+        .iter()
+        .find(|(s, _, m)| m.is_dir() && (opts.contents || s.ends_with('/')))
+        .map_or(0o755, |(_, _, m)| m.permissions().mode() & 0o7777);
+    entries.push(FileEntry {
+        path: String::new(),
+        kind: EntryKind::Directory as i32,
+        mode: root_mode,
+        ..Default::default()
+    });
+    for (raw, path, meta) in &metas {
+        let contents = opts.contents || raw.ends_with('/');
+        let root = if meta.is_dir() && contents {
+            path.clone()
+        } else {
+            path.parent().map(Path::to_path_buf).unwrap_or_default()
+        };
+        let filters = Filters::new(&root, opts)?;
+        if meta.is_dir() && contents {
+            walk(
+                path,
+                "",
+                &filters,
+                &mut Vec::new(),
+                &mut entries,
+                &mut files,
+            )?;
+        } else {
+            let name = utf8_name(path)?;
+            if filters.skips(path, meta.is_dir(), &[]) {
+                continue;
+            }
+            entries.push(entry_from_meta(name.clone(), path, meta)?);
+            if meta.is_file() {
+                files.push((name.clone(), path.clone()));
+            } else if meta.is_dir() {
+                walk(
+                    path,
+                    &name,
+                    &filters,
+                    &mut Vec::new(),
+                    &mut entries,
+                    &mut files,
+                )?;
+            }
+        }
+    }
+    finish(entries, files, opts.block_size)
+}
+
+fn utf8_name(path: &Path) -> Result<String, ScanError> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_else(|| {
+            fs::canonicalize(path)
+                .ok()
+                .and_then(|p| p.file_name().map(|n| n.to_os_string()))
+                .unwrap_or_default()
+        });
+    name.into_string()
+        .map_err(|_| ScanError::NotUtf8(path.display().to_string()))
+}
+
+fn entry_from_meta(path: String, disk: &Path, meta: &fs::Metadata) -> Result<FileEntry, ScanError> {
+    let (kind, target) = if meta.is_dir() {
+        (EntryKind::Directory, String::new())
+    } else if meta.file_type().is_symlink() {
+        let t = fs::read_link(disk).map_err(io_err(disk))?;
+        let t = t
+            .into_os_string()
+            .into_string()
+            .map_err(|_| ScanError::NotUtf8(disk.display().to_string()))?;
+        (EntryKind::Symlink, t)
+    } else {
+        (EntryKind::File, String::new())
+    };
+    Ok(FileEntry {
+        path,
+        kind: kind as i32,
+        mode: meta.permissions().mode() & 0o7777,
+        size: if kind == EntryKind::File {
+            meta.len()
+        } else {
+            0
+        },
+        mtime_sec: meta.mtime(),
+        mtime_nsec: meta.mtime_nsec().clamp(0, 999_999_999) as u32,
+        blocks: Vec::new(),
+        symlink_target: target,
+    })
+}
+
+fn walk(
+    dir: &Path,
+    rel: &str,
+    filters: &Filters,
+    gitignores: &mut Vec<Gitignore>,
+    entries: &mut Vec<FileEntry>,
+    files: &mut Vec<(String, PathBuf)>,
+) -> Result<(), ScanError> {
+    let gi_path = dir.join(".gitignore");
+    let pushed = if gi_path.is_file() {
+        let (gi, _) = Gitignore::new(&gi_path);
+        gitignores.push(gi);
+        true
+    } else {
+        false
+    };
+    let mut children: Vec<_> = fs::read_dir(dir)
+        .map_err(io_err(dir))?
+        .collect::<Result<_, _>>()
+        .map_err(io_err(dir))?;
+    children.sort_by_key(|e| e.file_name());
+    for child in children {
+        let path = child.path();
+        let meta = fs::symlink_metadata(&path).map_err(io_err(&path))?;
+        let ft = meta.file_type();
+        if !(ft.is_file() || ft.is_dir() || ft.is_symlink()) {
+            tracing::warn!(path = %path.display(), "skipping special file");
+            continue;
+        }
+        if filters.skips(&path, ft.is_dir(), gitignores) {
+            continue;
+        }
+        let name = utf8_name(&path)?;
+        let child_rel = if rel.is_empty() {
+            name
+        } else {
+            format!("{rel}/{name}")
+        };
+        entries.push(entry_from_meta(child_rel.clone(), &path, &meta)?);
+        if ft.is_dir() {
+            walk(&path, &child_rel, filters, gitignores, entries, files)?;
+        } else if ft.is_file() {
+            files.push((child_rel, path));
+        }
+    }
+    if pushed {
+        gitignores.pop();
+    }
+    Ok(())
+}
+
+fn finish(
+    mut entries: Vec<FileEntry>,
+    mut files: Vec<(String, PathBuf)>,
+    block_size: u32,
+) -> Result<Scanned, ScanError> {
+    entries.sort_by(|a, b| a.path.cmp(&b.path));
+    if let Some(w) = entries.windows(2).find(|w| w[0].path == w[1].path) {
+        return Err(ScanError::Duplicate(w[0].path.clone()));
+    }
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+    let hashed = hash_files(&files, block_size)?;
+    let mut hashed = hashed.into_iter();
+    for e in entries.iter_mut().filter(|e| e.kind() == EntryKind::File) {
+        if let Some((size, blocks)) = hashed.next() {
+            e.size = size;
+            e.blocks = blocks;
+        }
+    }
+    Ok(Scanned {
+        manifest: Manifest {
+            block_size,
+            entries,
+        },
+        files,
+    })
+}
+
+type HashResult = Result<(u64, Vec<BlockRef>), ScanError>;
+
+/// Hashes every file in blocks, on as many threads as there are cores.
+fn hash_files(
+    files: &[(String, PathBuf)],
+    block_size: u32,
+) -> Result<Vec<(u64, Vec<BlockRef>)>, ScanError> {
+    let results: Vec<Mutex<Option<HashResult>>> = files.iter().map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .min(files.len().max(1));
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| {
+                let mut buf = vec![0u8; block_size as usize];
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((_, path)) = files.get(i) else { break };
+                    let r = hash_file(path, &mut buf);
+                    if let Ok(mut slot) = results[i].lock() {
+                        *slot = Some(r);
+                    }
+                }
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .ok()
+                .flatten()
+                .unwrap_or(Err(ScanError::NoSource))
+        })
+        .collect()
+}
+
+/// Reads a file in blocks and hashes each. The size is what was read, so a file that changes
+/// while it is scanned is described as it was read, never as a mix of size and blocks.
+pub fn hash_file(path: &Path, buf: &mut [u8]) -> Result<(u64, Vec<BlockRef>), ScanError> {
+    let mut f = File::open(path).map_err(io_err(path))?;
+    let mut blocks = Vec::new();
+    let mut size = 0u64;
+    loop {
+        let n = read_full(&mut f, buf).map_err(io_err(path))?;
+        if n == 0 {
+            break;
+        }
+        blocks.push(BlockRef {
+            hash: blake3::hash(&buf[..n]).as_bytes().to_vec(),
+            len: n as u32,
+        });
+        size += n as u64;
+        if n < buf.len() {
+            break;
+        }
+    }
+    Ok((size, blocks))
+}
+
+/// Reads until `buf` is full or the file ends.
+pub fn read_full(f: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn paths(s: &Scanned) -> Vec<&str> {
+        s.manifest.entries.iter().map(|e| e.path.as_str()).collect()
+    }
+
+    #[test]
+    fn rsync_directory_semantics_and_filters() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("model");
+        fs::create_dir_all(d.join("sub/deep")).unwrap();
+        fs::write(d.join("a.bin"), vec![1u8; 10]).unwrap();
+        fs::write(d.join("x.log"), b"log").unwrap();
+        fs::write(d.join("sub/deep/b.txt"), b"hello").unwrap();
+        fs::write(d.join("sub/keep.tmp"), b"k").unwrap();
+        fs::write(d.join("sub/drop.tmp"), b"d").unwrap();
+        fs::write(d.join(".gitignore"), "*.tmp\n").unwrap();
+        std::os::unix::fs::symlink("a.bin", d.join("link")).unwrap();
+        let opts = ScanOptions {
+            block_size: 4,
+            excludes: vec!["*.log".into()],
+            includes: vec!["keep.tmp".into()],
+            ..Default::default()
+        };
+        let src = d.display().to_string();
+        let s = scan(std::slice::from_ref(&src), &opts).unwrap();
+        assert_eq!(
+            paths(&s),
+            [
+                "",
+                "model",
+                "model/.gitignore",
+                "model/a.bin",
+                "model/link",
+                "model/sub",
+                "model/sub/deep",
+                "model/sub/deep/b.txt",
+                "model/sub/keep.tmp"
+            ]
+        );
+        let s = scan(&[format!("{src}/")], &opts).unwrap();
+        assert_eq!(paths(&s)[1..4], [".gitignore", "a.bin", "link"]);
+        let a = &s.manifest.entries[2];
+        assert_eq!(a.size, 10);
+        assert_eq!(a.blocks.len(), 3);
+        assert_eq!(a.blocks[2].len, 2);
+        let link = &s.manifest.entries[3];
+        assert_eq!(link.symlink_target, "a.bin");
+        assert_eq!(s.disk_path("a.bin"), Some(d.join("a.bin").as_path()));
+        crate::manifest::validate(&s.manifest).unwrap();
+
+        let single = scan(&[d.join("a.bin").display().to_string()], &opts).unwrap();
+        assert_eq!(paths(&single), [""]);
+        assert!(matches!(
+            scan(&[t.path().join("nope").display().to_string()], &opts),
+            Err(ScanError::Missing(_))
+        ));
+    }
+}

@@ -1,0 +1,106 @@
+//! Where blocks come from: sources nearest first, and who this node is among them.
+//!
+//! Nearest means this node's own agent, then peers in its zone, then other peers, then the
+//! origin of a local publication or the store; the store and the origin come last among
+//! equals, to spare them.
+
+use std::path::Path;
+
+use crate::proto::{AgentStatusRequest, Source};
+use crate::rpc::client::{self, Agent};
+use crate::rpc::STORE;
+
+/// Somewhere to fetch blocks from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceAddr {
+    /// A node id, or [`STORE`] for the store server.
+    pub label: String,
+    pub addr: String,
+}
+
+/// Sources nearest first: this node's agent, then peers in its zone, then other peers, then the
+/// origin or the store.
+pub fn order_sources(
+    sources: &[Source],
+    node_id: &str,
+    zone: &str,
+    server: &str,
+) -> Vec<SourceAddr> {
+    let rank = |s: &Source| -> u8 {
+        let own = !node_id.is_empty() && node_id == s.node_id;
+        let same_zone = !zone.is_empty() && zone == s.zone;
+        match (own, s.origin, same_zone) {
+            (true, _, _) => 0,
+            (false, false, true) => 1,
+            (false, false, false) => 2,
+            (false, true, _) if !s.node_id.is_empty() => 3,
+            _ => 4,
+        }
+    };
+    let mut v: Vec<&Source> = sources.iter().collect();
+    v.sort_by_key(|s| rank(s));
+    v.into_iter().map(|s| source_addr(s, server)).collect()
+}
+
+/// Where to reach a source: the store server (no node id) at `server`, a node at its address.
+pub fn source_addr(s: &Source, server: &str) -> SourceAddr {
+    if s.node_id.is_empty() {
+        SourceAddr {
+            label: STORE.into(),
+            addr: server.to_string(),
+        }
+    } else {
+        SourceAddr {
+            label: s.node_id.clone(),
+            addr: s.data_addr.clone(),
+        }
+    }
+}
+
+/// The address other nodes see for this host: the agent's advertised address's host.
+pub fn host_of(addr: &str) -> String {
+    addr.parse::<std::net::SocketAddr>()
+        .map(|a| a.ip().to_string())
+        .unwrap_or_default()
+}
+
+/// This node as a member of a broadcast window: its node id and the ip peers reach it on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeRef {
+    pub node_id: String,
+    pub ip: String,
+}
+
+/// This node's agent, when one answers.
+pub struct LocalAgent {
+    pub client: Agent,
+    pub node_id: String,
+    pub zone: String,
+    pub data_addr: String,
+}
+
+impl LocalAgent {
+    /// Who this node is in a broadcast window.
+    pub fn node(&self) -> NodeRef {
+        NodeRef {
+            node_id: self.node_id.clone(),
+            ip: host_of(&self.data_addr),
+        }
+    }
+}
+
+/// The agent at `socket`, if one answers there.
+pub async fn local_agent(socket: &Path) -> Option<LocalAgent> {
+    let mut client = client::connect_agent(socket).await.ok()?;
+    let st = client
+        .status(AgentStatusRequest {})
+        .await
+        .ok()?
+        .into_inner();
+    Some(LocalAgent {
+        client,
+        node_id: st.node_id,
+        zone: st.zone,
+        data_addr: st.data_addr,
+    })
+}

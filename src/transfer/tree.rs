@@ -1,0 +1,347 @@
+//! Membership of a broadcast window, the same for every getter (`kt get`, a mount's reader):
+//! join, fetch from the source the window assigns, report a source that fails and get another,
+//! leave.
+//!
+//! Callers see sources, not parents: [`Membership::sources`] says where to fetch from now and
+//! [`Membership::failed`] reports a source that failed; the window decides what comes next.
+//! Today that is one parent at a time, within the fanout (a new one outside the member's own
+//! subtree when it fails); a swarm that fetches from several members at once replaces that
+//! choice behind these two calls, and [`fetch_through`] and its callers stay as they are.
+
+use std::sync::Arc;
+
+use indicatif::ProgressBar;
+use serde::Serialize;
+
+use super::fetch::{self, BlockJob, BlockSink, FetchReport, Partial, SourceFailure};
+use super::sources::{source_addr, NodeRef, SourceAddr};
+use super::TransferError;
+use crate::hash::Version;
+use crate::proto::{JoinRequest, LeaveRequest, NewParentRequest, Role, Window, WindowSpec};
+use crate::rpc::{ClientError, Store, DEFAULT_FANOUT};
+
+/// Parents a getter tries before it falls back to every source it knows.
+const MAX_PARENTS: usize = 8;
+
+/// What a getter tells about its place in a window.
+#[derive(Debug, Serialize, Default, Clone)]
+pub struct TreeReport {
+    pub group_id: String,
+    pub generation: u64,
+    pub member: u64,
+    /// Parents in the order they were used: node ids, or `store`.
+    pub parents: Vec<String>,
+    pub closed: bool,
+    pub closed_by: String,
+    pub members: usize,
+}
+
+/// Who joins, and for what.
+pub struct JoinSpec<'a> {
+    pub namespace: &'a str,
+    pub key: &'a str,
+    pub version: Version,
+    pub window: WindowSpec,
+    /// This node, when the getter has an agent.
+    pub node: Option<NodeRef>,
+    /// The node's agent serves what this getter receives (it can be a parent).
+    pub serves: bool,
+}
+
+struct State {
+    /// The source assigned now, if any.
+    parent: Option<SourceAddr>,
+    report: TreeReport,
+    left: bool,
+}
+
+/// A getter's place in a window. Shared by the threads that fetch for it (a mount's reads);
+/// leaves the window when dropped, if it has not left already.
+pub struct Membership {
+    store: Store,
+    server: String,
+    state: tokio::sync::Mutex<State>,
+    /// Where a leave on drop runs.
+    rt: Option<tokio::runtime::Handle>,
+}
+
+impl Membership {
+    /// Joins the window of `spec` as a getter; the window assigns a source at once.
+    pub async fn join(
+        store: &Store,
+        server: &str,
+        spec: JoinSpec<'_>,
+    ) -> Result<Membership, ClientError> {
+        let node = spec.node.unwrap_or_default();
+        let joined = store
+            .clone()
+            .join_broadcast(JoinRequest {
+                namespace: spec.namespace.to_string(),
+                key: spec.key.to_string(),
+                version: spec.version.0.to_vec(),
+                window: Some(spec.window),
+                role: Role::Getter as i32,
+                node_id: node.node_id,
+                serves: spec.serves,
+                ip: node.ip,
+                wait_quorum: false,
+            })
+            .await?
+            .into_inner();
+        let window = joined.window.unwrap_or_default();
+        let parent = joined.parent.map(|p| source_addr(&p, server));
+        Ok(Membership {
+            store: store.clone(),
+            server: server.to_string(),
+            state: tokio::sync::Mutex::new(State {
+                report: TreeReport {
+                    group_id: window.group_id.clone(),
+                    generation: window.generation,
+                    member: joined.member,
+                    parents: parent.iter().map(|p| p.label.clone()).collect(),
+                    closed: window.closed,
+                    closed_by: window.closed_by.clone(),
+                    members: window.members.len(),
+                },
+                parent,
+                left: false,
+            }),
+            rt: tokio::runtime::Handle::try_current().ok(),
+        })
+    }
+
+    /// Where to fetch from now, best first; empty when the window has nothing left to offer
+    /// (the caller falls back to every source it knows).
+    pub async fn sources(&self) -> Vec<SourceAddr> {
+        self.state.lock().await.parent.iter().cloned().collect()
+    }
+
+    /// Reports that fetching from `f.source` failed; returns whether there is another source to
+    /// try. A source that broke its connection is reported dead for the whole window; one that
+    /// stalled or lacked blocks stays available to others. Failures of a source that is no
+    /// longer assigned (another thread reported it first) change nothing.
+    pub async fn failed(&self, f: &SourceFailure) -> bool {
+        let mut st = self.state.lock().await;
+        if st.parent.as_ref() != Some(&f.source) {
+            return st.parent.is_some();
+        }
+        st.parent = None;
+        if st.report.parents.len() >= MAX_PARENTS {
+            return false;
+        }
+        let asked = self
+            .store
+            .clone()
+            .new_parent(NewParentRequest {
+                group_id: st.report.group_id.clone(),
+                generation: st.report.generation,
+                member: st.report.member,
+                failed_parent: f.source.label.clone(),
+                unreachable: f.broken,
+            })
+            .await;
+        match asked {
+            Ok(r) => {
+                let parent = r.into_inner().parent.map(|p| source_addr(&p, &self.server));
+                if let Some(p) = &parent {
+                    tracing::info!(parent = %p.label, addr = %p.addr, failed = %f.source.label, "new parent");
+                    st.report.parents.push(p.label.clone());
+                }
+                st.parent = parent;
+            }
+            Err(e) => tracing::warn!(error = %e.message(), "no new parent"),
+        }
+        st.parent.is_some()
+    }
+
+    /// The member's place in the window so far.
+    pub async fn report(&self) -> TreeReport {
+        self.state.lock().await.report.clone()
+    }
+
+    /// Leaves the window: with a verified copy (`done`), or giving the slot back.
+    pub async fn leave(&self, done: bool) {
+        let req = {
+            let mut st = self.state.lock().await;
+            if st.left {
+                return;
+            }
+            st.left = true;
+            leave_request(&st.report, done)
+        };
+        if let Err(e) = self.store.clone().leave_broadcast(req).await {
+            tracing::warn!(error = %e.message(), "could not leave the broadcast window");
+        }
+    }
+}
+
+fn leave_request(r: &TreeReport, done: bool) -> LeaveRequest {
+    LeaveRequest {
+        group_id: r.group_id.clone(),
+        generation: r.generation,
+        member: r.member,
+        done,
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        let st = self.state.get_mut();
+        if st.left {
+            return;
+        }
+        let (Some(rt), req) = (&self.rt, leave_request(&st.report, false)) else {
+            return;
+        };
+        let mut store = self.store.clone();
+        rt.spawn(async move {
+            if let Err(e) = store.leave_broadcast(req).await {
+                tracing::debug!(error = %e.message(), "could not leave the window");
+            }
+        });
+    }
+}
+
+/// Fetches `jobs` through a window: from the sources it assigns, asking again each time one
+/// fails, then from `fallback` (every known source, nearest first) for what none gave. Sources
+/// labelled `exclude` (this node itself, for a reader that already looked in its own cache) are
+/// skipped. Returns what was fetched and what is still missing.
+pub async fn fetch_through(
+    member: &Membership,
+    jobs: Vec<BlockJob>,
+    sinks: Arc<dyn BlockSink>,
+    fallback: &[SourceAddr],
+    exclude: &str,
+    progress: &ProgressBar,
+) -> Result<Partial, TransferError> {
+    let mut part = Partial {
+        pending: jobs,
+        ..Default::default()
+    };
+    while !part.pending.is_empty() {
+        let sources: Vec<SourceAddr> = member
+            .sources()
+            .await
+            .into_iter()
+            .filter(|s| s.label != exclude)
+            .collect();
+        if sources.is_empty() {
+            break;
+        }
+        for s in &sources {
+            tracing::debug!(source = %s.label, addr = %s.addr, "fetching from the window's source");
+        }
+        let pending = std::mem::take(&mut part.pending);
+        let pass = fetch::fetch_partial(pending, sinks.clone(), &sources, progress).await?;
+        let failures = pass.failures.clone();
+        part.absorb(pass);
+        if part.pending.is_empty() {
+            break;
+        }
+        let mut more = false;
+        for f in &failures {
+            more |= member.failed(f).await;
+        }
+        if !more {
+            break;
+        }
+    }
+    if !part.pending.is_empty() && !fallback.is_empty() {
+        tracing::info!(
+            missing = part.pending.len(),
+            "no source left in the window; fetching from every source"
+        );
+        let pending = std::mem::take(&mut part.pending);
+        let fallback: Vec<SourceAddr> = fallback
+            .iter()
+            .filter(|s| s.label != exclude)
+            .cloned()
+            .collect();
+        let pass = fetch::fetch_partial(pending, sinks, &fallback, progress).await?;
+        part.absorb(pass);
+    }
+    Ok(part)
+}
+
+/// `kt get`'s fetch: joins the window, fetches through it and leaves it, with a verified copy
+/// or without. A window that cannot be joined only loses the spreading: everything comes from
+/// `fallback`.
+pub async fn fetch_in_window(
+    store: &Store,
+    server: &str,
+    spec: JoinSpec<'_>,
+    jobs: Vec<BlockJob>,
+    sinks: Arc<dyn BlockSink>,
+    fallback: &[SourceAddr],
+    progress: &ProgressBar,
+) -> Result<(FetchReport, Option<TreeReport>), TransferError> {
+    let member = match Membership::join(store, server, spec).await {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not join a broadcast; fetching from the sources");
+            return Ok((fetch::fetch(jobs, sinks, fallback, progress).await?, None));
+        }
+    };
+    let part = fetch_through(&member, jobs, sinks, fallback, "", progress).await?;
+    let done = part.pending.is_empty();
+    member.leave(done).await;
+    let report = member.report().await;
+    Ok((part.complete(fallback.is_empty())?, Some(report)))
+}
+
+/// The window a putter joins, and whether it waits there for the quorum.
+pub async fn join_as_putter(
+    store: &mut Store,
+    namespace: &str,
+    key: &str,
+    version: Version,
+    spec: WindowSpec,
+    node: Option<NodeRef>,
+) -> Result<Window, ClientError> {
+    let wait = spec.world_size > 0 || spec.timeout_ms > 0 || !spec.ips.is_empty();
+    let node = node.unwrap_or_default();
+    let r = store
+        .join_broadcast(JoinRequest {
+            namespace: namespace.to_string(),
+            key: key.to_string(),
+            version: version.0.to_vec(),
+            window: Some(spec),
+            role: Role::Putter as i32,
+            node_id: node.node_id,
+            serves: false,
+            ip: node.ip,
+            wait_quorum: wait,
+        })
+        .await?;
+    Ok(r.into_inner().window.unwrap_or_default())
+}
+
+/// A window as JSON: what `kt window` prints and what `kt put --json` adds.
+pub fn window_json(w: &Window) -> serde_json::Value {
+    let spec = w.spec.clone().unwrap_or_default();
+    serde_json::json!({
+        "group_id": w.group_id,
+        "generation": w.generation,
+        "closed": w.closed,
+        "closed_by": w.closed_by,
+        "world_size": spec.world_size,
+        "timeout_ms": spec.timeout_ms,
+        "ips": spec.ips,
+        "fanout": if spec.fanout == 0 { DEFAULT_FANOUT } else { spec.fanout },
+        "members": w.members.iter().map(|m| serde_json::json!({
+            "id": m.id,
+            "node_id": m.node_id,
+            "ip": m.ip,
+            "role": if m.role == Role::Putter as i32 { "putter" } else { "getter" },
+            "parent": m.parent,
+            "children": m.children,
+            "done": m.done,
+            "failed": m.failed,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// `serialize_with` for an optional window: its JSON form.
+pub fn serialize_window<S: serde::Serializer>(w: &Option<Window>, s: S) -> Result<S::Ok, S::Error> {
+    w.as_ref().map(window_json).serialize(s)
+}

@@ -1,0 +1,459 @@
+//! The data plane: blocks by hash over a lean framed TCP protocol.
+//!
+//! Bulk data does not ride gRPC: framing costs, HTTP/2 flow control and per-message copies halve
+//! what a socket can move. A connection opens with `KTDP` and a protocol version, then carries
+//! frames `[op: u8][len: u32 big-endian][payload]`. Requests are pipelined: a client keeps many
+//! in flight and the server answers them in order, working on several at once. Every frame has a
+//! size limit, and a malformed frame ends that connection only.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+use crate::blocks::{BlockError, BlockServe, Served};
+use crate::hash::BlockHash;
+use crate::manifest::MAX_BLOCK_SIZE;
+
+pub const MAGIC: [u8; 4] = *b"KTDP";
+const PROTO_VERSION: u8 = 1;
+
+const OP_GET: u8 = 1;
+const OP_PUT: u8 = 2;
+const OP_BLOCK: u8 = 0x81;
+const OP_NOT_FOUND: u8 = 0x82;
+const OP_STORED: u8 = 0x83;
+const OP_ERROR: u8 = 0x84;
+
+/// Largest payload: a hash and the largest block.
+pub const MAX_FRAME: usize = MAX_BLOCK_SIZE as usize + 32;
+/// Requests a server works on at once for one connection (bounds its memory per connection).
+pub const SERVER_PIPELINE: usize = 8;
+/// Connect timeout: a dead peer is an error in seconds, never a hang.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A peer that sends nothing for this long while requests are outstanding is taken for dead.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("peer does not speak the ktfs data plane")]
+    BadMagic,
+    #[error("frame of {0} bytes exceeds the limit")]
+    FrameTooLarge(usize),
+    #[error("malformed frame: {0}")]
+    BadFrame(&'static str),
+    #[error("peer closed the connection")]
+    Closed,
+    #[error("peer timed out")]
+    Timeout,
+    #[error("peer reported: {0}")]
+    Remote(String),
+}
+
+/// A peer's answer to one request.
+#[derive(Debug)]
+pub enum Response {
+    Block(BlockHash, Bytes),
+    NotFound(BlockHash),
+    Stored(BlockHash),
+    Error(String),
+}
+
+async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<(u8, Bytes)>, WireError> {
+    let mut head = [0u8; 5];
+    match r.read_exact(&mut head).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if len > MAX_FRAME {
+        return Err(WireError::FrameTooLarge(len));
+    }
+    // A block's bytes start on a page boundary, so that a block cache can hand them to an
+    // O_DIRECT write as they are (see `blockfiles`). Frames shorter than a page (requests are
+    // a 32-byte hash) get no room for that.
+    let room = if len >= BODY_ALIGN { BODY_ALIGN } else { 0 };
+    let mut buf = Vec::with_capacity(len + room);
+    let pad = if room == 0 {
+        0
+    } else {
+        (buf.as_ptr() as usize + 32).wrapping_neg() % BODY_ALIGN
+    };
+    buf.resize(pad, 0);
+    // Filled by the reads themselves, never zeroed first: 4 MiB a frame adds up.
+    while buf.len() - pad < len {
+        let mut limited = (&mut *r).take((len - (buf.len() - pad)) as u64);
+        if limited.read_buf(&mut buf).await? == 0 {
+            return Err(WireError::Closed);
+        }
+    }
+    Ok(Some((head[0], Bytes::from(buf).slice(pad..))))
+}
+
+/// Where a block's bytes start in a received frame's buffer.
+const BODY_ALIGN: usize = 4096;
+
+async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    op: u8,
+    head: &[u8],
+    body: &[u8],
+) -> Result<(), WireError> {
+    write_head(w, op, head, body.len()).await?;
+    if !body.is_empty() {
+        w.write_all(body).await?;
+    }
+    Ok(())
+}
+
+/// A frame's op, length and `head`, for a body of `body_len` bytes that the caller sends next.
+async fn write_head<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    op: u8,
+    head: &[u8],
+    body_len: usize,
+) -> Result<(), WireError> {
+    let len = head.len() + body_len;
+    let mut h = Vec::with_capacity(5 + head.len());
+    h.push(op);
+    h.extend_from_slice(&(len as u32).to_be_bytes());
+    h.extend_from_slice(head);
+    w.write_all(&h).await?;
+    Ok(())
+}
+
+/// Sends `len` bytes of `file` from its start with sendfile(2): page cache to socket, through no
+/// buffer of ours.
+async fn send_file(wr: &OwnedWriteHalf, file: &std::fs::File, len: u64) -> Result<(), WireError> {
+    let stream: &TcpStream = wr.as_ref();
+    let mut offset: libc::off_t = 0;
+    while (offset as u64) < len {
+        stream.writable().await?;
+        let left = (len - offset as u64) as usize;
+        match stream.try_io(tokio::io::Interest::WRITABLE, || {
+            nix::sys::sendfile::sendfile(stream, file, Some(&mut offset), left)
+                .map_err(std::io::Error::from)
+        }) {
+            // The file is shorter than it was when the frame's length was written: the frame
+            // cannot be finished, so the connection ends.
+            Ok(0) => return Err(WireError::BadFrame("block file shrank while being sent")),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// A server's answer to one request, before it is written.
+enum Answer {
+    Frame(Response),
+    File(BlockHash, std::fs::File, u64),
+}
+
+fn answer(got: Result<Option<Served>, BlockError>, hash: BlockHash) -> Answer {
+    Answer::Frame(match got {
+        Ok(Some(Served::Bytes(b))) => Response::Block(hash, b),
+        Ok(Some(Served::File(f, len))) if len <= MAX_BLOCK_SIZE as u64 => {
+            return Answer::File(hash, f, len)
+        }
+        Ok(Some(Served::File(_, len))) => Response::Error(format!(
+            "block {hash} is stored with {len} bytes, over the limit"
+        )),
+        Ok(None) => Response::NotFound(hash),
+        Err(e) => Response::Error(e.to_string()),
+    })
+}
+
+fn failed(e: tokio::task::JoinError) -> Answer {
+    Answer::Frame(Response::Error(format!("server task failed: {e}")))
+}
+
+async fn serve_get(svc: Arc<dyn BlockServe>, hash: BlockHash) -> Answer {
+    let get = |svc: Arc<dyn BlockServe>| async move {
+        tokio::task::spawn_blocking(move || answer(svc.get(&hash), hash))
+            .await
+            .unwrap_or_else(failed)
+    };
+    let first = get(svc.clone()).await;
+    if let Answer::Frame(Response::NotFound(_)) = first {
+        if let Some(wait) = svc.pending(&hash) {
+            wait.await;
+            return get(svc).await;
+        }
+    }
+    first
+}
+
+/// Serves one accepted connection until the peer closes it or breaks the protocol.
+pub async fn serve_connection(stream: TcpStream, svc: Arc<dyn BlockServe>) {
+    let peer = stream.peer_addr().ok();
+    if let Err(e) = serve_inner(stream, svc).await {
+        tracing::debug!(?peer, error = %e, "data-plane connection ended");
+    }
+}
+
+async fn serve_inner(stream: TcpStream, svc: Arc<dyn BlockServe>) -> Result<(), WireError> {
+    stream.set_nodelay(true)?;
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::with_capacity(256 << 10, rd);
+    let mut hello = [0u8; 5];
+    rd.read_exact(&mut hello).await?;
+    if hello[..4] != MAGIC || hello[4] != PROTO_VERSION {
+        return Err(WireError::BadMagic);
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::channel(SERVER_PIPELINE);
+    let reader = async move {
+        while let Some((op, mut payload)) = read_frame(&mut rd).await? {
+            if payload.len() < 32 {
+                return Err(WireError::BadFrame("short payload"));
+            }
+            let data = payload.split_off(32);
+            let hash = BlockHash::from_slice(&payload).ok_or(WireError::BadFrame("hash"))?;
+            let svc = svc.clone();
+            let job = match op {
+                OP_GET if data.is_empty() => tokio::spawn(serve_get(svc, hash)),
+                OP_PUT => tokio::task::spawn_blocking(move || {
+                    Answer::Frame(if BlockHash::of(&data) != hash {
+                        Response::Error(format!("block {hash} does not match its hash"))
+                    } else {
+                        match svc.put(&hash, data) {
+                            Ok(()) => Response::Stored(hash),
+                            Err(e) => Response::Error(e.to_string()),
+                        }
+                    })
+                }),
+                _ => return Err(WireError::BadFrame("unknown op")),
+            };
+            if tx.send(job).await.is_err() {
+                break;
+            }
+        }
+        Ok::<(), WireError>(())
+    };
+    let writer = async move {
+        while let Some(job) = rx.recv().await {
+            let resp = match job.await.unwrap_or_else(failed) {
+                Answer::Frame(resp) => resp,
+                Answer::File(h, file, len) => {
+                    write_head(&mut wr, OP_BLOCK, h.as_bytes(), len as usize).await?;
+                    send_file(&wr, &file, len).await?;
+                    continue;
+                }
+            };
+            match resp {
+                Response::Block(h, b) => write_frame(&mut wr, OP_BLOCK, h.as_bytes(), &b).await?,
+                Response::NotFound(h) => {
+                    write_frame(&mut wr, OP_NOT_FOUND, h.as_bytes(), &[]).await?
+                }
+                Response::Stored(h) => write_frame(&mut wr, OP_STORED, h.as_bytes(), &[]).await?,
+                Response::Error(m) => {
+                    write_frame(&mut wr, OP_ERROR, &[0u8; 32], m.as_bytes()).await?
+                }
+            }
+        }
+        wr.shutdown().await.ok();
+        Ok::<(), WireError>(())
+    };
+    let (r, w) = tokio::join!(reader, writer);
+    r.and(w)
+}
+
+/// The sending half of a client connection.
+pub struct DataSender {
+    wr: OwnedWriteHalf,
+}
+
+/// The receiving half of a client connection.
+pub struct DataReceiver {
+    rd: BufReader<OwnedReadHalf>,
+}
+
+/// Opens a client connection to a peer's data plane.
+pub async fn connect(addr: &str) -> Result<(DataSender, DataReceiver), WireError> {
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+        .await
+        .map_err(|_| WireError::Timeout)??;
+    stream.set_nodelay(true)?;
+    let (rd, mut wr) = stream.into_split();
+    let mut hello = MAGIC.to_vec();
+    hello.push(PROTO_VERSION);
+    wr.write_all(&hello).await?;
+    Ok((
+        DataSender { wr },
+        DataReceiver {
+            rd: BufReader::with_capacity(256 << 10, rd),
+        },
+    ))
+}
+
+impl DataSender {
+    pub async fn get(&mut self, hash: &BlockHash) -> Result<(), WireError> {
+        write_frame(&mut self.wr, OP_GET, hash.as_bytes(), &[]).await
+    }
+
+    pub async fn put(&mut self, hash: &BlockHash, data: &[u8]) -> Result<(), WireError> {
+        write_frame(&mut self.wr, OP_PUT, hash.as_bytes(), data).await
+    }
+}
+
+impl DataReceiver {
+    /// The next response, in request order. A peer silent for [`IDLE_TIMEOUT`] is an error.
+    pub async fn recv(&mut self) -> Result<Response, WireError> {
+        let frame = tokio::time::timeout(IDLE_TIMEOUT, read_frame(&mut self.rd))
+            .await
+            .map_err(|_| WireError::Timeout)??;
+        let (op, mut payload) = frame.ok_or(WireError::Closed)?;
+        if payload.len() < 32 {
+            return Err(WireError::BadFrame("short payload"));
+        }
+        let body = payload.split_off(32);
+        let hash = BlockHash::from_slice(&payload).ok_or(WireError::BadFrame("hash"))?;
+        Ok(match op {
+            OP_BLOCK => Response::Block(hash, body),
+            OP_NOT_FOUND => Response::NotFound(hash),
+            OP_STORED => Response::Stored(hash),
+            OP_ERROR => Response::Error(String::from_utf8_lossy(&body).into_owned()),
+            _ => return Err(WireError::BadFrame("unknown op")),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    struct Mem(Mutex<HashMap<BlockHash, Bytes>>);
+    impl BlockServe for Mem {
+        fn get(&self, hash: &BlockHash) -> Result<Option<Served>, BlockError> {
+            Ok(self.0.lock().unwrap().get(hash).cloned().map(Served::Bytes))
+        }
+        fn put(&self, hash: &BlockHash, data: Bytes) -> Result<(), BlockError> {
+            self.0.lock().unwrap().insert(*hash, data);
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn pipelined_puts_and_gets_answer_in_order() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let svc: Arc<dyn BlockServe> = Arc::new(Mem::default());
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = listener.accept().await.unwrap();
+                tokio::spawn(serve_connection(s, svc.clone()));
+            }
+        });
+        let (mut tx, mut rx) = connect(&addr).await.unwrap();
+        let blocks: Vec<Vec<u8>> = (0..20u8).map(|i| vec![i; 1000 + i as usize]).collect();
+        for b in &blocks {
+            tx.put(&BlockHash::of(b), b).await.unwrap();
+        }
+        tx.put(&BlockHash::of(b"other"), b"lie").await.unwrap();
+        for b in &blocks {
+            assert!(
+                matches!(rx.recv().await.unwrap(), Response::Stored(h) if h == BlockHash::of(b))
+            );
+        }
+        assert!(matches!(rx.recv().await.unwrap(), Response::Error(_)));
+        for b in blocks.iter().rev() {
+            tx.get(&BlockHash::of(b)).await.unwrap();
+        }
+        tx.get(&BlockHash::of(b"missing")).await.unwrap();
+        for b in blocks.iter().rev() {
+            match rx.recv().await.unwrap() {
+                Response::Block(h, d) => {
+                    assert_eq!(h, BlockHash::of(b));
+                    assert_eq!(&d[..], &b[..]);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(matches!(rx.recv().await.unwrap(), Response::NotFound(_)));
+
+        // A frame over the limit ends that connection only.
+        let mut raw = TcpStream::connect(&addr).await.unwrap();
+        raw.write_all(b"KTDP\x01\x01\xff\xff\xff\xff")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 1];
+        assert_eq!(raw.read(&mut buf).await.unwrap(), 0);
+        let (mut tx, mut rx) = connect(&addr).await.unwrap();
+        tx.get(&BlockHash::of(&blocks[0])).await.unwrap();
+        assert!(matches!(rx.recv().await.unwrap(), Response::Block(..)));
+    }
+
+    /// Serves every block from one file, whatever the hash: the file's length as it is now.
+    struct OneFile(std::path::PathBuf);
+    impl BlockServe for OneFile {
+        fn get(&self, _hash: &BlockHash) -> Result<Option<Served>, BlockError> {
+            let err = |source| BlockError::Files {
+                dir: self.0.display().to_string(),
+                source,
+            };
+            let f = std::fs::File::open(&self.0).map_err(err)?;
+            let len = f.metadata().map_err(err)?.len();
+            Ok(Some(Served::File(f, len)))
+        }
+        fn put(&self, _hash: &BlockHash, _data: Bytes) -> Result<(), BlockError> {
+            Err(BlockError::NoUploads)
+        }
+    }
+
+    #[tokio::test]
+    async fn file_blocks_go_out_whole_with_sendfile_and_oversized_ones_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("block");
+        // Larger than a socket buffer, so sendfile returns short and waits for the reader.
+        let data: Vec<u8> = (0..(3u32 << 20)).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let svc: Arc<dyn BlockServe> = Arc::new(OneFile(path.clone()));
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = listener.accept().await.unwrap();
+                tokio::spawn(serve_connection(s, svc.clone()));
+            }
+        });
+        let (mut tx, mut rx) = connect(&addr).await.unwrap();
+        for i in 0..3u8 {
+            tx.get(&BlockHash::of(&[i])).await.unwrap();
+        }
+        for i in 0..3u8 {
+            match rx.recv().await.unwrap() {
+                Response::Block(h, d) => {
+                    assert_eq!(h, BlockHash::of(&[i]));
+                    assert!(d[..] == data[..], "block {i} came back different");
+                    // What a block cache writes with O_DIRECT must start on a page.
+                    assert_eq!(d.as_ptr() as usize % BODY_ALIGN, 0);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // A file over the frame limit is an error answer, and the connection goes on.
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(MAX_BLOCK_SIZE as u64 + 1)
+            .unwrap();
+        tx.get(&BlockHash::of(b"big")).await.unwrap();
+        assert!(matches!(rx.recv().await.unwrap(), Response::Error(_)));
+        std::fs::write(&path, b"small again").unwrap();
+        tx.get(&BlockHash::of(b"small")).await.unwrap();
+        assert!(
+            matches!(rx.recv().await.unwrap(), Response::Block(_, d) if &d[..] == b"small again")
+        );
+    }
+}

@@ -1,0 +1,355 @@
+//! The filesystem core driven in-process, with no mount and no root: a real store server and a
+//! real node agent bound to 127.0.0.1:0 in this process, and `FsCore` called as the FUSE
+//! adapter calls it. Every operation, and the errno of each way it fails.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use ktfs::agent::{AgentConfig, AgentProcess};
+use ktfs::clock::ManualClock;
+use ktfs::fs::inode::ROOT;
+use ktfs::fs::{FsCore, FsError, Kind, LISTING_TTL};
+use ktfs::key::Namespace;
+use ktfs::proto::{GetWindowRequest, Locale};
+use ktfs::rpc::client::connect_store;
+use ktfs::server::StoreServerProcess;
+
+/// A store server and a node agent in this process, and a filesystem core over the agent.
+struct Rig {
+    rt: tokio::runtime::Runtime,
+    dir: tempfile::TempDir,
+    server: String,
+    clock: ManualClock,
+    agent: AgentConfig,
+    blocks: Arc<ktfs::blocks::node::NodeBlocks>,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let (server, agent, blocks) = rt.block_on(async {
+            let srv = StoreServerProcess::bind(
+                "127.0.0.1:0",
+                &dir.path().join("store"),
+                Duration::from_secs(30),
+            )
+            .await
+            .unwrap();
+            let server = srv.local_addr().unwrap().to_string();
+            tokio::spawn(srv.run(until(stopped.clone())));
+            let agent = AgentProcess::bind(AgentConfig {
+                server: server.clone(),
+                listen: "127.0.0.1:0".into(),
+                advertise: None,
+                cache_dir: dir.path().join("agent"),
+                cache_size: 1 << 30,
+                socket: dir.path().join("agent.sock"),
+                node_id: "here".into(),
+                zone: String::new(),
+                heartbeat: Duration::from_secs(1),
+                host_mounts: false,
+                fd_keeper: None,
+            })
+            .await
+            .unwrap();
+            agent.register().await.unwrap();
+            let (cfg, blocks) = (agent.config().clone(), agent.blocks());
+            tokio::spawn(agent.run(until(stopped)));
+            (server, cfg, blocks)
+        });
+        Rig {
+            rt,
+            dir,
+            server,
+            clock: ManualClock::default(),
+            agent,
+            blocks,
+            stop,
+        }
+    }
+
+    fn core_with(&self, read_only: bool) -> FsCore {
+        let mut cfg = self.agent.fs_config(
+            Namespace::parse("default").unwrap(),
+            Locale::Store,
+            read_only,
+            0,
+        );
+        cfg.clock = self.clock.shared();
+        FsCore::new(cfg, self.rt.handle().clone(), self.blocks.clone()).unwrap()
+    }
+
+    fn core(&self) -> FsCore {
+        self.core_with(false)
+    }
+
+    /// `kt ARGS` against this rig's store server.
+    fn kt(&self, args: &[&str]) -> String {
+        let out = std::process::Command::new(common::kt_bin())
+            .args(args)
+            .args(["--server", &self.server])
+            .env("KT_AGENT", self.dir.path().join("no-agent.sock"))
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kt {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+fn errno<T: std::fmt::Debug>(r: Result<T, FsError>) -> i32 {
+    r.expect_err("an error").errno()
+}
+
+/// Writes `data` to a new file `name` below `parent` and closes it (publishing it).
+fn write_file(core: &FsCore, parent: u64, name: &str, data: &[u8]) -> u64 {
+    let (attr, fh) = core.create(parent, name, 0o644, libc::O_WRONLY).unwrap();
+    assert_eq!(core.write(fh, 0, data).unwrap() as usize, data.len());
+    core.flush(fh).unwrap();
+    core.release(fh).unwrap();
+    attr.ino
+}
+
+fn read_all(core: &FsCore, ino: u64) -> Vec<u8> {
+    let (fh, _) = core.open(ino, libc::O_RDONLY).unwrap();
+    let mut out = Vec::new();
+    loop {
+        let chunk = core.read(ino, fh, out.len() as u64, 1 << 20).unwrap();
+        if chunk.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&chunk);
+    }
+    core.release(fh).unwrap();
+    out
+}
+
+fn names(core: &FsCore, ino: u64) -> Vec<String> {
+    let fh = core.opendir(ino).unwrap();
+    let entries = core.readdir(ino, fh, 0).unwrap();
+    core.release(fh).unwrap();
+    entries.into_iter().map(|(_, e)| e.name).collect()
+}
+
+#[test]
+fn files_are_written_published_read_renamed_and_removed_without_a_mount() {
+    let rig = Rig::new();
+    let core = rig.core();
+    assert!(core.lookup(ROOT, "a.txt").unwrap_err().is_not_found());
+
+    let data = common::pseudo_random(300_000, 1);
+    let ino = write_file(&core, ROOT, "a.txt", &data);
+    let a = core.lookup(ROOT, "a.txt").unwrap();
+    assert_eq!(
+        (a.ino, a.kind, a.size),
+        (ino, Kind::File, data.len() as u64)
+    );
+    assert_eq!(read_all(&core, ino), data);
+    // Published: another core (another mount) and the CLI see it.
+    let other = rig.core();
+    let seen = other.lookup(ROOT, "a.txt").unwrap().ino;
+    assert_eq!(read_all(&other, seen), data);
+    assert!(rig.kt(&["ls", "--json"]).contains("\"a.txt\""));
+
+    let d = core.mkdir(ROOT, "d", 0o755).unwrap();
+    assert_eq!(d.kind, Kind::Dir);
+    assert_eq!(names(&core, ROOT), [".", "..", "a.txt", "d"]);
+    core.rename(ROOT, "a.txt", d.ino, "b.txt", 0).unwrap();
+    assert!(core.lookup(ROOT, "a.txt").unwrap_err().is_not_found());
+    let b = core.lookup(d.ino, "b.txt").unwrap();
+    // The kernel's inode follows the rename.
+    assert_eq!(b.ino, ino);
+    assert_eq!(read_all(&core, b.ino), data);
+
+    // setattr: truncate, chmod and mtime, each visible at once.
+    let t = UNIX_EPOCH + Duration::new(1_700_000_000, 0);
+    let after = core
+        .setattr(b.ino, Some(0o600), None, None, Some(1000), Some(t), None)
+        .unwrap();
+    assert_eq!((after.size, after.perm, after.mtime), (1000, 0o600, t));
+    assert_eq!(read_all(&core, b.ino), data[..1000]);
+
+    let l = core.symlink(d.ino, "link", "b.txt").unwrap();
+    assert_eq!(l.kind, Kind::Symlink);
+    assert_eq!(core.readlink(l.ino).unwrap(), "b.txt");
+
+    assert_eq!(errno(core.rmdir(ROOT, "d")), libc::ENOTEMPTY);
+    core.unlink(d.ino, "b.txt").unwrap();
+    core.unlink(d.ino, "link").unwrap();
+    core.rmdir(ROOT, "d").unwrap();
+    assert_eq!(names(&core, ROOT), [".", ".."]);
+}
+
+#[test]
+fn each_failure_has_its_errno() {
+    let rig = Rig::new();
+    let core = rig.core();
+    let f = write_file(&core, ROOT, "f", b"bytes");
+    let d = core.mkdir(ROOT, "d", 0o755).unwrap();
+
+    let exists = core.create(
+        ROOT,
+        "f",
+        0o644,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+    );
+    assert_eq!(errno(exists), libc::EEXIST);
+    assert_eq!(errno(core.mkdir(ROOT, "d", 0o755)), libc::EEXIST);
+    assert_eq!(errno(core.open(d.ino, libc::O_RDONLY)), libc::EISDIR);
+    assert_eq!(errno(core.opendir(f)), libc::ENOTDIR);
+    assert_eq!(errno(core.readlink(f)), libc::EINVAL);
+    assert_eq!(errno(core.rmdir(ROOT, "f")), libc::ENOTDIR);
+    assert_eq!(errno(core.unlink(ROOT, "d")), libc::EISDIR);
+    assert_eq!(errno(core.unlink(ROOT, "nothing")), libc::ENOENT);
+    assert_eq!(errno(core.lookup(ROOT, "nothing")), libc::ENOENT);
+    let long = "x".repeat(256);
+    assert_eq!(
+        errno(core.create(ROOT, &long, 0o644, 0)),
+        libc::ENAMETOOLONG
+    );
+    assert_eq!(errno(core.getattr(987_654)), libc::ESTALE);
+    assert_eq!(errno(core.write(1 << 40, 0, b"x")), libc::EBADF);
+    // An odd handle nobody here made was a writer's in an agent that died: its bytes are lost.
+    assert_eq!(errno(core.write((1 << 40) | 1, 0, b"x")), libc::EIO);
+    assert_eq!(
+        errno(core.rename(ROOT, "f", ROOT, "g", libc::RENAME_EXCHANGE)),
+        libc::EINVAL
+    );
+    assert_eq!(
+        errno(core.rename(ROOT, "f", ROOT, "d", libc::RENAME_NOREPLACE)),
+        libc::EEXIST
+    );
+    assert_eq!(errno(core.rename(ROOT, "f", ROOT, "d", 0)), libc::EISDIR);
+    let other = Some(core.getattr(f).unwrap().uid + 1);
+    assert_eq!(
+        errno(core.setattr(f, None, other, None, None, None, None)),
+        libc::EPERM
+    );
+    assert_eq!(
+        errno(core.setxattr(d.ino, "user.other", b"v")),
+        libc::ENOTSUP
+    );
+    assert_eq!(
+        errno(core.setxattr(d.ino, "user.kt.locale", b"elsewhere")),
+        libc::EINVAL
+    );
+    assert_eq!(
+        errno(core.setxattr(f, "user.kt.locale", b"local")),
+        libc::EINVAL
+    );
+    assert_eq!(errno(core.getxattr(d.ino, "user.kt.locale")), libc::ENODATA);
+    core.setxattr(d.ino, "user.kt.locale", b"local").unwrap();
+    assert_eq!(core.getxattr(d.ino, "user.kt.locale").unwrap(), b"local");
+    assert_eq!(core.listxattr(d.ino).unwrap(), b"user.kt.locale\0");
+
+    let ro = rig.core_with(true);
+    let root_ro = ro.lookup(ROOT, "f").unwrap();
+    assert_eq!(errno(ro.create(ROOT, "new", 0o644, 0)), libc::EROFS);
+    assert_eq!(errno(ro.open(root_ro.ino, libc::O_WRONLY)), libc::EROFS);
+    assert_eq!(errno(ro.mkdir(ROOT, "x", 0o755)), libc::EROFS);
+    assert_eq!(errno(ro.unlink(ROOT, "f")), libc::EROFS);
+    assert_eq!(read_all(&ro, root_ro.ino), b"bytes");
+}
+
+#[test]
+fn listings_are_trusted_for_their_lifetime_on_the_cores_clock() {
+    let rig = Rig::new();
+    let core = rig.core();
+    assert_eq!(names(&core, ROOT), [".", ".."]);
+    assert!(core.lookup(ROOT, "elsewhere").unwrap_err().is_not_found());
+    // Published by another client: the cached listing of the root does not know it yet.
+    let src = rig.dir.path().join("elsewhere");
+    std::fs::write(&src, b"from the CLI").unwrap();
+    rig.kt(&["put", "elsewhere", "--src", src.to_str().unwrap()]);
+    assert!(core.lookup(ROOT, "elsewhere").unwrap_err().is_not_found());
+    rig.clock.advance(LISTING_TTL - Duration::from_millis(1));
+    assert!(core.lookup(ROOT, "elsewhere").unwrap_err().is_not_found());
+    rig.clock.advance(Duration::from_millis(1));
+    let e = core.lookup(ROOT, "elsewhere").unwrap();
+    assert_eq!(read_all(&core, e.ino), b"from the CLI");
+}
+
+#[test]
+fn a_reader_whose_parent_dies_is_given_a_new_parent() {
+    let rig = Rig::new();
+    // A multi-block file in the store, fetched by node `a`, which seeds it.
+    let src = rig.dir.path().join("big.bin");
+    let data = common::pseudo_random(1 << 20, 7);
+    std::fs::write(&src, &data).unwrap();
+    let src = src.to_str().unwrap();
+    rig.kt(&["put", "big.bin", "--src", src, "--block-size", "65536"]);
+    let a_dir = rig.dir.path().join("a");
+    let a = common::start_agent("127.0.0.1", &rig.server, &a_dir, "a");
+    let got = a_dir.join("got");
+    let fetched = common::kt_with(
+        &rig.server,
+        &a.socket,
+        &["get", "big.bin", "--dest", got.to_str().unwrap()],
+    );
+    assert!(fetched.status.success(), "{fetched:?}");
+
+    let core = rig.core();
+    let ino = core.lookup(ROOT, "big.bin").unwrap().ino;
+    let (fh, _) = core.open(ino, libc::O_RDONLY).unwrap();
+    let file = core.read_file(fh).unwrap();
+    let member = file
+        .membership()
+        .expect("a multi-block reader joins the window");
+    let report = rig.rt.block_on(member.report());
+    // Nearest first, the store last among equals: the seed `a` is the parent.
+    assert_eq!(report.parents, ["a"]);
+
+    // `a` dies before the reader asks it for anything.
+    a.proc.kill();
+    let mut out = Vec::new();
+    while out.len() < data.len() {
+        let chunk = core.read(ino, fh, out.len() as u64, 1 << 20).unwrap();
+        assert!(!chunk.is_empty());
+        out.extend_from_slice(&chunk);
+    }
+    assert!(out == data, "the bytes read after the failover differ");
+    let report = rig.rt.block_on(member.report());
+    assert_eq!(report.parents, ["a", "store"]);
+    // The window knows it too: the reader's parent is the store, and `a` is dead to it.
+    let window = rig
+        .rt
+        .block_on(async {
+            let mut store = connect_store(&rig.server).await.unwrap();
+            store
+                .get_window(GetWindowRequest {
+                    group_id: report.group_id.clone(),
+                })
+                .await
+        })
+        .unwrap()
+        .into_inner();
+    let me = window
+        .members
+        .iter()
+        .find(|m| m.id == report.member)
+        .unwrap();
+    assert_eq!((me.node_id.as_str(), me.parent.as_str()), ("here", "store"));
+    core.release(fh).unwrap();
+}
