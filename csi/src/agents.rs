@@ -8,13 +8,23 @@
 //! pause, never "transport endpoint is not connected". Both are started in their own session,
 //! so they outlive kt-csi: a restarted kt-csi finds the mounts in the mount table and the agent
 //! on its socket, and the volumes published from them never notice.
+//!
+//! Publishes run concurrently (one at a time per volume, see [`crate::guard`]), but the steps
+//! here are shared by every volume, so [`Agents::ensure`] serialises them itself: per
+//! namespace, the check, detach and attach of its mount (two volumes of one namespace would
+//! otherwise both find no mount and both attach, or one detach the mount the other just made);
+//! and, across namespaces, the start of the one node agent (two first publishes would start
+//! two keepers on one socket). Publishes of namespaces already mounted only take their own
+//! namespace's lock, briefly.
 
+use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::mounts::{self, MountError, Probe};
@@ -86,15 +96,41 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
     move |source| AgentError::Io { what, source }
 }
 
-/// The node agent and its namespace mounts.
+/// The node agent and its namespace mounts. Clones share the locks.
 #[derive(Debug, Clone)]
 pub struct Agents {
     cfg: AgentsConfig,
+    locks: Arc<Locks>,
+}
+
+/// What [`Agents::ensure`] serialises (see the module's header). Blocking locks: `ensure`
+/// runs on a blocking thread. Their data is on disk and in the mount table, checked again by
+/// whoever takes a lock next, so a lock poisoned by a panic is taken as it is.
+#[derive(Debug, Default)]
+struct Locks {
+    /// Starting the node agent.
+    start: Mutex<()>,
+    /// One lock per namespace, for its mount. Never shrinks: namespace mounts stay too.
+    namespaces: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+}
+
+fn take<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Agents {
     pub fn new(cfg: AgentsConfig) -> Self {
-        Agents { cfg }
+        Agents {
+            cfg,
+            locks: Arc::default(),
+        }
+    }
+
+    fn namespace_lock(&self, ns: &str) -> Arc<Mutex<()>> {
+        take(&self.locks.namespaces)
+            .entry(ns.to_string())
+            .or_default()
+            .clone()
     }
 
     pub fn config(&self) -> &AgentsConfig {
@@ -132,8 +168,12 @@ impl Agents {
 
     /// The mount point of namespace `ns`, mounted and answering: an existing mount is reused
     /// (also one made for an earlier kt-csi), a dead one is detached and made again, and the
-    /// node agent is started first if it does not answer. Blocking.
+    /// node agent is started first if it does not answer. Blocking; calls for one namespace
+    /// wait for each other, and a call that starts the node agent holds up the others that
+    /// need it until it answers.
     pub fn ensure(&self, ns: &str) -> Result<PathBuf, AgentError> {
+        let ns_lock = self.namespace_lock(ns);
+        let _ns = take(&ns_lock);
         let mp = self.mountpoint(ns);
         match mounts::lookup(&mp)? {
             Some(e) if e.is_ktfs(ns) => match mounts::probe(&mp, RESPONSE_LIMIT) {
@@ -155,7 +195,12 @@ impl Agents {
             None => {}
         }
         if !self.agent_answers() {
-            if UnixStream::connect(self.keeper_path()).is_ok() {
+            let _start = take(&self.locks.start);
+            // Another namespace's publish may have started it while this one waited.
+            let started_meanwhile = self.agent_answers();
+            if started_meanwhile {
+                tracing::debug!(namespace = ns, "the node agent was started meanwhile");
+            } else if UnixStream::connect(self.keeper_path()).is_ok() {
                 // The keeper is restarting its agent.
                 self.wait_for_agent(None)?;
             } else {

@@ -4,16 +4,20 @@
 //! CreateVolume is idempotent by name: the first request for a name is recorded in
 //! `STATE_DIR/volumes/`, a repeat with the same parameters and capacity returns the same volume,
 //! and one that differs is refused with ALREADY_EXISTS.
+//!
+//! Calls run concurrently, one at a time per volume ([`VolumeGuard`]): a CreateVolume holds
+//! its name (its record is read, compared and written) and the volume id it maps to, a
+//! DeleteVolume the id; a second call for either while the first runs gets ABORTED.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use serde_json::{json, Value};
-use tokio::sync::Mutex;
 use tonic::{Request, Response, Status};
 
 use crate::capability;
+use crate::guard::VolumeGuard;
+use crate::kt::{ErrorKind, KtError};
 use crate::proto::controller_server::Controller;
 use crate::proto::controller_service_capability::{self, rpc};
 use crate::proto::validate_volume_capabilities_response::Confirmed;
@@ -131,8 +135,11 @@ pub struct ControllerService {
     kt: PathBuf,
     server: String,
     records: Records,
-    /// CreateVolume and DeleteVolume one at a time: a record is read, compared and written.
-    lock: Arc<Mutex<()>>,
+    /// Volume ids with a CreateVolume or DeleteVolume in flight.
+    volumes: VolumeGuard,
+    /// Volume names with a CreateVolume in flight (their records are read, compared and
+    /// written).
+    names: VolumeGuard,
 }
 
 impl ControllerService {
@@ -141,13 +148,36 @@ impl ControllerService {
             kt,
             server,
             records: Records::new(state_dir.join("volumes")),
-            lock: Arc::new(Mutex::new(())),
+            volumes: VolumeGuard::new(),
+            names: VolumeGuard::of("volume name"),
         }
+    }
+
+    /// The guard of volume ids in flight (tests hold a permit of it to stand for a call).
+    #[cfg(test)]
+    pub(crate) fn volume_guard(&self) -> &VolumeGuard {
+        &self.volumes
     }
 }
 
 fn internal(e: impl std::fmt::Display) -> Status {
     Status::internal(e.to_string())
+}
+
+/// The gRPC status of a failed `kt` call, by how kt says it failed.
+fn kt_status(e: KtError) -> Status {
+    let msg = e.to_string();
+    match e.kind() {
+        ErrorKind::Unreachable | ErrorKind::Unavailable => Status::unavailable(msg),
+        ErrorKind::Timeout => Status::deadline_exceeded(msg),
+        ErrorKind::Invalid => Status::invalid_argument(msg),
+        ErrorKind::NotFound => Status::not_found(msg),
+        ErrorKind::Denied => Status::permission_denied(msg),
+        // Changed concurrently: gRPC's code for "retry the whole call".
+        ErrorKind::Conflict => Status::aborted(msg),
+        // A usage error is a command line kt-csi got wrong.
+        ErrorKind::Other | ErrorKind::Usage => Status::internal(msg),
+    }
 }
 
 /// `(required, limit)` from a capacity range; ktfs has no size, so any range is accepted as long
@@ -194,7 +224,8 @@ impl Controller for ControllerService {
             "required_bytes": required,
             "limit_bytes": limit,
         });
-        let _guard = self.lock.lock().await;
+        let _name = self.names.try_acquire(&req.name)?;
+        let _volume = self.volumes.try_acquire(&spec.id())?;
         match self.records.get(&req.name).map_err(internal)? {
             Some(old) if old == record => {}
             Some(old) => {
@@ -233,15 +264,20 @@ impl Controller for ControllerService {
                 return Ok(Response::new(DeleteVolumeResponse {}));
             }
         };
-        let _guard = self.lock.lock().await;
-        let (kt, server) = (self.kt.clone(), self.server.clone());
+        let permit = self.volumes.try_acquire(&id)?;
+        let (kt, server, records) = (self.kt.clone(), self.server.clone(), self.records.clone());
+        let volume_id = id.clone();
+        // The permit goes with the work: a call whose client gave up still holds the volume
+        // until `kt rm` is done.
         let removed = tokio::task::spawn_blocking(move || {
-            crate::kt::remove_tree(&kt, &server, &spec.namespace, &spec.prefix)
+            let _permit = permit;
+            let removed = crate::kt::remove_tree(&kt, &server, &spec.namespace, &spec.prefix)
+                .map_err(kt_status)?;
+            records.remove_volume(&volume_id).map_err(internal)?;
+            Ok::<_, Status>(removed)
         })
         .await
-        .map_err(internal)?
-        .map_err(internal)?;
-        self.records.remove_volume(&id).map_err(internal)?;
+        .map_err(internal)??;
         tracing::info!(volume_id = id, removed, "volume deleted");
         Ok(Response::new(DeleteVolumeResponse {}))
     }
@@ -296,5 +332,157 @@ impl Controller for ControllerService {
                 )),
             }],
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::volume_capability::access_mode::Mode;
+    use crate::proto::volume_capability::{AccessMode, AccessType, MountVolume};
+    use crate::proto::VolumeCapability;
+    use std::time::{Duration, Instant};
+    use tonic::Code;
+
+    fn delete(id: &str) -> Request<DeleteVolumeRequest> {
+        Request::new(DeleteVolumeRequest {
+            volume_id: id.into(),
+            ..Default::default()
+        })
+    }
+
+    fn create(name: &str) -> Request<CreateVolumeRequest> {
+        Request::new(CreateVolumeRequest {
+            name: name.into(),
+            volume_capabilities: vec![VolumeCapability {
+                access_type: Some(AccessType::Mount(MountVolume::default())),
+                access_mode: Some(AccessMode {
+                    mode: Mode::MultiNodeMultiWriter as i32,
+                }),
+            }],
+            ..Default::default()
+        })
+    }
+
+    fn eventually(what: &str, f: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(Instant::now() < deadline, "never: {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A `kt rm` that blocks on prefix `slow` until `release` exists, finds nothing for any
+    /// other prefix, and cannot reach the server for `down`.
+    fn fake_rm(dir: &Path) -> PathBuf {
+        let release = dir.join("release");
+        let body = format!(
+            "case \"$9\" in\n\
+             slow) while [ ! -e '{}' ]; do sleep 0.02; done; echo '{{\"removed\":[\"slow\"]}}';;\n\
+             down) echo '{{\"error\":{{\"kind\":\"unreachable\",\"exit_code\":5,\"message\":\"no store\"}}}}'; exit 5;;\n\
+             bad) echo 'kt: error: bad key' >&2; exit 4;;\n\
+             *) echo '{{\"error\":{{\"kind\":\"not_found\",\"exit_code\":3,\"message\":\"not found\"}}}}'; exit 3;;\n\
+             esac",
+            release.display()
+        );
+        crate::kt::fake_kt(dir, &body)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn deletes_run_one_at_a_time_per_volume_and_concurrently_across_volumes() {
+        let dir = tempfile::tempdir().unwrap();
+        let svc = ControllerService::new(fake_rm(dir.path()), "s:7447".into(), dir.path());
+        let first = tokio::spawn({
+            let svc = svc.clone();
+            async move { svc.delete_volume(delete("team/slow")).await }
+        });
+        eventually("the first delete holds its volume", || {
+            svc.volume_guard().is_held("team/slow")
+        });
+
+        let again = svc.delete_volume(delete("team/slow")).await.unwrap_err();
+        assert_eq!(again.code(), Code::Aborted, "{again:?}");
+        assert_eq!(
+            again.message(),
+            "an operation for volume team/slow is already in progress"
+        );
+        // Another volume is deleted while the first is still in flight (a global lock would
+        // keep it waiting until the release).
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            svc.delete_volume(delete("team/other")),
+        )
+        .await
+        .expect("a delete of another volume waited for the first")
+        .unwrap();
+        assert!(!first.is_finished());
+
+        std::fs::write(dir.path().join("release"), b"").unwrap();
+        first.await.unwrap().unwrap();
+        assert!(!svc.volume_guard().is_held("team/slow"));
+        svc.delete_volume(delete("team/slow")).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn kt_failures_become_grpc_codes() {
+        let dir = tempfile::tempdir().unwrap();
+        let svc = ControllerService::new(fake_rm(dir.path()), "s:7447".into(), dir.path());
+        let down = svc.delete_volume(delete("team/down")).await.unwrap_err();
+        assert_eq!(down.code(), Code::Unavailable, "{down:?}");
+        assert!(down.message().contains("no store"), "{down:?}");
+        let bad = svc.delete_volume(delete("team/bad")).await.unwrap_err();
+        assert_eq!(bad.code(), Code::InvalidArgument, "{bad:?}");
+        assert!(bad.message().contains("kt: error: bad key"), "{bad:?}");
+        // Not found: already deleted.
+        svc.delete_volume(delete("team/gone")).await.unwrap();
+        assert!(!svc.volume_guard().is_held("team/down"));
+
+        let missing = ControllerService::new(dir.path().join("no-kt"), "s:7447".into(), dir.path());
+        let e = missing.delete_volume(delete("team/x")).await.unwrap_err();
+        assert_eq!(e.code(), Code::Internal, "{e:?}");
+
+        for (kind, code) in [
+            (ErrorKind::Other, Code::Internal),
+            (ErrorKind::Usage, Code::Internal),
+            (ErrorKind::NotFound, Code::NotFound),
+            (ErrorKind::Invalid, Code::InvalidArgument),
+            (ErrorKind::Unreachable, Code::Unavailable),
+            (ErrorKind::Conflict, Code::Aborted),
+            (ErrorKind::Timeout, Code::DeadlineExceeded),
+            (ErrorKind::Unavailable, Code::Unavailable),
+            (ErrorKind::Denied, Code::PermissionDenied),
+        ] {
+            let e = KtError::Failed {
+                args: "rm".into(),
+                kind,
+                code: Some(kind.code()),
+                message: "m".into(),
+            };
+            assert_eq!(kt_status(e).code(), code, "{kind}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_volume_in_flight_refuses_create_and_delete() {
+        let dir = tempfile::tempdir().unwrap();
+        let svc = ControllerService::new(dir.path().join("no-kt"), "s:7447".into(), dir.path());
+        let held = svc.volume_guard().try_acquire("default/pvc-held").unwrap();
+        for e in [
+            svc.create_volume(create("pvc-held")).await.unwrap_err(),
+            svc.delete_volume(delete("default/pvc-held"))
+                .await
+                .unwrap_err(),
+        ] {
+            assert_eq!(e.code(), Code::Aborted, "{e:?}");
+        }
+        // Other volumes go on.
+        let v = svc.create_volume(create("pvc-free")).await.unwrap();
+        assert_eq!(v.into_inner().volume.unwrap().volume_id, "default/pvc-free");
+        assert!(!svc.volume_guard().is_held("default/pvc-free"));
+        // Bad requests are refused as such, held volume or not.
+        let e = svc.delete_volume(delete("")).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        drop(held);
+        svc.create_volume(create("pvc-held")).await.unwrap();
     }
 }

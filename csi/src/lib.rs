@@ -3,13 +3,15 @@
 //! shared mount of the namespace, into the pod.
 //!
 //! The gRPC handlers ([`identity`], [`controller`], [`node`]) only check requests and map
-//! errors; volumes are [`volume`], the mount table and mount calls [`mounts`], the node agent
-//! and its namespace mounts [`agents`], and node publishing [`publish`].
+//! errors, one call at a time per volume ([`guard`]); volumes are [`volume`], the mount table
+//! and mount calls [`mounts`], the node agent and its namespace mounts [`agents`], node
+//! publishing [`publish`], and the `kt` calls and their exit codes [`kt`].
 
 pub mod agents;
 pub mod capability;
 pub mod client;
 pub mod controller;
+pub mod guard;
 pub mod identity;
 pub mod kt;
 pub mod mounts;

@@ -1,14 +1,19 @@
 //! CSI Node: publishes volumes into pods (see [`crate::publish`]) and says who this node is.
+//!
+//! Publishes and unpublishes run concurrently, one at a time per volume id and per target path
+//! ([`VolumeGuard`]): a second call for either while the first runs gets ABORTED, and the CO
+//! retries it. The target guard keeps two calls that name different volumes from stacking or
+//! removing mounts on one target (a CO never sends those, but one that lost its state might).
+//! What volumes of a namespace share, its mount and the node agent, [`Agents`] serialises.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use tokio::sync::Mutex;
 use tonic::{Request, Response, Status};
 
 use crate::agents::{AgentError, Agents};
 use crate::capability;
+use crate::guard::{Permit, VolumeGuard};
 use crate::proto::node_server::Node;
 use crate::proto::volume_capability::AccessType;
 use crate::proto::{
@@ -23,8 +28,10 @@ use crate::volume::VolumeSpec;
 pub struct NodeService {
     node_id: String,
     agents: Agents,
-    /// Publishes and unpublishes one at a time: they start namespace mounts and stack mounts.
-    lock: Arc<Mutex<()>>,
+    /// Volume ids with a publish or unpublish in flight.
+    volumes: VolumeGuard,
+    /// Target paths with a publish or unpublish in flight.
+    targets: VolumeGuard,
 }
 
 impl NodeService {
@@ -32,8 +39,28 @@ impl NodeService {
         NodeService {
             node_id,
             agents,
-            lock: Arc::new(Mutex::new(())),
+            volumes: VolumeGuard::new(),
+            targets: VolumeGuard::of("target path"),
         }
+    }
+
+    /// Permits for the volume and the target of one call, or ABORTED.
+    fn acquire(&self, volume_id: &str, target: &std::path::Path) -> Result<[Permit; 2], Status> {
+        let volume = self.volumes.try_acquire(volume_id)?;
+        let target = self.targets.try_acquire(&target.display().to_string())?;
+        Ok([volume, target])
+    }
+
+    /// The guard of volume ids in flight (tests hold a permit of it to stand for a call).
+    #[cfg(test)]
+    pub(crate) fn volume_guard(&self) -> &VolumeGuard {
+        &self.volumes
+    }
+
+    /// The guard of target paths in flight.
+    #[cfg(test)]
+    pub(crate) fn target_guard(&self) -> &VolumeGuard {
+        &self.targets
     }
 }
 
@@ -85,12 +112,17 @@ impl Node for NodeService {
         let ro_flag = matches!(&cap.access_type,
             Some(AccessType::Mount(m)) if m.mount_flags.iter().any(|f| f == "ro"));
         let readonly = req.readonly || ro_flag;
-        let _guard = self.lock.lock().await;
+        let permits = self.acquire(&req.volume_id, &target)?;
         let agents = self.agents.clone();
-        tokio::task::spawn_blocking(move || publish::publish(&agents, &spec, &target, readonly))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(status)?;
+        // The permits go with the work: a call whose client gave up still holds the volume
+        // until its mounts are done.
+        tokio::task::spawn_blocking(move || {
+            let _permits = permits;
+            publish::publish(&agents, &spec, &target, readonly)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(status)?;
         Ok(Response::new(NodePublishVolumeResponse {}))
     }
 
@@ -103,11 +135,14 @@ impl Node for NodeService {
             return Err(Status::invalid_argument("volume_id is required"));
         }
         let target = target_path(&req.target_path)?;
-        let _guard = self.lock.lock().await;
-        tokio::task::spawn_blocking(move || publish::unpublish(&target))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(status)?;
+        let permits = self.acquire(&req.volume_id, &target)?;
+        tokio::task::spawn_blocking(move || {
+            let _permits = permits;
+            publish::unpublish(&target)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(status)?;
         Ok(Response::new(NodeUnpublishVolumeResponse {}))
     }
 
@@ -135,5 +170,135 @@ impl Node for NodeService {
                 )]),
             }),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agents::AgentsConfig;
+    use crate::proto::volume_capability::access_mode::Mode;
+    use crate::proto::volume_capability::{AccessMode, MountVolume};
+    use crate::proto::VolumeCapability;
+    use std::path::Path;
+    use std::time::Duration;
+    use tonic::Code;
+
+    /// A node whose `kt` does not exist: a publish that gets past the guards fails when it
+    /// starts the node agent, without mounting anything.
+    fn service(dir: &Path) -> NodeService {
+        NodeService::new(
+            "n1".into(),
+            Agents::new(AgentsConfig {
+                kt: dir.join("no-kt"),
+                server: "s:7447".into(),
+                node_id: "n1".into(),
+                cache_dir: dir.join("cache"),
+                state_dir: dir.join("state"),
+                agent_ip: "127.0.0.1".into(),
+                cache_size: None,
+                zone: None,
+                mount_timeout: Duration::from_secs(1),
+            }),
+        )
+    }
+
+    fn publish(id: &str, target: &Path) -> Request<NodePublishVolumeRequest> {
+        Request::new(NodePublishVolumeRequest {
+            volume_id: id.into(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(VolumeCapability {
+                access_type: Some(AccessType::Mount(MountVolume::default())),
+                access_mode: Some(AccessMode {
+                    mode: Mode::MultiNodeMultiWriter as i32,
+                }),
+            }),
+            volume_context: HashMap::from([("namespace".into(), "team".into())]),
+            ..Default::default()
+        })
+    }
+
+    fn unpublish(id: &str, target: &Path) -> Request<NodeUnpublishVolumeRequest> {
+        Request::new(NodeUnpublishVolumeRequest {
+            volume_id: id.into(),
+            target_path: target.display().to_string(),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_volume_in_flight_refuses_publish_and_unpublish_others_go_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = service(dir.path());
+        let (tx, ty) = (dir.path().join("pod-x"), dir.path().join("pod-y"));
+        let held = node.volume_guard().try_acquire("team/x").unwrap();
+
+        let e = node
+            .node_publish_volume(publish("team/x", &tx))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Aborted, "{e:?}");
+        assert_eq!(
+            e.message(),
+            "an operation for volume team/x is already in progress"
+        );
+        let e = node
+            .node_unpublish_volume(unpublish("team/x", &tx))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Aborted, "{e:?}");
+        // Nothing was done for x: its target was not made.
+        assert!(!tx.exists());
+
+        // Volume y goes on: to the start of the node agent, which fails here.
+        let e = node
+            .node_publish_volume(publish("team/y", &ty))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Internal, "{e:?}");
+        assert!(e.message().contains("no-kt"), "{e:?}");
+        assert!(!node.volume_guard().is_held("team/y"));
+        // Unpublishing a target that does not exist is success.
+        node.node_unpublish_volume(unpublish("team/y", &ty))
+            .await
+            .unwrap();
+
+        // A bad request is refused as such, held volume or not.
+        let mut bad = publish("team/x", &tx);
+        bad.get_mut().volume_capability = None;
+        let e = node.node_publish_volume(bad).await.unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+
+        drop(held);
+        node.node_unpublish_volume(unpublish("team/x", &tx))
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_target_in_flight_refuses_calls_for_any_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = service(dir.path());
+        let t = dir.path().join("pod");
+        let held = node
+            .target_guard()
+            .try_acquire(&t.display().to_string())
+            .unwrap();
+        let e = node
+            .node_publish_volume(publish("team/y", &t))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Aborted, "{e:?}");
+        assert!(e.message().contains("target path"), "{e:?}");
+        let e = node
+            .node_unpublish_volume(unpublish("team/z", &t))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Aborted, "{e:?}");
+        // The volume's permit taken before the target's was refused is given back.
+        assert!(!node.volume_guard().is_held("team/y"));
+        drop(held);
+        node.node_unpublish_volume(unpublish("team/z", &t))
+            .await
+            .unwrap();
     }
 }
