@@ -4,6 +4,7 @@ mod common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -237,6 +238,55 @@ fn bad_input_gets_clear_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
     c.ok(None, &["put", "k", "--src", fs_, "--force"]);
+}
+
+/// Each kind of failure has its own exit code, and with `--json` a machine-readable error on
+/// stdout: what kt-csi and scripts rely on instead of the text.
+#[test]
+fn each_kind_of_failure_exits_with_its_code_and_a_json_error() {
+    let c = Cluster::new("127.0.0.18");
+    let f = c.path("f");
+    fs::write(&f, b"x").unwrap();
+    let src = f.to_str().unwrap();
+    let failed = |out: Output, code: i32, kind: &str| {
+        assert_eq!(out.status.code(), Some(code), "{out:?}");
+        let v: serde_json::Value =
+            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+        assert_eq!(v["error"]["kind"], kind, "{v}");
+        assert_eq!(v["error"]["exit_code"], code, "{v}");
+        assert!(!v["error"]["message"].as_str().unwrap().is_empty());
+        assert!(String::from_utf8_lossy(&out.stderr).starts_with("kt: error: "));
+    };
+    let dest = c.path("got");
+    let dest = dest.to_str().unwrap();
+    failed(
+        c.kt(None, &["get", "no/such/key", "--dest", dest, "--json"]),
+        3,
+        "not_found",
+    );
+    failed(c.kt(None, &["rm", "no/such/key", "--json"]), 3, "not_found");
+    failed(c.kt(None, &["ls", "no/such", "--json"]), 3, "not_found");
+    failed(
+        c.kt(None, &["put", "a//b", "--src", src, "--json"]),
+        4,
+        "invalid",
+    );
+    failed(
+        kt_with("127.0.0.1:1", &c.path("none.sock"), &["ls", "--json"]),
+        5,
+        "unreachable",
+    );
+    c.ok(None, &["put", "k", "--src", src]);
+    fs::write(&f, b"y").unwrap();
+    failed(
+        c.kt(None, &["put", "k", "--src", src, "--json"]),
+        6,
+        "exists",
+    );
+    // Without --json the code is the same and stdout stays empty.
+    let out = c.kt(None, &["rm", "no/such/key"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(out.stdout.is_empty());
 }
 
 #[test]
