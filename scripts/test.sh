@@ -7,7 +7,8 @@
 #   sudo bash scripts/test.sh
 #
 # It also checks formatting and the client-only build (`--no-default-features`: no RocksDB, no
-# FUSE), which a laptop's `kt` and the Python package link. `.ci/run` runs exactly this.
+# FUSE), which a laptop's `kt` and the Python package link, and builds, installs and tests the
+# Python package (python/). `.ci/run` runs exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,16 +19,21 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(librocksdb-dev clang libclang-dev protobuf-compiler libprotobuf-dev fuse3 attr git
     python3 python3-pip)
 # kubernetes-validate: the offline Kubernetes schemas deploy/check.sh validates the manifests
-# against (tests/deploy.rs runs it).
-PIP_PACKAGES=(kubernetes-validate==1.37.0)
+# against (tests/deploy.rs runs it); maturin builds the Python package, whose tests use pytest,
+# fsspec, numpy, pandas and pyarrow.
+PIP_PACKAGES=(kubernetes-validate==1.37.0 maturin pytest fsspec numpy pandas pyarrow)
+
+pip_install() {
+    # A Debian-managed python3 needs --break-system-packages.
+    python3 -m pip install -q "$@" 2>/dev/null \
+        || python3 -m pip install -q --break-system-packages "$@"
+}
 
 if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${APT_PACKAGES[@]}" >/dev/null
-    # A Debian-managed python3 needs --break-system-packages.
-    python3 -m pip install -q "${PIP_PACKAGES[@]}" 2>/dev/null \
-        || python3 -m pip install -q --break-system-packages "${PIP_PACKAGES[@]}"
+    pip_install "${PIP_PACKAGES[@]}"
 else
     echo "test.sh: not root: not installing ${APT_PACKAGES[*]} ${PIP_PACKAGES[*]}" >&2
 fi
@@ -44,3 +50,10 @@ fi
 cargo check --no-default-features -p ktfs --lib --bins
 
 cargo test --workspace
+
+# The Python package: its extension built in the profile the Rust tests used (so only it and
+# the client-only library compile), installed, and its tests run against the `kt` just built.
+rm -rf target/wheels
+maturin build --profile dev -m python/Cargo.toml --out target/wheels --quiet
+pip_install --force-reinstall --no-deps target/wheels/ktfs-*.whl
+python3 -m pytest -q python/tests

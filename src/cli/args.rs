@@ -8,7 +8,7 @@ use ktfs::k8s::{api, env};
 use ktfs::manifest::DEFAULT_BLOCK_SIZE;
 use ktfs::proto::{Locale, WindowSpec};
 
-pub const DEFAULT_SOCKET: &str = "/tmp/ktfs/agent.sock";
+use ktfs::rpc::client::DEFAULT_AGENT_SOCKET as DEFAULT_SOCKET;
 
 #[derive(Parser)]
 #[command(

@@ -27,13 +27,14 @@ async fn reach_store(c: &mut Common) -> Result<Option<api::Forward>> {
     let Some(path) = &c.kubeconfig else {
         return Ok(None);
     };
-    let svc: api::ServiceRef = c.store_service.parse()?;
-    let client = api::client_from_kubeconfig(path, c.context.as_deref()).await?;
-    let fwd = api::forward_service(client, &svc)
+    let fwd = api::reach_store(path, c.context.as_deref(), &c.store_service)
         .await
-        .with_context(|| format!("cannot reach the store server {svc}"))?;
+        .with_context(|| format!("cannot reach the store server {}", c.store_service))?;
     if c.verbose {
-        eprintln!("store server {svc} through pod {} at {}", fwd.pod, fwd.addr);
+        eprintln!(
+            "store server {} through pod {} at {}",
+            c.store_service, fwd.pod, fwd.addr
+        );
     }
     c.server = fwd.addr.to_string();
     Ok(Some(fwd))

@@ -1,15 +1,13 @@
 //! What `kt` prints: text for people, one JSON object with `--json`, progress on a terminal,
 //! and an exit code per kind of failure that scripts, kt-csi and the Python package rely on.
 
-use std::io::IsTerminal;
-
 use anyhow::Result;
-use indicatif::{ProgressBar, ProgressStyle};
 
 use ktfs::key::KeyError;
 use ktfs::manifest::ManifestError;
 use ktfs::rpc::{ClientError, Fault, RemoteError};
 use ktfs::transfer::get::GetError;
+pub use ktfs::transfer::progress_bar;
 use ktfs::transfer::publish::PublishError;
 use ktfs::transfer::put::PutError;
 use ktfs::transfer::scan::ScanError;
@@ -103,18 +101,6 @@ pub fn report_failure(e: &anyhow::Error, json: bool) -> i32 {
     }
     eprintln!("kt: error: {msg}");
     code
-}
-
-pub fn progress_bar(verbose: bool) -> ProgressBar {
-    if !verbose || !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let pb = ProgressBar::new(0);
-    pb.set_style(
-        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    pb
 }
 
 pub fn print_json(v: &impl serde::Serialize) -> Result<()> {

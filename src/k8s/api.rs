@@ -130,6 +130,20 @@ impl std::fmt::Display for ServiceRef {
     }
 }
 
+/// From outside the cluster: a local port that reaches the store server through the cluster of
+/// a kubeconfig (its current context, or `context`), forwarding to a running pod behind
+/// `service` (`NAMESPACE/NAME:PORT`), as `kubectl port-forward` does. Lasts as long as the
+/// returned value.
+pub async fn reach_store(
+    kubeconfig: &Path,
+    context: Option<&str>,
+    service: &str,
+) -> Result<Forward, ClusterError> {
+    let svc: ServiceRef = service.parse()?;
+    let client = client_from_kubeconfig(kubeconfig, context).await?;
+    forward_service(client, &svc).await
+}
+
 /// A local port that forwards each connection to a pod; stops forwarding when dropped.
 pub struct Forward {
     pub addr: SocketAddr,

@@ -13,6 +13,8 @@ use super::MAX_RPC_MESSAGE;
 use crate::proto::agent_client::AgentClient;
 use crate::proto::store_client::StoreClient;
 
+/// Where this node's agent listens when nothing says otherwise (`KT_AGENT`, `--agent`).
+pub const DEFAULT_AGENT_SOCKET: &str = "/tmp/ktfs/agent.sock";
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(300);
 

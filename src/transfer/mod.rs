@@ -14,6 +14,7 @@ pub mod offer;
 pub mod port;
 pub mod publish;
 pub mod put;
+pub mod read;
 pub mod scan;
 pub mod sources;
 pub mod tree;
@@ -23,7 +24,25 @@ pub mod wire;
 pub use fetch::{BlockJob, BlockSink, FetchReport};
 pub use sources::SourceAddr;
 
+use std::io::IsTerminal;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
 use crate::rpc::{ClientError, Fault};
+
+/// A progress bar on stderr for a transfer someone watches (`verbose` and a terminal), else one
+/// that draws nothing.
+pub fn progress_bar(verbose: bool) -> ProgressBar {
+    if !verbose || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(0);
+    pb.set_style(
+        ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb
+}
 
 /// Connections opened to one source at a time.
 const CONNS_PER_SOURCE: usize = 2;

@@ -1,0 +1,529 @@
+//! `ktfs._native`: the ktfs library called in-process from Python, for files (no subprocess per
+//! call). Every call runs on one tokio runtime with the GIL released, and is abandoned cleanly
+//! when the caller is interrupted (Ctrl-C): the transfer's future is dropped, which removes its
+//! temporary files, and `KeyboardInterrupt` is raised. Failures become the exceptions of the
+//! one fault table (`ktfs::rpc::Fault`), with the message the CLI prints.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use ktfs::k8s::{api, env};
+use ktfs::key::{KeyPath, Namespace};
+use ktfs::manifest::DEFAULT_BLOCK_SIZE;
+use ktfs::proto::{ListRequest, Locale, RemoveRequest, WindowSpec};
+use ktfs::rpc::client::{self, ClientError, DEFAULT_AGENT_SOCKET};
+use ktfs::rpc::Fault;
+use ktfs::transfer::get::{self as getting, GetOptions};
+use ktfs::transfer::put::{self as putting, PutOptions};
+use ktfs::transfer::read::{self, Stat};
+use ktfs::transfer::scan::ScanOptions;
+
+create_exception!(ktfs, KtError, PyException, "A ktfs call failed.");
+create_exception!(
+    ktfs,
+    KeyNotFoundError,
+    KtError,
+    "The key or prefix does not exist."
+);
+create_exception!(
+    ktfs,
+    InvalidKeyError,
+    KtError,
+    "A bad key, namespace or argument, refused before anything changed."
+);
+create_exception!(
+    ktfs,
+    UnreachableError,
+    KtError,
+    "The store server or this node's agent cannot be reached."
+);
+create_exception!(
+    ktfs,
+    ConflictError,
+    KtError,
+    "The key exists, a destination differs, or the key changed meanwhile."
+);
+create_exception!(
+    ktfs,
+    BroadcastTimeoutError,
+    KtError,
+    "A broadcast window or a call ran out of time."
+);
+create_exception!(
+    ktfs,
+    TableMismatchError,
+    KtError,
+    "A participant's tensor table differs from the publisher's."
+);
+create_exception!(
+    ktfs,
+    UnavailableError,
+    KtError,
+    "No source could give every block."
+);
+create_exception!(
+    ktfs,
+    PermissionDeniedError,
+    KtError,
+    "The caller is not allowed."
+);
+
+/// A failure, ready to become an exception once the GIL is back.
+struct Failure {
+    fault: Option<Fault>,
+    message: String,
+}
+
+impl Failure {
+    fn of(fault: Option<Fault>, e: impl std::fmt::Display) -> Self {
+        Failure {
+            fault,
+            message: e.to_string(),
+        }
+    }
+
+    fn into_err(self) -> PyErr {
+        let m = self.message;
+        match self.fault {
+            Some(Fault::NotFound) => KeyNotFoundError::new_err(m),
+            Some(Fault::Invalid) => InvalidKeyError::new_err(m),
+            Some(Fault::Unreachable) => UnreachableError::new_err(m),
+            Some(
+                Fault::Exists | Fault::Conflict | Fault::NotEmpty | Fault::NotDir | Fault::IsDir,
+            ) => ConflictError::new_err(m),
+            Some(Fault::Timeout) => BroadcastTimeoutError::new_err(m),
+            Some(Fault::Unavailable) => UnavailableError::new_err(m),
+            Some(Fault::Denied) => PermissionDeniedError::new_err(m),
+            Some(Fault::NoSpace | Fault::Internal) | None => KtError::new_err(m),
+        }
+    }
+}
+
+impl From<ClientError> for Failure {
+    fn from(e: ClientError) -> Self {
+        Failure::of(Some(e.fault()), e)
+    }
+}
+
+impl From<ktfs::key::KeyError> for Failure {
+    fn from(e: ktfs::key::KeyError) -> Self {
+        Failure::of(Some(Fault::Invalid), e)
+    }
+}
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("ktfs")
+            .build()
+            .expect("a tokio runtime for ktfs")
+    })
+}
+
+/// Runs `fut` to its end with the GIL released, checking for signals every 100 ms; an
+/// interrupt abandons the call (dropping its future) and raises.
+fn run<T: Send + 'static>(
+    py: Python<'_>,
+    fut: impl Future<Output = Result<T, Failure>> + Send + 'static,
+) -> PyResult<T> {
+    let rt = runtime();
+    let mut task = rt.spawn(fut);
+    loop {
+        let polled = py.detach(|| {
+            rt.block_on(async { tokio::time::timeout(Duration::from_millis(100), &mut task).await })
+        });
+        match polled {
+            Ok(Ok(result)) => return result.map_err(Failure::into_err),
+            Ok(Err(e)) => return Err(KtError::new_err(format!("the call failed: {e}"))),
+            Err(_) => {
+                if let Err(e) = py.check_signals() {
+                    task.abort();
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+/// Where to reach the store server, and whom to ask: the arguments, else the environment
+/// (`KT_SERVER`, `KT_NAMESPACE`, the pod's namespace, `KT_AGENT`, `KT_KUBECONFIG`), else the
+/// defaults `kt` has.
+struct Target {
+    server: String,
+    namespace: Namespace,
+    agent: PathBuf,
+    kubeconfig: Option<PathBuf>,
+}
+
+fn target(
+    server: Option<String>,
+    namespace: Option<String>,
+    kubeconfig: Option<String>,
+) -> Result<Target, Failure> {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let namespace = namespace
+        .or_else(|| var("KT_NAMESPACE"))
+        .unwrap_or_else(env::default_namespace);
+    Ok(Target {
+        server: server
+            .or_else(|| var("KT_SERVER"))
+            .unwrap_or_else(env::default_server),
+        namespace: Namespace::parse(&namespace)?,
+        agent: PathBuf::from(var("KT_AGENT").unwrap_or_else(|| DEFAULT_AGENT_SOCKET.into())),
+        kubeconfig: kubeconfig
+            .or_else(|| var("KT_KUBECONFIG"))
+            .map(PathBuf::from),
+    })
+}
+
+impl Target {
+    /// With a kubeconfig, a port-forward to the store server (kept by the caller for the call's
+    /// length) and the server is its local end.
+    async fn reach(&mut self) -> Result<Option<api::Forward>, Failure> {
+        let Some(path) = &self.kubeconfig else {
+            return Ok(None);
+        };
+        let fwd = api::reach_store(path, None, api::DEFAULT_STORE_SERVICE)
+            .await
+            .map_err(|e| {
+                Failure::of(
+                    Some(Fault::Unreachable),
+                    format!(
+                        "cannot reach the store server {}: {e}",
+                        api::DEFAULT_STORE_SERVICE
+                    ),
+                )
+            })?;
+        self.server = fwd.addr.to_string();
+        Ok(Some(fwd))
+    }
+}
+
+fn window(
+    timeout: Option<f64>,
+    world_size: Option<u32>,
+    ips: Vec<String>,
+    group_id: Option<String>,
+    fanout: Option<u32>,
+) -> WindowSpec {
+    WindowSpec {
+        group_id: group_id.unwrap_or_default(),
+        timeout_ms: timeout.map_or(0, |s| (s.max(0.0) * 1000.0) as u64),
+        world_size: world_size.unwrap_or(0),
+        ips,
+        fanout: fanout.unwrap_or(0),
+    }
+}
+
+fn json(v: &impl serde::Serialize) -> Result<String, Failure> {
+    serde_json::to_string(v).map_err(|e| Failure::of(None, e))
+}
+
+/// Publishes `src` under `key`; returns the report `kt put --json` prints.
+#[pyfunction]
+#[pyo3(signature = (key, src, locale="store", force=true, contents=false, excludes=Vec::new(),
+    includes=Vec::new(), window_timeout=None, world_size=None, ips=Vec::new(), group_id=None,
+    fanout=None, verbose=false, namespace=None, server=None, kubeconfig=None, block_size=None,
+    ttl=0))]
+#[allow(clippy::too_many_arguments)]
+fn put(
+    py: Python<'_>,
+    key: String,
+    src: String,
+    locale: &str,
+    force: bool,
+    contents: bool,
+    excludes: Vec<String>,
+    includes: Vec<String>,
+    window_timeout: Option<f64>,
+    world_size: Option<u32>,
+    ips: Vec<String>,
+    group_id: Option<String>,
+    fanout: Option<u32>,
+    verbose: bool,
+    namespace: Option<String>,
+    server: Option<String>,
+    kubeconfig: Option<String>,
+    block_size: Option<u32>,
+    ttl: u64,
+) -> PyResult<String> {
+    let locale = match locale {
+        "store" => Locale::Store,
+        "local" => Locale::Local,
+        other => {
+            return Err(InvalidKeyError::new_err(format!(
+                "locale must be store or local, not {other:?}"
+            )))
+        }
+    };
+    let mut t = target(server, namespace, kubeconfig).map_err(Failure::into_err)?;
+    let key = KeyPath::parse(&key).map_err(|e| Failure::from(e).into_err())?;
+    let spec = window(window_timeout, world_size, ips, group_id, fanout);
+    let any_window = window_timeout.is_some()
+        || world_size.is_some()
+        || !spec.ips.is_empty()
+        || !spec.group_id.is_empty();
+    run(py, async move {
+        let _forward = t.reach().await?;
+        let pb = ktfs::transfer::progress_bar(verbose);
+        let report = putting::put(
+            PutOptions {
+                server: t.server,
+                namespace: t.namespace,
+                key,
+                srcs: vec![src],
+                scan: ScanOptions {
+                    block_size: block_size.unwrap_or(DEFAULT_BLOCK_SIZE),
+                    contents,
+                    excludes,
+                    includes,
+                },
+                locale,
+                force,
+                ttl_secs: ttl,
+                agent_socket: t.agent,
+                window: any_window.then_some(spec),
+            },
+            &pb,
+        )
+        .await
+        .map_err(|e| Failure::of(Some(e.fault()), e))?;
+        pb.finish_and_clear();
+        json(&report)
+    })
+}
+
+/// Copies `key` to `dest`; returns the report `kt get --json` prints.
+#[pyfunction]
+#[pyo3(signature = (key, dest, force=false, contents=false, excludes=Vec::new(),
+    includes=Vec::new(), window_timeout=None, world_size=None, ips=Vec::new(), group_id=None,
+    fanout=None, verbose=false, namespace=None, server=None, kubeconfig=None, seed=true))]
+#[allow(clippy::too_many_arguments)]
+fn get(
+    py: Python<'_>,
+    key: String,
+    dest: String,
+    force: bool,
+    contents: bool,
+    excludes: Vec<String>,
+    includes: Vec<String>,
+    window_timeout: Option<f64>,
+    world_size: Option<u32>,
+    ips: Vec<String>,
+    group_id: Option<String>,
+    fanout: Option<u32>,
+    verbose: bool,
+    namespace: Option<String>,
+    server: Option<String>,
+    kubeconfig: Option<String>,
+    seed: bool,
+) -> PyResult<String> {
+    let mut t = target(server, namespace, kubeconfig).map_err(Failure::into_err)?;
+    let key = KeyPath::parse(&key).map_err(|e| Failure::from(e).into_err())?;
+    let spec = window(window_timeout, world_size, ips, group_id, fanout);
+    run(py, async move {
+        let forward = t.reach().await?;
+        let pb = ktfs::transfer::progress_bar(verbose);
+        let report = getting::get(
+            GetOptions {
+                server: t.server,
+                namespace: t.namespace,
+                key,
+                dest,
+                contents,
+                force,
+                excludes,
+                includes,
+                seed,
+                agent_socket: t.agent,
+                window: spec,
+                bwlimit: None,
+                store_only: forward.is_some(),
+            },
+            &pb,
+        )
+        .await
+        .map_err(|e| Failure::of(Some(e.fault()), e))?;
+        pb.finish_and_clear();
+        json(&report)
+    })
+}
+
+/// The entries below `key` (or the namespace's root), as JSON: name (`/` after a directory),
+/// is_directory, locale (`store`, or the publishing node of a local key), size.
+#[pyfunction]
+#[pyo3(signature = (key="", recursive=false, namespace=None, server=None, kubeconfig=None))]
+fn ls(
+    py: Python<'_>,
+    key: &str,
+    recursive: bool,
+    namespace: Option<String>,
+    server: Option<String>,
+    kubeconfig: Option<String>,
+) -> PyResult<String> {
+    let mut t = target(server, namespace, kubeconfig).map_err(Failure::into_err)?;
+    let prefix = KeyPath::parse_prefix(key).map_err(|e| Failure::from(e).into_err())?;
+    let shown = key.to_string();
+    run(py, async move {
+        let _forward = t.reach().await?;
+        let mut store = client::connect_store(&t.server).await?;
+        let resp = store
+            .list(ListRequest {
+                namespace: t.namespace.to_string(),
+                prefix: prefix.map(|p| p.to_string()).unwrap_or_default(),
+                recursive,
+            })
+            .await
+            .map_err(ClientError::from)?
+            .into_inner();
+        if !resp.exists {
+            return Err(Failure::of(
+                Some(Fault::NotFound),
+                format!("key {shown} not found"),
+            ));
+        }
+        let entries: Vec<serde_json::Value> = resp
+            .entries
+            .into_iter()
+            .map(|e| {
+                let locale = if e.locale() == Locale::Local && !e.origin_node.is_empty() {
+                    e.origin_node.clone()
+                } else {
+                    "store".into()
+                };
+                serde_json::json!({
+                    "name": e.name,
+                    "is_directory": e.is_directory,
+                    "locale": locale,
+                    "size": e.size,
+                })
+            })
+            .collect();
+        json(&entries)
+    })
+}
+
+/// Removes keys; returns the keys removed.
+#[pyfunction]
+#[pyo3(signature = (key, recursive=false, prefix=false, namespace=None, server=None,
+    kubeconfig=None))]
+fn rm(
+    py: Python<'_>,
+    key: &str,
+    recursive: bool,
+    prefix: bool,
+    namespace: Option<String>,
+    server: Option<String>,
+    kubeconfig: Option<String>,
+) -> PyResult<Vec<String>> {
+    let mut t = target(server, namespace, kubeconfig).map_err(Failure::into_err)?;
+    let key = KeyPath::parse(key).map_err(|e| Failure::from(e).into_err())?;
+    run(py, async move {
+        let _forward = t.reach().await?;
+        let mut store = client::connect_store(&t.server).await?;
+        Ok(store
+            .remove(RemoveRequest {
+                namespace: t.namespace.to_string(),
+                key: key.to_string(),
+                recursive,
+                prefix,
+            })
+            .await
+            .map_err(ClientError::from)?
+            .into_inner()
+            .removed)
+    })
+}
+
+/// Blocks fetched by [`read_range`] in this process, for tests and tools.
+static BLOCKS_FETCHED: AtomicU64 = AtomicU64::new(0);
+
+/// `length` bytes of the file at `key` from `offset`: only the blocks that cover the range are
+/// fetched.
+#[pyfunction]
+#[pyo3(signature = (key, offset, length, namespace=None, server=None, kubeconfig=None))]
+fn read_range<'py>(
+    py: Python<'py>,
+    key: &str,
+    offset: u64,
+    length: u64,
+    namespace: Option<String>,
+    server: Option<String>,
+    kubeconfig: Option<String>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let mut t = target(server, namespace, kubeconfig).map_err(Failure::into_err)?;
+    let key = KeyPath::parse(key).map_err(|e| Failure::from(e).into_err())?;
+    let got = run(py, async move {
+        let _forward = t.reach().await?;
+        let mut store = client::connect_store(&t.server).await?;
+        read::read_range(
+            &mut store,
+            &t.server,
+            t.namespace.as_str(),
+            &key,
+            offset,
+            length,
+        )
+        .await
+        .map_err(|e| Failure::of(Some(e.fault()), e))
+    })?;
+    BLOCKS_FETCHED.fetch_add(got.blocks_fetched as u64, Ordering::Relaxed);
+    Ok(PyBytes::new(py, &got.data))
+}
+
+/// How many blocks [`read_range`] has fetched in this process.
+#[pyfunction]
+fn blocks_fetched() -> u64 {
+    BLOCKS_FETCHED.load(Ordering::Relaxed)
+}
+
+/// What is at `key`, as JSON: `{"type": "file", "size", "mtime"}`, `{"type": "directory"}` or
+/// `{"type": "symlink", "target"}`.
+#[pyfunction]
+#[pyo3(signature = (key, namespace=None, server=None, kubeconfig=None))]
+fn stat(
+    py: Python<'_>,
+    key: &str,
+    namespace: Option<String>,
+    server: Option<String>,
+    kubeconfig: Option<String>,
+) -> PyResult<String> {
+    let mut t = target(server, namespace, kubeconfig).map_err(Failure::into_err)?;
+    let key = KeyPath::parse(key).map_err(|e| Failure::from(e).into_err())?;
+    run(py, async move {
+        let _forward = t.reach().await?;
+        let mut store = client::connect_store(&t.server).await?;
+        let st = read::stat(&mut store, t.namespace.as_str(), &key)
+            .await
+            .map_err(|e| Failure::of(Some(e.fault()), e))?;
+        json(&match st {
+            Stat::File { size, mtime_sec } => {
+                serde_json::json!({ "type": "file", "size": size, "mtime": mtime_sec })
+            }
+            Stat::Directory => serde_json::json!({ "type": "directory", "size": 0 }),
+            Stat::Symlink { target } => {
+                serde_json::json!({ "type": "symlink", "size": 0, "target": target })
+            }
+        })
+    })
+}
+
+#[pymodule]
+mod _native {
+    #[pymodule_export]
+    use super::{
+        blocks_fetched, get, ls, put, read_range, rm, stat, BroadcastTimeoutError, ConflictError,
+        InvalidKeyError, KeyNotFoundError, KtError, PermissionDeniedError, TableMismatchError,
+        UnavailableError, UnreachableError,
+    };
+}

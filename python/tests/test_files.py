@@ -1,0 +1,161 @@
+"""The reference data store's file examples, verbatim but for `import ktfs as kt` and shorter
+window timeouts, against a real store server and agent; then what surrounds them: lists of
+keys, filters, errors, the GIL released during a transfer, Ctrl-C ending one cleanly."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+import ktfs as kt
+
+from conftest import read_tree, tree
+
+MODEL = {"config.json": b'{"layers": 2}', "shard-0.bin": os.urandom(300_000), "tok/vocab.txt": b"a\nb\n"}
+WEIGHTS = {"w.bin": os.urandom(200_000), "meta.json": b"{}"}
+
+
+def test_the_reference_examples_run_with_only_the_import_changed(cluster, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tree(tmp_path / "trained_model", MODEL)
+    tree(tmp_path / "weights", WEIGHTS)
+    # The reference's example publishes /app/data in place; a test makes it (as root in CI).
+    app = pathlib.Path("/app/data")
+    made_app = not app.exists()
+    tree(app, {"rows.csv": b"a,b\n1,2\n"})
+    try:
+        kt.put(key="my-service/weights", src="./trained_model/")
+        kt.put(key="my-service/data", src="/app/data", locale="local")
+        kt.put(key="my-service/weights", src="./weights/", locale="local", broadcast=kt.BroadcastWindow(timeout=0.5))
+        kt.get(key="my-service/weights", dest="./local_model/")
+        kt.get(key="my-service/weights", dest="./weights/", broadcast=kt.BroadcastWindow(timeout=0.5))
+        listed = kt.ls("my-service")
+        kt.put(key="my-service/temp-data", src="./trained_model/")
+        kt.put(key="gpu-test/a", src="./weights/meta.json")
+        kt.put(key="gpu-test-b", src="./weights/meta.json")
+        kt.rm("my-service/temp-data", recursive=True); kt.rm("gpu-test", prefix=True)
+    finally:
+        if made_app:
+            for p in sorted(app.rglob("*"), reverse=True):
+                p.unlink() if p.is_file() else p.rmdir()
+            app.rmdir()
+            if not any(app.parent.iterdir()):
+                app.parent.rmdir()
+
+    # The second put updated the key to what ./weights/ holds, served in place by this node.
+    assert listed == [
+        {"name": "data/", "is_directory": True, "locale": cluster["node"]},
+        {"name": "weights/", "is_directory": True, "locale": cluster["node"]},
+    ]
+    assert read_tree(tmp_path / "local_model" / "weights") == WEIGHTS
+    assert read_tree(tmp_path / "weights" / "weights") == WEIGHTS
+    names = [e["name"] for e in kt.ls("my-service")]
+    assert "temp-data/" not in names
+    assert not [e for e in kt.ls() if e["name"].startswith("gpu-test")]
+
+
+def test_lists_of_keys_go_pairwise_or_below_one_destination(cluster, tmp_path):
+    a = tree(tmp_path / "a", {"x": b"1"})
+    b = tree(tmp_path / "b", {"y": b"2"})
+    # `dir/` publishes the directory's contents (rsync's rule), `dir` the directory itself.
+    kt.put(key=["batch/a", "batch/b"], src=[f"{a}/", str(b)])
+    kt.get(key=["batch/a", "batch/b"], dest=str(tmp_path / "both"))
+    assert read_tree(tmp_path / "both") == {"a/x": b"1", "b/b/y": b"2"}
+    kt.get(key=["batch/a", "batch/b"], dest=[str(tmp_path / "p"), str(tmp_path / "q")], contents=True)
+    assert read_tree(tmp_path / "p") == {"x": b"1"}
+    assert read_tree(tmp_path / "q") == {"b/y": b"2"}
+    with pytest.raises(ValueError):
+        kt.put(key=["batch/c", "batch/d"], src=[str(a)])
+
+
+def test_filter_options_are_rsync_rules(cluster, tmp_path):
+    src = tree(tmp_path / "src", {"keep.py": b"k", "drop.log": b"d", "cache/x.pyc": b"c", "logs/keep.log": b"l"})
+    kt.put(
+        key="filtered/tree",
+        src=str(src) + "/",
+        filter_options="--exclude='*.log' --exclude cache/ --include=logs/keep.log",
+    )
+    kt.get(key="filtered/tree", dest=str(tmp_path / "out"), contents=True)
+    assert read_tree(tmp_path / "out") == {"keep.py": b"k", "logs/keep.log": b"l"}
+    kt.get(key="filtered/tree", dest=str(tmp_path / "only"), contents=True, filter_options=["- *.py"])
+    assert read_tree(tmp_path / "only") == {"logs/keep.log": b"l"}
+    with pytest.raises(ValueError):
+        kt.put(key="filtered/bad", src=str(src), filter_options="--delete")
+
+
+def test_each_failure_is_its_exception_with_the_clis_message(cluster, tmp_path, monkeypatch):
+    with pytest.raises(kt.KeyNotFoundError, match="not found"):
+        kt.get(key="no/such/key", dest=str(tmp_path / "x"))
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(kt.KeyNotFoundError):
+        kt.ls("no/such")
+    with pytest.raises(kt.InvalidKeyError, match="empty segment"):
+        kt.put(key="a//b", src=__file__)
+    f = tmp_path / "f"
+    f.write_bytes(b"one")
+    kt.put(key="errs/f", src=str(f))
+    f.write_bytes(b"two, longer")
+    with pytest.raises(kt.ConflictError, match="--force"):
+        kt.get(key="errs/f", dest=str(f))
+    kt.get(key="errs/f", dest=str(f), force=True)
+    assert f.read_bytes() == b"one"
+    with pytest.raises(ValueError, match="timeout, world_size or ips"):
+        kt.BroadcastWindow()
+    assert kt.BroadcastWindow(world_size=4, pack=True).to_dict()["world_size"] == 4
+    with pytest.raises(NotImplementedError, match="/kt/.gpu"):
+        kt.put(key="t", src={"w": __import__("numpy").zeros(3)})
+    assert issubclass(kt.KeyNotFoundError, kt.KtError)
+    monkeypatch.setenv("KT_SERVER", "127.0.0.1:1")
+    t = time.monotonic()
+    with pytest.raises(kt.UnreachableError, match="cannot reach the store server"):
+        kt.ls()
+    assert time.monotonic() - t < 15
+
+
+def _pause(pid: int, seconds: float) -> subprocess.Popen:
+    """Stops `pid` for `seconds`, from another process (this one may not hold the GIL)."""
+    return subprocess.Popen(["sh", "-c", f"kill -STOP {pid}; sleep {seconds}; kill -CONT {pid}"])
+
+
+def test_the_gil_is_released_while_a_transfer_waits(cluster, tmp_path):
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(8 << 20))
+    kt.put(key="gil/big.bin", src=str(src))
+    pause = _pause(cluster["server"].pid, 1.0)
+    time.sleep(0.1)
+    done = []
+    t = threading.Thread(target=lambda: done.append(kt.get(key="gil/big.bin", dest=str(tmp_path / "got.bin"))))
+    t.start()
+    spins = 0
+    while t.is_alive():
+        spins += 1
+    t.join()
+    pause.wait()
+    assert done == [None]
+    assert (tmp_path / "got.bin").read_bytes() == src.read_bytes()
+    # Held through the call, the GIL would let this thread run a handful of times at most.
+    assert spins > 10_000, spins
+
+
+def test_ctrl_c_ends_a_transfer_cleanly(cluster, tmp_path):
+    src = tmp_path / "f.bin"
+    src.write_bytes(os.urandom(1 << 20))
+    kt.put(key="sigint/f.bin", src=str(src))
+    server = cluster["server"].pid
+    os.kill(server, signal.SIGSTOP)
+    try:
+        interrupt = subprocess.Popen(["sh", "-c", f"sleep 0.3; kill -INT {os.getpid()}"])
+        t = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            kt.get(key="sigint/f.bin", dest=str(tmp_path / "got.bin"))
+        assert time.monotonic() - t < 5
+        interrupt.wait()
+    finally:
+        os.kill(server, signal.SIGCONT)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".got.bin", "got.bin"))]
+    kt.get(key="sigint/f.bin", dest=str(tmp_path / "got.bin"))
+    assert (tmp_path / "got.bin").read_bytes() == src.read_bytes()
