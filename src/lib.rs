@@ -27,6 +27,7 @@ pub mod locks;
 pub mod manifest;
 
 pub mod blocks;
+pub mod gpu;
 pub mod k8s;
 pub mod rpc;
 pub mod transfer;

@@ -23,6 +23,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("rpc", &[]),
     ("k8s", &[]),
     ("keeper", &[]),
+    ("gpu", &["rpc"]),
     ("broadcast", &["rpc"]),
     ("meta", &["blocks"]),
     ("transfer", &["blocks", "rpc"]),

@@ -1,6 +1,6 @@
 """Type stubs of the extension module (python/src/lib.rs)."""
 
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 class KtError(Exception): ...
 class KeyNotFoundError(KtError): ...
@@ -94,3 +94,6 @@ def stat(
 
 def blocks_fetched() -> int:
     """Blocks ``read_range`` has fetched in this process."""
+
+def gpu_abi() -> Dict[str, int]:
+    """The GPU control files' struct sizes and command numbers, as the mount decodes them."""

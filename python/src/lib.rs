@@ -518,12 +518,34 @@ fn stat(
     })
 }
 
+/// The GPU control files' ABI as the mount decodes it (sizes and command numbers), for the
+/// package's ctypes structures to be checked against.
+#[pyfunction]
+fn gpu_abi() -> std::collections::HashMap<&'static str, u64> {
+    use ktfs::gpu::abi::*;
+    use std::mem::size_of;
+    [
+        ("version", u64::from(ABI_VERSION)),
+        ("batch", BATCH as u64),
+        ("buffer", size_of::<KtGpuBuffer>() as u64),
+        ("buffers", size_of::<KtGpuBuffers>() as u64),
+        ("window", size_of::<KtGpuWindow>() as u64),
+        ("status", size_of::<KtGpuStatus>() as u64),
+        ("put", u64::from(KT_GPU_PUT)),
+        ("get", u64::from(KT_GPU_GET)),
+        ("join", u64::from(KT_GPU_JOIN)),
+        ("status_cmd", u64::from(KT_GPU_STATUS)),
+    ]
+    .into_iter()
+    .collect()
+}
+
 #[pymodule]
 mod _native {
     #[pymodule_export]
     use super::{
-        blocks_fetched, get, ls, put, read_range, rm, stat, BroadcastTimeoutError, ConflictError,
-        InvalidKeyError, KeyNotFoundError, KtError, PermissionDeniedError, TableMismatchError,
-        UnavailableError, UnreachableError,
+        blocks_fetched, get, gpu_abi, ls, put, read_range, rm, stat, BroadcastTimeoutError,
+        ConflictError, InvalidKeyError, KeyNotFoundError, KtError, PermissionDeniedError,
+        TableMismatchError, UnavailableError, UnreachableError,
     };
 }
