@@ -25,9 +25,14 @@ pub enum KeyError {
     SegmentTooLong(String),
     #[error("key is longer than {MAX_KEY} bytes")]
     TooLong,
+    #[error("key {0:?} starts with `{RESERVED}`, the mount's GPU control tree")]
+    Reserved(String),
     #[error("namespace {0:?} is not a Kubernetes namespace name (lowercase letters, digits and `-`, at most 63, starting and ending alphanumeric)")]
     BadNamespace(String),
 }
+
+/// The first segment no key may have: the mount shows GPU keys below it (`/kt/.gpu/KEY`).
+pub const RESERVED: &str = ".gpu";
 
 /// A validated, normalised key: no leading or trailing `/`, segments checked.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -47,6 +52,9 @@ impl KeyPath {
         }
         if trimmed.contains('\0') {
             return Err(KeyError::Nul(raw.to_string()));
+        }
+        if trimmed.split('/').next() == Some(RESERVED) {
+            return Err(KeyError::Reserved(raw.to_string()));
         }
         for seg in trimmed.split('/') {
             if seg.is_empty() {
@@ -168,6 +176,11 @@ mod tests {
             Err(KeyError::DotSegment(_))
         ));
         assert!(matches!(KeyPath::parse("a\0b"), Err(KeyError::Nul(_))));
+        assert!(matches!(
+            KeyPath::parse(".gpu/model"),
+            Err(KeyError::Reserved(_))
+        ));
+        assert!(KeyPath::parse("model/.gpu").is_ok());
         let long = "x".repeat(256);
         assert!(matches!(
             KeyPath::parse(&long),

@@ -25,7 +25,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("keeper", &[]),
     ("gpu", &["rpc"]),
     ("broadcast", &["rpc"]),
-    ("meta", &["blocks"]),
+    ("meta", &["blocks", "gpu"]),
     ("transfer", &["blocks", "rpc"]),
     ("fs", &["blocks", "rpc", "transfer", "keeper"]),
     ("agent", &["blocks", "rpc", "transfer", "fs", "keeper"]),

@@ -437,6 +437,7 @@ fn rm(
                 key: key.to_string(),
                 recursive,
                 prefix,
+                gpu_registration: 0,
             })
             .await
             .map_err(ClientError::from)?

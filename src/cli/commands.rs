@@ -314,6 +314,7 @@ pub async fn rm(mut a: RmArgs) -> Result<()> {
             key: key.to_string(),
             recursive: a.recursive,
             prefix: a.prefix,
+            gpu_registration: 0,
         })
         .await
         .map_err(ClientError::from)?

@@ -90,6 +90,7 @@ impl FsCore {
                 key: path.to_string(),
                 recursive: false,
                 prefix: false,
+                gpu_registration: 0,
             }))
             .map_err(ClientError::from);
         self.invalidate(&[split(path).0, path]);

@@ -58,6 +58,8 @@ pub(super) fn kind_of(k: EntryKind) -> Kind {
         EntryKind::File => Kind::File,
         EntryKind::Directory => Kind::Dir,
         EntryKind::Symlink => Kind::Symlink,
+        // Never listed (see `fetch_listing`); were one met, it has no bytes to read as a file.
+        EntryKind::Gpu => Kind::File,
     }
 }
 
@@ -80,9 +82,11 @@ impl FsCore {
         if !resp.exists && !path.is_empty() {
             return Err(FsError::NotFound);
         }
+        // GPU keys show under /kt/.gpu only.
         let entries: BTreeMap<String, ListEntry> = resp
             .entries
             .into_iter()
+            .filter(|e| e.kind() != EntryKind::Gpu)
             .map(|e| (e.name.trim_end_matches('/').to_string(), e))
             .collect();
         let entries = Arc::new(entries);

@@ -134,6 +134,7 @@ impl FsCore {
             EntryKind::File => {}
             EntryKind::Directory => return Err(FsError::IsDir),
             EntryKind::Symlink => return Err(FsError::IsSymlink),
+            EntryKind::Gpu => return Err(FsError::NotFound),
         }
         let version = Version::from_slice(&r.version)
             .ok_or_else(|| FsError::BadManifest("malformed version".into()))?;

@@ -5,5 +5,5 @@
 pub mod abi;
 pub mod table;
 
-/// The first key segment under which a mount shows GPU keys; no ordinary key may use it.
-pub const CONTROL_DIR: &str = ".gpu";
+/// The first path segment under which a mount shows GPU keys; no key may have it.
+pub use crate::key::RESERVED as CONTROL_DIR;

@@ -22,6 +22,7 @@ use crate::manifest::{self, EntryKind, FileEntry, Manifest, ManifestError};
 use crate::proto::{KeyRecord, ListEntry, Locale, NodeInfo, Source};
 
 pub mod backend;
+mod gpu;
 mod keys;
 pub mod nodes;
 mod txn;
@@ -113,7 +114,13 @@ impl MetaStore {
             return Ok(None);
         };
         let r = KeyRecord::decode(v.as_slice()).map_err(|e| MetaError::Corrupt(e.to_string()))?;
-        Ok(live(&r, self.now_ms()).then_some(r))
+        Ok(self.visible(&r, self.now_ms()).then_some(r))
+    }
+
+    /// Whether a stored key is there for readers: not expired, and a GPU key only while the
+    /// node that holds its buffers is alive.
+    fn visible(&self, r: &KeyRecord, now_ms: i64) -> bool {
+        live(r, now_ms) && (r.kind() != EntryKind::Gpu || self.node_alive(&r.origin_node))
     }
 
     pub(crate) fn manifest(&self, version: &[u8]) -> Result<Manifest, MetaError> {
@@ -140,7 +147,7 @@ impl MetaStore {
         for (k, v) in self.backend.scan_prefix(Table::Keys, &prefix)? {
             let r =
                 KeyRecord::decode(v.as_slice()).map_err(|e| MetaError::Corrupt(e.to_string()))?;
-            if live(&r, now) {
+            if self.visible(&r, now) {
                 let name = String::from_utf8(k[skip..].to_vec())
                     .map_err(|e| MetaError::Corrupt(e.to_string()))?;
                 out.push((name, r));
@@ -192,6 +199,10 @@ impl MetaStore {
         t.check_parent(path)?;
         let loc = t.locate(path)?;
         match &loc {
+            // A GPU key and a file never share a name, whatever --force says.
+            Loc::Key { record } if record.kind() == EntryKind::Gpu => {
+                return Err(MetaError::Exists(format!("{key} (a GPU key)")))
+            }
             Loc::Nothing => {}
             Loc::Key { record } if record.version == version.0 => {}
             _ if !force => return Err(MetaError::Exists(key.to_string())),
@@ -379,6 +390,11 @@ impl MetaStore {
             .ok_or_else(|| MetaError::NotFound(from.to_string()))?;
         t.check_parent(d)?;
         let dst = t.locate(d)?;
+        if src_kind == EntryKind::Gpu || dst.kind() == Some(EntryKind::Gpu) {
+            return Err(MetaError::BadRequest(
+                "a GPU key is neither renamed nor replaced by a rename".into(),
+            ));
+        }
         if let Some(dk) = dst.kind() {
             if no_replace {
                 return Err(MetaError::Exists(to.to_string()));
@@ -461,6 +477,11 @@ impl MetaStore {
         let mut t = Txn::new(self, ns);
         let path = key.as_str();
         match t.locate(path)? {
+            Loc::Key { record } if record.kind() == EntryKind::Gpu => {
+                return Err(MetaError::BadRequest(format!(
+                    "{key} is a GPU key: it has no mode or mtime to set"
+                )))
+            }
             Loc::Key { record } => t.edit_manifest(path, &record, |es| {
                 if let Some(root) = es.first_mut() {
                     apply(root);

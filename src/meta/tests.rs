@@ -360,3 +360,112 @@ fn large_blocks_are_files_that_survive_a_restart_and_a_lost_file_is_missing() {
     meta.blocks().put(&hb, &big).unwrap();
     assert!(meta.blocks().missing(&[hb]).unwrap().is_empty());
 }
+
+fn gpu_key(node: &str, registration: u64) -> crate::proto::GpuKey {
+    let json = r#"{"entries": [{"name": "w", "dtype": "float32", "shape": [4, 4]}]}"#;
+    let table = crate::gpu::table::Table::parse(json.as_bytes()).unwrap();
+    crate::proto::GpuKey {
+        table_json: json.into(),
+        table_digest: table.digest().0.to_vec(),
+        publisher_node: node.into(),
+        registration,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn gpu_keys_share_the_namespace_with_files_and_live_with_their_holder() {
+    let (_d, meta, clock) = store_on(Duration::from_secs(10));
+    meta.register_node(NodeInfo {
+        node_id: "gpu-node".into(),
+        data_addr: "127.0.0.1:1".into(),
+        zone: String::new(),
+    });
+    let ns = Namespace::default();
+    meta.publish_gpu(&ns, &k("model/layer1"), gpu_key("gpu-node", 7))
+        .unwrap();
+    // Listed with its publishing node as its locale and its table's size.
+    let (l, _) = meta.list(&ns, Some(&k("model")), false).unwrap();
+    assert_eq!(l.len(), 1);
+    assert_eq!(
+        (
+            l[0].name.as_str(),
+            l[0].kind(),
+            l[0].locale(),
+            l[0].origin_node.as_str(),
+            l[0].size
+        ),
+        ("layer1", EntryKind::Gpu, Locale::Local, "gpu-node", 64)
+    );
+    let r = meta.resolve(&ns, &k("model/layer1")).unwrap();
+    assert_eq!(r.record.gpu.unwrap().registration, 7);
+
+    // A file never takes a GPU key's name, even forced; another registration neither.
+    meta.blocks().put(&BlockHash::of(b"f"), b"f").unwrap();
+    assert!(matches!(
+        meta.publish(
+            &ns,
+            &k("model/layer1"),
+            &one_file(b"f"),
+            Locale::Store,
+            "",
+            0,
+            true
+        ),
+        Err(MetaError::Exists(_))
+    ));
+    assert!(matches!(
+        meta.publish_gpu(&ns, &k("model/layer1"), gpu_key("gpu-node", 8)),
+        Err(MetaError::Exists(_))
+    ));
+    meta.publish_gpu(&ns, &k("model/layer1"), gpu_key("gpu-node", 7))
+        .unwrap();
+    // Nor a GPU key a file's, or a directory's.
+    meta.publish(
+        &ns,
+        &k("files/f"),
+        &one_file(b"f"),
+        Locale::Store,
+        "",
+        0,
+        false,
+    )
+    .unwrap();
+    assert!(matches!(
+        meta.publish_gpu(&ns, &k("files/f"), gpu_key("gpu-node", 9)),
+        Err(MetaError::Exists(_))
+    ));
+    assert!(matches!(
+        meta.publish_gpu(&ns, &k("files"), gpu_key("gpu-node", 9)),
+        Err(MetaError::IsDir(_))
+    ));
+    assert!(matches!(
+        meta.rename(&ns, &k("model/layer1"), &k("model/moved"), false),
+        Err(MetaError::BadRequest(_))
+    ));
+    let mut lying = gpu_key("gpu-node", 9);
+    lying.table_digest = vec![0; 32];
+    assert!(matches!(
+        meta.publish_gpu(&ns, &k("model/other"), lying),
+        Err(MetaError::BadRequest(_))
+    ));
+
+    // Only the registration that published it lets it go.
+    assert!(!meta.remove_gpu(&ns, &k("model/layer1"), 8).unwrap());
+    assert!(meta.resolve(&ns, &k("model/layer1")).is_ok());
+    assert!(meta.remove_gpu(&ns, &k("model/layer1"), 7).unwrap());
+    assert!(matches!(
+        meta.resolve(&ns, &k("model/layer1")),
+        Err(MetaError::NotFound(_))
+    ));
+
+    // A GPU key is there only while its holder's lease is.
+    meta.publish_gpu(&ns, &k("model/layer2"), gpu_key("gpu-node", 10))
+        .unwrap();
+    clock.advance(Duration::from_secs(11));
+    assert!(matches!(
+        meta.resolve(&ns, &k("model/layer2")),
+        Err(MetaError::NotFound(_))
+    ));
+    assert!(meta.list(&ns, Some(&k("files")), false).unwrap().1);
+}

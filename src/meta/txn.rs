@@ -106,11 +106,12 @@ pub fn record_for(m: &Manifest, version: &Version, l: &Lineage) -> KeyRecord {
         mtime_sec: root.mtime_sec,
         mtime_nsec: root.mtime_nsec,
         symlink_target: root.symlink_target,
+        gpu: None,
     }
 }
 
 enum Pending {
-    Put(KeyRecord, Manifest),
+    Put(Box<(KeyRecord, Manifest)>),
     Delete,
 }
 
@@ -135,7 +136,7 @@ impl<'m> Txn<'m> {
 
     pub fn record(&self, key: &str) -> Result<Option<KeyRecord>, MetaError> {
         match self.pending.get(key) {
-            Some(Pending::Put(r, _)) => Ok(Some(r.clone())),
+            Some(Pending::Put(p)) => Ok(Some(p.0.clone())),
             Some(Pending::Delete) => Ok(None),
             None => self.meta.record(&self.ns, key),
         }
@@ -143,7 +144,7 @@ impl<'m> Txn<'m> {
 
     pub fn manifest_of(&self, key: &str, r: &KeyRecord) -> Result<Manifest, MetaError> {
         match self.pending.get(key) {
-            Some(Pending::Put(_, m)) => Ok(m.clone()),
+            Some(Pending::Put(p)) => Ok(p.1.clone()),
             _ => self.meta.manifest(&r.version),
         }
     }
@@ -162,8 +163,8 @@ impl<'m> Txn<'m> {
                 continue;
             }
             match p {
-                Pending::Put(r, _) => {
-                    map.insert(k.clone(), r.clone());
+                Pending::Put(p) => {
+                    map.insert(k.clone(), p.0.clone());
                 }
                 Pending::Delete => {
                     map.remove(k);
@@ -250,7 +251,24 @@ impl<'m> Txn<'m> {
     pub fn put_key(&mut self, key: &str, m: Manifest, lineage: &Lineage) {
         let version = manifest::version_of(&m);
         let r = record_for(&m, &version, lineage);
-        self.pending.insert(key.to_string(), Pending::Put(r, m));
+        self.pending
+            .insert(key.to_string(), Pending::Put(Box::new((r, m))));
+    }
+
+    /// A GPU key: `m` (one root entry of kind GPU) with its table and holder in the record.
+    pub fn put_gpu(
+        &mut self,
+        key: &str,
+        m: Manifest,
+        lineage: &Lineage,
+        gpu: crate::proto::GpuKey,
+    ) {
+        let version = manifest::version_of(&m);
+        let mut r = record_for(&m, &version, lineage);
+        r.size = gpu.nbytes;
+        r.gpu = Some(gpu);
+        self.pending
+            .insert(key.to_string(), Pending::Put(Box::new((r, m))));
     }
 
     pub fn delete_key(&mut self, key: &str) {
@@ -305,11 +323,16 @@ impl<'m> Txn<'m> {
         let mut ops = Vec::new();
         for (k, p) in self.pending {
             match p {
-                Pending::Put(r, m) => {
+                Pending::Put(p) => {
+                    let (r, m) = *p;
                     let v = Version::from_slice(&r.version)
                         .ok_or_else(|| MetaError::Corrupt("version".into()))?;
                     ops.push(Op::Put(Table::Manifests, v.0.to_vec(), m.encode_to_vec()));
-                    if r.locale() == Locale::Local && !r.origin_node.is_empty() {
+                    // A GPU key's bytes are in its holder's buffers, never a source of blocks.
+                    if r.locale() == Locale::Local
+                        && !r.origin_node.is_empty()
+                        && r.kind() != EntryKind::Gpu
+                    {
                         ops.push(Op::Put(
                             Table::Locations,
                             location_key(&v, &r.origin_node),

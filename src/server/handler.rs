@@ -201,6 +201,23 @@ impl Store for StoreHandler {
         }))
     }
 
+    async fn publish_gpu(
+        &self,
+        req: Request<PublishGpuRequest>,
+    ) -> Result<Response<PublishResponse>, Status> {
+        let r = req.into_inner();
+        let ns = parse_ns(&r.namespace)?;
+        let key = parse_key(&r.key)?;
+        let gpu = r.gpu.ok_or_else(|| invalid("gpu key missing"))?;
+        let meta = self.meta.clone();
+        let node = gpu.publisher_node.clone();
+        let version = blocking(move || meta.publish_gpu(&ns, &key, gpu)).await?;
+        tracing::info!(key = %r.key, %version, %node, "published a GPU key");
+        Ok(Response::new(PublishResponse {
+            version: version.0.to_vec(),
+        }))
+    }
+
     async fn resolve(
         &self,
         req: Request<ResolveRequest>,
@@ -213,7 +230,12 @@ impl Store for StoreHandler {
             let found = meta.resolve(&ns, &key)?;
             let version = Version::from_slice(&found.record.version)
                 .ok_or_else(|| MetaError::Corrupt("version".into()))?;
-            let sources = meta.sources(&version, &found.record)?;
+            // A GPU key's bytes are in its holder's buffers: no source of blocks.
+            let sources = if found.record.kind() == EntryKind::Gpu {
+                Vec::new()
+            } else {
+                meta.sources(&version, &found.record)?
+            };
             let rec = found.record;
             let inline_blocks = if rec.locale() == Locale::Store {
                 inline_file(meta.blocks(), &found.manifest, r.inline_up_to)?
@@ -233,6 +255,7 @@ impl Store for StoreHandler {
                 expires_unix_ms: rec.expires_unix_ms,
                 subpath: found.subpath,
                 inline_blocks,
+                gpu: rec.gpu,
             })
         })
         .await?;
@@ -257,7 +280,18 @@ impl Store for StoreHandler {
         let ns = parse_ns(&r.namespace)?;
         let key = parse_key(&r.key)?;
         let meta = self.meta.clone();
-        let removed = blocking(move || meta.remove(&ns, &key, r.recursive, r.prefix)).await?;
+        let removed = blocking(move || {
+            if r.gpu_registration != 0 {
+                let gone = meta.remove_gpu(&ns, &key, r.gpu_registration)?;
+                return Ok(if gone {
+                    vec![key.to_string()]
+                } else {
+                    Vec::new()
+                });
+            }
+            meta.remove(&ns, &key, r.recursive, r.prefix)
+        })
+        .await?;
         tracing::info!(count = removed.len(), "removed keys");
         Ok(Response::new(RemoveResponse { removed }))
     }

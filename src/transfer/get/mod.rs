@@ -49,6 +49,10 @@ pub enum GetError {
     Pattern(String),
     #[error("server returned a malformed version")]
     BadVersion,
+    #[error(
+        "{0} is a GPU key: it is received into buffers through the mount's /kt/.gpu control files"
+    )]
+    GpuKey(String),
     #[error("{0} is held only by nodes inside the cluster (locale local), which a getter outside it cannot reach")]
     OutsideCluster(String),
 }
@@ -63,7 +67,7 @@ impl GetError {
             GetError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
                 Fault::NoSpace
             }
-            GetError::Pattern(_) => Fault::Invalid,
+            GetError::Pattern(_) | GetError::GpuKey(_) => Fault::Invalid,
             GetError::OutsideCluster(_) => Fault::Unavailable,
             GetError::Manifest(_) | GetError::Io { .. } | GetError::BadVersion => Fault::Internal,
         }

@@ -154,6 +154,7 @@ fn plan_entry(e: &FileEntry, path: &Path, force: bool) -> Result<Plan, GetError>
     let existing = fs::symlink_metadata(path).ok();
     let differs = || GetError::Exists(path.display().to_string());
     Ok(match e.kind() {
+        EntryKind::Gpu => return Err(GetError::GpuKey(path.display().to_string())),
         EntryKind::Directory => {
             if existing.as_ref().is_some_and(|x| !x.is_dir()) && !force {
                 return Err(differs());
