@@ -27,7 +27,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("broadcast", &["rpc"]),
     ("meta", &["blocks", "gpu"]),
     ("transfer", &["blocks", "rpc"]),
-    ("fs", &["blocks", "rpc", "transfer", "keeper"]),
+    ("fs", &["blocks", "rpc", "transfer", "keeper", "gpu"]),
     ("agent", &["blocks", "rpc", "transfer", "fs", "keeper"]),
     (
         "server",

@@ -32,6 +32,15 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
+    /// Where this node's GPU transfer workers listen: the host peers reach this agent at.
+    fn worker_host(&self) -> String {
+        let addr = self.advertise.as_deref().unwrap_or(&self.listen);
+        match addr.parse::<std::net::SocketAddr>() {
+            Ok(a) if !a.ip().is_unspecified() => a.ip().to_string(),
+            _ => "0.0.0.0".into(),
+        }
+    }
+
     /// The filesystem of `namespace` as this agent's node sees it.
     pub fn fs_config(
         &self,
@@ -53,6 +62,8 @@ impl AgentConfig {
             uid: unsafe { libc::getuid() },
             gid: unsafe { libc::getgid() },
             clock: clock::system(),
+            worker_exe: std::env::current_exe().unwrap_or_else(|_| "kt".into()),
+            worker_host: self.worker_host(),
         }
     }
 }

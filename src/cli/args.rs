@@ -54,6 +54,18 @@ pub enum Cmd {
     /// again on the same mounts, and readers see a pause, not an error.
     #[cfg(feature = "daemons")]
     Keeper(KeeperArgs),
+    /// A GPU transfer worker: started by the node agent, in its caller's namespaces.
+    #[cfg(feature = "daemons")]
+    #[command(hide = true)]
+    GpuWorker(GpuWorkerArgs),
+}
+
+#[cfg(feature = "daemons")]
+#[derive(Args)]
+pub struct GpuWorkerArgs {
+    /// The address other workers reach this one's data port at.
+    #[arg(long)]
+    pub host: String,
 }
 
 #[cfg(feature = "daemons")]

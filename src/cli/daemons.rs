@@ -204,3 +204,17 @@ pub async fn up(a: UpArgs) -> Result<()> {
     server_task.await??;
     result
 }
+
+/// `kt gpu-worker`: its control socket is the descriptor the agent left at
+/// `gpu::worker::spawn::CONTROL_FD`.
+pub async fn gpu_worker(a: GpuWorkerArgs) -> Result<()> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the agent that started this process put its end of a socket pair there, and
+    // nothing else in this process owns that descriptor.
+    let control = unsafe {
+        std::os::unix::net::UnixStream::from_raw_fd(ktfs::gpu::worker::spawn::CONTROL_FD)
+    };
+    control.set_nonblocking(true)?;
+    let control = tokio::net::UnixStream::from_std(control)?;
+    Ok(ktfs::gpu::worker::run(control, &a.host).await?)
+}

@@ -15,9 +15,12 @@ pub fn mode(cmd: &Cmd) -> (bool, bool, bool) {
     let client = |c: &args::Common| (false, c.verbose, c.json);
     match cmd {
         #[cfg(feature = "daemons")]
-        Cmd::Server(_) | Cmd::Agent(_) | Cmd::Mount(_) | Cmd::Up(_) | Cmd::Keeper(_) => {
-            (true, false, false)
-        }
+        Cmd::Server(_)
+        | Cmd::Agent(_)
+        | Cmd::Mount(_)
+        | Cmd::Up(_)
+        | Cmd::Keeper(_)
+        | Cmd::GpuWorker(_) => (true, false, false),
         Cmd::Put(a) => client(&a.common),
         Cmd::Get(a) => client(&a.common),
         Cmd::Ls(a) => client(&a.common),
@@ -48,6 +51,8 @@ pub async fn run(cmd: Cmd, json: bool) -> i32 {
         Cmd::Up(a) => daemons::up(a).await,
         #[cfg(feature = "daemons")]
         Cmd::Keeper(a) => daemons::keeper(a).await,
+        #[cfg(feature = "daemons")]
+        Cmd::GpuWorker(a) => daemons::gpu_worker(a).await,
     };
     match result {
         Ok(()) => 0,

@@ -38,6 +38,11 @@ impl FsCore {
     }
 
     pub fn mkdir(&self, parent: u64, name: &str, mode: u32) -> FsResult<Attr> {
+        let gpu = join(&self.path_of(parent)?, name);
+        if let Some(rest) = super::gpu_tree::gpu_rest(&gpu) {
+            self.writable()?;
+            return self.gpu_mkdir(&gpu, rest);
+        }
         let path = self.new_entry_path(parent, name)?;
         let (mtime_sec, mtime_nsec) = to_unix(SystemTime::now());
         self.publish_meta(
@@ -72,6 +77,13 @@ impl FsCore {
 
     fn remove(&self, path: &str, want_dir: bool) -> FsResult<()> {
         self.writable()?;
+        if let Some(rest) = super::gpu_tree::gpu_rest(path) {
+            return match (want_dir, rest.is_empty()) {
+                (_, true) => Err(FsError::NotPermitted),
+                (true, false) => self.gpu_rmdir(path, rest),
+                (false, false) => self.gpu_unlink(rest),
+            };
+        }
         let staged = self.staged_at(path);
         let attr = self.stat_path(path)?;
         match (want_dir, attr.kind == Kind::Dir) {
@@ -126,6 +138,9 @@ impl FsCore {
         }
         let from = join(&self.path_of(parent)?, name);
         let to = join(&self.path_of(newparent)?, newname);
+        if super::gpu_tree::gpu_rest(&from).is_some() {
+            return Err(FsError::NotPermitted);
+        }
         Self::check_key(&to)?;
         // A file still being written is published first, so the move carries its bytes.
         if let Some(s) = self.staged_at(&from) {
@@ -163,7 +178,14 @@ impl FsCore {
         fh: Option<u64>,
     ) -> FsResult<Attr> {
         let path = self.path_of(ino)?;
-        if mode.is_none() && uid.is_none() && gid.is_none() && size.is_none() && mtime.is_none() {
+        // A control file has no bytes to truncate (open(O_TRUNC) asks) nor mode to change.
+        if super::gpu_tree::gpu_rest(&path).is_some()
+            || (mode.is_none()
+                && uid.is_none()
+                && gid.is_none()
+                && size.is_none()
+                && mtime.is_none())
+        {
             return self.getattr(ino);
         }
         self.writable()?;

@@ -7,6 +7,7 @@
 use crate::blocks::in_place::InPlaceError;
 use crate::blocks::BlockError;
 use crate::db::DbError;
+use crate::gpu::control::GpuError;
 use crate::hash::BlockHash;
 use crate::key::KeyError;
 use crate::rpc::ClientError;
@@ -24,6 +25,8 @@ pub enum FsError {
     IsDir,
     #[error("not a directory")]
     NotDir,
+    #[error("directory not empty")]
+    NotEmpty,
     #[error("is a symbolic link")]
     IsSymlink,
     #[error("not a symbolic link")]
@@ -70,6 +73,10 @@ pub enum FsError {
     Scan(#[from] ScanError),
     #[error("a background task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    #[error("no ioctls on this file")]
+    NoIoctl,
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
 }
 
 pub type FsResult<T> = Result<T, FsError>;
@@ -86,6 +93,7 @@ impl FsError {
             FsError::Exists => libc::EEXIST,
             FsError::IsDir => libc::EISDIR,
             FsError::NotDir => libc::ENOTDIR,
+            FsError::NotEmpty => libc::ENOTEMPTY,
             FsError::IsSymlink => libc::ELOOP,
             FsError::NotSymlink | FsError::Invalid(_) => libc::EINVAL,
             FsError::ReadOnly => libc::EROFS,
@@ -97,6 +105,8 @@ impl FsError {
             FsError::Name(KeyError::SegmentTooLong(_) | KeyError::TooLong) => libc::ENAMETOOLONG,
             FsError::Name(_) => libc::EINVAL,
             FsError::Remote(e) => e.fault().errno(),
+            FsError::NoIoctl => libc::ENOTTY,
+            FsError::Gpu(g) => g.errno(),
             FsError::Io(e) => io_errno(e),
             FsError::Transfer(t) => transfer_errno(t),
             FsError::Publish(PublishError::Transfer(t)) => transfer_errno(t),

@@ -15,6 +15,7 @@ use fuser::{
 };
 
 use super::{Attr, FsCore, FsError, Kind, PageCache};
+use crate::gpu::control::Waker;
 use crate::locks::lock;
 use crate::proto::FuseInit;
 
@@ -36,6 +37,18 @@ impl FuseAdapter {
             core,
             init: Arc::default(),
             bypass_mmap: AtomicBool::new(false),
+        }
+    }
+
+    fn open_flags(&self, cache: PageCache) -> FopenFlags {
+        match cache {
+            PageCache::Keep => FopenFlags::FOPEN_KEEP_CACHE,
+            PageCache::Direct => FopenFlags::FOPEN_DIRECT_IO,
+            // Without the kernel's leave to mmap such a file (Linux 6.6+), mmap would fail.
+            PageCache::Bypass if self.bypass_mmap.load(Ordering::Relaxed) => {
+                FopenFlags::FOPEN_DIRECT_IO
+            }
+            PageCache::Bypass | PageCache::Fresh => FopenFlags::empty(),
         }
     }
 
@@ -256,21 +269,12 @@ impl Filesystem for FuseAdapter {
         reply.error(Errno::EPERM)
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        reply_or!(reply, self.core.open(ino.0, flags.0), |(fh, cache): (
-            u64,
-            PageCache
-        )| {
-            let f = match cache {
-                PageCache::Keep => FopenFlags::FOPEN_KEEP_CACHE,
-                // Without the kernel's leave to mmap such a file (Linux 6.6+), mmap would fail.
-                PageCache::Bypass if self.bypass_mmap.load(Ordering::Relaxed) => {
-                    FopenFlags::FOPEN_DIRECT_IO
-                }
-                PageCache::Bypass | PageCache::Fresh => FopenFlags::empty(),
-            };
-            reply.opened(FileHandle(fh), f)
-        })
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        reply_or!(
+            reply,
+            self.core.open_by(ino.0, flags.0, req.pid()),
+            |(fh, cache): (u64, PageCache)| reply.opened(FileHandle(fh), self.open_flags(cache))
+        )
     }
 
     fn read(
@@ -446,15 +450,56 @@ impl Filesystem for FuseAdapter {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _flags: fuser::IoctlFlags,
-        _cmd: u32,
-        _in_data: &[u8],
-        _out_size: u32,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
-        // Not a terminal, and no other ioctls yet (the GPU control files will add theirs).
-        reply.error(Errno::ENOTTY)
+        reply_or!(reply, self.core.ioctl(fh.0, cmd, in_data), |(
+            result,
+            out,
+        ): (
+            i32,
+            Vec<u8>
+        )| {
+            // The kernel copies exactly the command's size back; more would be EIO.
+            if out.len() > out_size as usize {
+                reply.error(Errno::EIO)
+            } else {
+                reply.ioctl(result, &out)
+            }
+        })
+    }
+
+    fn poll(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        ph: fuser::PollNotifier,
+        _events: fuser::PollEvents,
+        flags: fuser::PollFlags,
+        reply: fuser::ReplyPoll,
+    ) {
+        // The kernel asks to be told later only when the caller will wait.
+        let waker: Option<Waker> = flags
+            .contains(fuser::PollFlags::FUSE_POLL_SCHEDULE_NOTIFY)
+            .then(|| {
+                Box::new(move || {
+                    if let Err(e) = ph.notify() {
+                        tracing::debug!(error = %e, "poll notification refused");
+                    }
+                }) as Waker
+            });
+        reply_or!(reply, self.core.poll(fh.0, waker), |ready: bool| {
+            reply.poll(if ready {
+                fuser::PollEvents::POLLIN | fuser::PollEvents::POLLRDNORM
+            } else {
+                fuser::PollEvents::empty()
+            })
+        })
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -464,7 +509,7 @@ impl Filesystem for FuseAdapter {
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         n: &OsStr,
         mode: u32,
@@ -477,13 +522,14 @@ impl Filesystem for FuseAdapter {
         };
         reply_or!(
             reply,
-            self.core.create(parent.0, n, mode & !umask, flags),
-            |(a, fh): (Attr, u64)| reply.created(
+            self.core
+                .create_by(parent.0, n, mode & !umask, flags, req.pid()),
+            |(a, fh, cache): (Attr, u64, PageCache)| reply.created(
                 &TTL,
                 &file_attr(&a),
                 Generation(0),
                 FileHandle(fh),
-                FopenFlags::empty()
+                self.open_flags(cache)
             )
         )
     }

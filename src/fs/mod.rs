@@ -14,6 +14,7 @@
 pub mod dir_ops;
 pub mod error;
 pub mod fuse;
+pub mod gpu_tree;
 pub mod inode;
 pub mod loader;
 pub mod names;
@@ -31,6 +32,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::blocks::node::NodeBlocks;
 use crate::clock::SharedClock;
+use crate::gpu::control::{ControlFile, GpuControl};
 use crate::hash::Version;
 use crate::key::{KeyPath, Namespace};
 use crate::locks::lock;
@@ -79,6 +81,8 @@ pub enum Handle {
     Read(Arc<ReadFile>),
     Write(Arc<Staged>),
     Dir(Arc<Vec<DirEntry>>),
+    /// A GPU control file, `/.gpu/<key>`.
+    Gpu(Arc<ControlFile>),
 }
 
 impl Handle {
@@ -87,6 +91,7 @@ impl Handle {
             Handle::Read(r) => Handle::Read(r.clone()),
             Handle::Write(w) => Handle::Write(w.clone()),
             Handle::Dir(d) => Handle::Dir(d.clone()),
+            Handle::Gpu(g) => Handle::Gpu(g.clone()),
         }
     }
 
@@ -112,6 +117,10 @@ pub struct FsConfig {
     pub gid: u32,
     /// What listing lifetimes are measured with.
     pub clock: SharedClock,
+    /// The `kt` binary, which GPU transfer workers run as (`kt gpu-worker`).
+    pub worker_exe: PathBuf,
+    /// The address this node's GPU transfer workers listen on.
+    pub worker_host: String,
 }
 
 pub struct FsCore {
@@ -131,6 +140,11 @@ pub struct FsCore {
     /// Versions this node has registered as a location of.
     seeded: Arc<Mutex<HashSet<Version>>>,
     started: SystemTime,
+    gpu: GpuControl,
+    /// GPU control files open here, by key: they exist before they are published.
+    gpu_files: Mutex<HashMap<String, usize>>,
+    /// Directories made below `/.gpu` on this mount, for keys to come.
+    gpu_dirs: Mutex<HashSet<String>>,
 }
 
 pub(crate) fn join(parent: &str, name: &str) -> String {
@@ -191,7 +205,18 @@ impl FsCore {
             let _guard = rt.enter();
             client::store_lazy(&cfg.server)?
         };
+        let gpu = GpuControl::new(
+            rt.clone(),
+            store.clone(),
+            cfg.namespace.clone(),
+            cfg.node_id.clone(),
+            cfg.worker_exe.clone(),
+            cfg.worker_host.clone(),
+        );
         Ok(FsCore {
+            gpu,
+            gpu_files: Mutex::default(),
+            gpu_dirs: Mutex::default(),
             loader: Loader::new(blocks.clone()),
             listings: Listings::new(cfg.clock.clone()),
             cfg,
@@ -278,6 +303,10 @@ impl FsCore {
         let h = lock(&self.handles).remove(&fh);
         match h {
             Some(Handle::Write(s)) => self.release_staged(&s),
+            Some(Handle::Gpu(cf)) => {
+                self.gpu_release(&cf);
+                Ok(())
+            }
             // Nothing to release for a handle of an earlier agent either.
             _ => Ok(()),
         }

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::gpu_tree::gpu_rest;
 use super::{inode, join, split, time_of, Attr, DirEntry, FsCore, FsError, FsResult, Handle, Kind};
 use crate::clock::SharedClock;
 use crate::locks::lock;
@@ -159,6 +160,9 @@ impl FsCore {
         if path.is_empty() {
             return Ok(self.root_attr());
         }
+        if let Some(rest) = gpu_rest(path) {
+            return self.gpu_stat(path, rest);
+        }
         if let Some(s) = self.staged_at(path) {
             return s.attr(self.ino_of(path), self.cfg.uid, self.cfg.gid);
         }
@@ -185,7 +189,11 @@ impl FsCore {
     }
 
     pub fn readlink(&self, ino: u64) -> FsResult<String> {
-        let e = self.entry(&self.path_of(ino)?)?;
+        let path = self.path_of(ino)?;
+        if gpu_rest(&path).is_some() {
+            return Err(FsError::NotSymlink);
+        }
+        let e = self.entry(&path)?;
         if e.kind() != EntryKind::Symlink {
             return Err(FsError::NotSymlink);
         }
@@ -200,6 +208,12 @@ impl FsCore {
 
     pub(super) fn snapshot_dir(&self, ino: u64) -> FsResult<Arc<Vec<DirEntry>>> {
         let path = self.path_of(ino)?;
+        if let Some(rest) = gpu_rest(&path) {
+            if self.stat_path(&path)?.kind != Kind::Dir {
+                return Err(FsError::NotDir);
+            }
+            return self.gpu_snapshot(&path, rest);
+        }
         if !path.is_empty() && self.stat_path(&path)?.kind != Kind::Dir {
             return Err(FsError::NotDir);
         }

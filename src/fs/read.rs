@@ -36,6 +36,9 @@ pub enum PageCache {
     Keep,
     /// Drop them: the version may have changed.
     Fresh,
+    /// Go straight to the filesystem for every read and write, whatever the file's size says:
+    /// a GPU control file, whose contents are made when read.
+    Direct,
     /// Read past them. A large file read for the first time on this node streams from the
     /// block cache or a peer straight into the reader's buffer: through the page cache it was
     /// copied twice (into the FUSE file's pages, then out to the reader) and held twice in
@@ -79,7 +82,19 @@ impl FsCore {
     /// Opens a file. Reads resolve the version now (close-to-open); writes stage.
     /// Returns the handle and what the kernel should do with its cached pages of the file.
     pub fn open(&self, ino: u64, flags: i32) -> FsResult<(u64, PageCache)> {
+        self.open_by(ino, flags, std::process::id())
+    }
+
+    /// [`FsCore::open`] for the process `caller` (whose GPU buffers a control file reaches).
+    pub fn open_by(&self, ino: u64, flags: i32, caller: u32) -> FsResult<(u64, PageCache)> {
         let path = self.path_of(ino)?;
+        if let Some(rest) = super::gpu_tree::gpu_rest(&path) {
+            if rest.is_empty() {
+                return Err(FsError::IsDir);
+            }
+            self.writable()?;
+            return self.gpu_open(rest, caller, false);
+        }
         let acc = flags & libc::O_ACCMODE;
         if acc != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
             self.writable()?;
@@ -250,6 +265,7 @@ impl FsCore {
             Handle::Read(f) => f,
             Handle::Write(s) => return s.read(offset, size).map(Bytes::from),
             Handle::Dir(_) => return Err(FsError::IsDir),
+            Handle::Gpu(cf) => return Ok(Bytes::from(self.gpu.read(&cf, offset, size)?)),
         };
         let file_size = f.entry.size;
         if offset >= file_size || size == 0 {

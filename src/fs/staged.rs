@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::{join, Attr, FsCore, FsError, FsResult, Handle, Kind};
+use super::{join, Attr, FsCore, FsError, FsResult, Handle, Kind, PageCache};
 use crate::locks::lock;
 
 static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -221,8 +221,30 @@ impl FsCore {
     }
 
     pub fn create(&self, parent: u64, name: &str, mode: u32, flags: i32) -> FsResult<(Attr, u64)> {
+        self.create_by(parent, name, mode, flags, std::process::id())
+            .map(|(a, fh, _)| (a, fh))
+    }
+
+    /// [`FsCore::create`] for the process `caller` (whose GPU buffers a control file reaches).
+    pub fn create_by(
+        &self,
+        parent: u64,
+        name: &str,
+        mode: u32,
+        flags: i32,
+        caller: u32,
+    ) -> FsResult<(Attr, u64, PageCache)> {
         self.writable()?;
         let path = join(&self.path_of(parent)?, name);
+        if let Some(rest) = super::gpu_tree::gpu_rest(&path) {
+            if rest.is_empty() {
+                return Err(FsError::Exists);
+            }
+            let (fh, cache) = self.gpu_open(rest, caller, true)?;
+            let mut attr = self.stat_path(&path)?;
+            attr.ino = self.inodes().lookup(&path);
+            return Ok((attr, fh, cache));
+        }
         Self::check_key(&path)?;
         let s = match self.stat_path(&path) {
             Ok(_) if flags & libc::O_EXCL != 0 => return Err(FsError::Exists),
@@ -232,12 +254,13 @@ impl FsCore {
         };
         let ino = self.inodes().lookup(&path);
         let attr = s.attr(ino, self.cfg.uid, self.cfg.gid)?;
-        Ok((attr, self.insert_handle(Handle::Write(s))))
+        Ok((attr, self.insert_handle(Handle::Write(s)), PageCache::Fresh))
     }
 
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
         match self.handle(fh)? {
             Handle::Write(s) => s.write(offset, data, &self.cfg.staging),
+            Handle::Gpu(cf) => Ok(cf.write(offset, data)?),
             _ => Err(FsError::BadHandle),
         }
     }

@@ -3,7 +3,10 @@
 //! build on these (see `doc/gpu-abi.md`).
 
 pub mod abi;
+pub mod control;
 pub mod table;
+pub mod wire;
+pub mod worker;
 
 /// The first path segment under which a mount shows GPU keys; no key may have it.
 pub use crate::key::RESERVED as CONTROL_DIR;

@@ -1,0 +1,685 @@
+//! The agent's side of the GPU control files: what each open control file holds (its table,
+//! its buffers, its window, its transfers) and what its ioctls do.
+//!
+//! Nothing here blocks a FUSE thread on a transfer: a commit checks what it can at once (the
+//! table, the buffers), starts the transfer on the runtime and returns its id; STATUS reads
+//! the transfer's state; poll(2) readiness comes from wakers the FUSE adapter hands over, called
+//! when a transfer finishes. A registration belongs to its open file: [`GpuControl::release`]
+//! lets the worker go of it and unpublishes a publisher's key.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Mutex as AsyncMutex;
+
+use super::abi::{self, Command, KtGpuBuffer, KtGpuStatus, KtGpuWindow};
+use super::table::{Table, TableError};
+use super::worker::spawn::WorkerClient;
+use super::worker::WorkerError;
+use crate::key::{KeyPath, Namespace};
+use crate::locks::lock;
+use crate::proto::worker_request::Op;
+use crate::proto::{
+    GpuKey, ListRequest, PublishGpuRequest, RemoveRequest, ResolveRequest, WorkerBuffer,
+    WorkerFetch, WorkerRegister,
+};
+use crate::rpc::{ClientError, Store};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error(transparent)]
+    Abi(#[from] abi::AbiError),
+    #[error(transparent)]
+    Table(#[from] TableError),
+    #[error("{0}")]
+    Buffers(String),
+    #[error("this control file has a registration already: open the key again for another")]
+    Busy,
+    #[error("no transfer {0} on this control file")]
+    NoTransfer(u64),
+    #[error("GPU key {0} is not published")]
+    NotFound(String),
+    #[error("the tensor table does not match the publisher's: {0}")]
+    Mismatch(String),
+    #[error("broadcast windows for GPU keys are not built yet: a GET pulls from the publisher")]
+    NoWindows,
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+    #[error(transparent)]
+    Rpc(#[from] ClientError),
+}
+
+impl GpuError {
+    /// The errno the caller sees, from the ioctl or in its STATUS.
+    pub fn errno(&self) -> i32 {
+        match self {
+            GpuError::Abi(abi::AbiError::Foreign(_)) => libc::ENOTTY,
+            GpuError::Abi(_) | GpuError::Table(_) | GpuError::Buffers(_) => libc::EINVAL,
+            GpuError::Busy => libc::EBUSY,
+            GpuError::NoTransfer(_) | GpuError::NotFound(_) => libc::ENOENT,
+            GpuError::Mismatch(_) => libc::EBADMSG,
+            GpuError::NoWindows => libc::EOPNOTSUPP,
+            GpuError::Worker(w) => w.errno(),
+            GpuError::Rpc(e) => e.fault().errno(),
+        }
+    }
+}
+
+/// Called once when a transfer finishes: the FUSE adapter's poll notification.
+pub type Waker = Box<dyn FnOnce() + Send>;
+
+/// One transfer of a control file, as STATUS reports it.
+struct Transfer {
+    id: u64,
+    status: Mutex<KtGpuStatus>,
+    wakers: Mutex<Vec<Waker>>,
+}
+
+impl Transfer {
+    fn new(id: u64, total: u64) -> Arc<Transfer> {
+        Arc::new(Transfer {
+            id,
+            status: Mutex::new(KtGpuStatus {
+                transfer: id,
+                state: abi::PENDING,
+                error: 0,
+                bytes_done: 0,
+                bytes_total: total,
+                message: [0; 256],
+            }),
+            wakers: Mutex::default(),
+        })
+    }
+
+    fn finished(&self) -> bool {
+        matches!(lock(&self.status).state, abi::DONE | abi::FAILED)
+    }
+
+    fn set(&self, state: u32) {
+        lock(&self.status).state = state;
+    }
+
+    fn finish(&self, result: Result<u64, GpuError>) {
+        {
+            let mut st = lock(&self.status);
+            match result {
+                Ok(bytes) => {
+                    st.state = abi::DONE;
+                    st.bytes_done = bytes;
+                }
+                Err(e) => {
+                    tracing::warn!(transfer = self.id, error = %e, "GPU transfer failed");
+                    *st = st.clone().with_message(&e.to_string());
+                    st.state = abi::FAILED;
+                    st.error = e.errno();
+                }
+            }
+        }
+        for w in std::mem::take(&mut *lock(&self.wakers)) {
+            w();
+        }
+    }
+}
+
+struct Registration {
+    id: u64,
+    publisher: bool,
+    worker: Arc<WorkerClient>,
+}
+
+/// An open control file: `/kt/.gpu/<key>` as one open file description holds it.
+pub struct ControlFile {
+    pub key: KeyPath,
+    caller: u32,
+    table: Mutex<Vec<u8>>,
+    buffers: Mutex<Vec<KtGpuBuffer>>,
+    window: Mutex<Option<KtGpuWindow>>,
+    transfers: Mutex<Vec<Arc<Transfer>>>,
+    next_transfer: AtomicU64,
+    registration: Arc<Mutex<Option<Registration>>>,
+    /// Set by the last close: a commit still running lets go of what it registers.
+    closed: Arc<AtomicBool>,
+    /// What a read returns: the key's description, taken at the first read.
+    description: Mutex<Option<Vec<u8>>>,
+}
+
+impl ControlFile {
+    /// Bytes the caller writes: its tensor table.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<u32, GpuError> {
+        let mut t = lock(&self.table);
+        let end = offset as usize + data.len();
+        if end > super::table::MAX_TABLE_BYTES {
+            return Err(TableError::TooLarge.into());
+        }
+        if t.len() < end {
+            t.resize(end, 0);
+        }
+        t[offset as usize..end].copy_from_slice(data);
+        Ok(data.len() as u32)
+    }
+
+    /// Whether the latest transfer has finished; if not, `waker` is called when it does.
+    pub fn poll(&self, waker: Option<Waker>) -> bool {
+        let Some(t) = lock(&self.transfers).last().cloned() else {
+            return false;
+        };
+        if t.finished() {
+            return true;
+        }
+        if let Some(w) = waker {
+            lock(&t.wakers).push(w);
+            // It may have finished between the look and the push.
+            if t.finished() {
+                for w in std::mem::take(&mut *lock(&t.wakers)) {
+                    w();
+                }
+            }
+        }
+        false
+    }
+
+    fn table(&self) -> Result<Table, GpuError> {
+        Ok(Table::parse(&lock(&self.table))?)
+    }
+
+    /// The buffers handed over, checked against `table`: each entry once, each its size.
+    fn checked_buffers(&self, table: &Table) -> Result<Vec<WorkerBuffer>, GpuError> {
+        let buffers = lock(&self.buffers).clone();
+        let mut seen = vec![false; table.entries.len()];
+        let mut out = Vec::with_capacity(buffers.len());
+        for b in buffers {
+            let i = b.entry as usize;
+            let e = table.entries.get(i).ok_or_else(|| {
+                GpuError::Buffers(format!(
+                    "a buffer names entry {i}; the table has {}",
+                    seen.len()
+                ))
+            })?;
+            if std::mem::replace(&mut seen[i], true) {
+                return Err(GpuError::Buffers(format!(
+                    "entry {:?} has two buffers",
+                    e.name
+                )));
+            }
+            if b.nbytes != e.nbytes() {
+                return Err(GpuError::Buffers(format!(
+                    "entry {:?} is {} bytes, its buffer {}",
+                    e.name,
+                    e.nbytes(),
+                    b.nbytes
+                )));
+            }
+            out.push(WorkerBuffer {
+                entry: b.entry,
+                kind: b.kind,
+                device: b.device,
+                offset: b.offset,
+                nbytes: b.nbytes,
+                handle: b.handle.to_vec(),
+            });
+        }
+        if let Some(i) = seen.iter().position(|s| !s) {
+            return Err(GpuError::Buffers(format!(
+                "entry {:?} has no buffer",
+                table.entries[i].name
+            )));
+        }
+        Ok(out)
+    }
+}
+
+/// The workers of this agent, one per caller's namespaces (one, today: see `worker::spawn`),
+/// each with the number of registrations it holds; a worker that holds none is let go.
+#[derive(Default)]
+struct Workers {
+    current: Option<(Arc<WorkerClient>, usize)>,
+}
+
+/// The GPU control files of one mount.
+pub struct GpuControl {
+    rt: tokio::runtime::Handle,
+    store: Store,
+    namespace: Namespace,
+    node_id: String,
+    /// The `kt` binary, started as `kt gpu-worker`.
+    exe: PathBuf,
+    /// Where this node's workers listen.
+    host: String,
+    workers: Arc<AsyncMutex<Workers>>,
+}
+
+fn random_id() -> u64 {
+    let mut b = [0u8; 8];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_err()
+    {
+        // Unpredictable enough for an id where /dev/urandom is missing: the clock's nanoseconds.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        b = t.to_le_bytes();
+    }
+    u64::from_le_bytes(b) | 1
+}
+
+impl GpuControl {
+    pub fn new(
+        rt: tokio::runtime::Handle,
+        store: Store,
+        namespace: Namespace,
+        node_id: String,
+        exe: PathBuf,
+        host: String,
+    ) -> Self {
+        GpuControl {
+            rt,
+            store,
+            namespace,
+            node_id,
+            exe,
+            host,
+            workers: Arc::default(),
+        }
+    }
+
+    pub fn open(&self, key: KeyPath, caller: u32) -> Arc<ControlFile> {
+        Arc::new(ControlFile {
+            key,
+            caller,
+            table: Mutex::default(),
+            buffers: Mutex::default(),
+            window: Mutex::default(),
+            transfers: Mutex::default(),
+            next_transfer: AtomicU64::new(1),
+            registration: Arc::default(),
+            closed: Arc::default(),
+            description: Mutex::default(),
+        })
+    }
+
+    /// An ioctl on `cf`: the value the call returns, and the bytes copied back to the caller.
+    pub fn ioctl(
+        &self,
+        cf: &Arc<ControlFile>,
+        cmd: u32,
+        data: &[u8],
+    ) -> Result<(i32, Vec<u8>), GpuError> {
+        match abi::decode(cmd, data)? {
+            Command::Join(w) => {
+                *lock(&cf.window) = Some(w);
+                Ok((0, Vec::new()))
+            }
+            Command::Put(b) => self.batch(cf, b, true),
+            Command::Get(b) => self.batch(cf, b, false),
+            Command::Status(id) => {
+                let t = lock(&cf.transfers)
+                    .iter()
+                    .find(|t| t.id == id)
+                    .cloned()
+                    .ok_or(GpuError::NoTransfer(id))?;
+                let st = lock(&t.status).clone();
+                Ok((0, st.encode()))
+            }
+        }
+    }
+
+    fn batch(
+        &self,
+        cf: &Arc<ControlFile>,
+        b: abi::KtGpuBuffers,
+        publisher: bool,
+    ) -> Result<(i32, Vec<u8>), GpuError> {
+        if lock(&cf.registration).is_some() {
+            return Err(GpuError::Busy);
+        }
+        if b.buffers[..b.count as usize]
+            .iter()
+            .any(|x| x.reserved != 0)
+        {
+            return Err(abi::AbiError::Reserved.into());
+        }
+        lock(&cf.buffers).extend_from_slice(&b.buffers[..b.count as usize]);
+        if b.flags & abi::COMMIT == 0 {
+            return Ok((0, Vec::new()));
+        }
+        if lock(&cf.window).is_some() {
+            return Err(GpuError::NoWindows);
+        }
+        let table = cf.table()?;
+        let buffers = cf.checked_buffers(&table)?;
+        let id = cf.next_transfer.fetch_add(1, Ordering::Relaxed);
+        let transfer = Transfer::new(id, table.nbytes());
+        lock(&cf.transfers).push(transfer.clone());
+        let run = Commit {
+            store: self.store.clone(),
+            namespace: self.namespace.clone(),
+            node_id: self.node_id.clone(),
+            exe: self.exe.clone(),
+            host: self.host.clone(),
+            workers: self.workers.clone(),
+            key: cf.key.clone(),
+            caller: cf.caller,
+            table,
+            table_json: String::from_utf8_lossy(&lock(&cf.table)).into_owned(),
+            buffers,
+            registration: cf.registration.clone(),
+            closed: cf.closed.clone(),
+        };
+        self.rt.spawn(async move {
+            let result = if publisher {
+                run.put(&transfer).await
+            } else {
+                run.get(&transfer).await
+            };
+            transfer.finish(result);
+        });
+        Ok((id as i32, Vec::new()))
+    }
+
+    /// What a read of `cf` returns: the key's description as JSON (entries, publisher,
+    /// version), or `{}` while nothing is published under it.
+    pub fn read(&self, cf: &ControlFile, offset: u64, size: u32) -> Result<Vec<u8>, GpuError> {
+        let mut d = lock(&cf.description);
+        if d.is_none() || offset == 0 {
+            *d = Some(self.describe(&cf.key)?);
+        }
+        let text = d.as_deref().unwrap_or_default();
+        let start = (offset as usize).min(text.len());
+        let end = start.saturating_add(size as usize).min(text.len());
+        Ok(text[start..end].to_vec())
+    }
+
+    fn resolve(&self, key: &KeyPath) -> Result<Option<(GpuKey, Vec<u8>)>, GpuError> {
+        let mut store = self.store.clone();
+        let r = self.rt.block_on(store.resolve(ResolveRequest {
+            namespace: self.namespace.to_string(),
+            key: key.to_string(),
+            inline_up_to: 0,
+        }));
+        match r.map_err(ClientError::from) {
+            Ok(r) => {
+                let r = r.into_inner();
+                Ok(r.gpu.map(|g| (g, r.version)))
+            }
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether a GPU key is published at `key`.
+    pub fn exists(&self, key: &KeyPath) -> Result<bool, GpuError> {
+        Ok(self.resolve(key)?.is_some())
+    }
+
+    fn describe(&self, key: &KeyPath) -> Result<Vec<u8>, GpuError> {
+        let Some((gpu, version)) = self.resolve(key)? else {
+            return Ok(b"{}\n".to_vec());
+        };
+        let table = Table::parse(gpu.table_json.as_bytes())?;
+        let entries: Vec<serde_json::Value> = table
+            .entries
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "name": e.name, "dtype": e.dtype, "shape": e.shape, "nbytes": e.nbytes(),
+                })
+            })
+            .collect();
+        let mut text = serde_json::to_vec(&serde_json::json!({
+            "key": key.as_str(),
+            "entries": entries,
+            "nbytes": gpu.nbytes,
+            "publisher": gpu.publisher_node,
+            "window": gpu.window.map(|w| serde_json::json!({
+                "group_id": w.group_id, "world_size": w.world_size, "timeout_ms": w.timeout_ms,
+                "ips": w.ips, "fanout": w.fanout,
+            })),
+            "version": crate::hash::Version::from_slice(&version).map(|v| v.hex()),
+        }))
+        .unwrap_or_default();
+        text.push(b'\n');
+        Ok(text)
+    }
+
+    /// The GPU keys and directories directly below `prefix` (`None`: the namespace's root):
+    /// `(name, is_directory)`.
+    pub fn list(&self, prefix: Option<&KeyPath>) -> Result<Vec<(String, bool)>, GpuError> {
+        let mut store = self.store.clone();
+        let resp = self
+            .rt
+            .block_on(store.list(ListRequest {
+                namespace: self.namespace.to_string(),
+                prefix: prefix.map(|p| p.to_string()).unwrap_or_default(),
+                recursive: true,
+            }))
+            .map_err(ClientError::from)?
+            .into_inner();
+        let mut out: std::collections::BTreeMap<String, bool> = Default::default();
+        for e in resp.entries {
+            if e.kind() != crate::manifest::EntryKind::Gpu {
+                continue;
+            }
+            let name = e.name.trim_end_matches('/');
+            match name.split_once('/') {
+                Some((dir, _)) => {
+                    out.insert(dir.to_string(), true);
+                }
+                None => {
+                    out.entry(name.to_string()).or_insert(false);
+                }
+            }
+        }
+        Ok(out.into_iter().collect())
+    }
+
+    /// `unlink` of a control file: unpublishes the GPU key (whoever published it).
+    pub fn unpublish(&self, key: &KeyPath) -> Result<(), GpuError> {
+        if !self.exists(key)? {
+            return Err(GpuError::NotFound(key.to_string()));
+        }
+        let mut store = self.store.clone();
+        self.rt
+            .block_on(store.remove(RemoveRequest {
+                namespace: self.namespace.to_string(),
+                key: key.to_string(),
+                recursive: false,
+                prefix: false,
+                gpu_registration: 0,
+            }))
+            .map_err(ClientError::from)?;
+        Ok(())
+    }
+
+    /// The last close of `cf`: its transfers are abandoned, its buffers let go, and a
+    /// publisher's key unpublished (unless published again by another registration since).
+    pub fn release(&self, cf: &ControlFile) {
+        cf.closed.store(true, Ordering::SeqCst);
+        let Some(reg) = lock(&cf.registration).take() else {
+            return;
+        };
+        let (store, ns, key, workers) = (
+            self.store.clone(),
+            self.namespace.to_string(),
+            cf.key.to_string(),
+            self.workers.clone(),
+        );
+        self.rt.spawn(let_go(reg, store, ns, key, workers));
+    }
+}
+
+/// Lets go of a registration: a publisher's key unpublished (unless published again since),
+/// the worker told, and the worker itself let go once it holds nothing.
+async fn let_go(
+    reg: Registration,
+    mut store: Store,
+    ns: String,
+    key: String,
+    workers: Arc<AsyncMutex<Workers>>,
+) {
+    {
+        if reg.publisher {
+            let r = store
+                .remove(RemoveRequest {
+                    namespace: ns,
+                    key,
+                    recursive: false,
+                    prefix: false,
+                    gpu_registration: reg.id,
+                })
+                .await;
+            if let Err(e) = r {
+                tracing::warn!(error = %e.message(), "could not unpublish a GPU key");
+            }
+        }
+        if let Err(e) = reg.worker.call(Op::Release(reg.id)).await {
+            tracing::debug!(error = %e, "the worker did not take the release");
+        }
+        let mut w = workers.lock().await;
+        if let Some((current, n)) = w.current.as_mut() {
+            if Arc::ptr_eq(current, &reg.worker) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    // Its last registration is gone: closing the control socket ends it.
+                    w.current = None;
+                }
+            }
+        }
+    }
+}
+
+/// What a commit needs, moved onto the runtime.
+struct Commit {
+    store: Store,
+    namespace: Namespace,
+    node_id: String,
+    exe: PathBuf,
+    host: String,
+    workers: Arc<AsyncMutex<Workers>>,
+    key: KeyPath,
+    caller: u32,
+    table: Table,
+    table_json: String,
+    buffers: Vec<WorkerBuffer>,
+    registration: Arc<Mutex<Option<Registration>>>,
+    closed: Arc<AtomicBool>,
+}
+
+impl Commit {
+    /// The caller's worker (started on its first registration), counted as holding one more.
+    async fn worker(&self) -> Result<Arc<WorkerClient>, GpuError> {
+        let mut w = self.workers.lock().await;
+        if let Some((c, n)) = w.current.as_mut() {
+            *n += 1;
+            return Ok(c.clone());
+        }
+        let c = WorkerClient::start(&self.exe, &self.host, self.caller).await?;
+        w.current = Some((c.clone(), 1));
+        Ok(c)
+    }
+
+    async fn register(&self, publisher: bool) -> Result<Arc<WorkerClient>, GpuError> {
+        let worker = self.worker().await?;
+        let reg = Registration {
+            id: random_id(),
+            publisher,
+            worker: worker.clone(),
+        };
+        let registered = worker
+            .call(Op::Register(WorkerRegister {
+                registration: reg.id,
+                buffers: self.buffers.clone(),
+            }))
+            .await;
+        *lock(&self.registration) = Some(reg);
+        registered?;
+        self.still_open().await?;
+        Ok(worker)
+    }
+
+    /// Fails, letting go of what was registered, if the control file closed meanwhile.
+    async fn still_open(&self) -> Result<(), GpuError> {
+        if !self.closed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let taken = lock(&self.registration).take();
+        if let Some(reg) = taken {
+            let_go(
+                reg,
+                self.store.clone(),
+                self.namespace.to_string(),
+                self.key.to_string(),
+                self.workers.clone(),
+            )
+            .await;
+        }
+        Err(GpuError::Buffers("the control file was closed".into()))
+    }
+
+    fn registration(&self) -> u64 {
+        lock(&self.registration).as_ref().map_or(0, |r| r.id)
+    }
+
+    async fn put(self, t: &Transfer) -> Result<u64, GpuError> {
+        t.set(abi::RUNNING);
+        let worker = self.register(true).await?;
+        let mut store = self.store.clone();
+        store
+            .publish_gpu(PublishGpuRequest {
+                namespace: self.namespace.to_string(),
+                key: self.key.to_string(),
+                gpu: Some(GpuKey {
+                    table_json: self.table_json.clone(),
+                    table_digest: self.table.digest().0.to_vec(),
+                    nbytes: self.table.nbytes(),
+                    publisher_node: self.node_id.clone(),
+                    worker_addr: worker.data_addr.clone(),
+                    registration: self.registration(),
+                    window: None,
+                }),
+            })
+            .await
+            .map_err(ClientError::from)?;
+        self.still_open().await?;
+        tracing::info!(key = %self.key, "GPU key published");
+        Ok(self.table.nbytes())
+    }
+
+    async fn get(self, t: &Transfer) -> Result<u64, GpuError> {
+        let mut store = self.store.clone();
+        let r = store
+            .resolve(ResolveRequest {
+                namespace: self.namespace.to_string(),
+                key: self.key.to_string(),
+                inline_up_to: 0,
+            })
+            .await
+            .map_err(ClientError::from);
+        let gpu = match r {
+            Ok(r) => r.into_inner().gpu,
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(e.into()),
+        }
+        .ok_or_else(|| GpuError::NotFound(self.key.to_string()))?;
+        let theirs = Table::parse(gpu.table_json.as_bytes())?;
+        if theirs.digest() != self.table.digest() {
+            let why = self
+                .table
+                .difference(&theirs)
+                .unwrap_or_else(|| "the tables differ".into());
+            return Err(GpuError::Mismatch(why));
+        }
+        let worker = self.register(false).await?;
+        t.set(abi::RUNNING);
+        let r = worker
+            .call(Op::Fetch(WorkerFetch {
+                registration: self.registration(),
+                source_addr: gpu.worker_addr,
+                source_registration: gpu.registration,
+            }))
+            .await?;
+        Ok(r.bytes)
+    }
+}

@@ -1,0 +1,156 @@
+//! The transfer worker: the process that holds a caller's buffers and moves their bytes, in the
+//! caller's namespaces (where the caller is not in the agent's, the agent starts it there; see
+//! [`spawn`]). It takes requests from its agent over its control socket (register buffers,
+//! fill buffers from another worker, let go of a registration), serves the bytes of what is
+//! registered on its data port ([`host`]), and exits when its agent closes the control socket.
+
+pub mod host;
+pub mod memory;
+pub mod spawn;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, UnixStream};
+use tokio::sync::Mutex as AsyncMutex;
+
+use super::wire::{self, WireError};
+use crate::locks::lock;
+use crate::proto::worker_request::Op;
+use crate::proto::{WorkerReply, WorkerRequest};
+use memory::Buffers;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    #[error("worker: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("buffer {path}: {source}")]
+    Buffer {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Bad(String),
+    #[error("CUDA buffers need a GPU and NCCL, and this worker found neither (host buffers work)")]
+    NoCuda,
+    #[error("the peer worker {0}")]
+    Peer(String),
+    #[error("{1}")]
+    Remote(i32, String),
+    #[error("no registration {0} in this worker")]
+    NoRegistration(u64),
+    #[error("starting the transfer worker: {0}")]
+    Spawn(String),
+}
+
+impl WorkerError {
+    /// The errno a caller's STATUS reports for it.
+    pub fn errno(&self) -> i32 {
+        match self {
+            WorkerError::Bad(_) => libc::EINVAL,
+            WorkerError::NoCuda => libc::ENODEV,
+            WorkerError::Remote(e, _) => *e,
+            WorkerError::NoRegistration(_) => libc::ENOENT,
+            WorkerError::Buffer { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            _ => libc::EIO,
+        }
+    }
+}
+
+/// Runs a worker on `control` (the socket its agent holds the other end of), with its data
+/// port on `host` (an address other workers reach it at).
+pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
+    let listener = TcpListener::bind((host, 0)).await?;
+    let data_addr = listener.local_addr()?.to_string();
+    let served: host::Served = Arc::default();
+    tokio::spawn(host::serve(listener, served.clone()));
+    let (mut rd, wr) = control.into_split();
+    let wr = Arc::new(AsyncMutex::new(wr));
+    wire::send(
+        &mut *wr.lock().await,
+        &WorkerReply {
+            data_addr: data_addr.clone(),
+            ..Default::default()
+        },
+    )
+    .await?;
+    tracing::info!(%data_addr, "transfer worker ready");
+    let shm = PathBuf::from(memory::SHM_DIR);
+    let mut fetches: HashMap<u64, tokio::task::JoinHandle<()>> = HashMap::new();
+    while let Some(req) = wire::recv::<_, WorkerRequest>(&mut rd).await? {
+        let id = req.id;
+        let reply = |r: Result<u64, WorkerError>| match r {
+            Ok(bytes) => WorkerReply {
+                id,
+                bytes,
+                ..Default::default()
+            },
+            Err(e) => WorkerReply {
+                id,
+                error: e.to_string(),
+                errno: e.errno(),
+                ..Default::default()
+            },
+        };
+        match req.op {
+            Some(Op::Register(r)) => {
+                let dir = shm.clone();
+                let opened = tokio::task::spawn_blocking(move || {
+                    Buffers::open(&dir, &r.buffers).map(|b| (r.registration, b))
+                })
+                .await
+                .map_err(|e| WorkerError::Bad(e.to_string()))
+                .and_then(|x| x);
+                let answer = opened.map(|(reg, b)| {
+                    let n = b.nbytes();
+                    lock(&served).insert(reg, Arc::new(b));
+                    n
+                });
+                wire::send(&mut *wr.lock().await, &reply(answer)).await?;
+            }
+            Some(Op::Fetch(f)) => {
+                let dst = lock(&served).get(&f.registration).cloned();
+                let wr = wr.clone();
+                let task = tokio::spawn(async move {
+                    let moved = match dst {
+                        Some(dst) => host::fetch(&f.source_addr, f.source_registration, dst).await,
+                        None => Err(WorkerError::NoRegistration(f.registration)),
+                    };
+                    let r = match moved {
+                        Ok(bytes) => WorkerReply {
+                            id,
+                            bytes,
+                            ..Default::default()
+                        },
+                        Err(e) => WorkerReply {
+                            id,
+                            error: e.to_string(),
+                            errno: e.errno(),
+                            ..Default::default()
+                        },
+                    };
+                    let _ = wire::send(&mut *wr.lock().await, &r).await;
+                });
+                fetches.insert(f.registration, task);
+            }
+            Some(Op::Release(reg)) => {
+                if let Some(t) = fetches.remove(&reg) {
+                    t.abort();
+                }
+                lock(&served).remove(&reg);
+                wire::send(&mut *wr.lock().await, &reply(Ok(0))).await?;
+            }
+            None => {
+                let r = reply(Err(WorkerError::Bad("an empty request".into())));
+                wire::send(&mut *wr.lock().await, &r).await?;
+            }
+        }
+        fetches.retain(|_, t| !t.is_finished());
+    }
+    tracing::info!("the agent let go of this transfer worker; exiting");
+    Ok(())
+}

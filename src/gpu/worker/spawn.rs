@@ -1,0 +1,138 @@
+//! The agent's side of a transfer worker: starting it, and calling it over its control socket.
+//!
+//! A worker must live in the caller's namespaces (PID, IPC, mount, network): CUDA IPC handles
+//! do not cross PID namespaces, a pod's /dev/shm is its own, and NCCL must use the pod's
+//! network and devices. Where the caller shares the agent's namespaces (`kt up`, bare metal,
+//! CI) the worker is a plain child; entering a pod's namespaces to start it there is the next
+//! step of this module, and until then such a caller is refused with a clear error.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::UnixStream;
+use tokio::sync::{oneshot, Mutex as AsyncMutex};
+
+use super::WorkerError;
+use crate::gpu::wire;
+use crate::locks::lock;
+use crate::proto::worker_request::Op;
+use crate::proto::{WorkerReply, WorkerRequest};
+
+/// The descriptor number of the control socket in the worker.
+pub const CONTROL_FD: i32 = 3;
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<WorkerReply>>>>;
+
+/// A running worker and the way to it.
+pub struct WorkerClient {
+    tx: AsyncMutex<OwnedWriteHalf>,
+    pending: Pending,
+    next: AtomicU64,
+    /// Where other workers reach this one's data port.
+    pub data_addr: String,
+    pid: u32,
+}
+
+/// Whether `pid` lives in this process's PID, IPC, mount and network namespaces.
+pub fn shares_namespaces(pid: u32) -> bool {
+    ["pid", "ipc", "mnt", "net"].iter().all(|ns| {
+        let mine = std::fs::read_link(format!("/proc/self/ns/{ns}"));
+        let theirs = std::fs::read_link(format!("/proc/{pid}/ns/{ns}"));
+        matches!((mine, theirs), (Ok(a), Ok(b)) if a == b)
+    })
+}
+
+impl WorkerClient {
+    /// Starts `exe gpu-worker` for a caller with process id `caller`, its data port on `host`.
+    pub async fn start(exe: &Path, host: &str, caller: u32) -> Result<Arc<Self>, WorkerError> {
+        if !shares_namespaces(caller) {
+            return Err(WorkerError::Spawn(format!(
+                "process {caller} is in other namespaces than the agent (a pod's): starting a \
+                 worker there is not built yet"
+            )));
+        }
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| WorkerError::Spawn(e.to_string()))?;
+        let theirs = OwnedFd::from(theirs);
+        let raw = theirs.as_raw_fd();
+        let mut cmd = tokio::process::Command::new(exe);
+        cmd.args(["gpu-worker", "--host", host])
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(false);
+        // SAFETY: between fork and exec only async-signal-safe calls: dup2 onto the one
+        // descriptor number the worker expects, which clears its close-on-exec flag.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(raw, CONTROL_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| WorkerError::Spawn(format!("{}: {e}", exe.display())))?;
+        drop(theirs);
+        let pid = child.id().unwrap_or(0);
+        // Reaped whenever it ends, so it never lingers as a zombie.
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+        ours.set_nonblocking(true)?;
+        let (mut rd, wr) = UnixStream::from_std(ours)?.into_split();
+        let hello: WorkerReply = wire::recv(&mut rd)
+            .await?
+            .ok_or_else(|| WorkerError::Spawn("the worker exited before it was ready".into()))?;
+        let pending: Pending = Arc::default();
+        let replies = pending.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(r)) = wire::recv::<_, WorkerReply>(&mut rd).await {
+                if let Some(tx) = lock(&replies).remove(&r.id) {
+                    let _ = tx.send(r);
+                }
+            }
+            // The worker is gone: whoever still waits learns it.
+            lock(&replies).clear();
+        });
+        tracing::info!(pid, data_addr = %hello.data_addr, "transfer worker started");
+        Ok(Arc::new(WorkerClient {
+            tx: AsyncMutex::new(wr),
+            pending,
+            next: AtomicU64::new(1),
+            data_addr: hello.data_addr,
+            pid,
+        }))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Sends `op` and waits for its reply; a reply with an error is an error.
+    pub async fn call(&self, op: Op) -> Result<WorkerReply, WorkerError> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pending).insert(id, tx);
+        let sent = wire::send(
+            &mut *self.tx.lock().await,
+            &WorkerRequest { id, op: Some(op) },
+        )
+        .await;
+        if let Err(e) = sent {
+            lock(&self.pending).remove(&id);
+            return Err(e.into());
+        }
+        let r = rx
+            .await
+            .map_err(|_| WorkerError::Spawn("the transfer worker exited".into()))?;
+        if r.error.is_empty() {
+            Ok(r)
+        } else {
+            Err(WorkerError::Remote(r.errno, r.error))
+        }
+    }
+}

@@ -1,0 +1,391 @@
+//! GPU control files for real: a store server and two mounts (two nodes), a publisher that
+//! registers a state dict of mixed dtypes in host memory through `/kt/.gpu` on one, a getter
+//! that receives it into its own buffers through the other (the transfer workers started by
+//! each node's agent, the bytes over the host transport), every call through the kernel's
+//! ioctl and poll(2). These tests need /dev/fuse and root; they never skip themselves.
+
+mod common;
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+use ktfs::gpu::abi::*;
+
+const DTYPES: [(&str, u64); 5] = [
+    ("float32", 4),
+    ("bfloat16", 2),
+    ("int64", 8),
+    ("uint8", 1),
+    ("float16", 2),
+];
+
+/// A table of `n` entries of mixed dtypes and shapes, and each entry's size.
+fn table(n: usize) -> (String, Vec<u64>) {
+    let mut entries = Vec::new();
+    let mut sizes = Vec::new();
+    for i in 0..n {
+        let (dtype, size) = DTYPES[i % DTYPES.len()];
+        let shape = [1 + (i as u64 * 37) % 61, 1 + (i as u64 * 11) % 23];
+        entries.push(
+            serde_json::json!({"name": format!("layer{i}.weight"), "dtype": dtype, "shape": shape}),
+        );
+        sizes.push(shape[0] * shape[1] * size);
+    }
+    (serde_json::json!({ "entries": entries }).to_string(), sizes)
+}
+
+/// A file in /dev/shm, removed when dropped.
+struct Shm(PathBuf);
+
+impl Shm {
+    fn new(tag: &str, data: &[u8]) -> Shm {
+        let p = PathBuf::from(format!("/dev/shm/kt-test-{}-{tag}", std::process::id()));
+        std::fs::write(&p, data).unwrap();
+        Shm(p)
+    }
+
+    fn name(&self) -> String {
+        self.0.file_name().unwrap().to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for Shm {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn open(path: &Path, create: bool) -> OwnedFd {
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let flags = libc::O_RDWR | if create { libc::O_CREAT } else { 0 };
+    // SAFETY: a valid C string; the descriptor is owned from here on.
+    let fd = unsafe { libc::open(c.as_ptr(), flags, 0o644) };
+    assert!(
+        fd >= 0,
+        "open {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+fn write_all(fd: &OwnedFd, data: &[u8]) {
+    // SAFETY: a valid buffer of its length.
+    let n = unsafe { libc::write(fd.as_raw_fd(), data.as_ptr().cast(), data.len()) };
+    assert_eq!(
+        n as usize,
+        data.len(),
+        "{}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// An ioctl's return value, or its errno.
+fn ioctl<T>(fd: &OwnedFd, cmd: u32, arg: &mut T) -> Result<i32, i32> {
+    // SAFETY: `arg` is a struct of the size `cmd` encodes, valid for reads and writes.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), cmd as _, arg as *mut T) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    } else {
+        Ok(r)
+    }
+}
+
+/// Buffers for every entry of `sizes`, laid out one after the other in the shm file `shm`.
+fn buffers(shm: &Shm, sizes: &[u64], kind: u32) -> KtGpuBuffers {
+    let empty = KtGpuBuffer {
+        kind: 0,
+        device: 0,
+        entry: 0,
+        reserved: 0,
+        offset: 0,
+        nbytes: 0,
+        handle: [0; 64],
+    };
+    let mut b = KtGpuBuffers {
+        version: ABI_VERSION,
+        flags: COMMIT,
+        count: sizes.len() as u32,
+        reserved: 0,
+        buffers: [empty; BATCH],
+    };
+    let mut handle = [0u8; 64];
+    handle[..shm.name().len()].copy_from_slice(shm.name().as_bytes());
+    let mut at = 0;
+    for (i, &n) in sizes.iter().enumerate() {
+        b.buffers[i] = KtGpuBuffer {
+            kind,
+            device: -1,
+            entry: i as u32,
+            reserved: 0,
+            offset: at,
+            nbytes: n,
+            handle,
+        };
+        at += n;
+    }
+    b
+}
+
+/// Waits in poll(2) for the control file to become readable (its transfer finished).
+fn wait_readable(fd: &OwnedFd, limit: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, limit.as_millis() as i32) };
+    n == 1 && p.revents & libc::POLLIN != 0
+}
+
+fn status(fd: &OwnedFd, transfer: i32) -> KtGpuStatus {
+    let mut st = KtGpuStatus {
+        transfer: transfer as u64,
+        state: 0,
+        error: 0,
+        bytes_done: 0,
+        bytes_total: 0,
+        message: [0; 256],
+    };
+    ioctl(fd, KT_GPU_STATUS, &mut st).expect("STATUS");
+    st
+}
+
+fn message(st: &KtGpuStatus) -> String {
+    text(&st.message, "message").unwrap_or("").to_string()
+}
+
+#[test]
+fn a_state_dict_goes_from_one_nodes_buffers_into_anothers() {
+    let c = Cluster::new("127.0.0.150");
+    let a = start_mount("127.0.0.150", &c.server.addr, &c.path("a"), "gpu-a", &[]);
+    let b = start_mount("127.0.0.151", &c.server.addr, &c.path("b"), "gpu-b", &[]);
+    let (json, sizes) = table(50);
+    let total: u64 = sizes.iter().sum();
+    let data = pseudo_random(total as usize, 5);
+    let src = Shm::new("src", &data);
+
+    // Publish: the table, then the buffers, committed; the key is there once STATUS says done.
+    std::fs::create_dir_all(a.path(".gpu/model")).unwrap();
+    let put = open(&a.path(".gpu/model/sd"), true);
+    write_all(&put, json.as_bytes());
+    let t = ioctl(&put, KT_GPU_PUT, &mut buffers(&src, &sizes, BUF_HOST_SHM)).expect("PUT");
+    assert!(t > 0);
+    assert!(
+        wait_readable(&put, Duration::from_secs(30)),
+        "the PUT never finished"
+    );
+    let st = status(&put, t);
+    assert_eq!(st.state, DONE, "{}", message(&st));
+    assert_eq!(st.bytes_total, total);
+
+    // Every node sees it: in its control tree, as JSON, and in `kt ls` with its publisher.
+    let names = std::fs::read_dir(b.path(".gpu/model"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect::<Vec<_>>();
+    assert_eq!(names, ["sd"]);
+    let desc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(b.path(".gpu/model/sd")).unwrap()).unwrap();
+    assert_eq!(desc["entries"].as_array().unwrap().len(), 50);
+    assert_eq!(desc["entries"][1]["dtype"], "bfloat16");
+    assert_eq!(desc["nbytes"], total);
+    assert_eq!(desc["publisher"], "gpu-a");
+    let ls = c.json(None, &["ls", "model"]);
+    assert_eq!(ls[0]["name"], "sd");
+    assert_eq!(ls[0]["locale"], "gpu-a");
+    // No file takes a GPU key's name: its publish, at fsync, is refused.
+    let mut f = std::fs::File::create(b.path("model/sd")).unwrap();
+    std::io::Write::write_all(&mut f, b"x").unwrap();
+    assert_eq!(f.sync_all().unwrap_err().raw_os_error(), Some(libc::EEXIST));
+    drop(f);
+
+    // Receive into buffers of the getter's own, through the other node.
+    let dst = Shm::new("dst", &vec![0u8; total as usize]);
+    let get = open(&b.path(".gpu/model/sd"), false);
+    write_all(&get, json.as_bytes());
+    let g = ioctl(&get, KT_GPU_GET, &mut buffers(&dst, &sizes, BUF_HOST_SHM)).expect("GET");
+    assert!(
+        wait_readable(&get, Duration::from_secs(30)),
+        "the GET never finished"
+    );
+    let st = status(&get, g);
+    assert_eq!(st.state, DONE, "{}", message(&st));
+    assert_eq!((st.bytes_done, st.bytes_total), (total, total));
+    assert!(
+        std::fs::read(&dst.0).unwrap() == data,
+        "the received bytes differ"
+    );
+
+    // A getter whose table differs fails, saying where, and no byte moves.
+    let (other, other_sizes) = table(49);
+    let wrong = Shm::new(
+        "wrong",
+        &vec![0u8; other_sizes.iter().sum::<u64>() as usize],
+    );
+    let bad = open(&b.path(".gpu/model/sd"), false);
+    write_all(&bad, other.as_bytes());
+    let w = ioctl(
+        &bad,
+        KT_GPU_GET,
+        &mut buffers(&wrong, &other_sizes, BUF_HOST_SHM),
+    )
+    .unwrap();
+    assert!(wait_readable(&bad, Duration::from_secs(30)));
+    let st = status(&bad, w);
+    assert_eq!(
+        (st.state, st.error),
+        (FAILED, libc::EBADMSG),
+        "{}",
+        message(&st)
+    );
+    assert!(message(&st).contains("publisher"), "{}", message(&st));
+    drop(bad);
+
+    // Closing the publisher's control file unpublishes the key (the getter's, still open,
+    // keeps only its own view of the name on its node).
+    drop(put);
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            c.kt(None, &["ls", "model"]).status.code() == Some(3)
+        }),
+        "the key outlived its publisher's registration"
+    );
+    assert!(eventually(Duration::from_secs(10), || {
+        std::fs::read_dir(a.path(".gpu/model")).is_ok_and(|d| d.count() == 0)
+    }));
+    drop(get);
+    assert!(eventually(Duration::from_secs(10), || {
+        std::fs::read_dir(b.path(".gpu")).is_ok_and(|d| d.count() == 0)
+    }));
+}
+
+#[test]
+fn bad_calls_get_their_errno_and_cuda_buffers_say_there_is_no_gpu() {
+    let c = Cluster::new("127.0.0.152");
+    let a = start_mount("127.0.0.152", &c.server.addr, &c.path("a"), "gpu-c", &[]);
+    let (json, sizes) = table(3);
+    let src = Shm::new("bad-src", &vec![1u8; sizes.iter().sum::<u64>() as usize]);
+    let fd = open(&a.path(".gpu/errs"), true);
+
+    // A struct of another size is another command: EINVAL. Another driver's ioctl: ENOTTY.
+    let mut small = [0u8; 100];
+    let other = (1u32 << 30) | (100 << 16) | ((MAGIC as u32) << 8) | 1;
+    assert_eq!(ioctl(&fd, other, &mut small), Err(libc::EINVAL));
+    assert_eq!(ioctl(&fd, 0x5401, &mut small), Err(libc::ENOTTY));
+    // A bad version, and buffers that do not cover the table.
+    let mut b = buffers(&src, &sizes, BUF_HOST_SHM);
+    b.version = 9;
+    assert_eq!(ioctl(&fd, KT_GPU_PUT, &mut b), Err(libc::EINVAL));
+    write_all(&fd, json.as_bytes());
+    let mut b = buffers(&src, &sizes, BUF_HOST_SHM);
+    b.count = 2;
+    assert_eq!(ioctl(&fd, KT_GPU_PUT, &mut b), Err(libc::EINVAL));
+    drop(fd);
+
+    // CUDA buffers on a machine with no GPU: a clear failure, not a panic.
+    let fd = open(&a.path(".gpu/cuda"), true);
+    write_all(&fd, json.as_bytes());
+    let t = ioctl(&fd, KT_GPU_PUT, &mut buffers(&src, &sizes, BUF_CUDA_IPC)).unwrap();
+    assert!(wait_readable(&fd, Duration::from_secs(30)));
+    let st = status(&fd, t);
+    assert_eq!(
+        (st.state, st.error),
+        (FAILED, libc::ENODEV),
+        "{}",
+        message(&st)
+    );
+    assert!(message(&st).contains("GPU"), "{}", message(&st));
+    // Nothing was published (the control files went when the kernel released them), and the
+    // agent kept serving.
+    drop(fd);
+    assert!(eventually(Duration::from_secs(10), || {
+        std::fs::read_dir(a.path(".gpu")).is_ok_and(|d| d.count() == 0)
+    }));
+    let start = Instant::now();
+    std::fs::write(a.path("plain.txt"), b"still a filesystem").unwrap();
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
+
+/// The pid of the transfer worker that `parent` (a mount's process) started.
+fn worker_of(parent: u32) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.find_map(|e| {
+        let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let ppid: u32 = stat
+            .rsplit(')')
+            .next()?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        (ppid == parent && String::from_utf8_lossy(&cmd).contains("gpu-worker")).then_some(pid)
+    })
+}
+
+#[test]
+fn many_getters_wait_in_poll_while_the_mount_serves_everyone_else() {
+    let c = Cluster::new("127.0.0.153");
+    let a = start_mount("127.0.0.153", &c.server.addr, &c.path("a"), "gpu-p", &[]);
+    let b = start_mount("127.0.0.154", &c.server.addr, &c.path("b"), "gpu-q", &[]);
+    let (json, sizes) = table(4);
+    let total: u64 = sizes.iter().sum();
+    let data = pseudo_random(total as usize, 9);
+    let src = Shm::new("poll-src", &data);
+    let put = open(&a.path(".gpu/w"), true);
+    write_all(&put, json.as_bytes());
+    let t = ioctl(&put, KT_GPU_PUT, &mut buffers(&src, &sizes, BUF_HOST_SHM)).unwrap();
+    assert!(wait_readable(&put, Duration::from_secs(30)));
+    assert_eq!(status(&put, t).state, DONE);
+
+    // The publisher's worker stops answering: every GET waits on it, none of them in the mount.
+    let worker = worker_of(a.proc.as_ref().unwrap().pid()).expect("the publisher's worker");
+    signal(worker, libc::SIGSTOP);
+    const GETTERS: usize = 16;
+    let mut getters = Vec::new();
+    for i in 0..GETTERS {
+        let dst = Shm::new(&format!("poll-dst-{i}"), &vec![0u8; total as usize]);
+        let fd = open(&b.path(".gpu/w"), false);
+        write_all(&fd, json.as_bytes());
+        let start = Instant::now();
+        let id = ioctl(&fd, KT_GPU_GET, &mut buffers(&dst, &sizes, BUF_HOST_SHM)).unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "a GET ioctl waited for its transfer"
+        );
+        getters.push((fd, id, dst));
+    }
+    let mut fds: Vec<libc::pollfd> = getters
+        .iter()
+        .map(|(fd, _, _)| libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: valid pollfds.
+    let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, 300) };
+    assert_eq!(ready, 0, "a transfer finished with its source stopped");
+    // With 16 transfers waiting (twice the mount's FUSE threads), the mount serves as ever.
+    let start = Instant::now();
+    std::fs::write(b.path("meanwhile.txt"), b"served").unwrap();
+    assert_eq!(std::fs::read(b.path("meanwhile.txt")).unwrap(), b"served");
+    assert!(std::fs::read_dir(b.path(".gpu")).unwrap().count() >= 1);
+    assert!(start.elapsed() < Duration::from_secs(10));
+
+    signal(worker, libc::SIGCONT);
+    for (fd, id, dst) in &getters {
+        assert!(
+            wait_readable(fd, Duration::from_secs(30)),
+            "a getter was never woken"
+        );
+        let st = status(fd, *id);
+        assert_eq!(st.state, DONE, "{}", message(&st));
+        assert!(std::fs::read(&dst.0).unwrap() == data);
+    }
+}
