@@ -389,3 +389,217 @@ fn many_getters_wait_in_poll_while_the_mount_serves_everyone_else() {
         assert!(std::fs::read(&dst.0).unwrap() == data);
     }
 }
+
+/// A window to JOIN: quorum at `world_size` members or after `timeout_ms`, a tree of `fanout`
+/// (0: a chain), and `flags` (PACK, PG_GLOBAL).
+fn window(group: &str, world_size: u32, timeout_ms: u64, fanout: u32, flags: u32) -> KtGpuWindow {
+    let mut w = KtGpuWindow {
+        version: ABI_VERSION,
+        world_size,
+        timeout_ms,
+        fanout,
+        flags,
+        group_id: [0; 128],
+        ips: [0; 1024],
+    };
+    w.group_id[..group.len()].copy_from_slice(group.as_bytes());
+    w
+}
+
+/// A member of a window: its control file, its transfer and its buffers.
+struct Member {
+    fd: OwnedFd,
+    transfer: i32,
+    shm: Shm,
+}
+
+impl Member {
+    /// Opens `path`, writes `json`, joins `w` and starts a PUT (of `data`) or a GET (into
+    /// zeroed buffers) of entries of `sizes`.
+    fn start(
+        path: &Path,
+        json: &str,
+        sizes: &[u64],
+        w: &KtGpuWindow,
+        data: Option<&[u8]>,
+    ) -> Member {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let total = sizes.iter().sum::<u64>() as usize;
+        let shm = match data {
+            Some(d) => Shm::new(&format!("win-{n}"), d),
+            None => Shm::new(&format!("win-{n}"), &vec![0u8; total]),
+        };
+        // Getters may come before the putter: they open (creating the name on their node) and
+        // wait in the window.
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let fd = open(path, true);
+        write_all(&fd, json.as_bytes());
+        ioctl(&fd, KT_GPU_JOIN, &mut w.clone()).expect("JOIN");
+        let cmd = if data.is_some() {
+            KT_GPU_PUT
+        } else {
+            KT_GPU_GET
+        };
+        let transfer = ioctl(&fd, cmd, &mut buffers(&shm, sizes, BUF_HOST_SHM)).expect("PUT/GET");
+        Member { fd, transfer, shm }
+    }
+
+    /// The transfer's state, error and message once it finished.
+    fn outcome(&self) -> (u32, i32, String) {
+        assert!(
+            wait_readable(&self.fd, Duration::from_secs(60)),
+            "a window member was never woken"
+        );
+        let st = status(&self.fd, self.transfer);
+        (st.state, st.error, message(&st))
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        std::fs::read(&self.shm.0).unwrap()
+    }
+}
+
+#[test]
+fn a_window_broadcasts_a_state_dict_to_every_getter_packed_or_not() {
+    let c = Cluster::new("127.0.0.155");
+    let a = start_mount("127.0.0.155", &c.server.addr, &c.path("a"), "gpw-a", &[]);
+    let b = start_mount("127.0.0.156", &c.server.addr, &c.path("b"), "gpw-b", &[]);
+    let d = start_mount("127.0.0.157", &c.server.addr, &c.path("d"), "gpw-d", &[]);
+    let (json, sizes) = table(50);
+    let total: u64 = sizes.iter().sum();
+    let data = pseudo_random(total as usize, 21);
+
+    // Quorum by world size: one putter and three getters on three nodes, a tree of fanout 2,
+    // the bytes packed into one run. The getters join first: they wait for the putter.
+    let w = window("packed", 4, 0, 2, PACK);
+    let getters = [
+        Member::start(&b.path(".gpu/sd/packed"), &json, &sizes, &w, None),
+        Member::start(&d.path(".gpu/sd/packed"), &json, &sizes, &w, None),
+        Member::start(&d.path(".gpu/sd/packed"), &json, &sizes, &w, None),
+    ];
+    // No putter yet: nobody finishes.
+    let mut fds: Vec<libc::pollfd> = getters
+        .iter()
+        .map(|m| libc::pollfd {
+            fd: m.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: valid pollfds.
+    assert_eq!(unsafe { libc::poll(fds.as_mut_ptr(), 3, 200) }, 0);
+    let putter = Member::start(&a.path(".gpu/sd/packed"), &json, &sizes, &w, Some(&data));
+    for g in &getters {
+        let (state, _, msg) = g.outcome();
+        assert_eq!(state, DONE, "{msg}");
+        assert!(
+            g.bytes() == data,
+            "a getter's bytes differ from the putter's"
+        );
+    }
+    let (state, _, msg) = putter.outcome();
+    assert_eq!(state, DONE, "{msg}");
+    assert_eq!(status(&putter.fd, putter.transfer).bytes_total, total);
+
+    // Quorum by timeout, unpacked (entry by entry), a chain: whoever joined in 1.5 s.
+    let w = window("plain", 0, 1_500, 0, 0);
+    let putter = Member::start(&a.path(".gpu/sd/plain"), &json, &sizes, &w, Some(&data));
+    let getters = [
+        Member::start(&d.path(".gpu/sd/plain"), &json, &sizes, &w, None),
+        Member::start(&b.path(".gpu/sd/plain"), &json, &sizes, &w, None),
+    ];
+    for g in &getters {
+        let (state, _, msg) = g.outcome();
+        assert_eq!(state, DONE, "{msg}");
+        assert!(
+            g.bytes() == data,
+            "a getter's bytes differ from the putter's"
+        );
+    }
+    assert_eq!(putter.outcome().0, DONE);
+    // That window is over: a getter that comes now opens the group's next one, where no one
+    // puts, and is told so when its timeout closes it.
+    let late = Member::start(&b.path(".gpu/sd/plain"), &json, &sizes, &w, None);
+    let (state, errno, msg) = late.outcome();
+    assert_eq!((state, errno), (FAILED, libc::ETIMEDOUT), "{msg}");
+    assert!(msg.contains("no one put"), "{msg}");
+}
+
+#[test]
+fn a_window_fails_as_a_whole_and_names_the_member_at_fault() {
+    let c = Cluster::new("127.0.0.158");
+    let a = start_mount("127.0.0.158", &c.server.addr, &c.path("a"), "gpf-a", &[]);
+    let b = start_mount("127.0.0.159", &c.server.addr, &c.path("b"), "gpf-b", &[]);
+    let d = start_mount("127.0.0.160", &c.server.addr, &c.path("d"), "gpf-d", &[]);
+    let (json, sizes) = table(12);
+    let total: u64 = sizes.iter().sum();
+    let data = pseudo_random(total as usize, 22);
+
+    // One getter's table differs: every member fails with EBADMSG, the mismatch named, and no
+    // getter is sent a byte.
+    let (other, other_sizes) = table(11);
+    let w = window("mismatch", 3, 0, 0, 0);
+    let putter = Member::start(&a.path(".gpu/bad"), &json, &sizes, &w, Some(&data));
+    let good = Member::start(&b.path(".gpu/bad"), &json, &sizes, &w, None);
+    let wrong = Member::start(&d.path(".gpu/bad"), &other, &other_sizes, &w, None);
+    for m in [&putter, &good, &wrong] {
+        let (state, errno, msg) = m.outcome();
+        assert_eq!((state, errno), (FAILED, libc::EBADMSG), "{msg}");
+        assert!(
+            msg.contains("gpf-d"),
+            "the message does not name the member: {msg}"
+        );
+    }
+    assert!(good.bytes().iter().all(|&x| x == 0));
+    let (_, _, msg) = wrong.outcome();
+    assert!(
+        msg.contains("entries"),
+        "no detail of the difference: {msg}"
+    );
+    drop((putter, good, wrong));
+
+    // A chain putter -> b -> d -> d. With the putter's worker stopped, b closes its control
+    // file mid-transfer: its children fail naming it, and so does the putter.
+    let w = window("closed", 4, 0, 0, 0);
+    let putter = Member::start(&a.path(".gpu/chain"), &json, &sizes, &w, Some(&data));
+    let mut worker = None;
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            worker = worker_of(a.proc.as_ref().unwrap().pid());
+            worker.is_some()
+        }),
+        "the putter's worker never started"
+    );
+    let worker = worker.unwrap();
+    signal(worker, libc::SIGSTOP);
+    let first = Member::start(&b.path(".gpu/chain"), &json, &sizes, &w, None);
+    let second = Member::start(&d.path(".gpu/chain"), &json, &sizes, &w, None);
+    let third = Member::start(&d.path(".gpu/chain"), &json, &sizes, &w, None);
+    // The plan is out once the first is running.
+    assert!(eventually(Duration::from_secs(20), || {
+        status(&first.fd, first.transfer).state == RUNNING
+    }));
+    drop(first);
+    for m in [&second, &third] {
+        let (state, errno, msg) = m.outcome();
+        assert_eq!(state, FAILED, "{msg}");
+        assert_eq!(errno, libc::ECONNABORTED, "{msg}");
+        assert!(
+            msg.contains("gpf-"),
+            "the message does not name a member: {msg}"
+        );
+    }
+    let (_, _, msg) = second.outcome();
+    assert!(
+        msg.contains("gpf-b"),
+        "the child does not name its parent: {msg}"
+    );
+    signal(worker, libc::SIGCONT);
+    let (state, _, msg) = putter.outcome();
+    assert_eq!(state, FAILED, "{msg}");
+    assert!(
+        msg.contains("gpf-b"),
+        "the putter does not name the getter: {msg}"
+    );
+}

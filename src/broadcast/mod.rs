@@ -14,8 +14,9 @@
 //!
 //! Everything here is plain state driven with an explicit `now` (a [`Moment`] of the server's
 //! clock), so tests run it without a clock. [`window`] holds a window's members and its quorum,
-//! [`tree`] the choice of parents.
+//! [`tree`] the choice of parents, [`gpu`] the windows of GPU keys (one coordinated transfer).
 
+pub mod gpu;
 mod tree;
 mod window;
 
@@ -39,6 +40,10 @@ pub enum BroadcastError {
     NoMember(String, u64),
     #[error("bad window request: {0}")]
     Bad(String),
+    #[error("{0}")]
+    Busy(String),
+    #[error("{0}")]
+    Exists(String),
 }
 
 /// A node that holds a whole version already: the store server (empty `node_id`), the origin of

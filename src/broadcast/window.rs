@@ -44,6 +44,20 @@ pub(super) struct WindowState {
     pub(super) seeds: HashMap<Version, Vec<Seed>>,
 }
 
+/// Which criterion of `spec`, if any, closes a quorum of members at `ips` (one per member, in
+/// join order) `elapsed` after the window opened. File and GPU windows close alike.
+pub(super) fn quorum(spec: &WindowSpec, ips: &[&str], elapsed: Duration) -> Option<&'static str> {
+    if spec.world_size > 0 && ips.len() >= spec.world_size as usize {
+        Some("world_size")
+    } else if !spec.ips.is_empty() && spec.ips.iter().all(|ip| ips.contains(&ip.as_str())) {
+        Some("ips")
+    } else if spec.timeout_ms > 0 && elapsed >= Duration::from_millis(spec.timeout_ms) {
+        Some("timeout")
+    } else {
+        None
+    }
+}
+
 impl WindowState {
     pub(super) fn new(group_id: String, generation: u64, spec: WindowSpec, now: Moment) -> Self {
         WindowState {
@@ -79,25 +93,8 @@ impl WindowState {
         if self.closed_by.is_some() {
             return;
         }
-        let by = if self.spec.world_size > 0 && self.members.len() >= self.spec.world_size as usize
-        {
-            Some("world_size")
-        } else if !self.spec.ips.is_empty()
-            && self
-                .spec
-                .ips
-                .iter()
-                .all(|ip| self.members.iter().any(|m| &m.joiner.ip == ip))
-        {
-            Some("ips")
-        } else if self.spec.timeout_ms > 0
-            && now.at.duration_since(self.opened) >= Duration::from_millis(self.spec.timeout_ms)
-        {
-            Some("timeout")
-        } else {
-            None
-        };
-        if let Some(by) = by {
+        let ips: Vec<&str> = self.members.iter().map(|m| m.joiner.ip.as_str()).collect();
+        if let Some(by) = quorum(&self.spec, &ips, now.at.duration_since(self.opened)) {
             self.closed_by = Some(by);
             self.closed_unix_ms = now.unix_ms;
         }

@@ -14,16 +14,17 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Mutex as AsyncMutex;
 
-use super::abi::{self, Command, KtGpuBuffer, KtGpuStatus, KtGpuWindow};
+use super::abi::{self, Command, KtGpuBuffer, KtGpuStatus};
 use super::table::{Table, TableError};
+use super::window::{self, Asked, Joining, Membership, WindowError};
 use super::worker::spawn::WorkerClient;
 use super::worker::WorkerError;
 use crate::key::{KeyPath, Namespace};
 use crate::locks::lock;
 use crate::proto::worker_request::Op;
 use crate::proto::{
-    GpuKey, ListRequest, PublishGpuRequest, RemoveRequest, ResolveRequest, WorkerBuffer,
-    WorkerFetch, WorkerRegister,
+    GpuKey, ListRequest, PublishGpuRequest, RemoveRequest, ResolveRequest, Role, WorkerBuffer,
+    WorkerFetch, WorkerRegister, WorkerRelease,
 };
 use crate::rpc::{ClientError, Store};
 
@@ -43,8 +44,10 @@ pub enum GpuError {
     NotFound(String),
     #[error("the tensor table does not match the publisher's: {0}")]
     Mismatch(String),
-    #[error("broadcast windows for GPU keys are not built yet: a GET pulls from the publisher")]
-    NoWindows,
+    #[error("a window needs a quorum: world_size, timeout_ms or ips")]
+    NoQuorum,
+    #[error(transparent)]
+    Window(#[from] WindowError),
     #[error(transparent)]
     Worker(#[from] WorkerError),
     #[error(transparent)]
@@ -56,11 +59,13 @@ impl GpuError {
     pub fn errno(&self) -> i32 {
         match self {
             GpuError::Abi(abi::AbiError::Foreign(_)) => libc::ENOTTY,
-            GpuError::Abi(_) | GpuError::Table(_) | GpuError::Buffers(_) => libc::EINVAL,
+            GpuError::Abi(_) | GpuError::Table(_) | GpuError::Buffers(_) | GpuError::NoQuorum => {
+                libc::EINVAL
+            }
             GpuError::Busy => libc::EBUSY,
             GpuError::NoTransfer(_) | GpuError::NotFound(_) => libc::ENOENT,
             GpuError::Mismatch(_) => libc::EBADMSG,
-            GpuError::NoWindows => libc::EOPNOTSUPP,
+            GpuError::Window(w) => w.errno(),
             GpuError::Worker(w) => w.errno(),
             GpuError::Rpc(e) => e.fault().errno(),
         }
@@ -127,7 +132,13 @@ struct Registration {
     id: u64,
     publisher: bool,
     worker: Arc<WorkerClient>,
+    /// The window it joined, told when the registration ends before its transfer does.
+    window: Option<Membership>,
 }
+
+/// Why a registration's transfer ends when its control file closes first: what the members
+/// that receive from it are told.
+const CLOSED: &str = "its caller closed its control file";
 
 /// An open control file: `/kt/.gpu/<key>` as one open file description holds it.
 pub struct ControlFile {
@@ -135,7 +146,7 @@ pub struct ControlFile {
     caller: u32,
     table: Mutex<Vec<u8>>,
     buffers: Mutex<Vec<KtGpuBuffer>>,
-    window: Mutex<Option<KtGpuWindow>>,
+    window: Mutex<Option<Asked>>,
     transfers: Mutex<Vec<Arc<Transfer>>>,
     next_transfer: AtomicU64,
     registration: Arc<Mutex<Option<Registration>>>,
@@ -309,7 +320,11 @@ impl GpuControl {
     ) -> Result<(i32, Vec<u8>), GpuError> {
         match abi::decode(cmd, data)? {
             Command::Join(w) => {
-                *lock(&cf.window) = Some(w);
+                let asked = Asked::from_abi(&w)?;
+                if !asked.has_quorum() {
+                    return Err(GpuError::NoQuorum);
+                }
+                *lock(&cf.window) = Some(asked);
                 Ok((0, Vec::new()))
             }
             Command::Put(b) => self.batch(cf, b, true),
@@ -345,9 +360,6 @@ impl GpuControl {
         if b.flags & abi::COMMIT == 0 {
             return Ok((0, Vec::new()));
         }
-        if lock(&cf.window).is_some() {
-            return Err(GpuError::NoWindows);
-        }
         let table = cf.table()?;
         let buffers = cf.checked_buffers(&table)?;
         let id = cf.next_transfer.fetch_add(1, Ordering::Relaxed);
@@ -365,6 +377,7 @@ impl GpuControl {
             table,
             table_json: String::from_utf8_lossy(&lock(&cf.table)).into_owned(),
             buffers,
+            window: lock(&cf.window).clone(),
             registration: cf.registration.clone(),
             closed: cf.closed.clone(),
         };
@@ -463,6 +476,11 @@ impl GpuControl {
                 continue;
             }
             let name = e.name.trim_end_matches('/');
+            // The key at `prefix` itself (published since the caller looked for it) is not
+            // below it.
+            if name.is_empty() {
+                continue;
+            }
             match name.split_once('/') {
                 Some((dir, _)) => {
                     out.insert(dir.to_string(), true);
@@ -520,6 +538,9 @@ async fn let_go(
     workers: Arc<AsyncMutex<Workers>>,
 ) {
     {
+        if let Some(m) = &reg.window {
+            m.finish(&store, CLOSED).await;
+        }
         if reg.publisher {
             let r = store
                 .remove(RemoveRequest {
@@ -534,7 +555,11 @@ async fn let_go(
                 tracing::warn!(error = %e.message(), "could not unpublish a GPU key");
             }
         }
-        if let Err(e) = reg.worker.call(Op::Release(reg.id)).await {
+        let release = Op::Release(WorkerRelease {
+            registration: reg.id,
+            reason: CLOSED.into(),
+        });
+        if let Err(e) = reg.worker.call(release).await {
             tracing::debug!(error = %e, "the worker did not take the release");
         }
         let mut w = workers.lock().await;
@@ -563,6 +588,7 @@ struct Commit {
     table: Table,
     table_json: String,
     buffers: Vec<WorkerBuffer>,
+    window: Option<Asked>,
     registration: Arc<Mutex<Option<Registration>>>,
     closed: Arc<AtomicBool>,
 }
@@ -580,17 +606,21 @@ impl Commit {
         Ok(c)
     }
 
+    /// Hands the buffers to the caller's worker; a getter's are to be filled (and serve what
+    /// they hold onwards meanwhile).
     async fn register(&self, publisher: bool) -> Result<Arc<WorkerClient>, GpuError> {
         let worker = self.worker().await?;
         let reg = Registration {
             id: random_id(),
             publisher,
             worker: worker.clone(),
+            window: None,
         };
         let registered = worker
             .call(Op::Register(WorkerRegister {
                 registration: reg.id,
                 buffers: self.buffers.clone(),
+                receiving: !publisher,
             }))
             .await;
         *lock(&self.registration) = Some(reg);
@@ -622,8 +652,40 @@ impl Commit {
         lock(&self.registration).as_ref().map_or(0, |r| r.id)
     }
 
+    /// Joins the window the caller asked for, recording the membership on the registration so
+    /// that a close before the end tells the window.
+    async fn join(
+        &self,
+        asked: &Asked,
+        role: Role,
+        worker: &WorkerClient,
+    ) -> Result<Membership, GpuError> {
+        let m = window::join(
+            &self.store,
+            Joining {
+                namespace: self.namespace.as_str(),
+                key: self.key.as_str(),
+                asked,
+                role,
+                node_id: &self.node_id,
+                worker_addr: &worker.data_addr,
+                registration: self.registration(),
+                digest: &self.table.digest().0,
+                table_json: &self.table_json,
+            },
+        )
+        .await?;
+        if let Some(r) = lock(&self.registration).as_mut() {
+            r.window = Some(m.clone());
+        }
+        self.still_open().await?;
+        Ok(m)
+    }
+
     async fn put(self, t: &Transfer) -> Result<u64, GpuError> {
-        t.set(abi::RUNNING);
+        if self.window.is_none() {
+            t.set(abi::RUNNING);
+        }
         let worker = self.register(true).await?;
         let mut store = self.store.clone();
         store
@@ -637,17 +699,33 @@ impl Commit {
                     publisher_node: self.node_id.clone(),
                     worker_addr: worker.data_addr.clone(),
                     registration: self.registration(),
-                    window: None,
+                    window: self.window.as_ref().map(|w| w.spec.clone()),
                 }),
             })
             .await
             .map_err(ClientError::from)?;
         self.still_open().await?;
         tracing::info!(key = %self.key, "GPU key published");
+        let Some(asked) = self.window.clone() else {
+            return Ok(self.table.nbytes());
+        };
+        // In a window the putter's transfer is the broadcast: it ends when every getter's has.
+        let m = self.join(&asked, Role::Putter, &worker).await?;
+        let moved = async {
+            m.plan(&self.store, &self.closed).await?;
+            t.set(abi::RUNNING);
+            m.getters_done(&self.store, &self.closed).await
+        }
+        .await;
+        m.finish(&self.store, "").await;
+        moved?;
         Ok(self.table.nbytes())
     }
 
     async fn get(self, t: &Transfer) -> Result<u64, GpuError> {
+        if let Some(asked) = self.window.clone() {
+            return self.get_in_window(&asked, t).await;
+        }
         let mut store = self.store.clone();
         let r = store
             .resolve(ResolveRequest {
@@ -663,14 +741,7 @@ impl Commit {
             Err(e) => return Err(e.into()),
         }
         .ok_or_else(|| GpuError::NotFound(self.key.to_string()))?;
-        let theirs = Table::parse(gpu.table_json.as_bytes())?;
-        if theirs.digest() != self.table.digest() {
-            let why = self
-                .table
-                .difference(&theirs)
-                .unwrap_or_else(|| "the tables differ".into());
-            return Err(GpuError::Mismatch(why));
-        }
+        self.check_table(&gpu.table_json)?;
         let worker = self.register(false).await?;
         t.set(abi::RUNNING);
         let r = worker
@@ -678,8 +749,85 @@ impl Commit {
                 registration: self.registration(),
                 source_addr: gpu.worker_addr,
                 source_registration: gpu.registration,
+                source: format!("the publisher on node {}", gpu.publisher_node),
+                pack: true,
+                serialised: false,
             }))
             .await?;
         Ok(r.bytes)
+    }
+
+    /// The window's word on a mismatch, with where this caller's table differs from the
+    /// putter's if it is one of those that do (the putter published its table before joining).
+    async fn mismatch(&self, why: String) -> String {
+        let r = self
+            .store
+            .clone()
+            .resolve(ResolveRequest {
+                namespace: self.namespace.to_string(),
+                key: self.key.to_string(),
+                inline_up_to: 0,
+            })
+            .await;
+        let theirs = r
+            .ok()
+            .and_then(|r| r.into_inner().gpu)
+            .and_then(|g| Table::parse(g.table_json.as_bytes()).ok());
+        match theirs.and_then(|t| self.table.difference(&t)) {
+            Some(d) => format!("{why}; this caller's: {d}"),
+            None => why,
+        }
+    }
+
+    /// A mismatch with the putter's table, said in full.
+    fn check_table(&self, theirs: &str) -> Result<(), GpuError> {
+        let theirs = Table::parse(theirs.as_bytes())?;
+        if theirs.digest() == self.table.digest() {
+            return Ok(());
+        }
+        let why = self
+            .table
+            .difference(&theirs)
+            .unwrap_or_else(|| "the tables differ".into());
+        Err(GpuError::Mismatch(why))
+    }
+
+    /// A GET in a window: the buffers registered (so that children can ask for bytes as soon as
+    /// the plan is out), the quorum awaited, then the bytes pulled from the parent the plan
+    /// names while this member's own children pull from it.
+    async fn get_in_window(self, asked: &Asked, t: &Transfer) -> Result<u64, GpuError> {
+        let worker = self.register(false).await?;
+        let m = self.join(asked, Role::Getter, &worker).await?;
+        let moved = async {
+            let plan = match m.plan(&self.store, &self.closed).await {
+                Err(WindowError::Failed(libc::EBADMSG, why)) => {
+                    return Err(GpuError::Mismatch(self.mismatch(why).await));
+                }
+                r => r?,
+            };
+            self.check_table(&plan.window.table_json)?;
+            t.set(abi::RUNNING);
+            let parent = plan
+                .parent
+                .clone()
+                .ok_or_else(|| GpuError::Buffers("the plan gives this getter no parent".into()))?;
+            let r = worker
+                .call(Op::Fetch(WorkerFetch {
+                    registration: self.registration(),
+                    source_addr: parent.worker_addr.clone(),
+                    source_registration: parent.registration,
+                    source: window::label(&parent),
+                    pack: plan.pack(),
+                    serialised: plan.serialised(),
+                }))
+                .await?;
+            Ok(r.bytes)
+        }
+        .await;
+        match &moved {
+            Ok(_) => m.finish(&self.store, "").await,
+            Err(e) => m.finish(&self.store, &e.to_string()).await,
+        }
+        moved
     }
 }

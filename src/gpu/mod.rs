@@ -1,10 +1,12 @@
-//! GPU data: the `/kt/.gpu` control files' ioctl ABI ([`abi`]) and the tensor table a GPU key
-//! carries ([`table`]). The control tree in the mount, the transfer worker and its transports
-//! build on these (see `doc/gpu-abi.md`).
+//! GPU data: the `/kt/.gpu` control files' ioctl ABI ([`abi`]), the tensor table a GPU key
+//! carries ([`table`]), what the agent does for each control file ([`control`], with its part in
+//! a window in [`window`]), and the transfer worker that moves the bytes ([`worker`], spoken to
+//! over [`wire`]). See `doc/gpu-abi.md`.
 
 pub mod abi;
 pub mod control;
 pub mod table;
+pub mod window;
 pub mod wire;
 pub mod worker;
 

@@ -3,6 +3,7 @@
 //! and names both sides must agree on.
 
 pub mod client;
+pub mod gpu_window;
 pub mod status;
 
 pub use client::{ClientError, Store};
@@ -29,6 +30,13 @@ pub const DEFAULT_FANOUT: u32 = 50;
 pub const STORE: &str = "store";
 
 /// The group of a window given no explicit id: the same for every participant of one key.
+/// The window of a GPU key's participants that name no group: one per key, apart from the
+/// key's file window.
+pub fn default_gpu_group(namespace: &str, key: &str) -> String {
+    let h = blake3::hash(format!("gpu\0{namespace}\0{key}").as_bytes());
+    format!("g-{}", &h.to_hex()[..16])
+}
+
 pub fn default_group(namespace: &str, key: &str) -> String {
     let h = blake3::hash(format!("{namespace}\0{key}").as_bytes());
     format!("k-{}", &h.to_hex()[..16])

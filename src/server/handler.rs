@@ -9,6 +9,7 @@ use tonic::{Request, Response, Status};
 use super::status::{blocking, invalid, parse_key, parse_ns, parse_version};
 use crate::blocks::store::StoreBlocks;
 use crate::blocks::Served;
+use crate::broadcast::gpu::{GpuJoiner, GpuWindows};
 use crate::broadcast::{Broadcasts, Joiner, NodeView, Seed};
 use crate::clock::SharedClock;
 use crate::hash::{BlockHash, Version};
@@ -80,11 +81,27 @@ pub struct StoreHandler {
     pub(super) windows: Arc<std::sync::Mutex<Broadcasts>>,
     /// Wakes putters waiting for a quorum whenever someone joins.
     pub(super) joined: Arc<tokio::sync::Notify>,
+    pub(super) gpu_windows: Arc<std::sync::Mutex<GpuWindows>>,
+    /// Wakes whoever waits on a GPU window whenever one changes.
+    pub(super) gpu_changed: Arc<tokio::sync::Notify>,
 }
+
+/// The longest a GPU window call is held before it answers with the window as it stands (the
+/// caller asks again): long enough to spare the server, short enough that a member whose node
+/// lapsed is noticed soon after the lease says so.
+const GPU_AWAIT_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl StoreHandler {
     fn windows(&self) -> std::sync::MutexGuard<'_, Broadcasts> {
         locks::lock(&self.windows)
+    }
+
+    fn gpu_windows(&self) -> std::sync::MutexGuard<'_, GpuWindows> {
+        locks::lock(&self.gpu_windows)
+    }
+
+    fn alive(&self) -> impl Fn(&str) -> bool + '_ {
+        |n: &str| self.meta.live_node(n).is_some()
     }
 
     fn live(&self) -> impl Fn(&str) -> Option<NodeView> + '_ {
@@ -444,6 +461,102 @@ impl Store for StoreHandler {
             .window(&group, self.clock.now())
             .ok_or_else(|| to_status(Fault::NotFound, format!("no broadcast window {group}")))?;
         Ok(Response::new(w))
+    }
+
+    async fn join_gpu_window(
+        &self,
+        req: Request<GpuJoinRequest>,
+    ) -> Result<Response<GpuJoinResponse>, Status> {
+        let remote_ip = req.remote_addr().map(|a| a.ip().to_string());
+        let r = req.into_inner();
+        parse_ns(&r.namespace)?;
+        parse_key(&r.key)?;
+        let mut spec = r.window.clone().unwrap_or_default();
+        if spec.group_id.is_empty() {
+            spec.group_id = rpc::default_gpu_group(&r.namespace, &r.key);
+        }
+        let role = r.role();
+        let joiner = GpuJoiner {
+            node_id: r.node_id.clone(),
+            ip: if r.ip.is_empty() {
+                remote_ip.unwrap_or_default()
+            } else {
+                r.ip.clone()
+            },
+            role,
+            worker_addr: r.worker_addr,
+            registration: r.registration,
+            digest: r.table_digest,
+            table_json: r.table_json,
+            flags: r.flags,
+            unique_id: r.unique_id,
+        };
+        let ((window, _), member) = {
+            let alive = self.alive();
+            self.gpu_windows()
+                .join(spec, joiner, &alive, self.clock.now())?
+        };
+        self.gpu_changed.notify_waiters();
+        tracing::info!(
+            group = %window.group_id,
+            member,
+            node = %r.node_id,
+            ?role,
+            closed = window.closed,
+            "joined GPU window"
+        );
+        Ok(Response::new(GpuJoinResponse {
+            window: Some(window),
+            member,
+        }))
+    }
+
+    async fn await_gpu_window(
+        &self,
+        req: Request<GpuAwaitRequest>,
+    ) -> Result<Response<GpuWindow>, Status> {
+        let r = req.into_inner();
+        let wait = std::time::Duration::from_millis(u64::from(r.wait_ms)).min(GPU_AWAIT_MAX);
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            // Armed before the look, so a change between the look and the wait is not lost.
+            let changed = self.gpu_changed.notified();
+            let (w, deadline) = {
+                let alive = self.alive();
+                self.gpu_windows()
+                    .view(&r.group_id, r.generation, &alive, self.clock.now())?
+            };
+            let ready = if r.until_finished {
+                crate::rpc::gpu_window::getters_finished(&w) || !w.error.is_empty()
+            } else {
+                w.closed
+            };
+            if ready || tokio::time::Instant::now() >= until {
+                return Ok(Response::new(w));
+            }
+            let wake = deadline.map_or(until, |d| until.min(d.into()));
+            tokio::select! {
+                _ = changed => {}
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+
+    async fn finish_gpu_window(
+        &self,
+        req: Request<GpuFinishRequest>,
+    ) -> Result<Response<GpuFinishResponse>, Status> {
+        let r = req.into_inner();
+        self.gpu_windows().finish(
+            &r.group_id,
+            r.generation,
+            r.member,
+            &r.error,
+            self.clock.now(),
+        )?;
+        self.gpu_changed.notify_waiters();
+        tracing::info!(group = %r.group_id, member = r.member, error = %r.error, "GPU window member finished");
+        Ok(Response::new(GpuFinishResponse {}))
     }
 
     async fn add_location(

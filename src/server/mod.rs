@@ -106,6 +106,8 @@ impl StoreServerProcess {
             clock: self.clock,
             windows: Default::default(),
             joined: Default::default(),
+            gpu_windows: Default::default(),
+            gpu_changed: Default::default(),
         };
         let svc = StoreServer::new(handler)
             .max_decoding_message_size(MAX_RPC_MESSAGE)

@@ -40,6 +40,8 @@ impl From<BroadcastError> for Status {
         let fault = match e {
             BroadcastError::NoWindow(_) | BroadcastError::NoMember(..) => Fault::NotFound,
             BroadcastError::Bad(_) => Fault::Invalid,
+            BroadcastError::Busy(_) => Fault::Conflict,
+            BroadcastError::Exists(_) => Fault::Exists,
         };
         to_status(fault, e.to_string())
     }

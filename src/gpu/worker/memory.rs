@@ -5,11 +5,18 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
+use tokio::sync::Notify;
+
+use super::host::CHUNK;
 use super::WorkerError;
 use crate::gpu::abi::{self, BUF_CUDA_IPC, BUF_HOST_SHM};
+use crate::locks::lock;
 use crate::proto::WorkerBuffer;
 
 /// Where host buffers live: the caller's shared memory.
@@ -19,7 +26,7 @@ pub const SHM_DIR: &str = "/dev/shm";
 pub struct Buffer {
     file: File,
     offset: u64,
-    pub nbytes: u64,
+    nbytes: u64,
 }
 
 impl Buffer {
@@ -69,24 +76,37 @@ impl Buffer {
     }
 
     /// `len` bytes at `at` within the buffer.
-    pub fn read(&self, at: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    fn read(&self, at: u64, len: usize) -> std::io::Result<Vec<u8>> {
         let mut out = vec![0u8; len];
         self.file.read_exact_at(&mut out, self.offset + at)?;
         Ok(out)
     }
 
-    pub fn write(&self, at: u64, data: &[u8]) -> std::io::Result<()> {
+    fn write(&self, at: u64, data: &[u8]) -> std::io::Result<()> {
         self.file.write_all_at(data, self.offset + at)
     }
 }
 
-/// A registration's buffers, by table entry.
+/// A registration's buffers, in table order, seen as one run of bytes (each entry's after the
+/// one before: the same run on every participant, since their tables match), with how much of
+/// that run is filled: a receiving registration serves its bytes onwards as they arrive, which
+/// is what pipelines a chain or tree of workers.
 pub struct Buffers {
-    pub by_entry: BTreeMap<u32, Buffer>,
+    /// `(entry, where it starts in the run, buffer)`, by entry.
+    entries: Vec<(u32, u64, Buffer)>,
+    total: u64,
+    filled: AtomicU64,
+    failure: Mutex<Option<(i32, String)>>,
+    changed: Notify,
 }
 
 impl Buffers {
-    pub fn open(dir: &Path, buffers: &[WorkerBuffer]) -> Result<Buffers, WorkerError> {
+    /// Opens `buffers`; `receiving`: they are to be filled, so nothing of them is there yet.
+    pub fn open(
+        dir: &Path,
+        buffers: &[WorkerBuffer],
+        receiving: bool,
+    ) -> Result<Buffers, WorkerError> {
         let mut by_entry = BTreeMap::new();
         for b in buffers {
             if by_entry.insert(b.entry, Buffer::open(dir, b)?).is_some() {
@@ -96,10 +116,216 @@ impl Buffers {
                 )));
             }
         }
-        Ok(Buffers { by_entry })
+        let mut total = 0u64;
+        let mut entries = Vec::with_capacity(by_entry.len());
+        for (entry, b) in by_entry {
+            let start = total;
+            total = total
+                .checked_add(b.nbytes)
+                .ok_or_else(|| WorkerError::Bad("buffers larger than 2^64 bytes".into()))?;
+            entries.push((entry, start, b));
+        }
+        Ok(Buffers {
+            entries,
+            total,
+            filled: AtomicU64::new(if receiving { 0 } else { total }),
+            failure: Mutex::new(None),
+            changed: Notify::new(),
+        })
     }
 
     pub fn nbytes(&self) -> u64 {
-        self.by_entry.values().map(|b| b.nbytes).sum()
+        self.total
+    }
+
+    /// The requests that move the run, in order: `pack` cuts the run into chunks that may span
+    /// entries (many small tensors in one request), otherwise each entry is cut on its own.
+    pub fn chunks(&self, pack: bool) -> Vec<(u64, u32)> {
+        let mut out = Vec::new();
+        let mut cut = |mut at: u64, end: u64| {
+            while at < end {
+                let len = CHUNK.min(end - at);
+                out.push((at, len as u32));
+                at += len;
+            }
+        };
+        if pack {
+            cut(0, self.total);
+        } else {
+            for (_, start, b) in &self.entries {
+                cut(*start, start + b.nbytes);
+            }
+        }
+        out
+    }
+
+    /// The pieces of `[at, at + len)` of the run: `(buffer, offset within it, length)`.
+    fn pieces(&self, at: u64, len: u64) -> io::Result<Vec<(&Buffer, u64, usize)>> {
+        let end = at
+            .checked_add(len)
+            .filter(|&e| e <= self.total)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let first = self.entries.partition_point(|(_, start, _)| *start <= at);
+        let mut out = Vec::new();
+        let mut pos = at;
+        for (_, start, b) in self.entries[first.saturating_sub(1)..].iter() {
+            if pos >= end {
+                break;
+            }
+            let (s, e) = (*start, start + b.nbytes);
+            if e <= pos {
+                continue;
+            }
+            let take = e.min(end) - pos;
+            out.push((b, pos - s, take as usize));
+            pos += take;
+        }
+        Ok(out)
+    }
+
+    /// `len` bytes at `at` of the run.
+    pub fn read(&self, at: u64, len: usize) -> io::Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(len);
+        for (b, off, n) in self.pieces(at, len as u64)? {
+            out.extend_from_slice(&b.read(off, n)?);
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` at `at` of the run.
+    pub fn write(&self, at: u64, data: &[u8]) -> io::Result<()> {
+        let mut done = 0;
+        for (b, off, n) in self.pieces(at, data.len() as u64)? {
+            b.write(off, &data[done..done + n])?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// The run is filled up to `end`: whoever waits for those bytes gets them.
+    pub fn filled(&self, end: u64) {
+        self.filled.fetch_max(end, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    /// These buffers will not be filled: whoever waits for their bytes fails with `why`.
+    pub fn fail(&self, errno: i32, why: String) {
+        lock(&self.failure).get_or_insert((errno, why));
+        self.changed.notify_waiters();
+    }
+
+    /// Waits until the run is filled up to `end`, or fails as the filling did.
+    pub async fn wait_filled(&self, end: u64) -> Result<(), (i32, String)> {
+        loop {
+            // Created before the look: a notification between the look and the wait counts.
+            let changed = self.changed.notified();
+            if self.filled.load(Ordering::SeqCst) >= end {
+                return Ok(());
+            }
+            if let Some(f) = lock(&self.failure).clone() {
+                return Err(f);
+            }
+            changed.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Buffers of `sizes` bytes, out of table order in one file of `dir`, each at an offset.
+    fn open(dir: &Path, sizes: &[u64], receiving: bool) -> Buffers {
+        let total: u64 = sizes.iter().sum::<u64>() + 7 * sizes.len() as u64;
+        std::fs::write(dir.join("run"), vec![0u8; total as usize]).unwrap();
+        let mut handle = vec![0u8; 64];
+        handle[..3].copy_from_slice(b"run");
+        let mut at = 0;
+        let mut bufs: Vec<WorkerBuffer> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                at += 7;
+                let b = WorkerBuffer {
+                    kind: BUF_HOST_SHM,
+                    entry: i as u32,
+                    offset: at,
+                    nbytes: n,
+                    handle: handle.clone(),
+                    ..Default::default()
+                };
+                at += n;
+                b
+            })
+            .collect();
+        bufs.reverse();
+        Buffers::open(dir, &bufs, receiving).unwrap()
+    }
+
+    #[test]
+    fn the_run_spans_entries_in_table_order_whatever_the_order_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path(), &[5, 0, 3, 10], true);
+        assert_eq!(b.nbytes(), 18);
+        let data: Vec<u8> = (1..=18).collect();
+        // Written in pieces that straddle entries (and the empty one).
+        b.write(0, &data[..4]).unwrap();
+        b.write(4, &data[4..9]).unwrap();
+        b.write(9, &data[9..]).unwrap();
+        assert_eq!(b.read(0, 18).unwrap(), data);
+        assert_eq!(b.read(3, 4).unwrap(), [4, 5, 6, 7]);
+        // Each entry's bytes are where its buffer is, and the gaps between them untouched.
+        let file = std::fs::read(dir.path().join("run")).unwrap();
+        assert_eq!(&file[7..12], &data[..5]);
+        assert_eq!(&file[12..26], &[0u8; 14][..]);
+        assert_eq!(&file[26..29], &data[5..8]);
+        assert_eq!(&file[36..46], &data[8..]);
+        // Past the run is refused, not wrapped or clipped.
+        assert!(b.read(10, 9).is_err());
+        assert!(b.write(u64::MAX, b"x").is_err());
+    }
+
+    #[test]
+    fn packed_chunks_cross_entries_and_unpacked_ones_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path(), &[3, CHUNK + 1, 2], false);
+        let total = CHUNK + 6;
+        assert_eq!(
+            b.chunks(true),
+            [(0, CHUNK as u32), (CHUNK, 6)],
+            "packed: the run cut evenly"
+        );
+        assert_eq!(
+            b.chunks(false),
+            [(0, 3), (3, CHUNK as u32), (CHUNK + 3, 1), (CHUNK + 4, 2)],
+            "unpacked: each entry on its own"
+        );
+        assert_eq!(
+            b.chunks(false).iter().map(|c| c.1 as u64).sum::<u64>(),
+            total
+        );
+    }
+
+    #[tokio::test]
+    async fn a_wait_ends_when_the_bytes_are_there_or_the_filling_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = std::sync::Arc::new(open(dir.path(), &[4, 4], true));
+        let waiter = tokio::spawn({
+            let b = b.clone();
+            async move { b.wait_filled(6).await }
+        });
+        b.filled(4);
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        b.filled(6);
+        assert_eq!(waiter.await.unwrap(), Ok(()));
+        // A publisher's buffers are filled from the start.
+        let dir2 = tempfile::tempdir().unwrap();
+        assert_eq!(open(dir2.path(), &[4], false).wait_filled(4).await, Ok(()));
+        b.fail(libc::ECONNABORTED, "closed".into());
+        assert_eq!(
+            b.wait_filled(8).await,
+            Err((libc::ECONNABORTED, "closed".to_string()))
+        );
     }
 }

@@ -61,6 +61,22 @@ impl WorkerError {
     }
 }
 
+fn answer(id: u64, r: Result<u64, WorkerError>) -> WorkerReply {
+    match r {
+        Ok(bytes) => WorkerReply {
+            id,
+            bytes,
+            ..Default::default()
+        },
+        Err(e) => WorkerReply {
+            id,
+            error: e.to_string(),
+            errno: e.errno(),
+            ..Default::default()
+        },
+    }
+}
+
 /// Runs a worker on `control` (the socket its agent holds the other end of), with its data
 /// port on `host` (an address other workers reach it at).
 pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
@@ -80,27 +96,17 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
     .await?;
     tracing::info!(%data_addr, "transfer worker ready");
     let shm = PathBuf::from(memory::SHM_DIR);
-    let mut fetches: HashMap<u64, tokio::task::JoinHandle<()>> = HashMap::new();
+    // Per registration, the fetch filling it: the request it answers and its task.
+    let mut fetches: HashMap<u64, (u64, tokio::task::JoinHandle<()>)> = HashMap::new();
+    let serialised = Arc::new(AsyncMutex::new(()));
     while let Some(req) = wire::recv::<_, WorkerRequest>(&mut rd).await? {
         let id = req.id;
-        let reply = |r: Result<u64, WorkerError>| match r {
-            Ok(bytes) => WorkerReply {
-                id,
-                bytes,
-                ..Default::default()
-            },
-            Err(e) => WorkerReply {
-                id,
-                error: e.to_string(),
-                errno: e.errno(),
-                ..Default::default()
-            },
-        };
+        let reply = |r: Result<u64, WorkerError>| answer(id, r);
         match req.op {
             Some(Op::Register(r)) => {
                 let dir = shm.clone();
                 let opened = tokio::task::spawn_blocking(move || {
-                    Buffers::open(&dir, &r.buffers).map(|b| (r.registration, b))
+                    Buffers::open(&dir, &r.buffers, r.receiving).map(|b| (r.registration, b))
                 })
                 .await
                 .map_err(|e| WorkerError::Bad(e.to_string()))
@@ -115,33 +121,43 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
             Some(Op::Fetch(f)) => {
                 let dst = lock(&served).get(&f.registration).cloned();
                 let wr = wr.clone();
+                let one_at_a_time = serialised.clone();
                 let task = tokio::spawn(async move {
+                    // KT_GPU_PG_GLOBAL: in arrival order (tokio's mutex is fair), one at a time.
+                    let _turn = if f.serialised {
+                        Some(one_at_a_time.lock().await)
+                    } else {
+                        None
+                    };
                     let moved = match dst {
-                        Some(dst) => host::fetch(&f.source_addr, f.source_registration, dst).await,
+                        Some(dst) => {
+                            host::fetch(
+                                &f.source_addr,
+                                f.source_registration,
+                                &f.source,
+                                dst,
+                                f.pack,
+                            )
+                            .await
+                        }
                         None => Err(WorkerError::NoRegistration(f.registration)),
                     };
-                    let r = match moved {
-                        Ok(bytes) => WorkerReply {
-                            id,
-                            bytes,
-                            ..Default::default()
-                        },
-                        Err(e) => WorkerReply {
-                            id,
-                            error: e.to_string(),
-                            errno: e.errno(),
-                            ..Default::default()
-                        },
-                    };
-                    let _ = wire::send(&mut *wr.lock().await, &r).await;
+                    let _ = wire::send(&mut *wr.lock().await, &answer(id, moved)).await;
                 });
-                fetches.insert(f.registration, task);
+                fetches.insert(f.registration, (id, task));
             }
-            Some(Op::Release(reg)) => {
-                if let Some(t) = fetches.remove(&reg) {
+            Some(Op::Release(r)) => {
+                if let Some((fetch_id, t)) = fetches.remove(&r.registration) {
                     t.abort();
+                    // The aborted fetch still owes its caller an answer.
+                    if t.await.is_err() {
+                        let why = WorkerError::Remote(libc::ECONNABORTED, r.reason.clone());
+                        wire::send(&mut *wr.lock().await, &answer(fetch_id, Err(why))).await?;
+                    }
                 }
-                lock(&served).remove(&reg);
+                if let Some(b) = lock(&served).remove(&r.registration) {
+                    b.fail(libc::ECONNABORTED, r.reason);
+                }
                 wire::send(&mut *wr.lock().await, &reply(Ok(0))).await?;
             }
             None => {
@@ -149,7 +165,7 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
                 wire::send(&mut *wr.lock().await, &r).await?;
             }
         }
-        fetches.retain(|_, t| !t.is_finished());
+        fetches.retain(|_, (_, t)| !t.is_finished());
     }
     tracing::info!("the agent let go of this transfer worker; exiting");
     Ok(())

@@ -1,0 +1,532 @@
+//! GPU windows: the quorum and the plan of a coordinated transfer of one GPU key.
+//!
+//! Unlike a file window, whose getters each get a parent the moment they join and fetch at
+//! their own pace, a GPU window moves every participant's buffers in one transfer: NCCL needs
+//! every rank of a communicator present, and a receiver must know the whole tree before the
+//! first byte moves. So everyone waits for the quorum (the same criteria as files: ANY of
+//! world_size, ips, timeout), and when it closes the window is checked and planned once:
+//! exactly one putter, every getter's tensor table the putter's (by digest: a mismatch fails the
+//! whole window, so that no rank waits for one that will never send), ranks in an order that
+//! keeps the members of one node next to each other, and each getter's parent: a chain (what
+//! NCCL's pipelined broadcast does over its ring) or, with an explicit fanout, a tree of that
+//! degree. Then members report how they finished; the putter's transfer ends when every getter's
+//! has, and fails naming each getter that failed or whose node stopped answering.
+//!
+//! Plain state with an explicit `now`, as [`super::Broadcasts`] is.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use super::window::quorum;
+use super::{BroadcastError, WINDOW_IDLE};
+use crate::clock::Moment;
+use crate::proto::{GpuMember, GpuMemberState, GpuWindow, Role, WindowSpec};
+
+/// Who joins a GPU window.
+#[derive(Clone, Debug, Default)]
+pub struct GpuJoiner {
+    pub node_id: String,
+    pub ip: String,
+    pub role: Role,
+    pub worker_addr: String,
+    pub registration: u64,
+    pub digest: Vec<u8>,
+    /// A putter's table (JSON), its flags and NCCL unique id.
+    pub table_json: String,
+    pub flags: u32,
+    pub unique_id: Vec<u8>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Fate {
+    Waiting,
+    Done,
+    Failed(String),
+}
+
+#[derive(Debug)]
+struct Member {
+    joiner: GpuJoiner,
+    rank: u32,
+    parent: Option<usize>,
+    fate: Fate,
+}
+
+/// Why a window failed as a whole, and the errno its participants see.
+#[derive(Clone, Debug)]
+struct Failure {
+    errno: i32,
+    message: String,
+}
+
+#[derive(Debug)]
+struct Window {
+    group_id: String,
+    generation: u64,
+    spec: WindowSpec,
+    opened: Instant,
+    opened_unix_ms: i64,
+    closed_by: Option<&'static str>,
+    closed_unix_ms: i64,
+    touched: Instant,
+    members: Vec<Member>,
+    failure: Option<Failure>,
+}
+
+impl Window {
+    fn putter(&self) -> Option<usize> {
+        self.members
+            .iter()
+            .position(|m| m.joiner.role == Role::Putter)
+    }
+
+    fn label(&self, i: usize) -> String {
+        let m = &self.members[i];
+        format!("member {i} on node {}", m.joiner.node_id)
+    }
+
+    fn finished(&self) -> bool {
+        !self.members.is_empty() && self.members.iter().all(|m| m.fate != Fate::Waiting)
+    }
+
+    fn update(&mut self, live: &dyn Fn(&str) -> bool, now: Moment) {
+        if self.closed_by.is_none() {
+            let ips: Vec<&str> = self.members.iter().map(|m| m.joiner.ip.as_str()).collect();
+            if let Some(by) = quorum(&self.spec, &ips, now.at.duration_since(self.opened)) {
+                self.closed_by = Some(by);
+                self.closed_unix_ms = now.unix_ms;
+                self.plan();
+            }
+        }
+        for m in &mut self.members {
+            if m.fate == Fate::Waiting && !live(&m.joiner.node_id) {
+                m.fate = Fate::Failed(format!(
+                    "node {} stopped answering (its lease lapsed)",
+                    m.joiner.node_id
+                ));
+            }
+        }
+    }
+
+    /// Checks the window at its quorum and gives every member its rank and parent.
+    fn plan(&mut self) {
+        let Some(root) = self.putter() else {
+            let by = self.closed_by.unwrap_or_default();
+            self.failure = Some(Failure {
+                errno: if by == "timeout" {
+                    libc::ETIMEDOUT
+                } else {
+                    libc::ENOENT
+                },
+                message: format!(
+                    "no one put into window {} before its quorum closed (by {by})",
+                    self.group_id
+                ),
+            });
+            return;
+        };
+        let digest = self.members[root].joiner.digest.clone();
+        let differ: Vec<String> = (0..self.members.len())
+            .filter(|&i| self.members[i].joiner.digest != digest)
+            .map(|i| self.label(i))
+            .collect();
+        if !differ.is_empty() {
+            self.failure = Some(Failure {
+                errno: libc::EBADMSG,
+                message: format!(
+                    "the tensor tables of {} do not match the putter's",
+                    differ.join(", ")
+                ),
+            });
+            return;
+        }
+        // The putter first, then its own node's getters (a hop over loopback), then each other
+        // node's getters together, in join order within a node.
+        let root_node = self.members[root].joiner.node_id.clone();
+        let mut order: Vec<usize> = (0..self.members.len()).filter(|&i| i != root).collect();
+        order.sort_by_key(|&i| {
+            let n = &self.members[i].joiner.node_id;
+            (n != &root_node, n.clone(), i)
+        });
+        order.insert(0, root);
+        let fanout = self.spec.fanout as usize;
+        for (rank, &i) in order.iter().enumerate() {
+            self.members[i].rank = rank as u32;
+            self.members[i].parent = match (rank, fanout) {
+                (0, _) => None,
+                (r, 0) => Some(order[r - 1]),
+                (r, f) => Some(order[(r - 1) / f]),
+            };
+        }
+    }
+
+    fn to_proto(&self) -> GpuWindow {
+        let putter = self.putter().map(|i| &self.members[i].joiner);
+        GpuWindow {
+            group_id: self.group_id.clone(),
+            generation: self.generation,
+            spec: Some(self.spec.clone()),
+            members: self
+                .members
+                .iter()
+                .enumerate()
+                .map(|(i, m)| GpuMember {
+                    id: i as u64,
+                    rank: m.rank,
+                    node_id: m.joiner.node_id.clone(),
+                    ip: m.joiner.ip.clone(),
+                    role: m.joiner.role as i32,
+                    worker_addr: m.joiner.worker_addr.clone(),
+                    registration: m.joiner.registration,
+                    parent: m.parent.map_or(-1, |p| p as i64),
+                    state: match m.fate {
+                        Fate::Waiting => GpuMemberState::GpuWaiting,
+                        Fate::Done => GpuMemberState::GpuDone,
+                        Fate::Failed(_) => GpuMemberState::GpuFailed,
+                    } as i32,
+                    error: match &m.fate {
+                        Fate::Failed(e) => e.clone(),
+                        _ => String::new(),
+                    },
+                })
+                .collect(),
+            closed: self.closed_by.is_some(),
+            closed_by: self.closed_by.unwrap_or_default().to_string(),
+            error: self
+                .failure
+                .as_ref()
+                .map(|f| f.message.clone())
+                .unwrap_or_default(),
+            errno: self.failure.as_ref().map_or(0, |f| f.errno),
+            table_json: putter.map(|p| p.table_json.clone()).unwrap_or_default(),
+            unique_id: putter.map(|p| p.unique_id.clone()).unwrap_or_default(),
+            flags: putter.map_or(0, |p| p.flags),
+            finished: self.finished(),
+            opened_unix_ms: self.opened_unix_ms,
+            closed_unix_ms: self.closed_unix_ms,
+        }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        (self.closed_by.is_none() && self.spec.timeout_ms > 0)
+            .then(|| self.opened + std::time::Duration::from_millis(self.spec.timeout_ms))
+    }
+}
+
+/// What a join or a look at a window returns: the window, and when its quorum closes by
+/// timeout if it is still open.
+pub type GpuView = (GpuWindow, Option<Instant>);
+
+/// Every GPU window the server knows.
+#[derive(Default)]
+pub struct GpuWindows {
+    windows: HashMap<String, Window>,
+    generations: u64,
+}
+
+impl GpuWindows {
+    /// Adds a participant to the window `spec` names (a new generation once the last one has
+    /// finished). Returns the window and the member's id.
+    pub fn join(
+        &mut self,
+        spec: WindowSpec,
+        joiner: GpuJoiner,
+        live: &dyn Fn(&str) -> bool,
+        now: Moment,
+    ) -> Result<(GpuView, u64), BroadcastError> {
+        if spec.group_id.is_empty() {
+            return Err(BroadcastError::Bad("group id missing".into()));
+        }
+        if spec.world_size == 0 && spec.timeout_ms == 0 && spec.ips.is_empty() {
+            return Err(BroadcastError::Bad(
+                "a GPU window needs a quorum: world_size, timeout or ips".into(),
+            ));
+        }
+        self.windows
+            .retain(|_, w| now.at.duration_since(w.touched) < WINDOW_IDLE);
+        if self
+            .windows
+            .get(&spec.group_id)
+            .is_none_or(|w| w.finished())
+        {
+            self.generations += 1;
+            let w = Window {
+                group_id: spec.group_id.clone(),
+                generation: self.generations,
+                spec: spec.clone(),
+                opened: now.at,
+                opened_unix_ms: now.unix_ms,
+                closed_by: None,
+                closed_unix_ms: 0,
+                touched: now.at,
+                members: Vec::new(),
+                failure: None,
+            };
+            self.windows.insert(spec.group_id.clone(), w);
+        }
+        let w = self
+            .windows
+            .get_mut(&spec.group_id)
+            .ok_or_else(|| BroadcastError::NoWindow(spec.group_id.clone()))?;
+        w.touched = now.at;
+        w.update(live, now);
+        if let Some(by) = w.closed_by {
+            return Err(BroadcastError::Busy(format!(
+                "window {} closed its quorum (by {by}) before this joined, and is still moving \
+                 its bytes; join once it has finished",
+                w.group_id
+            )));
+        }
+        if joiner.role == Role::Putter && w.putter().is_some() {
+            return Err(BroadcastError::Exists(format!(
+                "window {} has a putter already",
+                w.group_id
+            )));
+        }
+        w.members.push(Member {
+            joiner,
+            rank: 0,
+            parent: None,
+            fate: Fate::Waiting,
+        });
+        let member = (w.members.len() - 1) as u64;
+        w.update(live, now);
+        Ok(((w.to_proto(), w.deadline()), member))
+    }
+
+    /// The window `group` of `generation` as it stands now.
+    pub fn view(
+        &mut self,
+        group: &str,
+        generation: u64,
+        live: &dyn Fn(&str) -> bool,
+        now: Moment,
+    ) -> Result<GpuView, BroadcastError> {
+        let w = self
+            .windows
+            .get_mut(group)
+            .filter(|w| w.generation == generation)
+            .ok_or_else(|| BroadcastError::NoWindow(group.to_string()))?;
+        w.touched = now.at;
+        w.update(live, now);
+        Ok((w.to_proto(), w.deadline()))
+    }
+
+    /// A member has finished: its buffers filled (`error` empty) or not.
+    pub fn finish(
+        &mut self,
+        group: &str,
+        generation: u64,
+        member: u64,
+        error: &str,
+        now: Moment,
+    ) -> Result<(), BroadcastError> {
+        let w = self
+            .windows
+            .get_mut(group)
+            .filter(|w| w.generation == generation)
+            .ok_or_else(|| BroadcastError::NoWindow(group.to_string()))?;
+        w.touched = now.at;
+        let m = w
+            .members
+            .get_mut(member as usize)
+            .ok_or_else(|| BroadcastError::NoMember(group.to_string(), member))?;
+        if m.fate == Fate::Waiting {
+            m.fate = if error.is_empty() {
+                Fate::Done
+            } else {
+                Fate::Failed(error.to_string())
+            };
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{Clock, ManualClock};
+    use crate::rpc::gpu_window::outcome;
+    use std::time::Duration;
+
+    fn spec(world_size: u32, timeout_ms: u64, fanout: u32) -> WindowSpec {
+        WindowSpec {
+            group_id: "g".into(),
+            timeout_ms,
+            world_size,
+            ips: Vec::new(),
+            fanout,
+        }
+    }
+
+    fn joiner(node: &str, role: Role, digest: u8) -> GpuJoiner {
+        GpuJoiner {
+            node_id: node.into(),
+            ip: format!("ip-{node}"),
+            role,
+            worker_addr: format!("{node}:1"),
+            registration: 7,
+            digest: vec![digest; 32],
+            table_json: "{}".into(),
+            flags: 0,
+            unique_id: Vec::new(),
+        }
+    }
+
+    const ALIVE: &dyn Fn(&str) -> bool = &|_| true;
+
+    #[test]
+    fn the_quorum_closes_at_world_size_and_plans_a_chain_grouped_by_node() {
+        let clock = ManualClock::default();
+        let mut g = GpuWindows::default();
+        let s = spec(4, 0, 0);
+        let ((w, _), _) = g
+            .join(s.clone(), joiner("b", Role::Getter, 1), ALIVE, clock.now())
+            .unwrap();
+        assert!(!w.closed);
+        g.join(s.clone(), joiner("a", Role::Getter, 1), ALIVE, clock.now())
+            .unwrap();
+        g.join(s.clone(), joiner("b", Role::Putter, 1), ALIVE, clock.now())
+            .unwrap();
+        let ((w, deadline), m) = g
+            .join(s, joiner("a", Role::Getter, 1), ALIVE, clock.now())
+            .unwrap();
+        assert_eq!((m, w.closed, w.closed_by.as_str()), (3, true, "world_size"));
+        assert!(deadline.is_none() && w.error.is_empty());
+        // Putter (member 2, node b) first, its node's getter next, then node a's in join order.
+        let by_rank: Vec<(u64, i64)> = {
+            let mut v: Vec<_> = w.members.iter().map(|m| (m.rank, m.id, m.parent)).collect();
+            v.sort();
+            v.into_iter().map(|(_, id, p)| (id, p)).collect()
+        };
+        assert_eq!(by_rank, vec![(2, -1), (0, 2), (1, 0), (3, 1)]);
+    }
+
+    #[test]
+    fn a_fanout_builds_a_tree_of_that_degree() {
+        let clock = ManualClock::default();
+        let mut g = GpuWindows::default();
+        let s = spec(7, 0, 2);
+        g.join(s.clone(), joiner("n", Role::Putter, 1), ALIVE, clock.now())
+            .unwrap();
+        let mut last = None;
+        for _ in 0..6 {
+            last = Some(
+                g.join(s.clone(), joiner("n", Role::Getter, 1), ALIVE, clock.now())
+                    .unwrap(),
+            );
+        }
+        let ((w, _), _) = last.unwrap();
+        let parents: Vec<i64> = w.members.iter().map(|m| m.parent).collect();
+        assert_eq!(parents, vec![-1, 0, 0, 1, 1, 2, 2]);
+    }
+
+    #[test]
+    fn a_timeout_closes_with_whoever_joined_and_a_window_without_a_putter_fails() {
+        let clock = ManualClock::default();
+        let mut g = GpuWindows::default();
+        let s = spec(10, 500, 0);
+        let ((w, deadline), _) = g
+            .join(s.clone(), joiner("a", Role::Getter, 1), ALIVE, clock.now())
+            .unwrap();
+        assert!(deadline.is_some());
+        clock.advance(Duration::from_millis(500));
+        let (w, _) = g.view("g", w.generation, ALIVE, clock.now()).unwrap();
+        assert_eq!(
+            (w.closed_by.as_str(), w.errno),
+            ("timeout", libc::ETIMEDOUT)
+        );
+        assert!(w.error.contains("no one put"), "{}", w.error);
+        // A late joiner of a closed window that is still moving is refused, not hung.
+        assert!(matches!(
+            g.join(s, joiner("b", Role::Getter, 1), ALIVE, clock.now()),
+            Err(BroadcastError::Busy(_))
+        ));
+    }
+
+    #[test]
+    fn a_table_that_differs_fails_the_whole_window_naming_it() {
+        let clock = ManualClock::default();
+        let mut g = GpuWindows::default();
+        let s = spec(3, 0, 0);
+        g.join(s.clone(), joiner("a", Role::Putter, 1), ALIVE, clock.now())
+            .unwrap();
+        g.join(s.clone(), joiner("b", Role::Getter, 1), ALIVE, clock.now())
+            .unwrap();
+        let ((w, _), _) = g
+            .join(s, joiner("c", Role::Getter, 2), ALIVE, clock.now())
+            .unwrap();
+        assert_eq!(w.errno, libc::EBADMSG);
+        assert!(w.error.contains("member 2 on node c"), "{}", w.error);
+    }
+
+    #[test]
+    fn the_putter_learns_which_getters_failed_and_whose_node_died() {
+        let clock = ManualClock::default();
+        let mut g = GpuWindows::default();
+        let s = spec(4, 0, 0);
+        for (n, r) in [
+            ("a", Role::Putter),
+            ("b", Role::Getter),
+            ("c", Role::Getter),
+        ] {
+            g.join(s.clone(), joiner(n, r, 1), ALIVE, clock.now())
+                .unwrap();
+        }
+        let ((w, _), _) = g
+            .join(s.clone(), joiner("d", Role::Getter, 1), ALIVE, clock.now())
+            .unwrap();
+        let generation = w.generation;
+        g.finish("g", generation, 1, "", clock.now()).unwrap();
+        g.finish("g", generation, 2, "its parent hung up", clock.now())
+            .unwrap();
+        let dead_d = |n: &str| n != "d";
+        let (w, _) = g.view("g", generation, &dead_d, clock.now()).unwrap();
+        let members: Vec<i32> = w.members.iter().map(|m| m.state).collect();
+        assert_eq!(members[1..], [1, 2, 2]);
+        let err = outcome(&w).unwrap_err();
+        assert!(err.starts_with("2 of 3 getters failed"), "{err}");
+        assert!(
+            err.contains("member 2 on node c: its parent hung up"),
+            "{err}"
+        );
+        assert!(err.contains("node d stopped answering"), "{err}");
+        g.finish("g", generation, 0, "", clock.now()).unwrap();
+        // Finished: the next join opens the next generation.
+        let ((w, _), m) = g
+            .join(s, joiner("a", Role::Putter, 1), ALIVE, clock.now())
+            .unwrap();
+        assert_eq!((m, w.generation > generation), (0, true));
+    }
+
+    #[test]
+    fn a_second_putter_and_a_window_without_a_quorum_are_refused() {
+        let clock = ManualClock::default();
+        let mut g = GpuWindows::default();
+        assert!(matches!(
+            g.join(
+                spec(0, 0, 0),
+                joiner("a", Role::Putter, 1),
+                ALIVE,
+                clock.now()
+            ),
+            Err(BroadcastError::Bad(_))
+        ));
+        g.join(
+            spec(3, 0, 0),
+            joiner("a", Role::Putter, 1),
+            ALIVE,
+            clock.now(),
+        )
+        .unwrap();
+        assert!(matches!(
+            g.join(
+                spec(3, 0, 0),
+                joiner("b", Role::Putter, 1),
+                ALIVE,
+                clock.now()
+            ),
+            Err(BroadcastError::Exists(_))
+        ));
+    }
+}

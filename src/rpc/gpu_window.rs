@@ -1,0 +1,34 @@
+//! What a GPU window's state says, read the same way by the store server that keeps it and the
+//! agents that wait on it.
+
+use crate::proto::{GpuMemberState, GpuWindow, Role};
+
+/// Whether the quorum has closed and every getter of `w` has finished, one way or the other:
+/// what the putter waits for.
+pub fn getters_finished(w: &GpuWindow) -> bool {
+    w.closed
+        && w.members
+            .iter()
+            .all(|m| m.role() == Role::Putter || m.state() != GpuMemberState::GpuWaiting)
+}
+
+/// What the putter's transfer comes to once every getter has finished: `Err` names each getter
+/// that failed, and why.
+pub fn outcome(w: &GpuWindow) -> Result<(), String> {
+    let failed: Vec<String> = w
+        .members
+        .iter()
+        .filter(|m| m.role() == Role::Getter && m.state() == GpuMemberState::GpuFailed)
+        .map(|m| format!("member {} on node {}: {}", m.id, m.node_id, m.error))
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} of {} getters failed: {}",
+            failed.len(),
+            w.members.len().saturating_sub(1),
+            failed.join("; ")
+        ))
+    }
+}
