@@ -15,7 +15,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from . import _native
+from . import _native, tensors
+from .errors import KeyNotFoundError
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -143,15 +144,6 @@ def _is_tensor_like(x: Any) -> bool:
     )
 
 
-def _no_tensors(x: Any, what: str) -> None:
-    if _is_tensor_like(x):
-        raise NotImplementedError(
-            f"{what} is a tensor or a dict of tensors: those move through the mount's /kt/.gpu "
-            "control files, which this version of ktfs does not have yet; files and "
-            "directories work"
-        )
-
-
 def _listify(key: Union[str, Sequence[str]]) -> List[str]:
     return [key] if isinstance(key, str) else list(key)
 
@@ -192,8 +184,15 @@ def put(
     always sends what differs. ``start_rsyncd`` has no effect (the node agent serves
     publications in place; there is no rsync daemon). ``nccl_port`` and ``nccl_pg_mode`` are for
     tensors.
+
+    A tensor or a state dict (``src=model.state_dict()``; torch, numpy or CUDA arrays) is
+    published as a GPU key through the mount's ``/kt/.gpu`` (``KT_MOUNT``, default ``/kt``):
+    CUDA memory stays where it is and is read by CUDA IPC, CPU tensors are copied once to
+    ``/dev/shm``. The key stays published while this process lives (or until ``rm``); with
+    ``broadcast`` the put returns once every getter of the window holds the tensors.
+    ``nccl_pg_mode="global"`` runs one transfer at a time per node's worker.
     """
-    del start_rsyncd, nccl_port, nccl_pg_mode, force
+    del start_rsyncd, nccl_port, force
     keys = _listify(key)
     srcs = list(src) if isinstance(src, (list, tuple)) else [src]
     if len(keys) != len(srcs):
@@ -205,7 +204,9 @@ def put(
     for k, s in zip(keys, srcs):
         if s is None:
             raise ValueError(f"put of {k!r} needs a src")
-        _no_tensors(s, "src")
+        if _is_tensor_like(s):
+            tensors.put(k, s, window=broadcast, pg_mode=nccl_pg_mode)
+            continue
         path = os.fspath(s)
         if locale is Locale.LOCAL:
             absolute = os.path.abspath(path)
@@ -235,7 +236,7 @@ def get(
     namespace: Optional[str] = None,
     kubeconfig_path: Optional[PathLike] = None,
     nccl_pg_mode: Optional[str] = None,
-) -> None:
+) -> Any:
     """Copy ``key`` to ``dest`` (default: the current directory).
 
     A directory lands as ``dest/NAME`` (``contents=True``: its contents straight in ``dest``);
@@ -243,16 +244,22 @@ def get(
     Files already there with the same size and mtime are kept; one that differs is replaced
     only with ``force=True``. With ``broadcast`` the getter joins that window and fetches from
     the other members. ``key`` may be a list: ``dest`` is then one directory (each key lands
-    below it) or a list of the same length. ``nccl_pg_mode`` is for tensors.
+    below it) or a list of the same length.
+
+    A GPU key (published from tensors) is received into ``dest``, a tensor or a state dict
+    whose names, dtypes and shapes match the key's (``model.state_dict()``: received in
+    place, on the GPU or the CPU), and returned; with ``dest=None`` it is allocated on the CPU
+    from the key's table. With ``broadcast`` every getter and the putter join one window and
+    one coordinated transfer fills them all (``pack=True``: mixed dtypes in bounded buckets).
     """
-    del nccl_pg_mode
     keys = _listify(key)
+    if len(keys) == 1 and (_is_tensor_like(dest) or (dest is None and tensors.is_gpu_key(keys[0]))):
+        return tensors.get(keys[0], dest, window=broadcast, pg_mode=nccl_pg_mode)
     if isinstance(dest, (list, tuple)):
         if len(dest) != len(keys):
             raise ValueError(f"{len(keys)} keys but {len(dest)} destinations")
         dests = [os.fspath(d) for d in dest]
     else:
-        _no_tensors(dest, "dest")
         d = "." if dest is None else os.fspath(dest)
         if len(keys) > 1 and not d.endswith("/"):
             d += "/"
@@ -298,9 +305,16 @@ def rm(
 ) -> None:
     """Remove ``key``: a directory only with ``recursive=True`` (and everything below it);
     with ``prefix=True`` every key whose name starts with ``key``. ``verbose`` prints what was
-    removed."""
+    removed. Tensors this process published at ``key`` stop being published."""
     for k in _listify(key):
-        removed = _native.rm(k, recursive=recursive, prefix=prefix, **_common(namespace, kubeconfig_path))
+        held = tensors.release(k, prefix=prefix, recursive=recursive)
+        try:
+            removed = _native.rm(k, recursive=recursive, prefix=prefix, **_common(namespace, kubeconfig_path))
+        except KeyNotFoundError:
+            # Closing this process's control files unpublished them first.
+            if not held:
+                raise
+            removed = [k]
         if verbose:
             for r in removed:
                 print(f"removed {r}")

@@ -89,6 +89,32 @@ def cluster(tmp_path_factory):
                 os.environ[k] = v
 
 
+@pytest.fixture(scope="session")
+def mounts(cluster, tmp_path_factory):
+    """Two more nodes of the cluster with the filesystem mounted (root and /dev/fuse, as in CI):
+    their mount points, for the tensor path through /kt/.gpu."""
+    kt = cluster["kt"]
+    points, procs = [], []
+    try:
+        for i, ip in enumerate(("127.0.0.202", "127.0.0.203")):
+            d = tmp_path_factory.mktemp(f"node{i}")
+            point = d / "kt"
+            procs.append(
+                Proc(
+                    [kt, "mount", str(point), "--server", cluster["server"].addr, "--listen", f"{ip}:0",
+                     "--cache-dir", str(d / "cache"), "--socket", str(d / "agent.sock"),
+                     "--node-id", f"py-mount-{i}", "--heartbeat-secs", "1"]
+                )
+            )
+            points.append(str(point))
+        yield points
+    finally:
+        for p in procs:
+            p.stop()
+        for point in points:
+            subprocess.run(["umount", "-l", point], stderr=subprocess.DEVNULL, check=False)
+
+
 def tree(root: pathlib.Path, files: dict) -> pathlib.Path:
     """Writes `files` (relative path -> bytes) below `root`."""
     for rel, data in files.items():

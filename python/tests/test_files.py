@@ -106,7 +106,9 @@ def test_each_failure_is_its_exception_with_the_clis_message(cluster, tmp_path, 
     with pytest.raises(ValueError, match="timeout, world_size or ips"):
         kt.BroadcastWindow()
     assert kt.BroadcastWindow(world_size=4, pack=True).to_dict()["world_size"] == 4
-    with pytest.raises(NotImplementedError, match="/kt/.gpu"):
+    # Tensors need the mount (test_tensors.py has it); without one, that is what the error says.
+    monkeypatch.setenv("KT_MOUNT", "/nonexistent-kt")
+    with pytest.raises(kt.UnavailableError, match="/nonexistent-kt/.gpu"):
         kt.put(key="t", src={"w": __import__("numpy").zeros(3)})
     assert issubclass(kt.KeyNotFoundError, kt.KtError)
     monkeypatch.setenv("KT_SERVER", "127.0.0.1:1")
