@@ -5,8 +5,7 @@ mod cli;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-#[tokio::main]
-async fn main() {
+fn main() {
     // Blocks are 4 MiB buffers allocated and freed on many threads (FUSE workers, tokio's
     // blocking pool); with an arena per thread, glibc keeps freed blocks in each and memory
     // grows with the thread count. Two arenas reuse them. (A low mmap threshold was tried and
@@ -29,7 +28,21 @@ async fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    let code = cli::run(cli.cmd, json).await;
+    if let Err(e) = cli::prepare(&cli.cmd) {
+        eprintln!("kt: {e:#}");
+        std::process::exit(1);
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kt: starting the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = rt.block_on(cli::run(cli.cmd, json));
     if code != 0 {
         std::process::exit(code);
     }

@@ -603,3 +603,218 @@ fn a_window_fails_as_a_whole_and_names_the_member_at_fault() {
         "the putter does not name the getter: {msg}"
     );
 }
+
+/// A caller in a pod of its own: its IPC, PID and mount namespaces (a /dev/shm of its own), a
+/// network namespace joined to the host by a veth pair, and uid 1000. It publishes the bytes
+/// of `data` under the table, prints `published`, and holds the key until its stdin closes.
+const POD_CALLER: &str = r#"
+import ctypes, importlib.util, os, select, sys
+spec = importlib.util.spec_from_file_location("gpu_abi", sys.argv[1])
+abi = importlib.util.module_from_spec(spec); spec.loader.exec_module(abi)
+control, data_file, table, sizes = sys.argv[2], sys.argv[3], sys.argv[4], [int(s) for s in sys.argv[5].split(",")]
+data = open(data_file, "rb").read()
+shm = "/dev/shm/pod-src"
+with open(shm, "wb") as f:
+    f.write(data)
+os.chmod(shm, 0o600)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+fd = os.open(control, os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, table.encode())
+b = abi.Buffers(); b.version = abi.ABI_VERSION; b.flags = abi.COMMIT; b.count = len(sizes)
+at = 0
+for i, n in enumerate(sizes):
+    e = b.buffers[i]
+    e.kind, e.device, e.entry, e.offset, e.nbytes = abi.BUF_HOST_SHM, -1, i, at, n
+    ctypes.memmove(e.handle, b"pod-src", 7)
+    at += n
+t = libc.ioctl(fd, abi.PUT, ctypes.addressof(b))
+if t < 0:
+    sys.exit("PUT: " + os.strerror(ctypes.get_errno()))
+select.select([fd], [], [], 60)
+st = abi.Status(); st.transfer = t
+libc.ioctl(fd, abi.STATUS, ctypes.addressof(st))
+if st.state != abi.DONE:
+    sys.exit("PUT failed: " + st.message.decode())
+print("published", os.getpid(), flush=True)
+sys.stdin.read()
+"#;
+
+/// A network namespace joined to the host by a veth pair, deleted when dropped.
+struct PodNet(&'static str);
+
+impl PodNet {
+    fn new(name: &'static str, host: &str, pod: &str) -> PodNet {
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new("ip")
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "delete", name])
+            .output();
+        run(&["netns", "add", name]);
+        let net = PodNet(name);
+        let (outer, inner) = (format!("{name}-h"), format!("{name}-p"));
+        run(&[
+            "link", "add", &outer, "type", "veth", "peer", "name", &inner,
+        ]);
+        run(&["link", "set", &inner, "netns", name]);
+        run(&["addr", "add", &format!("{host}/24"), "dev", &outer]);
+        run(&["link", "set", &outer, "up"]);
+        let inside = |args: &[&str]| {
+            let mut all = vec!["netns", "exec", name, "ip"];
+            all.extend_from_slice(args);
+            run(&all);
+        };
+        inside(&["addr", "add", &format!("{pod}/24"), "dev", &inner]);
+        inside(&["link", "set", &inner, "up"]);
+        inside(&["link", "set", "lo", "up"]);
+        net
+    }
+}
+
+impl Drop for PodNet {
+    fn drop(&mut self) {
+        // Deleting the namespace deletes its end of the pair, and with it the other.
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "delete", self.0])
+            .output();
+    }
+}
+
+fn status_field(pid: i32, name: &str) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+}
+
+fn ns_of(pid: i32, ns: &str) -> String {
+    std::fs::read_link(format!("/proc/{pid}/ns/{ns}"))
+        .map(|l| l.display().to_string())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_pods_caller_gets_a_worker_in_its_namespaces_as_its_user_with_no_capability() {
+    use std::io::BufRead;
+    use std::os::unix::fs::PermissionsExt;
+    let c = Cluster::new("127.0.0.161");
+    let _net = PodNet::new("ktgpu", "10.201.0.1", "10.201.0.2");
+    // The node's address is the host end of the pair: the pod's worker listens on its own
+    // address towards it, and the host's workers reach the pod's through it.
+    let a = start_mount("10.201.0.1", &c.server.addr, &c.path("a"), "gpn-a", &[]);
+    // uid 1000 walks to the mount point and the files it is given.
+    for d in [c.path(""), c.path("a")] {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let (json, sizes) = table(20);
+    let total: u64 = sizes.iter().sum();
+    let data = pseudo_random(total as usize, 31);
+    let data_file = c.path("data");
+    std::fs::write(&data_file, &data).unwrap();
+    let script = c.path("pod_caller.py");
+    std::fs::write(&script, POD_CALLER).unwrap();
+    let abi_py = c.path("gpu_abi.py");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("python/ktfs/gpu_abi.py"),
+        &abi_py,
+    )
+    .unwrap();
+    for f in [&data_file, &script, &abi_py] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let sizes_arg = sizes
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let inner = format!(
+        "mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec setpriv --reuid 1000 --regid 1000 \
+         --clear-groups /usr/bin/python3 {} {} {} {} '{}' {}",
+        script.display(),
+        abi_py.display(),
+        a.path(".gpu/pod-sd").display(),
+        data_file.display(),
+        json,
+        sizes_arg
+    );
+    let mut pod = std::process::Command::new("ip")
+        .args([
+            "netns", "exec", "ktgpu", "unshare", "--pid", "--fork", "--ipc",
+        ])
+        .args(["--mount", "--mount-proc", "sh", "-c", &inner])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(pod.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("published"), "the pod's caller: {line:?}");
+
+    // Its worker: in the pod's namespaces (not the agent's), uid 1000, no capability.
+    let agent = a.proc.as_ref().unwrap().pid() as i32;
+    let workers: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&pid: &i32| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("--enter"))
+        })
+        .collect();
+    let worker = *workers
+        .iter()
+        .find(|&&w| status_field(w, "Uid:").is_some_and(|u| u.starts_with("1000")))
+        .unwrap_or_else(|| panic!("no worker runs as uid 1000 among {workers:?}"));
+    for ns in ["pid", "ipc", "mnt", "net"] {
+        assert_ne!(
+            ns_of(worker, ns),
+            ns_of(agent, ns),
+            "the worker shares the agent's {ns}"
+        );
+    }
+    assert_eq!(
+        status_field(worker, "Uid:")
+            .unwrap()
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+        ["1000"; 4]
+    );
+    assert_eq!(status_field(worker, "CapEff:").unwrap(), "0000000000000000");
+    assert_eq!(status_field(worker, "CapBnd:").unwrap(), "0000000000000000");
+    assert_eq!(status_field(worker, "NoNewPrivs:").unwrap(), "1");
+
+    // A getter on the host receives the pod's bytes, its own worker reaching the pod's.
+    let dst = Shm::new("pod-dst", &vec![0u8; total as usize]);
+    let get = open(&a.path(".gpu/pod-sd"), false);
+    write_all(&get, json.as_bytes());
+    let g = ioctl(&get, KT_GPU_GET, &mut buffers(&dst, &sizes, BUF_HOST_SHM)).expect("GET");
+    assert!(wait_readable(&get, Duration::from_secs(30)));
+    let st = status(&get, g);
+    assert_eq!(st.state, DONE, "{}", message(&st));
+    assert!(std::fs::read(&dst.0).unwrap() == data, "the bytes differ");
+    drop(get);
+
+    // The pod's caller lets go: its worker ends, and the key is unpublished.
+    drop(pod.stdin.take());
+    assert!(pod.wait().unwrap().success());
+    assert!(
+        eventually(Duration::from_secs(10), || !Path::new(&format!(
+            "/proc/{worker}"
+        ))
+        .exists()),
+        "the pod's worker outlived its last registration"
+    );
+    assert!(eventually(Duration::from_secs(10), || {
+        c.kt(None, &["ls", "pod-sd"]).status.code() == Some(3)
+    }));
+}

@@ -64,8 +64,20 @@ pub enum Cmd {
 #[derive(Args)]
 pub struct GpuWorkerArgs {
     /// The address other workers reach this one's data port at.
+    #[arg(long, conflicts_with = "near")]
+    pub host: Option<String>,
+    /// Listen on this host's address towards NODE_IP (in a pod: the pod's address).
+    #[arg(long, value_name = "NODE_IP")]
+    pub near: Option<String>,
+    /// Join the IPC, network, PID and mount namespaces of this process (a pod's) first.
+    #[arg(long, value_name = "PID")]
+    pub enter: Option<u32>,
+    /// Run as this uid (the caller's), with no capability.
     #[arg(long)]
-    pub host: String,
+    pub uid: Option<u32>,
+    /// Run as this gid (the caller's).
+    #[arg(long, requires = "uid")]
+    pub gid: Option<u32>,
 }
 
 #[cfg(feature = "daemons")]

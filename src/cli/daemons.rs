@@ -205,6 +205,19 @@ pub async fn up(a: UpArgs) -> Result<()> {
     result
 }
 
+/// `kt gpu-worker`, before its runtime: into its caller's namespaces (the parent of the fork
+/// stays behind, and exits with the worker), then down to the caller's ids.
+pub fn gpu_worker_prepare(a: &GpuWorkerArgs) -> Result<()> {
+    use ktfs::gpu::worker::{enter, spawn::CONTROL_FD};
+    if let Some(pid) = a.enter {
+        enter::enter(pid, &[CONTROL_FD])?;
+    }
+    if let Some(uid) = a.uid {
+        enter::drop_privileges(uid, a.gid.unwrap_or(uid))?;
+    }
+    Ok(())
+}
+
 /// `kt gpu-worker`: its control socket is the descriptor the agent left at
 /// `gpu::worker::spawn::CONTROL_FD`.
 pub async fn gpu_worker(a: GpuWorkerArgs) -> Result<()> {
@@ -216,5 +229,10 @@ pub async fn gpu_worker(a: GpuWorkerArgs) -> Result<()> {
     };
     control.set_nonblocking(true)?;
     let control = tokio::net::UnixStream::from_std(control)?;
-    Ok(ktfs::gpu::worker::run(control, &a.host).await?)
+    let host = match (&a.host, &a.near) {
+        (Some(h), _) => h.clone(),
+        (None, Some(near)) => ktfs::gpu::worker::enter::local_address_towards(near)?.to_string(),
+        (None, None) => anyhow::bail!("kt gpu-worker needs --host or --near"),
+    };
+    Ok(ktfs::gpu::worker::run(control, &host).await?)
 }

@@ -31,6 +31,16 @@ pub fn mode(cmd: &Cmd) -> (bool, bool, bool) {
     }
 }
 
+/// What a command must do while the process is still single-threaded, before the runtime
+/// starts: a GPU worker joins its caller's namespaces and drops its privileges.
+pub fn prepare(cmd: &Cmd) -> anyhow::Result<()> {
+    match cmd {
+        #[cfg(feature = "daemons")]
+        Cmd::GpuWorker(a) => daemons::gpu_worker_prepare(a),
+        _ => Ok(()),
+    }
+}
+
 /// Runs a command; returns its exit code (see [`output::EXIT_CODES_HELP`]).
 pub async fn run(cmd: Cmd, json: bool) -> i32 {
     let result = match cmd {

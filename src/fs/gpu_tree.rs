@@ -33,7 +33,8 @@ impl FsCore {
             ino,
             kind: Kind::Dir,
             size: 0,
-            perm: 0o755,
+            // Any process of the node (any user of a pod) may make a key's directories there.
+            perm: 0o777,
             mtime: self.started,
             nlink: 2,
             uid: self.cfg.uid,

@@ -7,6 +7,7 @@
 //! when a transfer finishes. A registration belongs to its open file: [`GpuControl::release`]
 //! lets the worker go of it and unpublishes a publisher's key.
 
+use std::collections::HashMap;
 use std::io::Read;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,6 +18,7 @@ use tokio::sync::Mutex as AsyncMutex;
 use super::abi::{self, Command, KtGpuBuffer, KtGpuStatus};
 use super::table::{Table, TableError};
 use super::window::{self, Asked, Joining, Membership, WindowError};
+use super::worker::enter::{ids_of, Namespaces};
 use super::worker::spawn::WorkerClient;
 use super::worker::WorkerError;
 use crate::key::{KeyPath, Namespace};
@@ -241,12 +243,14 @@ impl ControlFile {
     }
 }
 
-/// The workers of this agent, one per caller's namespaces (one, today: see `worker::spawn`),
-/// each with the number of registrations it holds; a worker that holds none is let go.
+/// The workers of this agent, one per caller's namespaces and ids (a pod's user), each with
+/// the number of registrations it holds; a worker that holds none is let go.
 #[derive(Default)]
 struct Workers {
-    current: Option<(Arc<WorkerClient>, usize)>,
+    by_caller: HashMap<WorkerKey, (Arc<WorkerClient>, usize)>,
 }
+
+type WorkerKey = (Namespaces, u32, u32);
 
 /// The GPU control files of one mount.
 pub struct GpuControl {
@@ -563,13 +567,16 @@ async fn let_go(
             tracing::debug!(error = %e, "the worker did not take the release");
         }
         let mut w = workers.lock().await;
-        if let Some((current, n)) = w.current.as_mut() {
-            if Arc::ptr_eq(current, &reg.worker) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    // Its last registration is gone: closing the control socket ends it.
-                    w.current = None;
-                }
+        let mine = w
+            .by_caller
+            .iter_mut()
+            .find(|(_, (c, _))| Arc::ptr_eq(c, &reg.worker));
+        if let Some((key, (_, n))) = mine {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                // Its last registration is gone: closing the control socket ends it.
+                let key = key.clone();
+                w.by_caller.remove(&key);
             }
         }
     }
@@ -596,13 +603,25 @@ struct Commit {
 impl Commit {
     /// The caller's worker (started on its first registration), counted as holding one more.
     async fn worker(&self) -> Result<Arc<WorkerClient>, GpuError> {
+        let pid = self.caller.to_string();
+        let ns = Namespaces::of(&pid).map_err(|e| {
+            GpuError::Worker(WorkerError::Spawn(format!(
+                "the caller, process {pid}: {e}"
+            )))
+        })?;
+        let (uid, gid) = ids_of(self.caller).map_err(|e| {
+            GpuError::Worker(WorkerError::Spawn(format!(
+                "the caller, process {pid}: {e}"
+            )))
+        })?;
+        let key = (ns, uid, gid);
         let mut w = self.workers.lock().await;
-        if let Some((c, n)) = w.current.as_mut() {
+        if let Some((c, n)) = w.by_caller.get_mut(&key) {
             *n += 1;
             return Ok(c.clone());
         }
         let c = WorkerClient::start(&self.exe, &self.host, self.caller).await?;
-        w.current = Some((c.clone(), 1));
+        w.by_caller.insert(key, (c.clone(), 1));
         Ok(c)
     }
 

@@ -4,6 +4,7 @@
 //! fill buffers from another worker, let go of a registration), serves the bytes of what is
 //! registered on its data port ([`host`]), and exits when its agent closes the control socket.
 
+pub mod enter;
 pub mod host;
 pub mod memory;
 pub mod spawn;

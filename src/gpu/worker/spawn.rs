@@ -3,8 +3,9 @@
 //! A worker must live in the caller's namespaces (PID, IPC, mount, network): CUDA IPC handles
 //! do not cross PID namespaces, a pod's /dev/shm is its own, and NCCL must use the pod's
 //! network and devices. Where the caller shares the agent's namespaces (`kt up`, bare metal,
-//! CI) the worker is a plain child; entering a pod's namespaces to start it there is the next
-//! step of this module, and until then such a caller is refused with a clear error.
+//! CI) the worker is a plain child; otherwise the child joins the caller's namespaces before it
+//! becomes the worker (see [`super::enter`]). Either way it runs as the caller's uid and gid
+//! with no capability.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -47,20 +48,35 @@ pub fn shares_namespaces(pid: u32) -> bool {
 }
 
 impl WorkerClient {
-    /// Starts `exe gpu-worker` for a caller with process id `caller`, its data port on `host`.
+    /// Starts `exe gpu-worker` for a caller with process id `caller`: in the caller's
+    /// namespaces, as the caller's uid and gid, its data port on `host` (this node's address)
+    /// or, in a pod, on the pod's address towards it.
     pub async fn start(exe: &Path, host: &str, caller: u32) -> Result<Arc<Self>, WorkerError> {
-        if !shares_namespaces(caller) {
-            return Err(WorkerError::Spawn(format!(
-                "process {caller} is in other namespaces than the agent (a pod's): starting a \
-                 worker there is not built yet"
-            )));
+        let (uid, gid) = super::enter::ids_of(caller)
+            .map_err(|e| WorkerError::Spawn(format!("the caller, process {caller}: {e}")))?;
+        let mut args = vec!["gpu-worker".to_string()];
+        if shares_namespaces(caller) {
+            args.extend(["--host".into(), host.to_string()]);
+        } else {
+            args.extend([
+                "--enter".into(),
+                caller.to_string(),
+                "--near".into(),
+                host.to_string(),
+            ]);
         }
+        args.extend([
+            "--uid".into(),
+            uid.to_string(),
+            "--gid".into(),
+            gid.to_string(),
+        ]);
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()
             .map_err(|e| WorkerError::Spawn(e.to_string()))?;
         let theirs = OwnedFd::from(theirs);
         let raw = theirs.as_raw_fd();
         let mut cmd = tokio::process::Command::new(exe);
-        cmd.args(["gpu-worker", "--host", host])
+        cmd.args(&args)
             .stdin(std::process::Stdio::null())
             .kill_on_drop(false);
         // SAFETY: between fork and exec only async-signal-safe calls: dup2 onto the one
