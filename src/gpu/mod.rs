@@ -4,6 +4,7 @@
 
 pub mod abi;
 pub mod control;
+pub mod cuda;
 pub mod table;
 pub mod wire;
 pub mod worker;
