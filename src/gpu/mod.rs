@@ -5,6 +5,7 @@
 
 pub mod abi;
 pub mod control;
+pub mod cuda;
 pub mod table;
 pub mod window;
 pub mod wire;
