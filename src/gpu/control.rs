@@ -840,6 +840,10 @@ impl Commit {
                     serialised: plan.serialised(),
                 }))
                 .await?;
+            // Filled; but the transfer ends, and the caller may change its buffers, only once
+            // no member below this one still reads from them.
+            m.finish(&self.store, "").await;
+            m.served(&self.store, &self.closed).await?;
             Ok(r.bytes)
         }
         .await;

@@ -182,6 +182,17 @@ impl Membership {
         crate::rpc::gpu_window::outcome(&w).map_err(|why| WindowError::Failed(libc::EIO, why))
     }
 
+    /// For a getter that has its bytes: waits until every getter has finished, since those
+    /// below it read from its buffers until then. Others' failures are theirs; a window gone
+    /// (replaced by the group's next, or idle) has no one left to serve.
+    pub async fn served(&self, store: &Store, closed: &AtomicBool) -> Result<(), WindowError> {
+        match self.wait(store, true, closed).await {
+            Ok(_) | Err(WindowError::Failed(..)) => Ok(()),
+            Err(WindowError::Rpc(e)) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Tells the window how this member finished (`error` empty: filled, or done putting).
     pub async fn finish(&self, store: &Store, error: &str) {
         let r = store
