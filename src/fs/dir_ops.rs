@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
-use super::{join, split, to_unix, Attr, FsCore, FsError, FsResult, Handle, Kind};
+use super::{split, to_unix, Attr, FsCore, FsError, FsResult, Handle, Kind};
 use crate::locks::lock;
 use crate::manifest::{EntryKind, FileEntry};
 use crate::proto::{RemoveRequest, RenameRequest, SetAttrRequest};
@@ -22,7 +22,7 @@ impl FsCore {
 
     fn new_entry_path(&self, parent: u64, name: &str) -> FsResult<String> {
         self.writable()?;
-        let path = join(&self.path_of(parent)?, name);
+        let path = self.child(parent, name)?;
         Self::check_key(&path)?;
         match self.stat_path(&path) {
             Ok(_) => Err(FsError::Exists),
@@ -38,7 +38,7 @@ impl FsCore {
     }
 
     pub fn mkdir(&self, parent: u64, name: &str, mode: u32) -> FsResult<Attr> {
-        let gpu = join(&self.path_of(parent)?, name);
+        let gpu = self.child(parent, name)?;
         if let Some(rest) = super::gpu_tree::gpu_rest(&gpu) {
             self.writable()?;
             return self.gpu_mkdir(&gpu, rest);
@@ -95,6 +95,13 @@ impl FsCore {
             s.unlinked.store(true, Ordering::SeqCst);
             lock(&self.staged).remove(path);
         }
+        if !want_dir {
+            let orphan = match &staged {
+                Some(s) => super::Orphan::Staged(s.clone()),
+                None => super::Orphan::Published(attr.clone()),
+            };
+            lock(&self.orphans).insert(self.ino_of(path), orphan);
+        }
         let mut store = self.store();
         let r = self
             .block_on(store.remove(RemoveRequest {
@@ -106,6 +113,9 @@ impl FsCore {
             }))
             .map_err(ClientError::from);
         self.invalidate(&[split(path).0, path]);
+        if want_dir {
+            self.invalidate_links(&[split(path).0, path]);
+        }
         match r {
             Ok(_) => Ok(()),
             // A file that was created but never published has nothing to remove on the server.
@@ -115,11 +125,11 @@ impl FsCore {
     }
 
     pub fn unlink(&self, parent: u64, name: &str) -> FsResult<()> {
-        self.remove(&join(&self.path_of(parent)?, name), false)
+        self.remove(&self.child(parent, name)?, false)
     }
 
     pub fn rmdir(&self, parent: u64, name: &str) -> FsResult<()> {
-        self.remove(&join(&self.path_of(parent)?, name), true)
+        self.remove(&self.child(parent, name)?, true)
     }
 
     pub fn rename(
@@ -136,8 +146,8 @@ impl FsCore {
                 "RENAME_EXCHANGE and RENAME_WHITEOUT are not supported".into(),
             ));
         }
-        let from = join(&self.path_of(parent)?, name);
-        let to = join(&self.path_of(newparent)?, newname);
+        let from = self.child(parent, name)?;
+        let to = self.child(newparent, newname)?;
         if super::gpu_tree::gpu_rest(&from).is_some() {
             return Err(FsError::NotPermitted);
         }
@@ -163,6 +173,7 @@ impl FsCore {
         }
         self.inodes().rename(&from, &to);
         self.invalidate(&[split(&from).0, split(&to).0, &from, &to]);
+        self.invalidate_links(&[split(&from).0, split(&to).0, &from, &to]);
         Ok(())
     }
 

@@ -8,10 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use super::{Attr, FsCore, FsError, Kind, PageCache};
@@ -148,9 +148,12 @@ impl Filesystem for FuseAdapter {
         self.core.forget(ino.0, nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        reply_or!(reply, self.core.getattr(ino.0), |a: Attr| reply
-            .attr(&TTL, &file_attr(&a)))
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        reply_or!(
+            reply,
+            self.core.getattr_open(ino.0, fh.map(|f| f.0)),
+            |a: Attr| reply.attr(&TTL, &file_attr(&a))
+        )
     }
 
     fn setattr(
@@ -309,6 +312,45 @@ impl Filesystem for FuseAdapter {
     ) {
         reply_or!(reply, self.core.write(fh.0, offset, data), |n: u32| reply
             .written(n))
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply_or!(
+            reply,
+            self.core.fallocate(fh.0, offset, length, mode),
+            |()| reply.ok()
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        reply_or!(
+            reply,
+            self.core
+                .copy_range(ino_in.0, fh_in.0, offset_in, fh_out.0, offset_out, len),
+            |n: u32| reply.written(n)
+        )
     }
 
     fn flush(

@@ -145,6 +145,28 @@ pub struct FsCore {
     gpu_files: Mutex<HashMap<String, usize>>,
     /// Directories made below `/.gpu` on this mount, for keys to come.
     gpu_dirs: Mutex<HashSet<String>>,
+    /// Files unlinked here while the kernel still knew their inodes (open, or just named): what
+    /// `fstat` of a descriptor still open on one shows, until the kernel forgets the inode.
+    orphans: Mutex<HashMap<u64, Orphan>>,
+}
+
+/// A file unlinked while the kernel still holds its inode.
+enum Orphan {
+    Staged(Arc<Staged>),
+    Published(Attr),
+}
+
+impl FsCore {
+    /// The path of `name` in directory `parent`. Every call that takes a name checks it here:
+    /// the kernel leaves NAME_MAX to the filesystem.
+    pub(crate) fn child(&self, parent: u64, name: &str) -> FsResult<String> {
+        if name.len() > crate::key::MAX_SEGMENT {
+            return Err(FsError::Name(crate::key::KeyError::SegmentTooLong(
+                name.chars().take(32).collect::<String>() + "...",
+            )));
+        }
+        Ok(join(&self.path_of(parent)?, name))
+    }
 }
 
 pub(crate) fn join(parent: &str, name: &str) -> String {
@@ -217,6 +239,7 @@ impl FsCore {
             gpu,
             gpu_files: Mutex::default(),
             gpu_dirs: Mutex::default(),
+            orphans: Mutex::default(),
             loader: Loader::new(blocks.clone()),
             listings: Listings::new(cfg.clock.clone()),
             cfg,

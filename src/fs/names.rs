@@ -24,6 +24,8 @@ type Entries = Arc<BTreeMap<String, ListEntry>>;
 pub(super) struct Listings {
     clock: SharedClock,
     cached: Mutex<HashMap<String, (Instant, Entries)>>,
+    /// Directories' link counts, kept apart from the listings (see `dir_links`).
+    links: Mutex<HashMap<String, (Instant, u32)>>,
 }
 
 impl Listings {
@@ -31,6 +33,7 @@ impl Listings {
         Listings {
             clock,
             cached: Mutex::default(),
+            links: Mutex::default(),
         }
     }
 
@@ -52,6 +55,25 @@ impl Listings {
             cached.remove(*p);
         }
     }
+
+    fn forget_links(&self, paths: &[&str]) {
+        let mut links = lock(&self.links);
+        for p in paths {
+            links.remove(*p);
+        }
+    }
+
+    fn links(&self, path: &str) -> Option<u32> {
+        let now = self.clock.now().at;
+        let links = lock(&self.links);
+        let (at, n) = links.get(path)?;
+        (now.duration_since(*at) < LISTING_TTL).then_some(*n)
+    }
+
+    fn put_links(&self, path: &str, n: u32) {
+        let now = self.clock.now().at;
+        lock(&self.links).insert(path.to_string(), (now, n));
+    }
 }
 
 pub(super) fn kind_of(k: EntryKind) -> Kind {
@@ -70,7 +92,19 @@ impl FsCore {
         self.listings.forget(paths);
     }
 
+    /// Forgets the link counts of `paths`, after this mount added, removed or moved a directory
+    /// in them (a file's changes leave them as they were).
+    pub(crate) fn invalidate_links(&self, paths: &[&str]) {
+        self.listings.forget_links(paths);
+    }
+
     fn fetch_listing(&self, path: &str) -> FsResult<Entries> {
+        let entries = self.fetch_listing_uncached(path)?;
+        self.listings.put(path, entries.clone());
+        Ok(entries)
+    }
+
+    fn fetch_listing_uncached(&self, path: &str) -> FsResult<Entries> {
         let mut store = self.store();
         let resp = self
             .block_on(store.list(ListRequest {
@@ -90,9 +124,7 @@ impl FsCore {
             .filter(|e| e.kind() != EntryKind::Gpu)
             .map(|e| (e.name.trim_end_matches('/').to_string(), e))
             .collect();
-        let entries = Arc::new(entries);
-        self.listings.put(path, entries.clone());
-        Ok(entries)
+        Ok(Arc::new(entries))
     }
 
     fn listing(&self, path: &str) -> FsResult<Entries> {
@@ -155,8 +187,36 @@ impl FsCore {
             .ok_or(FsError::NotFound)
     }
 
+    /// A directory's link count as a local filesystem keeps it: its name, its `.`, and each
+    /// subdirectory's `..`.
+    fn dir_links(&self, path: &str) -> u32 {
+        // A stat must not fill the listing cache: a lookup right after it would trust a listing
+        // older than another node's close, and close-to-open would be lost. The count is kept
+        // on its own, so a directory's stats (one per create under it, for the kernel's
+        // permission checks) cost one listing per TTL, not one each.
+        if let Some(n) = self.listings.links(path) {
+            return n;
+        }
+        let listing = match self.listings.fresh(path) {
+            Some(l) => Ok(l),
+            None => self.fetch_listing_uncached(path),
+        };
+        let Ok(l) = listing else { return 2 };
+        let n = 2 + l.values().filter(|e| e.is_directory).count() as u32;
+        self.listings.put_links(path, n);
+        n
+    }
+
     /// The attributes of `path`: an open staged write if there is one, else what the store shows.
     pub fn stat_path(&self, path: &str) -> FsResult<Attr> {
+        let mut a = self.stat_path_links(path)?;
+        if a.kind == Kind::Dir && gpu_rest(path).is_none() {
+            a.nlink = self.dir_links(path);
+        }
+        Ok(a)
+    }
+
+    fn stat_path_links(&self, path: &str) -> FsResult<Attr> {
         if path.is_empty() {
             return Ok(self.root_attr());
         }
@@ -171,7 +231,7 @@ impl FsCore {
     }
 
     pub fn lookup(&self, parent: u64, name: &str) -> FsResult<Attr> {
-        let path = join(&self.path_of(parent)?, name);
+        let path = self.child(parent, name)?;
         let mut attr = self.stat_path(&path)?;
         attr.ino = self.inodes().lookup(&path);
         Ok(attr)
@@ -179,6 +239,9 @@ impl FsCore {
 
     pub fn forget(&self, ino: u64, n: u64) {
         self.inodes().forget(ino, n);
+        if self.inodes().path(ino).is_none() {
+            lock(&self.orphans).remove(&ino);
+        }
     }
 
     pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
@@ -186,6 +249,45 @@ impl FsCore {
         let mut a = self.stat_path(&path)?;
         a.ino = ino;
         Ok(a)
+    }
+
+    /// `getattr` through an open file (fstat, and the kernel's look before a read): a file
+    /// unlinked while open keeps its attributes, with no link left, until its last close.
+    pub fn getattr_open(&self, ino: u64, fh: Option<u64>) -> FsResult<Attr> {
+        let err = match self.getattr(ino) {
+            Err(e) if e.is_not_found() => e,
+            r => return r,
+        };
+        let mut a = match fh.map(|fh| self.handle(fh)) {
+            Some(Ok(Handle::Write(s))) => s.attr(ino, self.cfg.uid, self.cfg.gid)?,
+            Some(Ok(Handle::Read(f))) => self.attr_of_file(ino, &f.entry),
+            // fstat(2) comes without the descriptor: what the unlink left.
+            _ => match lock(&self.orphans).get(&ino) {
+                Some(super::Orphan::Staged(s)) => s.attr(ino, self.cfg.uid, self.cfg.gid)?,
+                Some(super::Orphan::Published(a)) => a.clone(),
+                None => return Err(err),
+            },
+        };
+        a.ino = ino;
+        a.nlink = 0;
+        Ok(a)
+    }
+
+    fn attr_of_file(&self, ino: u64, e: &crate::proto::FileEntry) -> Attr {
+        Attr {
+            ino,
+            kind: Kind::File,
+            size: e.size,
+            perm: if e.mode == 0 {
+                0o644
+            } else {
+                (e.mode & 0o7777) as u16
+            },
+            mtime: time_of(e.mtime_sec, e.mtime_nsec),
+            nlink: 0,
+            uid: self.cfg.uid,
+            gid: self.cfg.gid,
+        }
     }
 
     pub fn readlink(&self, ino: u64) -> FsResult<String> {

@@ -122,6 +122,7 @@ impl FsCore {
             &ProgressBar::hidden(),
         ))?;
         self.invalidate(&[split(path).0, path]);
+        self.invalidate_links(&[split(path).0, path]);
         Ok(())
     }
 }

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::{join, Attr, FsCore, FsError, FsResult, Handle, Kind, PageCache};
+use super::{Attr, FsCore, FsError, FsResult, Handle, Kind, PageCache};
 use crate::locks::lock;
 
 static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -235,7 +235,7 @@ impl FsCore {
         caller: u32,
     ) -> FsResult<(Attr, u64, PageCache)> {
         self.writable()?;
-        let path = join(&self.path_of(parent)?, name);
+        let path = self.child(parent, name)?;
         if let Some(rest) = super::gpu_tree::gpu_rest(&path) {
             if rest.is_empty() {
                 return Err(FsError::Exists);
@@ -263,6 +263,61 @@ impl FsCore {
             Handle::Gpu(cf) => Ok(cf.write(offset, data)?),
             _ => Err(FsError::BadHandle),
         }
+    }
+
+    /// `fallocate(2)`: reserving space extends a file open for writing (its bytes are zeros
+    /// until written); `FALLOC_FL_KEEP_SIZE` has nothing to do, the staging file being sparse;
+    /// punching holes, collapsing and zeroing ranges are not supported.
+    pub fn fallocate(&self, fh: u64, offset: u64, length: u64, mode: i32) -> FsResult<()> {
+        let Handle::Write(s) = self.handle(fh)? else {
+            return Err(FsError::BadHandle);
+        };
+        match mode {
+            0 => {
+                let end = offset
+                    .checked_add(length)
+                    .ok_or_else(|| FsError::Invalid("offset + length overflows".into()))?;
+                if end > s.attr(0, 0, 0)?.size {
+                    s.truncate(end, &self.cfg.staging)?;
+                }
+                Ok(())
+            }
+            libc::FALLOC_FL_KEEP_SIZE => Ok(()),
+            _ => Err(FsError::NotSupported(
+                "fallocate modes other than 0 and FALLOC_FL_KEEP_SIZE",
+            )),
+        }
+    }
+
+    /// `copy_file_range(2)` within the mount: `len` bytes from `fh_in` at `offset_in` into the
+    /// file open for writing `fh_out`, a block at a time; what was copied (short at the end of
+    /// the source).
+    pub fn copy_range(
+        &self,
+        ino_in: u64,
+        fh_in: u64,
+        offset_in: u64,
+        fh_out: u64,
+        offset_out: u64,
+        len: u64,
+    ) -> FsResult<u32> {
+        const STEP: u64 = 1 << 20;
+        // The call answers in 32 bits.
+        let len = len.min(u64::from(u32::MAX) & !(STEP - 1));
+        let mut done = 0u64;
+        while done < len {
+            let want = (len - done).min(STEP) as u32;
+            let data = self.read(ino_in, fh_in, offset_in + done, want)?;
+            if data.is_empty() {
+                break;
+            }
+            let n = self.write(fh_out, offset_out + done, &data)?;
+            done += u64::from(n);
+            if (n as usize) < data.len() {
+                break;
+            }
+        }
+        Ok(done as u32)
     }
 
     /// `close` and `fsync`: publish what was written.
