@@ -1,0 +1,375 @@
+#!/usr/bin/env bash
+# GPU broadcast windows on the host transport: one state dict (default 1 GiB: 64 entries of
+# 16 MiB, mixed dtypes) in a /dev/shm file on node A, published through A's /kt/.gpu control file
+# in a window of world size 4 and received by three getters on nodes B, C and D, each into its own
+# /dev/shm file, every call through the kernel's ioctl and poll(2) (the driver is
+# bench/gpu_window.py: ctypes, no extension). One `kt server` and four `kt mount` processes, each
+# its own node on its own loopback address (127.0.0.230-234). Writes its section of
+# bench/RESULTS.md with the command that produced it.
+#
+#   bash bench/gpu.sh
+#
+# Variants, interleaved run by run (median of KT_BENCH_RUNS runs, default 3):
+#   chain, packed        fanout 0 (A -> B -> C -> D, pipelined), KT_GPU_PACK
+#   tree, packed         fanout 2 (A -> B, C; B -> D, or as the server plans it), KT_GPU_PACK
+#   chain, unpacked      fanout 0, entry by entry
+#   point to point       one getter (B), no window: A publishes, then B's GET pulls from A's worker
+#   plain TCP copy       the baseline: socat -b 1048576 (as bench/e2e.sh) of the same bytes from the
+#                        source /dev/shm file to another over 127.0.0.1
+# A window's time runs from the first KT_GPU_JOIN to the last getter's DONE (seen in poll(2));
+# point to point from the GET to its DONE; the TCP copy from socat's start to the receiver's exit.
+# Every getter's (and socat's) bytes are compared with the source after the clock stopped.
+# Every node's transfer worker (the mount's `kt gpu-worker` child) is kept running between runs by
+# a holder (`gpu_window.py hold`: a one-entry key published from that node), so the runs measure
+# transfers, not worker start-up. Peak RSS: VmHWM of each mount process and of each worker, reset
+# right before each timed interval and read right after it; CPU: each one's user+sys seconds and
+# the machine's busy CPU-seconds over the timed interval.
+#
+# Environment (all optional):
+#   KT_BENCH_GPU_MIB     state dict size in MiB (default 1024; a multiple of 8, 64 entries)
+#   KT_BENCH_RUNS        runs per variant (default 3)
+#   KT_BENCH_RESULTS     where to write (default bench/RESULTS.md)
+#   KT_BENCH_PRIME_MIB   MiB written into and deleted from /dev/shm before each run (default: 3 x
+#                        the state dict: what a window's getters allocate), see bench/fuse.sh
+#   KT_BENCH_REV, KT_BENCH_TMP, KT_BENCH_QUIET_WAIT, KT_BENCH_QUIET_TOTAL: as for bench/e2e.sh
+#   CARGO_TARGET_DIR     honoured as cargo does
+#
+# Needs root and /dev/fuse. All processes, mounts, /dev/shm files and its temporary directory are
+# removed on exit, on failure and on Ctrl-C.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+MIB=${KT_BENCH_GPU_MIB:-1024}
+RUNS=${KT_BENCH_RUNS:-3}
+RESULTS=${KT_BENCH_RESULTS:-$ROOT/bench/RESULTS.md}
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+KT=$TARGET/release/kt
+BYTES=$((MIB * 1024 * 1024))
+BUF=1048576
+DRIVER=$ROOT/bench/gpu_window.py
+LOG_TAG=gpu
+PRIME_MIB_DEFAULT=$((3 * MIB))
+WORK=
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
+SHM=kt-bench-gpu-$$
+declare -a HOLD_PIDS=() SEEN_WORKERS=()
+
+gpu_cleanup() {
+    local rc=$? pid i
+    set +e
+    # Holders first (their control files keep the mounts busy), then the mounts while the server
+    # still runs; a worker ends with its mount (it is let go with its last registration, and its
+    # control socket closes with the mount), any left over is ended here; then lib.sh's cleanup
+    # (the server, WORK), which exits with rc.
+    for pid in "${HOLD_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+    for pid in "${HOLD_PIDS[@]}"; do wait "$pid" 2>/dev/null; done
+    for i in "${!MOUNT_PIDS[@]}"; do stop_mount_pid "${MOUNT_PIDS[i]}" "${MOUNT_DIRS[i]}"; done
+    MOUNT_PIDS=()
+    for pid in "${SEEN_WORKERS[@]}"; do
+        [[ $(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") == *gpu-worker* ]] && kill -TERM "$pid" 2>/dev/null
+    done
+    rm -f /dev/shm/"$SHM"-* 2>/dev/null
+    (exit "$rc")
+    cleanup
+}
+trap gpu_cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+T_START=$SECONDS
+
+# ---- preconditions, tools, build ----------------------------------------------------------------
+[[ $(id -u) == 0 ]] || die "needs root (FUSE mounts)"
+[[ -c /dev/fuse ]] || die "no /dev/fuse"
+ensure_tools socat:socat time:/usr/bin/time jq:jq diffutils:cmp util-linux:mountpoint procps:pgrep \
+    || die "missing tools: socat time jq diffutils util-linux procps"
+command -v python3 >/dev/null || die "needs python3 (the driver, bench/gpu_window.py)"
+((MIB % 8 == 0 && MIB >= 8)) || die "KT_BENCH_GPU_MIB must be a multiple of 8"
+shm_free=$(df -Pk /dev/shm | awk 'NR == 2 { print $4 }')
+((shm_free > (5 * MIB + PRIME_MIB) * 1024)) || die "/dev/shm has $((shm_free / 1024)) MiB free; needs $((5 * MIB + PRIME_MIB))"
+
+log "cargo build --release --bin kt"
+cargo build --release --bin kt
+[[ -x $KT ]] || die "no binary at $KT"
+REV=$(source_rev "$ROOT")
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+WORK=$(mktemp -d "${KT_BENCH_TMP:-${TMPDIR:-/tmp}}/kt-gpu.XXXXXX")
+log "working in $WORK"
+mkdir -p "$WORK/mnt" "$WORK/cache"
+
+# ---- processes ----------------------------------------------------------------------------------
+declare -A MPID MDIR WPID
+start_mount() { # NAME IP
+    local name=$1 ip=$2 i pid dir=$WORK/mnt/$1
+    mkdir -p "$dir" "$WORK/cache/$name"
+    "$KT" mount "$dir" --server "$SERVER_ADDR" --listen "$ip:0" --cache-dir "$WORK/cache/$name" \
+        --socket "$WORK/$name.sock" --node-id "gpu-bench-$name" --heartbeat-secs 1 \
+        >"$WORK/mount-$name.out" 2>"$WORK/mount-$name.err" &
+    pid=$!
+    MOUNT_PIDS+=("$pid")
+    MOUNT_DIRS+=("$dir")
+    MPID[$name]=$pid
+    MDIR[$name]=$dir
+    for i in $(seq 300); do
+        if grep -qs "^kt agent gpu-bench-$name listening on" "$WORK/mount-$name.out" && is_mounted "$dir"; then
+            log "mount $name (pid $pid): $(head -1 "$WORK/mount-$name.out")"
+            return 0
+        fi
+        kill -0 "$pid" 2>/dev/null || { tail -5 "$WORK/mount-$name.err" >&2; die "kt mount $name exited"; }
+        sleep 0.1
+    done
+    die "kt mount $name not ready within 30 s"
+}
+worker_of() { # MOUNT-PID: the pid of its `kt gpu-worker` child, or nothing
+    local c
+    for c in $(pgrep -P "$1" 2>/dev/null); do
+        [[ $(tr '\0' ' ' 2>/dev/null <"/proc/$c/cmdline") == *gpu-worker* ]] && { echo "$c"; return 0; }
+    done
+    return 0
+}
+start_holder() { # NAME: keeps node NAME's worker running
+    local name=$1 i pid
+    python3 "$DRIVER" hold --mount "${MDIR[$name]}" --prefix "$SHM" \
+        </dev/null >"$WORK/hold-$name.out" 2>"$WORK/hold-$name.err" &
+    pid=$!
+    HOLD_PIDS+=("$pid")
+    for i in $(seq 300); do
+        grep -qs '^held$' "$WORK/hold-$name.out" && break
+        kill -0 "$pid" 2>/dev/null || { cat "$WORK/hold-$name.err" >&2; die "the holder on $name exited"; }
+        sleep 0.1
+    done
+    grep -qs '^held$' "$WORK/hold-$name.out" || die "the holder on $name did not publish within 30 s"
+    for i in $(seq 100); do
+        WPID[$name]=$(worker_of "${MPID[$name]}")
+        [[ -n ${WPID[$name]} ]] && break
+        sleep 0.1
+    done
+    [[ -n ${WPID[$name]} ]] || die "no gpu-worker child of mount $name"
+    SEEN_WORKERS+=("${WPID[$name]}")
+    log "holder on $name (pid $pid); worker pid ${WPID[$name]}"
+}
+pids_check() { # every node's worker still the one its holder keeps (or say which changed)
+    local n w
+    for n in A B C D; do
+        w=$(worker_of "${MPID[$n]}")
+        [[ -n $w ]] || die "node $n's worker is gone"
+        [[ $w == "${WPID[$n]}" ]] || { log "  node $n's worker changed: ${WPID[$n]} -> $w"; WPID[$n]=$w; SEEN_WORKERS+=("$w"); }
+    done
+}
+pids_arg() { # NAME=PID,... for the driver: mounts and their workers
+    local n out=
+    for n in A B C D; do out+="${out:+,}$n=${MPID[$n]},w$n=${WPID[$n]}"; done
+    echo "$out"
+}
+
+log "writing ${MIB} MiB of pseudo-random data to /dev/shm/$SHM-src"
+SRC=/dev/shm/$SHM-src
+head -c "$BYTES" /dev/urandom >"$SRC"
+
+start_server "$WORK/server" 127.0.0.230:0
+log "kt server $SERVER_ADDR (pid $SERVER_PID)"
+start_mount A 127.0.0.231
+start_mount B 127.0.0.232
+start_mount C 127.0.0.233
+start_mount D 127.0.0.234
+for n in A B C D; do start_holder "$n"; done
+
+# Before each run: wait for a quiet machine, then write and delete PRIME_MIB in /dev/shm, so the
+# getters' (and socat's) fresh shm pages do not pay for this VM's balloon (see bench/fuse.sh).
+prime() {
+    wait_quiet
+    ((PRIME_MIB > 0)) || return 0
+    dd if=/dev/zero of="/dev/shm/$SHM-prime" bs=4M count=$((PRIME_MIB / 4)) status=none
+    rm -f -- "/dev/shm/$SHM-prime"
+}
+
+# ---- the runs -----------------------------------------------------------------------------------
+VARIANTS=(chain tree unpacked p2p)
+declare -A VLABEL=(
+    [chain]="window to 3, chain (fanout 0), packed"
+    [tree]="window to 3, tree (fanout 2), packed"
+    [unpacked]="window to 3, chain (fanout 0), unpacked"
+    [p2p]="point to point, 1 getter, no window"
+)
+declare -A VARGS=(
+    [chain]="window --fanout 0 --pack"
+    [tree]="window --fanout 2 --pack"
+    [unpacked]="window --fanout 0"
+    [p2p]="p2p"
+)
+declare -A T O MC MH WH GT # per VARIANT,RUN: seconds, other CPU-s, machine CPU-s, peak mount, peak worker, getters
+GETTERS="${MDIR[B]},${MDIR[C]},${MDIR[D]}"
+node_of() { # mount point -> node name
+    local n
+    for n in A B C D; do [[ ${MDIR[$n]} == "$1" ]] && { echo "$n"; return; }; done
+    echo "?"
+}
+
+gpu_round() { # VARIANT RUN
+    local v=$1 run=$2 out=$WORK/$1-$2.json getters=$GETTERS pids
+    [[ $v == p2p ]] && getters=${MDIR[B]}
+    prime
+    pids_check
+    pids=$(pids_arg)
+    # shellcheck disable=SC2086
+    python3 "$DRIVER" ${VARGS[$v]} --putter "${MDIR[A]}" --getters "$getters" --src "$SRC" --mib "$MIB" \
+        --key "bench/$v-$run-$$" --prefix "$SHM" --pids "$pids" >"$out" 2>"$WORK/$v-$run.err" \
+        || { cat "$WORK/$v-$run.err" >&2; die "$v run $run"; }
+    T[$v,$run]=$(jq -r .seconds "$out")
+    MC[$v,$run]=$(jq -r .machine_cpu_s "$out")
+    O[$v,$run]=$(jq -r '[.machine_cpu_s - ([.cpu_s[]] | add), 0] | max | . * 10 | round / 10' "$out")
+    MH[$v,$run]=$(jq -r '[.hwm_kb | to_entries[] | select(.key | test("^[A-D]$")) | .value] | max' "$out")
+    WH[$v,$run]=$(jq -r '[.hwm_kb | to_entries[] | select(.key | test("^w")) | .value] | max' "$out")
+    local g=
+    while read -r m f h d; do
+        g+="${g:+, }$(node_of "$m") ${f}/${h}/${d}"
+    done < <(jq -r '.getters[] | "\(.mount) \(.first_byte_s // "-") \(.half_s // "-") \(.done_s | . * 1000 | round / 1000)"' "$out")
+    GT[$v,$run]=$g
+    log "  $v: ${T[$v,$run]}s ($(awk -v b="$BYTES" -v t="${T[$v,$run]}" 'BEGIN { printf "%.0f", b / 1e6 / t }') MB/s); machine ${MC[$v,$run]} CPU-s (other ${O[$v,$run]}); getters first byte/half/done s: $g; peak mount $(mib "${MH[$v,$run]}") MiB, worker $(mib "${WH[$v,$run]}") MiB; cpu $(jq -c .cpu_s "$out")"
+}
+
+tcp_round() { # RUN: socat -b BUF of the source into another /dev/shm file over 127.0.0.1
+    local run=$1 port recv t0 t1 b0 b1 dst=/dev/shm/$SHM-tcpdst send_cpu
+    rm -f -- "$dst"
+    port=$(free_port)
+    /usr/bin/time -v -o "$WORK/tcp-recv$run.time" \
+        socat -b "$BUF" -u "TCP-LISTEN:$port,reuseaddr,bind=127.0.0.1" "OPEN:$dst,creat,trunc" \
+        2>"$WORK/tcp-recv$run.err" &
+    recv=$!
+    PIDS+=("$recv")
+    wait_listening "$port" "$recv"
+    prime
+    b0=$(busy_ticks)
+    t0=$EPOCHREALTIME
+    /usr/bin/time -v -o "$WORK/tcp-send$run.time" socat -b "$BUF" -u "OPEN:$SRC" "TCP:127.0.0.1:$port" \
+        || die "socat sender $run"
+    wait "$recv" || die "socat receiver $run"
+    t1=$EPOCHREALTIME
+    b1=$(busy_ticks)
+    forget_pid "$recv"
+    T[tcp,$run]=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
+    read_time_file "$WORK/tcp-send$run.time"
+    send_cpu=$CPU_S
+    read_time_file "$WORK/tcp-recv$run.time"
+    MC[tcp,$run]=$(busy_s "$b0" "$b1")
+    O[tcp,$run]=$(other_s "${MC[tcp,$run]}" "$CPU_S" "$send_cpu")
+    MH[tcp,$run]=$RSS_KB
+    WH[tcp,$run]=0
+    GT[tcp,$run]=
+    cmp "$dst" "$SRC" || die "socat's copy $run differs from the source"
+    rm -f -- "$dst"
+    log "  tcp: ${T[tcp,$run]}s ($(awk -v b="$BYTES" -v t="${T[tcp,$run]}" 'BEGIN { printf "%.0f", b / 1e6 / t }') MB/s); machine ${MC[tcp,$run]} CPU-s (receiver $CPU_S, sender $send_cpu, other ${O[tcp,$run]})"
+}
+
+for run in $(seq "$RUNS"); do
+    log "run $run/$RUNS"
+    tcp_round "$run"
+    for v in "${VARIANTS[@]}"; do gpu_round "$v" "$run"; done
+done
+
+# ---- stop everything before writing (a failure to stop fails the run) ---------------------------
+for pid in "${HOLD_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+for pid in "${HOLD_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+HOLD_PIDS=()
+for n in A B C D; do
+    stop_mount_pid "${MPID[$n]}" "${MDIR[$n]}"
+    is_mounted "${MDIR[$n]}" && die "${MDIR[$n]} is still mounted"
+done
+MOUNT_PIDS=() MOUNT_DIRS=()
+stop_server
+LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# ---- results ------------------------------------------------------------------------------------
+col() { # KIND VARIANT: that value of every run
+    local -n arr=$1
+    local r
+    for r in $(seq "$RUNS"); do echo "${arr[$2,$r]}"; done
+}
+med() { median $(col T "$1"); }
+tcp_m=$(med tcp)
+mbs() { awk -v b="$BYTES" -v t="$1" 'BEGIN { printf "%.0f", b / 1e6 / t }'; }
+xof() { awk -v t="$1" -v s="$tcp_m" 'BEGIN { printf "%.2f", t / s }'; }
+runs_col() { # VARIANT: "s (machine CPU-s, other CPU-s)" per run
+    local r out=
+    for r in $(seq "$RUNS"); do out+="${out:+, }${T[$1,$r]} (${MC[$1,$r]}, ${O[$1,$r]})"; done
+    echo "$out"
+}
+median_run() { # VARIANT: the run whose time is the median (the lower middle one for an even count)
+    local r
+    for r in $(seq "$RUNS"); do echo "${T[$1,$r]} $r"; done | sort -g | awk -v n="$RUNS" 'NR == int((n + 1) / 2) { print $2 }'
+}
+tcp_cpu_m=$(median $(col MC tcp))
+floor=$(awk -v c="$tcp_cpu_m" -v s="$tcp_m" -v n="$(nproc)" 'BEGIN { printf "%.2f", 3 * c / n / s }')
+
+SECTION=gpu
+BEGIN_MARK="<!-- bench/$SECTION.sh: begin -->"
+END_MARK="<!-- bench/$SECTION.sh: end -->"
+CMD="bash bench/gpu.sh"
+[[ $MIB != 1024 ]] && CMD="KT_BENCH_GPU_MIB=$MIB $CMD"
+[[ $RUNS != 3 ]] && CMD="KT_BENCH_RUNS=$RUNS $CMD"
+{
+    echo "$BEGIN_MARK"
+    echo "## GPU windows on the host transport: a ${MIB} MiB state dict from one node to three"
+    echo
+    echo "Produced by \`$CMD\` on $(date -u '+%Y-%m-%d %H:%M UTC'), source revision $REV,"
+    echo "$(nproc) cores, $(uname -sr), $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) RAM, in $((SECONDS - T_START)) s."
+    echo "Load average at the start: $LOAD_START; at the end: $LOAD_END (it counts this benchmark's own processes;"
+    echo "the machine is shared, and ${QUIET_SPENT} s were spent waiting for it to be idle for a second before runs)."
+    echo "One \`kt server\` (127.0.0.230) and four \`kt mount\` nodes A-D (127.0.0.231-234), driven through"
+    echo "\`/kt/.gpu\` by \`bench/gpu_window.py\` (ctypes ABI of \`python/ktfs/gpu_abi.py\`, real ioctl and poll(2)):"
+    echo "64 entries of $((MIB / 64)) MiB (float32, bfloat16, int64, uint8, float16 in turn) in one /dev/shm file on"
+    echo "A, each getter (B, C, D) receiving into its own fresh /dev/shm file; every getter's bytes compared"
+    echo "with the source after the clock stopped. A window's time: first \`KT_GPU_JOIN\` to the last getter's"
+    echo "DONE (world size 4, getters join first); point to point: B's \`KT_GPU_GET\` to its DONE (A published"
+    echo "first, untimed); TCP: \`socat -b $BUF\` of the source file into another /dev/shm file over 127.0.0.1."
+    echo "Every node's worker was kept running between runs (a one-entry key held on each node), so worker"
+    echo "start-up is not in the times. Before every run ${PRIME_MIB} MiB were written into /dev/shm and deleted."
+    echo "Median of $RUNS runs, the variants interleaved run by run. MB/s is 10^6 bytes of one copy per second;"
+    echo "**x TCP** is time / the TCP copy's median time (a window that costs one transfer is 1.00; three"
+    echo "transfers one after another, 3.00). Peak RSS: VmHWM, reset right before the timed interval, the"
+    echo "largest mount process and the largest \`kt gpu-worker\` over nodes and runs (socat: its receiver)."
+    echo "Machine CPU: CPU-seconds the whole machine was busy over the timed interval (median); in the last"
+    echo "column each run's seconds, then (machine CPU-s, CPU-s of anything but the mounts and workers, or"
+    echo "socat)."
+    echo
+    echo "| variant | median s | MB/s | x TCP | machine CPU s | peak RSS mount | peak RSS worker | runs: s (machine, other CPU-s) |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---|"
+    m=$tcp_m
+    echo "| plain TCP copy (socat -b $BUF), baseline | $m | $(mbs "$m") | 1.00 | $tcp_cpu_m | socat $(mib "$(maxof $(col MH tcp))") MiB | - | $(runs_col tcp) |"
+    for v in "${VARIANTS[@]}"; do
+        m=$(med "$v")
+        echo "| ${VLABEL[$v]} | $m | $(mbs "$m") | $(xof "$m") | $(median $(col MC "$v")) | $(mib "$(maxof $(col MH "$v"))") MiB | $(mib "$(maxof $(col WH "$v"))") MiB | $(runs_col "$v") |"
+    done
+    echo
+    echo "When each getter's first bytes and half its bytes had landed, and when it was done: s from the start,"
+    echo "first/half/done (the first two read off the getter's sparse /dev/shm file, its allocated blocks, every"
+    echo "20 ms: \`KT_GPU_STATUS\` reports \`bytes_done\` only once the transfer is over; - = not seen before the"
+    echo "end), in each variant's median run. Pipelined, every getter starts and ends within moments of the"
+    echo "others; store and forward, each would start when its parent was done:"
+    echo
+    for v in "${VARIANTS[@]}"; do
+        r=$(median_run "$v")
+        echo "- ${VLABEL[$v]} (run $r, ${T[$v,$r]} s): ${GT[$v,$r]}"
+    done
+    echo
+    c=$(med chain)
+    echo "Goal: a pipelined window to 3 costs about one transfer, not three: the packed chain took"
+    echo "**$(xof "$c")x** one TCP copy, $(awk -v a="$c" -v b="$(med p2p)" 'BEGIN { printf "%.2f", a / b }')x kt's own point-to-point transfer."
+    echo "On this loopback machine the links are the CPU: one TCP copy kept the machine busy for $tcp_cpu_m CPU-s"
+    echo "(of $(nproc) cores), so three copies' worth of bytes (every hop is a loopback send and receive) cannot take"
+    echo "less than about 3 x that / $(nproc) cores = ${floor}x the TCP copy's time however well they are pipelined"
+    echo "(machine CPU counts whatever else ran meanwhile). kt's own cost per copy, the same way: point to point kept"
+    echo "the machine busy for $(median $(col MC p2p)) CPU-s; the packed chain for $(median $(col MC chain)) CPU-s,"
+    echo "$(awk -v w="$(median $(col MC chain))" -v p="$(median $(col MC p2p))" 'BEGIN { printf "%.2f", w / (3 * p) }')x three point-to-point copies' worth."
+    echo "$END_MARK"
+} >"$WORK/section.md"
+{
+    [[ -f $RESULTS ]] && awk -v b="$BEGIN_MARK" -v e="$END_MARK" '$0 == b { on = 1 } !on { print } $0 == e { on = 0 }' "$RESULTS" \
+        | awk '{ l[NR] = $0 } NF { last = NR } END { for (i = 1; i <= last; i++) print l[i] }'
+    [[ -s $RESULTS ]] && echo
+    cat "$WORK/section.md"
+} >"$RESULTS.tmp"
+mv "$RESULTS.tmp" "$RESULTS"
+log "wrote $RESULTS ($((SECONDS - T_START)) s)"
+cat "$WORK/section.md"
