@@ -190,3 +190,113 @@ fn fallocate_reserves_and_copy_file_range_copies_inside_the_mount() {
     drop((src, dst));
     assert!(std::fs::read(a.path("dst")).unwrap() == data);
 }
+
+/// Runs `script` in sh as uid 1000, gid 1000, no supplementary groups.
+fn as_user(script: &str) -> std::process::Output {
+    std::process::Command::new("setpriv")
+        .args([
+            "--reuid",
+            "1000",
+            "--regid",
+            "1000",
+            "--clear-groups",
+            "sh",
+            "-c",
+            script,
+        ])
+        .output()
+        .unwrap()
+}
+
+fn owner(p: &Path) -> (u32, u32) {
+    let m = std::fs::symlink_metadata(p).unwrap();
+    (m.uid(), m.gid())
+}
+
+#[test]
+fn owners_are_their_creators_shared_by_every_node_and_changed_by_chown() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = Cluster::new("127.0.0.174");
+    let a = start_mount("127.0.0.174", &c.server.addr, &c.path("a"), "px-e", &[]);
+    let b = start_mount("127.0.0.175", &c.server.addr, &c.path("b"), "px-f", &[]);
+    for d in [c.path(""), c.path("a"), c.path("b")] {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::create_dir(a.path("pub")).unwrap();
+    std::fs::set_permissions(a.path("pub"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let dir = a.path("pub");
+    let out = as_user(&format!(
+        "echo hi > {d}/f && mkdir {d}/d && ln -s f {d}/l && echo x > {d}/g",
+        d = dir.display()
+    ));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Its creator's, on this node and on the other.
+    for m in [&a, &b] {
+        for name in ["pub/f", "pub/d", "pub/l"] {
+            assert!(
+                eventually(std::time::Duration::from_secs(5), || owner(&m.path(name))
+                    == (1000, 1000)),
+                "{name} on {}: {:?}",
+                m.node_id,
+                owner(&m.path(name))
+            );
+        }
+    }
+    // root gives it away; the other node shows it; its old owner may no longer take it back.
+    std::os::unix::fs::chown(a.path("pub/f"), Some(2000), Some(3000)).unwrap();
+    assert_eq!(owner(&a.path("pub/f")), (2000, 3000));
+    assert!(eventually(std::time::Duration::from_secs(5), || {
+        owner(&b.path("pub/f")) == (2000, 3000)
+    }));
+    let out = as_user(&format!("chown 1000 {}", a.path("pub/f").display()));
+    assert!(
+        !out.status.success(),
+        "a user took a file that is not theirs"
+    );
+    // A rewrite keeps the owner.
+    std::fs::write(a.path("pub/g"), b"root rewrote it").unwrap();
+    assert_eq!(owner(&a.path("pub/g")), (1000, 1000));
+    // Below a set-group-ID directory, the directory's group, and the bit on subdirectories.
+    std::fs::create_dir(a.path("pub/sg")).unwrap();
+    std::os::unix::fs::chown(a.path("pub/sg"), None, Some(4000)).unwrap();
+    std::fs::set_permissions(a.path("pub/sg"), std::fs::Permissions::from_mode(0o2777)).unwrap();
+    let out = as_user(&format!(
+        "echo y > {d}/sg/h && mkdir {d}/sg/sub",
+        d = dir.display()
+    ));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(owner(&a.path("pub/sg/h")), (1000, 4000));
+    assert_eq!(owner(&a.path("pub/sg/sub")), (1000, 4000));
+    let sub = std::fs::metadata(a.path("pub/sg/sub")).unwrap();
+    assert_ne!(
+        sub.mode() & 0o2000,
+        0,
+        "the subdirectory lost the set-group-ID bit"
+    );
+
+    // kt put keeps a source's owner; kt get, as root, gives it back.
+    let src = c.path("src.txt");
+    std::fs::write(&src, b"owned by someone").unwrap();
+    std::os::unix::fs::chown(&src, Some(1234), Some(5678)).unwrap();
+    assert!(c
+        .kt(None, &["put", "owned", "--src", src.to_str().unwrap()])
+        .status
+        .success());
+    assert!(eventually(std::time::Duration::from_secs(5), || {
+        a.path("owned").exists() && owner(&a.path("owned")) == (1234, 5678)
+    }));
+    let dest = c.path("got.txt");
+    assert!(c
+        .kt(None, &["get", "owned", "--dest", dest.to_str().unwrap()])
+        .status
+        .success());
+    assert_eq!(owner(&dest), (1234, 5678));
+}

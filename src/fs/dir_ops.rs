@@ -38,20 +38,39 @@ impl FsCore {
     }
 
     pub fn mkdir(&self, parent: u64, name: &str, mode: u32) -> FsResult<Attr> {
+        let me = super::Caller {
+            pid: std::process::id(),
+            uid: self.cfg.uid,
+            gid: self.cfg.gid,
+        };
+        self.mkdir_by(parent, name, mode, me)
+    }
+
+    /// [`FsCore::mkdir`] for `caller`, who owns the new directory.
+    pub fn mkdir_by(
+        &self,
+        parent: u64,
+        name: &str,
+        mode: u32,
+        caller: super::Caller,
+    ) -> FsResult<Attr> {
         let gpu = self.child(parent, name)?;
         if let Some(rest) = super::gpu_tree::gpu_rest(&gpu) {
             self.writable()?;
             return self.gpu_mkdir(&gpu, rest);
         }
         let path = self.new_entry_path(parent, name)?;
+        let ((uid, gid), sgid) = self.owner_for(parent, caller)?;
         let (mtime_sec, mtime_nsec) = to_unix(SystemTime::now());
         self.publish_meta(
             &path,
             FileEntry {
                 kind: EntryKind::Directory as i32,
-                mode: mode & 0o7777,
+                mode: (mode & 0o7777) | if sgid { 0o2000 } else { 0 },
                 mtime_sec,
                 mtime_nsec,
+                uid: Some(uid),
+                gid: Some(gid),
                 ..Default::default()
             },
         )?;
@@ -59,7 +78,24 @@ impl FsCore {
     }
 
     pub fn symlink(&self, parent: u64, name: &str, target: &str) -> FsResult<Attr> {
+        let me = super::Caller {
+            pid: std::process::id(),
+            uid: self.cfg.uid,
+            gid: self.cfg.gid,
+        };
+        self.symlink_by(parent, name, target, me)
+    }
+
+    /// [`FsCore::symlink`] for `caller`, who owns the link.
+    pub fn symlink_by(
+        &self,
+        parent: u64,
+        name: &str,
+        target: &str,
+        caller: super::Caller,
+    ) -> FsResult<Attr> {
         let path = self.new_entry_path(parent, name)?;
+        let ((uid, gid), _) = self.owner_for(parent, caller)?;
         let (mtime_sec, mtime_nsec) = to_unix(SystemTime::now());
         self.publish_meta(
             &path,
@@ -69,6 +105,8 @@ impl FsCore {
                 mtime_sec,
                 mtime_nsec,
                 symlink_target: target.to_string(),
+                uid: Some(uid),
+                gid: Some(gid),
                 ..Default::default()
             },
         )?;
@@ -200,9 +238,8 @@ impl FsCore {
             return self.getattr(ino);
         }
         self.writable()?;
-        if uid.is_some_and(|u| u != self.cfg.uid) || gid.is_some_and(|g| g != self.cfg.gid) {
-            return Err(FsError::NotPermitted);
-        }
+        // Who may change an owner is the kernel's to check (default_permissions: CAP_CHOWN for
+        // another uid, membership for another gid), against the owners getattr reports.
         let staged = match fh.map(|f| self.handle(f)) {
             Some(Ok(Handle::Write(s))) => Some(s),
             _ => self.staged_at(&path),
@@ -219,11 +256,15 @@ impl FsCore {
                 }
             }
         }
-        if mode.is_some() || mtime.is_some() {
+        if mode.is_some() || mtime.is_some() || uid.is_some() || gid.is_some() {
             match &staged {
                 Some(s) => {
                     if let Some(m) = mode {
                         s.mode.store(m & 0o7777, Ordering::Relaxed);
+                    }
+                    {
+                        let mut o = lock(&s.owner);
+                        *o = (uid.unwrap_or(o.0), gid.unwrap_or(o.1));
                     }
                     if let Some(t) = mtime {
                         *lock(&s.mtime) = t;
@@ -239,6 +280,8 @@ impl FsCore {
                         mode,
                         mtime_sec: sec,
                         mtime_nsec: nsec.unwrap_or(0),
+                        uid,
+                        gid,
                     }))
                     .map_err(ClientError::from)?;
                     self.invalidate(&[split(&path).0, &path]);

@@ -14,7 +14,7 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use super::{Attr, FsCore, FsError, Kind, PageCache};
+use super::{Attr, Caller, FsCore, FsError, Kind, PageCache};
 use crate::gpu::control::Waker;
 use crate::locks::lock;
 use crate::proto::FuseInit;
@@ -60,6 +60,14 @@ impl FuseAdapter {
 
 fn errno(e: &FsError) -> Errno {
     Errno::from_i32(e.errno())
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller {
+        pid: req.pid(),
+        uid: req.uid(),
+        gid: req.gid(),
+    }
 }
 
 fn file_type(k: Kind) -> FileType {
@@ -194,7 +202,7 @@ impl Filesystem for FuseAdapter {
 
     fn mkdir(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         n: &OsStr,
         mode: u32,
@@ -206,7 +214,7 @@ impl Filesystem for FuseAdapter {
         };
         reply_or!(
             reply,
-            self.core.mkdir(parent.0, n, mode & !umask),
+            self.core.mkdir_by(parent.0, n, mode & !umask, caller(req)),
             |a: Attr| reply.entry(&TTL, &file_attr(&a), Generation(0))
         )
     }
@@ -227,7 +235,7 @@ impl Filesystem for FuseAdapter {
 
     fn symlink(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         link: &OsStr,
         target: &Path,
@@ -236,8 +244,11 @@ impl Filesystem for FuseAdapter {
         let (Ok(n), Some(t)) = (name(link), target.to_str()) else {
             return reply.error(Errno::EINVAL);
         };
-        reply_or!(reply, self.core.symlink(parent.0, n, t), |a: Attr| reply
-            .entry(&TTL, &file_attr(&a), Generation(0)))
+        reply_or!(
+            reply,
+            self.core.symlink_by(parent.0, n, t, caller(req)),
+            |a: Attr| reply.entry(&TTL, &file_attr(&a), Generation(0))
+        )
     }
 
     fn rename(
@@ -565,7 +576,7 @@ impl Filesystem for FuseAdapter {
         reply_or!(
             reply,
             self.core
-                .create_by(parent.0, n, mode & !umask, flags, req.pid()),
+                .create_by(parent.0, n, mode & !umask, flags, caller(req)),
             |(a, fh, cache): (Attr, u64, PageCache)| reply.created(
                 &TTL,
                 &file_attr(&a),

@@ -150,6 +150,26 @@ pub struct FsCore {
     orphans: Mutex<HashMap<u64, Orphan>>,
 }
 
+/// Who asks: the process, and the ids a new file of its is owned by.
+#[derive(Clone, Copy, Debug)]
+pub struct Caller {
+    pub pid: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl FsCore {
+    /// The owner of a new entry in directory `parent` made by `caller`, and whether the
+    /// directory is set-group-ID (its gid, and for a directory the bit too, are inherited).
+    pub(crate) fn owner_for(&self, parent: u64, caller: Caller) -> FsResult<((u32, u32), bool)> {
+        let dir = self.getattr(parent)?;
+        if dir.perm & 0o2000 != 0 {
+            return Ok(((caller.uid, dir.gid), true));
+        }
+        Ok(((caller.uid, caller.gid), false))
+    }
+}
+
 /// A file unlinked while the kernel still holds its inode.
 enum Orphan {
     Staged(Arc<Staged>),

@@ -173,8 +173,8 @@ impl FsCore {
                 time_of(e.mtime_sec, e.mtime_nsec)
             },
             nlink: if kind == Kind::Dir { 2 } else { 1 },
-            uid: self.cfg.uid,
-            gid: self.cfg.gid,
+            uid: e.uid.unwrap_or(self.cfg.uid),
+            gid: e.gid.unwrap_or(self.cfg.gid),
         }
     }
 
@@ -224,7 +224,7 @@ impl FsCore {
             return self.gpu_stat(path, rest);
         }
         if let Some(s) = self.staged_at(path) {
-            return s.attr(self.ino_of(path), self.cfg.uid, self.cfg.gid);
+            return s.attr(self.ino_of(path));
         }
         let e = self.entry(path)?;
         Ok(self.attr_from_entry(self.ino_of(path), &e))
@@ -259,11 +259,11 @@ impl FsCore {
             r => return r,
         };
         let mut a = match fh.map(|fh| self.handle(fh)) {
-            Some(Ok(Handle::Write(s))) => s.attr(ino, self.cfg.uid, self.cfg.gid)?,
+            Some(Ok(Handle::Write(s))) => s.attr(ino)?,
             Some(Ok(Handle::Read(f))) => self.attr_of_file(ino, &f.entry),
             // fstat(2) comes without the descriptor: what the unlink left.
             _ => match lock(&self.orphans).get(&ino) {
-                Some(super::Orphan::Staged(s)) => s.attr(ino, self.cfg.uid, self.cfg.gid)?,
+                Some(super::Orphan::Staged(s)) => s.attr(ino)?,
                 Some(super::Orphan::Published(a)) => a.clone(),
                 None => return Err(err),
             },
@@ -285,8 +285,8 @@ impl FsCore {
             },
             mtime: time_of(e.mtime_sec, e.mtime_nsec),
             nlink: 0,
-            uid: self.cfg.uid,
-            gid: self.cfg.gid,
+            uid: e.uid.unwrap_or(self.cfg.uid),
+            gid: e.gid.unwrap_or(self.cfg.gid),
         }
     }
 

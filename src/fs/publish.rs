@@ -40,6 +40,7 @@ impl FsCore {
         let mut buf = vec![0u8; manifest::DEFAULT_BLOCK_SIZE.min(len.max(1) as u32) as usize];
         let (size, blocks) = crate::transfer::scan::hash_file(&disk, &mut buf)?;
         let (mtime_sec, mtime_nsec) = to_unix(*lock(&s.mtime));
+        let (uid, gid) = *lock(&s.owner);
         let m = Manifest {
             block_size: manifest::DEFAULT_BLOCK_SIZE,
             entries: vec![FileEntry {
@@ -51,6 +52,8 @@ impl FsCore {
                 mtime_nsec,
                 blocks,
                 symlink_target: String::new(),
+                uid: Some(uid),
+                gid: Some(gid),
             }],
         };
         let payload = match (&m.entries[0].blocks[..], locale) {

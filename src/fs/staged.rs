@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::{Attr, FsCore, FsError, FsResult, Handle, Kind, PageCache};
+use super::{Attr, Caller, FsCore, FsError, FsResult, Handle, Kind, PageCache};
 use crate::locks::lock;
 
 static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -36,6 +36,8 @@ pub struct Staged {
     pub(super) published: AtomicU64,
     pub(super) unlinked: AtomicBool,
     pub(super) mode: AtomicU32,
+    /// uid and gid: its creator's, or those of the file it rewrites.
+    pub(super) owner: Mutex<(u32, u32)>,
     pub(super) mtime: Mutex<SystemTime>,
     pub(super) publish_lock: Mutex<()>,
 }
@@ -45,8 +47,9 @@ impl Staged {
         lock(&self.path).clone()
     }
 
-    pub(crate) fn attr(&self, ino: u64, uid: u32, gid: u32) -> FsResult<Attr> {
+    pub(crate) fn attr(&self, ino: u64) -> FsResult<Attr> {
         let size = lock(&self.file).file.metadata()?.len();
+        let (uid, gid) = *lock(&self.owner);
         Ok(Attr {
             ino,
             kind: Kind::File,
@@ -145,6 +148,7 @@ impl FsCore {
         &self,
         path: &str,
         mode: u32,
+        owner: (u32, u32),
         mtime: SystemTime,
         dirty: bool,
     ) -> FsResult<Arc<Staged>> {
@@ -161,6 +165,7 @@ impl FsCore {
             published: AtomicU64::new(0),
             unlinked: AtomicBool::new(false),
             mode: AtomicU32::new(mode & 0o7777),
+            owner: Mutex::new(owner),
             mtime: Mutex::new(mtime),
             publish_lock: Mutex::new(()),
         });
@@ -183,7 +188,13 @@ impl FsCore {
             Kind::Dir => return Err(FsError::IsDir),
             Kind::Symlink => return Err(FsError::IsSymlink),
         }
-        let s = self.new_staged(path, u32::from(attr.perm), attr.mtime, trunc)?;
+        let s = self.new_staged(
+            path,
+            u32::from(attr.perm),
+            (attr.uid, attr.gid),
+            attr.mtime,
+            trunc,
+        )?;
         if !trunc && attr.size > 0 {
             if let Err(e) = self.copy_published(path, &s) {
                 self.drop_staged(&s);
@@ -221,18 +232,24 @@ impl FsCore {
     }
 
     pub fn create(&self, parent: u64, name: &str, mode: u32, flags: i32) -> FsResult<(Attr, u64)> {
-        self.create_by(parent, name, mode, flags, std::process::id())
+        let me = Caller {
+            pid: std::process::id(),
+            uid: self.cfg.uid,
+            gid: self.cfg.gid,
+        };
+        self.create_by(parent, name, mode, flags, me)
             .map(|(a, fh, _)| (a, fh))
     }
 
-    /// [`FsCore::create`] for the process `caller` (whose GPU buffers a control file reaches).
+    /// [`FsCore::create`] for the process `caller`: a new file is its uid's, and its gid's (or
+    /// the directory's, under a set-group-ID directory); a control file reaches its buffers.
     pub fn create_by(
         &self,
         parent: u64,
         name: &str,
         mode: u32,
         flags: i32,
-        caller: u32,
+        caller: Caller,
     ) -> FsResult<(Attr, u64, PageCache)> {
         self.writable()?;
         let path = self.child(parent, name)?;
@@ -240,7 +257,7 @@ impl FsCore {
             if rest.is_empty() {
                 return Err(FsError::Exists);
             }
-            let (fh, cache) = self.gpu_open(rest, caller, true)?;
+            let (fh, cache) = self.gpu_open(rest, caller.pid, true)?;
             let mut attr = self.stat_path(&path)?;
             attr.ino = self.inodes().lookup(&path);
             return Ok((attr, fh, cache));
@@ -249,11 +266,14 @@ impl FsCore {
         let s = match self.stat_path(&path) {
             Ok(_) if flags & libc::O_EXCL != 0 => return Err(FsError::Exists),
             Ok(_) => self.open_staged(&path, flags & libc::O_TRUNC != 0)?,
-            Err(e) if e.is_not_found() => self.new_staged(&path, mode, SystemTime::now(), true)?,
+            Err(e) if e.is_not_found() => {
+                let (owner, _) = self.owner_for(parent, caller)?;
+                self.new_staged(&path, mode, owner, SystemTime::now(), true)?
+            }
             Err(e) => return Err(e),
         };
         let ino = self.inodes().lookup(&path);
-        let attr = s.attr(ino, self.cfg.uid, self.cfg.gid)?;
+        let attr = s.attr(ino)?;
         Ok((attr, self.insert_handle(Handle::Write(s)), PageCache::Fresh))
     }
 
@@ -277,7 +297,7 @@ impl FsCore {
                 let end = offset
                     .checked_add(length)
                     .ok_or_else(|| FsError::Invalid("offset + length overflows".into()))?;
-                if end > s.attr(0, 0, 0)?.size {
+                if end > s.attr(0)?.size {
                     s.truncate(end, &self.cfg.staging)?;
                 }
                 Ok(())

@@ -42,6 +42,8 @@ pub(crate) fn key_entry(rel: &str, r: &KeyRecord) -> ListEntry {
         mtime_sec: r.mtime_sec,
         mtime_nsec: r.mtime_nsec,
         symlink_target: r.symlink_target.clone(),
+        uid: r.uid,
+        gid: r.gid,
     }
 }
 
@@ -68,6 +70,8 @@ pub(crate) fn manifest_listing(m: &Manifest, r: &KeyRecord, recursive: bool) -> 
                 mtime_sec: e.mtime_sec,
                 mtime_nsec: e.mtime_nsec,
                 symlink_target: e.symlink_target.clone(),
+                uid: e.uid,
+                gid: e.gid,
             }
         })
         .collect()

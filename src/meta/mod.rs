@@ -463,10 +463,17 @@ impl MetaStore {
         key: &KeyPath,
         mode: Option<u32>,
         mtime: Option<(i64, u32)>,
+        owner: (Option<u32>, Option<u32>),
     ) -> Result<(), MetaError> {
         let apply = |e: &mut FileEntry| {
             if let Some(m) = mode {
                 e.mode = m & 0o7777;
+            }
+            if owner.0.is_some() {
+                e.uid = owner.0;
+            }
+            if owner.1.is_some() {
+                e.gid = owner.1;
             }
             if let Some((s, n)) = mtime {
                 e.mtime_sec = s;
@@ -479,7 +486,7 @@ impl MetaStore {
         match t.locate(path)? {
             Loc::Key { record } if record.kind() == EntryKind::Gpu => {
                 return Err(MetaError::BadRequest(format!(
-                    "{key} is a GPU key: it has no mode or mtime to set"
+                    "{key} is a GPU key: it has no mode, owner or mtime to set"
                 )))
             }
             Loc::Key { record } => t.edit_manifest(path, &record, |es| {

@@ -295,21 +295,33 @@ fn set_attr_rewrites_metadata_only() {
     let ns = Namespace::default();
     published_dir(&meta, &ns);
     let before = meta.resolve(&ns, &k("d/g")).unwrap();
-    meta.set_attr(&ns, &k("d/g"), Some(0o600), Some((1_000, 5)))
-        .unwrap();
+    meta.set_attr(
+        &ns,
+        &k("d/g"),
+        Some(0o600),
+        Some((1_000, 5)),
+        (Some(7), Some(8)),
+    )
+    .unwrap();
     let after = meta.resolve(&ns, &k("d/g")).unwrap();
     assert_eq!(after.manifest.entries[0].mode, 0o600);
     assert_eq!(after.manifest.entries[0].mtime_sec, 1_000);
+    assert_eq!(
+        (after.manifest.entries[0].uid, after.manifest.entries[0].gid),
+        (Some(7), Some(8))
+    );
     assert_eq!(
         after.manifest.entries[0].blocks,
         before.manifest.entries[0].blocks
     );
     meta.publish(&ns, &k("p/q"), &one_file(b"f"), Locale::Store, "", 0, false)
         .unwrap();
-    meta.set_attr(&ns, &k("p"), Some(0o700), None).unwrap();
+    meta.set_attr(&ns, &k("p"), Some(0o700), None, (Some(1000), None))
+        .unwrap();
     let l = meta.list(&ns, None, false).unwrap().0;
     let p = l.iter().find(|e| e.name == "p/").unwrap();
     assert_eq!(p.mode, 0o700);
+    assert_eq!((p.uid, p.gid), (Some(1000), None));
     assert_eq!(names(&meta, &ns, "p"), ["q"]);
 }
 

@@ -107,6 +107,8 @@ pub fn record_for(m: &Manifest, version: &Version, l: &Lineage) -> KeyRecord {
         mtime_nsec: root.mtime_nsec,
         symlink_target: root.symlink_target,
         gpu: None,
+        uid: root.uid,
+        gid: root.gid,
     }
 }
 

@@ -334,7 +334,7 @@ impl Store for StoreHandler {
         let key = parse_key(&r.key)?;
         let mtime = r.mtime_sec.map(|s| (s, r.mtime_nsec.min(999_999_999)));
         let meta = self.meta.clone();
-        blocking(move || meta.set_attr(&ns, &key, r.mode, mtime)).await?;
+        blocking(move || meta.set_attr(&ns, &key, r.mode, mtime, (r.uid, r.gid))).await?;
         Ok(Response::new(SetAttrResponse {}))
     }
 

@@ -237,6 +237,8 @@ fn entry_from_meta(path: String, disk: &Path, meta: &fs::Metadata) -> Result<Fil
         mtime_nsec: meta.mtime_nsec().clamp(0, 999_999_999) as u32,
         blocks: Vec::new(),
         symlink_target: target,
+        uid: Some(meta.uid()),
+        gid: Some(meta.gid()),
     })
 }
 

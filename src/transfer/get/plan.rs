@@ -130,13 +130,21 @@ impl<'m> Layout<'m> {
                     }
                     fs::rename(tmp, path).map_err(io(path))?;
                 }
-                Plan::Symlink => place_symlink(path, &e.symlink_target)?,
+                Plan::Symlink => {
+                    place_symlink(path, &e.symlink_target)?;
+                    if let Some((uid, gid)) = owner_to_restore(e) {
+                        std::os::unix::fs::lchown(path, Some(uid), Some(gid)).map_err(io(path))?;
+                    }
+                }
                 _ => {}
             }
         }
         guard.0.clear();
         for (e, path, plan) in self.each().rev() {
             if let Plan::Dir = plan {
+                if let Some((uid, gid)) = owner_to_restore(e) {
+                    std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(io(path))?;
+                }
                 fs::set_permissions(path, fs::Permissions::from_mode(e.mode)).map_err(io(path))?;
             }
         }
@@ -234,9 +242,24 @@ fn finish_file(tmp: &Path, e: &FileEntry) -> Result<(), GetError> {
         )
         .map_err(io(tmp))?;
     }
+    // Before the mode: a chown clears the set-user-ID and set-group-ID bits.
+    if let Some((uid, gid)) = owner_to_restore(e) {
+        std::os::unix::fs::fchown(&f, Some(uid), Some(gid)).map_err(io(tmp))?;
+    }
     f.set_permissions(fs::Permissions::from_mode(e.mode))
         .map_err(io(tmp))?;
     Ok(())
+}
+
+/// The owner `e` was published with, when this process may give it (root, as `rsync -a`);
+/// otherwise the caller owns what it gets.
+fn owner_to_restore(e: &FileEntry) -> Option<(u32, u32)> {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    match (root, e.uid, e.gid) {
+        (true, Some(uid), Some(gid)) => Some((uid, gid)),
+        _ => None,
+    }
 }
 
 /// Removes temporary files left by a get that did not finish.
