@@ -818,3 +818,70 @@ fn a_pods_caller_gets_a_worker_in_its_namespaces_as_its_user_with_no_capability(
         c.kt(None, &["ls", "pod-sd"]).status.code() == Some(3)
     }));
 }
+
+#[test]
+fn a_running_get_reports_how_far_it_is() {
+    let c = Cluster::new("127.0.0.162");
+    let a = start_mount("127.0.0.162", &c.server.addr, &c.path("a"), "gpr-a", &[]);
+    let b = start_mount("127.0.0.163", &c.server.addr, &c.path("b"), "gpr-b", &[]);
+    // 32 entries of 4 MiB: many chunks, so the transfer can be caught half way.
+    let json = serde_json::json!({"entries": (0..32)
+        .map(|i| serde_json::json!({"name": format!("w{i}"), "dtype": "uint8", "shape": [4 << 20]}))
+        .collect::<Vec<_>>()})
+    .to_string();
+    let sizes = vec![4u64 << 20; 32];
+    let total: u64 = sizes.iter().sum();
+    let data = pseudo_random(total as usize, 41);
+    let src = Shm::new("prog-src", &data);
+    let put = open(&a.path(".gpu/big"), true);
+    write_all(&put, json.as_bytes());
+    let t = ioctl(&put, KT_GPU_PUT, &mut buffers(&src, &sizes, BUF_HOST_SHM)).unwrap();
+    assert!(wait_readable(&put, Duration::from_secs(30)));
+    assert_eq!(status(&put, t).state, DONE);
+    let worker = worker_of(a.proc.as_ref().unwrap().pid()).expect("the publisher's worker");
+
+    let dst = Shm::new("prog-dst", &vec![0u8; total as usize]);
+    let get = open(&b.path(".gpu/big"), false);
+    write_all(&get, json.as_bytes());
+    let g = ioctl(&get, KT_GPU_GET, &mut buffers(&dst, &sizes, BUF_HOST_SHM)).unwrap();
+    // Once some bytes are in, the source stops: STATUS says how many, and that is where it
+    // stays until the source goes on.
+    let start = Instant::now();
+    let mut st = status(&get, g);
+    while st.bytes_done == 0 && st.state != DONE && start.elapsed() < Duration::from_secs(30) {
+        st = status(&get, g);
+    }
+    signal(worker, libc::SIGSTOP);
+    // Whatever fails below, the source goes on (a stopped worker would hold the mount's exit).
+    struct Cont(i32);
+    impl Drop for Cont {
+        fn drop(&mut self) {
+            signal(self.0, libc::SIGCONT);
+        }
+    }
+    let cont = Cont(worker);
+    let caught = status(&get, g);
+    // 128 MiB do not cross loopback between two STATUS calls.
+    assert_eq!(caught.state, RUNNING, "{}", message(&caught));
+    assert!(
+        caught.bytes_done > 0 && caught.bytes_done < total,
+        "{} of {total}",
+        caught.bytes_done
+    );
+    // What was in flight lands; then nothing more, and not all of it.
+    let mut last = caught.bytes_done;
+    let settled = eventually(Duration::from_secs(10), || {
+        std::thread::sleep(Duration::from_millis(150));
+        let now = status(&get, g).bytes_done;
+        std::mem::replace(&mut last, now) == now
+    });
+    assert!(
+        settled && last < total,
+        "{last} of {total} with the source stopped"
+    );
+    drop(cont);
+    assert!(wait_readable(&get, Duration::from_secs(30)));
+    let st = status(&get, g);
+    assert_eq!((st.state, st.bytes_done), (DONE, total), "{}", message(&st));
+    assert!(std::fs::read(&dst.0).unwrap() == data);
+}

@@ -26,7 +26,7 @@ use crate::locks::lock;
 use crate::proto::worker_request::Op;
 use crate::proto::{
     GpuKey, ListRequest, PublishGpuRequest, RemoveRequest, ResolveRequest, Role, WorkerBuffer,
-    WorkerFetch, WorkerRegister, WorkerRelease,
+    WorkerFetch, WorkerProgress, WorkerRegister, WorkerRelease,
 };
 use crate::rpc::{ClientError, Store};
 
@@ -137,6 +137,9 @@ struct Registration {
     /// The window it joined, told when the registration ends before its transfer does.
     window: Option<Membership>,
 }
+
+/// How long a STATUS waits for a worker to say how far its transfer is.
+const PROGRESS_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Why a registration's transfer ends when its control file closes first: what the members
 /// that receive from it are told.
@@ -339,10 +342,30 @@ impl GpuControl {
                     .find(|t| t.id == id)
                     .cloned()
                     .ok_or(GpuError::NoTransfer(id))?;
-                let st = lock(&t.status).clone();
+                let mut st = lock(&t.status).clone();
+                if st.state == abi::RUNNING {
+                    st.bytes_done = self.filled(cf).unwrap_or(st.bytes_done);
+                }
                 Ok((0, st.encode()))
             }
         }
+    }
+
+    /// How much of a getter's buffers its worker has filled; `None` for a publisher, or when
+    /// the worker does not answer at once (a STATUS never waits on a transfer).
+    fn filled(&self, cf: &ControlFile) -> Option<u64> {
+        let (id, worker) = {
+            let r = lock(&cf.registration);
+            let r = r.as_ref().filter(|r| !r.publisher)?;
+            (r.id, r.worker.clone())
+        };
+        let asked = worker.call(Op::Progress(WorkerProgress { registration: id }));
+        let r = self
+            .rt
+            .block_on(async { tokio::time::timeout(PROGRESS_WAIT, asked).await })
+            .ok()?
+            .ok()?;
+        Some(r.bytes)
     }
 
     fn batch(

@@ -202,6 +202,11 @@ impl Buffers {
         Ok(())
     }
 
+    /// How much of the run is filled.
+    pub fn filled_up_to(&self) -> u64 {
+        self.filled.load(Ordering::SeqCst)
+    }
+
     /// The run is filled up to `end`: whoever waits for those bytes gets them.
     pub fn filled(&self, end: u64) {
         self.filled.fetch_max(end, Ordering::SeqCst);

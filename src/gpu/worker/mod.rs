@@ -161,6 +161,13 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
                 }
                 wire::send(&mut *wr.lock().await, &reply(Ok(0))).await?;
             }
+            Some(Op::Progress(p)) => {
+                let filled = lock(&served)
+                    .get(&p.registration)
+                    .map(|b| b.filled_up_to())
+                    .ok_or(WorkerError::NoRegistration(p.registration));
+                wire::send(&mut *wr.lock().await, &reply(filled)).await?;
+            }
             None => {
                 let r = reply(Err(WorkerError::Bad("an empty request".into())));
                 wire::send(&mut *wr.lock().await, &r).await?;
