@@ -60,7 +60,9 @@ impl Drop for Shm {
 
 fn open(path: &Path, create: bool) -> OwnedFd {
     let c = CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    let flags = libc::O_RDWR | if create { libc::O_CREAT } else { 0 };
+    // Close-on-exec: a process another test spawns meanwhile must not inherit the descriptor,
+    // and with it the registration, which lives until its last copy is closed.
+    let flags = libc::O_RDWR | libc::O_CLOEXEC | if create { libc::O_CREAT } else { 0 };
     // SAFETY: a valid C string; the descriptor is owned from here on.
     let fd = unsafe { libc::open(c.as_ptr(), flags, 0o644) };
     assert!(
@@ -128,6 +130,21 @@ fn buffers(shm: &Shm, sizes: &[u64], kind: u32) -> KtGpuBuffers {
         at += n;
     }
     b
+}
+
+/// Publishes `src` (entries of `sizes`) under the table `json` at `path`, waiting until done;
+/// the control file that keeps it published.
+fn publish(path: &Path, json: &str, src: &Shm, sizes: &[u64]) -> OwnedFd {
+    let put = open(path, true);
+    write_all(&put, json.as_bytes());
+    let t = ioctl(&put, KT_GPU_PUT, &mut buffers(src, sizes, BUF_HOST_SHM)).expect("PUT");
+    assert!(
+        wait_readable(&put, Duration::from_secs(30)),
+        "the PUT never finished"
+    );
+    let st = status(&put, t);
+    assert_eq!(st.state, DONE, "{}", message(&st));
+    put
 }
 
 /// Waits in poll(2) for the control file to become readable (its transfer finished).
@@ -337,11 +354,7 @@ fn many_getters_wait_in_poll_while_the_mount_serves_everyone_else() {
     let total: u64 = sizes.iter().sum();
     let data = pseudo_random(total as usize, 9);
     let src = Shm::new("poll-src", &data);
-    let put = open(&a.path(".gpu/w"), true);
-    write_all(&put, json.as_bytes());
-    let t = ioctl(&put, KT_GPU_PUT, &mut buffers(&src, &sizes, BUF_HOST_SHM)).unwrap();
-    assert!(wait_readable(&put, Duration::from_secs(30)));
-    assert_eq!(status(&put, t).state, DONE);
+    let _put = publish(&a.path(".gpu/w"), &json, &src, &sizes);
 
     // The publisher's worker stops answering: every GET waits on it, none of them in the mount.
     let worker = worker_of(a.proc.as_ref().unwrap().pid()).expect("the publisher's worker");
@@ -572,6 +585,10 @@ fn a_window_fails_as_a_whole_and_names_the_member_at_fault() {
         "the putter's worker never started"
     );
     let worker = worker.unwrap();
+    // Published: the worker has taken the putter's buffers, and may stop now.
+    assert!(eventually(Duration::from_secs(20), || {
+        c.kt(None, &["ls", "chain"]).status.success()
+    }));
     signal(worker, libc::SIGSTOP);
     let first = Member::start(&b.path(".gpu/chain"), &json, &sizes, &w, None);
     let second = Member::start(&d.path(".gpu/chain"), &json, &sizes, &w, None);
@@ -833,11 +850,7 @@ fn a_running_get_reports_how_far_it_is() {
     let total: u64 = sizes.iter().sum();
     let data = pseudo_random(total as usize, 41);
     let src = Shm::new("prog-src", &data);
-    let put = open(&a.path(".gpu/big"), true);
-    write_all(&put, json.as_bytes());
-    let t = ioctl(&put, KT_GPU_PUT, &mut buffers(&src, &sizes, BUF_HOST_SHM)).unwrap();
-    assert!(wait_readable(&put, Duration::from_secs(30)));
-    assert_eq!(status(&put, t).state, DONE);
+    let _put = publish(&a.path(".gpu/big"), &json, &src, &sizes);
     let worker = worker_of(a.proc.as_ref().unwrap().pid()).expect("the publisher's worker");
 
     let dst = Shm::new("prog-dst", &vec![0u8; total as usize]);

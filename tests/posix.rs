@@ -18,7 +18,7 @@ fn errno_of<T>(r: std::io::Result<T>) -> Option<i32> {
 fn open_fd(path: &Path, flags: i32, mode: u32) -> OwnedFd {
     let c = CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: a valid C string; the descriptor is owned from here on.
-    let fd = unsafe { libc::open(c.as_ptr(), flags, mode) };
+    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, mode) };
     assert!(
         fd >= 0,
         "open {}: {}",
