@@ -355,3 +355,39 @@ fn a_reader_whose_parent_dies_is_given_a_new_parent() {
     assert_eq!((me.node_id.as_str(), me.parent.as_str()), ("here", "store"));
     core.release(fh).unwrap();
 }
+
+#[test]
+fn copy_range_and_fallocate_are_the_cores_own() {
+    // Through a mount the kernel falls back to read and write when a filesystem lacks
+    // copy_file_range; here nothing falls back, so this is the core's implementation.
+    let rig = Rig::new();
+    let core = rig.core();
+    let data: Vec<u8> = (0..(3 << 20) + 77).map(|i| (i % 251) as u8).collect();
+    let src = write_file(&core, ROOT, "src", &data);
+    let (rd, _) = core.open(src, libc::O_RDONLY).unwrap();
+    let (dst, wr) = core.create(ROOT, "dst", 0o644, libc::O_WRONLY).unwrap();
+    let n = core
+        .copy_range(src, rd, 5, wr, 0, data.len() as u64)
+        .unwrap();
+    assert_eq!(n as usize, data.len() - 5, "short only at the source's end");
+    core.flush(wr).unwrap();
+    assert_eq!(read_all(&core, dst.ino), &data[5..]);
+
+    let (f, fh) = core.create(ROOT, "f", 0o644, libc::O_RDWR).unwrap();
+    core.fallocate(fh, 0, 10_000, 0).unwrap();
+    assert_eq!(core.getattr(f.ino).unwrap().size, 10_000);
+    core.fallocate(fh, 0, 1 << 20, libc::FALLOC_FL_KEEP_SIZE)
+        .unwrap();
+    assert_eq!(core.getattr(f.ino).unwrap().size, 10_000);
+    assert_eq!(
+        errno(core.fallocate(
+            fh,
+            0,
+            10,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE
+        )),
+        libc::EOPNOTSUPP
+    );
+    // A descriptor open only for reading has nothing to extend.
+    assert_eq!(errno(core.fallocate(rd, 0, 10, 0)), libc::EBADF);
+}

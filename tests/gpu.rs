@@ -138,11 +138,7 @@ fn publish(path: &Path, json: &str, src: &Shm, sizes: &[u64]) -> OwnedFd {
     let put = open(path, true);
     write_all(&put, json.as_bytes());
     let t = ioctl(&put, KT_GPU_PUT, &mut buffers(src, sizes, BUF_HOST_SHM)).expect("PUT");
-    assert!(
-        wait_readable(&put, Duration::from_secs(30)),
-        "the PUT never finished"
-    );
-    let st = status(&put, t);
+    let st = finished(&put, t);
     assert_eq!(st.state, DONE, "{}", message(&st));
     put
 }
@@ -157,6 +153,15 @@ fn wait_readable(fd: &OwnedFd, limit: Duration) -> bool {
     // SAFETY: one valid pollfd.
     let n = unsafe { libc::poll(&mut p, 1, limit.as_millis() as i32) };
     n == 1 && p.revents & libc::POLLIN != 0
+}
+
+/// The status of `transfer` once poll(2) says it finished.
+fn finished(fd: &OwnedFd, transfer: i32) -> KtGpuStatus {
+    assert!(
+        wait_readable(fd, Duration::from_secs(60)),
+        "transfer {transfer} never finished"
+    );
+    status(fd, transfer)
 }
 
 fn status(fd: &OwnedFd, transfer: i32) -> KtGpuStatus {
@@ -192,11 +197,7 @@ fn a_state_dict_goes_from_one_nodes_buffers_into_anothers() {
     write_all(&put, json.as_bytes());
     let t = ioctl(&put, KT_GPU_PUT, &mut buffers(&src, &sizes, BUF_HOST_SHM)).expect("PUT");
     assert!(t > 0);
-    assert!(
-        wait_readable(&put, Duration::from_secs(30)),
-        "the PUT never finished"
-    );
-    let st = status(&put, t);
+    let st = finished(&put, t);
     assert_eq!(st.state, DONE, "{}", message(&st));
     assert_eq!(st.bytes_total, total);
 
@@ -252,8 +253,7 @@ fn a_state_dict_goes_from_one_nodes_buffers_into_anothers() {
         &mut buffers(&wrong, &other_sizes, BUF_HOST_SHM),
     )
     .unwrap();
-    assert!(wait_readable(&bad, Duration::from_secs(30)));
-    let st = status(&bad, w);
+    let st = finished(&bad, w);
     assert_eq!(
         (st.state, st.error),
         (FAILED, libc::EBADMSG),
@@ -308,8 +308,7 @@ fn bad_calls_get_their_errno_and_cuda_buffers_say_there_is_no_gpu() {
     let fd = open(&a.path(".gpu/cuda"), true);
     write_all(&fd, json.as_bytes());
     let t = ioctl(&fd, KT_GPU_PUT, &mut buffers(&src, &sizes, BUF_CUDA_IPC)).unwrap();
-    assert!(wait_readable(&fd, Duration::from_secs(30)));
-    let st = status(&fd, t);
+    let st = finished(&fd, t);
     assert_eq!(
         (st.state, st.error),
         (FAILED, libc::ENODEV),
@@ -460,11 +459,7 @@ impl Member {
 
     /// The transfer's state, error and message once it finished.
     fn outcome(&self) -> (u32, i32, String) {
-        assert!(
-            wait_readable(&self.fd, Duration::from_secs(60)),
-            "a window member was never woken"
-        );
-        let st = status(&self.fd, self.transfer);
+        let st = finished(&self.fd, self.transfer);
         (st.state, st.error, message(&st))
     }
 
@@ -815,8 +810,7 @@ fn a_pods_caller_gets_a_worker_in_its_namespaces_as_its_user_with_no_capability(
     let get = open(&a.path(".gpu/pod-sd"), false);
     write_all(&get, json.as_bytes());
     let g = ioctl(&get, KT_GPU_GET, &mut buffers(&dst, &sizes, BUF_HOST_SHM)).expect("GET");
-    assert!(wait_readable(&get, Duration::from_secs(30)));
-    let st = status(&get, g);
+    let st = finished(&get, g);
     assert_eq!(st.state, DONE, "{}", message(&st));
     assert!(std::fs::read(&dst.0).unwrap() == data, "the bytes differ");
     drop(get);
@@ -893,8 +887,7 @@ fn a_running_get_reports_how_far_it_is() {
         "{last} of {total} with the source stopped"
     );
     drop(cont);
-    assert!(wait_readable(&get, Duration::from_secs(30)));
-    let st = status(&get, g);
+    let st = finished(&get, g);
     assert_eq!((st.state, st.bytes_done), (DONE, total), "{}", message(&st));
     assert!(std::fs::read(&dst.0).unwrap() == data);
 }

@@ -273,21 +273,21 @@ impl FsCore {
         Ok(a)
     }
 
+    /// A file's attributes from its manifest entry, read as its listing entry would be.
     fn attr_of_file(&self, ino: u64, e: &crate::proto::FileEntry) -> Attr {
-        Attr {
+        self.attr_from_entry(
             ino,
-            kind: Kind::File,
-            size: e.size,
-            perm: if e.mode == 0 {
-                0o644
-            } else {
-                (e.mode & 0o7777) as u16
+            &ListEntry {
+                kind: e.kind,
+                mode: e.mode,
+                size: e.size,
+                mtime_sec: e.mtime_sec,
+                mtime_nsec: e.mtime_nsec,
+                uid: e.uid,
+                gid: e.gid,
+                ..Default::default()
             },
-            mtime: time_of(e.mtime_sec, e.mtime_nsec),
-            nlink: 0,
-            uid: e.uid.unwrap_or(self.cfg.uid),
-            gid: e.gid.unwrap_or(self.cfg.gid),
-        }
+        )
     }
 
     pub fn readlink(&self, ino: u64) -> FsResult<String> {
