@@ -145,7 +145,7 @@ async fn fetch_into(
     dst: &Arc<Buffers>,
     pack: bool,
 ) -> Result<u64, WorkerError> {
-    let peer = |e: std::io::Error| WorkerError::Peer(format!("{source} ({addr}): {e}"));
+    let peer = |e: std::io::Error| peer_failed(source, addr, e);
     let stream = TcpStream::connect(addr).await.map_err(peer)?;
     stream.set_nodelay(true)?;
     let (rd, mut wr) = stream.into_split();
@@ -173,10 +173,10 @@ async fn fetch_into(
             let got = tokio::time::timeout(STALL, receive_chunk(&mut rd, source, addr, len))
                 .await
                 .unwrap_or_else(|_| {
-                    Err(WorkerError::Peer(format!(
-                        "{source} ({addr}) sent nothing for {} s",
-                        STALL.as_secs()
-                    )))
+                    Err(WorkerError::Remote(
+                        libc::ETIMEDOUT,
+                        format!("{source} ({addr}) sent nothing for {} s", STALL.as_secs()),
+                    ))
                 });
             window.add_permits(1);
             let data = match got {
@@ -201,13 +201,26 @@ async fn fetch_into(
     Ok(moved)
 }
 
+/// A connection to a peer worker that failed: one that ended mid-transfer is a member gone
+/// (closed, or dead before its buffers' failure reached us), as ECONNABORTED says.
+fn peer_failed(source: &str, addr: &str, e: std::io::Error) -> WorkerError {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    match e.kind() {
+        UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe => WorkerError::Remote(
+            libc::ECONNABORTED,
+            format!("{source} ({addr}) went away mid-transfer: {e}"),
+        ),
+        _ => WorkerError::Peer(format!("{source} ({addr}): {e}")),
+    }
+}
+
 async fn receive_chunk<R: tokio::io::AsyncRead + Unpin>(
     rd: &mut R,
     source: &str,
     addr: &str,
     len: u32,
 ) -> Result<Vec<u8>, WorkerError> {
-    let peer = |e: std::io::Error| WorkerError::Peer(format!("{source} ({addr}): {e}"));
+    let peer = |e: std::io::Error| peer_failed(source, addr, e);
     let mut head = [0u8; 8];
     rd.read_exact(&mut head).await.map_err(peer)?;
     let errno = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
