@@ -14,6 +14,18 @@ pub struct Moment {
     pub at: Instant,
     /// Milliseconds since the Unix epoch.
     pub unix_ms: i64,
+    /// The same reading in nanoseconds, for timestamps shown to the second's fraction.
+    pub unix_ns: i64,
+}
+
+impl Moment {
+    /// The wall-clock reading as seconds and nanoseconds since the Unix epoch.
+    pub fn unix(&self) -> (i64, u32) {
+        (
+            self.unix_ns.div_euclid(1_000_000_000),
+            self.unix_ns.rem_euclid(1_000_000_000) as u32,
+        )
+    }
 }
 
 impl std::ops::Add<Duration> for Moment {
@@ -23,6 +35,7 @@ impl std::ops::Add<Duration> for Moment {
         Moment {
             at: self.at + d,
             unix_ms: self.unix_ms + d.as_millis() as i64,
+            unix_ns: self.unix_ns + d.as_nanos() as i64,
         }
     }
 }
@@ -39,11 +52,13 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now(&self) -> Moment {
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
         Moment {
             at: Instant::now(),
-            unix_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as i64),
+            unix_ms: wall.as_millis() as i64,
+            unix_ns: wall.as_nanos() as i64,
         }
     }
 }
@@ -83,10 +98,7 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> Moment {
         let d = *crate::locks::lock(&self.elapsed);
-        Moment {
-            at: self.start.at + d,
-            unix_ms: self.start.unix_ms + d.as_millis() as i64,
-        }
+        self.start + d
     }
 }
 

@@ -73,6 +73,14 @@ pub fn block_hash(b: &BlockRef) -> Option<BlockHash> {
 
 /// Checks a manifest that may come from anyone: every path is a clean relative path, entries
 /// are sorted and unique, block references are well formed and add up to each file's size.
+/// A fifo, socket or device node: an entry of metadata alone.
+pub fn is_special(k: EntryKind) -> bool {
+    matches!(
+        k,
+        EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice
+    )
+}
+
 pub fn validate(m: &Manifest) -> Result<(), ManifestError> {
     if m.block_size == 0 || m.block_size > MAX_BLOCK_SIZE {
         return Err(ManifestError::BadBlockSize(m.block_size));
@@ -114,6 +122,8 @@ pub fn validate(m: &Manifest) -> Result<(), ManifestError> {
             }
         } else if !e.blocks.is_empty() {
             return Err(ManifestError::BadBlock(e.path.clone()));
+        } else if is_special(e.kind()) && e.size != 0 {
+            return Err(ManifestError::SizeMismatch(e.path.clone(), 0, e.size));
         }
     }
     // A single-file manifest has one entry with an empty path; a directory's first entry is its

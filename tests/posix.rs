@@ -300,3 +300,362 @@ fn owners_are_their_creators_shared_by_every_node_and_changed_by_chown() {
         .success());
     assert_eq!(owner(&dest), (1234, 5678));
 }
+
+fn lstat(p: &Path) -> libc::stat {
+    let c = CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a zeroed stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and a stat to fill.
+    let r = unsafe { libc::lstat(c.as_ptr(), &mut st) };
+    assert_eq!(
+        r,
+        0,
+        "lstat {}: {}",
+        p.display(),
+        std::io::Error::last_os_error()
+    );
+    st
+}
+
+fn mtime(st: &libc::stat) -> (i64, i64) {
+    (st.st_mtime, st.st_mtime_nsec)
+}
+
+fn ctime(st: &libc::stat) -> (i64, i64) {
+    (st.st_ctime, st.st_ctime_nsec)
+}
+
+/// utimensat(2) at `p`, `times` as (sec, nsec) with libc's UTIME_NOW and UTIME_OMIT.
+fn utimens(p: &Path, atime: (i64, i64), mtime: (i64, i64), flags: i32) -> std::io::Result<()> {
+    let c = CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let ts = [
+        libc::timespec {
+            tv_sec: atime.0,
+            tv_nsec: atime.1,
+        },
+        libc::timespec {
+            tv_sec: mtime.0,
+            tv_nsec: mtime.1,
+        },
+    ];
+    // SAFETY: a valid C string and two timespecs.
+    match unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), flags) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+/// Asserts that `op` moved the times `pick` reads from `p`'s stat forward.
+fn moves(p: &Path, pick: fn(&libc::stat) -> (i64, i64), what: &str, op: impl FnOnce()) {
+    let before = pick(&lstat(p));
+    op();
+    let after = pick(&lstat(p));
+    assert!(after > before, "{what}: {before:?} -> {after:?}");
+}
+
+#[test]
+fn ctime_and_directory_times_move_as_on_a_local_filesystem_and_are_shared() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = Cluster::new("127.0.0.176");
+    let a = start_mount("127.0.0.176", &c.server.addr, &c.path("a"), "px-g", &[]);
+    let b = start_mount("127.0.0.177", &c.server.addr, &c.path("b"), "px-h", &[]);
+    let d = a.path("d");
+    moves(&a.path(""), mtime, "mkdir, the root's mtime", || {
+        std::fs::create_dir(&d).unwrap()
+    });
+    let f = a.path("d/f");
+    let (m0, c0) = (mtime(&lstat(&d)), ctime(&lstat(&d)));
+    std::fs::write(&f, b"x").unwrap();
+    let st = lstat(&d);
+    assert!(
+        mtime(&st) > m0 && ctime(&st) > c0,
+        "a create left the directory's times"
+    );
+    // A rewrite is a change of the file, not of the directory.
+    moves(&f, ctime, "a rewrite, the file's ctime", || {
+        std::fs::write(&f, b"y").unwrap()
+    });
+    assert_eq!(
+        mtime(&lstat(&d)),
+        mtime(&st),
+        "a rewrite moved the directory's mtime"
+    );
+    // A chmod or chown is a change of the file's metadata, not of its content.
+    let m0 = mtime(&lstat(&f));
+    moves(&f, ctime, "chmod", || {
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap()
+    });
+    moves(&f, ctime, "chown", || {
+        std::os::unix::fs::chown(&f, Some(1000), None).unwrap()
+    });
+    assert_eq!(mtime(&lstat(&f)), m0, "a chmod changed the mtime");
+    // A failed operation changes nothing.
+    let c0 = ctime(&lstat(&f));
+    let out = as_user(&format!(
+        "chmod 777 {}/x 2>&1; chown 0 {}",
+        d.display(),
+        f.display()
+    ));
+    assert!(!out.status.success());
+    assert_eq!(ctime(&lstat(&f)), c0, "a refused chown changed the ctime");
+    let g = a.path("d/g");
+    moves(&d, mtime, "rename, the directory's mtime", || {
+        std::fs::rename(&f, &g).unwrap()
+    });
+    assert!(ctime(&lstat(&g)) > c0, "a rename left the ctime");
+    moves(&d, mtime, "mkdir", || {
+        std::fs::create_dir(a.path("d/s")).unwrap()
+    });
+    moves(&d, mtime, "symlink", || {
+        std::os::unix::fs::symlink("g", a.path("d/l")).unwrap()
+    });
+    moves(&d, mtime, "rmdir", || {
+        std::fs::remove_dir(a.path("d/s")).unwrap()
+    });
+    moves(&d, mtime, "unlink", || {
+        std::fs::remove_file(a.path("d/l")).unwrap()
+    });
+
+    // utimensat: nanoseconds, 64-bit seconds both ways of 1970, UTIME_OMIT, and a symlink's own.
+    for t in [(4_102_444_800 + 7, 123_456_789), (-86_400 * 365, 5)] {
+        utimens(&g, (libc::UTIME_OMIT, libc::UTIME_OMIT), t, 0).unwrap();
+        assert_eq!(mtime(&lstat(&g)), t);
+    }
+    utimens(&g, (1, 0), (libc::UTIME_OMIT, libc::UTIME_OMIT), 0).unwrap();
+    assert_eq!(
+        mtime(&lstat(&g)),
+        (-86_400 * 365, 5),
+        "UTIME_OMIT moved the mtime"
+    );
+    std::os::unix::fs::symlink("g", a.path("d/l")).unwrap();
+    let link_t = (1_000_000_000, 42);
+    utimens(
+        &a.path("d/l"),
+        (libc::UTIME_OMIT, libc::UTIME_OMIT),
+        link_t,
+        libc::AT_SYMLINK_NOFOLLOW,
+    )
+    .unwrap();
+    assert_eq!(mtime(&lstat(&a.path("d/l"))), link_t);
+    assert_eq!(
+        mtime(&lstat(&g)),
+        (-86_400 * 365, 5),
+        "the link's target moved"
+    );
+    // A directory's times set by hand stay until its entries change.
+    utimens(&d, (libc::UTIME_OMIT, libc::UTIME_OMIT), (86_400, 9), 0).unwrap();
+    assert_eq!(mtime(&lstat(&d)), (86_400, 9));
+
+    // The other node shows the very same times.
+    for name in ["d", "d/g", "d/l"] {
+        let (here, there) = (lstat(&a.path(name)), b.path(name));
+        assert!(
+            eventually(std::time::Duration::from_secs(5), || {
+                let st = lstat(&there);
+                (mtime(&st), ctime(&st)) == (mtime(&here), ctime(&here))
+            }),
+            "{name} on the other node: {:?} vs {:?}",
+            (mtime(&lstat(&there)), ctime(&lstat(&there))),
+            (mtime(&here), ctime(&here))
+        );
+    }
+}
+
+#[test]
+fn other_users_meet_the_checks_a_local_filesystem_makes() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = Cluster::new("127.0.0.178");
+    let a = start_mount("127.0.0.178", &c.server.addr, &c.path("a"), "px-i", &[]);
+    for d in [c.path(""), c.path("a")] {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mode = |p: &str, m: u32| {
+        std::fs::set_permissions(a.path(p), std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    let user = |script: String| {
+        let out = as_user(&script);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    std::fs::create_dir(a.path("p")).unwrap();
+    mode("p", 0o777);
+    std::fs::write(a.path("p/shared"), b"root's, writable by all").unwrap();
+    mode("p/shared", 0o666);
+    std::fs::write(a.path("p/mine"), b"root's alone").unwrap();
+    mode("p/mine", 0o644);
+    let p = a.path("p");
+    let p = p.display();
+    // utimensat: "now" needs write permission, explicit times need ownership.
+    assert!(
+        user(format!("touch -c {p}/shared")).0,
+        "touch of a writable file"
+    );
+    let (ok, err) = user(format!("touch -c -d 2001-01-01 {p}/shared"));
+    assert!(
+        !ok && err.contains("not permitted"),
+        "explicit times: {err}"
+    );
+    let (ok, err) = user(format!("touch -c {p}/mine"));
+    assert!(
+        !ok && err.contains("denied"),
+        "touch of a read-only file: {err}"
+    );
+
+    // A sticky directory: only an entry's owner (or the directory's) removes or renames it.
+    std::fs::create_dir(a.path("t")).unwrap();
+    mode("t", 0o1777);
+    std::fs::write(a.path("t/roots"), b"x").unwrap();
+    mode("t/roots", 0o666);
+    let t = a.path("t");
+    let t = t.display();
+    assert!(
+        !user(format!("rm -f {t}/roots")).0,
+        "removed another's file"
+    );
+    assert!(
+        !user(format!("mv {t}/roots {t}/moved")).0,
+        "renamed another's file"
+    );
+    assert!(a.path("t/roots").exists());
+    assert!(user(format!("echo u > {t}/users && rm {t}/users")).0);
+
+    // A rename out of a directory the caller may not write.
+    std::fs::create_dir(a.path("ro")).unwrap();
+    std::fs::write(a.path("ro/f"), b"stays").unwrap();
+    let (ok, err) = user(format!("mv {}/ro/f {p}/f", a.path("").display()));
+    assert!(!ok && err.contains("denied"), "{err}");
+    assert!(a.path("ro/f").exists() && !a.path("p/f").exists());
+
+    // A chmod by the owner who is not in the file's group drops set-group-ID.
+    let out = as_user(&format!("echo x > {p}/sg"));
+    assert!(out.status.success());
+    std::os::unix::fs::chown(a.path("p/sg"), None, Some(4000)).unwrap();
+    assert!(user(format!("chmod 2755 {p}/sg")).0);
+    assert_eq!(lstat(&a.path("p/sg")).st_mode & 0o7777, 0o755);
+}
+
+#[test]
+fn special_files_are_entries_whose_io_is_the_kernels() {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::FileTypeExt;
+    let c = Cluster::new("127.0.0.179");
+    let a = start_mount("127.0.0.179", &c.server.addr, &c.path("a"), "px-j", &[]);
+    let b = start_mount("127.0.0.169", &c.server.addr, &c.path("b"), "px-k", &[]);
+    let cstr = |p: &Path| CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // A fifo carries bytes between two processes of one node.
+    // SAFETY: a valid C string.
+    assert_eq!(
+        unsafe { libc::mkfifo(cstr(&a.path("fifo")).as_ptr(), 0o644) },
+        0
+    );
+    let fifo = a.path("fifo");
+    let writer = std::thread::spawn(move || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&fifo)
+            .unwrap()
+            .write_all(b"through the pipe")
+            .unwrap()
+    });
+    let mut got = String::new();
+    std::fs::File::open(a.path("fifo"))
+        .unwrap()
+        .read_to_string(&mut got)
+        .unwrap();
+    writer.join().unwrap();
+    assert_eq!(got, "through the pipe");
+    // A device node keeps its number; the mount is nodev, so it never opens.
+    let null = libc::makedev(1, 3);
+    // SAFETY: a valid C string.
+    let r = unsafe { libc::mknod(cstr(&a.path("null")).as_ptr(), libc::S_IFCHR | 0o666, null) };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    assert_eq!(lstat(&a.path("null")).st_rdev, null);
+    assert_eq!(
+        errno_of(std::fs::File::open(a.path("null"))),
+        Some(libc::EACCES)
+    );
+    // A unix socket binds inside the mount and is connected to through it.
+    let listener = std::os::unix::net::UnixListener::bind(a.path("sock")).unwrap();
+    let mut client = std::os::unix::net::UnixStream::connect(a.path("sock")).unwrap();
+    client.write_all(b"hello").unwrap();
+    let mut buf = [0u8; 5];
+    listener.accept().unwrap().0.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"hello");
+    // Every node lists and stats them as what they are; they rename and unlink as files do.
+    assert!(eventually(std::time::Duration::from_secs(5), || {
+        let ft = |n: &str| std::fs::symlink_metadata(b.path(n)).map(|m| m.file_type());
+        ft("fifo").is_ok_and(|t| t.is_fifo())
+            && ft("sock").is_ok_and(|t| t.is_socket())
+            && ft("null").is_ok_and(|t| t.is_char_device())
+    }));
+    assert_eq!(lstat(&b.path("null")).st_rdev, null);
+    std::fs::rename(a.path("fifo"), a.path("fifo2")).unwrap();
+    assert!(lstat(&a.path("fifo2")).st_mode & libc::S_IFMT == libc::S_IFIFO);
+    std::fs::remove_file(a.path("fifo2")).unwrap();
+    assert!(!a.path("fifo2").exists());
+
+    // kt put takes them from a local tree; kt get makes them again (root may make the device).
+    let src = c.path("tree");
+    std::fs::create_dir(&src).unwrap();
+    // SAFETY: valid C strings.
+    unsafe {
+        assert_eq!(libc::mkfifo(cstr(&src.join("p")).as_ptr(), 0o600), 0);
+        assert_eq!(
+            libc::mknod(cstr(&src.join("n")).as_ptr(), libc::S_IFCHR | 0o640, null),
+            0
+        );
+    }
+    std::fs::write(src.join("f"), b"a file beside them").unwrap();
+    c.ok(
+        None,
+        &["put", "tree", "--src", &format!("{}/", src.display())],
+    );
+    let dest = c.path("got");
+    c.ok(None, &["get", "tree", "--dest", dest.to_str().unwrap()]);
+    let got = |n: &str| {
+        std::fs::symlink_metadata(dest.join(n)).unwrap_or_else(|e| {
+            panic!(
+                "{n}: {e}; got {:?}",
+                std::fs::read_dir(&dest).map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+            )
+        })
+    };
+    assert!(got("tree/p").file_type().is_fifo());
+    assert_eq!(got("tree/p").mode() & 0o7777, 0o600);
+    assert!(got("tree/n").file_type().is_char_device());
+    assert_eq!(got("tree/n").rdev(), null);
+    assert_eq!(
+        std::fs::read(dest.join("tree/f")).unwrap(),
+        b"a file beside them"
+    );
+    // A user may make the fifo but not the device node: it is skipped, and the rest arrives.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(c.path(""), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let user_kt = c.path("kt");
+    std::fs::copy(kt_bin(), &user_kt).unwrap();
+    let mine = c.path("users");
+    std::fs::create_dir(&mine).unwrap();
+    std::os::unix::fs::chown(&mine, Some(1000), Some(1000)).unwrap();
+    let out = as_user(&format!(
+        "KT_SERVER={} KT_AGENT=/nonexistent {} get tree --dest {}",
+        c.server.addr,
+        user_kt.display(),
+        mine.display()
+    ));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::symlink_metadata(mine.join("tree/p"))
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    assert!(std::fs::symlink_metadata(mine.join("tree/n")).is_err());
+    assert_eq!(
+        std::fs::read(mine.join("tree/f")).unwrap(),
+        b"a file beside them"
+    );
+}

@@ -382,6 +382,7 @@ fn ls(
                 namespace: t.namespace.to_string(),
                 prefix: prefix.map(|p| p.to_string()).unwrap_or_default(),
                 recursive,
+                dir_only: false,
             })
             .await
             .map_err(ClientError::from)?

@@ -263,6 +263,7 @@ pub async fn ls(mut a: LsArgs) -> Result<()> {
             namespace: ns.to_string(),
             prefix: prefix.as_ref().map(|p| p.to_string()).unwrap_or_default(),
             recursive: a.recursive,
+            dir_only: false,
         })
         .await
         .map_err(ClientError::from)?

@@ -113,6 +113,63 @@ impl FsCore {
         self.lookup_new(&path)
     }
 
+    /// A special file (fifo, socket, character or block node) for `caller`: an entry of
+    /// metadata alone, which lists, stats, renames and unlinks as a file does. A regular
+    /// `mode` makes an empty file.
+    pub fn mknod_by(
+        &self,
+        parent: u64,
+        name: &str,
+        mode: u32,
+        rdev: u32,
+        caller: super::Caller,
+    ) -> FsResult<Attr> {
+        let kind = match mode & libc::S_IFMT {
+            libc::S_IFREG | 0 => {
+                let (attr, fh, _) = self.create_by(
+                    parent,
+                    name,
+                    mode & 0o7777,
+                    libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
+                    caller,
+                )?;
+                self.release(fh)?;
+                return Ok(attr);
+            }
+            libc::S_IFIFO => EntryKind::Fifo,
+            libc::S_IFSOCK => EntryKind::Socket,
+            libc::S_IFCHR => EntryKind::CharDevice,
+            libc::S_IFBLK => EntryKind::BlockDevice,
+            _ => {
+                return Err(FsError::Invalid(format!(
+                    "mknod of file type {:o}",
+                    mode & libc::S_IFMT
+                )))
+            }
+        };
+        let path = self.new_entry_path(parent, name)?;
+        if super::gpu_tree::gpu_rest(&path).is_some() {
+            return Err(FsError::NotPermitted);
+        }
+        let ((uid, gid), _) = self.owner_for(parent, caller)?;
+        let (mtime_sec, mtime_nsec) = to_unix(SystemTime::now());
+        let device = matches!(kind, EntryKind::CharDevice | EntryKind::BlockDevice);
+        self.publish_meta(
+            &path,
+            FileEntry {
+                kind: kind as i32,
+                mode: mode & 0o7777,
+                mtime_sec,
+                mtime_nsec,
+                rdev: if device { u64::from(rdev) } else { 0 },
+                uid: Some(uid),
+                gid: Some(gid),
+                ..Default::default()
+            },
+        )?;
+        self.lookup_new(&path)
+    }
+
     fn remove(&self, path: &str, want_dir: bool) -> FsResult<()> {
         self.writable()?;
         if let Some(rest) = super::gpu_tree::gpu_rest(path) {
@@ -269,6 +326,7 @@ impl FsCore {
                     if let Some(t) = mtime {
                         *lock(&s.mtime) = t;
                     }
+                    *lock(&s.ctime) = SystemTime::now();
                     s.changes.fetch_add(1, Ordering::SeqCst);
                 }
                 None => {

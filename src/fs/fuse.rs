@@ -75,6 +75,10 @@ fn file_type(k: Kind) -> FileType {
         Kind::File => FileType::RegularFile,
         Kind::Dir => FileType::Directory,
         Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::CharDevice => FileType::CharDevice,
+        Kind::BlockDevice => FileType::BlockDevice,
     }
 }
 
@@ -83,16 +87,18 @@ fn file_attr(a: &Attr) -> FileAttr {
         ino: INodeNo(a.ino),
         size: a.size,
         blocks: a.size.div_ceil(512),
+        // atime is not kept (a read would be a write to the store on every node): it shows
+        // the last modification, as a noatime mount does.
         atime: a.mtime,
         mtime: a.mtime,
-        ctime: a.mtime,
+        ctime: a.ctime,
         crtime: a.mtime,
         kind: file_type(a.kind),
         perm: a.perm,
         nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
-        rdev: 0,
+        rdev: a.rdev,
         flags: 0,
         blksize: 1 << 20,
     }
@@ -104,8 +110,20 @@ fn name(n: &OsStr) -> Result<&str, Errno> {
 
 fn time(t: TimeOrNow) -> SystemTime {
     match t {
-        TimeOrNow::SpecificTime(t) => t,
+        TimeOrNow::SpecificTime(t) => kernel_time(t),
         TimeOrNow::Now => SystemTime::now(),
+    }
+}
+
+/// The time the kernel sent. fuser 0.18 reads a time before 1970, `(-s, n)`, as `s` seconds
+/// and `n` nanoseconds before the epoch, where the kernel means `n` nanoseconds after `-s`.
+fn kernel_time(t: SystemTime) -> SystemTime {
+    match std::time::UNIX_EPOCH.duration_since(t) {
+        Ok(d) if d.subsec_nanos() != 0 => {
+            std::time::UNIX_EPOCH - Duration::from_secs(d.as_secs())
+                + Duration::from_nanos(u64::from(d.subsec_nanos()))
+        }
+        _ => t,
     }
 }
 
@@ -268,6 +286,27 @@ impl Filesystem for FuseAdapter {
             reply,
             self.core.rename(parent.0, n, newparent.0, nn, flags.bits()),
             |()| reply.ok()
+        )
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let Ok(n) = name(n) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !umask);
+        reply_or!(
+            reply,
+            self.core.mknod_by(parent.0, n, mode, rdev, caller(req)),
+            |a: Attr| reply.entry(&TTL, &file_attr(&a), Generation(0))
         )
     }
 

@@ -36,9 +36,11 @@ impl FsCore {
             // Any process of the node (any user of a pod) may make a key's directories there.
             perm: 0o777,
             mtime: self.started,
+            ctime: self.started,
             nlink: 2,
             uid: self.cfg.uid,
             gid: self.cfg.gid,
+            rdev: 0,
         }
     }
 
@@ -50,9 +52,11 @@ impl FsCore {
             // Any process of the node may publish or receive; the tensors are its own.
             perm: 0o666,
             mtime: self.started,
+            ctime: self.started,
             nlink: 1,
             uid: self.cfg.uid,
             gid: self.cfg.gid,
+            rdev: 0,
         }
     }
 

@@ -54,6 +54,12 @@ pub enum Kind {
     File,
     Dir,
     Symlink,
+    /// Special files: the kernel does their I/O (a fifo's pipe, a socket's bind); the mount is
+    /// nodev, so device nodes never open.
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
 }
 
 /// What `stat` shows.
@@ -64,9 +70,13 @@ pub struct Attr {
     pub size: u64,
     pub perm: u16,
     pub mtime: SystemTime,
+    /// When the metadata or content last changed (shared, as the store server stamped it).
+    pub ctime: SystemTime,
     pub nlink: u32,
     pub uid: u32,
     pub gid: u32,
+    /// A device node's number.
+    pub rdev: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -204,18 +214,28 @@ pub(crate) fn split(path: &str) -> (&str, &str) {
     }
 }
 
+/// Seconds and nanoseconds since the epoch (before it too, as 64-bit time allows) as a time.
 pub(crate) fn time_of(sec: i64, nsec: u32) -> SystemTime {
-    if sec >= 0 {
-        UNIX_EPOCH + Duration::new(sec as u64, nsec.min(999_999_999))
+    let nsec = Duration::from_nanos(u64::from(nsec.min(999_999_999)));
+    let t = if sec >= 0 {
+        UNIX_EPOCH.checked_add(Duration::from_secs(sec as u64))
     } else {
-        UNIX_EPOCH
-    }
+        UNIX_EPOCH.checked_sub(Duration::from_secs(sec.unsigned_abs()))
+    };
+    t.and_then(|t| t.checked_add(nsec)).unwrap_or(UNIX_EPOCH)
 }
 
+/// A time as seconds and nanoseconds since the epoch, the nanoseconds always forward.
 pub(crate) fn to_unix(t: SystemTime) -> (i64, u32) {
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
-        Err(_) => (0, 0),
+        Err(e) => {
+            let d = e.duration();
+            match d.subsec_nanos() {
+                0 => (-(d.as_secs() as i64), 0),
+                n => (-(d.as_secs() as i64) - 1, 1_000_000_000 - n),
+            }
+        }
     }
 }
 

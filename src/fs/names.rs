@@ -26,6 +26,8 @@ pub(super) struct Listings {
     cached: Mutex<HashMap<String, (Instant, Entries)>>,
     /// Directories' link counts, kept apart from the listings (see `dir_links`).
     links: Mutex<HashMap<String, (Instant, u32)>>,
+    /// The namespace root's own entry (no parent lists it).
+    root: Mutex<Option<(Instant, ListEntry)>>,
 }
 
 impl Listings {
@@ -34,6 +36,7 @@ impl Listings {
             clock,
             cached: Mutex::default(),
             links: Mutex::default(),
+            root: Mutex::default(),
         }
     }
 
@@ -49,11 +52,30 @@ impl Listings {
         lock(&self.cached).insert(path.to_string(), (now, entries));
     }
 
+    /// Forgets the listings of `paths` and of their parents (where their own attributes,
+    /// a directory's mtime and ctime among them, are listed).
     fn forget(&self, paths: &[&str]) {
         let mut cached = lock(&self.cached);
         for p in paths {
             cached.remove(*p);
+            if p.is_empty() {
+                *lock(&self.root) = None;
+            } else {
+                cached.remove(split(p).0);
+            }
         }
+    }
+
+    fn root(&self) -> Option<ListEntry> {
+        let now = self.clock.now().at;
+        let root = lock(&self.root);
+        let (at, e) = root.as_ref()?;
+        (now.duration_since(*at) < LISTING_TTL).then(|| e.clone())
+    }
+
+    fn put_root(&self, e: ListEntry) {
+        let now = self.clock.now().at;
+        *lock(&self.root) = Some((now, e));
     }
 
     fn forget_links(&self, paths: &[&str]) {
@@ -81,6 +103,10 @@ pub(super) fn kind_of(k: EntryKind) -> Kind {
         EntryKind::File => Kind::File,
         EntryKind::Directory => Kind::Dir,
         EntryKind::Symlink => Kind::Symlink,
+        EntryKind::Fifo => Kind::Fifo,
+        EntryKind::Socket => Kind::Socket,
+        EntryKind::CharDevice => Kind::CharDevice,
+        EntryKind::BlockDevice => Kind::BlockDevice,
         // Never listed (see `fetch_listing`); were one met, it has no bytes to read as a file.
         EntryKind::Gpu => Kind::File,
     }
@@ -111,6 +137,7 @@ impl FsCore {
                 namespace: self.ns(),
                 prefix: path.to_string(),
                 recursive: false,
+                dir_only: false,
             }))
             .map_err(crate::rpc::ClientError::from)?
             .into_inner();
@@ -134,16 +161,38 @@ impl FsCore {
         }
     }
 
+    /// The root's attributes: its own record on the store server (owner, mode, and times that
+    /// move as top-level entries come and go), or the mount's where the server has none.
     fn root_attr(&self) -> Attr {
+        let entry = self.listings.root().or_else(|| {
+            let mut store = self.store();
+            let resp = self
+                .block_on(store.list(ListRequest {
+                    namespace: self.ns(),
+                    prefix: String::new(),
+                    recursive: false,
+                    dir_only: true,
+                }))
+                .ok()?
+                .into_inner();
+            let e = resp.dir?;
+            self.listings.put_root(e.clone());
+            Some(e)
+        });
+        if let Some(e) = entry {
+            return self.attr_from_entry(inode::ROOT, &e);
+        }
         Attr {
             ino: inode::ROOT,
             kind: Kind::Dir,
             size: 0,
             perm: 0o755,
             mtime: self.started,
+            ctime: self.started,
             nlink: 2,
             uid: self.cfg.uid,
             gid: self.cfg.gid,
+            rdev: 0,
         }
     }
 
@@ -164,17 +213,24 @@ impl FsCore {
             size: match kind {
                 Kind::File => e.size,
                 Kind::Symlink => e.symlink_target.len() as u64,
-                Kind::Dir => 0,
+                _ => 0,
             },
             perm,
-            mtime: if e.mtime_sec == 0 && e.mtime_nsec == 0 {
-                self.started
-            } else {
-                time_of(e.mtime_sec, e.mtime_nsec)
-            },
+            mtime: self.time_or_start(e.mtime_sec, e.mtime_nsec),
+            ctime: self.time_or_start(e.ctime_sec, e.ctime_nsec),
             nlink: if kind == Kind::Dir { 2 } else { 1 },
             uid: e.uid.unwrap_or(self.cfg.uid),
             gid: e.gid.unwrap_or(self.cfg.gid),
+            rdev: e.rdev as u32,
+        }
+    }
+
+    /// A stored time, or the mount's start for one never stamped (a bare parent of keys).
+    fn time_or_start(&self, sec: i64, nsec: u32) -> std::time::SystemTime {
+        if sec == 0 && nsec == 0 {
+            self.started
+        } else {
+            time_of(sec, nsec)
         }
     }
 
@@ -285,6 +341,7 @@ impl FsCore {
                 mtime_nsec: e.mtime_nsec,
                 uid: e.uid,
                 gid: e.gid,
+                rdev: e.rdev,
                 ..Default::default()
             },
         )

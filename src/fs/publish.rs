@@ -51,9 +51,9 @@ impl FsCore {
                 mtime_sec,
                 mtime_nsec,
                 blocks,
-                symlink_target: String::new(),
                 uid: Some(uid),
                 gid: Some(gid),
+                ..Default::default()
             }],
         };
         let payload = match (&m.entries[0].blocks[..], locale) {

@@ -150,6 +150,7 @@ impl FsCore {
             EntryKind::Directory => return Err(FsError::IsDir),
             EntryKind::Symlink => return Err(FsError::IsSymlink),
             EntryKind::Gpu => return Err(FsError::NotFound),
+            _ => return Err(FsError::Invalid("not a regular file".into())),
         }
         let version = Version::from_slice(&r.version)
             .ok_or_else(|| FsError::BadManifest("malformed version".into()))?;

@@ -39,6 +39,8 @@ pub struct Staged {
     /// uid and gid: its creator's, or those of the file it rewrites.
     pub(super) owner: Mutex<(u32, u32)>,
     pub(super) mtime: Mutex<SystemTime>,
+    /// When this node last changed it (a write, a chmod), until its publish stamps it anew.
+    pub(super) ctime: Mutex<SystemTime>,
     pub(super) publish_lock: Mutex<()>,
 }
 
@@ -56,9 +58,11 @@ impl Staged {
             size,
             perm: self.mode.load(Ordering::Relaxed) as u16,
             mtime: *lock(&self.mtime),
+            ctime: *lock(&self.ctime),
             nlink: 1,
             uid,
             gid,
+            rdev: 0,
         })
     }
 
@@ -95,7 +99,9 @@ impl Staged {
 
     fn changed(&self) {
         self.changes.fetch_add(1, Ordering::SeqCst);
-        *lock(&self.mtime) = SystemTime::now();
+        let now = SystemTime::now();
+        *lock(&self.mtime) = now;
+        *lock(&self.ctime) = now;
     }
 
     fn write(&self, offset: u64, data: &[u8], staging: &Path) -> FsResult<u32> {
@@ -149,7 +155,7 @@ impl FsCore {
         path: &str,
         mode: u32,
         owner: (u32, u32),
-        mtime: SystemTime,
+        (mtime, ctime): (SystemTime, SystemTime),
         dirty: bool,
     ) -> FsResult<Arc<Staged>> {
         let (file, disk) = new_staging_file(&self.cfg.staging)?;
@@ -167,6 +173,7 @@ impl FsCore {
             mode: AtomicU32::new(mode & 0o7777),
             owner: Mutex::new(owner),
             mtime: Mutex::new(mtime),
+            ctime: Mutex::new(ctime),
             publish_lock: Mutex::new(()),
         });
         lock(&self.staged).insert(path.to_string(), s.clone());
@@ -187,12 +194,14 @@ impl FsCore {
             Kind::File => {}
             Kind::Dir => return Err(FsError::IsDir),
             Kind::Symlink => return Err(FsError::IsSymlink),
+            // The kernel opens special files itself; nothing here has bytes to stage.
+            _ => return Err(FsError::Invalid("not a regular file".into())),
         }
         let s = self.new_staged(
             path,
             u32::from(attr.perm),
             (attr.uid, attr.gid),
-            attr.mtime,
+            (attr.mtime, attr.ctime),
             trunc,
         )?;
         if !trunc && attr.size > 0 {
@@ -268,7 +277,8 @@ impl FsCore {
             Ok(_) => self.open_staged(&path, flags & libc::O_TRUNC != 0)?,
             Err(e) if e.is_not_found() => {
                 let (owner, _) = self.owner_for(parent, caller)?;
-                self.new_staged(&path, mode, owner, SystemTime::now(), true)?
+                let now = SystemTime::now();
+                self.new_staged(&path, mode, owner, (now, now), true)?
             }
             Err(e) => return Err(e),
         };

@@ -494,6 +494,7 @@ impl GpuControl {
                 namespace: self.namespace.to_string(),
                 prefix: prefix.map(|p| p.to_string()).unwrap_or_default(),
                 recursive: true,
+                dir_only: false,
             }))
             .map_err(ClientError::from)?
             .into_inner();

@@ -1,4 +1,4 @@
-//! The seam under the metadata: three tables (keys, manifests, locations) with gets, prefix
+//! The seam under the metadata: four tables (keys, manifests, locations, path attributes) with gets, prefix
 //! scans and atomic batches of writes, and nothing else. RocksDB is the backend today (its
 //! implementation is below, beside the trait, which itself knows nothing of RocksDB); a
 //! distributed KV such as etcd can take its place behind the same trait, never a home-made
@@ -15,6 +15,8 @@ pub enum Table {
     Manifests,
     /// `version node-id` -> nothing: a node that holds the version.
     Locations,
+    /// `namespace NUL path` -> `PathAttrs`: what a path shows beyond its manifest entry.
+    Attrs,
 }
 
 /// One write of an atomic batch.
@@ -43,14 +45,16 @@ pub trait MetaBackend: Send + Sync + 'static {
 pub const CF_KEYS: &str = "keys";
 pub const CF_MANIFESTS: &str = "manifests";
 pub const CF_LOCATIONS: &str = "locations";
+pub const CF_ATTRS: &str = "attrs";
 /// The column families the RocksDB backend needs.
-pub const FAMILIES: &[&str] = &[CF_KEYS, CF_MANIFESTS, CF_LOCATIONS];
+pub const FAMILIES: &[&str] = &[CF_KEYS, CF_MANIFESTS, CF_LOCATIONS, CF_ATTRS];
 
 fn family(t: Table) -> &'static str {
     match t {
         Table::Keys => CF_KEYS,
         Table::Manifests => CF_MANIFESTS,
         Table::Locations => CF_LOCATIONS,
+        Table::Attrs => CF_ATTRS,
     }
 }
 

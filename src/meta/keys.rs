@@ -2,8 +2,8 @@
 
 use crate::hash::Version;
 use crate::key::Namespace;
-use crate::manifest::{self, EntryKind, Manifest};
-use crate::proto::{KeyRecord, ListEntry};
+use crate::manifest::{self, EntryKind, FileEntry, Manifest};
+use crate::proto::{KeyRecord, ListEntry, PathAttrs};
 
 /// The stored key of `key` in namespace `ns`: `namespace NUL key`.
 pub(crate) fn key_bytes(ns: &Namespace, key: &str) -> Vec<u8> {
@@ -44,6 +44,58 @@ pub(crate) fn key_entry(rel: &str, r: &KeyRecord) -> ListEntry {
         symlink_target: r.symlink_target.clone(),
         uid: r.uid,
         gid: r.gid,
+        ctime_sec: r.created_unix_ms.div_euclid(1000),
+        ctime_nsec: (r.created_unix_ms.rem_euclid(1000) * 1_000_000) as u32,
+        rdev: r.rdev,
+    }
+}
+
+/// The listing entry of `e`, an entry of `r`'s manifest, named `name`.
+pub(crate) fn file_entry(name: String, e: &FileEntry, r: &KeyRecord) -> ListEntry {
+    let dir = e.kind() == EntryKind::Directory;
+    ListEntry {
+        name: if dir { format!("{name}/") } else { name },
+        is_directory: dir,
+        locale: r.locale,
+        origin_node: r.origin_node.clone(),
+        size: e.size,
+        is_key: false,
+        kind: e.kind,
+        mode: e.mode,
+        mtime_sec: e.mtime_sec,
+        mtime_nsec: e.mtime_nsec,
+        symlink_target: e.symlink_target.clone(),
+        uid: e.uid,
+        gid: e.gid,
+        // Until its metadata changes, an entry is as old as the version that holds it.
+        ctime_sec: r.created_unix_ms.div_euclid(1000),
+        ctime_nsec: (r.created_unix_ms.rem_euclid(1000) * 1_000_000) as u32,
+        rdev: e.rdev,
+    }
+}
+
+/// Lays a path's own attributes over its listing entry.
+pub(crate) fn overlay(e: &mut ListEntry, a: Option<&PathAttrs>) {
+    let Some(a) = a else { return };
+    if let Some(s) = a.ctime_sec {
+        e.ctime_sec = s;
+        e.ctime_nsec = a.ctime_nsec;
+    }
+    // A file's mtime is its content's, in its manifest; a directory's moves with its entries.
+    if e.is_directory {
+        if let Some(s) = a.mtime_sec {
+            e.mtime_sec = s;
+            e.mtime_nsec = a.mtime_nsec;
+        }
+    }
+    if let Some(m) = a.mode {
+        e.mode = m;
+    }
+    if a.uid.is_some() {
+        e.uid = a.uid;
+    }
+    if a.gid.is_some() {
+        e.gid = a.gid;
     }
 }
 
@@ -52,27 +104,6 @@ pub(crate) fn manifest_listing(m: &Manifest, r: &KeyRecord, recursive: bool) -> 
         .iter()
         .filter(|e| !e.path.is_empty() || !manifest::is_directory(m))
         .filter(|e| recursive || !e.path.contains('/'))
-        .map(|e| {
-            let dir = e.kind() == EntryKind::Directory;
-            ListEntry {
-                name: if dir {
-                    format!("{}/", e.path)
-                } else {
-                    e.path.clone()
-                },
-                is_directory: dir,
-                locale: r.locale,
-                origin_node: r.origin_node.clone(),
-                size: e.size,
-                is_key: false,
-                kind: e.kind,
-                mode: e.mode,
-                mtime_sec: e.mtime_sec,
-                mtime_nsec: e.mtime_nsec,
-                symlink_target: e.symlink_target.clone(),
-                uid: e.uid,
-                gid: e.gid,
-            }
-        })
+        .map(|e| file_entry(e.path.clone(), e, r))
         .collect()
 }

@@ -19,7 +19,7 @@ use crate::hash::{BlockHash, Version};
 use crate::key::{KeyPath, Namespace};
 use crate::locks;
 use crate::manifest::{self, EntryKind, FileEntry, Manifest, ManifestError};
-use crate::proto::{KeyRecord, ListEntry, Locale, NodeInfo, Source};
+use crate::proto::{KeyRecord, ListEntry, ListResponse, Locale, NodeInfo, PathAttrs, Source};
 
 pub mod backend;
 mod gpu;
@@ -29,7 +29,7 @@ mod txn;
 
 use backend::Table;
 pub use backend::{BackendError, MetaBackend, FAMILIES};
-use keys::{key_bytes, key_entry, live, location_key, manifest_listing};
+use keys::{file_entry, key_bytes, key_entry, live, location_key, manifest_listing, overlay};
 use nodes::NodeLeases;
 pub use txn::Loc;
 use txn::{moved_entries, Lineage, Txn};
@@ -102,6 +102,44 @@ impl MetaStore {
 
     fn now_ms(&self) -> i64 {
         self.clock.now().unix_ms
+    }
+
+    pub(crate) fn clock_now(&self) -> crate::clock::Moment {
+        self.clock.now()
+    }
+
+    pub(crate) fn path_attrs(
+        &self,
+        ns: &Namespace,
+        path: &str,
+    ) -> Result<Option<PathAttrs>, MetaError> {
+        let Some(v) = self.backend.get(Table::Attrs, &key_bytes(ns, path))? else {
+            return Ok(None);
+        };
+        PathAttrs::decode(v.as_slice())
+            .map(Some)
+            .map_err(|e| MetaError::Corrupt(e.to_string()))
+    }
+
+    /// Paths strictly below `path` (everything for the root) with attributes of their own.
+    pub(crate) fn attr_paths_below(
+        &self,
+        ns: &Namespace,
+        path: &str,
+    ) -> Result<Vec<String>, MetaError> {
+        let prefix = if path.is_empty() {
+            key_bytes(ns, "")
+        } else {
+            key_bytes(ns, &format!("{path}/"))
+        };
+        let skip = ns.as_str().len() + 1;
+        let rows = self.backend.scan_prefix(Table::Attrs, &prefix)?;
+        rows.into_iter()
+            .filter(|(k, _)| k.len() > skip)
+            .map(|(k, _)| {
+                String::from_utf8(k[skip..].to_vec()).map_err(|e| MetaError::Corrupt(e.to_string()))
+            })
+            .collect()
     }
 
     /// Makes every write so far durable.
@@ -208,6 +246,9 @@ impl MetaStore {
             _ if !force => return Err(MetaError::Exists(key.to_string())),
             _ => {}
         }
+        if !loc.exists() {
+            t.stamp_new_entry(path)?;
+        }
         if loc.exists() {
             if new_is_dir {
                 // A directory replaces the whole subtree.
@@ -220,7 +261,11 @@ impl MetaStore {
             } else if let Loc::Entry { .. } = loc {
                 t.remove_path(path, &loc, false)?;
             }
+            // What the path showed of its own goes with what it was.
+            t.drop_attrs(path)?;
         }
+        // Stamped to the nanosecond, as its directory is (a key's record keeps milliseconds).
+        t.touch(path, false)?;
         t.put_key(
             path,
             manifest.clone(),
@@ -264,38 +309,107 @@ impl MetaStore {
     }
 
     /// The entries directly below `prefix` (or everything below it when `recursive`), merging
-    /// published keys, their parents and the insides of published directories.
+    /// published keys, their parents and the insides of published directories, and the listed
+    /// directory's own entry (the namespace's root for no prefix).
     pub fn list(
         &self,
         ns: &Namespace,
         prefix: Option<&KeyPath>,
         recursive: bool,
-    ) -> Result<(Vec<ListEntry>, bool), MetaError> {
+    ) -> Result<ListResponse, MetaError> {
+        self.list_with(ns, prefix, recursive, false)
+    }
+
+    /// The entry of the directory at `prefix` (the namespace's root for none) alone: its
+    /// attributes without the cost of what it holds.
+    pub fn list_dir_only(
+        &self,
+        ns: &Namespace,
+        prefix: Option<&KeyPath>,
+    ) -> Result<ListResponse, MetaError> {
+        self.list_with(ns, prefix, false, true)
+    }
+
+    fn list_with(
+        &self,
+        ns: &Namespace,
+        prefix: Option<&KeyPath>,
+        recursive: bool,
+        dir_only: bool,
+    ) -> Result<ListResponse, MetaError> {
         let t = Txn::new(self, ns);
+        let base = prefix.map_or("", KeyPath::as_str);
         let mut out: BTreeMap<String, ListEntry> = BTreeMap::new();
-        let mut exists = prefix.is_none();
-        if let Some(p) = prefix {
-            let loc = t.locate(p.as_str())?;
-            exists = loc.exists();
-            let (record, m) = match &loc {
-                Loc::Key { record } => (record, t.manifest_of(p.as_str(), record)?),
-                Loc::Entry {
-                    key, record, sub, ..
-                } => {
-                    let full = t.manifest_of(key, record)?;
-                    (
-                        record,
-                        manifest::subtree(&full, sub)
-                            .ok_or_else(|| MetaError::NotFound(p.to_string()))?,
-                    )
-                }
-                _ => return self.list_keys(&t, prefix, recursive, out, exists),
+        let bare_dir = || ListEntry {
+            is_directory: true,
+            locale: Locale::Store as i32,
+            kind: EntryKind::Directory as i32,
+            ..Default::default()
+        };
+        let loc = match prefix {
+            Some(p) => t.locate(p.as_str())?,
+            None => Loc::Implicit,
+        };
+        if dir_only {
+            let mut dir = match &loc {
+                Loc::Key { record } => Some(key_entry("", record)),
+                Loc::Entry { record, entry, .. } => Some(file_entry(String::new(), entry, record)),
+                Loc::Implicit => Some(bare_dir()),
+                Loc::Nothing => None,
             };
-            for e in manifest_listing(&m, record, recursive) {
-                out.insert(e.name.trim_end_matches('/').to_string(), e);
+            if let Some(d) = dir.as_mut() {
+                overlay(d, t.attrs(base)?.as_ref());
+                d.name.clear();
             }
+            return Ok(ListResponse {
+                entries: Vec::new(),
+                exists: loc.exists(),
+                dir,
+            });
         }
-        self.list_keys(&t, prefix, recursive, out, exists)
+        let mut dir = match &loc {
+            Loc::Key { record } => {
+                let m = t.manifest_of(base, record)?;
+                for e in manifest_listing(&m, record, recursive) {
+                    out.insert(e.name.trim_end_matches('/').to_string(), e);
+                }
+                Some(key_entry("", record))
+            }
+            Loc::Entry {
+                key,
+                record,
+                sub,
+                entry,
+            } => {
+                let full = t.manifest_of(key, record)?;
+                let m = manifest::subtree(&full, sub)
+                    .ok_or_else(|| MetaError::NotFound(base.to_string()))?;
+                for e in manifest_listing(&m, record, recursive) {
+                    out.insert(e.name.trim_end_matches('/').to_string(), e);
+                }
+                Some(file_entry(String::new(), entry, record))
+            }
+            Loc::Implicit => Some(bare_dir()),
+            Loc::Nothing => None,
+        };
+        self.list_keys(&t, prefix, recursive, &mut out, bare_dir)?;
+        for (name, e) in out.iter_mut() {
+            let path = if base.is_empty() {
+                name.clone()
+            } else {
+                format!("{base}/{name}")
+            };
+            overlay(e, t.attrs(&path)?.as_ref());
+        }
+        if let Some(d) = dir.as_mut() {
+            overlay(d, t.attrs(base)?.as_ref());
+            d.name.clear();
+        }
+        Ok(ListResponse {
+            entries: out.into_values().collect(),
+            exists: loc.exists(),
+            dir,
+        })
     }
 
     fn list_keys(
@@ -303,9 +417,9 @@ impl MetaStore {
         t: &Txn<'_>,
         prefix: Option<&KeyPath>,
         recursive: bool,
-        mut out: BTreeMap<String, ListEntry>,
-        exists: bool,
-    ) -> Result<(Vec<ListEntry>, bool), MetaError> {
+        out: &mut BTreeMap<String, ListEntry>,
+        bare_dir: impl Fn() -> ListEntry,
+    ) -> Result<(), MetaError> {
         let strip = prefix.map_or(0, |p| p.as_str().len() + 1);
         for (name, r) in t.descendants(prefix.map(KeyPath::as_str))? {
             let rel = &name[strip..];
@@ -313,10 +427,7 @@ impl MetaStore {
                 Some((top, _)) if !recursive => {
                     out.entry(top.to_string()).or_insert_with(|| ListEntry {
                         name: format!("{top}/"),
-                        is_directory: true,
-                        locale: Locale::Store as i32,
-                        kind: EntryKind::Directory as i32,
-                        ..Default::default()
+                        ..bare_dir()
                     });
                 }
                 _ => {
@@ -324,7 +435,7 @@ impl MetaStore {
                 }
             }
         }
-        Ok((out.into_values().collect(), exists))
+        Ok(())
     }
 
     pub fn remove(
@@ -348,6 +459,11 @@ impl MetaStore {
             }
             for k in &doomed {
                 t.delete_key(k);
+                t.drop_attrs(k)?;
+                t.touch_parent(k)?;
+            }
+            for k in &doomed {
+                t.prune_vanished(k)?;
             }
             t.commit()?;
             return Ok(doomed);
@@ -360,6 +476,8 @@ impl MetaStore {
             .collect();
         removed.insert(0, key.to_string());
         t.remove_path(key.as_str(), &loc, recursive)?;
+        t.touch_parent(key.as_str())?;
+        t.prune_vanished(key.as_str())?;
         t.commit()?;
         Ok(removed)
     }
@@ -452,11 +570,24 @@ impl MetaStore {
             t.delete_key(&k);
             t.put_key(&format!("{d}{}", &k[f.len()..]), m, &Lineage::of(&r));
         }
+        // As a local filesystem stamps them: the moved entry, and both directories.
+        let new_dest = !dst.exists();
+        t.move_attrs(f, d)?;
+        t.touch(d, false)?;
+        t.touch_parent(f)?;
+        if new_dest {
+            t.stamp_new_entry(d)?;
+        } else {
+            t.touch_parent(d)?;
+        }
+        t.prune_vanished(f)?;
         t.commit()
     }
 
-    /// Sets the mode and/or mtime of whatever is at `key`. An implicit directory becomes a
-    /// directory key so that its attributes have somewhere to live.
+    /// Sets the mode, owner and/or mtime of whatever is at `key`, and stamps its ctime. A
+    /// file's mode, owner and mtime are in its manifest entry (a metadata-only new version that
+    /// shares the blocks); a directory's mtime, and everything of a directory that is only a
+    /// parent of keys, are path attributes.
     pub fn set_attr(
         &self,
         ns: &Namespace,
@@ -465,6 +596,12 @@ impl MetaStore {
         mtime: Option<(i64, u32)>,
         owner: (Option<u32>, Option<u32>),
     ) -> Result<(), MetaError> {
+        let _guard = self.lock();
+        let mut t = Txn::new(self, ns);
+        let path = key.as_str();
+        let loc = t.locate(path)?;
+        let is_dir = loc.kind() == Some(EntryKind::Directory);
+        let entry_mtime = mtime.filter(|_| !is_dir);
         let apply = |e: &mut FileEntry| {
             if let Some(m) = mode {
                 e.mode = m & 0o7777;
@@ -475,21 +612,19 @@ impl MetaStore {
             if owner.1.is_some() {
                 e.gid = owner.1;
             }
-            if let Some((s, n)) = mtime {
+            if let Some((s, n)) = entry_mtime {
                 e.mtime_sec = s;
                 e.mtime_nsec = n;
             }
         };
-        let _guard = self.lock();
-        let mut t = Txn::new(self, ns);
-        let path = key.as_str();
-        match t.locate(path)? {
+        let edits_entry = mode.is_some() || owner != (None, None) || entry_mtime.is_some();
+        match &loc {
             Loc::Key { record } if record.kind() == EntryKind::Gpu => {
                 return Err(MetaError::BadRequest(format!(
                     "{key} is a GPU key: it has no mode, owner or mtime to set"
                 )))
             }
-            Loc::Key { record } => t.edit_manifest(path, &record, |es| {
+            Loc::Key { record } if edits_entry => t.edit_manifest(path, record, |es| {
                 if let Some(root) = es.first_mut() {
                     apply(root);
                 }
@@ -499,30 +634,32 @@ impl MetaStore {
                 record,
                 sub,
                 ..
-            } => t.edit_manifest(&k, &record, |es| {
-                if let Some(e) = es.iter_mut().find(|e| e.path == sub) {
+            } if edits_entry => t.edit_manifest(k, record, |es| {
+                if let Some(e) = es.iter_mut().find(|e| e.path == *sub) {
                     apply(e);
                 }
             })?,
-            Loc::Implicit => {
-                let mut root = FileEntry {
-                    kind: EntryKind::Directory as i32,
-                    mode: 0o755,
-                    ..Default::default()
-                };
-                apply(&mut root);
-                let m = Manifest {
-                    block_size: manifest::DEFAULT_BLOCK_SIZE,
-                    entries: vec![root],
-                };
-                t.put_key(
-                    path,
-                    m,
-                    &Lineage::fresh(Locale::Store, "", 0, self.now_ms()),
-                );
-            }
+            Loc::Implicit => t.update_attrs(path, |a| {
+                if let Some(m) = mode {
+                    a.mode = Some(m & 0o7777);
+                }
+                if owner.0.is_some() {
+                    a.uid = owner.0;
+                }
+                if owner.1.is_some() {
+                    a.gid = owner.1;
+                }
+            })?,
             Loc::Nothing => return Err(MetaError::NotFound(key.to_string())),
+            _ => {}
         }
+        if let (true, Some((s, n))) = (is_dir, mtime) {
+            t.update_attrs(path, |a| {
+                a.mtime_sec = Some(s);
+                a.mtime_nsec = n;
+            })?;
+        }
+        t.touch(path, false)?;
         t.commit()
     }
 

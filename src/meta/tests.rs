@@ -124,11 +124,11 @@ fn expired_keys_disappear() {
     meta.blocks().put(&BlockHash::of(b"x"), b"x").unwrap();
     meta.publish(&ns, &key, &one_file(b"x"), Locale::Store, "", 1, false)
         .unwrap();
-    assert_eq!(meta.list(&ns, None, false).unwrap().0.len(), 1);
+    assert_eq!(meta.list(&ns, None, false).unwrap().entries.len(), 1);
     clock.advance(Duration::from_millis(999));
-    assert_eq!(meta.list(&ns, None, false).unwrap().0.len(), 1);
+    assert_eq!(meta.list(&ns, None, false).unwrap().entries.len(), 1);
     clock.advance(Duration::from_millis(1));
-    assert!(meta.list(&ns, None, false).unwrap().0.is_empty());
+    assert!(meta.list(&ns, None, false).unwrap().entries.is_empty());
     assert!(matches!(
         meta.resolve(&ns, &key),
         Err(MetaError::NotFound(_))
@@ -154,7 +154,7 @@ fn names(meta: &MetaStore, ns: &Namespace, p: &str) -> Vec<String> {
     let prefix = KeyPath::parse_prefix(p).unwrap();
     meta.list(ns, prefix.as_ref(), false)
         .unwrap()
-        .0
+        .entries
         .into_iter()
         .map(|e| e.name)
         .collect()
@@ -231,7 +231,7 @@ fn keys_nest_inside_published_directories() {
     assert!(meta
         .list(&ns, None, true)
         .unwrap()
-        .0
+        .entries
         .iter()
         .all(|e| !e.name.starts_with("d/x")));
 }
@@ -318,7 +318,7 @@ fn set_attr_rewrites_metadata_only() {
         .unwrap();
     meta.set_attr(&ns, &k("p"), Some(0o700), None, (Some(1000), None))
         .unwrap();
-    let l = meta.list(&ns, None, false).unwrap().0;
+    let l = meta.list(&ns, None, false).unwrap().entries;
     let p = l.iter().find(|e| e.name == "p/").unwrap();
     assert_eq!(p.mode, 0o700);
     assert_eq!((p.uid, p.gid), (Some(1000), None));
@@ -397,7 +397,7 @@ fn gpu_keys_share_the_namespace_with_files_and_live_with_their_holder() {
     meta.publish_gpu(&ns, &k("model/layer1"), gpu_key("gpu-node", 7))
         .unwrap();
     // Listed with its publishing node as its locale and its table's size.
-    let (l, _) = meta.list(&ns, Some(&k("model")), false).unwrap();
+    let l = meta.list(&ns, Some(&k("model")), false).unwrap().entries;
     assert_eq!(l.len(), 1);
     assert_eq!(
         (
@@ -479,5 +479,83 @@ fn gpu_keys_share_the_namespace_with_files_and_live_with_their_holder() {
         meta.resolve(&ns, &k("model/layer2")),
         Err(MetaError::NotFound(_))
     ));
-    assert!(meta.list(&ns, Some(&k("files")), false).unwrap().1);
+    assert!(meta.list(&ns, Some(&k("files")), false).unwrap().exists);
+}
+
+#[test]
+fn paths_keep_times_of_their_own_that_move_with_them_and_go_with_them() {
+    let (_d, meta, clock) = store_on(DEFAULT_TEST_LEASE);
+    let ns = Namespace::default();
+    meta.blocks().put(&BlockHash::of(b"f"), b"f").unwrap();
+    let entry = |prefix: &str, name: &str| {
+        let p = KeyPath::parse_prefix(prefix).unwrap();
+        meta.list(&ns, p.as_ref(), false)
+            .unwrap()
+            .entries
+            .into_iter()
+            .find(|e| e.name.trim_end_matches('/') == name)
+            .unwrap_or_else(|| panic!("{name} not listed in {prefix:?}"))
+    };
+    let times = |e: &ListEntry| ((e.mtime_sec, e.mtime_nsec), (e.ctime_sec, e.ctime_nsec));
+    let root = || meta.list_dir_only(&ns, None).unwrap().dir.unwrap();
+    let now = || crate::clock::Clock::now(&clock).unix();
+    let tick = || clock.advance(Duration::from_millis(1500));
+
+    // A key brings its parents into being, as mkdir -p would, and stamps the root.
+    tick();
+    let t1 = now();
+    meta.publish(
+        &ns,
+        &k("a/b/c"),
+        &one_file(b"f"),
+        Locale::Store,
+        "",
+        0,
+        false,
+    )
+    .unwrap();
+    for (dir, name) in [("", "a"), ("a", "b")] {
+        assert_eq!(times(&entry(dir, name)), (t1, t1), "{name}");
+    }
+    assert_eq!(times(&root()), (t1, t1));
+    // chmod: the ctime alone; a directory's mtime set by hand is its own.
+    tick();
+    let t2 = now();
+    meta.set_attr(&ns, &k("a/b/c"), Some(0o600), None, (None, None))
+        .unwrap();
+    let c = entry("a/b", "c");
+    assert_eq!((c.ctime_sec, c.ctime_nsec), t2);
+    assert_eq!(times(&entry("a", "b")), (t1, t1), "a chmod of c moved b");
+    meta.set_attr(&ns, &k("a/b"), None, Some((86_400, 7)), (None, None))
+        .unwrap();
+    assert_eq!(times(&entry("a", "b")), ((86_400, 7), t2));
+
+    // A rename carries a subtree's times, stamps the moved entry and both directories.
+    tick();
+    let t3 = now();
+    meta.rename(&ns, &k("a/b"), &k("z"), false).unwrap();
+    assert_eq!(times(&entry("", "z")), ((86_400, 7), t3));
+    assert_eq!(
+        entry("z", "c").ctime_sec,
+        t2.0,
+        "c's own ctime moved with it"
+    );
+    assert_eq!(times(&root()), (t3, t3));
+    assert!(
+        KeyPath::parse_prefix("a").map(|p| meta.list(&ns, p.as_ref(), false).unwrap().exists)
+            == Ok(false),
+        "a vanished with its last key"
+    );
+
+    // Removed and made again, a path starts afresh: nothing of what it was comes back.
+    tick();
+    let t4 = now();
+    meta.remove(&ns, &k("z/c"), false, false).unwrap();
+    meta.publish(&ns, &k("z/c"), &one_file(b"f"), Locale::Store, "", 0, false)
+        .unwrap();
+    assert_eq!(times(&entry("", "z")), (t4, t4));
+    let c = entry("z", "c");
+    assert_eq!((c.ctime_sec, c.ctime_nsec), t4);
+    assert_eq!(c.mode, 0, "the old chmod came back");
+    assert!(meta.attr_paths_below(&ns, "a").unwrap().is_empty());
 }

@@ -18,7 +18,7 @@ use super::{MetaError, MetaStore};
 use crate::hash::Version;
 use crate::key::Namespace;
 use crate::manifest::{self, EntryKind, FileEntry, Manifest};
-use crate::proto::{KeyRecord, Locale};
+use crate::proto::{KeyRecord, Locale, PathAttrs};
 
 /// Where a path lies.
 #[derive(Clone, Debug)]
@@ -109,6 +109,7 @@ pub fn record_for(m: &Manifest, version: &Version, l: &Lineage) -> KeyRecord {
         gpu: None,
         uid: root.uid,
         gid: root.gid,
+        rdev: root.rdev,
     }
 }
 
@@ -121,6 +122,11 @@ pub struct Txn<'m> {
     meta: &'m MetaStore,
     ns: Namespace,
     pending: BTreeMap<String, Pending>,
+    /// Path attributes to write (`None`: to delete).
+    attrs: BTreeMap<String, Option<PathAttrs>>,
+    /// When this change happens: every time it stamps is this one, as a kernel's operation
+    /// stamps a file and its directory alike.
+    now: (i64, u32),
 }
 
 fn parent_of(path: &str) -> Option<&str> {
@@ -133,7 +139,123 @@ impl<'m> Txn<'m> {
             meta,
             ns: ns.clone(),
             pending: BTreeMap::new(),
+            attrs: BTreeMap::new(),
+            now: meta.clock_now().unix(),
         }
+    }
+
+    /// What `path` shows beyond its entry, pending edits applied.
+    pub fn attrs(&self, path: &str) -> Result<Option<PathAttrs>, MetaError> {
+        match self.attrs.get(path) {
+            Some(a) => Ok(*a),
+            None => self.meta.path_attrs(&self.ns, path),
+        }
+    }
+
+    /// Paths strictly below `path` that have attributes, pending edits applied.
+    fn attr_paths_below(&self, path: &str) -> Result<Vec<String>, MetaError> {
+        let pfx = format!("{path}/");
+        let mut paths: std::collections::BTreeSet<String> = self
+            .meta
+            .attr_paths_below(&self.ns, path)?
+            .into_iter()
+            .collect();
+        for (p, a) in self.attrs.range(pfx.clone()..) {
+            if !p.starts_with(&pfx) {
+                break;
+            }
+            if a.is_some() {
+                paths.insert(p.clone());
+            } else {
+                paths.remove(p);
+            }
+        }
+        Ok(paths.into_iter().collect())
+    }
+
+    /// Forgets the attributes of `path` and of everything below it.
+    pub fn drop_attrs(&mut self, path: &str) -> Result<(), MetaError> {
+        for p in self.attr_paths_below(path)? {
+            self.attrs.insert(p, None);
+        }
+        self.attrs.insert(path.to_string(), None);
+        Ok(())
+    }
+
+    /// Moves the attributes of `from` and everything below it to `to`, whose own go.
+    pub fn move_attrs(&mut self, from: &str, to: &str) -> Result<(), MetaError> {
+        let mut moved = Vec::new();
+        for p in std::iter::once(from.to_string()).chain(self.attr_paths_below(from)?) {
+            if let Some(a) = self.attrs(&p)? {
+                moved.push((format!("{to}{}", &p[from.len()..]), a));
+            }
+        }
+        self.drop_attrs(to)?;
+        self.drop_attrs(from)?;
+        for (p, a) in moved {
+            self.attrs.insert(p, Some(a));
+        }
+        Ok(())
+    }
+
+    /// Edits the attributes of `path`.
+    pub fn update_attrs(
+        &mut self,
+        path: &str,
+        edit: impl FnOnce(&mut PathAttrs),
+    ) -> Result<(), MetaError> {
+        let mut a = self.attrs(path)?.unwrap_or_default();
+        edit(&mut a);
+        self.attrs.insert(path.to_string(), Some(a));
+        Ok(())
+    }
+
+    /// Stamps a change of `path`'s metadata (its ctime) now, and with `entries` a change of a
+    /// directory's entries (its mtime too).
+    pub fn touch(&mut self, path: &str, entries: bool) -> Result<(), MetaError> {
+        let (s, n) = self.now;
+        self.update_attrs(path, |a| {
+            a.ctime_sec = Some(s);
+            a.ctime_nsec = n;
+            if entries {
+                a.mtime_sec = Some(s);
+                a.mtime_nsec = n;
+            }
+        })
+    }
+
+    /// Stamps the directory that holds `path` (the root for a top-level one): an entry of it
+    /// came, went or was renamed.
+    pub fn touch_parent(&mut self, path: &str) -> Result<(), MetaError> {
+        self.touch(parent_of(path).unwrap_or(""), true)
+    }
+
+    /// Stamps what a new entry at `path` changes: its directory, and each parent of keys it
+    /// brings into being (made now, as `mkdir -p` would), up to the first that was there.
+    pub fn stamp_new_entry(&mut self, path: &str) -> Result<(), MetaError> {
+        let mut cur = path;
+        while let Some(p) = parent_of(cur) {
+            if self.locate(p)?.exists() {
+                break;
+            }
+            self.touch(p, true)?;
+            cur = p;
+        }
+        self.touch_parent(cur)
+    }
+
+    /// Forgets the attributes of the directories above `path` that no longer exist: a parent
+    /// of keys goes with its last key, and one made again later starts afresh.
+    pub fn prune_vanished(&mut self, path: &str) -> Result<(), MetaError> {
+        let mut cur = parent_of(path);
+        while let Some(p) = cur {
+            if self.locate(p)?.exists() {
+                break;
+            }
+            self.attrs.insert(p.to_string(), None);
+            cur = parent_of(p);
+        }
+        Ok(())
     }
 
     pub fn record(&self, key: &str) -> Result<Option<KeyRecord>, MetaError> {
@@ -317,7 +439,7 @@ impl<'m> Txn<'m> {
         for (k, _) in self.descendants(Some(path))? {
             self.delete_key(&k);
         }
-        Ok(())
+        self.drop_attrs(path)
     }
 
     /// Writes every pending change in one batch.
@@ -349,6 +471,13 @@ impl<'m> Txn<'m> {
                 }
                 Pending::Delete => ops.push(Op::Delete(Table::Keys, key_bytes(&self.ns, &k))),
             }
+        }
+        for (p, a) in self.attrs {
+            let k = key_bytes(&self.ns, &p);
+            ops.push(match a {
+                Some(a) => Op::Put(Table::Attrs, k, a.encode_to_vec()),
+                None => Op::Delete(Table::Attrs, k),
+            });
         }
         self.meta.backend.write(ops)?;
         Ok(())

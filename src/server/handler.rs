@@ -284,9 +284,12 @@ impl Store for StoreHandler {
         let ns = parse_ns(&r.namespace)?;
         let prefix = KeyPath::parse_prefix(&r.prefix).map_err(|e| invalid(e.to_string()))?;
         let meta = self.meta.clone();
-        let (entries, exists) =
-            blocking(move || meta.list(&ns, prefix.as_ref(), r.recursive)).await?;
-        Ok(Response::new(ListResponse { entries, exists }))
+        let listing = blocking(move || match r.dir_only {
+            true => meta.list_dir_only(&ns, prefix.as_ref()),
+            false => meta.list(&ns, prefix.as_ref(), r.recursive),
+        })
+        .await?;
+        Ok(Response::new(listing))
     }
 
     async fn remove(

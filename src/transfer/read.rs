@@ -187,6 +187,7 @@ pub async fn stat(store: &mut Store, namespace: &str, key: &KeyPath) -> Result<S
                     namespace: namespace.to_string(),
                     prefix: key.to_string(),
                     recursive: false,
+                    dir_only: false,
                 })
                 .await
                 .map_err(|s| not_found(s.into(), key))?

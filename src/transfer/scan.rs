@@ -211,6 +211,22 @@ fn utf8_name(path: &Path) -> Result<String, ScanError> {
         .map_err(|_| ScanError::NotUtf8(path.display().to_string()))
 }
 
+/// The kind of a fifo, socket or device node: published as metadata alone.
+fn special_kind(ft: &fs::FileType) -> Option<EntryKind> {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_fifo() {
+        Some(EntryKind::Fifo)
+    } else if ft.is_socket() {
+        Some(EntryKind::Socket)
+    } else if ft.is_char_device() {
+        Some(EntryKind::CharDevice)
+    } else if ft.is_block_device() {
+        Some(EntryKind::BlockDevice)
+    } else {
+        None
+    }
+}
+
 fn entry_from_meta(path: String, disk: &Path, meta: &fs::Metadata) -> Result<FileEntry, ScanError> {
     let (kind, target) = if meta.is_dir() {
         (EntryKind::Directory, String::new())
@@ -222,8 +238,12 @@ fn entry_from_meta(path: String, disk: &Path, meta: &fs::Metadata) -> Result<Fil
             .map_err(|_| ScanError::NotUtf8(disk.display().to_string()))?;
         (EntryKind::Symlink, t)
     } else {
-        (EntryKind::File, String::new())
+        (
+            special_kind(&meta.file_type()).unwrap_or(EntryKind::File),
+            String::new(),
+        )
     };
+    let device = matches!(kind, EntryKind::CharDevice | EntryKind::BlockDevice);
     Ok(FileEntry {
         path,
         kind: kind as i32,
@@ -237,6 +257,7 @@ fn entry_from_meta(path: String, disk: &Path, meta: &fs::Metadata) -> Result<Fil
         mtime_nsec: meta.mtime_nsec().clamp(0, 999_999_999) as u32,
         blocks: Vec::new(),
         symlink_target: target,
+        rdev: if device { meta.rdev() } else { 0 },
         uid: Some(meta.uid()),
         gid: Some(meta.gid()),
     })
@@ -267,10 +288,6 @@ fn walk(
         let path = child.path();
         let meta = fs::symlink_metadata(&path).map_err(io_err(&path))?;
         let ft = meta.file_type();
-        if !(ft.is_file() || ft.is_dir() || ft.is_symlink()) {
-            tracing::warn!(path = %path.display(), "skipping special file");
-            continue;
-        }
         if filters.skips(&path, ft.is_dir(), gitignores) {
             continue;
         }

@@ -179,6 +179,7 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
                     namespace: opts.namespace.to_string(),
                     prefix: opts.key.to_string(),
                     recursive: true,
+                    dir_only: false,
                 })
                 .await
                 .map_err(ClientError::from)?

@@ -19,6 +19,8 @@ use crate::transfer::fetch::BlockJob;
 pub(super) enum Plan {
     Dir,
     Symlink,
+    /// A fifo, socket or device node, made again where the caller may.
+    Special,
     /// Already there with the same size and mtime (rsync's quick check).
     UpToDate,
     /// Fetch into this temporary file, then rename.
@@ -130,6 +132,7 @@ impl<'m> Layout<'m> {
                     }
                     fs::rename(tmp, path).map_err(io(path))?;
                 }
+                Plan::Special => place_special(path, e)?,
                 Plan::Symlink => {
                     place_symlink(path, &e.symlink_target)?;
                     if let Some((uid, gid)) = owner_to_restore(e) {
@@ -180,6 +183,14 @@ fn plan_entry(e: &FileEntry, path: &Path, force: bool) -> Result<Plan, GetError>
             }
             Plan::Symlink
         }
+        EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice => {
+            if let Some(x) = &existing {
+                if !same_special(x, e) && !force {
+                    return Err(differs());
+                }
+            }
+            Plan::Special
+        }
         EntryKind::File => match &existing {
             Some(x)
                 if x.is_file()
@@ -193,6 +204,63 @@ fn plan_entry(e: &FileEntry, path: &Path, force: bool) -> Result<Plan, GetError>
             _ => Plan::Fetch(temp_name(path)),
         },
     })
+}
+
+fn same_special(x: &fs::Metadata, e: &FileEntry) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let ft = x.file_type();
+    let kind = match e.kind() {
+        EntryKind::Fifo => ft.is_fifo(),
+        EntryKind::Socket => ft.is_socket(),
+        EntryKind::CharDevice => ft.is_char_device(),
+        EntryKind::BlockDevice => ft.is_block_device(),
+        _ => false,
+    };
+    kind && (x.rdev() == e.rdev
+        || !matches!(e.kind(), EntryKind::CharDevice | EntryKind::BlockDevice))
+}
+
+/// Makes a fifo, socket or device node at `path`; where the caller may not (a device node
+/// without CAP_MKNOD), says so and goes on, as `rsync -a` run by a user does.
+fn place_special(path: &Path, e: &FileEntry) -> Result<(), GetError> {
+    use std::os::unix::ffi::OsStrExt;
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).map_err(io(parent))?;
+    }
+    if let Ok(x) = fs::symlink_metadata(path) {
+        if same_special(&x, e) {
+            return Ok(());
+        }
+        if x.is_dir() {
+            fs::remove_dir(path).map_err(io(path))?;
+        } else {
+            fs::remove_file(path).map_err(io(path))?;
+        }
+    }
+    let kind = match e.kind() {
+        EntryKind::Fifo => libc::S_IFIFO,
+        EntryKind::Socket => libc::S_IFSOCK,
+        EntryKind::CharDevice => libc::S_IFCHR,
+        _ => libc::S_IFBLK,
+    };
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io(path)(std::io::ErrorKind::InvalidInput.into()))?;
+    // SAFETY: `c` is a valid C string; mknod reads nothing else.
+    let r = unsafe { libc::mknod(c.as_ptr(), kind | (e.mode & 0o7777), e.rdev as libc::dev_t) };
+    if r != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EPERM) {
+            tracing::warn!(path = %path.display(), "not permitted to make this special file here: skipped");
+            return Ok(());
+        }
+        return Err(io(path)(err));
+    }
+    // mknod's mode passed through the umask; the entry's is what it was.
+    fs::set_permissions(path, fs::Permissions::from_mode(e.mode & 0o7777)).map_err(io(path))?;
+    if let Some((uid, gid)) = owner_to_restore(e) {
+        std::os::unix::fs::lchown(path, Some(uid), Some(gid)).map_err(io(path))?;
+    }
+    Ok(())
 }
 
 fn place_symlink(path: &Path, target: &str) -> Result<(), GetError> {
