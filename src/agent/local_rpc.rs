@@ -117,6 +117,7 @@ impl Agent for AgentHandler {
         tracing::info!(blocks = n, "published in place");
         Ok(Response::new(PublishResponse {
             version: done.version.0.to_vec(),
+            parent: done.parent,
         }))
     }
 

@@ -267,6 +267,8 @@ impl FsCore {
             }
         }
         self.inodes().rename(&from, &to);
+        self.invalidate_below(&from);
+        self.invalidate_below(&to);
         self.invalidate(&[split(&from).0, split(&to).0, &from, &to]);
         self.invalidate_links(&[split(&from).0, split(&to).0, &from, &to]);
         Ok(())

@@ -28,6 +28,13 @@ pub(super) struct Listings {
     links: Mutex<HashMap<String, (Instant, u32)>>,
     /// The namespace root's own entry (no parent lists it).
     root: Mutex<Option<(Instant, ListEntry)>>,
+    /// Paths this mount changed (or changed inside), with when: their parents' cached listings
+    /// show what they were, so their own entries are asked for alone until those listings
+    /// have expired. A change in a directory thus costs one small request, not a listing of
+    /// the directory above it.
+    changed: Mutex<HashMap<String, Instant>>,
+    /// Entries asked for alone (`None`: nothing there).
+    own: Mutex<HashMap<String, (Instant, Option<ListEntry>)>>,
 }
 
 impl Listings {
@@ -37,6 +44,8 @@ impl Listings {
             cached: Mutex::default(),
             links: Mutex::default(),
             root: Mutex::default(),
+            changed: Mutex::default(),
+            own: Mutex::default(),
         }
     }
 
@@ -52,18 +61,61 @@ impl Listings {
         lock(&self.cached).insert(path.to_string(), (now, entries));
     }
 
-    /// Forgets the listings of `paths` and of their parents (where their own attributes,
-    /// a directory's mtime and ctime among them, are listed).
+    /// Forgets the listings of `paths`, and their own entries (a directory's mtime and ctime
+    /// among them) as the listings of their parents show them.
     fn forget(&self, paths: &[&str]) {
+        let now = self.clock.now().at;
         let mut cached = lock(&self.cached);
+        let mut changed = lock(&self.changed);
+        let mut own = lock(&self.own);
+        if changed.len() > 4096 {
+            changed.retain(|_, at| now.duration_since(*at) < LISTING_TTL);
+            own.retain(|_, (at, _)| now.duration_since(*at) < LISTING_TTL);
+        }
         for p in paths {
             cached.remove(*p);
+            own.remove(*p);
             if p.is_empty() {
                 *lock(&self.root) = None;
             } else {
-                cached.remove(split(p).0);
+                changed.insert(p.to_string(), now);
             }
         }
+    }
+
+    /// The entry of `path` as asked for alone, while that is fresher than its parent's listing:
+    /// `Some(None)` for nothing there, `None` when the listing is to be used.
+    fn own(&self, path: &str) -> Option<Option<ListEntry>> {
+        let now = self.clock.now().at;
+        if let Some((at, e)) = lock(&self.own).get(path) {
+            if now.duration_since(*at) < LISTING_TTL {
+                return Some(e.clone());
+            }
+        }
+        None
+    }
+
+    /// When this mount last changed `path`, if a cached listing may still predate it.
+    fn changed_at(&self, path: &str) -> Option<Instant> {
+        let now = self.clock.now().at;
+        lock(&self.changed)
+            .get(path)
+            .copied()
+            .filter(|at| now.duration_since(*at) < LISTING_TTL)
+    }
+
+    /// A cached listing of `path` that has not expired, and when it was taken.
+    fn fresh_at(&self, path: &str) -> Option<(Instant, Entries)> {
+        let now = self.clock.now().at;
+        let cached = lock(&self.cached);
+        let (at, entries) = cached.get(path)?;
+        (now.duration_since(*at) < LISTING_TTL).then(|| (*at, entries.clone()))
+    }
+
+    fn put_own(&self, path: &str, e: Option<ListEntry>) {
+        let now = self.clock.now().at;
+        lock(&self.changed).remove(path);
+        lock(&self.own).insert(path.to_string(), (now, e));
     }
 
     fn root(&self) -> Option<ListEntry> {
@@ -76,6 +128,14 @@ impl Listings {
     fn put_root(&self, e: ListEntry) {
         let now = self.clock.now().at;
         *lock(&self.root) = Some((now, e));
+    }
+
+    /// Forgets every listing at or below `path` (a moved directory's insides are elsewhere now).
+    fn forget_below(&self, path: &str) {
+        let pfx = format!("{path}/");
+        lock(&self.cached).retain(|p, _| p != path && !p.starts_with(&pfx));
+        lock(&self.own).retain(|p, _| p != path && !p.starts_with(&pfx));
+        lock(&self.links).retain(|p, _| p != path && !p.starts_with(&pfx));
     }
 
     fn forget_links(&self, paths: &[&str]) {
@@ -118,6 +178,21 @@ impl FsCore {
         self.listings.forget(paths);
     }
 
+    /// Forgets what is cached at or below `path`, after this mount moved it.
+    pub(crate) fn invalidate_below(&self, path: &str) {
+        self.listings.forget_below(path);
+    }
+
+    /// Takes the entry of `path`'s directory as a publish returned it (its times moved), so
+    /// that its next stat needs no request.
+    pub(crate) fn take_parent(&self, path: &str, dir: Option<ListEntry>) {
+        let Some(d) = dir else { return };
+        match split(path).0 {
+            "" if !path.is_empty() => self.listings.put_root(d),
+            parent => self.listings.put_own(parent, Some(d)),
+        }
+    }
+
     /// Forgets the link counts of `paths`, after this mount added, removed or moved a directory
     /// in them (a file's changes leave them as they were).
     pub(crate) fn invalidate_links(&self, paths: &[&str]) {
@@ -154,11 +229,23 @@ impl FsCore {
         Ok(Arc::new(entries))
     }
 
-    fn listing(&self, path: &str) -> FsResult<Entries> {
-        match self.listings.fresh(path) {
-            Some(e) => Ok(e),
-            None => self.fetch_listing(path),
-        }
+    /// `path`'s own entry from the store server, or `None` for nothing there.
+    fn fetch_own(&self, path: &str) -> FsResult<Option<ListEntry>> {
+        let mut store = self.store();
+        let resp = self
+            .block_on(store.list(ListRequest {
+                namespace: self.ns(),
+                prefix: path.to_string(),
+                recursive: false,
+                dir_only: true,
+            }))
+            .map_err(crate::rpc::ClientError::from)?
+            .into_inner();
+        Ok(resp
+            .exists
+            .then_some(resp.dir)
+            .flatten()
+            .filter(|e| e.kind() != EntryKind::Gpu))
     }
 
     /// The root's attributes: its own record on the store server (owner, mode, and times that
@@ -234,13 +321,27 @@ impl FsCore {
         }
     }
 
-    /// The listing entry of `path`, from its parent's listing.
+    /// The listing entry of `path`, from its parent's listing (or asked for alone after this
+    /// mount changed it).
     pub(super) fn entry(&self, path: &str) -> FsResult<ListEntry> {
+        if let Some(e) = self.listings.own(path) {
+            return e.ok_or(FsError::NotFound);
+        }
         let (parent, name) = split(path);
-        self.listing(parent)?
-            .get(name)
-            .cloned()
-            .ok_or(FsError::NotFound)
+        let listing = match (
+            self.listings.fresh_at(parent),
+            self.listings.changed_at(path),
+        ) {
+            (Some((taken, _)), Some(changed)) if taken <= changed => {
+                let e = self.fetch_own(path)?;
+                self.listings.put_own(path, e.clone());
+                return e.ok_or(FsError::NotFound);
+            }
+            (Some((_, l)), _) => l,
+            // A listing taken now shows the change, and serves the siblings too.
+            (None, _) => self.fetch_listing(parent)?,
+        };
+        listing.get(name).cloned().ok_or(FsError::NotFound)
     }
 
     /// A directory's link count as a local filesystem keeps it: its name, its `.`, and each

@@ -89,7 +89,7 @@ impl FsCore {
             manifest: Some(m),
         };
         let mut store = self.store();
-        self.block_on(publish::publish(
+        let done = self.block_on(publish::publish(
             &mut store,
             &self.cfg.server,
             req,
@@ -98,6 +98,7 @@ impl FsCore {
         ))?;
         s.published.fetch_max(changes, Ordering::SeqCst);
         self.invalidate(&[split(&path).0, &path]);
+        self.take_parent(&path, done.parent);
         Ok(())
     }
 
@@ -117,7 +118,7 @@ impl FsCore {
             inline_blocks: Vec::new(),
         };
         let mut store = self.store();
-        self.block_on(publish::publish(
+        let done = self.block_on(publish::publish(
             &mut store,
             &self.cfg.server,
             req,
@@ -126,6 +127,7 @@ impl FsCore {
         ))?;
         self.invalidate(&[split(path).0, path]);
         self.invalidate_links(&[split(path).0, path]);
+        self.take_parent(path, done.parent);
         Ok(())
     }
 }

@@ -121,6 +121,33 @@ impl MetaStore {
             .map_err(|e| MetaError::Corrupt(e.to_string()))
     }
 
+    /// The attributes of the paths strictly below `path`, by their path relative to it.
+    fn attrs_below(
+        &self,
+        ns: &Namespace,
+        path: &str,
+    ) -> Result<std::collections::HashMap<String, PathAttrs>, MetaError> {
+        let prefix = if path.is_empty() {
+            key_bytes(ns, "")
+        } else {
+            key_bytes(ns, &format!("{path}/"))
+        };
+        let mut out = std::collections::HashMap::new();
+        for (k, v) in self.backend.scan_prefix(Table::Attrs, &prefix)? {
+            let (Some(rel), Ok(a)) = (k.get(prefix.len()..), PathAttrs::decode(v.as_slice()))
+            else {
+                return Err(MetaError::Corrupt("path attributes".into()));
+            };
+            if rel.is_empty() {
+                continue;
+            }
+            let rel =
+                String::from_utf8(rel.to_vec()).map_err(|e| MetaError::Corrupt(e.to_string()))?;
+            out.insert(rel, a);
+        }
+        Ok(out)
+    }
+
     /// Paths strictly below `path` (everything for the root) with attributes of their own.
     pub(crate) fn attr_paths_below(
         &self,
@@ -393,13 +420,10 @@ impl MetaStore {
             Loc::Nothing => None,
         };
         self.list_keys(&t, prefix, recursive, &mut out, bare_dir)?;
+        // One scan of the attributes below, as the keys below were scanned: no lookup each.
+        let below = self.attrs_below(ns, base)?;
         for (name, e) in out.iter_mut() {
-            let path = if base.is_empty() {
-                name.clone()
-            } else {
-                format!("{base}/{name}")
-            };
-            overlay(e, t.attrs(&path)?.as_ref());
+            overlay(e, below.get(name.as_str()));
         }
         if let Some(d) = dir.as_mut() {
             overlay(d, t.attrs(base)?.as_ref());

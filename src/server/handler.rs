@@ -201,7 +201,7 @@ impl Store for StoreHandler {
             for (hash, data) in &inline {
                 meta.blocks().put(hash, data)?;
             }
-            meta.publish(
+            let version = meta.publish(
                 &ns,
                 &key,
                 &manifest,
@@ -209,12 +209,18 @@ impl Store for StoreHandler {
                 &r.origin_node,
                 r.ttl_secs,
                 r.force,
-            )
+            )?;
+            let parent = key.as_str().rsplit_once('/').map(|(p, _)| p);
+            let parent = parent.map(KeyPath::parse).transpose().ok().flatten();
+            let dir = meta.list_dir_only(&ns, parent.as_ref())?.dir;
+            Ok::<_, crate::meta::MetaError>((version, dir))
         })
         .await?;
+        let (version, parent) = version;
         tracing::info!(key = %r.key, %version, ?locale, "published");
         Ok(Response::new(PublishResponse {
             version: version.0.to_vec(),
+            parent,
         }))
     }
 
@@ -232,6 +238,7 @@ impl Store for StoreHandler {
         tracing::info!(key = %r.key, %version, %node, "published a GPU key");
         Ok(Response::new(PublishResponse {
             version: version.0.to_vec(),
+            parent: None,
         }))
     }
 

@@ -47,11 +47,13 @@ impl PublishError {
 }
 
 /// What a publish did.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Published {
     pub version: Version,
     /// Payload bytes that crossed the network.
     pub bytes_sent: u64,
+    /// The directory that holds the key, as the server shows it after the publish.
+    pub parent: Option<crate::proto::ListEntry>,
 }
 
 /// Sends `payload`, then publishes `req` (whose `inline_blocks` the payload fills).
@@ -70,14 +72,14 @@ pub async fn publish(
         }
         Payload::InPlace => 0,
     };
-    let version = store
+    let resp = store
         .publish(req)
         .await
         .map_err(ClientError::from)?
-        .into_inner()
-        .version;
+        .into_inner();
     Ok(Published {
-        version: Version::from_slice(&version).ok_or(PublishError::BadVersion)?,
+        version: Version::from_slice(&resp.version).ok_or(PublishError::BadVersion)?,
         bytes_sent,
+        parent: resp.parent,
     })
 }
