@@ -846,8 +846,9 @@ impl Core<'_> {
                     // listings of its two paths and their parents, not those below them, so
                     // a directory moved onto a path that had subdirectories before (within
                     // LISTING_TTL) shows their old entries to lookups below it: `mkdir a`,
-                    // `mkdir a/b`, `rename a c`, `create c/b/c`, `rename c a`, then a lookup
-                    // of a/b/c is ENOENT (readdir of a/b, which lists afresh, shows c).
+                    // `mkdir a/b`, a lookup of a/b/c (ENOENT, caching a/b's listing),
+                    // `rename a c`, `create c/b/c`, `rename c a`, then a lookup of a/b/c is
+                    // ENOENT (readdir of a/b, which lists afresh, shows c).
                     self.clock.advance(ktfs::fs::LISTING_TTL);
                 }
                 Ok(Vec::new())
@@ -900,7 +901,7 @@ impl Core<'_> {
             if e.name == "." || e.name == ".." {
                 continue;
             }
-            let p = ktfs_join(path, &e.name);
+            let p = join_path(path, &e.name);
             let a = self
                 .core
                 .lookup(ino, &e.name)
@@ -963,7 +964,7 @@ fn excl_flag(excl: bool) -> i32 {
     }
 }
 
-fn ktfs_join(dir: &str, name: &str) -> String {
+fn join_path(dir: &str, name: &str) -> String {
     if dir.is_empty() {
         name.to_string()
     } else {
