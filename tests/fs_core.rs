@@ -4,120 +4,13 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use ktfs::agent::{AgentConfig, AgentProcess};
-use ktfs::clock::ManualClock;
+use common::rig::Rig;
 use ktfs::fs::inode::ROOT;
 use ktfs::fs::{FsCore, FsError, Kind, LISTING_TTL};
-use ktfs::key::Namespace;
-use ktfs::proto::{GetWindowRequest, Locale};
+use ktfs::proto::GetWindowRequest;
 use ktfs::rpc::client::connect_store;
-use ktfs::server::StoreServerProcess;
-
-/// A store server and a node agent in this process, and a filesystem core over the agent.
-struct Rig {
-    rt: tokio::runtime::Runtime,
-    dir: tempfile::TempDir,
-    server: String,
-    clock: ManualClock,
-    agent: AgentConfig,
-    blocks: Arc<ktfs::blocks::node::NodeBlocks>,
-    stop: tokio::sync::watch::Sender<bool>,
-}
-
-impl Rig {
-    fn new() -> Rig {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|s| *s).await;
-        };
-        let (server, agent, blocks) = rt.block_on(async {
-            let srv = StoreServerProcess::bind(
-                "127.0.0.1:0",
-                &dir.path().join("store"),
-                Duration::from_secs(30),
-            )
-            .await
-            .unwrap();
-            let server = srv.local_addr().unwrap().to_string();
-            tokio::spawn(srv.run(until(stopped.clone())));
-            let agent = AgentProcess::bind(AgentConfig {
-                server: server.clone(),
-                listen: "127.0.0.1:0".into(),
-                advertise: None,
-                cache_dir: dir.path().join("agent"),
-                cache_size: 1 << 30,
-                socket: dir.path().join("agent.sock"),
-                node_id: "here".into(),
-                zone: String::new(),
-                heartbeat: Duration::from_secs(1),
-                host_mounts: false,
-                fd_keeper: None,
-            })
-            .await
-            .unwrap();
-            agent.register().await.unwrap();
-            let (cfg, blocks) = (agent.config().clone(), agent.blocks());
-            tokio::spawn(agent.run(until(stopped)));
-            (server, cfg, blocks)
-        });
-        Rig {
-            rt,
-            dir,
-            server,
-            clock: ManualClock::default(),
-            agent,
-            blocks,
-            stop,
-        }
-    }
-
-    fn core_with(&self, read_only: bool) -> FsCore {
-        let mut cfg = self.agent.fs_config(
-            Namespace::parse("default").unwrap(),
-            Locale::Store,
-            read_only,
-            0,
-        );
-        cfg.clock = self.clock.shared();
-        FsCore::new(cfg, self.rt.handle().clone(), self.blocks.clone()).unwrap()
-    }
-
-    fn core(&self) -> FsCore {
-        self.core_with(false)
-    }
-
-    /// `kt ARGS` against this rig's store server.
-    fn kt(&self, args: &[&str]) -> String {
-        let out = std::process::Command::new(common::kt_bin())
-            .args(args)
-            .args(["--server", &self.server])
-            .env("KT_AGENT", self.dir.path().join("no-agent.sock"))
-            .env("RUST_LOG", "warn")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "kt {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
-    }
-}
 
 fn errno<T: std::fmt::Debug>(r: Result<T, FsError>) -> i32 {
     r.expect_err("an error").errno()

@@ -2,6 +2,8 @@
 //! addresses, each with its own data directory, driven through the real CLI.
 #![allow(dead_code)]
 
+pub mod rig;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
