@@ -544,7 +544,6 @@ impl Model {
             },
             Op::Rmdir { path } => match resolve(self, &path.0, false)? {
                 (_, None) => Err(libc::ENOENT),
-                (_, Some(Kind::File | Kind::Symlink)) => Err(libc::ENOTDIR),
                 (canon, Some(Kind::Dir)) => {
                     if self.children(&canon).next().is_some() {
                         return Err(libc::ENOTEMPTY);
@@ -552,6 +551,7 @@ impl Model {
                     self.nodes.remove(&canon);
                     Ok(Vec::new())
                 }
+                (_, Some(_)) => Err(libc::ENOTDIR),
             },
             Op::Unlink { path } => match resolve(self, &path.0, false)? {
                 (_, None) => Err(libc::ENOENT),
@@ -833,24 +833,14 @@ impl Core<'_> {
                 let src = [fdir, vec![fname.clone()]].concat();
                 let dst = [tdir, vec![tname.clone()]].concat();
                 // The kernel looks the source up first.
-                let Some(kind) = self.kind_at(&src)? else {
+                if self.kind_at(&src)?.is_none() {
                     return Err(libc::ENOENT);
-                };
+                }
                 if let Some(o) = kernel_rename_check(&src, &dst) {
                     return o;
                 }
                 core.rename(fparent, &fname, tparent, &tname, 0)
                     .map_err(errno)?;
-                if kind == Kind::Dir {
-                    // A known bug, left out until it is mended: a rename forgets the cached
-                    // listings of its two paths and their parents, not those below them, so
-                    // a directory moved onto a path that had subdirectories before (within
-                    // LISTING_TTL) shows their old entries to lookups below it: `mkdir a`,
-                    // `mkdir a/b`, a lookup of a/b/c (ENOENT, caching a/b's listing),
-                    // `rename a c`, `create c/b/c`, `rename c a`, then a lookup of a/b/c is
-                    // ENOENT (readdir of a/b, which lists afresh, shows c).
-                    self.clock.advance(ktfs::fs::LISTING_TTL);
-                }
                 Ok(Vec::new())
             }
             Op::Symlink { path, target } => match resolve(self, &path.0, false)? {
@@ -949,6 +939,7 @@ impl Core<'_> {
                     }
                     Seen::Symlink { target }
                 }
+                other => return Err(format!("{p} is a {other:?}, which no operation makes")),
             };
             out.insert(p, seen);
         }
