@@ -252,17 +252,7 @@ impl FsCore {
     /// move as top-level entries come and go), or the mount's where the server has none.
     fn root_attr(&self) -> Attr {
         let entry = self.listings.root().or_else(|| {
-            let mut store = self.store();
-            let resp = self
-                .block_on(store.list(ListRequest {
-                    namespace: self.ns(),
-                    prefix: String::new(),
-                    recursive: false,
-                    dir_only: true,
-                }))
-                .ok()?
-                .into_inner();
-            let e = resp.dir?;
+            let e = self.fetch_own("").ok().flatten()?;
             self.listings.put_root(e.clone());
             Some(e)
         });
