@@ -591,11 +591,6 @@ fn special_files_are_entries_whose_io_is_the_kernels() {
             && ft("null").is_ok_and(|t| t.is_char_device())
     }));
     assert_eq!(lstat(&b.path("null")).st_rdev, null);
-    // Hard links are not there yet: refused, not half made.
-    assert_eq!(
-        errno_of(std::fs::hard_link(a.path("null"), a.path("hl"))),
-        Some(libc::EPERM)
-    );
     std::fs::rename(a.path("fifo"), a.path("fifo2")).unwrap();
     assert!(lstat(&a.path("fifo2")).st_mode & libc::S_IFMT == libc::S_IFIFO);
     std::fs::remove_file(a.path("fifo2")).unwrap();
@@ -662,5 +657,58 @@ fn special_files_are_entries_whose_io_is_the_kernels() {
     assert_eq!(
         std::fs::read(mine.join("tree/f")).unwrap(),
         b"a file beside them"
+    );
+}
+
+#[test]
+fn hard_links_are_two_names_of_one_file_on_every_node() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = Cluster::new("127.0.0.168");
+    let a = start_mount("127.0.0.168", &c.server.addr, &c.path("a"), "px-l", &[]);
+    let b = start_mount("127.0.0.167", &c.server.addr, &c.path("b"), "px-m", &[]);
+    std::fs::write(a.path("f"), b"one").unwrap();
+    std::fs::create_dir(a.path("d")).unwrap();
+    std::fs::hard_link(a.path("f"), a.path("d/g")).unwrap();
+    let (f, g) = (lstat(&a.path("f")), lstat(&a.path("d/g")));
+    assert_eq!(
+        (f.st_ino, f.st_nlink),
+        (g.st_ino, 2),
+        "one inode, two names"
+    );
+    // A write through one name is read through the other, here and on the other node.
+    std::fs::write(a.path("d/g"), b"two, and longer").unwrap();
+    assert_eq!(std::fs::read(a.path("f")).unwrap(), b"two, and longer");
+    assert!(eventually(std::time::Duration::from_secs(5), || {
+        std::fs::read(b.path("f")).is_ok_and(|d| d == b"two, and longer")
+            && lstat(&b.path("f")).st_nlink == 2
+    }));
+    // Metadata is the file's, whichever name changes it.
+    std::fs::set_permissions(a.path("f"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (f, g) = (lstat(&a.path("f")), lstat(&a.path("d/g")));
+    assert_eq!(g.st_mode & 0o7777, 0o600);
+    assert_eq!(ctime(&f), ctime(&g));
+    assert!(eventually(std::time::Duration::from_secs(5), || {
+        lstat(&b.path("d/g")).st_mode & 0o7777 == 0o600
+    }));
+    // Unlinking one name keeps the other, with its bytes.
+    std::fs::remove_file(a.path("f")).unwrap();
+    assert!(!a.path("f").exists());
+    let g = lstat(&a.path("d/g"));
+    assert_eq!(g.st_nlink, 1);
+    assert_eq!(std::fs::read(a.path("d/g")).unwrap(), b"two, and longer");
+    assert!(eventually(std::time::Duration::from_secs(5), || {
+        !b.path("f").exists() && std::fs::read(b.path("d/g")).is_ok_and(|d| d == b"two, and longer")
+    }));
+    // A name moves as a name; a directory has one name only.
+    std::fs::hard_link(a.path("d/g"), a.path("h")).unwrap();
+    std::fs::rename(a.path("h"), a.path("d/h")).unwrap();
+    assert_eq!(lstat(&a.path("d/h")).st_nlink, 2);
+    assert_eq!(
+        errno_of(std::fs::hard_link(a.path("d"), a.path("d2"))),
+        Some(libc::EPERM)
+    );
+    assert_eq!(
+        errno_of(std::fs::hard_link(a.path("d/g"), a.path("d/h"))),
+        Some(libc::EEXIST)
     );
 }

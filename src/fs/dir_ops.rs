@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use super::{split, to_unix, Attr, FsCore, FsError, FsResult, Handle, Kind};
 use crate::locks::lock;
 use crate::manifest::{EntryKind, FileEntry};
-use crate::proto::{RemoveRequest, RenameRequest, SetAttrRequest};
+use crate::proto::{LinkRequest, RemoveRequest, RenameRequest, SetAttrRequest};
 use crate::rpc::ClientError;
 
 impl FsCore {
@@ -220,7 +220,41 @@ impl FsCore {
     }
 
     pub fn unlink(&self, parent: u64, name: &str) -> FsResult<()> {
-        self.remove(&self.child(parent, name)?, false)
+        let path = self.child(parent, name)?;
+        self.remove(&path, false)?;
+        self.invalidate_other_names(&path);
+        self.inodes().unlinked(&path);
+        Ok(())
+    }
+
+    /// A second name `newname` in `newparent` for the file `ino` (a hard link): one file that
+    /// both names show on every node, with the kernel's inode shared too.
+    pub fn link(&self, ino: u64, newparent: u64, newname: &str) -> FsResult<Attr> {
+        self.writable()?;
+        let from = self.path_of(ino)?;
+        let to = self.new_entry_path(newparent, newname)?;
+        if super::gpu_tree::gpu_rest(&from).is_some() || super::gpu_tree::gpu_rest(&to).is_some() {
+            return Err(FsError::NotPermitted);
+        }
+        if self.stat_path(&from)?.kind == Kind::Dir {
+            return Err(FsError::NotPermitted);
+        }
+        // A file still being written is published first, so both names hold its bytes.
+        if let Some(s) = self.staged_at(&from) {
+            self.publish_staged(&s)?;
+        }
+        let mut store = self.store();
+        self.block_on(store.link(LinkRequest {
+            namespace: self.ns(),
+            from: from.clone(),
+            to: to.clone(),
+        }))
+        .map_err(ClientError::from)?;
+        self.invalidate(&[split(&from).0, split(&to).0, &from, &to]);
+        self.inodes().link(ino, &to);
+        let mut a = self.stat_path(&to)?;
+        a.ino = ino;
+        Ok(a)
     }
 
     pub fn rmdir(&self, parent: u64, name: &str) -> FsResult<()> {
@@ -345,6 +379,7 @@ impl FsCore {
                     }))
                     .map_err(ClientError::from)?;
                     self.invalidate(&[split(&path).0, &path]);
+                    self.invalidate_other_names(&path);
                 }
             }
         }

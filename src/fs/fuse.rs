@@ -313,13 +313,17 @@ impl Filesystem for FuseAdapter {
     fn link(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _newparent: INodeNo,
-        _newname: &OsStr,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        // Keys have no hard links.
-        reply.error(Errno::EPERM)
+        let Ok(n) = name(newname) else {
+            return reply.error(Errno::EINVAL);
+        };
+        reply_or!(reply, self.core.link(ino.0, newparent.0, n), |a: Attr| {
+            reply.entry(&TTL, &file_attr(&a), Generation(0))
+        })
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {

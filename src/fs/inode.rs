@@ -101,6 +101,9 @@ pub struct Inodes {
     /// Numbers below this are recorded as handed out in the journal.
     reserved: u64,
     journal: Option<Journal>,
+    /// The names of inodes known to have more than one (hard links made here): a name that
+    /// goes passes the inode to another.
+    names: HashMap<u64, Vec<String>>,
 }
 
 impl Default for Inodes {
@@ -111,6 +114,7 @@ impl Default for Inodes {
             next: ROOT + 1,
             reserved: 0,
             journal: None,
+            names: HashMap::new(),
         };
         t.by_ino.insert(ROOT, (String::new(), 1));
         t.by_path.insert(String::new(), ROOT);
@@ -179,6 +183,58 @@ impl Inodes {
         ino
     }
 
+    /// Makes `path` a second name of `ino` (a hard link), with one more kernel reference.
+    pub fn link(&mut self, ino: u64, path: &str) {
+        let Some((first, refs)) = self.by_ino.get_mut(&ino) else {
+            return;
+        };
+        *refs += 1;
+        let first = first.clone();
+        let names = self.names.entry(ino).or_insert_with(|| vec![first]);
+        if !names.iter().any(|n| n == path) {
+            names.push(path.to_string());
+        }
+        self.by_path.insert(path.to_string(), ino);
+    }
+
+    /// The other names of the inode at `path`, where it has several.
+    pub fn other_names(&self, path: &str) -> Vec<String> {
+        let Some(ino) = self.by_path.get(path) else {
+            return Vec::new();
+        };
+        self.names
+            .get(ino)
+            .map(|n| n.iter().filter(|n| *n != path).cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// `path` was unlinked: its inode, if it has another name, goes on under that one.
+    pub fn unlinked(&mut self, path: &str) {
+        let Some(&ino) = self.by_path.get(path) else {
+            return;
+        };
+        let Some(names) = self.names.get_mut(&ino) else {
+            return;
+        };
+        names.retain(|n| n != path);
+        let Some(other) = names.first().cloned() else {
+            self.names.remove(&ino);
+            return;
+        };
+        if names.len() == 1 {
+            self.names.remove(&ino);
+        }
+        self.by_path.remove(path);
+        if let Some((p, refs)) = self.by_ino.get_mut(&ino) {
+            *p = other.clone();
+            if *refs > 0 {
+                if let Some(j) = &self.journal {
+                    j.put(ino, &other);
+                }
+            }
+        }
+    }
+
     pub fn forget(&mut self, ino: u64, n: u64) {
         if ino == ROOT {
             return;
@@ -194,6 +250,11 @@ impl Inodes {
             if let Some((path, _)) = self.by_ino.remove(&ino) {
                 if self.by_path.get(&path) == Some(&ino) {
                     self.by_path.remove(&path);
+                }
+            }
+            for name in self.names.remove(&ino).unwrap_or_default() {
+                if self.by_path.get(&name) == Some(&ino) {
+                    self.by_path.remove(&name);
                 }
             }
             if let Some(j) = &self.journal {
@@ -212,6 +273,7 @@ impl Inodes {
             .map(|(p, i)| (p.clone(), *i))
             .collect();
         // Whatever was at the destination loses its name.
+        self.unlinked(to);
         let to_pfx = format!("{to}/");
         self.by_path
             .retain(|p, _| p != to && !p.starts_with(&to_pfx));
@@ -224,6 +286,11 @@ impl Inodes {
                     if let Some(j) = &self.journal {
                         j.put(ino, &new);
                     }
+                }
+            }
+            for names in self.names.values_mut() {
+                for n in names.iter_mut().filter(|n| **n == old) {
+                    *n = new.clone();
                 }
             }
             self.by_path.insert(new, ino);

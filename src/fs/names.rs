@@ -178,6 +178,14 @@ impl FsCore {
         self.listings.forget(paths);
     }
 
+    /// Forgets what is cached of the other names of the file at `path` (a hard link), after
+    /// this mount changed it through `path`: they show the same file.
+    pub(crate) fn invalidate_other_names(&self, path: &str) {
+        for other in self.inodes().other_names(path) {
+            self.invalidate(&[split(&other).0, &other]);
+        }
+    }
+
     /// Forgets what is cached at or below `path`, after this mount moved it.
     pub(crate) fn invalidate_below(&self, path: &str) {
         self.listings.forget_below(path);
@@ -295,7 +303,7 @@ impl FsCore {
             perm,
             mtime: self.time_or_start(e.mtime_sec, e.mtime_nsec),
             ctime: self.time_or_start(e.ctime_sec, e.ctime_nsec),
-            nlink: if kind == Kind::Dir { 2 } else { 1 },
+            nlink: if kind == Kind::Dir { 2 } else { e.nlink.max(1) },
             uid: e.uid.unwrap_or(self.cfg.uid),
             gid: e.gid.unwrap_or(self.cfg.gid),
             rdev: e.rdev as u32,

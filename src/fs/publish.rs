@@ -98,6 +98,7 @@ impl FsCore {
         ))?;
         s.published.fetch_max(changes, Ordering::SeqCst);
         self.invalidate(&[split(&path).0, &path]);
+        self.invalidate_other_names(&path);
         self.take_parent(&path, done.parent);
         Ok(())
     }

@@ -1,4 +1,4 @@
-//! The seam under the metadata: four tables (keys, manifests, locations, path attributes) with gets, prefix
+//! The seam under the metadata: five tables (keys, manifests, locations, path attributes, inodes) with gets, prefix
 //! scans and atomic batches of writes, and nothing else. RocksDB is the backend today (its
 //! implementation is below, beside the trait, which itself knows nothing of RocksDB); a
 //! distributed KV such as etcd can take its place behind the same trait, never a home-made
@@ -17,6 +17,8 @@ pub enum Table {
     Locations,
     /// `namespace NUL path` -> `PathAttrs`: what a path shows beyond its manifest entry.
     Attrs,
+    /// `namespace NUL id` -> `KeyRecord`: a hard-linked file, which its names point to.
+    Inodes,
 }
 
 /// One write of an atomic batch.
@@ -46,8 +48,15 @@ pub const CF_KEYS: &str = "keys";
 pub const CF_MANIFESTS: &str = "manifests";
 pub const CF_LOCATIONS: &str = "locations";
 pub const CF_ATTRS: &str = "attrs";
+pub const CF_FILE_INODES: &str = "file_inodes";
 /// The column families the RocksDB backend needs.
-pub const FAMILIES: &[&str] = &[CF_KEYS, CF_MANIFESTS, CF_LOCATIONS, CF_ATTRS];
+pub const FAMILIES: &[&str] = &[
+    CF_KEYS,
+    CF_MANIFESTS,
+    CF_LOCATIONS,
+    CF_ATTRS,
+    CF_FILE_INODES,
+];
 
 fn family(t: Table) -> &'static str {
     match t {
@@ -55,6 +64,7 @@ fn family(t: Table) -> &'static str {
         Table::Manifests => CF_MANIFESTS,
         Table::Locations => CF_LOCATIONS,
         Table::Attrs => CF_ATTRS,
+        Table::Inodes => CF_FILE_INODES,
     }
 }
 

@@ -84,7 +84,7 @@ impl MetaStore {
                 if record.kind() == EntryKind::Gpu
                     && record.gpu.as_ref().map(|g| g.registration) == Some(registration) =>
             {
-                t.delete_key(key.as_str());
+                t.delete_key(key.as_str())?;
                 t.commit()?;
                 Ok(true)
             }

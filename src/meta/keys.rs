@@ -19,6 +19,13 @@ pub(crate) fn live(r: &KeyRecord, now_ms: i64) -> bool {
     r.expires_unix_ms == 0 || r.expires_unix_ms > now_ms
 }
 
+/// The stored key of inode `id` in namespace `ns`.
+pub(crate) fn inode_bytes(ns: &Namespace, id: u64) -> Vec<u8> {
+    let mut k = key_bytes(ns, "");
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+
 pub(crate) fn location_key(version: &Version, node: &str) -> Vec<u8> {
     let mut k = version.0.to_vec();
     k.extend_from_slice(node.as_bytes());
@@ -44,9 +51,18 @@ pub(crate) fn key_entry(rel: &str, r: &KeyRecord) -> ListEntry {
         symlink_target: r.symlink_target.clone(),
         uid: r.uid,
         gid: r.gid,
-        ctime_sec: r.created_unix_ms.div_euclid(1000),
-        ctime_nsec: (r.created_unix_ms.rem_euclid(1000) * 1_000_000) as u32,
+        ctime_sec: if r.inode != 0 {
+            r.ctime_sec
+        } else {
+            r.created_unix_ms.div_euclid(1000)
+        },
+        ctime_nsec: if r.inode != 0 {
+            r.ctime_nsec
+        } else {
+            (r.created_unix_ms.rem_euclid(1000) * 1_000_000) as u32
+        },
         rdev: r.rdev,
+        nlink: r.nlink,
     }
 }
 
@@ -71,6 +87,7 @@ pub(crate) fn file_entry(name: String, e: &FileEntry, r: &KeyRecord) -> ListEntr
         ctime_sec: r.created_unix_ms.div_euclid(1000),
         ctime_nsec: (r.created_unix_ms.rem_euclid(1000) * 1_000_000) as u32,
         rdev: e.rdev,
+        nlink: 0,
     }
 }
 

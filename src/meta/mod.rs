@@ -178,8 +178,30 @@ impl MetaStore {
         let Some(v) = self.backend.get(Table::Keys, &key_bytes(ns, key))? else {
             return Ok(None);
         };
-        let r = KeyRecord::decode(v.as_slice()).map_err(|e| MetaError::Corrupt(e.to_string()))?;
+        let r = self.name_record(ns, &v)?;
         Ok(self.visible(&r, self.now_ms()).then_some(r))
+    }
+
+    /// A stored name's record: its own, or a hard-linked file's inode record.
+    fn name_record(&self, ns: &Namespace, bytes: &[u8]) -> Result<KeyRecord, MetaError> {
+        let r = KeyRecord::decode(bytes).map_err(|e| MetaError::Corrupt(e.to_string()))?;
+        if r.inode == 0 {
+            return Ok(r);
+        }
+        self.inode(ns, r.inode)?
+            .ok_or_else(|| MetaError::Corrupt(format!("inode {} of a name is missing", r.inode)))
+    }
+
+    pub(crate) fn inode(&self, ns: &Namespace, id: u64) -> Result<Option<KeyRecord>, MetaError> {
+        let Some(v) = self
+            .backend
+            .get(Table::Inodes, &keys::inode_bytes(ns, id))?
+        else {
+            return Ok(None);
+        };
+        KeyRecord::decode(v.as_slice())
+            .map(Some)
+            .map_err(|e| MetaError::Corrupt(e.to_string()))
     }
 
     /// Whether a stored key is there for readers: not expired, and a GPU key only while the
@@ -210,8 +232,7 @@ impl MetaStore {
         let mut out = Vec::new();
         let now = self.now_ms();
         for (k, v) in self.backend.scan_prefix(Table::Keys, &prefix)? {
-            let r =
-                KeyRecord::decode(v.as_slice()).map_err(|e| MetaError::Corrupt(e.to_string()))?;
+            let r = self.name_record(ns, &v)?;
             if self.visible(&r, now) {
                 let name = String::from_utf8(k[skip..].to_vec())
                     .map_err(|e| MetaError::Corrupt(e.to_string()))?;
@@ -297,7 +318,7 @@ impl MetaStore {
             path,
             manifest.clone(),
             &Lineage::fresh(locale, origin, ttl_secs, self.now_ms()),
-        );
+        )?;
         t.commit()?;
         Ok(version)
     }
@@ -482,7 +503,7 @@ impl MetaStore {
                 return Err(MetaError::NotFound(format!("{key}*")));
             }
             for k in &doomed {
-                t.delete_key(k);
+                t.delete_key(k)?;
                 t.drop_attrs(k)?;
                 t.touch_parent(k)?;
             }
@@ -553,11 +574,7 @@ impl MetaStore {
         // Keys below the source move with it.
         let below = t.descendants(Some(f))?;
         match t.locate(f)? {
-            Loc::Key { record } => {
-                let m = t.manifest_of(f, &record)?;
-                t.delete_key(f);
-                t.put_key(d, m, &Lineage::of(&record));
-            }
+            Loc::Key { .. } => t.move_key(f, d)?,
             Loc::Entry {
                 key, record, sub, ..
             } => {
@@ -583,16 +600,14 @@ impl MetaStore {
                     t.edit_manifest(&key, &record, |es| {
                         es.retain(|e| e.path != sub && !e.path.starts_with(&pfx))
                     })?;
-                    t.put_key(d, extracted, &Lineage::of(&record));
+                    t.put_key(d, extracted, &Lineage::of(&record))?;
                 }
             }
             Loc::Implicit => {}
             Loc::Nothing => return Err(MetaError::NotFound(from.to_string())),
         }
-        for (k, r) in below {
-            let m = t.manifest_of(&k, &r)?;
-            t.delete_key(&k);
-            t.put_key(&format!("{d}{}", &k[f.len()..]), m, &Lineage::of(&r));
+        for (k, _) in below {
+            t.move_key(&k, &format!("{d}{}", &k[f.len()..]))?;
         }
         // As a local filesystem stamps them: the moved entry, and both directories.
         let new_dest = !dst.exists();
@@ -605,6 +620,47 @@ impl MetaStore {
             t.touch_parent(d)?;
         }
         t.prune_vanished(f)?;
+        t.commit()
+    }
+
+    /// Gives the file at `from` a second name `to` (a hard link): one inode record that both
+    /// names share, so a write, chmod or unlink through either is what the other shows. A file
+    /// inside a published directory becomes a key of its own first (a metadata-only move).
+    pub fn link(&self, ns: &Namespace, from: &KeyPath, to: &KeyPath) -> Result<(), MetaError> {
+        let (f, d) = (from.as_str(), to.as_str());
+        let _guard = self.lock();
+        let mut t = Txn::new(self, ns);
+        let src = t.locate(f)?;
+        match src.kind() {
+            None => return Err(MetaError::NotFound(from.to_string())),
+            Some(EntryKind::Directory) => {
+                return Err(MetaError::IsDir(format!(
+                    "{from} is a directory: it has one name"
+                )))
+            }
+            Some(EntryKind::Gpu) => {
+                return Err(MetaError::BadRequest(format!("{from} is a GPU key")))
+            }
+            _ => {}
+        }
+        t.check_parent(d)?;
+        if t.locate(d)?.exists() {
+            return Err(MetaError::Exists(to.to_string()));
+        }
+        if let Loc::Entry {
+            key, record, sub, ..
+        } = &src
+        {
+            let m = t.manifest_of(key, record)?;
+            let extracted = Manifest {
+                block_size: m.block_size,
+                entries: moved_entries(&m, sub, ""),
+            };
+            t.edit_manifest(key, record, |es| es.retain(|e| e.path != *sub))?;
+            t.put_key(f, extracted, &Lineage::of(record))?;
+        }
+        t.link(f, d)?;
+        t.stamp_new_entry(d)?;
         t.commit()
     }
 

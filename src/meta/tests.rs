@@ -559,3 +559,67 @@ fn paths_keep_times_of_their_own_that_move_with_them_and_go_with_them() {
     assert_eq!(c.mode, 0, "the old chmod came back");
     assert!(meta.attr_paths_below(&ns, "a").unwrap().is_empty());
 }
+
+#[test]
+fn hard_links_are_names_of_one_inode_record() {
+    let (_d, meta) = store(DEFAULT_TEST_LEASE);
+    let ns = Namespace::default();
+    for d in [&b"one"[..], b"two"] {
+        meta.blocks().put(&BlockHash::of(d), d).unwrap();
+    }
+    let put = |key: &str, data: &[u8]| {
+        meta.publish(&ns, &k(key), &one_file(data), Locale::Store, "", 0, true)
+            .unwrap()
+    };
+    let listed = |name: &str| {
+        meta.list(&ns, None, true)
+            .unwrap()
+            .entries
+            .into_iter()
+            .find(|e| e.name == name)
+    };
+    put("f", b"one");
+    meta.link(&ns, &k("f"), &k("d/g")).unwrap();
+    for name in ["f", "d/g"] {
+        assert_eq!(listed(name).unwrap().nlink, 2, "{name}");
+    }
+    // A write through one name is what the other reads; so is a chmod.
+    let v2 = put("d/g", b"two");
+    assert_eq!(meta.resolve(&ns, &k("f")).unwrap().record.version, v2.0);
+    meta.set_attr(&ns, &k("f"), Some(0o600), None, (None, None))
+        .unwrap();
+    let (f, g) = (listed("f").unwrap(), listed("d/g").unwrap());
+    assert_eq!((f.mode, g.mode), (0o600, 0o600));
+    assert_eq!((f.ctime_sec, f.ctime_nsec), (g.ctime_sec, g.ctime_nsec));
+    // Names move as they are; neither the name taken nor a directory may be linked.
+    meta.rename(&ns, &k("d/g"), &k("h"), false).unwrap();
+    assert!(matches!(
+        meta.link(&ns, &k("h"), &k("f")),
+        Err(MetaError::Exists(_))
+    ));
+    assert!(matches!(
+        meta.link(&ns, &k("d"), &k("d2")),
+        Err(MetaError::IsDir(_)) | Err(MetaError::NotFound(_))
+    ));
+    // Unlinking one name keeps the other; the last takes the inode with it.
+    meta.remove(&ns, &k("f"), false, false).unwrap();
+    let h = listed("h").unwrap();
+    assert_eq!((h.nlink, h.mode), (1, 0o600));
+    let blocks = |key: &str| {
+        meta.resolve(&ns, &k(key)).unwrap().manifest.entries[0]
+            .blocks
+            .clone()
+    };
+    assert_eq!(blocks("h"), one_file(b"two").entries[0].blocks);
+    meta.remove(&ns, &k("h"), false, false).unwrap();
+    assert!(meta
+        .backend
+        .scan_prefix(Table::Inodes, &key_bytes(&ns, ""))
+        .unwrap()
+        .is_empty());
+    // A file inside a published directory is linked too: it becomes a key of its own.
+    published_dir(&meta, &ns);
+    meta.link(&ns, &k("d/g"), &k("g2")).unwrap();
+    assert_eq!(listed("g2").unwrap().nlink, 2);
+    assert_eq!(names(&meta, &ns, "d"), ["g", "x/"]);
+}

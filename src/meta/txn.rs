@@ -110,11 +110,14 @@ pub fn record_for(m: &Manifest, version: &Version, l: &Lineage) -> KeyRecord {
         uid: root.uid,
         gid: root.gid,
         rdev: root.rdev,
+        ..Default::default()
     }
 }
 
 enum Pending {
     Put(Box<(KeyRecord, Manifest)>),
+    /// A name of a hard-linked file: its record is that inode's.
+    Link(u64),
     Delete,
 }
 
@@ -124,6 +127,9 @@ pub struct Txn<'m> {
     pending: BTreeMap<String, Pending>,
     /// Path attributes to write (`None`: to delete).
     attrs: BTreeMap<String, Option<PathAttrs>>,
+    /// Inode records of hard-linked files to write, with a manifest that is new (`None`: the
+    /// last name went).
+    inodes: BTreeMap<u64, Option<(KeyRecord, Option<Manifest>)>>,
     /// When this change happens: every time it stamps is this one, as a kernel's operation
     /// stamps a file and its directory alike.
     now: (i64, u32),
@@ -140,6 +146,7 @@ impl<'m> Txn<'m> {
             ns: ns.clone(),
             pending: BTreeMap::new(),
             attrs: BTreeMap::new(),
+            inodes: BTreeMap::new(),
             now: meta.clock_now().unix(),
         }
     }
@@ -214,6 +221,16 @@ impl<'m> Txn<'m> {
     /// directory's entries (its mtime too).
     pub fn touch(&mut self, path: &str, entries: bool) -> Result<(), MetaError> {
         let (s, n) = self.now;
+        if let Some(mut r) = self.record(path)?.filter(|r| r.inode != 0) {
+            // A hard-linked file's ctime is its inode's, shared by its names.
+            (r.ctime_sec, r.ctime_nsec) = (s, n);
+            let m = match self.inodes.remove(&r.inode) {
+                Some(Some((_, m))) => m,
+                _ => None,
+            };
+            self.inodes.insert(r.inode, Some((r, m)));
+            return Ok(());
+        }
         self.update_attrs(path, |a| {
             a.ctime_sec = Some(s);
             a.ctime_nsec = n;
@@ -261,16 +278,79 @@ impl<'m> Txn<'m> {
     pub fn record(&self, key: &str) -> Result<Option<KeyRecord>, MetaError> {
         match self.pending.get(key) {
             Some(Pending::Put(p)) => Ok(Some(p.0.clone())),
+            Some(Pending::Link(id)) => self.inode(*id),
             Some(Pending::Delete) => Ok(None),
             None => self.meta.record(&self.ns, key),
         }
     }
 
-    pub fn manifest_of(&self, key: &str, r: &KeyRecord) -> Result<Manifest, MetaError> {
-        match self.pending.get(key) {
-            Some(Pending::Put(p)) => Ok(p.1.clone()),
-            _ => self.meta.manifest(&r.version),
+    fn inode(&self, id: u64) -> Result<Option<KeyRecord>, MetaError> {
+        match self.inodes.get(&id) {
+            Some(i) => Ok(i.as_ref().map(|(r, _)| r.clone())),
+            None => self.meta.inode(&self.ns, id),
         }
+    }
+
+    pub fn manifest_of(&self, key: &str, r: &KeyRecord) -> Result<Manifest, MetaError> {
+        if let Some(Pending::Put(p)) = self.pending.get(key) {
+            return Ok(p.1.clone());
+        }
+        if let Some(Some((_, Some(m)))) = self.inodes.get(&r.inode).filter(|_| r.inode != 0) {
+            return Ok(m.clone());
+        }
+        self.meta.manifest(&r.version)
+    }
+
+    /// Gives the file at `from` (a key, not a directory) a second name `to`: both become
+    /// names of one inode record, made now if the file had one name, so that a write, chmod
+    /// or unlink through either is what the other shows.
+    pub fn link(&mut self, from: &str, to: &str) -> Result<(), MetaError> {
+        let r = self
+            .record(from)?
+            .ok_or_else(|| MetaError::NotFound(from.to_string()))?;
+        let (s, n) = self.now;
+        let (id, mut inode, manifest) = if r.inode == 0 {
+            // A fresh id per namespace: the clock's nanoseconds and the name, hashed.
+            let seed = format!("{}\0{from}\0{s}.{n}", self.ns);
+            let h = blake3::hash(seed.as_bytes());
+            let id = u64::from_be_bytes(h.as_bytes()[..8].try_into().unwrap_or_default()) | 1;
+            let m = self.manifest_of(from, &r)?;
+            self.pending.insert(from.to_string(), Pending::Link(id));
+            (
+                id,
+                KeyRecord {
+                    inode: id,
+                    nlink: 1,
+                    ..r
+                },
+                Some(m),
+            )
+        } else {
+            (r.inode, r, None)
+        };
+        inode.nlink += 1;
+        inode.ctime_sec = s;
+        inode.ctime_nsec = n;
+        self.inodes.insert(id, Some((inode, manifest)));
+        self.pending.insert(to.to_string(), Pending::Link(id));
+        // Its ctime is the inode's now, shared by the names.
+        self.drop_attrs(from)?;
+        self.drop_attrs(to)
+    }
+
+    /// Moves the name `from` to `to` as it is (a hard link stays one).
+    pub fn move_key(&mut self, from: &str, to: &str) -> Result<(), MetaError> {
+        let r = self
+            .record(from)?
+            .ok_or_else(|| MetaError::NotFound(from.to_string()))?;
+        if r.inode != 0 {
+            self.pending.insert(from.to_string(), Pending::Delete);
+            self.pending.insert(to.to_string(), Pending::Link(r.inode));
+            return Ok(());
+        }
+        let m = self.manifest_of(from, &r)?;
+        self.delete_key(from)?;
+        self.put_key(to, m, &Lineage::of(&r))
     }
 
     /// Live keys strictly below `key` (all keys for the root), pending edits applied.
@@ -290,9 +370,24 @@ impl<'m> Txn<'m> {
                 Pending::Put(p) => {
                     map.insert(k.clone(), p.0.clone());
                 }
+                Pending::Link(_) => {}
                 Pending::Delete => {
                     map.remove(k);
                 }
+            }
+        }
+        // Names of hard-linked files show their inodes as this change leaves them.
+        for (k, p) in &self.pending {
+            if let (true, Pending::Link(id)) = (below(k), p) {
+                match self.inode(*id)? {
+                    Some(r) => map.insert(k.clone(), r),
+                    None => map.remove(k),
+                };
+            }
+        }
+        for r in map.values_mut().filter(|r| r.inode != 0) {
+            if let Some(Some((i, _))) = self.inodes.get(&r.inode) {
+                *r = i.clone();
             }
         }
         Ok(map.into_iter().collect())
@@ -372,11 +467,21 @@ impl<'m> Txn<'m> {
         })
     }
 
-    pub fn put_key(&mut self, key: &str, m: Manifest, lineage: &Lineage) {
+    /// Puts `m` at `key`; through a name of a hard-linked file, into its inode.
+    pub fn put_key(&mut self, key: &str, m: Manifest, lineage: &Lineage) -> Result<(), MetaError> {
         let version = manifest::version_of(&m);
-        let r = record_for(&m, &version, lineage);
+        let mut r = record_for(&m, &version, lineage);
+        if let Some(cur) = self.record(key)?.filter(|c| c.inode != 0) {
+            (r.inode, r.nlink) = (cur.inode, cur.nlink);
+            (r.ctime_sec, r.ctime_nsec) = self.now;
+            self.inodes.insert(cur.inode, Some((r, Some(m))));
+            self.pending
+                .insert(key.to_string(), Pending::Link(cur.inode));
+            return Ok(());
+        }
         self.pending
             .insert(key.to_string(), Pending::Put(Box::new((r, m))));
+        Ok(())
     }
 
     /// A GPU key: `m` (one root entry of kind GPU) with its table and holder in the record.
@@ -395,8 +500,16 @@ impl<'m> Txn<'m> {
             .insert(key.to_string(), Pending::Put(Box::new((r, m))));
     }
 
-    pub fn delete_key(&mut self, key: &str) {
+    /// Deletes the name `key`; a hard-linked file goes with its last name.
+    pub fn delete_key(&mut self, key: &str) -> Result<(), MetaError> {
+        if let Some(mut cur) = self.record(key)?.filter(|c| c.inode != 0) {
+            cur.nlink = cur.nlink.saturating_sub(1);
+            (cur.ctime_sec, cur.ctime_nsec) = self.now;
+            let left = (cur.nlink > 0).then_some((cur.clone(), None));
+            self.inodes.insert(cur.inode, left);
+        }
         self.pending.insert(key.to_string(), Pending::Delete);
+        Ok(())
     }
 
     /// Rewrites the manifest of directory key `key` through `edit`.
@@ -409,8 +522,7 @@ impl<'m> Txn<'m> {
         let mut m = self.manifest_of(key, record)?;
         edit(&mut m.entries);
         m.entries.sort_by(|a, b| a.path.cmp(&b.path));
-        self.put_key(key, m, &Lineage::of(record));
-        Ok(())
+        self.put_key(key, m, &Lineage::of(record))
     }
 
     /// Removes what is at `path` (and, with `recursive`, everything below it).
@@ -424,7 +536,7 @@ impl<'m> Txn<'m> {
             )));
         }
         match loc {
-            Loc::Key { .. } => self.delete_key(path),
+            Loc::Key { .. } => self.delete_key(path)?,
             Loc::Entry {
                 key, record, sub, ..
             } => {
@@ -437,7 +549,7 @@ impl<'m> Txn<'m> {
             Loc::Nothing => return Err(MetaError::NotFound(path.to_string())),
         }
         for (k, _) in self.descendants(Some(path))? {
-            self.delete_key(&k);
+            self.delete_key(&k)?;
         }
         self.drop_attrs(path)
     }
@@ -469,8 +581,37 @@ impl<'m> Txn<'m> {
                         r.encode_to_vec(),
                     ));
                 }
+                Pending::Link(id) => ops.push(Op::Put(
+                    Table::Keys,
+                    key_bytes(&self.ns, &k),
+                    KeyRecord {
+                        inode: id,
+                        ..Default::default()
+                    }
+                    .encode_to_vec(),
+                )),
                 Pending::Delete => ops.push(Op::Delete(Table::Keys, key_bytes(&self.ns, &k))),
             }
+        }
+        for (id, i) in self.inodes {
+            let k = super::keys::inode_bytes(&self.ns, id);
+            let Some((r, m)) = i else {
+                ops.push(Op::Delete(Table::Inodes, k));
+                continue;
+            };
+            if let Some(m) = m {
+                let v = Version::from_slice(&r.version)
+                    .ok_or_else(|| MetaError::Corrupt("version".into()))?;
+                ops.push(Op::Put(Table::Manifests, v.0.to_vec(), m.encode_to_vec()));
+                if r.locale() == Locale::Local && !r.origin_node.is_empty() {
+                    ops.push(Op::Put(
+                        Table::Locations,
+                        location_key(&v, &r.origin_node),
+                        Vec::new(),
+                    ));
+                }
+            }
+            ops.push(Op::Put(Table::Inodes, k, r.encode_to_vec()));
         }
         for (p, a) in self.attrs {
             let k = key_bytes(&self.ns, &p);

@@ -335,6 +335,15 @@ impl Store for StoreHandler {
         Ok(Response::new(RenameResponse {}))
     }
 
+    async fn link(&self, req: Request<LinkRequest>) -> Result<Response<LinkResponse>, Status> {
+        let r = req.into_inner();
+        let ns = parse_ns(&r.namespace)?;
+        let (from, to) = (parse_key(&r.from)?, parse_key(&r.to)?);
+        let meta = self.meta.clone();
+        blocking(move || meta.link(&ns, &from, &to)).await?;
+        Ok(Response::new(LinkResponse {}))
+    }
+
     async fn set_attr(
         &self,
         req: Request<SetAttrRequest>,
