@@ -345,6 +345,11 @@ fn utimens(p: &Path, atime: (i64, i64), mtime: (i64, i64), flags: i32) -> std::i
     }
 }
 
+fn to_stat_time(t: std::time::SystemTime) -> (i64, i64) {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap();
+    (d.as_secs() as i64, i64::from(d.subsec_nanos()))
+}
+
 /// Asserts that `op` moved the times `pick` reads from `p`'s stat forward.
 fn moves(p: &Path, pick: fn(&libc::stat) -> (i64, i64), what: &str, op: impl FnOnce()) {
     let before = pick(&lstat(p));
@@ -445,6 +450,31 @@ fn ctime_and_directory_times_move_as_on_a_local_filesystem_and_are_shared() {
     // A directory's times set by hand stay until its entries change.
     utimens(&d, (libc::UTIME_OMIT, libc::UTIME_OMIT), (86_400, 9), 0).unwrap();
     assert_eq!(mtime(&lstat(&d)), (86_400, 9));
+
+    // atime: this node's, as relatime keeps it; never published.
+    let atime = |st: &libc::stat| (st.st_atime, st.st_atime_nsec);
+    utimens(&g, (1_000, 7), (libc::UTIME_OMIT, libc::UTIME_OMIT), 0).unwrap();
+    assert_eq!(atime(&lstat(&g)), (1_000, 7));
+    let before_read = to_stat_time(std::time::SystemTime::now());
+    std::fs::read(&g).unwrap();
+    let read_at = atime(&lstat(&g));
+    assert!(
+        read_at >= before_read,
+        "a read left an atime older than the change: {read_at:?}"
+    );
+    std::fs::read(&g).unwrap();
+    assert_eq!(
+        atime(&lstat(&g)),
+        read_at,
+        "relatime: a second read moved the atime"
+    );
+    assert!(
+        eventually(std::time::Duration::from_secs(5), || {
+            let st = lstat(&b.path("d/g"));
+            mtime(&st) == mtime(&lstat(&g)) && atime(&st) == mtime(&st)
+        }),
+        "the other node shows this node's atime"
+    );
 
     // The other node shows the very same times.
     for name in ["d", "d/g", "d/l"] {

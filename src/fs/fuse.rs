@@ -87,9 +87,7 @@ fn file_attr(a: &Attr) -> FileAttr {
         ino: INodeNo(a.ino),
         size: a.size,
         blocks: a.size.div_ceil(512),
-        // atime is not kept (a read would be a write to the store on every node): it shows
-        // the last modification, as a noatime mount does.
-        atime: a.mtime,
+        atime: a.atime,
         mtime: a.mtime,
         ctime: a.ctime,
         crtime: a.mtime,
@@ -190,7 +188,7 @@ impl Filesystem for FuseAdapter {
         uid: Option<u32>,
         gid: Option<u32>,
         size: Option<u64>,
-        _atime: Option<TimeOrNow>,
+        atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
         fh: Option<FileHandle>,
@@ -200,6 +198,9 @@ impl Filesystem for FuseAdapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        if let Some(t) = atime {
+            self.core.set_atime(ino.0, time(t));
+        }
         let r = self.core.setattr(
             ino.0,
             mode,

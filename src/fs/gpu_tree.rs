@@ -36,6 +36,7 @@ impl FsCore {
             // Any process of the node (any user of a pod) may make a key's directories there.
             perm: 0o777,
             mtime: self.started,
+            atime: self.started,
             ctime: self.started,
             nlink: 2,
             uid: self.cfg.uid,
@@ -52,6 +53,7 @@ impl FsCore {
             // Any process of the node may publish or receive; the tensors are its own.
             perm: 0o666,
             mtime: self.started,
+            atime: self.started,
             ctime: self.started,
             nlink: 1,
             uid: self.cfg.uid,

@@ -70,6 +70,9 @@ pub struct Attr {
     pub size: u64,
     pub perm: u16,
     pub mtime: SystemTime,
+    /// When it was last read on this node (relatime), or set by utimens here: node-local,
+    /// never published; the mtime until then.
+    pub atime: SystemTime,
     /// When the metadata or content last changed (shared, as the store server stamped it).
     pub ctime: SystemTime,
     pub nlink: u32,
@@ -158,6 +161,8 @@ pub struct FsCore {
     /// Files unlinked here while the kernel still knew their inodes (open, or just named): what
     /// `fstat` of a descriptor still open on one shows, until the kernel forgets the inode.
     orphans: Mutex<HashMap<u64, Orphan>>,
+    /// Access times of this node's inodes, as `relatime` keeps them (see [`Attr::atime`]).
+    atimes: Mutex<HashMap<u64, SystemTime>>,
 }
 
 /// Who asks: the process, and the ids a new file of its is owned by.
@@ -177,6 +182,33 @@ impl FsCore {
             return Ok(((caller.uid, dir.gid), true));
         }
         Ok(((caller.uid, caller.gid), false))
+    }
+}
+
+impl FsCore {
+    /// `relatime`: a read moves the access time when it is not after the last change, or is
+    /// a day old; otherwise a read writes nothing, here or anywhere.
+    pub(crate) fn accessed(&self, ino: u64, a: &Attr) {
+        let now = SystemTime::now();
+        let mut atimes = lock(&self.atimes);
+        let at = atimes.get(&ino).copied().unwrap_or(a.mtime);
+        let stale = at <= a.mtime
+            || at <= a.ctime
+            || now
+                .duration_since(at)
+                .is_ok_and(|d| d >= Duration::from_secs(86_400));
+        if stale {
+            atimes.insert(ino, now);
+        }
+    }
+
+    pub(crate) fn set_atime(&self, ino: u64, t: SystemTime) {
+        lock(&self.atimes).insert(ino, t);
+    }
+
+    fn with_atime(&self, mut a: Attr) -> Attr {
+        a.atime = lock(&self.atimes).get(&a.ino).copied().unwrap_or(a.mtime);
+        a
     }
 }
 
@@ -280,6 +312,7 @@ impl FsCore {
             gpu_files: Mutex::default(),
             gpu_dirs: Mutex::default(),
             orphans: Mutex::default(),
+            atimes: Mutex::default(),
             loader: Loader::new(blocks.clone()),
             listings: Listings::new(cfg.clock.clone()),
             cfg,

@@ -273,6 +273,7 @@ impl FsCore {
             size: 0,
             perm: 0o755,
             mtime: self.started,
+            atime: self.started,
             ctime: self.started,
             nlink: 2,
             uid: self.cfg.uid,
@@ -302,6 +303,7 @@ impl FsCore {
             },
             perm,
             mtime: self.time_or_start(e.mtime_sec, e.mtime_nsec),
+            atime: self.time_or_start(e.mtime_sec, e.mtime_nsec),
             ctime: self.time_or_start(e.ctime_sec, e.ctime_nsec),
             nlink: if kind == Kind::Dir { 2 } else { e.nlink.max(1) },
             uid: e.uid.unwrap_or(self.cfg.uid),
@@ -389,13 +391,14 @@ impl FsCore {
         let path = self.child(parent, name)?;
         let mut attr = self.stat_path(&path)?;
         attr.ino = self.inodes().lookup(&path);
-        Ok(attr)
+        Ok(self.with_atime(attr))
     }
 
     pub fn forget(&self, ino: u64, n: u64) {
         self.inodes().forget(ino, n);
         if self.inodes().path(ino).is_none() {
             lock(&self.orphans).remove(&ino);
+            lock(&self.atimes).remove(&ino);
         }
     }
 
@@ -403,7 +406,7 @@ impl FsCore {
         let path = self.path_of(ino)?;
         let mut a = self.stat_path(&path)?;
         a.ino = ino;
-        Ok(a)
+        Ok(self.with_atime(a))
     }
 
     /// `getattr` through an open file (fstat, and the kernel's look before a read): a file
@@ -425,7 +428,7 @@ impl FsCore {
         };
         a.ino = ino;
         a.nlink = 0;
-        Ok(a)
+        Ok(self.with_atime(a))
     }
 
     /// A file's attributes from its manifest entry, read as its listing entry would be.

@@ -106,6 +106,9 @@ impl FsCore {
             return Ok((self.insert_handle(Handle::Write(s)), PageCache::Fresh));
         }
         let file = self.resolve_file(&path)?;
+        if let Ok(a) = self.stat_path(&path) {
+            self.accessed(ino, &a);
+        }
         let keep = lock(&self.opened_versions).insert(ino, file.version) == Some(file.version);
         let cache = if keep {
             PageCache::Keep

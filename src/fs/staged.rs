@@ -52,12 +52,14 @@ impl Staged {
     pub(crate) fn attr(&self, ino: u64) -> FsResult<Attr> {
         let size = lock(&self.file).file.metadata()?.len();
         let (uid, gid) = *lock(&self.owner);
+        let mtime = *lock(&self.mtime);
         Ok(Attr {
             ino,
             kind: Kind::File,
             size,
             perm: self.mode.load(Ordering::Relaxed) as u16,
-            mtime: *lock(&self.mtime),
+            mtime,
+            atime: mtime,
             ctime: *lock(&self.ctime),
             nlink: 1,
             uid,
