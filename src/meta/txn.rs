@@ -221,7 +221,12 @@ impl<'m> Txn<'m> {
     /// directory's entries (its mtime too).
     pub fn touch(&mut self, path: &str, entries: bool) -> Result<(), MetaError> {
         let (s, n) = self.now;
-        if let Some(mut r) = self.record(path)?.filter(|r| r.inode != 0) {
+        // A directory (its entries changed) is never a hard link: no record to look up.
+        let linked = match entries {
+            true => None,
+            false => self.record(path)?.filter(|r| r.inode != 0),
+        };
+        if let Some(mut r) = linked {
             // A hard-linked file's ctime is its inode's, shared by its names.
             (r.ctime_sec, r.ctime_nsec) = (s, n);
             let m = match self.inodes.remove(&r.inode) {
