@@ -733,6 +733,11 @@ fn hard_links_are_two_names_of_one_file_on_every_node() {
     std::fs::hard_link(a.path("d/g"), a.path("h")).unwrap();
     std::fs::rename(a.path("h"), a.path("d/h")).unwrap();
     assert_eq!(lstat(&a.path("d/h")).st_nlink, 2);
+    // A third name: every name counts three.
+    std::fs::hard_link(a.path("d/h"), a.path("t")).unwrap();
+    for n in ["d/g", "d/h", "t"] {
+        assert_eq!(lstat(&a.path(n)).st_nlink, 3, "{n}");
+    }
     assert_eq!(
         errno_of(std::fs::hard_link(a.path("d"), a.path("d2"))),
         Some(libc::EPERM)

@@ -251,6 +251,8 @@ impl FsCore {
         }))
         .map_err(ClientError::from)?;
         self.invalidate(&[split(&from).0, split(&to).0, &from, &to]);
+        // Every name's link count moved.
+        self.invalidate_other_names(&from);
         self.inodes().link(ino, &to);
         let mut a = self.stat_path(&to)?;
         a.ino = ino;
