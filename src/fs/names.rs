@@ -213,17 +213,22 @@ impl FsCore {
         Ok(entries)
     }
 
-    fn fetch_listing_uncached(&self, path: &str) -> FsResult<Entries> {
+    /// One directory's listing from the store server, or with `dir_only` its own entry alone.
+    fn list_rpc(&self, path: &str, dir_only: bool) -> FsResult<crate::proto::ListResponse> {
         let mut store = self.store();
-        let resp = self
+        Ok(self
             .block_on(store.list(ListRequest {
                 namespace: self.ns(),
                 prefix: path.to_string(),
                 recursive: false,
-                dir_only: false,
+                dir_only,
             }))
             .map_err(crate::rpc::ClientError::from)?
-            .into_inner();
+            .into_inner())
+    }
+
+    fn fetch_listing_uncached(&self, path: &str) -> FsResult<Entries> {
+        let resp = self.list_rpc(path, false)?;
         if !resp.exists && !path.is_empty() {
             return Err(FsError::NotFound);
         }
@@ -239,16 +244,7 @@ impl FsCore {
 
     /// `path`'s own entry from the store server, or `None` for nothing there.
     fn fetch_own(&self, path: &str) -> FsResult<Option<ListEntry>> {
-        let mut store = self.store();
-        let resp = self
-            .block_on(store.list(ListRequest {
-                namespace: self.ns(),
-                prefix: path.to_string(),
-                recursive: false,
-                dir_only: true,
-            }))
-            .map_err(crate::rpc::ClientError::from)?
-            .into_inner();
+        let resp = self.list_rpc(path, true)?;
         Ok(resp
             .exists
             .then_some(resp.dir)
