@@ -119,7 +119,10 @@ fn quorum_closes_by_world_size_by_ips_and_by_timeout() {
             Some(agent),
             &["get", "w", "-d", d.to_str().unwrap(), "--group-id", "ws"],
         );
-        assert_eq!(got["broadcast"][0]["group_id"], "ws");
+        assert_eq!(
+            got["broadcast"][0]["group_id"], "default/ws",
+            "a window lives in its namespace"
+        );
     }
     let put = finish_json(put);
     assert_eq!(put["broadcast"]["closed"], true);
@@ -316,6 +319,6 @@ fn getters_without_a_window_spread_over_the_sources_within_the_fanout() {
     for (d, child) in running {
         let got = finish_json(child);
         assert!(fs::read(&d).unwrap() == data);
-        assert_eq!(got["broadcast"][0]["group_id"], group.as_str());
+        assert_eq!(got["broadcast"][0]["group_id"], format!("default/{group}"));
     }
 }

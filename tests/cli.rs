@@ -503,9 +503,10 @@ fn publish_with_inline_blocks_checks_and_keeps_them() {
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let mut store = ktfs::rpc::client::connect_store(&server.addr)
-            .await
-            .unwrap();
+        let mut store =
+            ktfs::rpc::client::connect_store(&server.addr, &ktfs::rpc::Credential::none())
+                .await
+                .unwrap();
         let good = InlineBlock {
             hash: hash.clone(),
             data: data.clone(),

@@ -231,7 +231,9 @@ fn a_reader_whose_parent_dies_is_given_a_new_parent() {
     let window = rig
         .rt
         .block_on(async {
-            let mut store = connect_store(&rig.server).await.unwrap();
+            let mut store = connect_store(&rig.server, &ktfs::rpc::Credential::none())
+                .await
+                .unwrap();
             store
                 .get_window(GetWindowRequest {
                     group_id: report.group_id.clone(),

@@ -2,45 +2,19 @@
 //! from outside the cluster by port-forward, and an agent taking its zone from its node object.
 
 mod common;
+#[allow(dead_code)] // each test file uses part of the fake
 mod kube_api;
 
 use std::process::{Command, Output, Stdio};
 
 use common::*;
 use kube_api::{FakeApi, World};
-use serde_json::json;
 
-/// A cluster whose kt-system/kt-store Service selects one pod, shaped as deploy/ defines them:
-/// Service port 7447 with the named target port `kt`. The container's port `kt` is 7448 here (7447
-/// in deploy/), so that a forward to the right port shows the name was looked up.
+/// The store's Service and pod, and a ServiceAccount of team-a whose token the kubeconfig's
+/// user may ask for (the CLI presents one; this store server checks none).
 fn store_world(pod_target: std::net::SocketAddr, phase: &str) -> World {
-    let mut w = World {
-        pod_target: Some(pod_target),
-        ..Default::default()
-    };
-    w.services.insert(
-        "kt-system/kt-store".into(),
-        json!({
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": "kt-store", "namespace": "kt-system"},
-            "spec": {
-                "selector": {"app.kubernetes.io/name": "kt-store"},
-                "ports": [{"name": "kt", "port": 7447, "targetPort": "kt"}]
-            }
-        }),
-    );
-    w.pods.push(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {
-            "name": "kt-store-0", "namespace": "kt-system",
-            "labels": {"app.kubernetes.io/name": "kt-store"}
-        },
-        "spec": {"containers": [{
-            "name": "store", "image": "ktfs",
-            "ports": [{"name": "kt", "containerPort": 7448}]
-        }]},
-        "status": {"phase": phase}
-    }));
+    let mut w = World::with_store(pod_target, phase);
+    w.service_accounts.push("team-a/default".into());
     w
 }
 

@@ -31,7 +31,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("agent", &["blocks", "rpc", "transfer", "fs", "keeper"]),
     (
         "server",
-        &["blocks", "rpc", "transfer", "meta", "broadcast"],
+        &["blocks", "rpc", "transfer", "meta", "broadcast", "k8s"],
     ),
 ];
 

@@ -157,7 +157,9 @@ fn fake_peer(server: &str, ip: &str, node: &str, version_hex: &str, answer: Arc<
     });
     let rt = tokio::runtime::Runtime::new().unwrap();
     let mut store = rt.block_on(async {
-        let mut store = ktfs::rpc::client::connect_store(server).await.unwrap();
+        let mut store = ktfs::rpc::client::connect_store(server, &ktfs::rpc::Credential::none())
+            .await
+            .unwrap();
         store
             .register_node(RegisterNodeRequest {
                 node: Some(NodeInfo {

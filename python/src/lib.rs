@@ -15,12 +15,13 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use ktfs::k8s::tokens::{self, ServiceAccountName};
 use ktfs::k8s::{api, env};
 use ktfs::key::{KeyPath, Namespace};
 use ktfs::manifest::DEFAULT_BLOCK_SIZE;
 use ktfs::proto::{ListRequest, Locale, RemoveRequest, WindowSpec};
 use ktfs::rpc::client::{self, ClientError, DEFAULT_AGENT_SOCKET};
-use ktfs::rpc::Fault;
+use ktfs::rpc::{Credential, Fault};
 use ktfs::transfer::get::{self as getting, GetOptions};
 use ktfs::transfer::put::{self as putting, PutOptions};
 use ktfs::transfer::read::{self, Stat};
@@ -101,7 +102,7 @@ impl Failure {
             ) => ConflictError::new_err(m),
             Some(Fault::Timeout) => BroadcastTimeoutError::new_err(m),
             Some(Fault::Unavailable) => UnavailableError::new_err(m),
-            Some(Fault::Denied) => PermissionDeniedError::new_err(m),
+            Some(Fault::Denied | Fault::Unauthenticated) => PermissionDeniedError::new_err(m),
             Some(Fault::NoSpace | Fault::Internal) | None => KtError::new_err(m),
         }
     }
@@ -160,6 +161,8 @@ fn run<T: Send + 'static>(
 /// defaults `kt` has.
 struct Target {
     server: String,
+    /// `KT_TOKEN`, `KT_TOKEN_FILE`, the pod's token, or with a kubeconfig one the API issued.
+    credential: Credential,
     namespace: Namespace,
     agent: PathBuf,
     kubeconfig: Option<PathBuf>,
@@ -174,10 +177,14 @@ fn target(
     let namespace = namespace
         .or_else(|| var("KT_NAMESPACE"))
         .unwrap_or_else(env::default_namespace);
+    let token_file = var("KT_TOKEN_FILE").map(PathBuf::from);
+    let credential = Credential::from_environment(token_file.as_deref())
+        .map_err(|e| Failure::of(Some(Fault::Invalid), e))?;
     Ok(Target {
         server: server
             .or_else(|| var("KT_SERVER"))
             .unwrap_or_else(env::default_server),
+        credential,
         namespace: Namespace::parse(&namespace)?,
         agent: PathBuf::from(var("KT_AGENT").unwrap_or_else(|| DEFAULT_AGENT_SOCKET.into())),
         kubeconfig: kubeconfig
@@ -205,8 +212,39 @@ impl Target {
                 )
             })?;
         self.server = fwd.addr.to_string();
+        let given = ["KT_TOKEN", "KT_TOKEN_FILE"]
+            .iter()
+            .any(|k| std::env::var_os(k).is_some());
+        if !given {
+            self.credential = requested_token(path, &self.namespace).await?;
+        }
         Ok(Some(fwd))
     }
+}
+
+/// A token of the namespace's `default` ServiceAccount, asked of the API with the kubeconfig's
+/// own credentials (which never reach the store server).
+async fn requested_token(
+    kubeconfig: &std::path::Path,
+    ns: &Namespace,
+) -> Result<Credential, Failure> {
+    let sa = ServiceAccountName {
+        namespace: ns.to_string(),
+        name: tokens::DEFAULT_SERVICE_ACCOUNT.into(),
+    };
+    let denied = |e: String| {
+        Failure::of(
+            Some(Fault::Denied),
+            format!("no token of ServiceAccount {sa} for the store server: {e}"),
+        )
+    };
+    let client = api::client_from_kubeconfig(kubeconfig, None)
+        .await
+        .map_err(|e| denied(e.to_string()))?;
+    let token = tokens::request(client, &sa, tokens::AUDIENCE, 3600)
+        .await
+        .map_err(|e| denied(e.to_string()))?;
+    Credential::token(&token).map_err(|e| denied(e.to_string()))
 }
 
 fn window(
@@ -279,6 +317,7 @@ fn put(
         let report = putting::put(
             PutOptions {
                 server: t.server,
+                credential: t.credential,
                 namespace: t.namespace,
                 key,
                 srcs: vec![src],
@@ -337,6 +376,7 @@ fn get(
         let report = getting::get(
             GetOptions {
                 server: t.server,
+                credential: t.credential,
                 namespace: t.namespace,
                 key,
                 dest,
@@ -376,7 +416,7 @@ fn ls(
     let shown = key.to_string();
     run(py, async move {
         let _forward = t.reach().await?;
-        let mut store = client::connect_store(&t.server).await?;
+        let mut store = client::connect_store(&t.server, &t.credential).await?;
         let resp = store
             .list(ListRequest {
                 namespace: t.namespace.to_string(),
@@ -431,7 +471,7 @@ fn rm(
     let key = KeyPath::parse(key).map_err(|e| Failure::from(e).into_err())?;
     run(py, async move {
         let _forward = t.reach().await?;
-        let mut store = client::connect_store(&t.server).await?;
+        let mut store = client::connect_store(&t.server, &t.credential).await?;
         Ok(store
             .remove(RemoveRequest {
                 namespace: t.namespace.to_string(),
@@ -467,7 +507,7 @@ fn read_range<'py>(
     let key = KeyPath::parse(key).map_err(|e| Failure::from(e).into_err())?;
     let got = run(py, async move {
         let _forward = t.reach().await?;
-        let mut store = client::connect_store(&t.server).await?;
+        let mut store = client::connect_store(&t.server, &t.credential).await?;
         read::read_range(
             &mut store,
             &t.server,
@@ -504,7 +544,7 @@ fn stat(
     let key = KeyPath::parse(key).map_err(|e| Failure::from(e).into_err())?;
     run(py, async move {
         let _forward = t.reach().await?;
-        let mut store = client::connect_store(&t.server).await?;
+        let mut store = client::connect_store(&t.server, &t.credential).await?;
         let st = read::stat(&mut store, t.namespace.as_str(), &key)
             .await
             .map_err(|e| Failure::of(Some(e.fault()), e))?;

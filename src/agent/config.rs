@@ -7,6 +7,7 @@ use crate::clock;
 use crate::fs::FsConfig;
 use crate::key::Namespace;
 use crate::proto::Locale;
+use crate::rpc::Credential;
 
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 
@@ -14,6 +15,8 @@ pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
     pub server: String,
+    /// This node's credential: the node agent's ServiceAccount token, or the shared token.
+    pub credential: Credential,
     pub listen: String,
     /// The address peers reach this agent on; the bound address when `None`.
     pub advertise: Option<String>,
@@ -51,6 +54,7 @@ impl AgentConfig {
     ) -> FsConfig {
         FsConfig {
             server: self.server.clone(),
+            credential: self.credential.clone(),
             namespace,
             locale,
             read_only,

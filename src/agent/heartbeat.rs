@@ -4,14 +4,19 @@
 use std::time::Duration;
 
 use crate::proto::{HeartbeatRequest, NodeInfo, RegisterNodeRequest};
-use crate::rpc::client;
+use crate::rpc::{client, Credential};
 
 /// Keeps this node's lease alive; registers again whenever the server does not know it (first
 /// start, or the server restarted).
-pub(super) async fn heartbeat_loop(server: String, node: NodeInfo, every: Duration) {
+pub(super) async fn heartbeat_loop(
+    server: String,
+    credential: Credential,
+    node: NodeInfo,
+    every: Duration,
+) {
     let mut registered = false;
     loop {
-        match client::connect_store(&server).await {
+        match client::connect_store(&server, &credential).await {
             Ok(mut store) => loop {
                 let ok = if registered {
                     match store

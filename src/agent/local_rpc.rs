@@ -102,7 +102,7 @@ impl Agent for AgentHandler {
         let n = self.register(m, r.files).await?;
         req.locale = Locale::Local as i32;
         req.origin_node = self.cfg.node_id.clone();
-        let mut store = client::connect_store(&self.cfg.server)
+        let mut store = client::connect_store(&self.cfg.server, &self.cfg.credential)
             .await
             .map_err(client_status)?;
         let done = publish::publish(
@@ -129,7 +129,7 @@ impl Agent for AgentHandler {
         let version = Version::from_slice(&r.version).ok_or_else(|| invalid("bad version"))?;
         let m = checked(r.manifest)?;
         self.register(m, r.files).await?;
-        let mut store = client::connect_store(&self.cfg.server)
+        let mut store = client::connect_store(&self.cfg.server, &self.cfg.credential)
             .await
             .map_err(client_status)?;
         store

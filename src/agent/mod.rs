@@ -131,7 +131,7 @@ impl AgentProcess {
     /// Registers this node with the store server once, so that a publish right after start
     /// finds it; the heartbeat keeps it registered from then on.
     pub async fn register(&self) -> Result<(), ClientError> {
-        let mut store = client::connect_store(&self.cfg.server).await?;
+        let mut store = client::connect_store(&self.cfg.server, &self.cfg.credential).await?;
         store
             .register_node(RegisterNodeRequest {
                 node: Some(self.node_info()),
@@ -156,6 +156,7 @@ impl AgentProcess {
         let node = self.node_info();
         let heartbeat = tokio::spawn(heartbeat::heartbeat_loop(
             self.cfg.server.clone(),
+            self.cfg.credential.clone(),
             node,
             self.cfg.heartbeat,
         ));

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
-use ktfs::k8s::{api, env};
+use ktfs::k8s::{api, env, tokens};
 use ktfs::manifest::DEFAULT_BLOCK_SIZE;
 use ktfs::proto::{Locale, WindowSpec};
 
@@ -142,6 +142,14 @@ pub struct Common {
     /// The store server's Service, NAMESPACE/NAME:PORT, for --kubeconfig.
     #[arg(long, default_value = api::DEFAULT_STORE_SERVICE, global = true)]
     pub store_service: String,
+    /// A file holding the token to present to the store server (`KT_TOKEN` gives the token
+    /// itself). Default: in a pod, its projected ktfs or ServiceAccount token; with
+    /// --kubeconfig, a token the Kubernetes API issues for --service-account.
+    #[arg(long, env = "KT_TOKEN_FILE", global = true)]
+    pub token_file: Option<PathBuf>,
+    /// With --kubeconfig: the ServiceAccount of the target namespace whose token to ask for.
+    #[arg(long, default_value = tokens::DEFAULT_SERVICE_ACCOUNT, global = true)]
+    pub service_account: String,
 }
 
 #[derive(Clone, Copy, ValueEnum, Default, PartialEq)]
@@ -307,13 +315,50 @@ pub struct ServerArgs {
     /// Seconds a node stays a source without a heartbeat.
     #[arg(long, default_value_t = 15)]
     pub lease_secs: u64,
+    #[command(flatten)]
+    pub auth: ServerAuthArgs,
 }
+
+/// Whom the store server accepts. With neither a token file nor TokenReview, anyone.
+#[cfg(feature = "daemons")]
+#[derive(Args, Clone, Default)]
+pub struct ServerAuthArgs {
+    /// A file holding the shared token: its holder may use every namespace (`kt up`, clusters
+    /// without Kubernetes). Clients give it as KT_TOKEN or --token-file.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Check ServiceAccount tokens with the Kubernetes TokenReview API (in-cluster credentials,
+    /// or --kubeconfig): a pod's token gives its own namespace only.
+    #[arg(long)]
+    pub token_review: bool,
+    /// The audience tokens must be issued for ("" for the API server's own).
+    #[arg(long, default_value = tokens::AUDIENCE)]
+    pub token_audience: String,
+    /// The ServiceAccount of node agents, NAMESPACE/NAME (repeatable): their tokens may use
+    /// every namespace and act as nodes.
+    #[arg(long = "node-account", default_values = DEFAULT_NODE_ACCOUNTS)]
+    pub node_accounts: Vec<String>,
+    /// The kubeconfig for TokenReview when not in a cluster.
+    #[arg(long = "review-kubeconfig")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// The ServiceAccounts of the CSI node plugin (its agents) and controller (it removes deleted
+/// volumes' keys), as deploy/ names them.
+#[cfg(feature = "daemons")]
+pub const DEFAULT_NODE_ACCOUNTS: [&str; 2] =
+    ["kt-system/kt-csi-node", "kt-system/kt-csi-controller"];
 
 #[cfg(feature = "daemons")]
 #[derive(Args)]
 pub struct AgentArgs {
     #[arg(long, env = "KT_SERVER", default_value_t = env::default_server())]
     pub server: String,
+    /// A file holding this node's token for the store server (the shared token, or the node
+    /// agent's ServiceAccount token; `KT_TOKEN` gives the token itself). Default: in a pod, its
+    /// projected ktfs or ServiceAccount token.
+    #[arg(long, env = "KT_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
     #[arg(long, default_value = "0.0.0.0:7448")]
     pub listen: String,
     /// Address peers use to reach this agent (default: the listen address; POD_IP in a pod).
@@ -407,4 +452,7 @@ pub struct UpArgs {
     pub agent_listen: String,
     #[arg(long, env = "KT_AGENT", default_value = DEFAULT_SOCKET)]
     pub socket: PathBuf,
+    /// A file holding the shared token the store server and this node's agent agree on.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
 }

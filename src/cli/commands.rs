@@ -3,12 +3,14 @@
 use anyhow::{Context, Result};
 
 use ktfs::k8s::api;
+use ktfs::k8s::tokens::{self, ServiceAccountName};
 use ktfs::key::{KeyPath, Namespace};
 use ktfs::manifest::MAX_BLOCK_SIZE;
 use ktfs::proto::{
     GetWindowRequest, ListRequest, Locale, MountRequest, RemoveRequest, UnmountRequest,
 };
 use ktfs::rpc::client::{self, ClientError};
+use ktfs::rpc::Credential;
 use ktfs::transfer::get::{self, GetOptions};
 use ktfs::transfer::put::{self, PutOptions};
 use ktfs::transfer::scan::ScanOptions;
@@ -21,13 +23,30 @@ pub(super) fn namespace(c: &Common) -> Result<Namespace> {
     Ok(Namespace::parse(&c.namespace)?)
 }
 
-/// With `--kubeconfig`, opens a port-forward to the store server and points `c.server` at it;
-/// the forward lasts as long as the value returned.
-async fn reach_store(c: &mut Common) -> Result<Option<api::Forward>> {
-    let Some(path) = &c.kubeconfig else {
-        return Ok(None);
+/// How a command reaches the store server: through a port-forward with `--kubeconfig` (it
+/// lasts as long as this value), presenting `credential`.
+pub(super) struct Reached {
+    _forward: Option<api::Forward>,
+    /// Blocks come from the store only: from outside, the nodes' agents are not reachable.
+    pub outside: bool,
+    pub credential: Credential,
+}
+
+/// With `--kubeconfig`, opens a port-forward to the store server and points `c.server` at it,
+/// and asks the Kubernetes API for a short-lived token of `--service-account` in the target
+/// namespace unless a token was given (`KT_TOKEN`, `--token-file`): the user's own kubeconfig
+/// credentials never reach the store server.
+async fn reach_store(c: &mut Common) -> Result<Reached> {
+    let given = std::env::var_os("KT_TOKEN").is_some() || c.token_file.is_some();
+    let Some(path) = c.kubeconfig.clone() else {
+        let credential = Credential::from_environment(c.token_file.as_deref())?;
+        return Ok(Reached {
+            _forward: None,
+            outside: false,
+            credential,
+        });
     };
-    let fwd = api::reach_store(path, c.context.as_deref(), &c.store_service)
+    let fwd = api::reach_store(&path, c.context.as_deref(), &c.store_service)
         .await
         .with_context(|| format!("cannot reach the store server {}", c.store_service))?;
     if c.verbose {
@@ -37,11 +56,53 @@ async fn reach_store(c: &mut Common) -> Result<Option<api::Forward>> {
         );
     }
     c.server = fwd.addr.to_string();
-    Ok(Some(fwd))
+    let credential = if given {
+        Credential::from_environment(c.token_file.as_deref())?
+    } else {
+        requested_token(c, &path).await?
+    };
+    Ok(Reached {
+        _forward: Some(fwd),
+        outside: true,
+        credential,
+    })
+}
+
+/// A token of `--service-account` in the target namespace, for an hour (none with
+/// `--service-account ""`, for a store server without authentication).
+async fn requested_token(c: &Common, kubeconfig: &std::path::Path) -> Result<Credential> {
+    if c.service_account.is_empty() {
+        return Ok(Credential::none());
+    }
+    let sa = ServiceAccountName {
+        namespace: namespace(c)?.to_string(),
+        name: c.service_account.clone(),
+    };
+    let client = api::client_from_kubeconfig(kubeconfig, c.context.as_deref()).await?;
+    let token = tokens::request(client, &sa, tokens::AUDIENCE, 3600)
+        .await
+        .map_err(|e| {
+            CliError::Denied(format!(
+                "no token of ServiceAccount {sa} for the store server: {}",
+                short_api_error(&e)
+            ))
+        })?;
+    if c.verbose {
+        eprintln!("presenting a token of ServiceAccount {sa}");
+    }
+    Ok(Credential::token(&token)?)
+}
+
+/// The API's own message, without the debug dump kube appends to it.
+fn short_api_error(e: &ktfs::k8s::api::ClusterError) -> String {
+    match e {
+        api::ClusterError::Api(kube::Error::Api(s)) => format!("{} ({})", s.message, s.reason),
+        other => other.to_string(),
+    }
 }
 
 pub async fn put(mut a: PutArgs) -> Result<()> {
-    let _forward = reach_store(&mut a.common).await?;
+    let reached = reach_store(&mut a.common).await?;
     let key = KeyPath::parse(&a.key)?;
     let ns = namespace(&a.common)?;
     if a.block_size == 0 || a.block_size > MAX_BLOCK_SIZE {
@@ -54,6 +115,7 @@ pub async fn put(mut a: PutArgs) -> Result<()> {
     let report = put::put(
         PutOptions {
             server: a.common.server.clone(),
+            credential: reached.credential.clone(),
             namespace: ns,
             key,
             srcs: a.src,
@@ -103,13 +165,14 @@ pub async fn put(mut a: PutArgs) -> Result<()> {
 }
 
 pub async fn get(mut a: GetArgs) -> Result<()> {
-    let _forward = reach_store(&mut a.common).await?;
+    let reached = reach_store(&mut a.common).await?;
     let key = KeyPath::parse(&a.key)?;
     let ns = namespace(&a.common)?;
     let pb = progress_bar(a.common.verbose);
     let report = get::get(
         GetOptions {
             server: a.common.server.clone(),
+            credential: reached.credential.clone(),
             namespace: ns,
             key,
             dest: a.dest,
@@ -121,7 +184,7 @@ pub async fn get(mut a: GetArgs) -> Result<()> {
             agent_socket: a.common.agent.clone(),
             window: a.window.spec(),
             bwlimit: a.bwlimit,
-            store_only: _forward.is_some(),
+            store_only: reached.outside,
         },
         &pb,
     )
@@ -196,11 +259,12 @@ pub async fn detach(a: DetachArgs) -> Result<()> {
 }
 
 pub async fn window(mut a: WindowCmdArgs) -> Result<()> {
-    let _forward = reach_store(&mut a.common).await?;
-    let mut store = client::connect_store(&a.common.server).await?;
+    let reached = reach_store(&mut a.common).await?;
+    let ns = namespace(&a.common)?;
+    let mut store = client::connect_store(&a.common.server, &reached.credential).await?;
     let w = store
         .get_window(GetWindowRequest {
-            group_id: a.group_id,
+            group_id: ktfs::rpc::scope_group(ns.as_str(), &a.group_id),
         })
         .await
         .map_err(ClientError::from)?
@@ -251,13 +315,13 @@ struct LsEntry {
 }
 
 pub async fn ls(mut a: LsArgs) -> Result<()> {
-    let _forward = reach_store(&mut a.common).await?;
+    let reached = reach_store(&mut a.common).await?;
     let prefix = match &a.key {
         Some(k) => KeyPath::parse_prefix(k)?,
         None => None,
     };
     let ns = namespace(&a.common)?;
-    let mut store = client::connect_store(&a.common.server).await?;
+    let mut store = client::connect_store(&a.common.server, &reached.credential).await?;
     let resp = store
         .list(ListRequest {
             namespace: ns.to_string(),
@@ -305,10 +369,10 @@ pub async fn ls(mut a: LsArgs) -> Result<()> {
 }
 
 pub async fn rm(mut a: RmArgs) -> Result<()> {
-    let _forward = reach_store(&mut a.common).await?;
+    let reached = reach_store(&mut a.common).await?;
     let key = KeyPath::parse(&a.key)?;
     let ns = namespace(&a.common)?;
-    let mut store = client::connect_store(&a.common.server).await?;
+    let mut store = client::connect_store(&a.common.server, &reached.credential).await?;
     let removed = store
         .remove(RemoveRequest {
             namespace: ns.to_string(),

@@ -10,7 +10,10 @@ use ktfs::blocks::cache::DEFAULT_BUDGET;
 use ktfs::fs::session::{self, Mounted, Stop};
 use ktfs::fs::FsConfig;
 use ktfs::k8s::api;
+use ktfs::k8s::tokens::ServiceAccountName;
 use ktfs::key::Namespace;
+use ktfs::rpc::Credential;
+use ktfs::server::auth::{AuthConfig, TokenReview};
 use ktfs::server::StoreServerProcess;
 
 use super::args::*;
@@ -31,9 +34,58 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// Whom a store server started with these flags accepts.
+async fn auth_config(a: &ServerAuthArgs) -> Result<AuthConfig> {
+    let shared_token = match &a.token_file {
+        Some(path) => {
+            let token = std::fs::read_to_string(path)
+                .with_context(|| format!("token file {}", path.display()))?;
+            anyhow::ensure!(
+                !token.trim().is_empty(),
+                "token file {} is empty",
+                path.display()
+            );
+            Some(token.trim().to_string())
+        }
+        None => None,
+    };
+    let token_review = if a.token_review {
+        let client = match &a.kubeconfig {
+            Some(path) => api::client_from_kubeconfig(path, None).await?,
+            None => kube::Client::try_default().await.context(
+                "TokenReview needs the Kubernetes API (in-cluster, or --review-kubeconfig)",
+            )?,
+        };
+        let nodes = a
+            .node_accounts
+            .iter()
+            .map(|n| {
+                ServiceAccountName::parse(n)
+                    .with_context(|| format!("--node-account {n:?}: expected NAMESPACE/NAME"))
+            })
+            .collect::<Result<_>>()?;
+        Some(TokenReview {
+            client,
+            audiences: Some(a.token_audience.clone())
+                .filter(|a| !a.is_empty())
+                .into_iter()
+                .collect(),
+            nodes,
+        })
+    } else {
+        None
+    };
+    Ok(AuthConfig {
+        shared_token,
+        token_review,
+    })
+}
+
 pub async fn server(a: ServerArgs) -> Result<()> {
-    let srv =
-        StoreServerProcess::bind(&a.listen, &a.data_dir, Duration::from_secs(a.lease_secs)).await?;
+    let auth = auth_config(&a.auth).await?;
+    let srv = StoreServerProcess::bind(&a.listen, &a.data_dir, Duration::from_secs(a.lease_secs))
+        .await?
+        .with_auth(auth);
     println!("kt server listening on {}", srv.local_addr()?);
     Ok(srv.run(shutdown_signal()).await?)
 }
@@ -46,9 +98,10 @@ fn hostname() -> String {
         .unwrap_or_else(|| "node".into())
 }
 
-fn agent_config(a: AgentArgs) -> AgentConfig {
-    AgentConfig {
+fn agent_config(a: AgentArgs) -> Result<AgentConfig> {
+    Ok(AgentConfig {
         server: a.server,
+        credential: Credential::from_environment(a.token_file.as_deref())?,
         listen: a.listen,
         advertise: a.advertise,
         cache_dir: a.cache_dir,
@@ -59,7 +112,7 @@ fn agent_config(a: AgentArgs) -> AgentConfig {
         heartbeat: Duration::from_secs(a.heartbeat_secs.max(1)),
         host_mounts: a.host_mounts,
         fd_keeper: a.fd_keeper,
-    }
+    })
 }
 
 async fn start_agent(mut cfg: AgentConfig) -> Result<AgentProcess> {
@@ -89,7 +142,7 @@ fn print_agent_ready(agent: &AgentProcess) {
 }
 
 pub async fn agent(a: AgentArgs) -> Result<()> {
-    let agent = start_agent(agent_config(a)).await?;
+    let agent = start_agent(agent_config(a)?).await?;
     print_agent_ready(&agent);
     Ok(agent.run(shutdown_signal()).await?)
 }
@@ -128,7 +181,7 @@ async fn run_mounted(agent: AgentProcess, mounted: Mounted) -> Result<()> {
 }
 
 pub async fn mount(a: MountArgs) -> Result<()> {
-    let agent = start_agent(agent_config(a.agent)).await?;
+    let agent = start_agent(agent_config(a.agent)?).await?;
     let fs = fs_config(&agent, &a.namespace, a.locale, a.read_only, a.fanout)?;
     let mounted = session::mount(agent.blocks(), fs, &a.mountpoint)?;
     print_agent_ready(&agent);
@@ -156,12 +209,21 @@ pub async fn up(a: UpArgs) -> Result<()> {
             PathBuf::from(home).join(".local/share/ktfs")
         }
     };
+    let auth = ServerAuthArgs {
+        token_file: a.token_file.clone(),
+        ..Default::default()
+    };
+    let credential = match &a.token_file {
+        Some(path) => Credential::file(path)?,
+        None => Credential::none(),
+    };
     let srv = StoreServerProcess::bind(
         &a.listen,
         &data_dir.join("store"),
         ktfs::server::DEFAULT_LEASE,
     )
-    .await?;
+    .await?
+    .with_auth(auth_config(&auth).await?);
     let server_addr = srv.local_addr()?.to_string();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let server_task = tokio::spawn(srv.run(async move {
@@ -170,6 +232,7 @@ pub async fn up(a: UpArgs) -> Result<()> {
     }));
     let agent = start_agent(AgentConfig {
         server: server_addr.clone(),
+        credential,
         listen: a.agent_listen,
         advertise: None,
         cache_dir: data_dir.join("agent"),

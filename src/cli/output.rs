@@ -18,7 +18,8 @@ pub const EXIT_CODES_HELP: &str = "\
 Exit codes: 0 success; 1 other failure; 2 usage; 3 not found (the key or prefix does not exist);
 4 invalid (a bad key, namespace or argument); 5 unreachable (the store server or the agent);
 6 conflict (the key exists, a destination differs, it changed meanwhile); 7 timeout;
-8 data unavailable (no source could give every block); 9 permission denied.
+8 data unavailable (no source could give every block); 9 permission denied (or no
+credential the store server accepts).
 With --json a failure prints {\"error\": {\"kind\", \"exit_code\", \"message\"}} on stdout.";
 
 /// Failures the command line finds itself.
@@ -28,6 +29,8 @@ pub enum CliError {
     NotFound(String),
     #[error("{0}")]
     Invalid(String),
+    #[error("{0}")]
+    Denied(String),
 }
 
 /// The exit code of a failure of this kind.
@@ -39,7 +42,7 @@ pub fn exit_code(f: Fault) -> i32 {
         Fault::Exists | Fault::Conflict | Fault::NotEmpty | Fault::NotDir | Fault::IsDir => 6,
         Fault::Timeout => 7,
         Fault::Unavailable => 8,
-        Fault::Denied => 9,
+        Fault::Denied | Fault::Unauthenticated => 9,
         Fault::NoSpace | Fault::Internal => 1,
     }
 }
@@ -51,6 +54,7 @@ pub fn fault_of(e: &anyhow::Error) -> Option<Fault> {
             return Some(match x {
                 CliError::NotFound(_) => Fault::NotFound,
                 CliError::Invalid(_) => Fault::Invalid,
+                CliError::Denied(_) => Fault::Denied,
             });
         }
         if let Some(x) = c.downcast_ref::<GetError>() {

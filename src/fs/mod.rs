@@ -38,6 +38,7 @@ use crate::key::{KeyPath, Namespace};
 use crate::locks::lock;
 use crate::proto::Locale;
 use crate::rpc::client::{self, Store};
+use crate::rpc::Credential;
 
 pub use error::{FsError, FsResult};
 use inode::Inodes;
@@ -117,6 +118,8 @@ impl Handle {
 #[derive(Clone, Debug)]
 pub struct FsConfig {
     pub server: String,
+    /// What the mount presents to the store server: its node's credential.
+    pub credential: Credential,
     pub namespace: Namespace,
     pub locale: Locale,
     pub read_only: bool,
@@ -297,7 +300,7 @@ impl FsCore {
             .map_or(2, |d| d.as_nanos() as u64 & !1 & (u64::MAX >> 2));
         let store = {
             let _guard = rt.enter();
-            client::store_lazy(&cfg.server)?
+            client::store_lazy(&cfg.server, &cfg.credential)?
         };
         let gpu = GpuControl::new(
             rt.clone(),

@@ -40,6 +40,8 @@ pub enum ClusterError {
     Io(#[from] std::io::Error),
     #[error("the Kubernetes API did not answer within {0:?}")]
     Timeout(Duration),
+    #[error("the Kubernetes API issued no token for ServiceAccount {0}")]
+    NoToken(String),
 }
 
 /// A client for the cluster of a kubeconfig file (its current context, or `context`).

@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+use super::credential::Credential;
 use super::status::{Fault, RemoteError};
 use super::MAX_RPC_MESSAGE;
 use crate::proto::agent_client::AgentClient;
@@ -59,11 +61,12 @@ fn reason(e: &(dyn std::error::Error + 'static)) -> String {
     cur.to_string()
 }
 
-pub type Store = StoreClient<Channel>;
+/// A store client that presents a credential on every call.
+pub type Store = StoreClient<InterceptedService<Channel, Credential>>;
 pub type Agent = AgentClient<Channel>;
 
-/// Connects to a store server at `host:port`.
-pub async fn connect_store(addr: &str) -> Result<Store, ClientError> {
+/// Connects to a store server at `host:port`, presenting `credential` on every call.
+pub async fn connect_store(addr: &str, credential: &Credential) -> Result<Store, ClientError> {
     let unreachable = |reason: String| ClientError::Unreachable {
         addr: addr.to_string(),
         reason,
@@ -77,14 +80,14 @@ pub async fn connect_store(addr: &str) -> Result<Store, ClientError> {
         .await
         .map_err(|_| unreachable("timed out".into()))?
         .map_err(|e| unreachable(reason(&e)))?;
-    Ok(StoreClient::new(channel)
+    Ok(StoreClient::with_interceptor(channel, credential.clone())
         .max_decoding_message_size(MAX_RPC_MESSAGE)
         .max_encoding_message_size(MAX_RPC_MESSAGE))
 }
 
 /// A store client that connects on first use and reconnects after failures: for long-lived
 /// processes (the mount) that must outlive a store server restart.
-pub fn store_lazy(addr: &str) -> Result<Store, ClientError> {
+pub fn store_lazy(addr: &str, credential: &Credential) -> Result<Store, ClientError> {
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| ClientError::Unreachable {
             addr: addr.to_string(),
@@ -93,9 +96,11 @@ pub fn store_lazy(addr: &str) -> Result<Store, ClientError> {
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(RPC_TIMEOUT)
         .tcp_nodelay(true);
-    Ok(StoreClient::new(endpoint.connect_lazy())
-        .max_decoding_message_size(MAX_RPC_MESSAGE)
-        .max_encoding_message_size(MAX_RPC_MESSAGE))
+    Ok(
+        StoreClient::with_interceptor(endpoint.connect_lazy(), credential.clone())
+            .max_decoding_message_size(MAX_RPC_MESSAGE)
+            .max_encoding_message_size(MAX_RPC_MESSAGE),
+    )
 }
 
 /// Connects to an agent's unix socket.

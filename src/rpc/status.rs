@@ -35,6 +35,8 @@ pub enum Fault {
     Unavailable,
     /// The caller is not allowed to do this.
     Denied,
+    /// The caller presented no credential the server accepts.
+    Unauthenticated,
     /// Anything else: a bug, a corrupt record, a failed disk.
     Internal,
 }
@@ -53,6 +55,7 @@ impl Fault {
             Fault::Unreachable | Fault::Unavailable => Code::Unavailable,
             Fault::Timeout => Code::DeadlineExceeded,
             Fault::Denied => Code::PermissionDenied,
+            Fault::Unauthenticated => Code::Unauthenticated,
             Fault::Internal => Code::Internal,
         }
     }
@@ -68,7 +71,7 @@ impl Fault {
             Fault::IsDir => libc::EISDIR,
             Fault::NoSpace => libc::ENOSPC,
             Fault::Timeout => libc::ETIMEDOUT,
-            Fault::Denied => libc::EACCES,
+            Fault::Denied | Fault::Unauthenticated => libc::EACCES,
             Fault::Conflict | Fault::Unreachable | Fault::Unavailable | Fault::Internal => {
                 libc::EIO
             }
@@ -90,6 +93,7 @@ impl Fault {
             Fault::Timeout => "timeout",
             Fault::Unavailable => "unavailable",
             Fault::Denied => "denied",
+            Fault::Unauthenticated => "unauthenticated",
             Fault::Internal => "internal",
         }
     }
@@ -118,7 +122,8 @@ impl Fault {
             Code::ResourceExhausted => Fault::NoSpace,
             Code::Unavailable => Fault::Unreachable,
             Code::DeadlineExceeded | Code::Cancelled => Fault::Timeout,
-            Code::PermissionDenied | Code::Unauthenticated => Fault::Denied,
+            Code::PermissionDenied => Fault::Denied,
+            Code::Unauthenticated => Fault::Unauthenticated,
             _ => Fault::Internal,
         }
     }
@@ -149,8 +154,12 @@ impl From<Status> for RemoteError {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse().ok())
             .and_then(Fault::from_errno);
-        // A failed connection comes as a bare code; so do faults whose errno is EIO.
-        let fault = by_errno.unwrap_or_else(|| Fault::from_code(s.code()));
+        // A failed connection comes as a bare code; so do faults whose errno is EIO. A missing
+        // credential shares its errno with a refusal, and only the code tells them apart.
+        let fault = match s.code() {
+            Code::Unauthenticated => Fault::Unauthenticated,
+            code => by_errno.unwrap_or_else(|| Fault::from_code(code)),
+        };
         RemoteError {
             fault,
             message: s.message().to_string(),
@@ -176,6 +185,7 @@ mod tests {
             Fault::Unreachable,
             Fault::Timeout,
             Fault::Denied,
+            Fault::Unauthenticated,
             Fault::Internal,
         ];
         for f in all {

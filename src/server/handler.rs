@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
+use super::auth::{group_namespace, principal};
 use super::status::{blocking, invalid, parse_key, parse_ns, parse_version};
 use crate::blocks::store::StoreBlocks;
 use crate::blocks::Served;
@@ -13,7 +14,7 @@ use crate::broadcast::gpu::{GpuJoiner, GpuWindows};
 use crate::broadcast::{Broadcasts, Joiner, NodeView, Seed};
 use crate::clock::SharedClock;
 use crate::hash::{BlockHash, Version};
-use crate::key::KeyPath;
+use crate::key::{KeyPath, Namespace};
 use crate::locks;
 use crate::meta::{MetaError, MetaStore};
 use crate::proto::store_server::Store;
@@ -91,6 +92,18 @@ pub struct StoreHandler {
 /// lapsed is noticed soon after the lease says so.
 const GPU_AWAIT_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// The namespace a call names, once its caller is known to be allowed in it.
+fn namespace_for<T>(req: &Request<T>, ns: &str) -> Result<Namespace, Status> {
+    let ns = parse_ns(ns)?;
+    principal(req)?.may_use(ns.as_str())?;
+    Ok(ns)
+}
+
+/// Refuses a call on a broadcast window of a namespace its caller may not use.
+fn window_for<T>(req: &Request<T>, group: &str) -> Result<(), Status> {
+    principal(req)?.may_use(group_namespace(group)?)
+}
+
 impl StoreHandler {
     fn windows(&self) -> std::sync::MutexGuard<'_, Broadcasts> {
         locks::lock(&self.windows)
@@ -147,6 +160,7 @@ impl Store for StoreHandler {
         &self,
         req: Request<RegisterNodeRequest>,
     ) -> Result<Response<RegisterNodeResponse>, Status> {
+        principal(&req)?.may_be_a_node()?;
         let node = req
             .into_inner()
             .node
@@ -165,6 +179,7 @@ impl Store for StoreHandler {
         &self,
         req: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
+        principal(&req)?.may_be_a_node()?;
         let known = self.meta.heartbeat(&req.into_inner().node_id);
         Ok(Response::new(HeartbeatResponse { known }))
     }
@@ -190,8 +205,8 @@ impl Store for StoreHandler {
         &self,
         req: Request<PublishRequest>,
     ) -> Result<Response<PublishResponse>, Status> {
+        let ns = namespace_for(&req, &req.get_ref().namespace)?;
         let r = req.into_inner();
-        let ns = parse_ns(&r.namespace)?;
         let key = parse_key(&r.key)?;
         let locale = r.locale();
         let manifest = r.manifest.ok_or_else(|| invalid("manifest missing"))?;
@@ -228,8 +243,8 @@ impl Store for StoreHandler {
         &self,
         req: Request<PublishGpuRequest>,
     ) -> Result<Response<PublishResponse>, Status> {
+        let ns = namespace_for(&req, &req.get_ref().namespace)?;
         let r = req.into_inner();
-        let ns = parse_ns(&r.namespace)?;
         let key = parse_key(&r.key)?;
         let gpu = r.gpu.ok_or_else(|| invalid("gpu key missing"))?;
         let meta = self.meta.clone();
@@ -246,8 +261,8 @@ impl Store for StoreHandler {
         &self,
         req: Request<ResolveRequest>,
     ) -> Result<Response<ResolveResponse>, Status> {
+        let ns = namespace_for(&req, &req.get_ref().namespace)?;
         let r = req.into_inner();
-        let ns = parse_ns(&r.namespace)?;
         let key = parse_key(&r.key)?;
         let meta = self.meta.clone();
         let resp = blocking(move || {
@@ -287,8 +302,8 @@ impl Store for StoreHandler {
     }
 
     async fn list(&self, req: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        let ns = namespace_for(&req, &req.get_ref().namespace)?;
         let r = req.into_inner();
-        let ns = parse_ns(&r.namespace)?;
         let prefix = KeyPath::parse_prefix(&r.prefix).map_err(|e| invalid(e.to_string()))?;
         let meta = self.meta.clone();
         let listing = blocking(move || match r.dir_only {
@@ -303,8 +318,8 @@ impl Store for StoreHandler {
         &self,
         req: Request<RemoveRequest>,
     ) -> Result<Response<RemoveResponse>, Status> {
+        let ns = namespace_for(&req, &req.get_ref().namespace)?;
         let r = req.into_inner();
-        let ns = parse_ns(&r.namespace)?;
         let key = parse_key(&r.key)?;
         let meta = self.meta.clone();
         let removed = blocking(move || {
@@ -327,8 +342,8 @@ impl Store for StoreHandler {
         &self,
         req: Request<RenameRequest>,
     ) -> Result<Response<RenameResponse>, Status> {
+        let ns = namespace_for(&req, &req.get_ref().namespace)?;
         let r = req.into_inner();
-        let ns = parse_ns(&r.namespace)?;
         let (from, to) = (parse_key(&r.from)?, parse_key(&r.to)?);
         let meta = self.meta.clone();
         blocking(move || meta.rename(&ns, &from, &to, r.no_replace)).await?;
@@ -336,8 +351,8 @@ impl Store for StoreHandler {
     }
 
     async fn link(&self, req: Request<LinkRequest>) -> Result<Response<LinkResponse>, Status> {
+        let ns = namespace_for(&req, &req.get_ref().namespace)?;
         let r = req.into_inner();
-        let ns = parse_ns(&r.namespace)?;
         let (from, to) = (parse_key(&r.from)?, parse_key(&r.to)?);
         let meta = self.meta.clone();
         blocking(move || meta.link(&ns, &from, &to)).await?;
@@ -348,8 +363,8 @@ impl Store for StoreHandler {
         &self,
         req: Request<SetAttrRequest>,
     ) -> Result<Response<SetAttrResponse>, Status> {
+        let ns = namespace_for(&req, &req.get_ref().namespace)?;
         let r = req.into_inner();
-        let ns = parse_ns(&r.namespace)?;
         let key = parse_key(&r.key)?;
         let mtime = r.mtime_sec.map(|s| (s, r.mtime_nsec.min(999_999_999)));
         let meta = self.meta.clone();
@@ -362,6 +377,7 @@ impl Store for StoreHandler {
         req: Request<JoinRequest>,
     ) -> Result<Response<JoinResponse>, Status> {
         let remote_ip = req.remote_addr().map(|a| a.ip().to_string());
+        let ns = namespace_for(&req, &req.get_ref().namespace)?;
         let r = req.into_inner();
         let version = parse_version(&r.version)?;
         let seeds = self.seeds(&r.namespace, &r.key, &r.version).await?;
@@ -369,6 +385,7 @@ impl Store for StoreHandler {
         if spec.group_id.is_empty() {
             spec.group_id = rpc::default_group(&r.namespace, &r.key);
         }
+        spec.group_id = rpc::scope_group(ns.as_str(), &spec.group_id);
         let group = spec.group_id.clone();
         let zone = self
             .meta
@@ -434,6 +451,7 @@ impl Store for StoreHandler {
         &self,
         req: Request<NewParentRequest>,
     ) -> Result<Response<NewParentResponse>, Status> {
+        window_for(&req, &req.get_ref().group_id)?;
         let r = req.into_inner();
         let parent = {
             let live = self.live();
@@ -462,6 +480,7 @@ impl Store for StoreHandler {
         &self,
         req: Request<LeaveRequest>,
     ) -> Result<Response<LeaveResponse>, Status> {
+        window_for(&req, &req.get_ref().group_id)?;
         let r = req.into_inner();
         self.windows().leave(
             &r.group_id,
@@ -474,6 +493,7 @@ impl Store for StoreHandler {
     }
 
     async fn get_window(&self, req: Request<GetWindowRequest>) -> Result<Response<Window>, Status> {
+        window_for(&req, &req.get_ref().group_id)?;
         let group = req.into_inner().group_id;
         let (w, _) = self
             .windows()
@@ -487,13 +507,14 @@ impl Store for StoreHandler {
         req: Request<GpuJoinRequest>,
     ) -> Result<Response<GpuJoinResponse>, Status> {
         let remote_ip = req.remote_addr().map(|a| a.ip().to_string());
+        let ns = namespace_for(&req, &req.get_ref().namespace)?;
         let r = req.into_inner();
-        parse_ns(&r.namespace)?;
         parse_key(&r.key)?;
         let mut spec = r.window.clone().unwrap_or_default();
         if spec.group_id.is_empty() {
             spec.group_id = rpc::default_gpu_group(&r.namespace, &r.key);
         }
+        spec.group_id = rpc::scope_group(ns.as_str(), &spec.group_id);
         let role = r.role();
         let joiner = GpuJoiner {
             node_id: r.node_id.clone(),
@@ -534,6 +555,7 @@ impl Store for StoreHandler {
         &self,
         req: Request<GpuAwaitRequest>,
     ) -> Result<Response<GpuWindow>, Status> {
+        window_for(&req, &req.get_ref().group_id)?;
         let r = req.into_inner();
         let wait = std::time::Duration::from_millis(u64::from(r.wait_ms)).min(GPU_AWAIT_MAX);
         let until = tokio::time::Instant::now() + wait;
@@ -565,6 +587,7 @@ impl Store for StoreHandler {
         &self,
         req: Request<GpuFinishRequest>,
     ) -> Result<Response<GpuFinishResponse>, Status> {
+        window_for(&req, &req.get_ref().group_id)?;
         let r = req.into_inner();
         self.gpu_windows().finish(
             &r.group_id,
@@ -582,6 +605,7 @@ impl Store for StoreHandler {
         &self,
         req: Request<AddLocationRequest>,
     ) -> Result<Response<AddLocationResponse>, Status> {
+        principal(&req)?.may_be_a_node()?;
         let r = req.into_inner();
         let version = parse_version(&r.version)?;
         let meta = self.meta.clone();

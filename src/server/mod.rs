@@ -1,7 +1,9 @@
 //! The store server: metadata ([`crate::meta`]), broadcast windows ([`crate::broadcast`]) and
 //! the central block store ([`crate::blocks::store`]), behind the gRPC control plane
-//! ([`handler`], its errors in [`status`]) and the data plane, on one port.
+//! ([`handler`], its errors in [`status`], its callers checked by [`auth`]) and the data plane,
+//! on one port.
 
+pub mod auth;
 mod handler;
 mod status;
 
@@ -20,6 +22,7 @@ use crate::db::{Db, DbError};
 use crate::meta::{self, MetaError, MetaStore};
 use crate::proto::store_server::StoreServer;
 use crate::rpc::MAX_RPC_MESSAGE;
+use auth::{AuthConfig, Authenticator};
 use handler::StoreHandler;
 
 /// How long a node stays a source without a heartbeat.
@@ -54,6 +57,7 @@ pub struct StoreServerProcess {
     listener: TcpListener,
     meta: Arc<MetaStore>,
     clock: SharedClock,
+    auth: AuthConfig,
 }
 
 impl StoreServerProcess {
@@ -90,7 +94,14 @@ impl StoreServerProcess {
             listener,
             meta: Arc::new(meta),
             clock,
+            auth: AuthConfig::default(),
         })
+    }
+
+    /// Whom the server accepts; without it, anyone.
+    pub fn with_auth(mut self, auth: AuthConfig) -> Self {
+        self.auth = auth;
+        self
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -112,6 +123,13 @@ impl StoreServerProcess {
         let svc = StoreServer::new(handler)
             .max_decoding_message_size(MAX_RPC_MESSAGE)
             .max_encoding_message_size(MAX_RPC_MESSAGE);
+        if self.auth.is_open() {
+            tracing::warn!(
+                "no authentication: anyone who reaches this port may read, write and remove every \
+                 namespace's keys (--token-file, --token-review)"
+            );
+        }
+        let svc = auth::layer::authenticated(svc, Arc::new(Authenticator::new(self.auth)));
         let router = tonic::transport::Server::builder().add_service(svc);
         let blocks = self.meta.blocks().clone();
         crate::transfer::port::serve(self.listener, Some(router), blocks, shutdown).await?;

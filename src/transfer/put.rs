@@ -21,7 +21,7 @@ use crate::key::{KeyPath, Namespace};
 use crate::manifest::{self, EntryKind};
 use crate::proto::{LocalFile, Locale, PublishLocalRequest, PublishRequest, Window, WindowSpec};
 use crate::rpc::client::{self, ClientError};
-use crate::rpc::Fault;
+use crate::rpc::{Credential, Fault};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PutError {
@@ -51,6 +51,8 @@ impl PutError {
 
 pub struct PutOptions {
     pub server: String,
+    /// What this caller presents to the store server.
+    pub credential: Credential,
     pub namespace: Namespace,
     pub key: KeyPath,
     pub srcs: Vec<String>,
@@ -105,7 +107,7 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
     };
     let (version, transferred) = match opts.locale {
         Locale::Store => {
-            let mut store = client::connect_store(&opts.server).await?;
+            let mut store = client::connect_store(&opts.server, &opts.credential).await?;
             let jobs = upload_jobs(&scanned);
             let done = publish::publish(
                 &mut store,
@@ -140,7 +142,7 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
                 Locale::Local => local_agent(&opts.agent_socket).await.map(|a| a.node()),
                 Locale::Store => None,
             };
-            let mut store = client::connect_store(&opts.server).await?;
+            let mut store = client::connect_store(&opts.server, &opts.credential).await?;
             Some(
                 tree::join_as_putter(
                     &mut store,

@@ -46,6 +46,7 @@ impl Rig {
             tokio::spawn(srv.run(until(stopped.clone())));
             let agent = AgentProcess::bind(AgentConfig {
                 server: server.clone(),
+                credential: ktfs::rpc::Credential::none(),
                 listen: "127.0.0.1:0".into(),
                 advertise: None,
                 cache_dir: dir.path().join("agent"),

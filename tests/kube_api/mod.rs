@@ -1,7 +1,8 @@
 //! A fake Kubernetes API server for tests: plain HTTP on 127.0.0.x, just the calls ktfs makes
 //! (get a node, get a service, list pods by label, and the pod port-forward WebSocket in the
 //! `v4.channel.k8s.io` protocol, which it serves by connecting to a real address, as a kubelet
-//! connects to the pod). It records every port a port-forward asked for.
+//! connects to the pod; TokenReview, and TokenRequest for the ServiceAccounts it holds). It
+//! records every port a port-forward asked for, and every review.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -26,12 +27,63 @@ pub struct World {
     pub pods: Vec<serde_json::Value>,
     /// Where a port-forward to any pod connects.
     pub pod_target: Option<SocketAddr>,
+    /// Tokens TokenReview knows: token -> (user name, the audiences it was issued for).
+    pub tokens: BTreeMap<String, (String, Vec<String>)>,
+    /// ServiceAccounts ("namespace/name") whose tokens the kubeconfig's user may request.
+    pub service_accounts: Vec<String>,
+}
+
+impl World {
+    /// A cluster whose kt-system/kt-store Service selects one pod, shaped as deploy/ defines
+    /// them: Service port 7447 with the named target port `kt`. The container's port `kt` is
+    /// 7448 here (7447 in deploy/), so that a forward to the right port shows the name was
+    /// looked up.
+    pub fn with_store(pod_target: SocketAddr, phase: &str) -> World {
+        let mut w = World {
+            pod_target: Some(pod_target),
+            ..Default::default()
+        };
+        w.services.insert(
+            "kt-system/kt-store".into(),
+            serde_json::json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "kt-store", "namespace": "kt-system"},
+                "spec": {
+                    "selector": {"app.kubernetes.io/name": "kt-store"},
+                    "ports": [{"name": "kt", "port": 7447, "targetPort": "kt"}]
+                }
+            }),
+        );
+        w.pods.push(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": "kt-store-0", "namespace": "kt-system",
+                "labels": {"app.kubernetes.io/name": "kt-store"}
+            },
+            "spec": {"containers": [{
+                "name": "store", "image": "ktfs",
+                "ports": [{"name": "kt", "containerPort": 7448}]
+            }]},
+            "status": {"phase": phase}
+        }));
+        w
+    }
+}
+
+/// What the fake has seen and issued.
+#[derive(Default)]
+pub struct Seen {
+    /// Tokens issued by TokenRequest, as `World::tokens`.
+    pub issued: BTreeMap<String, (String, Vec<String>)>,
+    /// The specs of every TokenReview asked.
+    pub reviews: Vec<serde_json::Value>,
 }
 
 pub struct FakeApi {
     pub addr: SocketAddr,
     /// Ports that port-forward requests asked for, in order.
     pub forwarded_ports: Arc<Mutex<Vec<u16>>>,
+    pub seen: Arc<Mutex<Seen>>,
     /// Serves until the fake is dropped.
     _runtime: tokio::runtime::Runtime,
 }
@@ -48,21 +100,23 @@ impl FakeApi {
             .unwrap();
         let addr = listener.local_addr().unwrap();
         let forwarded_ports = Arc::new(Mutex::new(Vec::new()));
-        let (world, ports) = (Arc::new(world), forwarded_ports.clone());
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let (world, ports, seen2) = (Arc::new(world), forwarded_ports.clone(), seen.clone());
         runtime.spawn(async move {
             loop {
                 let Ok((conn, _)) = listener.accept().await else {
                     return;
                 };
-                let (world, ports) = (world.clone(), ports.clone());
+                let (world, ports, seen) = (world.clone(), ports.clone(), seen2.clone());
                 tokio::spawn(async move {
-                    let _ = serve(conn, &world, &ports).await;
+                    let _ = serve(conn, &world, &ports, &seen).await;
                 });
             }
         });
         FakeApi {
             addr,
             forwarded_ports,
+            seen,
             _runtime: runtime,
         }
     }
@@ -103,7 +157,12 @@ async fn peek_head(conn: &TcpStream) -> std::io::Result<String> {
     }
 }
 
-async fn serve(mut conn: TcpStream, world: &World, ports: &Mutex<Vec<u16>>) -> std::io::Result<()> {
+async fn serve(
+    mut conn: TcpStream,
+    world: &World,
+    ports: &Mutex<Vec<u16>>,
+    seen: &Mutex<Seen>,
+) -> std::io::Result<()> {
     let head = peek_head(&conn).await?;
     let target = head.split_whitespace().nth(1).unwrap_or("").to_string();
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
@@ -118,13 +177,117 @@ async fn serve(mut conn: TcpStream, world: &World, ports: &Mutex<Vec<u16>>) -> s
     }
     let mut consumed = vec![0u8; head.len()];
     conn.read_exact(&mut consumed).await?;
-    let (status, body) = route(world, path, query);
+    let (status, body) = if head.starts_with("POST ") {
+        let length = header(&head, "content-length")
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0);
+        let mut body = vec![0u8; length.min(1 << 20)];
+        conn.read_exact(&mut body).await?;
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        post(world, seen, path, &body)
+    } else {
+        route(world, path, query)
+    };
     let resp = format!(
         "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     conn.write_all(resp.as_bytes()).await?;
     conn.shutdown().await
+}
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// TokenReview and TokenRequest.
+fn post(
+    world: &World,
+    seen: &Mutex<Seen>,
+    path: &str,
+    body: &serde_json::Value,
+) -> (&'static str, String) {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let mut seen = seen.lock().unwrap();
+    match parts.as_slice() {
+        ["apis", "authentication.k8s.io", "v1", "tokenreviews"] => {
+            let spec = body["spec"].clone();
+            seen.reviews.push(spec.clone());
+            let token = spec["token"].as_str().unwrap_or_default();
+            let asked: Vec<String> = spec["audiences"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let known = world.tokens.get(token).or_else(|| seen.issued.get(token));
+            // A token is good for the audiences it was issued for; none asked means the API
+            // server's own, which the fake calls "api".
+            let status = match known {
+                Some((user, auds))
+                    if (asked.is_empty() && auds.iter().any(|a| a == "api"))
+                        || asked.iter().any(|a| auds.contains(a)) =>
+                {
+                    serde_json::json!({"authenticated": true, "user": {"username": user},
+                                       "audiences": asked})
+                }
+                Some(_) => serde_json::json!({"authenticated": false,
+                                              "error": "token audiences do not match"}),
+                None => {
+                    serde_json::json!({"authenticated": false, "error": "invalid bearer token"})
+                }
+            };
+            (
+                "201 Created",
+                serde_json::json!({
+                    "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                    "metadata": {}, "spec": spec, "status": status
+                })
+                .to_string(),
+            )
+        }
+        ["api", "v1", "namespaces", ns, "serviceaccounts", name, "token"] => {
+            if !world.service_accounts.contains(&format!("{ns}/{name}")) {
+                return (
+                    "403 Forbidden",
+                    serde_json::json!({
+                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": format!("cannot create serviceaccounts/token {ns}/{name}"),
+                        "reason": "Forbidden", "code": 403
+                    })
+                    .to_string(),
+                );
+            }
+            let auds: Vec<String> = body["spec"]["audiences"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let token = format!("issued-{ns}-{name}-{}", seen.issued.len());
+            seen.issued.insert(
+                token.clone(),
+                (format!("system:serviceaccount:{ns}:{name}"), auds),
+            );
+            (
+                "201 Created",
+                serde_json::json!({
+                    "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                    "metadata": {"name": name, "namespace": ns}, "spec": body["spec"],
+                    "status": {"token": token, "expirationTimestamp": "2100-01-01T00:00:00Z"}
+                })
+                .to_string(),
+            )
+        }
+        _ => not_found(path),
+    }
 }
 
 fn not_found(what: &str) -> (&'static str, String) {

@@ -25,7 +25,7 @@ use crate::key::{KeyPath, Namespace};
 use crate::manifest::{self, EntryKind, FileEntry, Manifest, ManifestError};
 use crate::proto::{AddSourceRequest, ListRequest, ResolveRequest, ResolveResponse, WindowSpec};
 use crate::rpc::client::{self, ClientError, Store};
-use crate::rpc::{implicit_group, Fault, STORE};
+use crate::rpc::{implicit_group, Credential, Fault, STORE};
 use plan::{Filter, Layout, TempGuard};
 
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +83,8 @@ pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> GetError + '_ {
 
 pub struct GetOptions {
     pub server: String,
+    /// What this caller presents to the store server.
+    pub credential: Credential,
     pub namespace: Namespace,
     pub key: KeyPath,
     /// As typed: a trailing `/` means "a directory".
@@ -126,7 +128,7 @@ pub struct GetReport {
 }
 
 pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, GetError> {
-    let mut store = client::connect_store(&opts.server).await?;
+    let mut store = client::connect_store(&opts.server, &opts.credential).await?;
     let mut agent = local_agent(&opts.agent_socket).await;
     let filter = Filter::new(&opts.excludes, &opts.includes)?;
     let mut report = GetReport {

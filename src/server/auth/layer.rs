@@ -1,0 +1,71 @@
+//! The wrapper around every gRPC service of the store server: a call is authenticated before
+//! any handler runs, so a new RPC cannot forget it. The principal travels to the handler in the
+//! request's extensions.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tonic::codegen::http;
+
+use super::{Authenticator, Principal};
+use crate::rpc::credential::AUTHORIZATION;
+
+/// `inner`, behind `auth`.
+pub fn authenticated<S>(inner: S, auth: Arc<Authenticator>) -> Authenticated<S> {
+    Authenticated { inner, auth }
+}
+
+#[derive(Clone)]
+pub struct Authenticated<S> {
+    inner: S,
+    auth: Arc<Authenticator>,
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for Authenticated<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+impl<S, B> tower::Service<http::Request<B>> for Authenticated<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        // The service that was polled ready is the one to call; the clone takes its place.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let auth = self.auth.clone();
+        Box::pin(async move {
+            let header = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
+            match auth.authenticate(header).await {
+                Ok(principal) => {
+                    if principal != Principal::Anyone {
+                        tracing::trace!(%principal, path = %req.uri().path(), "authenticated");
+                    }
+                    req.extensions_mut().insert(principal);
+                    inner.call(req).await
+                }
+                Err(e) => {
+                    tracing::info!(error = %e, path = %req.uri().path(), "refused a call");
+                    Ok(tonic::Status::from(e).into_http())
+                }
+            }
+        })
+    }
+}

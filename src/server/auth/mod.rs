@@ -1,0 +1,276 @@
+//! Who calls the store server, and what each caller may do. Every call passes [`layer`] first,
+//! which turns the bearer token of its `authorization` metadata into a [`Principal`] (or answers
+//! UNAUTHENTICATED); each handler then asks the principal about the namespace the call names.
+//!
+//! - The shared token (`kt server --token-file`): an operator, every namespace. For `kt up` and
+//!   clusters without Kubernetes.
+//! - A ServiceAccount token, checked with the Kubernetes TokenReview API (`--token-review`): a
+//!   node agent's ServiceAccount (`--node-account`) is a node, every namespace (it serves the
+//!   mounts kt-csi checked against the pod's namespace); any other ServiceAccount may use its
+//!   own namespace only, whatever the call names.
+//! - Neither configured: anyone may do anything, as before authentication existed (the server
+//!   warns at start).
+
+pub mod layer;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tonic::Status;
+
+use crate::k8s::tokens::{self, Review, ServiceAccountName};
+use crate::locks;
+use crate::rpc::status::{to_status, Fault};
+
+/// How long a reviewed token is trusted before it is reviewed again: a deleted ServiceAccount
+/// or a revoked token is refused at most this late; a hot client costs one review a minute.
+const REVIEW_TTL: Duration = Duration::from_secs(60);
+/// Tokens remembered at most; beyond it the expired ones go, then all.
+const CACHE_MAX: usize = 8192;
+/// The longest a review may take before the call fails as unavailable.
+const REVIEW_PATIENCE: Duration = Duration::from_secs(10);
+
+/// A caller, once authenticated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Principal {
+    /// Nothing is checked: a server started without authentication.
+    Anyone,
+    /// The holder of the shared token.
+    Operator,
+    /// A node agent.
+    Node(ServiceAccountName),
+    /// A pod, or a laptop with a token the API issued for a ServiceAccount.
+    Account(ServiceAccountName),
+}
+
+impl std::fmt::Display for Principal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Principal::Anyone => f.write_str("anyone"),
+            Principal::Operator => f.write_str("the shared token's holder"),
+            Principal::Node(sa) => write!(f, "node agent {sa}"),
+            Principal::Account(sa) => write!(f, "ServiceAccount {sa}"),
+        }
+    }
+}
+
+impl Principal {
+    /// Whether the caller may read and change the keys of namespace `ns`.
+    pub fn may_use(&self, ns: &str) -> Result<(), Status> {
+        match self {
+            Principal::Account(sa) if sa.namespace != ns => Err(to_status(
+                Fault::Denied,
+                format!("{self} may use namespace {} only, not {ns}", sa.namespace),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the caller may act as a node: register, heartbeat, announce what it holds.
+    pub fn may_be_a_node(&self) -> Result<(), Status> {
+        match self {
+            Principal::Account(_) => Err(to_status(
+                Fault::Denied,
+                format!("{self} is not a node agent"),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// How a server with TokenReview checks ServiceAccount tokens.
+pub struct TokenReview {
+    pub client: kube::Client,
+    /// The audiences a token must be for (empty: the API server's own).
+    pub audiences: Vec<String>,
+    /// The ServiceAccounts of node agents.
+    pub nodes: Vec<ServiceAccountName>,
+}
+
+/// What the server accepts.
+#[derive(Default)]
+pub struct AuthConfig {
+    /// The shared token.
+    pub shared_token: Option<String>,
+    pub token_review: Option<TokenReview>,
+}
+
+impl AuthConfig {
+    pub fn is_open(&self) -> bool {
+        self.shared_token.is_none() && self.token_review.is_none()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("no credential: this store server needs a token (KT_TOKEN, --token-file, or a pod's ServiceAccount token)")]
+    Missing,
+    #[error("the credential is not a bearer token")]
+    Malformed,
+    #[error("the token was refused: {0}")]
+    Refused(String),
+    #[error("cannot check the token with the Kubernetes API: {0}")]
+    Unavailable(String),
+}
+
+impl From<AuthError> for Status {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::Unavailable(_) => to_status(Fault::Unavailable, e.to_string()),
+            _ => Status::unauthenticated(e.to_string()),
+        }
+    }
+}
+
+/// Turns credentials into principals.
+pub struct Authenticator {
+    /// The shared token's hash: compared in constant time, and never kept in the clear.
+    shared: Option<blake3::Hash>,
+    review: Option<TokenReview>,
+    reviewed: Mutex<HashMap<blake3::Hash, (Principal, Instant)>>,
+}
+
+impl Authenticator {
+    pub fn new(cfg: AuthConfig) -> Self {
+        Authenticator {
+            shared: cfg.shared_token.map(|t| blake3::hash(t.trim().as_bytes())),
+            review: cfg.token_review,
+            reviewed: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The principal of a call whose `authorization` value is `header`.
+    pub async fn authenticate(&self, header: Option<&[u8]>) -> Result<Principal, AuthError> {
+        if self.shared.is_none() && self.review.is_none() {
+            return Ok(Principal::Anyone);
+        }
+        let header = header.ok_or(AuthError::Missing)?;
+        let token = std::str::from_utf8(header)
+            .ok()
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or(AuthError::Malformed)?;
+        let hash = blake3::hash(token.as_bytes());
+        // blake3::Hash compares in constant time.
+        if self.shared == Some(hash) {
+            return Ok(Principal::Operator);
+        }
+        let Some(review) = &self.review else {
+            return Err(AuthError::Refused("not the shared token".into()));
+        };
+        if let Some((p, at)) = locks::lock(&self.reviewed).get(&hash) {
+            if at.elapsed() < REVIEW_TTL {
+                return Ok(p.clone());
+            }
+        }
+        let asked = tokens::review(review.client.clone(), token, &review.audiences);
+        let answer = tokio::time::timeout(REVIEW_PATIENCE, asked)
+            .await
+            .map_err(|_| AuthError::Unavailable(format!("no answer in {REVIEW_PATIENCE:?}")))?
+            .map_err(|e| AuthError::Unavailable(e.to_string()))?;
+        let principal = match answer {
+            Review::ServiceAccount(sa) if review.nodes.contains(&sa) => Principal::Node(sa),
+            Review::ServiceAccount(sa) => Principal::Account(sa),
+            Review::OtherUser(user) => {
+                return Err(AuthError::Refused(format!(
+                    "{user} is not a ServiceAccount; ktfs takes ServiceAccount tokens (from a \
+                     laptop, `kt --kubeconfig` asks for one)"
+                )))
+            }
+            Review::Rejected(why) => return Err(AuthError::Refused(why)),
+        };
+        let mut reviewed = locks::lock(&self.reviewed);
+        if reviewed.len() >= CACHE_MAX {
+            reviewed.retain(|_, (_, at)| at.elapsed() < REVIEW_TTL);
+            if reviewed.len() >= CACHE_MAX {
+                reviewed.clear();
+            }
+        }
+        reviewed.insert(hash, (principal.clone(), Instant::now()));
+        Ok(principal)
+    }
+}
+
+/// The principal [`layer`] attached to a call. A call without one never passed the layer: a
+/// bug, refused rather than trusted.
+pub fn principal<T>(req: &tonic::Request<T>) -> Result<Principal, Status> {
+    req.extensions()
+        .get::<Principal>()
+        .cloned()
+        .ok_or_else(|| Status::internal("the call was not authenticated"))
+}
+
+/// The namespace a scoped broadcast group belongs to (see [`crate::rpc::scope_group`]).
+pub fn group_namespace(group: &str) -> Result<&str, Status> {
+    group
+        .split_once('/')
+        .map(|(ns, _)| ns)
+        .filter(|ns| !ns.is_empty())
+        .ok_or_else(|| to_status(Fault::NotFound, format!("no broadcast window {group}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sa(ns: &str, name: &str) -> ServiceAccountName {
+        ServiceAccountName {
+            namespace: ns.into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn an_account_uses_its_own_namespace_only_and_is_no_node() {
+        let p = Principal::Account(sa("team-a", "default"));
+        assert!(p.may_use("team-a").is_ok());
+        let denied = p.may_use("team-b").unwrap_err();
+        assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+        assert!(denied.message().contains("team-a only"));
+        assert!(p.may_be_a_node().is_err());
+        for p in [
+            Principal::Anyone,
+            Principal::Operator,
+            Principal::Node(sa("kt-system", "kt-node")),
+        ] {
+            assert!(p.may_use("team-b").is_ok());
+            assert!(p.may_be_a_node().is_ok());
+        }
+    }
+
+    #[tokio::test]
+    async fn the_shared_token_and_nothing_else() {
+        let auth = Authenticator::new(AuthConfig {
+            shared_token: Some("s3cret\n".into()),
+            token_review: None,
+        });
+        assert_eq!(
+            auth.authenticate(Some(b"Bearer s3cret")).await.unwrap(),
+            Principal::Operator
+        );
+        assert!(matches!(
+            auth.authenticate(None).await,
+            Err(AuthError::Missing)
+        ));
+        assert!(matches!(
+            auth.authenticate(Some(b"Bearer wrong")).await,
+            Err(AuthError::Refused(_))
+        ));
+        assert!(matches!(
+            auth.authenticate(Some(b"s3cret")).await,
+            Err(AuthError::Malformed)
+        ));
+        let open = Authenticator::new(AuthConfig::default());
+        assert_eq!(open.authenticate(None).await.unwrap(), Principal::Anyone);
+    }
+
+    #[test]
+    fn a_scoped_group_names_its_namespace() {
+        let g = crate::rpc::scope_group("team-a", "x/y");
+        assert_eq!(group_namespace(&g).unwrap(), "team-a");
+        assert!(group_namespace("bare").is_err());
+        assert!(group_namespace("/g").is_err());
+    }
+}

@@ -1,0 +1,382 @@
+//! Authentication and namespace isolation, enforced by a real store server: the shared token
+//! (`kt server --token-file`), ServiceAccount tokens checked with TokenReview against the fake
+//! API server of tests/kube_api, node agents as principals of their own, and the token a laptop
+//! asks the API for with its kubeconfig.
+
+mod common;
+#[allow(dead_code)] // each test file uses part of the fake
+mod kube_api;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use common::*;
+use kube_api::{FakeApi, World};
+
+/// `kt ARGS` against `server` with the given environment (and no token unless it says so).
+fn kt_as(server: &str, sock: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut cmd = Command::new(kt_bin());
+    cmd.args(args)
+        .env("KT_SERVER", server)
+        .env("KT_AGENT", sock)
+        .env_remove("KT_NAMESPACE")
+        .env_remove("KT_TOKEN")
+        .env_remove("KT_TOKEN_FILE")
+        .env_remove("KUBECONFIG")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run kt")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).trim().to_string()
+}
+
+#[track_caller]
+fn ok(o: Output) -> String {
+    assert!(o.status.success(), "{}", stderr(&o));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// The command failed as refused (exit code 9) with one line that says `why`.
+#[track_caller]
+fn refused(o: Output, why: &str) {
+    assert_eq!(o.status.code(), Some(9), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains(why), "{err:?} lacks {why:?}");
+}
+
+#[test]
+fn a_shared_token_guards_every_call_and_agents_present_it() {
+    let ip = "127.0.0.185";
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret-token\n").unwrap();
+    let token_s = token.to_str().unwrap();
+    let server = spawn_ready(&[
+        "server",
+        "--listen",
+        &format!("{ip}:0"),
+        "--data-dir",
+        dir.path().join("store").to_str().unwrap(),
+        "--token-file",
+        token_s,
+    ]);
+    let node_dir = dir.path().join("n1");
+    std::fs::create_dir_all(&node_dir).unwrap();
+    let agent = start_agent_with(
+        ip,
+        &server.addr,
+        &node_dir,
+        "n1",
+        &["--token-file", token_s],
+    );
+    let none = dir.path().join("no-agent.sock");
+    let src = dir.path().join("w.bin");
+    std::fs::write(&src, pseudo_random(300_000, 3)).unwrap();
+    let src_s = src.to_str().unwrap();
+    let with_token = [("KT_TOKEN_FILE", token_s)];
+
+    // Without the token, or with another, nothing is answered: one line says why.
+    refused(
+        kt_as(&server.addr, &none, &[], &["ls"]),
+        "no credential: this store server needs a token",
+    );
+    refused(
+        kt_as(&server.addr, &none, &[("KT_TOKEN", "guess")], &["ls"]),
+        "the token was refused",
+    );
+    refused(
+        kt_as(&server.addr, &none, &[], &["put", "k", "--src", src_s]),
+        "no credential",
+    );
+    // Refused calls changed nothing.
+    let ls = ok(kt_as(&server.addr, &none, &with_token, &["ls", "--json"]));
+    assert_eq!(ls.trim(), "[]");
+
+    // With it, everything works, from a file or as KT_TOKEN.
+    ok(kt_as(
+        &server.addr,
+        &none,
+        &with_token,
+        &["put", "models/w", "--src", src_s, "-n", "team-a"],
+    ));
+    let dest = dir.path().join("got.bin");
+    ok(kt_as(
+        &server.addr,
+        &none,
+        &[("KT_TOKEN", "s3cret-token")],
+        &[
+            "get",
+            "models/w",
+            "--dest",
+            dest.to_str().unwrap(),
+            "-n",
+            "team-a",
+        ],
+    ));
+    assert!(std::fs::read(&dest).unwrap() == std::fs::read(&src).unwrap());
+
+    // The agent registered with its token: a put in place goes through it, and it is a source.
+    ok(kt_as(
+        &server.addr,
+        &agent.socket,
+        &with_token,
+        &["put", "local/w", "--src", src_s, "--locale", "local"],
+    ));
+    let ls: serde_json::Value = serde_json::from_str(&ok(kt_as(
+        &server.addr,
+        &none,
+        &with_token,
+        &["ls", "local", "--json"],
+    )))
+    .unwrap();
+    assert_eq!(ls[0]["locale"], "n1", "{ls}");
+
+    // An agent without the token cannot register or publish for anyone.
+    let other_dir = dir.path().join("n2");
+    std::fs::create_dir_all(&other_dir).unwrap();
+    let intruder = start_agent_with(ip, &server.addr, &other_dir, "n2", &[]);
+    let out = kt_as(
+        &server.addr,
+        &intruder.socket,
+        &with_token,
+        &["put", "local/x", "--src", src_s, "--locale", "local"],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("no credential"), "{}", stderr(&out));
+    let out = kt_as(&server.addr, &none, &with_token, &["ls", "local/x"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+}
+
+/// A fake API that knows the tokens of two teams, a node agent, a user and a token for the API
+/// server alone.
+fn team_world() -> World {
+    let mut w = World::default();
+    let sa = |ns: &str, name: &str| format!("system:serviceaccount:{ns}:{name}");
+    let ktfs = vec!["ktfs".to_string()];
+    w.tokens
+        .insert("tok-a".into(), (sa("team-a", "runner"), ktfs.clone()));
+    w.tokens
+        .insert("tok-b".into(), (sa("team-b", "default"), ktfs.clone()));
+    w.tokens.insert(
+        "tok-node".into(),
+        (sa("kt-system", "kt-csi-node"), ktfs.clone()),
+    );
+    w.tokens.insert("tok-alice".into(), ("alice".into(), ktfs));
+    w.tokens.insert(
+        "tok-api".into(),
+        (sa("team-a", "runner"), vec!["api".to_string()]),
+    );
+    w
+}
+
+fn review_server(ip: &str, api: &FakeApi, dir: &Path) -> Proc {
+    spawn_ready(&[
+        "server",
+        "--listen",
+        &format!("{ip}:0"),
+        "--data-dir",
+        dir.join("store").to_str().unwrap(),
+        "--token-review",
+        "--review-kubeconfig",
+        api.kubeconfig(dir).to_str().unwrap(),
+    ])
+}
+
+#[test]
+fn a_service_account_token_reaches_its_own_namespace_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::start("127.0.0.187", team_world());
+    let server = review_server("127.0.0.186", &api, dir.path());
+    let none = dir.path().join("no-agent.sock");
+    let src = dir.path().join("w.bin");
+    std::fs::write(&src, pseudo_random(200_000, 4)).unwrap();
+    let src_s = src.to_str().unwrap();
+    let a = [("KT_TOKEN", "tok-a")];
+    let b = [("KT_TOKEN", "tok-b")];
+    let kt = |env: &[(&str, &str)], args: &[&str]| kt_as(&server.addr, &none, env, args);
+
+    ok(kt(&a, &["put", "svc/w", "--src", src_s, "-n", "team-a"]));
+    let ls = ok(kt(&a, &["ls", "svc", "-n", "team-a", "--json"]));
+    assert!(ls.contains("\"w\""), "{ls}");
+
+    // Team b's pod reaches none of team a's keys, whatever -n it passes.
+    let only_b = "ServiceAccount team-b/default may use namespace team-b only, not team-a";
+    refused(kt(&b, &["ls", "svc", "-n", "team-a"]), only_b);
+    let dest = dir.path().join("stolen.bin");
+    refused(
+        kt(
+            &b,
+            &[
+                "get",
+                "svc/w",
+                "--dest",
+                dest.to_str().unwrap(),
+                "-n",
+                "team-a",
+            ],
+        ),
+        only_b,
+    );
+    assert!(!dest.exists());
+    refused(kt(&b, &["rm", "svc/w", "-n", "team-a"]), only_b);
+    refused(
+        kt(&b, &["put", "svc/w", "--src", src_s, "-n", "team-a", "-f"]),
+        only_b,
+    );
+    refused(kt(&b, &["window", "g", "-n", "team-a"]), only_b);
+    // Its own namespace is its own, and the default one is not.
+    ok(kt(&b, &["put", "svc/w", "--src", src_s, "-n", "team-b"]));
+    refused(kt(&b, &["ls"]), "not default");
+    // Team a's key is untouched.
+    let ls = ok(kt(&a, &["ls", "svc", "-n", "team-a", "--json"]));
+    assert!(ls.contains("\"w\""), "{ls}");
+
+    // A token for the API server alone, a user's token and a made-up one: no principal.
+    refused(
+        kt(&[("KT_TOKEN", "tok-api")], &["ls", "-n", "team-a"]),
+        "audiences",
+    );
+    refused(
+        kt(&[("KT_TOKEN", "tok-alice")], &["ls", "-n", "team-a"]),
+        "alice is not a ServiceAccount",
+    );
+    refused(
+        kt(&[("KT_TOKEN", "made-up")], &["ls"]),
+        "invalid bearer token",
+    );
+    refused(kt(&[], &["ls", "-n", "team-a"]), "no credential");
+
+    // A pod's token may not act as a node; the node agent's may, for every namespace.
+    let node_dir = dir.path().join("n1");
+    std::fs::create_dir_all(&node_dir).unwrap();
+    let pod_agent = {
+        let mut cmd = Command::new(kt_bin());
+        cmd.args([
+            "agent",
+            "--server",
+            &server.addr,
+            "--listen",
+            "127.0.0.186:0",
+        ])
+        .arg("--cache-dir")
+        .arg(node_dir.join("cache"))
+        .arg("--socket")
+        .arg(node_dir.join("agent.sock"))
+        .args(["--node-id", "n1", "--heartbeat-secs", "1"])
+        .env("KT_TOKEN", "tok-node")
+        .env("RUST_LOG", "warn");
+        spawn_ready_cmd(cmd)
+    };
+    ok(kt_as(
+        &server.addr,
+        &node_dir.join("agent.sock"),
+        &a,
+        &[
+            "put",
+            "svc/local",
+            "--src",
+            src_s,
+            "--locale",
+            "local",
+            "-n",
+            "team-a",
+        ],
+    ));
+    let ls = ok(kt(&a, &["ls", "svc", "-n", "team-a", "--json"]));
+    assert!(ls.contains("\"local\""), "{ls}");
+    drop(pod_agent);
+
+    // Every review asked for ktfs's audience, and a token is reviewed once while it is trusted.
+    let seen = api.seen.lock().unwrap();
+    assert!(
+        seen.reviews
+            .iter()
+            .all(|r| r["audiences"] == serde_json::json!(["ktfs"])),
+        "{:?}",
+        seen.reviews
+    );
+    let reviews_of_a = seen
+        .reviews
+        .iter()
+        .filter(|r| r["token"] == "tok-a")
+        .count();
+    assert!(reviews_of_a <= 2, "tok-a reviewed {reviews_of_a} times");
+}
+
+#[test]
+fn a_laptop_presents_a_token_the_api_issued_never_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    // One fake cluster: the laptop reaches the store's pod through it, and the store server
+    // reviews tokens with it. The store listens where the pod is (its address is chosen first).
+    let store_addr = "127.0.0.188:7447";
+    let mut world = World::with_store(store_addr.parse().unwrap(), "Running");
+    world.tokens = team_world().tokens;
+    // The kubeconfig user's own bearer token: were it sent on, it would be alice's.
+    world.tokens.insert(
+        "not-a-secret".into(),
+        ("alice".into(), vec!["api".into(), "ktfs".into()]),
+    );
+    world.service_accounts.push("team-a/default".into());
+    let api = FakeApi::start("127.0.0.189", world);
+    let _server = spawn_ready(&[
+        "server",
+        "--listen",
+        store_addr,
+        "--data-dir",
+        dir.path().join("store").to_str().unwrap(),
+        "--token-review",
+        "--review-kubeconfig",
+        api.kubeconfig(dir.path()).to_str().unwrap(),
+    ]);
+    let cfg = api.kubeconfig(dir.path());
+    let none = dir.path().join("no-agent.sock");
+    let src = dir.path().join("w.bin");
+    std::fs::write(&src, pseudo_random(100_000, 5)).unwrap();
+    let outside = |args: &[&str]| {
+        let mut a = args.to_vec();
+        a.extend(["--kubeconfig", cfg.to_str().unwrap()]);
+        kt_as("127.0.0.189:1", &none, &[], &a)
+    };
+
+    ok(outside(&[
+        "put",
+        "svc/w",
+        "--src",
+        src.to_str().unwrap(),
+        "-n",
+        "team-a",
+    ]));
+    let ls = ok(outside(&["ls", "svc", "-n", "team-a", "--json"]));
+    assert!(ls.contains("\"w\""), "{ls}");
+    {
+        let seen = api.seen.lock().unwrap();
+        assert_eq!(seen.issued.len(), 2, "one token per command");
+        assert!(seen.issued.values().all(|(user, auds)| {
+            user == "system:serviceaccount:team-a:default" && auds == &vec!["ktfs".to_string()]
+        }));
+    }
+    // RBAC gives this user no ServiceAccount of team-b: one line says so, before any call.
+    refused(
+        outside(&["ls", "-n", "team-b"]),
+        "no token of ServiceAccount team-b/default for the store server: cannot create \
+         serviceaccounts/token team-b/default (Forbidden)",
+    );
+    // The kubeconfig's own credential never reached the store server.
+    let seen = api.seen.lock().unwrap();
+    assert!(!seen.reviews.is_empty());
+    assert!(
+        seen.reviews.iter().all(|r| r["token"] != "not-a-secret"),
+        "{:?}",
+        seen.reviews
+    );
+    assert!(seen.reviews.iter().all(|r| r["token"]
+        .as_str()
+        .unwrap()
+        .starts_with("issued-team-a-default-")));
+}
