@@ -25,6 +25,13 @@ pub enum ManifestError {
     SizeMismatch(String, u64, u64),
     #[error("manifest entry {0:?} has a malformed block reference")]
     BadBlock(String),
+    #[error("manifest entry {path:?} lists block {hash} as {len} bytes, and elsewhere as {other}")]
+    InconsistentBlock {
+        path: String,
+        hash: String,
+        len: u32,
+        other: u32,
+    },
     #[error("manifest block size {0} is out of range")]
     BadBlockSize(u32),
     #[error("manifest entries are not sorted and unique at {0:?}")]
@@ -92,6 +99,9 @@ pub fn validate(m: &Manifest) -> Result<(), ManifestError> {
     // Every entry's parent must be a directory of the manifest: no file or symlink may stand
     // where a later entry needs a directory (a symlink there would redirect writes elsewhere).
     let mut dirs: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    // A block is its bytes: one hash with two lengths is a lie, and readers that fetch each
+    // hash once would cut or pad one of its places.
+    let mut lens: std::collections::HashMap<&[u8], u32> = std::collections::HashMap::new();
     for e in &m.entries {
         check_rel_path(&e.path)?;
         if let Some(p) = prev {
@@ -114,6 +124,15 @@ pub fn validate(m: &Manifest) -> Result<(), ManifestError> {
             for b in &e.blocks {
                 if b.hash.len() != 32 || b.len == 0 || b.len > m.block_size {
                     return Err(ManifestError::BadBlock(e.path.clone()));
+                }
+                let len = *lens.entry(&b.hash).or_insert(b.len);
+                if len != b.len {
+                    return Err(ManifestError::InconsistentBlock {
+                        path: e.path.clone(),
+                        hash: block_hash(b).map(|h| h.to_string()).unwrap_or_default(),
+                        len: b.len,
+                        other: len,
+                    });
                 }
                 sum += u64::from(b.len);
             }
@@ -229,6 +248,21 @@ mod tests {
         let mut m = ok.clone();
         m.entries[1].blocks[0].hash.pop();
         assert!(matches!(validate(&m), Err(ManifestError::BadBlock(..))));
+        // The same block under two lengths, each entry adding up on its own.
+        let mut m = ok.clone();
+        m.entries[3] = file("d/b", &[(b"x", 3)]);
+        assert!(
+            matches!(
+                validate(&m),
+                Err(ManifestError::InconsistentBlock {
+                    len: 3,
+                    other: 4,
+                    ..
+                })
+            ),
+            "{:?}",
+            validate(&m)
+        );
         let mut m = ok.clone();
         m.entries.swap(1, 2);
         assert!(matches!(validate(&m), Err(ManifestError::Unsorted(..))));

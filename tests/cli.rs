@@ -579,3 +579,142 @@ fn publish_with_inline_blocks_checks_and_keeps_them() {
         "{listing}"
     );
 }
+
+/// The store knows the length of every block it holds: a publish whose manifest gives a block
+/// another length is refused, naming the file and the block, and publishes nothing; so is one
+/// whose inline block is not the length the manifest says, which leaves no block behind.
+#[test]
+fn publish_refuses_block_lengths_the_store_contradicts() {
+    use ktfs::proto::{
+        BlockRef, EntryKind, FileEntry, InlineBlock, Manifest, MissingBlocksRequest,
+        PublishRequest, ResolveRequest,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server("127.0.0.19", &dir.path().join("store"));
+    let sock = dir.path().join("none.sock");
+    let data = pseudo_random(1 << 20, 19);
+    let src = dir.path().join("one.bin");
+    fs::write(&src, &data).unwrap();
+    let put = kt_with(
+        &server.addr,
+        &sock,
+        &["put", "one", "--src", src.to_str().unwrap()],
+    );
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let hash = blake3::hash(&data);
+    let file = |path: &str, blocks: Vec<BlockRef>| FileEntry {
+        path: path.into(),
+        kind: EntryKind::File as i32,
+        size: blocks.iter().map(|b| u64::from(b.len)).sum(),
+        blocks,
+        mode: 0o644,
+        ..Default::default()
+    };
+    let claim = |len: u32| BlockRef {
+        hash: hash.as_bytes().to_vec(),
+        len,
+    };
+    let publish = |key: &str, entries: Vec<FileEntry>| PublishRequest {
+        namespace: "default".into(),
+        key: key.into(),
+        manifest: Some(Manifest {
+            block_size: 4 << 20,
+            entries,
+        }),
+        ..Default::default()
+    };
+    let resolve = |key: &str| ResolveRequest {
+        namespace: "default".into(),
+        key: key.into(),
+        inline_up_to: 0,
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut store = ktfs::rpc::client::connect_store(&server.addr)
+            .await
+            .unwrap();
+        let err = store
+            .publish(publish("lie/one", vec![file("", vec![claim(4 << 20)])]))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+        let msg = err.message();
+        assert!(
+            msg.contains("lie/one")
+                && msg.contains("block 0")
+                && msg.contains(&hash.to_hex()[..16])
+                && msg.contains(&(1u32 << 20).to_string())
+                && msg.contains(&(4u32 << 20).to_string()),
+            "{msg}"
+        );
+        let err = store.resolve(resolve("lie/one")).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound, "{err}");
+
+        // In a directory, the message names the file below the key.
+        let dir_entry = FileEntry {
+            kind: EntryKind::Directory as i32,
+            mode: 0o755,
+            ..Default::default()
+        };
+        let entries = vec![dir_entry, file("w.bin", vec![claim(4 << 20)])];
+        let err = store
+            .publish(publish("lie/dir", entries))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+        assert!(err.message().contains("lie/dir/w.bin"), "{}", err.message());
+        let err = store.resolve(resolve("lie/dir")).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound, "{err}");
+
+        // The same block under its own length is published.
+        store
+            .publish(publish("truth", vec![file("", vec![claim(1 << 20); 2])]))
+            .await
+            .expect("a manifest whose lengths are the store's");
+        let r = store.resolve(resolve("truth")).await.unwrap().into_inner();
+        assert_eq!(r.size, 2 << 20);
+
+        // An inline block under a length it does not have.
+        let small = pseudo_random(5000, 20);
+        let small_hash = blake3::hash(&small).as_bytes().to_vec();
+        let mut req = publish(
+            "lie/inline",
+            vec![file(
+                "",
+                vec![BlockRef {
+                    hash: small_hash.clone(),
+                    len: 6000,
+                }],
+            )],
+        );
+        req.inline_blocks = vec![InlineBlock {
+            hash: small_hash.clone(),
+            data: small,
+        }];
+        let err = store.publish(req).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+        assert!(
+            err.message().contains("lie/inline") && err.message().contains("inline"),
+            "{}",
+            err.message()
+        );
+        let err = store.resolve(resolve("lie/inline")).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound, "{err}");
+        let missing = store
+            .missing_blocks(MissingBlocksRequest {
+                hashes: vec![small_hash.clone()],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            missing.hashes,
+            [small_hash],
+            "a refused publish stored its block"
+        );
+    });
+}

@@ -286,3 +286,83 @@ fn copy_range_and_fallocate_are_the_cores_own() {
     // A descriptor open only for reading has nothing to extend.
     assert_eq!(errno(core.fallocate(rd, 0, 10, 0)), libc::EBADF);
 }
+
+/// A `locale=local` manifest's lengths are not the store's to check: one that gives a block
+/// this node holds (1 MiB) a length of 4 MiB is published, and every reader must refuse the
+/// block rather than slice past it or hand back short data.
+#[test]
+fn a_block_whose_length_the_manifest_lies_about_is_an_error_for_every_reader() {
+    use ktfs::proto::{BlockRef, EntryKind, FileEntry, Locale, Manifest, PublishRequest};
+    let rig = Rig::new();
+    let core = rig.core();
+    let data = common::pseudo_random(1 << 20, 23);
+    let real = write_file(&core, ROOT, "real", &data);
+    // Read here, so this node's cache holds the block and serves it to peers.
+    assert_eq!(read_all(&core, real), data);
+    let manifest = Manifest {
+        block_size: 4 << 20,
+        entries: vec![FileEntry {
+            kind: EntryKind::File as i32,
+            mode: 0o644,
+            size: 4 << 20,
+            blocks: vec![BlockRef {
+                hash: blake3::hash(&data).as_bytes().to_vec(),
+                len: 4 << 20,
+            }],
+            ..Default::default()
+        }],
+    };
+    rig.rt
+        .block_on(async {
+            let mut store = connect_store(&rig.server).await.unwrap();
+            store
+                .publish(PublishRequest {
+                    namespace: "default".into(),
+                    key: "lie".into(),
+                    manifest: Some(manifest),
+                    locale: Locale::Local as i32,
+                    origin_node: rig.agent.node_id.clone(),
+                    ..Default::default()
+                })
+                .await
+        })
+        .expect("a locale=local publish of a block the store does not hold");
+
+    // Another mount on this node: its listing is fresh, and it shares the node's blocks.
+    let core = rig.core();
+    let lie = core.lookup(ROOT, "lie").unwrap();
+    assert_eq!(lie.size, 4 << 20);
+    let (fh, _) = core.open(lie.ino, libc::O_RDONLY).unwrap();
+    // Within the block's real bytes, and past them: both are EIO, neither a panic.
+    for offset in [0, 2 << 20] {
+        let err = match core.read(lie.ino, fh, offset, 1 << 20) {
+            Ok(got) => panic!("a read at {offset} gave {} bytes, not an error", got.len()),
+            Err(e) => e,
+        };
+        assert_eq!(err.errno(), libc::EIO, "{err}");
+        assert!(
+            err.to_string().contains(&format!("{} bytes", 1 << 20)),
+            "{err}"
+        );
+    }
+    core.release(fh).unwrap();
+    // Copy on write copies nothing short either.
+    assert_eq!(errno(core.open(lie.ino, libc::O_RDWR)), libc::EIO);
+
+    // `kt get` fetches the block from this node's agent, which sends its 1 MiB: refused, with
+    // the lengths in the error, and no file left.
+    let dest = rig.dir.path().join("got");
+    let out = common::kt_with(
+        &rig.server,
+        &rig.dir.path().join("no-agent.sock"),
+        &["get", "lie", "--dest", dest.to_str().unwrap()],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("sent {} bytes", 1 << 20))
+            && stderr.contains(&format!("says is {} bytes", 4 << 20)),
+        "{stderr}"
+    );
+    assert!(!dest.exists());
+}

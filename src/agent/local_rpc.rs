@@ -98,6 +98,10 @@ impl Agent for AgentHandler {
     ) -> Result<Response<PublishResponse>, Status> {
         let r = req.into_inner();
         let mut req = r.publish.ok_or_else(|| invalid("publish missing"))?;
+        // The store cannot check this manifest's block lengths against its index: the blocks
+        // stay here. Registering checks each file's size against its entry, serving reads each
+        // block at the manifest's length and checks its hash, and every reader checks the
+        // length of what it receives; those are what stop a manifest that lies.
         let m = checked(req.manifest.clone())?;
         let n = self.register(m, r.files).await?;
         req.locale = Locale::Local as i32;

@@ -75,11 +75,24 @@ impl StoreBlocks {
     /// Whether the store holds the block. A block whose file has gone (a disk replaced under
     /// the store) counts as missing, so that the next put uploads it again.
     pub fn contains(&self, hash: &BlockHash) -> Result<bool, BlockError> {
-        Ok(match self.db.get(CF_BLOCK_INDEX, hash.as_bytes())? {
-            None => false,
-            Some(v) if v.get(4) == Some(&IN_FILE) => self.files.exists(hash),
-            Some(_) => true,
-        })
+        Ok(self.stored_len(hash)?.is_some())
+    }
+
+    /// The length of a block the store holds, from its index entry (`None` as for
+    /// [`StoreBlocks::contains`]): what a publish checks its manifest's lengths against.
+    pub fn stored_len(&self, hash: &BlockHash) -> Result<Option<u32>, BlockError> {
+        let Some(v) = self.db.get(CF_BLOCK_INDEX, hash.as_bytes())? else {
+            return Ok(None);
+        };
+        if v.get(4) == Some(&IN_FILE) && !self.files.exists(hash) {
+            return Ok(None);
+        }
+        // An entry too short to hold a length counts as missing: the next put writes it again.
+        let Some(len) = v.get(..4).and_then(|b| <[u8; 4]>::try_from(b).ok()) else {
+            tracing::warn!(block = %hash.hex(), "a block's index entry is corrupt");
+            return Ok(None);
+        };
+        Ok(Some(u32::from_be_bytes(len)))
     }
 
     /// The blocks of `hashes` the store lacks.

@@ -188,8 +188,28 @@ impl Loader {
         Ok(())
     }
 
-    /// One block, from here or fetched, verified.
+    /// One block, from here or fetched, verified, of the length the manifest gives it.
     pub async fn block(
+        &self,
+        job: &BlockJob,
+        route: &Route,
+        on_fetched: impl FnOnce() + Send + 'static,
+    ) -> Result<Bytes, FsError> {
+        let b = self.block_by_hash(job, route, on_fetched).await?;
+        // What this node holds is found by hash alone, and its hash is right: a length that
+        // differs is the manifest's lie, which no other source can mend.
+        if b.len() != job.len as usize {
+            return Err(FsError::BadManifest(format!(
+                "block {} is {} bytes, the manifest says {}",
+                job.hash,
+                b.len(),
+                job.len
+            )));
+        }
+        Ok(b)
+    }
+
+    async fn block_by_hash(
         &self,
         job: &BlockJob,
         route: &Route,

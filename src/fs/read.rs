@@ -275,9 +275,20 @@ impl FsCore {
         if offset >= file_size || size == 0 {
             return Ok(Bytes::new());
         }
-        let end = (offset + u64::from(size)).min(file_size);
-        let first = f.offsets.partition_point(|&o| o <= offset) - 1;
-        let last = f.offsets.partition_point(|&o| o < end) - 1;
+        let end = offset.saturating_add(u64::from(size)).min(file_size);
+        // The manifest was validated (its blocks add up to its size), so some block covers
+        // every offset below the size; checked all the same, since the manifest came from afar.
+        let uncovered = || FsError::BadManifest(format!("no block covers offset {offset}"));
+        let first = f
+            .offsets
+            .partition_point(|&o| o <= offset)
+            .checked_sub(1)
+            .ok_or_else(uncovered)?;
+        let last = f
+            .offsets
+            .partition_point(|&o| o < end)
+            .checked_sub(1)
+            .ok_or_else(uncovered)?;
         // The kernel's readahead sends neighbouring requests on several threads, so they arrive
         // slightly out of order: near the previous end still counts as sequential.
         let prev_end = f.next_offset.swap(end, Ordering::Relaxed);
@@ -299,9 +310,17 @@ impl FsCore {
                     .loader
                     .block(&f.job(i)?, &f.route, self.seed_hook(f.version))
                     .await?;
-                let start = f.offsets[i];
+                // `block` gave the manifest's length, so this is in range; a slice out of it
+                // would panic, so it is an error instead.
+                let start = f.offsets.get(i).copied().ok_or_else(uncovered)?;
                 let lo = offset.max(start) - start;
-                let hi = end.min(start + data.len() as u64) - start;
+                let hi = end.min(start + data.len() as u64).saturating_sub(start);
+                if lo > hi || hi > data.len() as u64 {
+                    return Err(FsError::BadManifest(format!(
+                        "block {i} ({} bytes) does not cover {offset}..{end}",
+                        data.len()
+                    )));
+                }
                 parts.push(data.slice(lo as usize..hi as usize));
             }
             if parts.len() == 1 {

@@ -246,6 +246,38 @@ impl MetaStore {
         locks::lock(&self.write_lock)
     }
 
+    /// Every block of `m` is in the store, with the length the manifest gives it: a manifest
+    /// that lies about a block's length would show one size in listings and another in reads.
+    fn check_stored_blocks(&self, key: &KeyPath, m: &Manifest) -> Result<(), MetaError> {
+        let mut missing = 0;
+        for e in &m.entries {
+            for (i, b) in e.blocks.iter().enumerate() {
+                let hash: BlockHash = manifest::block_hash(b)
+                    .ok_or_else(|| ManifestError::BadBlock(e.path.clone()))?;
+                match self.blocks.stored_len(&hash)? {
+                    None => missing += 1,
+                    Some(len) if len != b.len => {
+                        let file = if e.path.is_empty() {
+                            key.to_string()
+                        } else {
+                            format!("{key}/{}", e.path)
+                        };
+                        return Err(MetaError::BadRequest(format!(
+                            "{file}: block {i} ({}) is {len} bytes in the store, the manifest says {}",
+                            hash.hex(),
+                            b.len
+                        )));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        if missing > 0 {
+            return Err(MetaError::MissingBlocks(missing));
+        }
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn publish(
         &self,
@@ -263,17 +295,11 @@ impl MetaStore {
                 "origin node {origin:?} is not registered with the store server"
             )));
         }
+        // A `locale=local` manifest's blocks are on its origin node, not here: its lengths
+        // cannot be checked against anything the store holds, and every reader checks the
+        // length of each block it receives instead (`fetch`, the mount's loader).
         if locale == Locale::Store {
-            let hashes: Vec<BlockHash> = manifest
-                .entries
-                .iter()
-                .flat_map(|e| &e.blocks)
-                .filter_map(manifest::block_hash)
-                .collect();
-            let missing = self.blocks.missing(&hashes)?;
-            if !missing.is_empty() {
-                return Err(MetaError::MissingBlocks(missing.len()));
-            }
+            self.check_stored_blocks(key, manifest)?;
             // The key must never outlive its blocks in a crash.
             self.blocks.make_durable()?;
         }

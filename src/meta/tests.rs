@@ -67,6 +67,51 @@ fn nodes_that_stop_heartbeating_stop_being_sources() {
 }
 
 #[test]
+fn store_publish_checks_block_lengths_against_the_store() {
+    let (_d, meta) = store(DEFAULT_TEST_LEASE);
+    let ns = Namespace::default();
+    // A block in the database and one in a file: the index knows both lengths.
+    let small = b"small".to_vec();
+    let large = vec![7u8; MIN_FILE_BLOCK];
+    for b in [&small, &large] {
+        meta.blocks().put(&BlockHash::of(b), b).unwrap();
+        assert_eq!(
+            meta.blocks().stored_len(&BlockHash::of(b)).unwrap(),
+            Some(b.len() as u32)
+        );
+    }
+    assert_eq!(
+        meta.blocks().stored_len(&BlockHash::of(b"none")).unwrap(),
+        None
+    );
+    for (i, b) in [&small, &large].into_iter().enumerate() {
+        let key = KeyPath::parse(&format!("lie{i}")).unwrap();
+        let mut m = one_file(b);
+        m.block_size = MIN_FILE_BLOCK as u32 * 2;
+        m.entries[0].blocks[0].len += 1;
+        m.entries[0].size += 1;
+        match meta.publish(&ns, &key, &m, Locale::Store, "", 0, false) {
+            Err(MetaError::BadRequest(msg)) => {
+                assert!(msg.contains(&format!("lie{i}: block 0")), "{msg}")
+            }
+            other => panic!("a lying length was {:?}", other.map(|v| v.hex())),
+        }
+        assert!(matches!(
+            meta.resolve(&ns, &key),
+            Err(MetaError::NotFound(_))
+        ));
+        // Where the store does not hold the blocks, it has nothing to check against.
+        meta.register_node(NodeInfo {
+            node_id: "n1".into(),
+            data_addr: "127.0.0.1:1".into(),
+            zone: String::new(),
+        });
+        meta.publish(&ns, &key, &m, Locale::Local, "n1", 0, false)
+            .unwrap();
+    }
+}
+
+#[test]
 fn store_publish_needs_its_blocks_and_swaps_atomically() {
     let (_d, meta) = store(DEFAULT_TEST_LEASE);
     let ns = Namespace::default();

@@ -46,6 +46,44 @@ fn checked_inline(blocks: Vec<InlineBlock>) -> Result<Vec<(BlockHash, Vec<u8>)>,
         .collect()
 }
 
+/// Every place `m` names an inline block gives it the block's length: checked before the
+/// blocks are stored, so a refused publish leaves nothing behind.
+fn check_inline_lengths(
+    key: &KeyPath,
+    m: &Manifest,
+    inline: &[(BlockHash, Vec<u8>)],
+) -> Result<(), Status> {
+    if inline.is_empty() {
+        return Ok(());
+    }
+    let lens: std::collections::HashMap<&[u8], usize> = inline
+        .iter()
+        .map(|(h, data)| (&h.0[..], data.len()))
+        .collect();
+    for e in &m.entries {
+        for (i, b) in e.blocks.iter().enumerate() {
+            let Some(&len) = lens.get(&b.hash[..]) else {
+                continue;
+            };
+            if len != b.len as usize {
+                let file = if e.path.is_empty() {
+                    key.to_string()
+                } else {
+                    format!("{key}/{}", e.path)
+                };
+                return Err(invalid(format!(
+                    "{file}: block {i} ({}) is {len} bytes inline, the manifest says {}",
+                    BlockHash::from_slice(&b.hash)
+                        .map(|h| h.hex())
+                        .unwrap_or_default(),
+                    b.len
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The blocks of a small one-file manifest, if the caller wants them and they are all small
 /// blocks in the database (never a block file: those go on the data plane).
 fn inline_file(
@@ -211,6 +249,7 @@ impl Store for StoreHandler {
         let locale = r.locale();
         let manifest = r.manifest.ok_or_else(|| invalid("manifest missing"))?;
         let inline = checked_inline(r.inline_blocks)?;
+        check_inline_lengths(&key, &manifest, &inline)?;
         let meta = self.meta.clone();
         let version = blocking(move || {
             for (hash, data) in &inline {

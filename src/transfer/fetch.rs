@@ -385,6 +385,19 @@ async fn run_lane(
                         r
                     }));
                 }
+                // A block of the right hash but another length than the manifest's is as
+                // bad as bytes that fail their hash: whichever side lies, the bytes cannot fill
+                // the place the manifest gives them.
+                Ok(Response::Block(h, data)) if h == job.hash => {
+                    error = Some(format!(
+                        "sent {} bytes for block {}, which the manifest says is {} bytes",
+                        data.len(),
+                        job.hash,
+                        job.len
+                    ));
+                    poisoned.store(true, Ordering::Relaxed);
+                    failed.push(job);
+                }
                 Ok(Response::Block(..)) => {
                     error = Some(format!("sent the wrong block for {}", job.hash));
                     poisoned.store(true, Ordering::Relaxed);

@@ -143,9 +143,22 @@ pub async fn read_range(
             missing: 1,
             reasons: "a fetched block went missing".into(),
         })?;
+        // The fetch gave each block the manifest's length, and the manifest has one length
+        // per hash; a range outside the block is still an error, never a panic.
         let lo = offset.max(start) - start;
         let hi = end.min(start + u64::from(len)) - start;
-        out.extend_from_slice(&block[lo as usize..hi as usize]);
+        let part = usize::try_from(lo)
+            .ok()
+            .zip(usize::try_from(hi).ok())
+            .and_then(|(lo, hi)| block.get(lo..hi))
+            .ok_or_else(|| TransferError::Unavailable {
+                missing: 1,
+                reasons: format!(
+                    "block {hash} is {} bytes, the manifest says {len}",
+                    block.len()
+                ),
+            })?;
+        out.extend_from_slice(part);
     }
     Ok(RangeRead {
         data: out.freeze(),

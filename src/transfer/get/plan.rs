@@ -79,6 +79,8 @@ impl<'m> Layout<'m> {
                     for b in &e.blocks {
                         let h = manifest::block_hash(b)
                             .ok_or_else(|| ManifestError::BadBlock(e.path.clone()))?;
+                        // One job per hash, of the first length met: `manifest::validate`
+                        // refused a manifest that gives one hash two lengths.
                         jobs.entry(h.0)
                             .or_insert_with(|| {
                                 order.push(h.0);
