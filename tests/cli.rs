@@ -634,9 +634,10 @@ fn publish_refuses_block_lengths_the_store_contradicts() {
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let mut store = ktfs::rpc::client::connect_store(&server.addr)
-            .await
-            .unwrap();
+        let mut store =
+            ktfs::rpc::client::connect_store(&server.addr, &ktfs::rpc::Credential::none())
+                .await
+                .unwrap();
         let err = store
             .publish(publish("lie/one", vec![file("", vec![claim(4 << 20)])]))
             .await

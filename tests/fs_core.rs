@@ -314,7 +314,9 @@ fn a_block_whose_length_the_manifest_lies_about_is_an_error_for_every_reader() {
     };
     rig.rt
         .block_on(async {
-            let mut store = connect_store(&rig.server).await.unwrap();
+            let mut store = connect_store(&rig.server, &ktfs::rpc::Credential::none())
+                .await
+                .unwrap();
             store
                 .publish(PublishRequest {
                     namespace: "default".into(),
