@@ -7,7 +7,9 @@ RENDERED_YAML is the rendered kustomization (render.py or `kubectl kustomize`); 
 the Dockerfile are read from DEPLOY_DIR. Checks that the names one file uses for something another
 file defines agree: the CSI driver name, the CSI socket path, the store server's port and address,
 the ktfs image tag, service accounts and their bindings, the binaries the image holds, the health
-port, and the $(VAR)s containers expand. Prints every mismatch and exits 1 on any.
+port, and the $(VAR)s containers expand; and that volumes are what kt-csi takes (its parameters,
+pod info on mount, the PVC's namespace from the provisioner). Prints every mismatch and exits 1
+on any.
 """
 
 import json
@@ -22,6 +24,10 @@ import yaml
 KT_IMAGE = "ktfs/kt"
 SIDECAR_REGISTRY = "registry.k8s.io/sig-storage/"
 KUBELET_PLUGINS = "/var/lib/kubelet/plugins"
+# What kt-csi takes from a StorageClass (csi/src/volume.rs); it refuses any other key.
+CLASS_PARAMETERS = {"namespace", "prefix", "locale", "shareWithNamespaces"}
+# What an inline volume may say: its namespace is its pod's, and it grants nothing.
+INLINE_ATTRIBUTES = {"namespace", "prefix", "locale"}
 
 errors = []
 
@@ -105,6 +111,38 @@ def resolve_port(container, port):
 # --- the checks -----------------------------------------------------------------------------
 
 
+def check_volumes(base, examples, pods, driver):
+    """kt-csi takes a volume's namespace from its pod, so the kubelet must send the pod's
+    (podInfoOnMount), and from the PVC's when a class names none, so the provisioner must send
+    that (--extra-create-metadata); and it refuses keys it does not know."""
+    c = "volumes"
+    for d in base:
+        if d["kind"] == "CSIDriver" and d["metadata"]["name"] == driver:
+            if (d.get("spec") or {}).get("podInfoOnMount") is not True:
+                error(c, f"{name_of(d)}: podInfoOnMount must be true (kt-csi refuses a publish "
+                         "that does not say which pod's namespace it is for)")
+    for owner, _, _, spec in pods:
+        for ctr in spec.get("containers") or []:
+            provisioner = "csi-provisioner" in ctr.get("image", "")
+            if provisioner and "--extra-create-metadata" not in argv(ctr):
+                error(c, f"{owner}: {ctr['name']} needs --extra-create-metadata (the PVC's "
+                         "namespace is a volume's where its StorageClass names none)")
+    for d in base + examples:
+        if d["kind"] == "StorageClass" and d.get("provisioner") == driver:
+            for k in sorted(set(d.get("parameters") or {}) - CLASS_PARAMETERS):
+                if not k.startswith("csi.storage.k8s.io/"):
+                    error(c, f"{name_of(d)}: kt-csi knows no parameter {k!r} "
+                             f"(known: {sorted(CLASS_PARAMETERS)})")
+    for owner, _, _, spec in pods:
+        for vol in spec.get("volumes") or []:
+            csi = vol.get("csi") or {}
+            if csi.get("driver") != driver:
+                continue
+            for k in sorted(set(csi.get("volumeAttributes") or {}) - INLINE_ATTRIBUTES):
+                error(c, f"{owner}: inline volume {vol['name']} has attribute {k!r}, which "
+                         f"kt-csi refuses (known: {sorted(INLINE_ATTRIBUTES)})")
+
+
 def check_driver_name(base, examples, pods):
     c = "driver name"
     drivers = [d["metadata"]["name"] for d in base if d["kind"] == "CSIDriver"]
@@ -112,7 +150,7 @@ def check_driver_name(base, examples, pods):
         error(c, f"expected one CSIDriver object, found {drivers}")
         return None
     driver = drivers[0]
-    classes = {d["metadata"]["name"]: d for d in base if d["kind"] == "StorageClass"}
+    classes = {d["metadata"]["name"]: d for d in base + examples if d["kind"] == "StorageClass"}
     for sc_name, sc in classes.items():
         if sc.get("provisioner") != driver:
             error(c, f"StorageClass {sc_name} has provisioner {sc.get('provisioner')!r}, "
@@ -127,7 +165,7 @@ def check_driver_name(base, examples, pods):
             sc = (doc.get("spec") or {}).get("storageClassName")
             if sc not in classes:
                 error(c, f"{name_of(doc)}: storageClassName {sc!r} is not a StorageClass of the "
-                         f"base ({sorted(classes)})")
+                         f"base or the examples ({sorted(classes)})")
     registrars = 0
     for owner, _, _, spec in pods:
         for ctr in spec.get("containers") or []:
@@ -390,6 +428,7 @@ def main(argv_):
     example_pods = list(pod_specs(examples))
     driver = check_driver_name(base, examples, pods + example_pods)
     check_socket(pods, driver)
+    check_volumes(base, examples, pods + example_pods, driver)
     check_store_port(base, examples, pods)
     check_images(base, examples)
     check_service_accounts(base, pods)

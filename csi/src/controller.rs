@@ -31,8 +31,8 @@ use crate::volume::VolumeSpec;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
-    #[error("volume name {0:?} cannot be recorded (longer than 100 bytes once encoded)")]
-    Name(String),
+    #[error("{path} is the record of another volume name than {name:?}")]
+    Other { path: PathBuf, name: String },
     #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,
@@ -53,29 +53,38 @@ impl Records {
         Records { dir }
     }
 
-    fn path(&self, name: &str) -> Result<PathBuf, RecordError> {
-        // PV names are DNS labels and stay as they are; anything else is hex-encoded.
+    /// A name's record file. Plain names (PV names are DNS labels) stay as they are, short
+    /// other names are hex-encoded, and the rest are hashed: the spec's longest name, 128 bytes
+    /// of any characters, would not fit in a file name (255 bytes) hex-encoded. The three forms
+    /// start apart, and a record holds its name, which [`Records::get`] checks.
+    fn path(&self, name: &str) -> PathBuf {
         let plain = !name.is_empty()
             && name
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-            && name.len() <= 100;
+            && name.len() <= 128;
         let file = if plain {
             format!("n-{name}.json")
         } else if name.len() <= 50 {
             let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
             format!("x-{hex}.json")
         } else {
-            return Err(RecordError::Name(name.to_string()));
+            format!("h-{}.json", crate::volume::name_hash(name))
         };
-        Ok(self.dir.join(file))
+        self.dir.join(file)
     }
 
     fn get(&self, name: &str) -> Result<Option<Value>, RecordError> {
-        let path = self.path(name)?;
+        let path = self.path(name);
         match std::fs::read(&path) {
             // A record that does not parse was not written by us: treat it as absent.
-            Ok(bytes) => Ok(serde_json::from_slice(&bytes).ok()),
+            Ok(bytes) => match serde_json::from_slice::<Value>(&bytes).ok() {
+                Some(v) if v["name"] != name => Err(RecordError::Other {
+                    path,
+                    name: name.to_string(),
+                }),
+                v => Ok(v),
+            },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(RecordError::Io {
                 what: "reading",
@@ -86,7 +95,7 @@ impl Records {
     }
 
     fn put(&self, name: &str, record: &Value) -> Result<(), RecordError> {
-        let path = self.path(name)?;
+        let path = self.path(name);
         let io = |what, path: &Path| {
             let path = path.to_path_buf();
             move |source| RecordError::Io { what, path, source }
@@ -298,7 +307,7 @@ impl Controller for ControllerService {
             .err()
             .or_else(|| {
                 let params: HashMap<String, String> = req.parameters.clone();
-                VolumeSpec::from_parameters("x", &params)
+                VolumeSpec::check_parameters(&params)
                     .err()
                     .map(|e| e.to_string())
             });
@@ -360,6 +369,11 @@ mod tests {
                     mode: Mode::MultiNodeMultiWriter as i32,
                 }),
             }],
+            // What the external provisioner adds (--extra-create-metadata).
+            parameters: HashMap::from([(
+                crate::volume::PVC_NAMESPACE.to_string(),
+                "default".to_string(),
+            )]),
             ..Default::default()
         })
     }
@@ -484,5 +498,62 @@ mod tests {
         assert_eq!(e.code(), Code::InvalidArgument);
         drop(held);
         svc.create_volume(create("pvc-held")).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn names_of_any_characters_up_to_the_spec_limit_are_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let svc = ControllerService::new(dir.path().join("no-kt"), "s:7447".into(), dir.path());
+        // 128 bytes: slashes, dots, spaces, a tab, non-ASCII.
+        let name = format!("../ a/b\t\u{e9}/{}xy", "\u{2603}/.".repeat(23));
+        assert_eq!(name.len(), 128);
+        let mut names = vec![
+            name.clone(),
+            name[..127].to_string(),
+            "p".repeat(128),
+            "a b".to_string(),
+        ];
+        names.push(format!("{}-", "p".repeat(127)));
+        let mut ids = vec![];
+        for n in &names {
+            let v = svc
+                .create_volume(create(n))
+                .await
+                .unwrap_or_else(|e| panic!("{n:?}: {e}"));
+            let v = v.into_inner().volume.unwrap();
+            // Again: the same volume, from its record.
+            let again = svc.create_volume(create(n)).await.unwrap();
+            assert_eq!(again.into_inner().volume.unwrap(), v, "{n:?}");
+            ids.push(v.volume_id);
+        }
+        assert_eq!(
+            ids[0],
+            format!("default/~{}", crate::volume::name_hash(&name))
+        );
+        assert_eq!(ids[2], format!("default/{}", "p".repeat(128)));
+        let mut apart = ids.clone();
+        apart.sort();
+        apart.dedup();
+        assert_eq!(apart.len(), names.len(), "{ids:?}");
+        let mut files: Vec<_> = std::fs::read_dir(dir.path().join("volumes"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        files.sort();
+        assert_eq!(files.len(), names.len(), "{files:?}");
+        assert!(files.iter().all(|f| f.len() <= 255 && f.ends_with(".json")));
+        // Another name with other parameters is still refused by its own record.
+        let mut other = create(&name);
+        other
+            .get_mut()
+            .parameters
+            .insert("locale".into(), "local".into());
+        let e = svc.create_volume(other).await.unwrap_err();
+        assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+        // A record under a name's file that is of another name is not taken for it.
+        let records = Records::new(dir.path().join("volumes"));
+        std::fs::write(records.path(&name), json!({"name": "else"}).to_string()).unwrap();
+        let e = svc.create_volume(create(&name)).await.unwrap_err();
+        assert_eq!(e.code(), Code::Internal, "{e:?}");
     }
 }

@@ -22,7 +22,7 @@ use crate::proto::{
     NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse, Topology,
 };
 use crate::publish::{self, PublishError};
-use crate::volume::VolumeSpec;
+use crate::volume::{VolumeError, VolumeSpec};
 
 #[derive(Debug, Clone)]
 pub struct NodeService {
@@ -76,6 +76,17 @@ fn status(e: PublishError) -> Status {
     }
 }
 
+/// The gRPC status of a volume a publish cannot mount: a pod's volume it may not mount, a
+/// kubelet that does not say which pod it is for, or a bad request.
+fn volume_status(e: &VolumeError) -> Status {
+    let msg = e.to_string();
+    match e {
+        VolumeError::Denied(_) => Status::permission_denied(msg),
+        VolumeError::NoPodInfo(_) => Status::failed_precondition(msg),
+        _ => Status::invalid_argument(msg),
+    }
+}
+
 fn target_path(raw: &str) -> Result<PathBuf, Status> {
     if raw.is_empty() {
         return Err(Status::invalid_argument("target_path is required"));
@@ -106,8 +117,14 @@ impl Node for NodeService {
             .ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
         capability::check(cap).map_err(Status::invalid_argument)?;
         let ctx: HashMap<String, String> = req.volume_context;
-        let spec = VolumeSpec::from_publish(&req.volume_id, &ctx)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let spec = VolumeSpec::from_publish(&req.volume_id, &ctx).map_err(|e| {
+            let status = volume_status(&e);
+            if status.code() == tonic::Code::PermissionDenied {
+                tracing::warn!(volume_id = req.volume_id, target = %target.display(),
+                    error = %e, "publish refused");
+            }
+            status
+        })?;
         // A PV's `mountOptions: [ro]` arrives as a mount flag.
         let ro_flag = matches!(&cap.access_type,
             Some(AccessType::Mount(m)) if m.mount_flags.iter().any(|f| f == "ro"));
@@ -180,6 +197,7 @@ mod tests {
     use crate::proto::volume_capability::access_mode::Mode;
     use crate::proto::volume_capability::{AccessMode, MountVolume};
     use crate::proto::VolumeCapability;
+    use crate::volume::{EPHEMERAL, POD_NAMESPACE};
     use std::path::Path;
     use std::time::Duration;
     use tonic::Code;
@@ -213,7 +231,12 @@ mod tests {
                     mode: Mode::MultiNodeMultiWriter as i32,
                 }),
             }),
-            volume_context: HashMap::from([("namespace".into(), "team".into())]),
+            // As the kubelet sends it for a pod of namespace `team` (podInfoOnMount).
+            volume_context: HashMap::from([
+                ("namespace".into(), "team".into()),
+                (POD_NAMESPACE.into(), "team".into()),
+                (EPHEMERAL.into(), "false".into()),
+            ]),
             ..Default::default()
         })
     }
@@ -300,5 +323,65 @@ mod tests {
         node.node_unpublish_volume(unpublish("team/z", &t))
             .await
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_volume_the_pod_may_not_mount_is_refused_before_anything_is_done() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = service(dir.path());
+        let t = dir.path().join("pod");
+        let with = |ctx: &[(&str, &str)]| {
+            let mut r = publish("csi-0123", &t);
+            r.get_mut().volume_context = ctx
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            r
+        };
+        // An inline volume of a pod in team-a that names team-b.
+        let e = node
+            .node_publish_volume(with(&[
+                (POD_NAMESPACE, "team-a"),
+                (EPHEMERAL, "true"),
+                ("namespace", "team-b"),
+                ("prefix", "keys"),
+            ]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        assert!(e.message().contains("team-b"), "{e:?}");
+        // A persistent volume of another namespace that its class does not share.
+        let e = node
+            .node_publish_volume(with(&[
+                (POD_NAMESPACE, "team-a"),
+                (EPHEMERAL, "false"),
+                ("namespace", "shared"),
+                ("prefix", "keys"),
+            ]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        // A kubelet that does not say which pod the volume is for.
+        let e = node
+            .node_publish_volume(with(&[("namespace", "team-a"), ("prefix", "keys")]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("podInfoOnMount"), "{e:?}");
+        assert!(!t.exists());
+        assert!(!node.volume_guard().is_held("csi-0123"));
+
+        // The same inline volume naming its pod's own namespace gets to the node agent.
+        let e = node
+            .node_publish_volume(with(&[
+                (POD_NAMESPACE, "team-a"),
+                (EPHEMERAL, "true"),
+                ("namespace", "team-a"),
+                ("prefix", "keys"),
+            ]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Internal, "{e:?}");
+        assert!(e.message().contains("no-kt"), "{e:?}");
     }
 }

@@ -22,7 +22,19 @@ fn map(kv: &[(&str, &str)]) -> HashMap<String, String> {
         .collect()
 }
 
+const POD_NAMESPACE: &str = "csi.storage.k8s.io/pod.namespace";
+const EPHEMERAL: &str = "csi.storage.k8s.io/ephemeral";
+const PVC_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
+
+/// A CreateVolume for a PVC of namespace `default` whose StorageClass has `params`, as the
+/// external provisioner sends it (`--extra-create-metadata`).
 fn create_req(name: &str, params: &[(&str, &str)]) -> CreateVolumeRequest {
+    let mut parameters = map(&[
+        ("csi.storage.k8s.io/pvc/name", "data"),
+        (PVC_NAMESPACE, "default"),
+        ("csi.storage.k8s.io/pv/name", name),
+    ]);
+    parameters.extend(map(params));
     CreateVolumeRequest {
         name: name.into(),
         capacity_range: Some(CapacityRange {
@@ -30,12 +42,31 @@ fn create_req(name: &str, params: &[(&str, &str)]) -> CreateVolumeRequest {
             limit_bytes: 0,
         }),
         volume_capabilities: vec![mount_cap(Mode::MultiNodeMultiWriter)],
-        parameters: map(params),
+        parameters,
         ..Default::default()
     }
 }
 
+/// A NodePublishVolume of a persistent volume for a pod in the volume's own namespace, as the
+/// kubelet sends it (the CSIDriver has `podInfoOnMount`).
 fn publish_req(volume: &Volume, target: &Path, readonly: bool) -> NodePublishVolumeRequest {
+    publish_req_for(
+        &volume.volume_context["namespace"],
+        volume,
+        target,
+        readonly,
+    )
+}
+
+/// The same for a pod in namespace `pod_ns`.
+fn publish_req_for(
+    pod_ns: &str,
+    volume: &Volume,
+    target: &Path,
+    readonly: bool,
+) -> NodePublishVolumeRequest {
+    let mut volume_context = volume.volume_context.clone();
+    volume_context.extend(pod_info(pod_ns, false));
     NodePublishVolumeRequest {
         volume_id: volume.volume_id.clone(),
         target_path: target.display().to_string(),
@@ -45,7 +76,45 @@ fn publish_req(volume: &Volume, target: &Path, readonly: bool) -> NodePublishVol
             Mode::MultiNodeMultiWriter
         })),
         readonly,
-        volume_context: volume.volume_context.clone(),
+        volume_context,
+        ..Default::default()
+    }
+}
+
+/// What the kubelet adds to a volume context for a pod in namespace `ns`, over what the pod's
+/// author wrote.
+fn pod_info(ns: &str, ephemeral: bool) -> HashMap<String, String> {
+    map(&[
+        (POD_NAMESPACE, ns),
+        ("csi.storage.k8s.io/pod.name", "pod"),
+        (
+            "csi.storage.k8s.io/pod.uid",
+            "0f6d1a3e-55aa-4a1b-9c1e-2b7d8e9f0a11",
+        ),
+        ("csi.storage.k8s.io/serviceAccount.name", "default"),
+        (EPHEMERAL, if ephemeral { "true" } else { "false" }),
+    ])
+}
+
+/// An inline volume of a pod in namespace `pod_ns` whose author wrote `attrs`.
+fn inline_req(
+    pod_ns: &str,
+    attrs: &[(&str, &str)],
+    target: &Path,
+    readonly: bool,
+) -> NodePublishVolumeRequest {
+    let mut volume_context = map(attrs);
+    volume_context.extend(pod_info(pod_ns, true));
+    NodePublishVolumeRequest {
+        volume_id: format!("csi-{}", target.file_name().unwrap().to_string_lossy()),
+        target_path: target.display().to_string(),
+        volume_capability: Some(mount_cap(if readonly {
+            Mode::SingleNodeReaderOnly
+        } else {
+            Mode::SingleNodeWriter
+        })),
+        readonly,
+        volume_context,
         ..Default::default()
     }
 }
@@ -275,6 +344,74 @@ async fn create_volume_is_idempotent_and_validates() {
         .unwrap();
     assert_eq!(w.volume_id, "team-b/svc/data");
 
+    // A class that names no namespace: the PVC's. Without the PVC's either, none.
+    let mut own = create_req("pvc-own", &[(PVC_NAMESPACE, "team-c")]);
+    let v_own = within(c.controller.create_volume(own.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(v_own.volume_id, "team-c/pvc-own");
+    own.parameters.remove(PVC_NAMESPACE);
+    let e = c.controller.create_volume(own).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("--extra-create-metadata"), "{e:?}");
+
+    // A class that shares its volumes: the grant is in the volume context.
+    let shared = within(c.controller.create_volume(create_req(
+        "pvc-shared",
+        &[
+            ("namespace", "shared"),
+            ("shareWithNamespaces", "team-b, default"),
+        ],
+    )))
+    .await
+    .unwrap()
+    .into_inner()
+    .volume
+    .unwrap();
+    assert_eq!(shared.volume_id, "shared/pvc-shared");
+    assert_eq!(
+        shared
+            .volume_context
+            .get("shareWithNamespaces")
+            .map(String::as_str),
+        Some("default,team-b")
+    );
+
+    // The spec's longest name, of characters it allows that a key or a file name does not
+    // take as they are: a volume, the same one again, and another for a name one byte shorter.
+    let odd = format!("../ a/b\t\u{e9}/{}xy", "\u{2603}/.".repeat(23));
+    assert_eq!(odd.len(), 128);
+    let v_odd = within(c.controller.create_volume(create_req(&odd, &[])))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert!(
+        v_odd.volume_id.starts_with("default/~"),
+        "{}",
+        v_odd.volume_id
+    );
+    assert_eq!(
+        within(c.controller.create_volume(create_req(&odd, &[])))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap(),
+        v_odd
+    );
+    let shorter = within(c.controller.create_volume(create_req(&odd[..127], &[])))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_ne!(shorter.volume_id, v_odd.volume_id);
+
     // Bad requests.
     let mut no_name = create_req("", &[]);
     no_name.name.clear();
@@ -299,6 +436,7 @@ async fn create_volume_is_idempotent_and_validates() {
         &[("prefix", "a/../b")][..],
         &[("locale", "somewhere")][..],
         &[("colour", "red")][..],
+        &[("shareWithNamespaces", "Team")][..],
     ] {
         assert_eq!(
             code(
@@ -494,21 +632,15 @@ async fn publish_read_write_read_only_unpublish_and_delete() {
     // The read-write publish of the same volume still writes.
     std::fs::write(t1.join("still-rw.txt"), b"ok").unwrap();
 
-    // An ephemeral inline volume (no CreateVolume): attributes name what it mounts.
+    // An ephemeral inline volume (no CreateVolume): attributes name the prefix it mounts, of
+    // its pod's namespace.
     let t4 = pods.join("pod4-inline");
-    within(c.node.node_publish_volume(NodePublishVolumeRequest {
-        volume_id: "csi-0123456789abcdef".into(),
-        target_path: t4.display().to_string(),
-        volume_capability: Some(mount_cap(Mode::SingleNodeReaderOnly)),
-        readonly: true,
-        volume_context: map(&[
-            ("csi.storage.k8s.io/ephemeral", "true"),
-            ("csi.storage.k8s.io/pod.name", "inline"),
-            ("namespace", ns),
-            ("prefix", "team/a/sub"),
-        ]),
-        ..Default::default()
-    }))
+    within(c.node.node_publish_volume(inline_req(
+        ns,
+        &[("namespace", ns), ("prefix", "team/a/sub")],
+        &t4,
+        true,
+    )))
     .await
     .unwrap();
     assert_eq!(
@@ -517,21 +649,105 @@ async fn publish_read_write_read_only_unpublish_and_delete() {
     );
     assert_eq!(dirs.agent_pid(), Some(pid));
 
+    // A pod of another namespace may not name this one's keys in an inline volume, nor the
+    // pod of this one another's; nor mount a PV of this namespace its class does not share.
+    let t_no = pods.join("pod-denied");
+    for r in [
+        inline_req(
+            "csi-other",
+            &[("namespace", ns), ("prefix", "team/a")],
+            &t_no,
+            true,
+        ),
+        inline_req(
+            ns,
+            &[("namespace", "csi-other"), ("prefix", "x")],
+            &t_no,
+            true,
+        ),
+        inline_req(
+            "csi-other",
+            &[("prefix", "x"), ("shareWithNamespaces", "*")],
+            &t_no,
+            true,
+        ),
+        publish_req_for("csi-other", &vol_a, &t_no, true),
+    ] {
+        let e = within(c.node.node_publish_volume(r)).await.unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    }
+    // A kubelet that does not say which pod it publishes for (no podInfoOnMount).
+    let mut r = inline_req(ns, &[("prefix", "team/a")], &t_no, true);
+    r.volume_context.remove(POD_NAMESPACE);
+    let e = within(c.node.node_publish_volume(r)).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("podInfoOnMount"), "{e:?}");
+    assert!(!t_no.exists());
+
+    // A PV its class shares with namespace csi-reader: a pod there reads volume a's files.
+    let shared = within(c.controller.create_volume(create_req(
+        "pvc-shared",
+        &[
+            ("namespace", ns),
+            ("prefix", "team/a"),
+            ("shareWithNamespaces", "csi-reader"),
+        ],
+    )))
+    .await
+    .unwrap()
+    .into_inner()
+    .volume
+    .unwrap();
+    let t6 = pods.join("pod6-shared");
+    within(
+        c.node
+            .node_publish_volume(publish_req_for("csi-reader", &shared, &t6, true)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        std::fs::read(t6.join("hello.txt")).unwrap(),
+        b"hello from a pod\n"
+    );
+    let e = within(
+        c.node
+            .node_publish_volume(publish_req_for("csi-else", &shared, &t_no, true)),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+
+    // A volume of the spec's longest name, of unusual characters: its files are keys under
+    // the prefix its name maps to.
+    let odd = format!("../ a/b\t\u{e9}/{}xy", "\u{2603}/.".repeat(23));
+    let vol_odd = within(
+        c.controller
+            .create_volume(create_req(&odd, &[("namespace", ns)])),
+    )
+    .await
+    .unwrap()
+    .into_inner()
+    .volume
+    .unwrap();
+    let t7 = pods.join("pod7-odd-name");
+    within(
+        c.node
+            .node_publish_volume(publish_req(&vol_odd, &t7, false)),
+    )
+    .await
+    .unwrap();
+    std::fs::write(t7.join("odd.txt"), b"odd").unwrap();
+    let odd_prefix = vol_odd.volume_id.split_once('/').unwrap().1.to_string();
+    assert!(eventually(Duration::from_secs(10), || store
+        .ls(ns, Some(&odd_prefix))
+        .contains(&"odd.txt".to_string())));
+
     // A volume of another namespace: mounted by the same node agent, one cache for both.
     let t5 = pods.join("pod5-other-ns");
-    within(c.node.node_publish_volume(NodePublishVolumeRequest {
-        volume_id: "csi-fedcba9876543210".into(),
-        target_path: t5.display().to_string(),
-        volume_capability: Some(mount_cap(Mode::SingleNodeWriter)),
-        readonly: false,
-        volume_context: map(&[
-            ("csi.storage.k8s.io/ephemeral", "true"),
-            ("csi.storage.k8s.io/pod.name", "other"),
-            ("namespace", "csi-other"),
-            ("prefix", "x"),
-        ]),
-        ..Default::default()
-    }))
+    within(
+        c.node
+            .node_publish_volume(inline_req("csi-other", &[("prefix", "x")], &t5, false)),
+    )
     .await
     .unwrap();
     std::fs::write(t5.join("o.txt"), b"other namespace").unwrap();
@@ -578,7 +794,7 @@ async fn publish_read_write_read_only_unpublish_and_delete() {
     );
 
     // Unpublish, twice each: the binds go, the targets go, the namespace mount stays.
-    for t in [&t1, &t2, &t3, &t4] {
+    for t in [&t1, &t2, &t3, &t4, &t6, &t7] {
         for _ in 0..2 {
             within(
                 c.node
