@@ -11,6 +11,9 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use common::*;
+use ktfs::hash::BlockHash;
+use ktfs::transfer::ticket::{Grant, TicketKey, NODE_TTL};
+use ktfs::transfer::wire;
 use kube_api::{FakeApi, World};
 
 /// `kt ARGS` against `server` with the given environment (and no token unless it says so).
@@ -29,6 +32,24 @@ fn kt_as(server: &str, sock: &Path, env: &[(&str, &str)], args: &[&str]) -> Outp
         cmd.env(k, v);
     }
     cmd.output().expect("run kt")
+}
+
+/// One data-plane request for `block` at `addr`, presenting `ticket`: the error it got, or
+/// "block" when it was served.
+fn raw_get(addr: &str, ticket: Option<&[u8]>, block: BlockHash) -> String {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (mut tx, mut rx) = wire::connect(addr).await.unwrap();
+        if let Some(t) = ticket {
+            tx.ticket(t).await.unwrap();
+        }
+        tx.get(&block).await.unwrap();
+        match rx.recv().await.unwrap() {
+            wire::Response::Error(m) => m,
+            wire::Response::Block(..) => "block".into(),
+            other => format!("{other:?}"),
+        }
+    })
 }
 
 fn stderr(o: &Output) -> String {
@@ -136,6 +157,29 @@ fn a_shared_token_guards_every_call_and_agents_present_it() {
     )))
     .unwrap();
     assert_eq!(ls[0]["locale"], "n1", "{ls}");
+
+    // The data plane: blocks go to those holding a ticket the store server issued, from the
+    // store and from a node alike; `kt get` presents the one its resolve brought.
+    let block = BlockHash::of(&std::fs::read(&src).unwrap());
+    assert_eq!(
+        raw_get(&server.addr, None, block),
+        "not allowed: no ticket: resolve the key for one"
+    );
+    assert!(raw_get(&agent.proc.addr, None, block).contains("no ticket"));
+    let forged = TicketKey::from_bytes(&[1; 32])
+        .unwrap()
+        .issue(&Grant::Node, NODE_TTL);
+    assert!(raw_get(&agent.proc.addr, Some(&forged), block).contains("not issued by"));
+    let dest = dir.path().join("from-node.bin");
+    let got: serde_json::Value = serde_json::from_str(&ok(kt_as(
+        &server.addr,
+        &none,
+        &with_token,
+        &["get", "local/w", "--dest", dest.to_str().unwrap(), "--json"],
+    )))
+    .unwrap();
+    assert_eq!(got["sources"][0]["source"], "n1", "{got}");
+    assert!(std::fs::read(&dest).unwrap() == std::fs::read(&src).unwrap());
 
     // An agent without the token cannot register or publish for anyone.
     let other_dir = dir.path().join("n2");

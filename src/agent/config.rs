@@ -8,6 +8,7 @@ use crate::fs::FsConfig;
 use crate::key::Namespace;
 use crate::proto::Locale;
 use crate::rpc::Credential;
+use crate::transfer::ticket::TicketHolder;
 
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 
@@ -17,6 +18,8 @@ pub struct AgentConfig {
     pub server: String,
     /// This node's credential: the node agent's ServiceAccount token, or the shared token.
     pub credential: Credential,
+    /// This node's data-plane ticket, as the store server last issued it (shared by clones).
+    pub node_ticket: TicketHolder,
     pub listen: String,
     /// The address peers reach this agent on; the bound address when `None`.
     pub advertise: Option<String>,
@@ -55,6 +58,7 @@ impl AgentConfig {
         FsConfig {
             server: self.server.clone(),
             credential: self.credential.clone(),
+            node_ticket: self.node_ticket.clone(),
             namespace,
             locale,
             read_only,

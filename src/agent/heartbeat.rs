@@ -1,19 +1,50 @@
 //! The agent's lease with the store server: registered at start, renewed by heartbeat, and
-//! registered again whenever the server does not know the node (a restarted server).
+//! registered again whenever the server does not know the node (a restarted server). Each
+//! answer brings the node's data-plane ticket, and registration the key that checks the
+//! tickets of whoever fetches from this node (`crate::transfer::ticket`).
 
 use std::time::Duration;
 
-use crate::proto::{HeartbeatRequest, NodeInfo, RegisterNodeRequest};
+use bytes::Bytes;
+
+use crate::locks;
+use crate::proto::{HeartbeatRequest, NodeInfo, RegisterNodeRequest, RegisterNodeResponse};
 use crate::rpc::{client, Credential};
+use crate::transfer::ticket::{Gate, SharedGate, TicketHolder, TicketKey};
 
 /// Keeps this node's lease alive; registers again whenever the server does not know it (first
 /// start, or the server restarted).
-pub(super) async fn heartbeat_loop(
-    server: String,
-    credential: Credential,
-    node: NodeInfo,
-    every: Duration,
-) {
+/// What a registration tells this node: the gate of its data plane and its own ticket.
+pub(super) fn registered(r: &RegisterNodeResponse, gate: &SharedGate, ticket: &TicketHolder) {
+    ticket.set(Bytes::from(r.ticket.clone()));
+    *locks::write(gate) = match TicketKey::from_bytes(&r.ticket_key) {
+        Some(key) => Gate::Tickets {
+            key,
+            versions: None,
+        },
+        None => Gate::Open,
+    };
+}
+
+/// Where the lease loop reports what the store server said.
+pub(super) struct Lease {
+    pub server: String,
+    pub credential: Credential,
+    pub node: NodeInfo,
+    pub every: Duration,
+    pub gate: SharedGate,
+    pub ticket: TicketHolder,
+}
+
+pub(super) async fn heartbeat_loop(lease: Lease) {
+    let Lease {
+        server,
+        credential,
+        node,
+        every,
+        gate,
+        ticket,
+    } = lease;
     let mut registered = false;
     loop {
         match client::connect_store(&server, &credential).await {
@@ -26,7 +57,11 @@ pub(super) async fn heartbeat_loop(
                         .await
                     {
                         Ok(r) => {
-                            registered = r.into_inner().known;
+                            let r = r.into_inner();
+                            registered = r.known;
+                            if !r.ticket.is_empty() {
+                                ticket.set(Bytes::from(r.ticket));
+                            }
                             true
                         }
                         Err(e) => {
@@ -41,7 +76,8 @@ pub(super) async fn heartbeat_loop(
                         })
                         .await
                     {
-                        Ok(_) => {
+                        Ok(r) => {
+                            self::registered(r.get_ref(), &gate, &ticket);
                             registered = true;
                             true
                         }

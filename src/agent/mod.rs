@@ -33,6 +33,7 @@ use crate::proto::{NodeInfo, RegisterNodeRequest};
 use crate::rpc::client::{self, ClientError};
 use crate::rpc::MAX_RPC_MESSAGE;
 use crate::transfer::port;
+use crate::transfer::ticket::{self, Gate, SharedGate};
 
 /// Every column family of the agent's database, whoever owns it.
 const FAMILIES: &[&str] = &[CF_CACHE, CF_CACHE_INDEX, CF_LOCAL, CF_XATTR, CF_INODES];
@@ -69,6 +70,8 @@ pub struct AgentProcess {
     listener: TcpListener,
     unix: UnixListener,
     blocks: Arc<NodeBlocks>,
+    /// Closed until the store server says what to ask of peers.
+    gate: SharedGate,
 }
 
 impl AgentProcess {
@@ -106,6 +109,7 @@ impl AgentProcess {
             listener,
             unix,
             blocks: Arc::new(NodeBlocks::new(db, cache)),
+            gate: ticket::shared(Gate::Closed),
         })
     }
 
@@ -132,11 +136,12 @@ impl AgentProcess {
     /// finds it; the heartbeat keeps it registered from then on.
     pub async fn register(&self) -> Result<(), ClientError> {
         let mut store = client::connect_store(&self.cfg.server, &self.cfg.credential).await?;
-        store
+        let r = store
             .register_node(RegisterNodeRequest {
                 node: Some(self.node_info()),
             })
             .await?;
+        heartbeat::registered(r.get_ref(), &self.gate, &self.cfg.node_ticket);
         Ok(())
     }
 
@@ -154,12 +159,14 @@ impl AgentProcess {
     ) -> Result<(), AgentError> {
         let data_addr = self.data_addr();
         let node = self.node_info();
-        let heartbeat = tokio::spawn(heartbeat::heartbeat_loop(
-            self.cfg.server.clone(),
-            self.cfg.credential.clone(),
+        let heartbeat = tokio::spawn(heartbeat::heartbeat_loop(heartbeat::Lease {
+            server: self.cfg.server.clone(),
+            credential: self.cfg.credential.clone(),
             node,
-            self.cfg.heartbeat,
-        ));
+            every: self.cfg.heartbeat,
+            gate: self.gate.clone(),
+            ticket: self.cfg.node_ticket.clone(),
+        }));
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
@@ -201,7 +208,13 @@ impl AgentProcess {
                 UnixListenerStream::new(self.unix),
                 wait(stop_rx.clone()),
             );
-        let peer = port::serve(self.listener, None, self.blocks.clone(), wait(stop_rx));
+        let peer = port::serve(
+            self.listener,
+            None,
+            self.blocks.clone(),
+            self.gate.clone(),
+            wait(stop_rx),
+        );
         let handing_over = handover.clone();
         let stopper = async move {
             let usr1 = async {

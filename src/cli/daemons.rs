@@ -102,6 +102,7 @@ fn agent_config(a: AgentArgs) -> Result<AgentConfig> {
     Ok(AgentConfig {
         server: a.server,
         credential: Credential::from_environment(a.token_file.as_deref())?,
+        node_ticket: Default::default(),
         listen: a.listen,
         advertise: a.advertise,
         cache_dir: a.cache_dir,
@@ -233,6 +234,7 @@ pub async fn up(a: UpArgs) -> Result<()> {
     let agent = start_agent(AgentConfig {
         server: server_addr.clone(),
         credential,
+        node_ticket: Default::default(),
         listen: a.agent_listen,
         advertise: None,
         cache_dir: data_dir.join("agent"),

@@ -39,6 +39,7 @@ use crate::locks::lock;
 use crate::proto::Locale;
 use crate::rpc::client::{self, Store};
 use crate::rpc::Credential;
+use crate::transfer::ticket::TicketHolder;
 
 pub use error::{FsError, FsResult};
 use inode::Inodes;
@@ -120,6 +121,8 @@ pub struct FsConfig {
     pub server: String,
     /// What the mount presents to the store server: its node's credential.
     pub credential: Credential,
+    /// What it presents to peers on the data plane: its node's ticket, renewed by heartbeats.
+    pub node_ticket: TicketHolder,
     pub namespace: Namespace,
     pub locale: Locale,
     pub read_only: bool,

@@ -158,18 +158,25 @@ impl FsCore {
         let version = Version::from_slice(&r.version)
             .ok_or_else(|| FsError::BadManifest("malformed version".into()))?;
         self.take_inline(&entry, version, r.inline_blocks);
+        // The node's own ticket lasts as long as the node; a file may stay open longer than a
+        // read ticket does.
+        let ticket = match self.cfg.node_ticket.get() {
+            t if t.is_empty() => bytes::Bytes::from(r.ticket),
+            t => t,
+        };
         let fallback = order_sources(
             &r.sources,
             &self.cfg.node_id,
             &self.cfg.zone,
             &self.cfg.server,
+            &ticket,
         )
         .into_iter()
         .filter(|s| s.label != self.cfg.node_id)
         .collect();
         // A one-block file is one request, not worth joining a window for.
         let member = if entry.blocks.len() > 1 {
-            self.join_window(&r.key, version).map(Arc::new)
+            self.join_window(&r.key, version, ticket).map(Arc::new)
         } else {
             None
         };
@@ -194,7 +201,7 @@ impl FsCore {
 
     /// Joins the implicit window of `version` as a reader that serves no children of its own
     /// (it holds only what it read); a failure to join only loses the spreading.
-    fn join_window(&self, key: &str, version: Version) -> Option<Membership> {
+    fn join_window(&self, key: &str, version: Version, ticket: bytes::Bytes) -> Option<Membership> {
         let spec = JoinSpec {
             namespace: self.cfg.namespace.as_str(),
             key,
@@ -209,6 +216,7 @@ impl FsCore {
                 ip: String::new(),
             }),
             serves: false,
+            ticket,
         };
         self.block_on(Membership::join(&self.store, &self.cfg.server, spec))
             .map_err(|e| tracing::debug!(error = %e, "no window for this read"))

@@ -21,6 +21,7 @@ use crate::proto::store_server::Store;
 use crate::proto::*;
 use crate::rpc::status::{to_status, Fault};
 use crate::rpc::{self, MAX_INLINE_BYTES, MAX_INLINE_FILE};
+use crate::transfer::ticket::{self, Grant, TicketKey};
 
 /// Inline blocks of a publish, each checked against its hash.
 fn checked_inline(blocks: Vec<InlineBlock>) -> Result<Vec<(BlockHash, Vec<u8>)>, Status> {
@@ -116,6 +117,8 @@ fn inline_file(
 /// The gRPC handler; sockets and shutdown belong to [`StoreServerProcess`].
 pub struct StoreHandler {
     pub(super) meta: Arc<MetaStore>,
+    /// The data plane's ticket key; `None` where callers are not authenticated.
+    pub(super) tickets: Option<TicketKey>,
     pub(super) clock: SharedClock,
     pub(super) windows: Arc<std::sync::Mutex<Broadcasts>>,
     /// Wakes putters waiting for a quorum whenever someone joins.
@@ -143,6 +146,14 @@ fn window_for<T>(req: &Request<T>, group: &str) -> Result<(), Status> {
 }
 
 impl StoreHandler {
+    /// A ticket for `grant`, or none where the data plane asks for none.
+    fn ticket(&self, grant: &Grant, ttl: std::time::Duration) -> Vec<u8> {
+        self.tickets
+            .as_ref()
+            .map(|k| k.issue(grant, ttl).to_vec())
+            .unwrap_or_default()
+    }
+
     fn windows(&self) -> std::sync::MutexGuard<'_, Broadcasts> {
         locks::lock(&self.windows)
     }
@@ -210,6 +221,12 @@ impl Store for StoreHandler {
         self.meta.register_node(node);
         Ok(Response::new(RegisterNodeResponse {
             lease_secs: self.meta.lease().as_secs() as u32,
+            ticket: self.ticket(&Grant::Node, ticket::NODE_TTL),
+            ticket_key: self
+                .tickets
+                .as_ref()
+                .map(|k| k.as_bytes().to_vec())
+                .unwrap_or_default(),
         }))
     }
 
@@ -219,7 +236,10 @@ impl Store for StoreHandler {
     ) -> Result<Response<HeartbeatResponse>, Status> {
         principal(&req)?.may_be_a_node()?;
         let known = self.meta.heartbeat(&req.into_inner().node_id);
-        Ok(Response::new(HeartbeatResponse { known }))
+        Ok(Response::new(HeartbeatResponse {
+            known,
+            ticket: self.ticket(&Grant::Node, ticket::NODE_TTL),
+        }))
     }
 
     async fn missing_blocks(
@@ -236,6 +256,7 @@ impl Store for StoreHandler {
         let missing = blocking(move || Ok(meta.blocks().missing(&hashes)?)).await?;
         Ok(Response::new(MissingBlocksResponse {
             hashes: missing.iter().map(|h| h.0.to_vec()).collect(),
+            ticket: self.ticket(&Grant::Write, ticket::WRITE_TTL),
         }))
     }
 
@@ -304,7 +325,7 @@ impl Store for StoreHandler {
         let r = req.into_inner();
         let key = parse_key(&r.key)?;
         let meta = self.meta.clone();
-        let resp = blocking(move || {
+        let mut resp = blocking(move || {
             let found = meta.resolve(&ns, &key)?;
             let version = Version::from_slice(&found.record.version)
                 .ok_or_else(|| MetaError::Corrupt("version".into()))?;
@@ -334,9 +355,13 @@ impl Store for StoreHandler {
                 subpath: found.subpath,
                 inline_blocks,
                 gpu: rec.gpu,
+                ticket: Vec::new(),
             })
         })
         .await?;
+        if let Some(v) = Version::from_slice(&resp.version) {
+            resp.ticket = self.ticket(&Grant::Read(v), ticket::READ_TTL);
+        }
         Ok(Response::new(resp))
     }
 

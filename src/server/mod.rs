@@ -6,6 +6,7 @@
 pub mod auth;
 mod handler;
 mod status;
+mod tickets;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -22,6 +23,7 @@ use crate::db::{Db, DbError};
 use crate::meta::{self, MetaError, MetaStore};
 use crate::proto::store_server::StoreServer;
 use crate::rpc::MAX_RPC_MESSAGE;
+use crate::transfer::ticket::{shared, Gate};
 use auth::{AuthConfig, Authenticator};
 use handler::StoreHandler;
 
@@ -58,6 +60,7 @@ pub struct StoreServerProcess {
     meta: Arc<MetaStore>,
     clock: SharedClock,
     auth: AuthConfig,
+    data_dir: std::path::PathBuf,
 }
 
 impl StoreServerProcess {
@@ -95,6 +98,7 @@ impl StoreServerProcess {
             meta: Arc::new(meta),
             clock,
             auth: AuthConfig::default(),
+            data_dir: data_dir.to_path_buf(),
         })
     }
 
@@ -112,8 +116,28 @@ impl StoreServerProcess {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
+        // Where callers are authenticated, the data plane asks for tickets too.
+        let key = match self.auth.is_open() {
+            true => None,
+            false => Some(
+                tickets::load_or_create_key(&self.data_dir).map_err(|source| {
+                    ServerError::DataDir {
+                        path: self.data_dir.display().to_string(),
+                        source,
+                    }
+                })?,
+            ),
+        };
+        let gate = match &key {
+            None => Gate::Open,
+            Some(key) => Gate::Tickets {
+                key: key.clone(),
+                versions: Some(Arc::new(tickets::ManifestBlocks::new(self.meta.clone()))),
+            },
+        };
         let handler = StoreHandler {
             meta: self.meta.clone(),
+            tickets: key,
             clock: self.clock,
             windows: Default::default(),
             joined: Default::default(),
@@ -132,7 +156,8 @@ impl StoreServerProcess {
         let svc = auth::layer::authenticated(svc, Arc::new(Authenticator::new(self.auth)));
         let router = tonic::transport::Server::builder().add_service(svc);
         let blocks = self.meta.blocks().clone();
-        crate::transfer::port::serve(self.listener, Some(router), blocks, shutdown).await?;
+        crate::transfer::port::serve(self.listener, Some(router), blocks, shared(gate), shutdown)
+            .await?;
         self.meta.flush()?;
         Ok(())
     }

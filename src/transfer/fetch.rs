@@ -184,6 +184,7 @@ pub async fn fetch_partial(
         for lane in lanes {
             tasks.push(tokio::spawn(fetch_lane(
                 source.addr.clone(),
+                source.ticket.clone(),
                 lane,
                 sinks.clone(),
                 poisoned.clone(),
@@ -267,6 +268,7 @@ fn checkin(addr: &str, conn: Conn) {
 /// answered anything is replaced by a fresh one, so a peer is never blamed for a stale socket.
 async fn fetch_lane(
     addr: String,
+    ticket: Bytes,
     jobs: Vec<BlockJob>,
     sinks: Arc<dyn BlockSink>,
     poisoned: Arc<AtomicBool>,
@@ -274,7 +276,7 @@ async fn fetch_lane(
     progress: ProgressBar,
 ) -> Result<LaneOutcome, TransferError> {
     if let Some(conn) = checkout(&addr) {
-        let lane = run_lane(conn, jobs.clone(), sinks.clone(), poisoned.clone()).await?;
+        let lane = run_lane(conn, &ticket, jobs.clone(), sinks.clone(), poisoned.clone()).await?;
         if lane.answered > 0 || lane.outcome.error.is_none() {
             return Ok(finish_lane(&addr, lane, &jobs, &got, &progress));
         }
@@ -289,7 +291,7 @@ async fn fetch_lane(
             })
         }
     };
-    let lane = run_lane(conn, jobs.clone(), sinks, poisoned).await?;
+    let lane = run_lane(conn, &ticket, jobs.clone(), sinks, poisoned).await?;
     Ok(finish_lane(&addr, lane, &jobs, &got, &progress))
 }
 
@@ -321,11 +323,14 @@ struct Lane {
 /// Pipelined requests on one connection, in-order responses.
 async fn run_lane(
     conn: Conn,
+    ticket: &Bytes,
     jobs: Vec<BlockJob>,
     sinks: Arc<dyn BlockSink>,
     poisoned: Arc<AtomicBool>,
 ) -> Result<Lane, TransferError> {
     let (mut tx, mut rx) = conn;
+    // A pooled connection may have shown it before; the server keeps one copy.
+    let presented = tx.ticket(ticket).await;
     let window = Arc::new(Semaphore::new((WINDOW_BYTES / UNIT) as usize));
     let requests = Arc::new(Semaphore::new(WINDOW_REQUESTS));
     let jobs = Arc::new(jobs);
@@ -337,6 +342,9 @@ async fn run_lane(
             poisoned.clone(),
         );
         async move {
+            if presented.is_err() {
+                return tx;
+            }
             for j in jobs.iter() {
                 let (Ok(w), Ok(r)) = (
                     window.acquire_many(permits(j.len)).await,

@@ -3,7 +3,8 @@
 //! lacks ([`upload`]), the one publish path ([`publish`]), where sources are and how near
 //! ([`sources`]), membership of a broadcast window ([`tree`]) and pipelining to peers
 //! ([`offer`]); and on top of them the two jobs every caller shares: [`put`] (with [`scan`],
-//! building a manifest from local files) and [`get`].
+//! building a manifest from local files) and [`get`]. What the data plane asks of its callers
+//! is in [`ticket`].
 //!
 //! Everything here is client-side (it compiles without RocksDB or FUSE), but the server half of
 //! the wire protocol, which the store and the agents run over [`crate::blocks`].
@@ -17,6 +18,7 @@ pub mod put;
 pub mod read;
 pub mod scan;
 pub mod sources;
+pub mod ticket;
 pub mod tree;
 pub mod upload;
 pub mod wire;

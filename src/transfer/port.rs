@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::ticket::SharedGate;
 use super::wire;
 use crate::blocks::BlockServe;
 
@@ -26,12 +27,13 @@ async fn is_dataplane(stream: &TcpStream) -> bool {
     peeked == Ok(true) && buf == wire::MAGIC
 }
 
-/// Accepts connections until `shutdown` completes. Data-plane connections go to `blocks`; the
-/// others to the gRPC `router` (or are closed when there is none).
+/// Accepts connections until `shutdown` completes. Data-plane connections go to `blocks`,
+/// behind `gate`; the others to the gRPC `router` (or are closed when there is none).
 pub async fn serve(
     listener: TcpListener,
     router: Option<tonic::transport::server::Router>,
     blocks: Arc<dyn BlockServe>,
+    gate: SharedGate,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<TcpStream>>(64);
@@ -46,10 +48,10 @@ pub async fn serve(
                 }
             };
             let tx = tx.clone();
-            let blocks = blocks.clone();
+            let (blocks, gate) = (blocks.clone(), gate.clone());
             tokio::spawn(async move {
                 if is_dataplane(&stream).await {
-                    wire::serve_connection(stream, blocks).await;
+                    wire::serve_connection(stream, blocks, gate).await;
                 } else {
                     let _ = stream.set_nodelay(true);
                     let _ = tx.send(Ok(stream)).await;

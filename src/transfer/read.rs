@@ -133,7 +133,7 @@ pub async fn read_range(
         }
     }
     let blocks_fetched = unique.len();
-    let sources = order_sources(&r.sources, "", "", server);
+    let sources = order_sources(&r.sources, "", "", server, &r.ticket.clone().into());
     let got = Arc::new(Collected::default());
     fetch::fetch(unique, got.clone(), &sources, &ProgressBar::hidden()).await?;
     let got = lock(&got.0);

@@ -6,16 +6,20 @@
 
 use std::path::Path;
 
+use bytes::Bytes;
+
 use crate::proto::{AgentStatusRequest, Source};
 use crate::rpc::client::{self, Agent};
 use crate::rpc::STORE;
 
-/// Somewhere to fetch blocks from.
+/// Somewhere to fetch blocks from, and the ticket to present there.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SourceAddr {
     /// A node id, or [`STORE`] for the store server.
     pub label: String,
     pub addr: String,
+    /// Empty where the cluster asks for none.
+    pub ticket: Bytes,
 }
 
 /// Sources nearest first: this node's agent, then peers in its zone, then other peers, then the
@@ -25,6 +29,7 @@ pub fn order_sources(
     node_id: &str,
     zone: &str,
     server: &str,
+    ticket: &Bytes,
 ) -> Vec<SourceAddr> {
     let rank = |s: &Source| -> u8 {
         let own = !node_id.is_empty() && node_id == s.node_id;
@@ -39,21 +44,22 @@ pub fn order_sources(
     };
     let mut v: Vec<&Source> = sources.iter().collect();
     v.sort_by_key(|s| rank(s));
-    v.into_iter().map(|s| source_addr(s, server)).collect()
+    v.into_iter()
+        .map(|s| source_addr(s, server, ticket))
+        .collect()
 }
 
 /// Where to reach a source: the store server (no node id) at `server`, a node at its address.
-pub fn source_addr(s: &Source, server: &str) -> SourceAddr {
-    if s.node_id.is_empty() {
-        SourceAddr {
-            label: STORE.into(),
-            addr: server.to_string(),
-        }
+pub fn source_addr(s: &Source, server: &str, ticket: &Bytes) -> SourceAddr {
+    let (label, addr) = if s.node_id.is_empty() {
+        (STORE.to_string(), server.to_string())
     } else {
-        SourceAddr {
-            label: s.node_id.clone(),
-            addr: s.data_addr.clone(),
-        }
+        (s.node_id.clone(), s.data_addr.clone())
+    };
+    SourceAddr {
+        label,
+        addr,
+        ticket: ticket.clone(),
     }
 }
 

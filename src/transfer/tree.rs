@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use indicatif::ProgressBar;
 use serde::Serialize;
 
@@ -46,6 +47,8 @@ pub struct JoinSpec<'a> {
     pub node: Option<NodeRef>,
     /// The node's agent serves what this getter receives (it can be a parent).
     pub serves: bool,
+    /// What to present to parents.
+    pub ticket: Bytes,
 }
 
 struct State {
@@ -60,6 +63,7 @@ struct State {
 pub struct Membership {
     store: Store,
     server: String,
+    ticket: Bytes,
     state: tokio::sync::Mutex<State>,
     /// Where a leave on drop runs.
     rt: Option<tokio::runtime::Handle>,
@@ -89,10 +93,11 @@ impl Membership {
             .await?
             .into_inner();
         let window = joined.window.unwrap_or_default();
-        let parent = joined.parent.map(|p| source_addr(&p, server));
+        let parent = joined.parent.map(|p| source_addr(&p, server, &spec.ticket));
         Ok(Membership {
             store: store.clone(),
             server: server.to_string(),
+            ticket: spec.ticket.clone(),
             state: tokio::sync::Mutex::new(State {
                 report: TreeReport {
                     group_id: window.group_id.clone(),
@@ -142,7 +147,10 @@ impl Membership {
             .await;
         match asked {
             Ok(r) => {
-                let parent = r.into_inner().parent.map(|p| source_addr(&p, &self.server));
+                let parent = r
+                    .into_inner()
+                    .parent
+                    .map(|p| source_addr(&p, &self.server, &self.ticket));
                 if let Some(p) = &parent {
                     tracing::info!(parent = %p.label, addr = %p.addr, failed = %f.source.label, "new parent");
                     st.report.parents.push(p.label.clone());

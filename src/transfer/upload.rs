@@ -6,6 +6,7 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use indicatif::ProgressBar;
 use tokio::sync::Semaphore;
 
@@ -24,9 +25,11 @@ pub struct UploadJob {
     pub offset: u64,
 }
 
-/// Uploads blocks to a data-plane server that takes them (the store). Returns the bytes sent.
+/// Uploads blocks to a data-plane server that takes them (the store), presenting `ticket`.
+/// Returns the bytes sent.
 pub async fn upload(
     addr: &str,
+    ticket: &Bytes,
     jobs: Vec<UploadJob>,
     progress: &ProgressBar,
 ) -> Result<u64, TransferError> {
@@ -37,7 +40,14 @@ pub async fn upload(
     }
     let tasks: Vec<_> = lanes
         .into_iter()
-        .map(|lane| tokio::spawn(upload_lane(addr.to_string(), lane, progress.clone())))
+        .map(|lane| {
+            tokio::spawn(upload_lane(
+                addr.to_string(),
+                ticket.clone(),
+                lane,
+                progress.clone(),
+            ))
+        })
         .collect();
     let mut total = 0;
     for t in tasks {
@@ -51,6 +61,7 @@ pub async fn upload(
 
 async fn upload_lane(
     addr: String,
+    ticket: Bytes,
     jobs: Vec<UploadJob>,
     progress: ProgressBar,
 ) -> Result<u64, TransferError> {
@@ -64,6 +75,7 @@ async fn upload_lane(
     let (mut tx, mut rx) = wire::connect(&addr)
         .await
         .map_err(|e| fail(e.to_string()))?;
+    tx.ticket(&ticket).await.map_err(|e| fail(e.to_string()))?;
     let window = Arc::new(Semaphore::new((WINDOW_BYTES / UNIT) as usize));
     let sender = {
         let window = window.clone();
@@ -182,24 +194,22 @@ pub async fn upload_missing(
     progress: &ProgressBar,
 ) -> Result<u64, TransferError> {
     let mut missing = HashSet::new();
+    let mut ticket = Bytes::new();
     for chunk in jobs.chunks(MISSING_BATCH) {
         let resp = store
             .missing_blocks(MissingBlocksRequest {
                 hashes: chunk.iter().map(|j| j.hash.0.to_vec()).collect(),
             })
             .await
-            .map_err(ClientError::from)?;
-        missing.extend(
-            resp.into_inner()
-                .hashes
-                .iter()
-                .filter_map(|h| BlockHash::from_slice(h)),
-        );
+            .map_err(ClientError::from)?
+            .into_inner();
+        missing.extend(resp.hashes.iter().filter_map(|h| BlockHash::from_slice(h)));
+        ticket = resp.ticket.into();
     }
     let todo: Vec<UploadJob> = jobs
         .into_iter()
         .filter(|j| missing.contains(&j.hash))
         .collect();
     progress.inc_length(todo.iter().map(|j| u64::from(j.len)).sum());
-    upload(addr, todo, progress).await
+    upload(addr, &ticket, todo, progress).await
 }

@@ -4,7 +4,9 @@
 //! what a socket can move. A connection opens with `KTDP` and a protocol version, then carries
 //! frames `[op: u8][len: u32 big-endian][payload]`. Requests are pipelined: a client keeps many
 //! in flight and the server answers them in order, working on several at once. Every frame has a
-//! size limit, and a malformed frame ends that connection only.
+//! size limit, and a malformed frame ends that connection only. A client presents its tickets
+//! (`ticket.rs`) as `OP_TICKET` frames, which are not answered; each later request is checked
+//! against the connection's tickets by the server's [`Gate`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +16,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
+use super::ticket::{Gate, Grant, Op, SharedGate};
 use crate::blocks::{BlockError, BlockServe, Served};
 use crate::hash::BlockHash;
 use crate::manifest::MAX_BLOCK_SIZE;
@@ -23,6 +26,7 @@ const PROTO_VERSION: u8 = 1;
 
 const OP_GET: u8 = 1;
 const OP_PUT: u8 = 2;
+const OP_TICKET: u8 = 3;
 const OP_BLOCK: u8 = 0x81;
 const OP_NOT_FOUND: u8 = 0x82;
 const OP_STORED: u8 = 0x83;
@@ -32,6 +36,8 @@ const OP_ERROR: u8 = 0x84;
 pub const MAX_FRAME: usize = MAX_BLOCK_SIZE as usize + 32;
 /// Requests a server works on at once for one connection (bounds its memory per connection).
 pub const SERVER_PIPELINE: usize = 8;
+/// Tickets one connection may present; a client presents one per source it fetches from.
+const MAX_TICKETS: usize = 64;
 /// Connect timeout: a dead peer is an error in seconds, never a hang.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A peer that sends nothing for this long while requests are outstanding is taken for dead.
@@ -192,14 +198,44 @@ async fn serve_get(svc: Arc<dyn BlockServe>, hash: BlockHash) -> Answer {
 }
 
 /// Serves one accepted connection until the peer closes it or breaks the protocol.
-pub async fn serve_connection(stream: TcpStream, svc: Arc<dyn BlockServe>) {
+pub async fn serve_connection(stream: TcpStream, svc: Arc<dyn BlockServe>, gate: SharedGate) {
     let peer = stream.peer_addr().ok();
-    if let Err(e) = serve_inner(stream, svc).await {
+    if let Err(e) = serve_inner(stream, svc, gate).await {
         tracing::debug!(?peer, error = %e, "data-plane connection ended");
     }
 }
 
-async fn serve_inner(stream: TcpStream, svc: Arc<dyn BlockServe>) -> Result<(), WireError> {
+/// Whether the connection's tickets allow `op` on `hash`; a check against a version's manifest
+/// may read the database, so it runs off the async threads.
+async fn permitted(
+    gate: &SharedGate,
+    grants: &Arc<Vec<Grant>>,
+    op: Op,
+    hash: BlockHash,
+) -> Result<(), String> {
+    let quick = {
+        let g = crate::locks::read(gate);
+        match &*g {
+            Gate::Tickets {
+                versions: Some(_), ..
+            } if op == Op::Get && !grants.contains(&Grant::Node) => None,
+            other => Some(other.allows(grants, op, &hash)),
+        }
+    };
+    if let Some(answer) = quick {
+        return answer;
+    }
+    let (gate, grants) = (gate.clone(), grants.clone());
+    tokio::task::spawn_blocking(move || crate::locks::read(&gate).allows(&grants, op, &hash))
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()))
+}
+
+async fn serve_inner(
+    stream: TcpStream,
+    svc: Arc<dyn BlockServe>,
+    gate: SharedGate,
+) -> Result<(), WireError> {
     stream.set_nodelay(true)?;
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::with_capacity(256 << 10, rd);
@@ -210,24 +246,60 @@ async fn serve_inner(stream: TcpStream, svc: Arc<dyn BlockServe>) -> Result<(), 
     }
     let (tx, mut rx) = tokio::sync::mpsc::channel(SERVER_PIPELINE);
     let reader = async move {
+        let mut grants: Arc<Vec<Grant>> = Arc::new(Vec::new());
+        let mut refused_ticket: Option<String> = None;
         while let Some((op, mut payload)) = read_frame(&mut rd).await? {
+            if op == OP_TICKET {
+                match crate::locks::read(&gate).admit(&payload) {
+                    Ok(Some(g)) if !grants.contains(&g) => {
+                        let all = Arc::make_mut(&mut grants);
+                        if all.len() == MAX_TICKETS {
+                            all.remove(0);
+                        }
+                        all.push(g);
+                    }
+                    Ok(_) => {}
+                    Err(e) => refused_ticket = Some(e.to_string()),
+                }
+                continue;
+            }
             if payload.len() < 32 {
                 return Err(WireError::BadFrame("short payload"));
             }
             let data = payload.split_off(32);
             let hash = BlockHash::from_slice(&payload).ok_or(WireError::BadFrame("hash"))?;
             let svc = svc.clone();
+            let (gate, grants, refused) = (gate.clone(), grants.clone(), refused_ticket.clone());
+            let denied = move |why: String| {
+                let why = match refused {
+                    Some(r) => format!("{why} ({r})"),
+                    None => why,
+                };
+                Answer::Frame(Response::Error(format!("not allowed: {why}")))
+            };
             let job = match op {
-                OP_GET if data.is_empty() => tokio::spawn(serve_get(svc, hash)),
-                OP_PUT => tokio::task::spawn_blocking(move || {
-                    Answer::Frame(if BlockHash::of(&data) != hash {
-                        Response::Error(format!("block {hash} does not match its hash"))
-                    } else {
-                        match svc.put(&hash, data) {
-                            Ok(()) => Response::Stored(hash),
-                            Err(e) => Response::Error(e.to_string()),
-                        }
+                OP_GET if data.is_empty() => tokio::spawn(async move {
+                    match permitted(&gate, &grants, Op::Get, hash).await {
+                        Ok(()) => serve_get(svc, hash).await,
+                        Err(why) => denied(why),
+                    }
+                }),
+                OP_PUT => tokio::spawn(async move {
+                    if let Err(why) = permitted(&gate, &grants, Op::Put, hash).await {
+                        return denied(why);
+                    }
+                    tokio::task::spawn_blocking(move || {
+                        Answer::Frame(if BlockHash::of(&data) != hash {
+                            Response::Error(format!("block {hash} does not match its hash"))
+                        } else {
+                            match svc.put(&hash, data) {
+                                Ok(()) => Response::Stored(hash),
+                                Err(e) => Response::Error(e.to_string()),
+                            }
+                        })
                     })
+                    .await
+                    .unwrap_or_else(failed)
                 }),
                 _ => return Err(WireError::BadFrame("unknown op")),
             };
@@ -301,6 +373,14 @@ impl DataSender {
     pub async fn put(&mut self, hash: &BlockHash, data: &[u8]) -> Result<(), WireError> {
         write_frame(&mut self.wr, OP_PUT, hash.as_bytes(), data).await
     }
+
+    /// Presents a ticket for the requests that follow (none for an empty one).
+    pub async fn ticket(&mut self, ticket: &[u8]) -> Result<(), WireError> {
+        if ticket.is_empty() {
+            return Ok(());
+        }
+        write_frame(&mut self.wr, OP_TICKET, ticket, &[]).await
+    }
 }
 
 impl DataReceiver {
@@ -328,6 +408,10 @@ impl DataReceiver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hash::Version;
+    use crate::transfer::ticket::{
+        shared, TicketKey, VersionBlocks, NODE_TTL, READ_TTL, WRITE_TTL,
+    };
     use std::collections::HashMap;
     use std::sync::Mutex;
 
@@ -343,6 +427,69 @@ mod tests {
         }
     }
 
+    struct Holds(BlockHash);
+    impl VersionBlocks for Holds {
+        fn holds(&self, _v: &Version, hash: &BlockHash) -> bool {
+            *hash == self.0
+        }
+    }
+
+    #[tokio::test]
+    async fn a_gated_server_serves_what_the_tickets_presented_allow() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let mem = Arc::new(Mem::default());
+        let (mine, theirs) = (b"mine".to_vec(), b"theirs".to_vec());
+        for b in [&mine, &theirs] {
+            mem.put(&BlockHash::of(b), Bytes::from(b.clone())).unwrap();
+        }
+        let key = TicketKey::from_bytes(&[5; 32]).unwrap();
+        let gate = shared(Gate::Tickets {
+            key: key.clone(),
+            versions: Some(Arc::new(Holds(BlockHash::of(&mine)))),
+        });
+        let svc: Arc<dyn BlockServe> = mem;
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = listener.accept().await.unwrap();
+                tokio::spawn(serve_connection(s, svc.clone(), gate.clone()));
+            }
+        });
+        let refused = |r: Response, why: &str| match r {
+            Response::Error(m) => assert!(m.contains(why), "{m}"),
+            other => panic!("{other:?}"),
+        };
+        // No ticket, a forged one: nothing.
+        let (mut tx, mut rx) = connect(&addr).await.unwrap();
+        tx.get(&BlockHash::of(&mine)).await.unwrap();
+        refused(rx.recv().await.unwrap(), "no ticket");
+        let forged = TicketKey::from_bytes(&[6; 32])
+            .unwrap()
+            .issue(&Grant::Node, NODE_TTL);
+        tx.ticket(&forged).await.unwrap();
+        tx.get(&BlockHash::of(&mine)).await.unwrap();
+        refused(rx.recv().await.unwrap(), "not issued by this cluster");
+        // A read ticket: its version's blocks, not another's, and no uploads.
+        let read = key.issue(&Grant::Read(Version([1; 32])), READ_TTL);
+        tx.ticket(&read).await.unwrap();
+        tx.get(&BlockHash::of(&mine)).await.unwrap();
+        assert!(matches!(rx.recv().await.unwrap(), Response::Block(..)));
+        tx.get(&BlockHash::of(&theirs)).await.unwrap();
+        refused(rx.recv().await.unwrap(), "in no version");
+        tx.put(&BlockHash::of(b"new"), b"new").await.unwrap();
+        refused(rx.recv().await.unwrap(), "no ticket to upload");
+        // An upload ticket takes blocks; a node's reaches every block.
+        tx.ticket(&key.issue(&Grant::Write, WRITE_TTL))
+            .await
+            .unwrap();
+        tx.put(&BlockHash::of(b"new"), b"new").await.unwrap();
+        assert!(matches!(rx.recv().await.unwrap(), Response::Stored(_)));
+        let (mut tx, mut rx) = connect(&addr).await.unwrap();
+        tx.ticket(&key.issue(&Grant::Node, NODE_TTL)).await.unwrap();
+        tx.get(&BlockHash::of(&theirs)).await.unwrap();
+        assert!(matches!(rx.recv().await.unwrap(), Response::Block(..)));
+    }
+
     #[tokio::test]
     async fn pipelined_puts_and_gets_answer_in_order() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -351,7 +498,7 @@ mod tests {
         tokio::spawn(async move {
             loop {
                 let (s, _) = listener.accept().await.unwrap();
-                tokio::spawn(serve_connection(s, svc.clone()));
+                tokio::spawn(serve_connection(s, svc.clone(), shared(Gate::Open)));
             }
         });
         let (mut tx, mut rx) = connect(&addr).await.unwrap();
@@ -423,7 +570,7 @@ mod tests {
         tokio::spawn(async move {
             loop {
                 let (s, _) = listener.accept().await.unwrap();
-                tokio::spawn(serve_connection(s, svc.clone()));
+                tokio::spawn(serve_connection(s, svc.clone(), shared(Gate::Open)));
             }
         });
         let (mut tx, mut rx) = connect(&addr).await.unwrap();

@@ -47,6 +47,7 @@ impl Rig {
             let agent = AgentProcess::bind(AgentConfig {
                 server: server.clone(),
                 credential: ktfs::rpc::Credential::none(),
+                node_ticket: Default::default(),
                 listen: "127.0.0.1:0".into(),
                 advertise: None,
                 cache_dir: dir.path().join("agent"),

@@ -267,7 +267,8 @@ async fn fetch_one(
     let (node, zone) = agent
         .as_deref()
         .map_or(("", ""), |a| (a.node_id.as_str(), a.zone.as_str()));
-    let mut sources = order_sources(&r.sources, node, zone, &opts.server);
+    let ticket = bytes::Bytes::from(r.ticket.clone());
+    let mut sources = order_sources(&r.sources, node, zone, &opts.server, &ticket);
     if opts.store_only {
         sources.retain(|s| s.label == STORE);
     }
@@ -306,6 +307,7 @@ async fn fetch_one(
             window,
             node: agent.as_deref().map(LocalAgent::node),
             serves: offer.is_some(),
+            ticket,
         };
         let (fetched, tree) =
             tree::fetch_in_window(store, &opts.server, spec, jobs, sink, &sources, progress)

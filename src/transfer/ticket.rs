@@ -1,0 +1,271 @@
+//! Tickets: the credentials of the data plane. The store server, which checked who a caller is
+//! on the control plane, hands out tickets for what the caller may then do with blocks:
+//!
+//! - [`Grant::Read`] of one version, with every resolve: the blocks of that version;
+//! - [`Grant::Write`], with the question which blocks the store lacks: uploads to the store;
+//! - [`Grant::Node`], to node agents when they register and heartbeat: any block, both ways.
+//!
+//! A ticket is its grant, an expiry and a keyed BLAKE3 MAC under the server's ticket key. Node
+//! agents receive that key when they register (they are trusted principals), so a peer checks
+//! tickets without asking the server. The store also checks that a block it serves under a read
+//! ticket is one of that version's; a peer checks the ticket's MAC and expiry. A server without
+//! authentication issues none and asks for none.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+
+use crate::hash::{BlockHash, Version};
+
+/// How long a read ticket holds: a `kt get` of a very large key must finish within it.
+pub const READ_TTL: Duration = Duration::from_secs(6 * 3600);
+/// How long an upload ticket holds.
+pub const WRITE_TTL: Duration = Duration::from_secs(3600);
+/// How long a node's ticket holds; every heartbeat brings a new one.
+pub const NODE_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Clocks of nodes may differ by this much.
+const SKEW: u64 = 300;
+
+const KIND_READ: u8 = 1;
+const KIND_WRITE: u8 = 2;
+const KIND_NODE: u8 = 3;
+/// kind, expiry, version, MAC.
+pub const TICKET_LEN: usize = 1 + 8 + 32 + 32;
+
+/// What a ticket allows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Grant {
+    Read(Version),
+    Write,
+    Node,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TicketError {
+    #[error("a ticket of {0} bytes, not {TICKET_LEN}")]
+    Length(usize),
+    #[error("the ticket was not issued by this cluster's store server")]
+    Forged,
+    #[error("the ticket expired")]
+    Expired,
+    #[error("unknown ticket kind {0}")]
+    Kind(u8),
+}
+
+/// The secret tickets are made and checked with.
+#[derive(Clone)]
+pub struct TicketKey([u8; 32]);
+
+impl std::fmt::Debug for TicketKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TicketKey(..)")
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl TicketKey {
+    pub fn from_bytes(b: &[u8]) -> Option<Self> {
+        Some(TicketKey(b.try_into().ok()?))
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    fn mac(&self, body: &[u8]) -> blake3::Hash {
+        blake3::keyed_hash(&self.0, body)
+    }
+
+    /// A ticket for `grant`, valid for `ttl` from now.
+    pub fn issue(&self, grant: &Grant, ttl: Duration) -> Bytes {
+        self.issue_at(grant, unix_now() + ttl.as_secs())
+    }
+
+    fn issue_at(&self, grant: &Grant, expires: u64) -> Bytes {
+        let (kind, version) = match grant {
+            Grant::Read(v) => (KIND_READ, v.0),
+            Grant::Write => (KIND_WRITE, [0u8; 32]),
+            Grant::Node => (KIND_NODE, [0u8; 32]),
+        };
+        let mut t = Vec::with_capacity(TICKET_LEN);
+        t.push(kind);
+        t.extend_from_slice(&expires.to_be_bytes());
+        t.extend_from_slice(&version);
+        let mac = self.mac(&t);
+        t.extend_from_slice(mac.as_bytes());
+        Bytes::from(t)
+    }
+
+    /// What `ticket` allows, if this key made it and it holds now.
+    pub fn verify(&self, ticket: &[u8]) -> Result<Grant, TicketError> {
+        self.verify_at(ticket, unix_now())
+    }
+
+    fn verify_at(&self, ticket: &[u8], now: u64) -> Result<Grant, TicketError> {
+        if ticket.len() != TICKET_LEN {
+            return Err(TicketError::Length(ticket.len()));
+        }
+        let (body, mac) = ticket.split_at(TICKET_LEN - 32);
+        // blake3::Hash compares in constant time.
+        let mac: [u8; 32] = mac.try_into().map_err(|_| TicketError::Forged)?;
+        if self.mac(body) != blake3::Hash::from(mac) {
+            return Err(TicketError::Forged);
+        }
+        let expires = u64::from_be_bytes(body[1..9].try_into().map_err(|_| TicketError::Forged)?);
+        if expires + SKEW < now {
+            return Err(TicketError::Expired);
+        }
+        let version: [u8; 32] = body[9..41].try_into().map_err(|_| TicketError::Forged)?;
+        match body[0] {
+            KIND_READ => Ok(Grant::Read(Version(version))),
+            KIND_WRITE => Ok(Grant::Write),
+            KIND_NODE => Ok(Grant::Node),
+            k => Err(TicketError::Kind(k)),
+        }
+    }
+}
+
+/// Whether a server holds a version's block: the store answers from the version's manifest.
+pub trait VersionBlocks: Send + Sync {
+    fn holds(&self, version: &Version, hash: &BlockHash) -> bool;
+}
+
+/// What a data-plane server asks of its callers.
+pub enum Gate {
+    /// Nothing: a cluster without authentication.
+    Open,
+    /// Tickets made with `key`; with `versions`, a read ticket reaches only its version's blocks.
+    Tickets {
+        key: TicketKey,
+        versions: Option<std::sync::Arc<dyn VersionBlocks>>,
+    },
+    /// Nothing is served yet (an agent that has not learnt from the store server what to ask).
+    Closed,
+}
+
+/// A server's gate, which an agent changes once the store server has said what to ask.
+pub type SharedGate = std::sync::Arc<std::sync::RwLock<Gate>>;
+
+pub fn shared(gate: Gate) -> SharedGate {
+    std::sync::Arc::new(std::sync::RwLock::new(gate))
+}
+
+/// A ticket that is renewed while it is used (a node's, with every heartbeat); cloning shares it.
+#[derive(Clone, Default)]
+pub struct TicketHolder(std::sync::Arc<std::sync::RwLock<Bytes>>);
+
+impl std::fmt::Debug for TicketHolder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TicketHolder(..)")
+    }
+}
+
+impl TicketHolder {
+    /// The ticket now; empty when there is none.
+    pub fn get(&self) -> Bytes {
+        crate::locks::read(&self.0).clone()
+    }
+
+    pub fn set(&self, ticket: Bytes) {
+        *crate::locks::write(&self.0) = ticket;
+    }
+}
+
+/// A data-plane operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Get,
+    Put,
+}
+
+impl Gate {
+    /// Whether a connection that presented `grants` may do `op` on `hash`; why not otherwise.
+    pub fn allows(&self, grants: &[Grant], op: Op, hash: &BlockHash) -> Result<(), String> {
+        let versions = match self {
+            Gate::Open => return Ok(()),
+            Gate::Closed => return Err("this node does not serve blocks yet".into()),
+            Gate::Tickets { versions, .. } => versions,
+        };
+        let ok = grants.iter().any(|g| match (g, op) {
+            (Grant::Node, _) | (Grant::Write, Op::Put) => true,
+            (Grant::Read(v), Op::Get) => versions.as_ref().is_none_or(|vs| vs.holds(v, hash)),
+            _ => false,
+        });
+        if ok {
+            return Ok(());
+        }
+        Err(match op {
+            Op::Get if grants.is_empty() => "no ticket: resolve the key for one".to_string(),
+            Op::Get => format!("block {hash} is in no version this connection's tickets allow"),
+            Op::Put => "no ticket to upload: ask the store which blocks it lacks".to_string(),
+        })
+    }
+
+    /// The grant of a ticket a connection presents.
+    pub fn admit(&self, ticket: &[u8]) -> Result<Option<Grant>, TicketError> {
+        match self {
+            Gate::Tickets { key, .. } => key.verify(ticket).map(Some),
+            Gate::Open | Gate::Closed => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tickets_hold_what_they_grant_until_they_expire_and_cannot_be_forged() {
+        let key = TicketKey([7; 32]);
+        let v = Version([9; 32]);
+        for g in [Grant::Read(v), Grant::Write, Grant::Node] {
+            let t = key.issue(&g, READ_TTL);
+            assert_eq!(key.verify(&t), Ok(g));
+        }
+        let t = key.issue_at(&Grant::Node, 1000);
+        assert_eq!(key.verify_at(&t, 1000 + SKEW), Ok(Grant::Node));
+        assert_eq!(key.verify_at(&t, 1001 + SKEW), Err(TicketError::Expired));
+        // Another key's ticket, a changed grant, a changed expiry, a cut ticket.
+        let other = TicketKey([8; 32]).issue(&Grant::Node, NODE_TTL);
+        assert_eq!(key.verify(&other), Err(TicketError::Forged));
+        let mut t = key.issue(&Grant::Write, WRITE_TTL).to_vec();
+        t[0] = KIND_NODE;
+        assert_eq!(key.verify(&t), Err(TicketError::Forged));
+        t[0] = KIND_WRITE;
+        t[5] ^= 1;
+        assert_eq!(key.verify(&t), Err(TicketError::Forged));
+        assert_eq!(key.verify(&t[..10]), Err(TicketError::Length(10)));
+    }
+
+    struct Only(BlockHash);
+    impl VersionBlocks for Only {
+        fn holds(&self, _v: &Version, hash: &BlockHash) -> bool {
+            *hash == self.0
+        }
+    }
+
+    #[test]
+    fn a_gate_lets_each_grant_do_its_own() {
+        let mine = BlockHash::of(b"mine");
+        let theirs = BlockHash::of(b"theirs");
+        let gate = Gate::Tickets {
+            key: TicketKey([1; 32]),
+            versions: Some(std::sync::Arc::new(Only(mine))),
+        };
+        let read = [Grant::Read(Version([2; 32]))];
+        assert!(gate.allows(&read, Op::Get, &mine).is_ok());
+        assert!(gate.allows(&read, Op::Get, &theirs).is_err());
+        assert!(gate.allows(&read, Op::Put, &mine).is_err());
+        assert!(gate.allows(&[], Op::Get, &mine).is_err());
+        assert!(gate.allows(&[Grant::Write], Op::Put, &theirs).is_ok());
+        assert!(gate.allows(&[Grant::Write], Op::Get, &theirs).is_err());
+        assert!(gate.allows(&[Grant::Node], Op::Get, &theirs).is_ok());
+        assert!(Gate::Open.allows(&[], Op::Put, &theirs).is_ok());
+        assert!(Gate::Closed.allows(&[Grant::Node], Op::Get, &mine).is_err());
+    }
+}
