@@ -75,10 +75,20 @@ impl BlockFiles {
         }
     }
 
+    /// The hashes of the block files, in no order (temporary files left alone: they may be
+    /// writes in progress).
+    pub fn list(&self) -> io::Result<Vec<BlockHash>> {
+        Self::walk(&self.dir, false)
+    }
+
     /// One pass over the fan-out directories: removes temporary files, returns the hashes of
     /// the block files.
     fn scan(dir: &Path) -> io::Result<Vec<BlockHash>> {
         std::fs::create_dir_all(dir)?;
+        Self::walk(dir, true)
+    }
+
+    fn walk(dir: &Path, remove_tmp: bool) -> io::Result<Vec<BlockHash>> {
         let mut found = Vec::new();
         for fan in std::fs::read_dir(dir)? {
             let fan = fan?;
@@ -90,7 +100,9 @@ impl BlockFiles {
                 let name = entry.file_name();
                 let name = name.to_string_lossy();
                 if name.contains(".tmp") {
-                    std::fs::remove_file(entry.path())?;
+                    if remove_tmp {
+                        std::fs::remove_file(entry.path())?;
+                    }
                 } else if let Ok(h) = blake3::Hash::from_hex(name.as_bytes()) {
                     found.push(BlockHash(*h.as_bytes()));
                 }
@@ -109,6 +121,7 @@ impl BlockFiles {
 
     /// Deletes a block's file; one already gone is no error.
     pub fn remove(&self, hash: &BlockHash) -> io::Result<()> {
+        lock(&self.unsynced).retain(|h| h != hash);
         match std::fs::remove_file(self.path(hash)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
@@ -187,7 +200,12 @@ impl BlockFiles {
         let mut dirs = std::collections::BTreeSet::new();
         let synced = pending.iter().try_for_each(|hash| {
             let path = self.path(hash);
-            File::open(&path)?.sync_all()?;
+            match File::open(&path) {
+                Ok(f) => f.sync_all()?,
+                // Collected before it was ever published: nothing to make durable.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(e),
+            }
             if let Some(parent) = path.parent() {
                 dirs.insert(parent.to_path_buf());
             }

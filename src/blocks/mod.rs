@@ -4,7 +4,7 @@
 //! database ([`store`]), a node's cache ([`cache`]), the files it published or fetched, served
 //! in place ([`in_place`]), and the blocks it is receiving right now ([`in_flight`]); [`node`]
 //! puts a node's three together. Large blocks live in files named by hash ([`files`]), written
-//! in pieces ([`pieces`]). Everything here is below the transfers and the filesystem, and knows
+//! in pieces ([`pieces`]); what garbage collection must keep is noted in [`touched`]. Everything here is below the transfers and the filesystem, and knows
 //! nothing of either.
 
 pub mod pieces;
@@ -21,6 +21,8 @@ pub mod in_place;
 pub mod node;
 #[cfg(feature = "daemons")]
 pub mod store;
+#[cfg(feature = "daemons")]
+pub mod touched;
 
 use bytes::Bytes;
 

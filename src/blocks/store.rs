@@ -7,11 +7,12 @@
 //! without its block, and a key is never published before its blocks are safe.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 
 use bytes::Bytes;
 
 use super::files::{BlockFiles, MIN_FILE_BLOCK};
+use super::touched::Touched;
 use super::{BlockError, BlockServe, Served};
 use crate::db::{BatchOp, Db};
 use crate::hash::BlockHash;
@@ -32,6 +33,8 @@ pub struct StoreBlocks {
     /// shared; [`StoreBlocks::make_durable`] holds it alone, so no block it has seen escapes.
     volatile_gate: RwLock<()>,
     volatile_blocks: AtomicBool,
+    /// Blocks stored or asked about lately, which garbage collection keeps.
+    touched: Mutex<Touched<BlockHash>>,
 }
 
 impl StoreBlocks {
@@ -42,12 +45,15 @@ impl StoreBlocks {
             files,
             volatile_gate: RwLock::new(()),
             volatile_blocks: AtomicBool::new(false),
+            touched: Mutex::new(Touched::default()),
         }
     }
 
     /// Stores a block that has been verified against its hash (a block already here is left
     /// as it is).
     pub fn put(&self, hash: &BlockHash, data: &[u8]) -> Result<(), BlockError> {
+        // Before the file is written: a collection pass takes it for an orphan otherwise.
+        locks::lock(&self.touched).touch(*hash);
         if self.contains(hash)? {
             return Ok(());
         }
@@ -81,6 +87,8 @@ impl StoreBlocks {
     /// The length of a block the store holds, from its index entry (`None` as for
     /// [`StoreBlocks::contains`]): what a publish checks its manifest's lengths against.
     pub fn stored_len(&self, hash: &BlockHash) -> Result<Option<u32>, BlockError> {
+        // Whoever asks is about to publish (or upload) it.
+        locks::lock(&self.touched).touch(*hash);
         let Some(v) = self.db.get(CF_BLOCK_INDEX, hash.as_bytes())? else {
             return Ok(None);
         };
@@ -145,6 +153,64 @@ impl StoreBlocks {
         })?;
         tracing::info!(blocks = n, "blocks indexed");
         Ok(())
+    }
+
+    /// A collection pass starts: see [`Touched::rotate`].
+    pub fn rotate_touched(&self) -> bool {
+        locks::lock(&self.touched).rotate()
+    }
+
+    pub fn was_touched(&self, hash: &BlockHash) -> bool {
+        locks::lock(&self.touched).contains(hash)
+    }
+
+    /// Calls `f` with every block in the index.
+    pub fn for_each_block(&self, mut f: impl FnMut(BlockHash)) -> Result<(), BlockError> {
+        self.db.for_each(CF_BLOCK_INDEX, |k, _| {
+            if let Some(h) = BlockHash::from_slice(k) {
+                f(h);
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    /// Deletes a block (index entry first, so a crash between leaves an orphan file, never an
+    /// entry without its block); returns its length.
+    pub fn remove(&self, hash: &BlockHash) -> Result<u64, BlockError> {
+        let len = self
+            .db
+            .get(CF_BLOCK_INDEX, hash.as_bytes())?
+            .and_then(|v| Some(u32::from_be_bytes(v.get(..4)?.try_into().ok()?)))
+            .unwrap_or(0);
+        let k = hash.as_bytes().to_vec();
+        self.db.write(vec![
+            BatchOp::Delete(CF_BLOCK_INDEX, k.clone()),
+            BatchOp::Delete(CF_BLOCKS, k),
+        ])?;
+        self.files.remove(hash).map_err(|e| self.files.error(e))?;
+        Ok(u64::from(len))
+    }
+
+    /// Block files the index does not name: left by a crash between a file and its entry.
+    pub fn orphan_files(&self) -> Result<Vec<BlockHash>, BlockError> {
+        let mut out = Vec::new();
+        for h in self.files.list().map_err(|e| self.files.error(e))? {
+            if self.db.get(CF_BLOCK_INDEX, h.as_bytes())?.is_none() {
+                out.push(h);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes an orphan block file if it still is one; whether it did.
+    pub fn remove_orphan(&self, hash: &BlockHash) -> Result<bool, BlockError> {
+        let _gate = locks::write(&self.volatile_gate);
+        if self.db.get(CF_BLOCK_INDEX, hash.as_bytes())?.is_some() {
+            return Ok(false);
+        }
+        self.files.remove(hash).map_err(|e| self.files.error(e))?;
+        Ok(true)
     }
 
     /// Flushes the blocks written without the WAL, if there are any.

@@ -315,6 +315,10 @@ pub struct ServerArgs {
     /// Seconds a node stays a source without a heartbeat.
     #[arg(long, default_value_t = 15)]
     pub lease_secs: u64,
+    /// Seconds between garbage collection passes (0: never). Also the least time a removed
+    /// version's blocks stay for readers that still have it open.
+    #[arg(long, default_value_t = 600)]
+    pub gc_interval_secs: u64,
     #[command(flatten)]
     pub auth: ServerAuthArgs,
 }

@@ -85,7 +85,8 @@ pub async fn server(a: ServerArgs) -> Result<()> {
     let auth = auth_config(&a.auth).await?;
     let srv = StoreServerProcess::bind(&a.listen, &a.data_dir, Duration::from_secs(a.lease_secs))
         .await?
-        .with_auth(auth);
+        .with_auth(auth)
+        .with_gc((a.gc_interval_secs > 0).then(|| Duration::from_secs(a.gc_interval_secs)));
     println!("kt server listening on {}", srv.local_addr()?);
     Ok(srv.run(shutdown_signal()).await?)
 }

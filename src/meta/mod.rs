@@ -13,6 +13,7 @@ use std::time::Duration;
 use prost::Message;
 
 use crate::blocks::store::StoreBlocks;
+use crate::blocks::touched::Touched;
 use crate::blocks::BlockError;
 use crate::clock::SharedClock;
 use crate::hash::{BlockHash, Version};
@@ -22,6 +23,7 @@ use crate::manifest::{self, EntryKind, FileEntry, Manifest, ManifestError};
 use crate::proto::{KeyRecord, ListEntry, ListResponse, Locale, NodeInfo, PathAttrs, Source};
 
 pub mod backend;
+pub mod gc;
 mod gpu;
 mod keys;
 pub mod nodes;
@@ -77,6 +79,8 @@ pub struct MetaStore {
     write_lock: Mutex<()>,
     nodes: NodeLeases,
     clock: SharedClock,
+    /// Versions written lately, which garbage collection keeps.
+    touched: Mutex<Touched<Version>>,
 }
 
 impl MetaStore {
@@ -92,6 +96,7 @@ impl MetaStore {
             write_lock: Mutex::new(()),
             nodes: NodeLeases::new(lease, clock.clone()),
             clock,
+            touched: Mutex::new(Touched::default()),
         }
     }
 

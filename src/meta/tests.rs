@@ -668,3 +668,124 @@ fn hard_links_are_names_of_one_inode_record() {
     assert_eq!(listed("g2").unwrap().nlink, 2);
     assert_eq!(names(&meta, &ns, "d"), ["g", "x/"]);
 }
+
+/// A one-block file of any block size.
+fn one_block(data: &[u8]) -> Manifest {
+    Manifest {
+        block_size: crate::manifest::MAX_BLOCK_SIZE,
+        ..one_file(data)
+    }
+}
+
+#[test]
+fn collection_takes_what_no_key_names_and_keeps_what_was_touched_lately() {
+    let (_d, meta, clock) = store_on(DEFAULT_TEST_LEASE);
+    let ns = Namespace::default();
+    let big = |b: u8| vec![b; MIN_FILE_BLOCK + 1];
+    let (kept, gone, fresh, expiring) = (big(1), big(2), big(3), b"soon".to_vec());
+    for d in [&kept, &gone, &expiring] {
+        meta.blocks().put(&BlockHash::of(d), d).unwrap();
+    }
+    // The first pass only starts the record of what is touched: it knows nothing of uploads
+    // in flight before it, and deletes nothing.
+    assert_eq!(meta.collect_garbage().unwrap(), gc::GcReport::default());
+    meta.publish(
+        &ns,
+        &k("kept"),
+        &one_block(&kept),
+        Locale::Store,
+        "",
+        0,
+        false,
+    )
+    .unwrap();
+    meta.publish(
+        &ns,
+        &k("gone"),
+        &one_block(&gone),
+        Locale::Store,
+        "",
+        0,
+        false,
+    )
+    .unwrap();
+    meta.publish(
+        &ns,
+        &k("ttl"),
+        &one_block(&expiring),
+        Locale::Store,
+        "",
+        1,
+        false,
+    )
+    .unwrap();
+    let gone_version = meta.resolve(&ns, &k("gone")).unwrap().record.version;
+    meta.remove(&ns, &k("gone"), false, false).unwrap();
+    clock.advance(Duration::from_secs(2));
+    // An upload whose publish has not come yet.
+    meta.blocks().put(&BlockHash::of(&fresh), &fresh).unwrap();
+
+    // Touched since the start of the pass before: kept, but for the expired key's record,
+    // which no one may touch any more.
+    let r = meta.collect_garbage().unwrap();
+    assert_eq!((r.blocks, r.manifests, r.expired_keys), (0, 0, 1), "{r:?}");
+    // (Asking whether the store holds a block counts as touching it: `get` does not.)
+    assert!(meta.blocks().get(&BlockHash::of(&gone)).unwrap().is_some());
+    // Then what no key names goes, the expired key with it; the live key's block stays.
+    let r = meta.collect_garbage().unwrap();
+    assert_eq!(r.blocks, 3, "{r:?}");
+    assert_eq!(r.block_bytes, (2 * (MIN_FILE_BLOCK + 1) + 4) as u64);
+    assert_eq!(r.manifests, 2, "{r:?}");
+    for d in [&gone, &fresh, &expiring] {
+        assert!(!meta.blocks().contains(&BlockHash::of(d)).unwrap());
+    }
+    assert!(meta.manifest(&gone_version).is_err());
+    let found = meta.resolve(&ns, &k("kept")).unwrap();
+    assert!(matches!(
+        meta.blocks().get(&BlockHash::of(&kept)).unwrap(),
+        Some(Served::File(..))
+    ));
+    assert!(meta.manifest(&found.record.version).is_ok());
+    assert_eq!(meta.collect_garbage().unwrap(), gc::GcReport::default());
+
+    // A publish that needs a collected block is told it is missing, and works once it is back.
+    assert!(matches!(
+        meta.publish(
+            &ns,
+            &k("again"),
+            &one_block(&gone),
+            Locale::Store,
+            "",
+            0,
+            false
+        ),
+        Err(MetaError::MissingBlocks(1))
+    ));
+    meta.blocks().put(&BlockHash::of(&gone), &gone).unwrap();
+    meta.publish(
+        &ns,
+        &k("again"),
+        &one_block(&gone),
+        Locale::Store,
+        "",
+        0,
+        false,
+    )
+    .unwrap();
+}
+
+#[test]
+fn collection_takes_block_files_a_crash_left_without_an_index_entry() {
+    let (d, meta) = store(DEFAULT_TEST_LEASE);
+    let orphan = vec![7u8; MIN_FILE_BLOCK];
+    let h = BlockHash::of(&orphan);
+    // A file written by an earlier run, whose index entry never became durable.
+    let files = BlockFiles::open(&d.path().join("blocks")).unwrap();
+    files.write(&h, &orphan).unwrap();
+    files.sync().unwrap();
+    assert!(!meta.blocks().contains(&h).unwrap());
+    meta.collect_garbage().unwrap();
+    let r = meta.collect_garbage().unwrap();
+    assert_eq!(r.orphan_files, 1, "{r:?}");
+    assert!(files.list().unwrap().is_empty());
+}

@@ -568,6 +568,7 @@ impl<'m> Txn<'m> {
                     let (r, m) = *p;
                     let v = Version::from_slice(&r.version)
                         .ok_or_else(|| MetaError::Corrupt("version".into()))?;
+                    self.meta.touch_version(v);
                     ops.push(Op::Put(Table::Manifests, v.0.to_vec(), m.encode_to_vec()));
                     // A GPU key's bytes are in its holder's buffers, never a source of blocks.
                     if r.locale() == Locale::Local
@@ -604,6 +605,9 @@ impl<'m> Txn<'m> {
                 ops.push(Op::Delete(Table::Inodes, k));
                 continue;
             };
+            if let Some(v) = Version::from_slice(&r.version) {
+                self.meta.touch_version(v);
+            }
             if let Some(m) = m {
                 let v = Version::from_slice(&r.version)
                     .ok_or_else(|| MetaError::Corrupt("version".into()))?;

@@ -27,6 +27,35 @@ use crate::transfer::ticket::{shared, Gate};
 use auth::{AuthConfig, Authenticator};
 use handler::StoreHandler;
 
+/// How often garbage is collected when nothing says otherwise: also the least time a block
+/// uploaded for a publish, or a removed version's unread block, is kept.
+pub const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(600);
+
+/// Collects garbage every `every`, off the async threads; a failed pass is logged and the next
+/// one tries again.
+async fn collect_every(meta: Arc<MetaStore>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let m = meta.clone();
+        match tokio::task::spawn_blocking(move || m.collect_garbage()).await {
+            Ok(Ok(r)) if r == Default::default() => tracing::debug!("nothing to collect"),
+            Ok(Ok(r)) => tracing::info!(
+                blocks = r.blocks,
+                bytes = r.block_bytes,
+                manifests = r.manifests,
+                expired_keys = r.expired_keys,
+                orphan_files = r.orphan_files,
+                "collected garbage"
+            ),
+            Ok(Err(e)) => tracing::warn!(error = %e, "garbage collection failed"),
+            Err(e) => tracing::warn!(error = %e, "garbage collection panicked"),
+        }
+    }
+}
+
 /// How long a node stays a source without a heartbeat.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
 
@@ -61,6 +90,7 @@ pub struct StoreServerProcess {
     clock: SharedClock,
     auth: AuthConfig,
     data_dir: std::path::PathBuf,
+    gc_every: Option<Duration>,
 }
 
 impl StoreServerProcess {
@@ -99,7 +129,14 @@ impl StoreServerProcess {
             clock,
             auth: AuthConfig::default(),
             data_dir: data_dir.to_path_buf(),
+            gc_every: Some(DEFAULT_GC_INTERVAL),
         })
+    }
+
+    /// How often garbage is collected (`None`: never).
+    pub fn with_gc(mut self, every: Option<Duration>) -> Self {
+        self.gc_every = every;
+        self
     }
 
     /// Whom the server accepts; without it, anyone.
@@ -147,17 +184,28 @@ impl StoreServerProcess {
         let svc = StoreServer::new(handler)
             .max_decoding_message_size(MAX_RPC_MESSAGE)
             .max_encoding_message_size(MAX_RPC_MESSAGE);
-        if self.auth.is_open() {
+        let loopback = self
+            .listener
+            .local_addr()
+            .is_ok_and(|a| a.ip().is_loopback());
+        if self.auth.is_open() && !loopback {
             tracing::warn!(
                 "no authentication: anyone who reaches this port may read, write and remove every \
                  namespace's keys (--token-file, --token-review)"
             );
         }
+        let gc = self.gc_every.map(|every| {
+            let meta = self.meta.clone();
+            tokio::spawn(collect_every(meta, every))
+        });
         let svc = auth::layer::authenticated(svc, Arc::new(Authenticator::new(self.auth)));
         let router = tonic::transport::Server::builder().add_service(svc);
         let blocks = self.meta.blocks().clone();
         crate::transfer::port::serve(self.listener, Some(router), blocks, shared(gate), shutdown)
             .await?;
+        if let Some(gc) = gc {
+            gc.abort();
+        }
         self.meta.flush()?;
         Ok(())
     }

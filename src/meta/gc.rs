@@ -1,0 +1,147 @@
+//! Garbage collection on the store server: manifests no key names any more, the locations of
+//! those versions, and blocks no live manifest references are deleted; so are keys whose TTL
+//! has run out and block files a crash left without an index entry.
+//!
+//! A pass marks without holding up publishes, then sweeps under the metadata write lock. What a
+//! publish, rename or upload touched since the start of the previous pass is kept whatever the
+//! mark saw (the first pass after a start only starts that record and deletes nothing) (`crate::blocks::touched`): a key moved while the mark ran, a block uploaded for a publish that
+//! has not committed yet (it has at least one whole interval), a version published again. A
+//! publish after the sweep finds deleted blocks missing and uploads them again. Deleting is
+//! idempotent and each step leaves nothing that names what is gone: a block's index entry goes
+//! before its file, so a crash between them leaves an orphan file, which the next pass takes.
+//!
+//! Not yet: node caches are only bounded by their byte budget (least recently used blocks go
+//! first), and a reader that keeps a removed version's file open keeps what it has read, but
+//! blocks it has not read yet are kept for one interval only.
+
+use std::collections::HashSet;
+
+use prost::Message;
+
+use super::backend::{Op, Table};
+use super::keys::live;
+use super::{MetaError, MetaStore};
+use crate::hash::{BlockHash, Version};
+use crate::locks;
+use crate::manifest::{self, Manifest};
+use crate::proto::KeyRecord;
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct GcReport {
+    pub expired_keys: usize,
+    pub manifests: usize,
+    pub blocks: usize,
+    pub block_bytes: u64,
+    pub orphan_files: usize,
+}
+
+fn record(v: &[u8]) -> Result<KeyRecord, MetaError> {
+    KeyRecord::decode(v).map_err(|e| MetaError::Corrupt(e.to_string()))
+}
+
+fn blocks_of(m: &Manifest, into: &mut HashSet<BlockHash>) {
+    for e in &m.entries {
+        into.extend(e.blocks.iter().filter_map(manifest::block_hash));
+    }
+}
+
+impl MetaStore {
+    pub(super) fn touch_version(&self, v: Version) {
+        locks::lock(&self.touched).touch(v);
+    }
+
+    /// One pass of collection.
+    pub fn collect_garbage(&self) -> Result<GcReport, MetaError> {
+        let versions_recorded = locks::lock(&self.touched).rotate();
+        let blocks_recorded = self.blocks.rotate_touched();
+        let mut report = GcReport::default();
+        if !(versions_recorded && blocks_recorded) {
+            return Ok(report);
+        }
+        let now = self.now_ms();
+
+        // Mark: the versions live keys name (a hard-linked name names its inode, whose record
+        // holds the version), and their blocks.
+        let mut live_versions = HashSet::new();
+        let mut expired = Vec::new();
+        for table in [Table::Keys, Table::Inodes] {
+            for (k, v) in self.backend.scan_prefix(table, b"")? {
+                let r = record(&v)?;
+                if r.inode != 0 && r.version.is_empty() {
+                    continue;
+                }
+                if !live(&r, now) {
+                    expired.push((table, k));
+                    continue;
+                }
+                if let Some(v) = Version::from_slice(&r.version) {
+                    live_versions.insert(v);
+                }
+            }
+        }
+        let mut live_blocks = HashSet::new();
+        let mut dead_versions = Vec::new();
+        for (k, v) in self.backend.scan_prefix(Table::Manifests, b"")? {
+            let Some(version) = Version::from_slice(&k) else {
+                continue;
+            };
+            if live_versions.contains(&version) {
+                let m = Manifest::decode(&v[..]).map_err(|e| MetaError::Corrupt(e.to_string()))?;
+                blocks_of(&m, &mut live_blocks);
+            } else {
+                dead_versions.push(version);
+            }
+        }
+        let mut candidates = Vec::new();
+        self.blocks.for_each_block(|h| {
+            if !live_blocks.contains(&h) {
+                candidates.push(h);
+            }
+        })?;
+        let orphans = self.blocks.orphan_files()?;
+
+        // Sweep, with publishes held off: whatever was touched meanwhile is live after all.
+        let _write = self.lock();
+        let touched: Vec<Version> = locks::lock(&self.touched).all().copied().collect();
+        for v in touched {
+            if let Ok(m) = self.manifest(&v.0) {
+                blocks_of(&m, &mut live_blocks);
+            }
+            live_versions.insert(v);
+        }
+        let mut ops = Vec::new();
+        for (table, k) in expired {
+            // Still expired: a publish may have replaced it since.
+            if let Some(v) = self.backend.get(table, &k)? {
+                if !live(&record(&v)?, now) {
+                    ops.push(Op::Delete(table, k));
+                    report.expired_keys += 1;
+                }
+            }
+        }
+        for v in dead_versions.iter().filter(|v| !live_versions.contains(v)) {
+            ops.push(Op::Delete(Table::Manifests, v.0.to_vec()));
+            for (k, _) in self.backend.scan_prefix(Table::Locations, &v.0)? {
+                ops.push(Op::Delete(Table::Locations, k));
+            }
+            report.manifests += 1;
+        }
+        // Manifests and keys first: a crash after this leaves blocks no one names, which the
+        // next pass takes.
+        self.backend.write(ops)?;
+        for h in candidates {
+            if live_blocks.contains(&h) || self.blocks.was_touched(&h) {
+                continue;
+            }
+            report.block_bytes += self.blocks.remove(&h)?;
+            report.blocks += 1;
+        }
+        for h in orphans {
+            if !self.blocks.was_touched(&h) && self.blocks.remove_orphan(&h)? {
+                report.orphan_files += 1;
+            }
+        }
+        Ok(report)
+    }
+}
