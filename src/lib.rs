@@ -3,7 +3,8 @@
 //! A folder per concern, and dependencies that point one way (checked by `tests/layering.rs`):
 //!
 //! - the data model: [`hash`], [`key`], [`manifest`], the generated [`proto`], the [`clock`]
-//!   seam, the [`locks`] policy, and [`db`], the one file that knows RocksDB;
+//!   seam, the [`locks`] policy, the process's [`metrics`], and [`db`], the one file that knows
+//!   RocksDB;
 //! - [`blocks`]: what the store and each node hold, and how they serve it;
 //! - [`rpc`]: the control plane as both ends see it; [`k8s`]: what Kubernetes tells;
 //! - [`transfer`]: the data plane, publishing, fetching, broadcast membership, `put` and `get`;
@@ -25,6 +26,7 @@ pub mod hash;
 pub mod key;
 pub mod locks;
 pub mod manifest;
+pub mod metrics;
 
 pub mod blocks;
 pub mod gpu;

@@ -52,6 +52,16 @@ fn raw_get(addr: &str, ticket: Option<&[u8]>, block: BlockHash) -> String {
     })
 }
 
+/// One HTTP/1.1 GET; the whole response.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: kt\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).trim().to_string()
 }
@@ -181,6 +191,32 @@ fn a_shared_token_guards_every_call_and_agents_present_it() {
     assert_eq!(got["sources"][0]["source"], "n1", "{got}");
     assert!(std::fs::read(&dest).unwrap() == std::fs::read(&src).unwrap());
 
+    // Metrics need no credential, and name no key.
+    let server_metrics = http_get(&server.addr, "/metrics");
+    assert!(
+        server_metrics.starts_with("HTTP/1.1 200 OK"),
+        "{server_metrics}"
+    );
+    let value = |text: &str, series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in {text}"))
+    };
+    assert!(value(&server_metrics, "kt_served_bytes_total") >= 300_000.0);
+    assert!(value(&server_metrics, "kt_dataplane_denied_total") >= 1.0);
+    assert!(value(&server_metrics, "kt_auth_refused_total") >= 3.0);
+    assert_eq!(value(&server_metrics, "kt_nodes_live"), 1.0);
+    let node_metrics = http_get(&agent.proc.addr, "/metrics");
+    assert!(value(&node_metrics, "kt_served_bytes_total") >= 300_000.0);
+    assert!(value(&node_metrics, "kt_cache_budget_bytes") > 0.0);
+    for text in [&server_metrics, &node_metrics] {
+        assert!(
+            !text.contains("models") && !text.contains("local/w"),
+            "{text}"
+        );
+    }
+    assert!(http_get(&server.addr, "/keys").starts_with("HTTP/1.1 404"));
+
     // An agent without the token cannot register or publish for anyone.
     let other_dir = dir.path().join("n2");
     std::fs::create_dir_all(&other_dir).unwrap();
@@ -193,6 +229,16 @@ fn a_shared_token_guards_every_call_and_agents_present_it() {
     );
     assert!(!out.status.success());
     assert!(stderr(&out).contains("no credential"), "{}", stderr(&out));
+    // `kt status` tells the two apart.
+    let status = |sock: &Path| -> serde_json::Value {
+        serde_json::from_str(&ok(kt_as(&server.addr, sock, &[], &["status", "--json"]))).unwrap()
+    };
+    let (good, bad) = (status(&agent.socket), status(&intruder.socket));
+    assert_eq!(
+        (good["registered"].as_bool(), bad["registered"].as_bool()),
+        (Some(true), Some(false))
+    );
+    assert!(good["served_bytes"].as_u64().unwrap() >= 300_000, "{good}");
     let out = kt_as(&server.addr, &none, &with_token, &["ls", "local/x"]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
 }

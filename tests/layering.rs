@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The data model and the primitives everything may use.
-const DATA_MODEL: &[&str] = &["proto", "hash", "key", "manifest", "clock", "locks", "db"];
+const DATA_MODEL: &[&str] = &[
+    "proto", "hash", "key", "manifest", "clock", "locks", "metrics", "db",
+];
 
 /// Each top-level module and what it may import besides the data model (which imports only
 /// itself, downwards: see [`DATA_MODEL_EDGES`]).
@@ -41,6 +43,7 @@ const DATA_MODEL_EDGES: &[(&str, &[&str])] = &[
     ("hash", &[]),
     ("key", &[]),
     ("locks", &[]),
+    ("metrics", &["locks"]),
     ("db", &[]),
     ("clock", &["locks"]),
     ("manifest", &["hash", "key", "proto"]),

@@ -46,6 +46,7 @@ pub struct AgentsConfig {
     pub state_dir: PathBuf,
     /// Address the agents listen on for peers (port chosen by the system).
     pub agent_ip: String,
+    pub agent_port: u16,
     /// Byte budget of the node's cache (`kt agent --cache-size`), or kt's default.
     pub cache_size: Option<String>,
     /// Topology zone passed to the agents.
@@ -280,7 +281,7 @@ impl Agents {
             .arg(&cfg.cache_dir)
             .arg("--socket")
             .arg(self.socket_path())
-            .args(["--listen", &format!("{}:0", cfg.agent_ip)])
+            .args(["--listen", &format!("{}:{}", cfg.agent_ip, cfg.agent_port)])
             .args(["--node-id", &cfg.node_id]);
         if let Some(size) = &cfg.cache_size {
             cmd.args(["--cache-size", size]);

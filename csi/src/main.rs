@@ -34,9 +34,12 @@ struct Args {
     /// Namespace mounts, agent sockets, logs and volume records.
     #[arg(long, default_value = "/var/lib/kt-csi")]
     state_dir: PathBuf,
-    /// Address the namespace agents serve peers on (port chosen by the system).
+    /// Address the node agent serves peers (and `/metrics`) on.
     #[arg(long, env = "POD_IP", default_value = "0.0.0.0")]
     agent_ip: String,
+    /// Its port (0: the system chooses; deploy/ fixes one so that Prometheus can scrape it).
+    #[arg(long, default_value_t = 0)]
+    agent_port: u16,
     /// Byte budget of each namespace's block cache (e.g. 50G; default: kt's).
     #[arg(long)]
     cache_size: Option<String>,
@@ -85,6 +88,7 @@ async fn main() -> Result<()> {
             cache_dir: a.cache_dir,
             state_dir: a.state_dir,
             agent_ip: a.agent_ip,
+            agent_port: a.agent_port,
             cache_size: a.cache_size,
             zone: a.zone,
             mount_timeout: Duration::from_secs(a.mount_timeout_secs.max(1)),

@@ -214,6 +214,7 @@ mod tests {
                 cache_dir: dir.join("cache"),
                 state_dir: dir.join("state"),
                 agent_ip: "127.0.0.1".into(),
+                agent_port: 0,
                 cache_size: None,
                 zone: None,
                 mount_timeout: Duration::from_secs(1),

@@ -18,12 +18,14 @@ use crate::proto::*;
 use crate::rpc::client::{self, ClientError};
 use crate::rpc::status::{to_status, Fault};
 use crate::transfer::publish::{self, Payload, PublishError};
+use crate::transfer::ticket::{Gate, SharedGate};
 
 pub(super) struct AgentHandler {
     pub cfg: AgentConfig,
     pub data_addr: String,
     pub blocks: Arc<NodeBlocks>,
     pub hosted: Option<Arc<HostedMounts>>,
+    pub gate: SharedGate,
 }
 
 fn invalid(msg: impl Into<String>) -> Status {
@@ -158,6 +160,11 @@ impl Agent for AgentHandler {
             zone: self.cfg.zone.clone(),
             bytes_served,
             blocks_served,
+            cache_bytes: self.blocks.cache().used(),
+            cache_budget_bytes: self.blocks.cache().budget(),
+            fetched_store_bytes: crate::metrics::FETCHED_STORE_BYTES.get(),
+            fetched_peer_bytes: crate::metrics::FETCHED_PEER_BYTES.get(),
+            registered: !matches!(*crate::locks::read(&self.gate), Gate::Closed),
         }))
     }
 

@@ -159,6 +159,18 @@ impl AgentProcess {
     ) -> Result<(), AgentError> {
         let data_addr = self.data_addr();
         let node = self.node_info();
+        let cache = self.blocks.cache().clone();
+        crate::metrics::register_gauge(
+            "kt_cache_bytes",
+            "Bytes of blocks in this node's cache.",
+            Box::new(move || cache.used() as f64),
+        );
+        let cache = self.blocks.cache().clone();
+        crate::metrics::register_gauge(
+            "kt_cache_budget_bytes",
+            "The byte budget of this node's cache.",
+            Box::new(move || cache.budget() as f64),
+        );
         let heartbeat = tokio::spawn(heartbeat::heartbeat_loop(heartbeat::Lease {
             server: self.cfg.server.clone(),
             credential: self.cfg.credential.clone(),
@@ -198,6 +210,7 @@ impl AgentProcess {
             data_addr,
             blocks: self.blocks.clone(),
             hosted: hosted.clone(),
+            gate: self.gate.clone(),
         };
         let svc = AgentServer::new(handler)
             .max_decoding_message_size(MAX_RPC_MESSAGE)

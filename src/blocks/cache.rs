@@ -28,6 +28,7 @@ use super::BlockError;
 use crate::db::{BatchOp, Db};
 use crate::hash::BlockHash;
 use crate::locks::lock;
+use crate::metrics;
 
 pub const CF_CACHE: &str = "cache";
 pub const CF_CACHE_INDEX: &str = "cache_index";
@@ -165,6 +166,7 @@ impl BlockCache {
     /// longer matches is dropped and reported absent, so it is fetched again.
     pub fn get(&self, h: &BlockHash) -> Result<Option<Bytes>, BlockError> {
         if !self.contains(h) {
+            metrics::CACHE_MISSES.inc();
             return Ok(None);
         }
         let in_file = lock(&self.lru).in_file(h);
@@ -186,6 +188,7 @@ impl BlockCache {
             return Ok(None);
         }
         lock(&self.lru).touch(h);
+        metrics::CACHE_HITS.inc();
         Ok(Some(v))
     }
 
@@ -251,6 +254,7 @@ impl BlockCache {
             };
             let Some((h, in_file)) = victim else { break };
             self.drop_block(&h, in_file)?;
+            metrics::CACHE_EVICTIONS.inc();
             evicted |= !in_file;
         }
         if evicted {

@@ -235,6 +235,14 @@ impl Broadcasts {
         Ok(())
     }
 
+    /// Windows whose transfer is not over, and their members.
+    pub fn open(&self) -> (usize, usize) {
+        self.windows
+            .values()
+            .filter(|w| !w.finished())
+            .fold((0, 0), |(n, m), w| (n + 1, m + w.members.len()))
+    }
+
     /// The window as it stands, with its quorum brought up to date.
     pub fn window(&mut self, group: &str, now: Moment) -> Option<(Window, Option<Instant>)> {
         let w = self.windows.get_mut(group)?;

@@ -50,6 +50,9 @@ pub enum Cmd {
     Attach(AttachArgs),
     /// Unmount a mount that `kt attach` made.
     Detach(DetachArgs),
+    /// This node's view: its agent, cache use, what it served and fetched (`/metrics` on its
+    /// port has the rest).
+    Status(StatusArgs),
     /// Run a node agent under a keeper of its FUSE devices: when the agent dies it is started
     /// again on the same mounts, and readers see a pause, not an error.
     #[cfg(feature = "daemons")]
@@ -103,6 +106,12 @@ pub struct AttachArgs {
     /// Readers of one version per source (default the server's).
     #[arg(long, default_value_t = 0)]
     pub fanout: u32,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args)]
+pub struct StatusArgs {
     #[command(flatten)]
     pub common: Common,
 }

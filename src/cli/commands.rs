@@ -7,7 +7,8 @@ use ktfs::k8s::tokens::{self, ServiceAccountName};
 use ktfs::key::{KeyPath, Namespace};
 use ktfs::manifest::MAX_BLOCK_SIZE;
 use ktfs::proto::{
-    GetWindowRequest, ListRequest, Locale, MountRequest, RemoveRequest, UnmountRequest,
+    AgentStatusRequest, GetWindowRequest, ListRequest, Locale, MountRequest, RemoveRequest,
+    UnmountRequest,
 };
 use ktfs::rpc::client::{self, ClientError};
 use ktfs::rpc::Credential;
@@ -255,6 +256,53 @@ pub async fn detach(a: DetachArgs) -> Result<()> {
         })
         .await
         .map_err(ClientError::from)?;
+    Ok(())
+}
+
+pub async fn status(a: StatusArgs) -> Result<()> {
+    let mut agent = client::connect_agent(&a.common.agent).await?;
+    let s = agent
+        .status(AgentStatusRequest {})
+        .await
+        .map_err(ClientError::from)?
+        .into_inner();
+    if a.common.json {
+        return print_json(&serde_json::json!({
+            "node_id": s.node_id, "zone": s.zone, "server": s.server, "data_addr": s.data_addr,
+            "registered": s.registered,
+            "cache_bytes": s.cache_bytes, "cache_budget_bytes": s.cache_budget_bytes,
+            "served_bytes": s.bytes_served, "served_blocks": s.blocks_served,
+            "fetched_store_bytes": s.fetched_store_bytes, "fetched_peer_bytes": s.fetched_peer_bytes,
+        }));
+    }
+    let zone = if s.zone.is_empty() { "-" } else { &s.zone };
+    println!(
+        "node {} (zone {zone}) at {}, store server {}{}",
+        s.node_id,
+        s.data_addr,
+        s.server,
+        if s.registered {
+            ""
+        } else {
+            " (not registered yet: serving no peers)"
+        }
+    );
+    println!(
+        "cache {} of {} ({:.0}%)",
+        human(s.cache_bytes),
+        human(s.cache_budget_bytes),
+        100.0 * s.cache_bytes as f64 / s.cache_budget_bytes.max(1) as f64
+    );
+    println!(
+        "served {} in {} blocks",
+        human(s.bytes_served),
+        s.blocks_served
+    );
+    println!(
+        "fetched by this agent: {} from the store, {} from peers",
+        human(s.fetched_store_bytes),
+        human(s.fetched_peer_bytes)
+    );
     Ok(())
 }
 

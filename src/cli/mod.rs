@@ -28,6 +28,7 @@ pub fn mode(cmd: &Cmd) -> (bool, bool, bool) {
         Cmd::Window(a) => client(&a.common),
         Cmd::Attach(a) => client(&a.common),
         Cmd::Detach(a) => client(&a.common),
+        Cmd::Status(a) => client(&a.common),
     }
 }
 
@@ -51,6 +52,7 @@ pub async fn run(cmd: Cmd, json: bool) -> i32 {
         Cmd::Window(a) => commands::window(a).await,
         Cmd::Attach(a) => commands::attach(a).await,
         Cmd::Detach(a) => commands::detach(a).await,
+        Cmd::Status(a) => commands::status(a).await,
         #[cfg(feature = "daemons")]
         Cmd::Server(a) => daemons::server(a).await,
         #[cfg(feature = "daemons")]

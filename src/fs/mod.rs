@@ -402,6 +402,7 @@ impl FsCore {
     }
 
     pub fn release(&self, fh: u64) -> FsResult<()> {
+        let _t = crate::metrics::Timer::start(&crate::metrics::FUSE_RELEASE_SECONDS);
         let h = lock(&self.handles).remove(&fh);
         match h {
             Some(Handle::Write(s)) => self.release_staged(&s),

@@ -384,6 +384,7 @@ impl FsCore {
     }
 
     pub fn lookup(&self, parent: u64, name: &str) -> FsResult<Attr> {
+        let _t = crate::metrics::Timer::start(&crate::metrics::FUSE_LOOKUP_SECONDS);
         let path = self.child(parent, name)?;
         let mut attr = self.stat_path(&path)?;
         attr.ino = self.inodes().lookup(&path);

@@ -87,6 +87,7 @@ impl FsCore {
 
     /// [`FsCore::open`] for the process `caller` (whose GPU buffers a control file reaches).
     pub fn open_by(&self, ino: u64, flags: i32, caller: u32) -> FsResult<(u64, PageCache)> {
+        let _t = crate::metrics::Timer::start(&crate::metrics::FUSE_OPEN_SECONDS);
         let path = self.path_of(ino)?;
         if let Some(rest) = super::gpu_tree::gpu_rest(&path) {
             if rest.is_empty() {
@@ -273,6 +274,7 @@ impl FsCore {
     }
 
     pub fn read(&self, ino: u64, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
+        let _t = crate::metrics::Timer::start(&crate::metrics::FUSE_READ_SECONDS);
         let f = match self.handle_or_reopen(ino, fh, false)? {
             Handle::Read(f) => f,
             Handle::Write(s) => return s.read(offset, size).map(Bytes::from),

@@ -290,6 +290,7 @@ impl FsCore {
     }
 
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> FsResult<u32> {
+        let _t = crate::metrics::Timer::start(&crate::metrics::FUSE_WRITE_SECONDS);
         match self.handle(fh)? {
             Handle::Write(s) => s.write(offset, data, &self.cfg.staging),
             Handle::Gpu(cf) => Ok(cf.write(offset, data)?),

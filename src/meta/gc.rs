@@ -134,8 +134,11 @@ impl MetaStore {
             if live_blocks.contains(&h) || self.blocks.was_touched(&h) {
                 continue;
             }
-            report.block_bytes += self.blocks.remove(&h)?;
+            let bytes = self.blocks.remove(&h)?;
+            report.block_bytes += bytes;
             report.blocks += 1;
+            crate::metrics::GC_BLOCKS.inc();
+            crate::metrics::GC_BYTES.add(bytes);
         }
         for h in orphans {
             if !self.blocks.was_touched(&h) && self.blocks.remove_orphan(&h)? {

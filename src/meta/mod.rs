@@ -791,6 +791,10 @@ impl MetaStore {
         self.live_node(node_id).is_some()
     }
 
+    pub fn live_nodes(&self) -> usize {
+        self.nodes.live_count()
+    }
+
     pub fn live_node(&self, node_id: &str) -> Option<NodeInfo> {
         self.nodes.live(node_id)
     }

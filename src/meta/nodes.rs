@@ -48,6 +48,12 @@ impl NodeLeases {
         }
     }
 
+    /// How many nodes hold a lease now.
+    pub fn live_count(&self) -> usize {
+        let now = self.clock.now().at;
+        lock(&self.nodes).values().filter(|(_, u)| *u > now).count()
+    }
+
     /// The node, if its lease has not run out.
     pub fn live(&self, node_id: &str) -> Option<NodeInfo> {
         let now = self.clock.now().at;

@@ -56,6 +56,29 @@ async fn collect_every(meta: Arc<MetaStore>, every: Duration) {
     }
 }
 
+/// What `/metrics` reads of the server's state when scraped.
+fn register_gauges(meta: &Arc<MetaStore>, handler: &StoreHandler) {
+    use crate::metrics::register_gauge;
+    let m = meta.clone();
+    register_gauge(
+        "kt_nodes_live",
+        "Nodes whose lease with the store server holds.",
+        Box::new(move || m.live_nodes() as f64),
+    );
+    let w = handler.windows.clone();
+    register_gauge(
+        "kt_windows_open",
+        "Broadcast windows whose transfer is not over.",
+        Box::new(move || crate::locks::lock(&w).open().0 as f64),
+    );
+    let w = handler.windows.clone();
+    register_gauge(
+        "kt_window_members",
+        "Members of the open broadcast windows.",
+        Box::new(move || crate::locks::lock(&w).open().1 as f64),
+    );
+}
+
 /// How long a node stays a source without a heartbeat.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(15);
 
@@ -181,6 +204,7 @@ impl StoreServerProcess {
             gpu_windows: Default::default(),
             gpu_changed: Default::default(),
         };
+        register_gauges(&self.meta, &handler);
         let svc = StoreServer::new(handler)
             .max_decoding_message_size(MAX_RPC_MESSAGE)
             .max_encoding_message_size(MAX_RPC_MESSAGE);

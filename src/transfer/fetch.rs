@@ -167,6 +167,7 @@ pub async fn fetch_partial(
     sources: &[SourceAddr],
     progress: &ProgressBar,
 ) -> Result<Partial, TransferError> {
+    let _t = crate::metrics::Timer::start(&crate::metrics::FETCH_SECONDS);
     let mut part = Partial::default();
     let mut pending = jobs;
     for source in sources {
@@ -222,6 +223,10 @@ pub async fn fetch_partial(
         }
         part.failures.extend(failure);
         let bytes = got.load(Ordering::Relaxed);
+        match source.label == crate::rpc::STORE {
+            true => crate::metrics::FETCHED_STORE_BYTES.add(bytes),
+            false => crate::metrics::FETCHED_PEER_BYTES.add(bytes),
+        }
         if bytes > 0 {
             part.report.by_source.push((source.clone(), bytes));
         }

@@ -1,5 +1,6 @@
-//! One port for both planes: a listener that tells a data-plane connection (it opens with
-//! `KTDP`) from a gRPC one (HTTP/2) by peeking at its first bytes, and hands each to its server.
+//! One port for every protocol: a listener that tells a data-plane connection (it opens with
+//! `KTDP`) from a Prometheus scrape (`GET `, HTTP/1.1) and a gRPC one (HTTP/2) by peeking at its
+//! first bytes, and hands each to its server.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -12,7 +13,14 @@ use super::ticket::SharedGate;
 use super::wire;
 use crate::blocks::BlockServe;
 
-async fn is_dataplane(stream: &TcpStream) -> bool {
+#[derive(PartialEq)]
+enum Protocol {
+    Data,
+    Http,
+    Grpc,
+}
+
+async fn protocol(stream: &TcpStream) -> Protocol {
     let mut buf = [0u8; 4];
     let peeked = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
@@ -24,7 +32,45 @@ async fn is_dataplane(stream: &TcpStream) -> bool {
         }
     })
     .await;
-    peeked == Ok(true) && buf == wire::MAGIC
+    match (peeked, buf) {
+        (Ok(true), b) if b == wire::MAGIC => Protocol::Data,
+        (Ok(true), b) if &b == b"GET " => Protocol::Http,
+        _ => Protocol::Grpc,
+    }
+}
+
+/// Answers one HTTP/1.1 request: `/metrics` (no credential: names and counts only), else 404.
+async fn serve_http(mut stream: TcpStream) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    let read = async {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        Ok::<_, std::io::Error>(())
+    };
+    tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    let path = std::str::from_utf8(&head)
+        .ok()
+        .and_then(|h| h.split_whitespace().nth(1))
+        .unwrap_or("");
+    let (status, body) = match path.split('?').next() {
+        Some("/metrics") => ("200 OK", crate::metrics::render()),
+        _ => ("404 Not Found", "only /metrics here\n".to_string()),
+    };
+    let resp = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(resp.as_bytes()).await?;
+    stream.shutdown().await
 }
 
 /// Accepts connections until `shutdown` completes. Data-plane connections go to `blocks`,
@@ -50,11 +96,17 @@ pub async fn serve(
             let tx = tx.clone();
             let (blocks, gate) = (blocks.clone(), gate.clone());
             tokio::spawn(async move {
-                if is_dataplane(&stream).await {
-                    wire::serve_connection(stream, blocks, gate).await;
-                } else {
-                    let _ = stream.set_nodelay(true);
-                    let _ = tx.send(Ok(stream)).await;
+                match protocol(&stream).await {
+                    Protocol::Data => wire::serve_connection(stream, blocks, gate).await,
+                    Protocol::Http => {
+                        if let Err(e) = serve_http(stream).await {
+                            tracing::debug!(error = %e, "metrics request failed");
+                        }
+                    }
+                    Protocol::Grpc => {
+                        let _ = stream.set_nodelay(true);
+                        let _ = tx.send(Ok(stream)).await;
+                    }
                 }
             });
         }

@@ -211,5 +211,7 @@ pub async fn upload_missing(
         .filter(|j| missing.contains(&j.hash))
         .collect();
     progress.inc_length(todo.iter().map(|j| u64::from(j.len)).sum());
-    upload(addr, &ticket, todo, progress).await
+    let sent = upload(addr, &ticket, todo, progress).await?;
+    crate::metrics::UPLOADED_BYTES.add(sent);
+    Ok(sent)
 }

@@ -20,6 +20,7 @@ use super::ticket::{Gate, Grant, Op, SharedGate};
 use crate::blocks::{BlockError, BlockServe, Served};
 use crate::hash::BlockHash;
 use crate::manifest::MAX_BLOCK_SIZE;
+use crate::metrics;
 
 pub const MAGIC: [u8; 4] = *b"KTDP";
 const PROTO_VERSION: u8 = 1;
@@ -271,6 +272,7 @@ async fn serve_inner(
             let svc = svc.clone();
             let (gate, grants, refused) = (gate.clone(), grants.clone(), refused_ticket.clone());
             let denied = move |why: String| {
+                metrics::DENIED_REQUESTS.inc();
                 let why = match refused {
                     Some(r) => format!("{why} ({r})"),
                     None => why,
@@ -316,11 +318,17 @@ async fn serve_inner(
                 Answer::File(h, file, len) => {
                     write_head(&mut wr, OP_BLOCK, h.as_bytes(), len as usize).await?;
                     send_file(&wr, &file, len).await?;
+                    metrics::SERVED_BLOCKS.inc();
+                    metrics::SERVED_BYTES.add(len);
                     continue;
                 }
             };
             match resp {
-                Response::Block(h, b) => write_frame(&mut wr, OP_BLOCK, h.as_bytes(), &b).await?,
+                Response::Block(h, b) => {
+                    write_frame(&mut wr, OP_BLOCK, h.as_bytes(), &b).await?;
+                    metrics::SERVED_BLOCKS.inc();
+                    metrics::SERVED_BYTES.add(b.len() as u64);
+                }
                 Response::NotFound(h) => {
                     write_frame(&mut wr, OP_NOT_FOUND, h.as_bytes(), &[]).await?
                 }

@@ -62,6 +62,7 @@ where
                     inner.call(req).await
                 }
                 Err(e) => {
+                    crate::metrics::AUTH_REFUSED.inc();
                     tracing::info!(error = %e, path = %req.uri().path(), "refused a call");
                     Ok(tonic::Status::from(e).into_http())
                 }

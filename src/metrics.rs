@@ -1,0 +1,324 @@
+//! What a process has done, for Prometheus: counters and latency histograms kept in atomics
+//! (an increment is one relaxed add, so the hot paths pay nothing worth measuring), gauges read
+//! when scraped, and the text exposition format (`GET /metrics` on the process's own port,
+//! `crate::transfer::port`). Names and labels only: never a key, a path or data.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+/// A monotonic count.
+pub struct Counter {
+    name: &'static str,
+    labels: &'static str,
+    help: &'static str,
+    value: AtomicU64,
+}
+
+impl Counter {
+    pub const fn new(name: &'static str, labels: &'static str, help: &'static str) -> Self {
+        Counter {
+            name,
+            labels,
+            help,
+            value: AtomicU64::new(0),
+        }
+    }
+
+    pub fn add(&self, n: u64) {
+        self.value.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn inc(&self) {
+        self.add(1);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.value.load(Ordering::Relaxed)
+    }
+}
+
+/// Upper bounds of latency buckets, in seconds: 100 µs to 30 s.
+const BOUNDS: [f64; 12] = [
+    0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0,
+];
+
+/// A latency distribution.
+pub struct Histogram {
+    name: &'static str,
+    labels: &'static str,
+    help: &'static str,
+    buckets: [AtomicU64; BOUNDS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    pub const fn new(name: &'static str, labels: &'static str, help: &'static str) -> Self {
+        Histogram {
+            name,
+            labels,
+            help,
+            buckets: [const { AtomicU64::new(0) }; BOUNDS.len()],
+            count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        if let Some(i) = BOUNDS.iter().position(|b| s <= *b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+}
+
+/// Bytes and blocks this process served on the data plane.
+pub static SERVED_BYTES: Counter = Counter::new(
+    "kt_served_bytes_total",
+    "",
+    "Bytes of blocks served to others on the data plane.",
+);
+pub static SERVED_BLOCKS: Counter = Counter::new(
+    "kt_served_blocks_total",
+    "",
+    "Blocks served to others on the data plane.",
+);
+pub static DENIED_REQUESTS: Counter = Counter::new(
+    "kt_dataplane_denied_total",
+    "",
+    "Data-plane requests refused for want of a ticket that allows them.",
+);
+pub static FETCHED_STORE_BYTES: Counter = Counter::new(
+    "kt_fetched_bytes_total",
+    "source=\"store\"",
+    "Bytes of verified blocks fetched, by the kind of source.",
+);
+pub static FETCHED_PEER_BYTES: Counter = Counter::new(
+    "kt_fetched_bytes_total",
+    "source=\"peer\"",
+    "Bytes of verified blocks fetched, by the kind of source.",
+);
+pub static UPLOADED_BYTES: Counter = Counter::new(
+    "kt_uploaded_bytes_total",
+    "",
+    "Bytes of blocks uploaded to the store.",
+);
+pub static CACHE_HITS: Counter = Counter::new(
+    "kt_cache_hits_total",
+    "",
+    "Block cache lookups that found the block.",
+);
+pub static CACHE_MISSES: Counter = Counter::new(
+    "kt_cache_misses_total",
+    "",
+    "Block cache lookups that did not.",
+);
+pub static CACHE_EVICTIONS: Counter = Counter::new(
+    "kt_cache_evictions_total",
+    "",
+    "Blocks evicted from the block cache.",
+);
+pub static GC_BLOCKS: Counter = Counter::new(
+    "kt_gc_blocks_total",
+    "",
+    "Blocks garbage collection deleted on the store.",
+);
+pub static GC_BYTES: Counter = Counter::new(
+    "kt_gc_bytes_total",
+    "",
+    "Bytes garbage collection gave back on the store.",
+);
+pub static AUTH_REFUSED: Counter = Counter::new(
+    "kt_auth_refused_total",
+    "",
+    "Control-plane calls refused as unauthenticated.",
+);
+pub static FETCH_SECONDS: Histogram = Histogram::new(
+    "kt_fetch_seconds",
+    "",
+    "Time of one fetch of a set of blocks from ordered sources.",
+);
+pub static FUSE_READ_SECONDS: Histogram = Histogram::new(
+    "kt_fuse_op_seconds",
+    "op=\"read\"",
+    "Time of a filesystem operation in the mount's core.",
+);
+pub static FUSE_LOOKUP_SECONDS: Histogram = Histogram::new(
+    "kt_fuse_op_seconds",
+    "op=\"lookup\"",
+    "Time of a filesystem operation in the mount's core.",
+);
+pub static FUSE_OPEN_SECONDS: Histogram = Histogram::new(
+    "kt_fuse_op_seconds",
+    "op=\"open\"",
+    "Time of a filesystem operation in the mount's core.",
+);
+pub static FUSE_WRITE_SECONDS: Histogram = Histogram::new(
+    "kt_fuse_op_seconds",
+    "op=\"write\"",
+    "Time of a filesystem operation in the mount's core.",
+);
+pub static FUSE_RELEASE_SECONDS: Histogram = Histogram::new(
+    "kt_fuse_op_seconds",
+    "op=\"release\"",
+    "Time of a filesystem operation in the mount's core.",
+);
+
+static COUNTERS: [&Counter; 12] = [
+    &SERVED_BYTES,
+    &SERVED_BLOCKS,
+    &DENIED_REQUESTS,
+    &FETCHED_STORE_BYTES,
+    &FETCHED_PEER_BYTES,
+    &UPLOADED_BYTES,
+    &CACHE_HITS,
+    &CACHE_MISSES,
+    &CACHE_EVICTIONS,
+    &GC_BLOCKS,
+    &GC_BYTES,
+    &AUTH_REFUSED,
+];
+
+static HISTOGRAMS: [&Histogram; 6] = [
+    &FETCH_SECONDS,
+    &FUSE_READ_SECONDS,
+    &FUSE_LOOKUP_SECONDS,
+    &FUSE_OPEN_SECONDS,
+    &FUSE_WRITE_SECONDS,
+    &FUSE_RELEASE_SECONDS,
+];
+
+/// Observes the time from its start to its drop into a histogram.
+pub struct Timer {
+    into: &'static Histogram,
+    start: std::time::Instant,
+}
+
+impl Timer {
+    pub fn start(into: &'static Histogram) -> Self {
+        Timer {
+            into,
+            start: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        self.into.observe(self.start.elapsed());
+    }
+}
+
+/// A value read when scraped (cache use, open windows, live nodes).
+pub type GaugeFn = Box<dyn Fn() -> f64 + Send + Sync>;
+
+struct Gauge {
+    name: &'static str,
+    help: &'static str,
+    read: GaugeFn,
+}
+
+fn gauges() -> &'static Mutex<Vec<Gauge>> {
+    static G: OnceLock<Mutex<Vec<Gauge>>> = OnceLock::new();
+    G.get_or_init(Default::default)
+}
+
+/// Adds a gauge; one of the same name replaces it (a process that starts a server twice).
+pub fn register_gauge(name: &'static str, help: &'static str, read: GaugeFn) {
+    let mut g = crate::locks::lock(gauges());
+    g.retain(|x| x.name != name);
+    g.push(Gauge { name, help, read });
+}
+
+fn series(name: &str, labels: &str, extra: &str) -> String {
+    let all: Vec<&str> = [labels, extra]
+        .into_iter()
+        .filter(|l| !l.is_empty())
+        .collect();
+    if all.is_empty() {
+        name.to_string()
+    } else {
+        format!("{name}{{{}}}", all.join(","))
+    }
+}
+
+/// The text exposition format (version 0.0.4) of everything above.
+pub fn render() -> String {
+    let mut out = String::new();
+    let mut described = std::collections::HashSet::new();
+    let mut head = |out: &mut String, name: &'static str, help: &str, kind: &str| {
+        if described.insert(name) {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        }
+    };
+    for c in COUNTERS {
+        head(&mut out, c.name, c.help, "counter");
+        let _ = writeln!(out, "{} {}", series(c.name, c.labels, ""), c.get());
+    }
+    for h in HISTOGRAMS {
+        head(&mut out, h.name, h.help, "histogram");
+        let mut cumulative = 0;
+        for (b, n) in BOUNDS.iter().zip(&h.buckets) {
+            cumulative += n.load(Ordering::Relaxed);
+            let le = format!("le=\"{b}\"");
+            let name = format!("{}_bucket", h.name);
+            let _ = writeln!(out, "{} {cumulative}", series(&name, h.labels, &le));
+        }
+        let count = h.count();
+        let inf = format!("{}_bucket", h.name);
+        let _ = writeln!(out, "{} {count}", series(&inf, h.labels, "le=\"+Inf\""));
+        let sum = h.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(
+            out,
+            "{} {sum}",
+            series(&format!("{}_sum", h.name), h.labels, "")
+        );
+        let _ = writeln!(
+            out,
+            "{} {count}",
+            series(&format!("{}_count", h.name), h.labels, "")
+        );
+    }
+    for g in crate::locks::lock(gauges()).iter() {
+        head(&mut out, g.name, g.help, "gauge");
+        let _ = writeln!(out, "{} {}", g.name, (g.read)());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exposition_holds_each_series_once_with_its_type() {
+        FETCHED_STORE_BYTES.add(3);
+        FUSE_LOOKUP_SECONDS.observe(Duration::from_millis(3));
+        register_gauge("kt_test_gauge", "A test gauge.", Box::new(|| 2.5));
+        let text = render();
+        assert_eq!(
+            text.matches("# TYPE kt_fetched_bytes_total counter")
+                .count(),
+            1
+        );
+        assert!(text.contains("kt_fetched_bytes_total{source=\"store\"} "));
+        assert!(text.contains("# TYPE kt_fuse_op_seconds histogram"));
+        assert!(text.contains("kt_fuse_op_seconds_bucket{op=\"lookup\",le=\"0.005\"} "));
+        assert!(text.contains("kt_fuse_op_seconds_bucket{op=\"lookup\",le=\"+Inf\"} "));
+        assert!(text.contains("kt_test_gauge 2.5"));
+        assert_eq!(series("a", "", ""), "a");
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (_, value) = line.rsplit_once(' ').unwrap();
+            assert!(value.parse::<f64>().is_ok(), "{line}");
+        }
+    }
+}
