@@ -2,9 +2,16 @@
 //!
 //! Each stored kind names its column family; everything above this file sees `get`, `put`,
 //! `delete`, prefix scans and atomic batches, never the raw database.
+//!
+//! A write that fails for want of space leaves RocksDB in a background error that refuses every
+//! later write, and the C API of the pinned RocksDB has no `resume`: once space has returned,
+//! the next write closes the database and opens it again (see [`Db::recover`]), so a server
+//! recovers from a full disk without a restart.
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch, DB};
@@ -20,6 +27,8 @@ pub enum DbError {
     Rocks(#[from] rocksdb::Error),
     #[error("database has no column family {0}")]
     NoFamily(&'static str),
+    #[error("database closed after a full disk, and not open again yet: No space left on device")]
+    Closed,
 }
 
 pub type KeyValue = (Vec<u8>, Vec<u8>);
@@ -27,7 +36,39 @@ pub type KeyValue = (Vec<u8>, Vec<u8>);
 /// A RocksDB database opened with a fixed set of column families.
 #[derive(Clone)]
 pub struct Db {
-    inner: Arc<DB>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// `None` only between closing a failed database and opening it again.
+    db: RwLock<Option<Arc<DB>>>,
+    /// A write failed for want of space: the database refuses writes until reopened.
+    failed: AtomicBool,
+    path: PathBuf,
+    families: Vec<&'static str>,
+    blob_families: Vec<&'static str>,
+}
+
+/// Free bytes a reopen waits for: less, and it would fail again at once.
+const REOPEN_FREE: u64 = 1 << 20;
+/// How long a reopen waits for the operations still using the failed database.
+const REOPEN_PATIENCE: Duration = Duration::from_secs(5);
+
+impl DbError {
+    /// Whether the disk is full (RocksDB says so only in its message).
+    pub fn is_no_space(&self) -> bool {
+        let text = match self {
+            DbError::Open { source, .. } | DbError::Rocks(source) => source.to_string(),
+            DbError::NoFamily(_) => return false,
+            DbError::Closed => return true,
+        };
+        text.contains("No space left on device") || text.contains("NoSpace")
+    }
+}
+
+fn free_bytes(path: &Path) -> Option<u64> {
+    let st = nix::sys::statvfs::statvfs(path).ok()?;
+    Some(st.blocks_available() as u64 * st.fragment_size() as u64)
 }
 
 /// Values at least this large go to blob files, out of the LSM tree, so 4 MiB blocks are not
@@ -45,6 +86,23 @@ impl Db {
         families: &[&'static str],
         blob_families: &[&'static str],
     ) -> Result<Self, DbError> {
+        let db = Self::open_raw(path, families, blob_families)?;
+        Ok(Db {
+            shared: Arc::new(Shared {
+                db: RwLock::new(Some(Arc::new(db))),
+                failed: AtomicBool::new(false),
+                path: path.to_path_buf(),
+                families: families.to_vec(),
+                blob_families: blob_families.to_vec(),
+            }),
+        })
+    }
+
+    fn open_raw(
+        path: &Path,
+        families: &[&'static str],
+        blob_families: &[&'static str],
+    ) -> Result<DB, DbError> {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
@@ -69,23 +127,84 @@ impl Db {
             }
             ColumnFamilyDescriptor::new(*name, cf_opts)
         });
-        let db = DB::open_cf_descriptors(&opts, path, cfs).map_err(|source| DbError::Open {
+        DB::open_cf_descriptors(&opts, path, cfs).map_err(|source| DbError::Open {
             path: path.display().to_string(),
             source,
-        })?;
-        Ok(Db {
-            inner: Arc::new(db),
         })
     }
 
-    fn cf(&self, family: &'static str) -> Result<&rocksdb::ColumnFamily, DbError> {
-        self.inner
-            .cf_handle(family)
-            .ok_or(DbError::NoFamily(family))
+    /// The database now (reopened first if a write failed for want of space and space has
+    /// returned).
+    fn db(&self) -> Result<Arc<DB>, DbError> {
+        if self.shared.failed.load(Ordering::Acquire) {
+            self.recover();
+        }
+        if let Some(db) = crate::locks::read(&self.shared.db).as_ref() {
+            return Ok(db.clone());
+        }
+        self.recover();
+        crate::locks::read(&self.shared.db)
+            .clone()
+            .ok_or(DbError::Closed)
+    }
+
+    /// Notes a failed write: one for want of space makes the next use reopen the database.
+    fn check<T>(&self, r: Result<T, rocksdb::Error>) -> Result<T, DbError> {
+        r.map_err(|e| {
+            let e = DbError::Rocks(e);
+            if e.is_no_space() {
+                self.shared.failed.store(true, Ordering::Release);
+            }
+            e
+        })
+    }
+
+    /// Closes and reopens a database whose writes failed for want of space, once there is
+    /// space again. What was acknowledged is in its WAL and comes back with it.
+    fn recover(&self) {
+        let s = &self.shared;
+        if free_bytes(&s.path).is_some_and(|f| f < REOPEN_FREE) {
+            return;
+        }
+        let mut slot = crate::locks::write(&s.db);
+        if !s.failed.load(Ordering::Acquire) && slot.is_some() {
+            return;
+        }
+        if let Some(old) = slot.take() {
+            // RocksDB's lock file allows one open database: the old one must close first, and
+            // it closes when the last operation using it lets go.
+            let since = Instant::now();
+            let mut old = Some(old);
+            while let Some(db) = old.take() {
+                match Arc::try_unwrap(db) {
+                    Ok(db) => drop(db),
+                    Err(db) if since.elapsed() < REOPEN_PATIENCE => {
+                        old = Some(db);
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(db) => {
+                        tracing::warn!("the database is still in use; reopening it later");
+                        *slot = Some(db);
+                        return;
+                    }
+                }
+            }
+        }
+        match Self::open_raw(&s.path, &s.families, &s.blob_families) {
+            Ok(db) => {
+                tracing::info!(path = %s.path.display(), "database reopened after a full disk");
+                *slot = Some(Arc::new(db));
+                s.failed.store(false, Ordering::Release);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reopening the database failed; trying again later")
+            }
+        }
     }
 
     pub fn get(&self, family: &'static str, key: &[u8]) -> Result<Option<Vec<u8>>, DbError> {
-        Ok(self.inner.get_cf(self.cf(family)?, key)?)
+        let db = self.db()?;
+        Ok(db.get_cf(cf(&db, family)?, key)?)
     }
 
     /// Like [`Db::get`] without RocksDB's own checksum check: for blocks whose readers verify
@@ -98,30 +217,36 @@ impl Db {
     ) -> Result<Option<Bytes>, DbError> {
         let mut opts = rocksdb::ReadOptions::default();
         opts.set_verify_checksums(false);
-        let pinned = self.inner.get_pinned_cf_opt(self.cf(family)?, key, &opts)?;
+        let db = self.db()?;
+        let pinned = db.get_pinned_cf_opt(cf(&db, family)?, key, &opts)?;
         Ok(pinned.map(|v| Bytes::copy_from_slice(&v)))
     }
 
     /// Whether `key` is there. It reads the value: for a family of blob-file values keep an
     /// index family and ask that (see `meta::CF_BLOCK_INDEX`).
     pub fn contains(&self, family: &'static str, key: &[u8]) -> Result<bool, DbError> {
-        let cf = self.cf(family)?;
-        if !self.inner.key_may_exist_cf(cf, key) {
+        let db = self.db()?;
+        let cf = cf(&db, family)?;
+        if !db.key_may_exist_cf(cf, key) {
             return Ok(false);
         }
-        Ok(self.inner.get_pinned_cf(cf, key)?.is_some())
+        let found = db.get_pinned_cf(cf, key)?.is_some();
+        Ok(found)
     }
 
     pub fn put(&self, family: &'static str, key: &[u8], value: &[u8]) -> Result<(), DbError> {
-        Ok(self.inner.put_cf(self.cf(family)?, key, value)?)
+        let db = self.db()?;
+        self.check(db.put_cf(cf(&db, family)?, key, value))
     }
 
     pub fn delete(&self, family: &'static str, key: &[u8]) -> Result<(), DbError> {
-        Ok(self.inner.delete_cf(self.cf(family)?, key)?)
+        let db = self.db()?;
+        self.check(db.delete_cf(cf(&db, family)?, key))
     }
 
     pub fn is_empty(&self, family: &'static str) -> Result<bool, DbError> {
-        let mut iter = self.inner.raw_iterator_cf(self.cf(family)?);
+        let db = self.db()?;
+        let mut iter = db.raw_iterator_cf(cf(&db, family)?);
         iter.seek_to_first();
         iter.status()?;
         Ok(!iter.valid())
@@ -134,10 +259,8 @@ impl Db {
         family: &'static str,
         mut f: impl FnMut(&[u8], &[u8]) -> Result<(), DbError>,
     ) -> Result<(), DbError> {
-        for item in self
-            .inner
-            .iterator_cf(self.cf(family)?, IteratorMode::Start)
-        {
+        let db = self.db()?;
+        for item in db.iterator_cf(cf(&db, family)?, IteratorMode::Start) {
             let (k, v) = item?;
             f(&k, &v)?;
         }
@@ -151,8 +274,9 @@ impl Db {
         prefix: &[u8],
     ) -> Result<Vec<KeyValue>, DbError> {
         let mut out = Vec::new();
-        let iter = self.inner.iterator_cf(
-            self.cf(family)?,
+        let db = self.db()?;
+        let iter = db.iterator_cf(
+            cf(&db, family)?,
             IteratorMode::From(prefix, Direction::Forward),
         );
         for item in iter {
@@ -167,7 +291,8 @@ impl Db {
 
     /// Applies puts and deletes atomically: readers see all of them or none.
     pub fn write(&self, ops: Vec<BatchOp>) -> Result<(), DbError> {
-        Ok(self.inner.write(self.batch(ops)?)?)
+        let db = self.db()?;
+        self.check(db.write(batch(&db, ops)?))
     }
 
     /// Like [`Db::write`] but without the write-ahead log: for data that may be lost in a crash
@@ -175,26 +300,28 @@ impl Db {
     pub fn write_volatile(&self, ops: Vec<BatchOp>) -> Result<(), DbError> {
         let mut wo = rocksdb::WriteOptions::default();
         wo.disable_wal(true);
-        Ok(self.inner.write_opt(self.batch(ops)?, &wo)?)
+        let db = self.db()?;
+        self.check(db.write_opt(batch(&db, ops)?, &wo))
     }
 
     /// [`Db::write_volatile`] for puts of borrowed values, so a 4 MiB block is not copied into
     /// an owned buffer only to be copied again into the batch.
     pub fn put_volatile(&self, puts: &[(&'static str, &[u8], &[u8])]) -> Result<(), DbError> {
+        let db = self.db()?;
         let mut batch = WriteBatch::default();
         for (family, k, v) in puts {
-            batch.put_cf(self.cf(family)?, k, v);
+            batch.put_cf(cf(&db, family)?, k, v);
         }
         let mut wo = rocksdb::WriteOptions::default();
         wo.disable_wal(true);
-        Ok(self.inner.write_opt(batch, &wo)?)
+        self.check(db.write_opt(batch, &wo))
     }
 
     /// Bytes of `family`'s blob files on disk, deleted values included.
     pub fn blob_file_bytes(&self, family: &'static str) -> Result<u64, DbError> {
-        Ok(self
-            .inner
-            .property_int_value_cf(self.cf(family)?, "rocksdb.live-blob-file-size")?
+        let db = self.db()?;
+        Ok(db
+            .property_int_value_cf(cf(&db, family)?, "rocksdb.live-blob-file-size")?
             .unwrap_or(0))
     }
 
@@ -203,9 +330,10 @@ impl Db {
     /// rewrite of those live values, so callers run it when the garbage is worth it, not on every
     /// delete.
     pub fn reclaim_blobs(&self, family: &'static str, share: f64) -> Result<(), DbError> {
-        let cf = self.cf(family)?;
+        let db = self.db()?;
+        let cf = cf(&db, family)?;
         let cutoff = format!("{:.3}", share.clamp(0.0, 1.0));
-        self.inner.set_options_cf(
+        db.set_options_cf(
             cf,
             &[
                 ("enable_blob_garbage_collection", "true"),
@@ -214,33 +342,37 @@ impl Db {
         )?;
         let mut opts = rocksdb::CompactOptions::default();
         opts.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
-        self.inner
-            .compact_range_cf_opt(cf, None::<&[u8]>, None::<&[u8]>, &opts);
-        self.inner
-            .set_options_cf(cf, &[("enable_blob_garbage_collection", "false")])?;
+        db.compact_range_cf_opt(cf, None::<&[u8]>, None::<&[u8]>, &opts);
+        db.set_options_cf(cf, &[("enable_blob_garbage_collection", "false")])?;
         Ok(())
-    }
-
-    fn batch(&self, ops: Vec<BatchOp>) -> Result<WriteBatch, DbError> {
-        let mut batch = WriteBatch::default();
-        for op in ops {
-            match op {
-                BatchOp::Put(family, k, v) => batch.put_cf(self.cf(family)?, k, v),
-                BatchOp::Delete(family, k) => batch.delete_cf(self.cf(family)?, k),
-            }
-        }
-        Ok(batch)
     }
 
     /// Flushes memtables so a crash right after loses nothing already acknowledged twice over.
     pub fn flush(&self) -> Result<(), DbError> {
-        Ok(self.inner.flush()?)
+        let db = self.db()?;
+        self.check(db.flush())
     }
 
     /// Flushes one family's memtable: what was written to it without the WAL is then on disk.
     pub fn flush_family(&self, family: &'static str) -> Result<(), DbError> {
-        Ok(self.inner.flush_cf(self.cf(family)?)?)
+        let db = self.db()?;
+        self.check(db.flush_cf(cf(&db, family)?))
     }
+}
+
+fn cf<'a>(db: &'a DB, family: &'static str) -> Result<&'a rocksdb::ColumnFamily, DbError> {
+    db.cf_handle(family).ok_or(DbError::NoFamily(family))
+}
+
+fn batch(db: &DB, ops: Vec<BatchOp>) -> Result<WriteBatch, DbError> {
+    let mut batch = WriteBatch::default();
+    for op in ops {
+        match op {
+            BatchOp::Put(family, k, v) => batch.put_cf(cf(db, family)?, k, v),
+            BatchOp::Delete(family, k) => batch.delete_cf(cf(db, family)?, k),
+        }
+    }
+    Ok(batch)
 }
 
 pub enum BatchOp {
@@ -293,8 +425,8 @@ mod tests {
         let written = db.blob_file_bytes("b").unwrap();
         assert!(written >= 64 << 20, "{written}");
         // Compactions alone do not rewrite blobs: the files stay what the flushes wrote.
-        db.inner
-            .compact_range_cf(db.cf("b").unwrap(), None::<&[u8]>, None::<&[u8]>);
+        let raw = db.db().unwrap();
+        raw.compact_range_cf(cf(&raw, "b").unwrap(), None::<&[u8]>, None::<&[u8]>);
         assert_eq!(db.blob_file_bytes("b").unwrap(), written);
         // Keep one value in eight; the files still hold the deleted ones until reclaimed.
         for k in 0..64u32 {
@@ -302,8 +434,8 @@ mod tests {
                 db.delete("b", &k.to_be_bytes()).unwrap();
             }
         }
-        db.inner
-            .compact_range_cf(db.cf("b").unwrap(), None::<&[u8]>, None::<&[u8]>);
+        let raw = db.db().unwrap();
+        raw.compact_range_cf(cf(&raw, "b").unwrap(), None::<&[u8]>, None::<&[u8]>);
         assert_eq!(db.blob_file_bytes("b").unwrap(), written);
         db.reclaim_blobs("b", 1.0).unwrap();
         let after = db.blob_file_bytes("b").unwrap();

@@ -75,3 +75,107 @@ fn disk_use_returns_to_what_live_keys_need_after_puts_and_removals() {
     kt(&["get", "keep", "--dest", got.to_str().unwrap()]);
     assert!(std::fs::read(&got).unwrap() == std::fs::read(&keep).unwrap());
 }
+
+/// A tmpfs of `mib` MiB at `dir`, unmounted on drop.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, mib: u32) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(
+            ok,
+            "mounting a tmpfs at {} (the tests run as root)",
+            dir.display()
+        );
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        lazy_umount(&self.0);
+    }
+}
+
+#[test]
+fn a_full_disk_is_a_clear_error_and_the_store_recovers_when_space_returns() {
+    let ip = "127.0.0.192";
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Tmpfs::mount(&dir.path().join("disk"), 24);
+    let server = spawn_ready(&[
+        "server",
+        "--listen",
+        &format!("{ip}:0"),
+        "--data-dir",
+        disk.0.join("store").to_str().unwrap(),
+        "--gc-interval-secs",
+        "1",
+    ]);
+    let none = dir.path().join("no-agent.sock");
+    let kt = |args: &[&str]| kt_with(&server.addr, &none, args);
+    let write = |name: &str, len: usize, seed: u64| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, pseudo_random(len, seed)).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let first = write("first.bin", 3 << 20, 1);
+    assert!(kt(&["put", "first", "--src", &first]).status.success());
+    // Something else on the disk, which an operator removes later.
+    let ballast = disk.0.join("ballast");
+    std::fs::write(&ballast, vec![0u8; 8 << 20]).unwrap();
+
+    // More than the disk holds: one line that says so, and nothing published.
+    let big = write("big.bin", 30 << 20, 2);
+    let out = kt(&["put", "big", "--src", &big]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("No space left on device"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert_eq!(kt(&["ls", "big"]).status.code(), Some(3));
+
+    // Fill what is left, so that the database's own writes fail too.
+    let filler = disk.0.join("filler");
+    let _ = std::process::Command::new("dd")
+        .args(["if=/dev/zero", "bs=64k"])
+        .arg(format!("of={}", filler.display()))
+        .stderr(std::process::Stdio::null())
+        .status();
+    // Many small files: their blocks go to the database, whose log cannot grow.
+    let many = dir.path().join("many");
+    std::fs::create_dir_all(&many).unwrap();
+    for i in 0..300 {
+        std::fs::write(many.join(format!("f{i}")), pseudo_random(3000, 100 + i)).unwrap();
+    }
+    let out = kt(&["put", "many", "--src", &format!("{}/", many.display())]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("No space left on device"), "{err}");
+
+    // Space returns: the failed upload's blocks are collected, and puts work again without a
+    // restart; what was published before is whole.
+    std::fs::remove_file(&filler).unwrap();
+    std::fs::remove_file(&ballast).unwrap();
+    let after = write("after.bin", 2 << 20, 3);
+    assert!(
+        eventually(Duration::from_secs(60), || kt(&[
+            "put", "after", "--src", &after
+        ])
+        .status
+        .success()),
+        "the store did not recover: {}",
+        String::from_utf8_lossy(&kt(&["put", "after", "--src", &after]).stderr)
+    );
+    for (key, src) in [("first", &first), ("after", &after)] {
+        let got = dir.path().join(format!("got-{key}"));
+        assert!(kt(&["get", key, "--dest", got.to_str().unwrap()])
+            .status
+            .success());
+        assert!(std::fs::read(&got).unwrap() == std::fs::read(src).unwrap());
+    }
+}

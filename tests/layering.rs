@@ -44,7 +44,7 @@ const DATA_MODEL_EDGES: &[(&str, &[&str])] = &[
     ("key", &[]),
     ("locks", &[]),
     ("metrics", &["locks"]),
-    ("db", &[]),
+    ("db", &["locks"]),
     ("clock", &["locks"]),
     ("manifest", &["hash", "key", "proto"]),
 ];

@@ -51,6 +51,16 @@ impl BlockError {
             _ => None,
         }
     }
+
+    /// Whether the disk is full, in the files or in the database.
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            BlockError::Files { source, .. } => source.raw_os_error() == Some(libc::ENOSPC),
+            #[cfg(feature = "daemons")]
+            BlockError::Db(e) => e.is_no_space(),
+            BlockError::NoUploads => false,
+        }
+    }
 }
 
 /// A block as a server holds it.

@@ -18,7 +18,8 @@ fn meta_fault(e: &MetaError) -> Fault {
         MetaError::IsDir(_) => Fault::IsDir,
         MetaError::Conflict(_) | MetaError::MissingBlocks(_) => Fault::Conflict,
         MetaError::BadRequest(_) | MetaError::Manifest(_) => Fault::Invalid,
-        MetaError::Blocks(b) if b.io().and_then(|e| e.raw_os_error()) == Some(libc::ENOSPC) => {
+        MetaError::Blocks(b) if b.is_no_space() => Fault::NoSpace,
+        MetaError::Backend(e) if e.to_string().contains("No space left on device") => {
             Fault::NoSpace
         }
         MetaError::Backend(_) | MetaError::Corrupt(_) | MetaError::Blocks(_) => Fault::Internal,

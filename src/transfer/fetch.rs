@@ -420,7 +420,7 @@ async fn run_lane(
                     release(permits(job.len));
                     failed.push(job);
                 }
-                Ok(Response::Error(m)) => {
+                Ok(Response::Error(m) | Response::NoSpace(m)) => {
                     release(permits(job.len));
                     error.get_or_insert(m);
                     failed.push(job);

@@ -77,6 +77,8 @@ pub enum TransferError {
     Changed(String),
     #[error("upload to {addr} failed: {reason}")]
     Upload { addr: String, reason: String },
+    #[error("the store at {addr} is out of space: {reason}")]
+    NoSpace { addr: String, reason: String },
     #[error(transparent)]
     Rpc(#[from] ClientError),
 }
@@ -92,6 +94,7 @@ impl TransferError {
             }
             TransferError::Changed(_) => Fault::Conflict,
             TransferError::Upload { .. } => Fault::Unreachable,
+            TransferError::NoSpace { .. } => Fault::NoSpace,
             TransferError::Rpc(e) => e.fault(),
             TransferError::Write { .. } | TransferError::Read { .. } => Fault::Internal,
         }

@@ -118,6 +118,13 @@ async fn upload_lane(
                     window.close();
                     return Err(fail(m));
                 }
+                Ok(Response::NoSpace(reason)) => {
+                    window.close();
+                    return Err(TransferError::NoSpace {
+                        addr: addr.clone(),
+                        reason,
+                    });
+                }
                 Ok(other) => {
                     window.close();
                     return Err(fail(format!("unexpected reply {other:?}")));

@@ -32,6 +32,9 @@ const OP_BLOCK: u8 = 0x81;
 const OP_NOT_FOUND: u8 = 0x82;
 const OP_STORED: u8 = 0x83;
 const OP_ERROR: u8 = 0x84;
+/// A refusal because the server's disk is full: the client says so, and retrying elsewhere or
+/// later is what helps.
+const OP_NO_SPACE: u8 = 0x85;
 
 /// Largest payload: a hash and the largest block.
 pub const MAX_FRAME: usize = MAX_BLOCK_SIZE as usize + 32;
@@ -69,6 +72,7 @@ pub enum Response {
     NotFound(BlockHash),
     Stored(BlockHash),
     Error(String),
+    NoSpace(String),
 }
 
 async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<(u8, Bytes)>, WireError> {
@@ -296,6 +300,7 @@ async fn serve_inner(
                         } else {
                             match svc.put(&hash, data) {
                                 Ok(()) => Response::Stored(hash),
+                                Err(e) if e.is_no_space() => Response::NoSpace(e.to_string()),
                                 Err(e) => Response::Error(e.to_string()),
                             }
                         })
@@ -335,6 +340,9 @@ async fn serve_inner(
                 Response::Stored(h) => write_frame(&mut wr, OP_STORED, h.as_bytes(), &[]).await?,
                 Response::Error(m) => {
                     write_frame(&mut wr, OP_ERROR, &[0u8; 32], m.as_bytes()).await?
+                }
+                Response::NoSpace(m) => {
+                    write_frame(&mut wr, OP_NO_SPACE, &[0u8; 32], m.as_bytes()).await?
                 }
             }
         }
@@ -408,6 +416,7 @@ impl DataReceiver {
             OP_NOT_FOUND => Response::NotFound(hash),
             OP_STORED => Response::Stored(hash),
             OP_ERROR => Response::Error(String::from_utf8_lossy(&body).into_owned()),
+            OP_NO_SPACE => Response::NoSpace(String::from_utf8_lossy(&body).into_owned()),
             _ => return Err(WireError::BadFrame("unknown op")),
         })
     }
