@@ -1,7 +1,7 @@
 //! What a process has done, for Prometheus: counters and latency histograms kept in atomics
 //! (an increment is one relaxed add, so the hot paths pay nothing worth measuring), gauges read
 //! when scraped, and the text exposition format (`GET /metrics` on the process's own port,
-//! `crate::transfer::port`). Names and labels only: never a key, a path or data.
+//! the port module of the transfers). Names and labels only: never a key, a path or data.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,5 +1,6 @@
-//! What changed since the start of the previous collection pass (`crate::meta::gc`), which a
-//! pass keeps whatever its mark saw: blocks uploaded or asked about, versions published.
+//! What changed since the start of the previous pass of garbage collection (in the metadata
+//! store), which a pass keeps whatever its mark saw: blocks uploaded or asked about, versions
+//! published.
 
 use std::collections::HashSet;
 use std::hash::Hash;
