@@ -93,4 +93,10 @@ impl VersionBlocks for ManifestBlocks {
     fn holds(&self, version: &Version, hash: &BlockHash) -> bool {
         self.set_of(version).is_some_and(|s| s.contains(hash))
     }
+
+    fn known(&self, version: &Version, hash: &BlockHash) -> Option<bool> {
+        locks::lock(&self.sets)
+            .get(version)
+            .map(|s| s.contains(hash))
+    }
 }

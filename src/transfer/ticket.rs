@@ -132,7 +132,13 @@ impl TicketKey {
 
 /// Whether a server holds a version's block: the store answers from the version's manifest.
 pub trait VersionBlocks: Send + Sync {
+    /// May read the disk (a version's manifest).
     fn holds(&self, version: &Version, hash: &BlockHash) -> bool;
+
+    /// [`VersionBlocks::holds`] when it is known without reading anything; `None` otherwise.
+    fn known(&self, _version: &Version, _hash: &BlockHash) -> Option<bool> {
+        None
+    }
 }
 
 /// What a data-plane server asks of its callers.
@@ -204,6 +210,37 @@ impl Gate {
             Op::Get => format!("block {hash} is in no version this connection's tickets allow"),
             Op::Put => "no ticket to upload: ask the store which blocks it lacks".to_string(),
         })
+    }
+
+    /// [`Gate::allows`] where the answer needs no disk; `None` where a version's blocks must be
+    /// read first (off the async threads).
+    pub fn allows_now(
+        &self,
+        grants: &[Grant],
+        op: Op,
+        hash: &BlockHash,
+    ) -> Option<Result<(), String>> {
+        if let Gate::Tickets {
+            versions: Some(vs), ..
+        } = self
+        {
+            if op == Op::Get && !grants.contains(&Grant::Node) {
+                let mut unknown = false;
+                for g in grants {
+                    if let Grant::Read(v) = g {
+                        match vs.known(v, hash) {
+                            Some(true) => return Some(Ok(())),
+                            Some(false) => {}
+                            None => unknown = true,
+                        }
+                    }
+                }
+                if unknown {
+                    return None;
+                }
+            }
+        }
+        Some(self.allows(grants, op, hash))
     }
 
     /// The grant of a ticket a connection presents.

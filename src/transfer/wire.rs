@@ -16,7 +16,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
-use super::ticket::{Gate, Grant, Op, SharedGate};
+use super::ticket::{Grant, Op, SharedGate};
 use crate::blocks::{BlockError, BlockServe, Served};
 use crate::hash::BlockHash;
 use crate::manifest::MAX_BLOCK_SIZE;
@@ -218,15 +218,7 @@ async fn permitted(
     op: Op,
     hash: BlockHash,
 ) -> Result<(), String> {
-    let quick = {
-        let g = crate::locks::read(gate);
-        match &*g {
-            Gate::Tickets {
-                versions: Some(_), ..
-            } if op == Op::Get && !grants.contains(&Grant::Node) => None,
-            other => Some(other.allows(grants, op, &hash)),
-        }
-    };
+    let quick = crate::locks::read(gate).allows_now(grants, op, &hash);
     if let Some(answer) = quick {
         return answer;
     }
@@ -427,7 +419,7 @@ mod tests {
     use super::*;
     use crate::hash::Version;
     use crate::transfer::ticket::{
-        shared, TicketKey, VersionBlocks, NODE_TTL, READ_TTL, WRITE_TTL,
+        shared, Gate, TicketKey, VersionBlocks, NODE_TTL, READ_TTL, WRITE_TTL,
     };
     use std::collections::HashMap;
     use std::sync::Mutex;
