@@ -30,6 +30,9 @@ pub enum Op {
 
 pub type KeyValue = (Vec<u8>, Vec<u8>);
 
+/// What [`MetaBackend::for_each`] calls with each entry; an error stops the walk.
+pub type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), BackendError> + 'a;
+
 #[derive(Debug, thiserror::Error)]
 #[error("metadata backend: {0}")]
 pub struct BackendError(#[source] pub Box<dyn std::error::Error + Send + Sync>);
@@ -38,6 +41,9 @@ pub trait MetaBackend: Send + Sync + 'static {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError>;
     /// Every entry whose key starts with `prefix`, in key order.
     fn scan_prefix(&self, table: Table, prefix: &[u8]) -> Result<Vec<KeyValue>, BackendError>;
+    /// Calls `f` with every entry of `table` in key order, one at a time: a whole table need
+    /// not fit in memory (garbage collection reads every manifest).
+    fn for_each(&self, table: Table, f: &mut Visit<'_>) -> Result<(), BackendError>;
     /// Applies every op or none.
     fn write(&self, ops: Vec<Op>) -> Result<(), BackendError>;
     /// Makes every write so far durable.
@@ -80,6 +86,21 @@ impl MetaBackend for Db {
 
     fn scan_prefix(&self, table: Table, prefix: &[u8]) -> Result<Vec<KeyValue>, BackendError> {
         Db::scan_prefix(self, family(table), prefix).map_err(err)
+    }
+
+    fn for_each(&self, table: Table, f: &mut Visit<'_>) -> Result<(), BackendError> {
+        // The callback's own error travels through the database's error type and back.
+        let mut failed = None;
+        let r = Db::for_each(self, family(table), |k, v| {
+            f(k, v).map_err(|e| {
+                failed = Some(e);
+                crate::db::DbError::NoFamily("stopped by the caller")
+            })
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        r.map_err(err)
     }
 
     fn write(&self, ops: Vec<Op>) -> Result<(), BackendError> {

@@ -18,7 +18,7 @@ use std::collections::HashSet;
 
 use prost::Message;
 
-use super::backend::{Op, Table};
+use super::backend::{BackendError, Op, Table};
 use super::keys::live;
 use super::{MetaError, MetaStore};
 use crate::hash::{BlockHash, Version};
@@ -65,34 +65,50 @@ impl MetaStore {
         // holds the version), and their blocks.
         let mut live_versions = HashSet::new();
         let mut expired = Vec::new();
+        // A record that cannot be read ends the pass: a mark that skipped it would take its
+        // version for garbage.
+        let mut bad: Option<MetaError> = None;
+        let stop = |e: MetaError, bad: &mut Option<MetaError>| {
+            *bad = Some(e);
+            BackendError("a collection pass stopped".into())
+        };
         for table in [Table::Keys, Table::Inodes] {
-            for (k, v) in self.backend.scan_prefix(table, b"")? {
-                let r = record(&v)?;
+            let walked = self.backend.for_each(table, &mut |k, v| {
+                let r = record(v).map_err(|e| stop(e, &mut bad))?;
                 if r.inode != 0 && r.version.is_empty() {
-                    continue;
+                    return Ok(());
                 }
                 if !live(&r, now) {
-                    expired.push((table, k));
-                    continue;
-                }
-                if let Some(v) = Version::from_slice(&r.version) {
+                    expired.push((table, k.to_vec()));
+                } else if let Some(v) = Version::from_slice(&r.version) {
                     live_versions.insert(v);
                 }
+                Ok(())
+            });
+            if let Some(e) = bad.take() {
+                return Err(e);
             }
+            walked?;
         }
         let mut live_blocks = HashSet::new();
         let mut dead_versions = Vec::new();
-        for (k, v) in self.backend.scan_prefix(Table::Manifests, b"")? {
-            let Some(version) = Version::from_slice(&k) else {
-                continue;
+        let walked = self.backend.for_each(Table::Manifests, &mut |k, v| {
+            let Some(version) = Version::from_slice(k) else {
+                return Ok(());
             };
             if live_versions.contains(&version) {
-                let m = Manifest::decode(&v[..]).map_err(|e| MetaError::Corrupt(e.to_string()))?;
+                let m = Manifest::decode(v)
+                    .map_err(|e| stop(MetaError::Corrupt(e.to_string()), &mut bad))?;
                 blocks_of(&m, &mut live_blocks);
             } else {
                 dead_versions.push(version);
             }
+            Ok(())
+        });
+        if let Some(e) = bad.take() {
+            return Err(e);
         }
+        walked?;
         let mut candidates = Vec::new();
         self.blocks.for_each_block(|h| {
             if !live_blocks.contains(&h) {
