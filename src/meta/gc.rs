@@ -51,6 +51,26 @@ impl MetaStore {
         locks::lock(&self.touched).touch(v);
     }
 
+    /// Calls `f` with every entry of `table`. The first error ends the walk and the pass: a
+    /// mark that skipped an unreadable record would take its version for garbage.
+    fn walk(
+        &self,
+        table: Table,
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<(), MetaError>,
+    ) -> Result<(), MetaError> {
+        let mut failed = None;
+        let walked = self.backend.for_each(table, &mut |k, v| {
+            f(k, v).map_err(|e| {
+                failed = Some(e);
+                BackendError("a collection pass stopped".into())
+            })
+        });
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(walked?),
+        }
+    }
+
     /// One pass of collection.
     pub fn collect_garbage(&self) -> Result<GcReport, MetaError> {
         let versions_recorded = locks::lock(&self.touched).rotate();
@@ -65,16 +85,9 @@ impl MetaStore {
         // holds the version), and their blocks.
         let mut live_versions = HashSet::new();
         let mut expired = Vec::new();
-        // A record that cannot be read ends the pass: a mark that skipped it would take its
-        // version for garbage.
-        let mut bad: Option<MetaError> = None;
-        let stop = |e: MetaError, bad: &mut Option<MetaError>| {
-            *bad = Some(e);
-            BackendError("a collection pass stopped".into())
-        };
         for table in [Table::Keys, Table::Inodes] {
-            let walked = self.backend.for_each(table, &mut |k, v| {
-                let r = record(v).map_err(|e| stop(e, &mut bad))?;
+            self.walk(table, |k, v| {
+                let r = record(v)?;
                 if r.inode != 0 && r.version.is_empty() {
                     return Ok(());
                 }
@@ -84,31 +97,22 @@ impl MetaStore {
                     live_versions.insert(v);
                 }
                 Ok(())
-            });
-            if let Some(e) = bad.take() {
-                return Err(e);
-            }
-            walked?;
+            })?;
         }
         let mut live_blocks = HashSet::new();
         let mut dead_versions = Vec::new();
-        let walked = self.backend.for_each(Table::Manifests, &mut |k, v| {
+        self.walk(Table::Manifests, |k, v| {
             let Some(version) = Version::from_slice(k) else {
                 return Ok(());
             };
             if live_versions.contains(&version) {
-                let m = Manifest::decode(v)
-                    .map_err(|e| stop(MetaError::Corrupt(e.to_string()), &mut bad))?;
+                let m = Manifest::decode(v).map_err(|e| MetaError::Corrupt(e.to_string()))?;
                 blocks_of(&m, &mut live_blocks);
             } else {
                 dead_versions.push(version);
             }
             Ok(())
-        });
-        if let Some(e) = bad.take() {
-            return Err(e);
-        }
-        walked?;
+        })?;
         let mut candidates = Vec::new();
         self.blocks.for_each_block(|h| {
             if !live_blocks.contains(&h) {

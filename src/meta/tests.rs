@@ -789,3 +789,23 @@ fn collection_takes_block_files_a_crash_left_without_an_index_entry() {
     assert_eq!(r.orphan_files, 1, "{r:?}");
     assert!(files.list().unwrap().is_empty());
 }
+
+#[test]
+fn an_unreadable_key_record_stops_collection_before_anything_goes() {
+    let (_d, meta) = store(DEFAULT_TEST_LEASE);
+    let data = vec![9u8; MIN_FILE_BLOCK + 1];
+    meta.collect_garbage().unwrap();
+    meta.blocks().put(&BlockHash::of(&data), &data).unwrap();
+    meta.collect_garbage().unwrap();
+    // A record that does not decode may name any version: its blocks must not go.
+    let ns = Namespace::default();
+    meta.backend
+        .write(vec![backend::Op::Put(
+            Table::Keys,
+            key_bytes(&ns, "bad"),
+            vec![0xff; 7],
+        )])
+        .unwrap();
+    assert!(matches!(meta.collect_garbage(), Err(MetaError::Corrupt(_))));
+    assert!(meta.blocks().get(&BlockHash::of(&data)).unwrap().is_some());
+}

@@ -203,6 +203,17 @@ fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
+/// The strings of a JSON array (none for anything else).
+fn strings(v: &serde_json::Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// TokenReview and TokenRequest.
 fn post(
     world: &World,
@@ -217,14 +228,7 @@ fn post(
             let spec = body["spec"].clone();
             seen.reviews.push(spec.clone());
             let token = spec["token"].as_str().unwrap_or_default();
-            let asked: Vec<String> = spec["audiences"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|v| v.as_str().map(String::from))
-                        .collect()
-                })
-                .unwrap_or_default();
+            let asked = strings(&spec["audiences"]);
             let known = world.tokens.get(token).or_else(|| seen.issued.get(token));
             // A token is good for the audiences it was issued for; none asked means the API
             // server's own, which the fake calls "api".
@@ -263,14 +267,7 @@ fn post(
                     .to_string(),
                 );
             }
-            let auds: Vec<String> = body["spec"]["audiences"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|v| v.as_str().map(String::from))
-                        .collect()
-                })
-                .unwrap_or_default();
+            let auds = strings(&body["spec"]["audiences"]);
             let token = format!("issued-{ns}-{name}-{}", seen.issued.len());
             seen.issued.insert(
                 token.clone(),
