@@ -3,7 +3,8 @@
 //! A folder per concern, and dependencies that point one way (checked by `tests/layering.rs`):
 //!
 //! - the data model: [`hash`], [`key`], [`manifest`], the generated [`proto`], the [`clock`]
-//!   seam, the [`locks`] policy, the process's [`metrics`], and [`db`], the one file that knows
+//!   seam, the [`locks`] policy, the process's [`metrics`], the
+//!   optional [`tls`] of every connection, and [`db`], the one file that knows
 //!   RocksDB;
 //! - [`blocks`]: what the store and each node hold, and how they serve it;
 //! - [`rpc`]: the control plane as both ends see it; [`k8s`]: what Kubernetes tells;
@@ -27,6 +28,7 @@ pub mod key;
 pub mod locks;
 pub mod manifest;
 pub mod metrics;
+pub mod tls;
 
 pub mod blocks;
 pub mod gpu;

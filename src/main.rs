@@ -28,7 +28,7 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    if let Err(e) = cli::prepare(&cli.cmd) {
+    if let Err(e) = cli::prepare(&cli.cmd).and_then(|()| cli::trust(&cli.tls)) {
         eprintln!("kt: {e:#}");
         std::process::exit(1);
     }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 /// The data model and the primitives everything may use.
 const DATA_MODEL: &[&str] = &[
-    "proto", "hash", "key", "manifest", "clock", "locks", "metrics", "db",
+    "proto", "hash", "key", "manifest", "clock", "locks", "metrics", "db", "tls",
 ];
 
 /// Each top-level module and what it may import besides the data model (which imports only
@@ -43,6 +43,7 @@ const DATA_MODEL_EDGES: &[(&str, &[&str])] = &[
     ("hash", &[]),
     ("key", &[]),
     ("locks", &[]),
+    ("tls", &[]),
     ("metrics", &["locks"]),
     ("db", &["locks"]),
     ("clock", &["locks"]),

@@ -8,6 +8,7 @@ use crate::fs::FsConfig;
 use crate::key::Namespace;
 use crate::proto::Locale;
 use crate::rpc::Credential;
+use crate::tls::ServerTls;
 use crate::transfer::ticket::TicketHolder;
 
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
@@ -32,6 +33,8 @@ pub struct AgentConfig {
     pub heartbeat: Duration,
     /// Mount namespaces in this process on request over the socket (`kt attach`).
     pub host_mounts: bool,
+    /// The certificate of this agent's port: with it, peers reach it over TLS only.
+    pub tls: Option<ServerTls>,
     /// The FUSE device keeper this agent runs under (`kt keeper`): hosted mounts are handed to
     /// it and taken back from it at start.
     pub fd_keeper: Option<PathBuf>,

@@ -226,6 +226,7 @@ impl AgentProcess {
             None,
             self.blocks.clone(),
             self.gate.clone(),
+            self.cfg.tls.clone(),
             wait(stop_rx),
         );
         let handing_over = handover.clone();

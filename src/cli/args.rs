@@ -20,6 +20,33 @@ use ktfs::rpc::client::DEFAULT_AGENT_SOCKET as DEFAULT_SOCKET;
 pub struct Cli {
     #[command(subcommand)]
     pub cmd: Cmd,
+    #[command(flatten)]
+    pub tls: ClientTlsArgs,
+}
+
+/// Whom this process trusts when it connects: with a CA, every connection (to the store and to
+/// peers) is TLS.
+#[derive(Args)]
+pub struct ClientTlsArgs {
+    /// The CA bundle (PEM) that signed the servers' certificates; connect over TLS.
+    #[arg(long, env = ktfs::tls::ENV_CA, global = true)]
+    pub tls_ca: Option<PathBuf>,
+    /// Check the servers' certificates against this name instead of the host dialled (one
+    /// certificate for every node, or the Service behind --kubeconfig's port-forward).
+    #[arg(long, env = ktfs::tls::ENV_SERVER_NAME, global = true)]
+    pub tls_server_name: Option<String>,
+}
+
+/// This server's certificate: with it, its port speaks TLS only (`/metrics` excepted).
+#[cfg(feature = "daemons")]
+#[derive(Args, Clone, Default)]
+pub struct ServerTlsArgs {
+    /// The certificate chain (PEM, leaf first) this port presents.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -330,6 +357,8 @@ pub struct ServerArgs {
     pub gc_interval_secs: u64,
     #[command(flatten)]
     pub auth: ServerAuthArgs,
+    #[command(flatten)]
+    pub tls: ServerTlsArgs,
 }
 
 /// Whom the store server accepts. With neither a token file nor TokenReview, anyone.
@@ -401,6 +430,8 @@ pub struct AgentArgs {
     /// the agent.
     #[arg(long, env = ktfs::keeper::ENV)]
     pub fd_keeper: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: ServerTlsArgs,
 }
 
 #[cfg(feature = "daemons")]

@@ -15,6 +15,7 @@ use ktfs::key::Namespace;
 use ktfs::rpc::Credential;
 use ktfs::server::auth::{AuthConfig, TokenReview};
 use ktfs::server::StoreServerProcess;
+use ktfs::tls::ServerTls;
 
 use super::args::*;
 
@@ -81,11 +82,20 @@ async fn auth_config(a: &ServerAuthArgs) -> Result<AuthConfig> {
     })
 }
 
+/// The certificate a daemon's port presents, if it was given one.
+fn server_tls(a: &ServerTlsArgs) -> Result<Option<ServerTls>> {
+    match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => Ok(Some(ServerTls::from_pem_files(cert, key)?)),
+        _ => Ok(None),
+    }
+}
+
 pub async fn server(a: ServerArgs) -> Result<()> {
     let auth = auth_config(&a.auth).await?;
     let srv = StoreServerProcess::bind(&a.listen, &a.data_dir, Duration::from_secs(a.lease_secs))
         .await?
         .with_auth(auth)
+        .with_tls(server_tls(&a.tls)?)
         .with_gc((a.gc_interval_secs > 0).then(|| Duration::from_secs(a.gc_interval_secs)));
     println!("kt server listening on {}", srv.local_addr()?);
     Ok(srv.run(shutdown_signal()).await?)
@@ -113,6 +123,7 @@ fn agent_config(a: AgentArgs) -> Result<AgentConfig> {
         zone: a.zone,
         heartbeat: Duration::from_secs(a.heartbeat_secs.max(1)),
         host_mounts: a.host_mounts,
+        tls: server_tls(&a.tls)?,
         fd_keeper: a.fd_keeper,
     })
 }
@@ -245,6 +256,7 @@ pub async fn up(a: UpArgs) -> Result<()> {
         zone: String::new(),
         heartbeat: DEFAULT_HEARTBEAT,
         host_mounts: false,
+        tls: None,
         fd_keeper: None,
     })
     .await?;

@@ -34,6 +34,18 @@ pub fn mode(cmd: &Cmd) -> (bool, bool, bool) {
 
 /// What a command must do while the process is still single-threaded, before the runtime
 /// starts: a GPU worker joins its caller's namespaces and drops its privileges.
+/// What this process trusts, set before its first connection (so a bad CA file fails at once).
+pub fn trust(a: &args::ClientTlsArgs) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let Some(ca) = &a.tls_ca else {
+        return Ok(());
+    };
+    let tls = ktfs::tls::ClientTls::from_ca_file(ca, a.tls_server_name.as_deref())
+        .with_context(|| format!("--tls-ca {}", ca.display()))?;
+    ktfs::tls::configure_client(Some(tls));
+    Ok(())
+}
+
 pub fn prepare(cmd: &Cmd) -> anyhow::Result<()> {
     match cmd {
         #[cfg(feature = "daemons")]

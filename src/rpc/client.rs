@@ -65,42 +65,89 @@ fn reason(e: &(dyn std::error::Error + 'static)) -> String {
 pub type Store = StoreClient<InterceptedService<Channel, Credential>>;
 pub type Agent = AgentClient<Channel>;
 
-/// Connects to a store server at `host:port`, presenting `credential` on every call.
+/// Connects to a store server at `host:port`, presenting `credential` on every call (over TLS
+/// where this process trusts a CA).
 pub async fn connect_store(addr: &str, credential: &Credential) -> Result<Store, ClientError> {
     let unreachable = |reason: String| ClientError::Unreachable {
         addr: addr.to_string(),
         reason,
     };
-    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| unreachable(e.to_string()))?
-        .connect_timeout(CONNECT_TIMEOUT)
-        .timeout(RPC_TIMEOUT)
-        .tcp_nodelay(true);
-    let channel = tokio::time::timeout(CONNECT_TIMEOUT * 2, endpoint.connect())
-        .await
-        .map_err(|_| unreachable("timed out".into()))?
-        .map_err(|e| unreachable(reason(&e)))?;
-    Ok(StoreClient::with_interceptor(channel, credential.clone())
-        .max_decoding_message_size(MAX_RPC_MESSAGE)
-        .max_encoding_message_size(MAX_RPC_MESSAGE))
+    let endpoint = store_endpoint(addr)?;
+    let connecting = async {
+        match tls_connector(addr).map_err(|e| unreachable(e.to_string()))? {
+            None => endpoint.connect().await,
+            Some(connector) => endpoint.connect_with_connector(connector).await,
+        }
+        .map_err(|e| unreachable(reason(&e)))
+    };
+    let channel = tokio::time::timeout(
+        CONNECT_TIMEOUT * 2 + crate::tls::HANDSHAKE_TIMEOUT,
+        connecting,
+    )
+    .await
+    .map_err(|_| unreachable("timed out".into()))??;
+    Ok(store_client(channel, credential))
 }
 
 /// A store client that connects on first use and reconnects after failures: for long-lived
 /// processes (the mount) that must outlive a store server restart.
 pub fn store_lazy(addr: &str, credential: &Credential) -> Result<Store, ClientError> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+    let endpoint = store_endpoint(addr)?;
+    let channel = match tls_connector(addr).map_err(|e| ClientError::Unreachable {
+        addr: addr.to_string(),
+        reason: e.to_string(),
+    })? {
+        None => endpoint.connect_lazy(),
+        Some(connector) => endpoint.connect_with_connector_lazy(connector),
+    };
+    Ok(store_client(channel, credential))
+}
+
+fn store_endpoint(addr: &str) -> Result<Endpoint, ClientError> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| ClientError::Unreachable {
             addr: addr.to_string(),
             reason: e.to_string(),
         })?
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(RPC_TIMEOUT)
-        .tcp_nodelay(true);
-    Ok(
-        StoreClient::with_interceptor(endpoint.connect_lazy(), credential.clone())
-            .max_decoding_message_size(MAX_RPC_MESSAGE)
-            .max_encoding_message_size(MAX_RPC_MESSAGE),
-    )
+        .tcp_nodelay(true))
+}
+
+fn store_client(channel: Channel, credential: &Credential) -> Store {
+    StoreClient::with_interceptor(channel, credential.clone())
+        .max_decoding_message_size(MAX_RPC_MESSAGE)
+        .max_encoding_message_size(MAX_RPC_MESSAGE)
+}
+
+/// Where this process trusts a CA, a connector that dials `addr` over TLS (the URI the HTTP/2
+/// layer passes is the same address).
+#[allow(clippy::type_complexity)]
+fn tls_connector(
+    addr: &str,
+) -> std::io::Result<
+    Option<
+        impl tower::Service<
+                Uri,
+                Response = TokioIo<crate::tls::Conn>,
+                Error = std::io::Error,
+                Future = impl Send,
+            > + Clone
+            + Send
+            + 'static,
+    >,
+> {
+    if crate::tls::client()?.is_none() {
+        return Ok(None);
+    }
+    let addr = addr.to_string();
+    Ok(Some(tower::service_fn(move |_: Uri| {
+        let addr = addr.clone();
+        async move {
+            let conn = crate::tls::connect(&addr, crate::tls::Plane::Grpc).await?;
+            Ok::<_, std::io::Error>(TokioIo::new(conn))
+        }
+    })))
 }
 
 /// Connects to an agent's unix socket.

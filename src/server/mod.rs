@@ -23,6 +23,7 @@ use crate::db::{Db, DbError};
 use crate::meta::{self, MetaError, MetaStore};
 use crate::proto::store_server::StoreServer;
 use crate::rpc::MAX_RPC_MESSAGE;
+use crate::tls::ServerTls;
 use crate::transfer::ticket::{shared, Gate};
 use auth::{AuthConfig, Authenticator};
 use handler::StoreHandler;
@@ -112,6 +113,7 @@ pub struct StoreServerProcess {
     meta: Arc<MetaStore>,
     clock: SharedClock,
     auth: AuthConfig,
+    tls: Option<ServerTls>,
     data_dir: std::path::PathBuf,
     gc_every: Option<Duration>,
 }
@@ -151,6 +153,7 @@ impl StoreServerProcess {
             meta: Arc::new(meta),
             clock,
             auth: AuthConfig::default(),
+            tls: None,
             data_dir: data_dir.to_path_buf(),
             gc_every: Some(DEFAULT_GC_INTERVAL),
         })
@@ -159,6 +162,12 @@ impl StoreServerProcess {
     /// How often garbage is collected (`None`: never).
     pub fn with_gc(mut self, every: Option<Duration>) -> Self {
         self.gc_every = every;
+        self
+    }
+
+    /// The certificate of the server's port: with one, both planes speak TLS only.
+    pub fn with_tls(mut self, tls: Option<ServerTls>) -> Self {
+        self.tls = tls;
         self
     }
 
@@ -225,8 +234,16 @@ impl StoreServerProcess {
         let svc = auth::layer::authenticated(svc, Arc::new(Authenticator::new(self.auth)));
         let router = tonic::transport::Server::builder().add_service(svc);
         let blocks = self.meta.blocks().clone();
-        crate::transfer::port::serve(self.listener, Some(router), blocks, shared(gate), shutdown)
-            .await?;
+        let gate = shared(gate);
+        crate::transfer::port::serve(
+            self.listener,
+            Some(router),
+            blocks,
+            gate,
+            self.tls,
+            shutdown,
+        )
+        .await?;
         if let Some(gc) = gc {
             gc.abort();
         }

@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
 use super::ticket::{Grant, Op, SharedGate};
@@ -21,6 +20,7 @@ use crate::blocks::{BlockError, BlockServe, Served};
 use crate::hash::BlockHash;
 use crate::manifest::MAX_BLOCK_SIZE;
 use crate::metrics;
+use crate::tls::{self, Conn, ConnRead, ConnWrite, Plane};
 
 pub const MAGIC: [u8; 4] = *b"KTDP";
 const PROTO_VERSION: u8 = 1;
@@ -139,10 +139,26 @@ async fn write_head<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
-/// Sends `len` bytes of `file` from its start with sendfile(2): page cache to socket, through no
-/// buffer of ours.
-async fn send_file(wr: &OwnedWriteHalf, file: &std::fs::File, len: u64) -> Result<(), WireError> {
-    let stream: &TcpStream = wr.as_ref();
+/// Sends `len` bytes of `file` from its start: with sendfile(2) on a plain socket, page cache
+/// to socket through no buffer of ours; through the TLS stream, which must encrypt them, by
+/// reads of the file.
+async fn send_file(wr: &mut ConnWrite, file: std::fs::File, len: u64) -> Result<(), WireError> {
+    match wr {
+        ConnWrite::Plain(w) => sendfile(w.as_ref(), &file, len).await,
+        ConnWrite::Tls(w) => {
+            // Reads as large as a block's share of the pipeline, so records stay full.
+            let file = tokio::fs::File::from_std(file).take(len);
+            let mut from = BufReader::with_capacity(256 << 10, file);
+            let sent = tokio::io::copy_buf(&mut from, w).await?;
+            if sent < len {
+                return Err(WireError::BadFrame("block file shrank while being sent"));
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn sendfile(stream: &TcpStream, file: &std::fs::File, len: u64) -> Result<(), WireError> {
     let mut offset: libc::off_t = 0;
     while (offset as u64) < len {
         stream.writable().await?;
@@ -202,8 +218,26 @@ async fn serve_get(svc: Arc<dyn BlockServe>, hash: BlockHash) -> Answer {
     first
 }
 
+/// Answers a plaintext connection to a server that speaks TLS only with an error saying so,
+/// which the client's first request receives.
+pub async fn refuse_plaintext(stream: TcpStream) {
+    let mut stream = stream;
+    let mut hello = [0u8; 5];
+    let answer = async {
+        stream.read_exact(&mut hello).await?;
+        let why = format!(
+            "this server speaks TLS only: trust its CA with {}",
+            tls::ENV_CA
+        );
+        write_frame(&mut stream, OP_ERROR, &[0u8; 32], why.as_bytes()).await?;
+        stream.shutdown().await?;
+        Ok::<(), WireError>(())
+    };
+    let _ = tokio::time::timeout(CONNECT_TIMEOUT, answer).await;
+}
+
 /// Serves one accepted connection until the peer closes it or breaks the protocol.
-pub async fn serve_connection(stream: TcpStream, svc: Arc<dyn BlockServe>, gate: SharedGate) {
+pub async fn serve_connection(stream: Conn, svc: Arc<dyn BlockServe>, gate: SharedGate) {
     let peer = stream.peer_addr().ok();
     if let Err(e) = serve_inner(stream, svc, gate).await {
         tracing::debug!(?peer, error = %e, "data-plane connection ended");
@@ -229,11 +263,13 @@ async fn permitted(
 }
 
 async fn serve_inner(
-    stream: TcpStream,
+    stream: Conn,
     svc: Arc<dyn BlockServe>,
     gate: SharedGate,
 ) -> Result<(), WireError> {
-    stream.set_nodelay(true)?;
+    if let Conn::Plain(s) = &stream {
+        s.set_nodelay(true)?;
+    }
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::with_capacity(256 << 10, rd);
     let mut hello = [0u8; 5];
@@ -314,7 +350,7 @@ async fn serve_inner(
                 Answer::Frame(resp) => resp,
                 Answer::File(h, file, len) => {
                     write_head(&mut wr, OP_BLOCK, h.as_bytes(), len as usize).await?;
-                    send_file(&wr, &file, len).await?;
+                    send_file(&mut wr, file, len).await?;
                     metrics::SERVED_BLOCKS.inc();
                     metrics::SERVED_BYTES.add(len);
                     continue;
@@ -347,20 +383,22 @@ async fn serve_inner(
 
 /// The sending half of a client connection.
 pub struct DataSender {
-    wr: OwnedWriteHalf,
+    wr: ConnWrite,
 }
 
 /// The receiving half of a client connection.
 pub struct DataReceiver {
-    rd: BufReader<OwnedReadHalf>,
+    rd: BufReader<ConnRead>,
 }
 
-/// Opens a client connection to a peer's data plane.
+/// Opens a client connection to a peer's data plane (over TLS where this process trusts a CA).
 pub async fn connect(addr: &str) -> Result<(DataSender, DataReceiver), WireError> {
-    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
-        .await
-        .map_err(|_| WireError::Timeout)??;
-    stream.set_nodelay(true)?;
+    let stream = tokio::time::timeout(
+        CONNECT_TIMEOUT + tls::HANDSHAKE_TIMEOUT,
+        tls::connect(addr, Plane::Data),
+    )
+    .await
+    .map_err(|_| WireError::Timeout)??;
     let (rd, mut wr) = stream.into_split();
     let mut hello = MAGIC.to_vec();
     hello.push(PROTO_VERSION);
@@ -461,7 +499,7 @@ mod tests {
         tokio::spawn(async move {
             loop {
                 let (s, _) = listener.accept().await.unwrap();
-                tokio::spawn(serve_connection(s, svc.clone(), gate.clone()));
+                tokio::spawn(serve_connection(Conn::Plain(s), svc.clone(), gate.clone()));
             }
         });
         let refused = |r: Response, why: &str| match r {
@@ -507,7 +545,11 @@ mod tests {
         tokio::spawn(async move {
             loop {
                 let (s, _) = listener.accept().await.unwrap();
-                tokio::spawn(serve_connection(s, svc.clone(), shared(Gate::Open)));
+                tokio::spawn(serve_connection(
+                    Conn::Plain(s),
+                    svc.clone(),
+                    shared(Gate::Open),
+                ));
             }
         });
         let (mut tx, mut rx) = connect(&addr).await.unwrap();
@@ -579,7 +621,11 @@ mod tests {
         tokio::spawn(async move {
             loop {
                 let (s, _) = listener.accept().await.unwrap();
-                tokio::spawn(serve_connection(s, svc.clone(), shared(Gate::Open)));
+                tokio::spawn(serve_connection(
+                    Conn::Plain(s),
+                    svc.clone(),
+                    shared(Gate::Open),
+                ));
             }
         });
         let (mut tx, mut rx) = connect(&addr).await.unwrap();

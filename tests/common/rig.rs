@@ -57,6 +57,7 @@ impl Rig {
                 zone: String::new(),
                 heartbeat: Duration::from_secs(1),
                 host_mounts: false,
+                tls: None,
                 fd_keeper: None,
             })
             .await

@@ -6,6 +6,8 @@
 //! What only one crate needs (a `kt server` with the tests' flags, the CSI clients...) stays in
 //! that crate's tests, built on these pieces. Linux only: it reads `/proc` and calls `umount2`.
 
+pub mod tls;
+
 use std::ffi::CString;
 use std::io::{BufRead, BufReader};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
