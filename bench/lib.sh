@@ -30,7 +30,8 @@ MOUNT_PIDS=()
 MOUNT_DIRS=()
 WORK=${WORK:-}
 
-is_mounted() { mountpoint -q -- "$1" 2>/dev/null; }
+# /proc/mounts too: `mountpoint` cannot stat a FUSE mount whose process was killed.
+is_mounted() { mountpoint -q -- "$1" 2>/dev/null || grep -qF " $1 fuse" /proc/mounts; }
 
 # Stops one `kt mount` process: SIGTERM (it publishes what is open, unmounts and exits), waits up
 # to 30 s, then insists and detaches the mount.

@@ -146,10 +146,11 @@ impl Broadcasts {
             done: !getter,
             failed: false,
             left: false,
+            failed_parents: Vec::new(),
         });
         let m = w.members.len() - 1;
         let parent = if getter {
-            w.assign(m, live, None).map(|(_, s)| s)
+            w.assign(m, live).map(|(_, s)| s)
         } else {
             None
         };
@@ -208,8 +209,10 @@ impl Broadcasts {
             }
         }
         w.release(m);
-        Ok(w.assign(m, live, Some(failed).filter(|f| !f.is_empty()))
-            .map(|(_, s)| s))
+        if !failed.is_empty() && !w.members[m].failed_parents.iter().any(|f| f == failed) {
+            w.members[m].failed_parents.push(failed.to_string());
+        }
+        Ok(w.assign(m, live).map(|(_, s)| s))
     }
 
     /// A member is finished: with a verified copy (`done`) or not.

@@ -210,6 +210,46 @@ fn failover_moves_children_outside_their_subtree() {
 }
 
 #[test]
+fn a_member_is_never_sent_back_to_a_parent_that_failed_it() {
+    // a and b left with their copies but cannot serve them (their agents lost them): c stalls
+    // on each in turn and must end at the store, not go back and forth between the two.
+    let now = SystemClock.now();
+    let mut b = Broadcasts::default();
+    let s = spec("g");
+    let mut gen = 0;
+    for n in ["a", "b", "w"] {
+        let j = b
+            .join(s.clone(), getter(n, ""), &store(), &all_live, now)
+            .unwrap();
+        gen = j.window.generation;
+    }
+    b.leave("g", gen, 0, true, now).unwrap();
+    b.leave("g", gen, 1, true, now).unwrap();
+    let j = b
+        .join(s, getter("c", ""), &store(), &all_live, now)
+        .unwrap();
+    let first = parent_of(&j);
+    assert!(first == "a" || first == "b", "{first}");
+    let second = b
+        .new_parent("g", gen, j.member, &first, false, &all_live, now)
+        .unwrap()
+        .unwrap()
+        .node_id;
+    assert!(
+        second != first && (second == "a" || second == "b"),
+        "{second}"
+    );
+    let third = b
+        .new_parent("g", gen, j.member, &second, false, &all_live, now)
+        .unwrap()
+        .unwrap();
+    assert!(
+        third.node_id.is_empty(),
+        "back to {third:?} instead of the store"
+    );
+}
+
+#[test]
 fn dead_nodes_and_non_serving_getters_are_never_parents() {
     let now = SystemClock.now();
     let mut b = Broadcasts::default();

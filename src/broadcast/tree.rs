@@ -33,10 +33,10 @@ impl WindowState {
         &mut self,
         m: usize,
         live: &dyn Fn(&str) -> Option<NodeView>,
-        exclude: Option<&str>,
     ) -> Option<(ParentRef, Source)> {
         let fanout = self.fanout();
         let me = self.members[m].joiner.clone();
+        let exclude = self.members[m].failed_parents.clone();
         let no_seeds = Vec::new();
         let seeds = me
             .version
@@ -61,7 +61,7 @@ impl WindowState {
             } else {
                 c.2.node_id.as_str()
             };
-            if exclude == Some(label) {
+            if exclude.iter().any(|f| f == label) {
                 return;
             }
             if best.as_ref().is_none_or(|b| c.0 < b.0) {

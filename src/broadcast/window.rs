@@ -23,6 +23,9 @@ pub(super) struct MemberState {
     pub(super) done: bool,
     pub(super) failed: bool,
     pub(super) left: bool,
+    /// Parents (node ids, or the store's label) that failed this member: never offered to it
+    /// again, so two parents that both stall cannot send it back and forth past its deadline.
+    pub(super) failed_parents: Vec<String>,
 }
 
 #[derive(Debug)]
