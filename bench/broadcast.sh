@@ -289,12 +289,6 @@ bar() { awk -v t="$1" -v s="$SINGLE" 'BEGIN { n = int(t / s * 4 + 0.5); if (n > 
     fi
     echo "$END_MARK"
 } >"$WORK/section.md"
-{
-    [[ -f $RESULTS ]] && awk -v b="$BEGIN_MARK" -v e="$END_MARK" '$0 == b { on = 1 } !on { print } $0 == e { on = 0 }' "$RESULTS" \
-        | awk '{ l[NR] = $0 } NF { last = NR } END { for (i = 1; i <= last; i++) print l[i] }'
-    [[ -s $RESULTS ]] && echo
-    cat "$WORK/section.md"
-} >"$RESULTS.tmp"
-mv "$RESULTS.tmp" "$RESULTS"
+put_section "$RESULTS" "$BEGIN_MARK" "$END_MARK" "$WORK/section.md"
 log "wrote $RESULTS ($((SECONDS - T_START)) s)"
 cat "$WORK/section.md"

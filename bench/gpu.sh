@@ -364,12 +364,6 @@ CMD="bash bench/gpu.sh"
     echo "$(awk -v w="$(median $(col MC chain))" -v p="$(median $(col MC p2p))" 'BEGIN { printf "%.2f", w / (3 * p) }')x three point-to-point copies' worth."
     echo "$END_MARK"
 } >"$WORK/section.md"
-{
-    [[ -f $RESULTS ]] && awk -v b="$BEGIN_MARK" -v e="$END_MARK" '$0 == b { on = 1 } !on { print } $0 == e { on = 0 }' "$RESULTS" \
-        | awk '{ l[NR] = $0 } NF { last = NR } END { for (i = 1; i <= last; i++) print l[i] }'
-    [[ -s $RESULTS ]] && echo
-    cat "$WORK/section.md"
-} >"$RESULTS.tmp"
-mv "$RESULTS.tmp" "$RESULTS"
+put_section "$RESULTS" "$BEGIN_MARK" "$END_MARK" "$WORK/section.md"
 log "wrote $RESULTS ($((SECONDS - T_START)) s)"
 cat "$WORK/section.md"

@@ -284,3 +284,15 @@ without_fuse_block() {
     [[ -f $1 ]] || return 0
     awk -v b="$FUSE_BEGIN" -v e="$FUSE_END" '$0 == b { on = 1 } !on { print } $0 == e { on = 0 }' "$1"
 }
+
+# Puts SECTION_FILE (its own begin and end markers included) in place of the section between
+# BEGIN and END in RESULTS, or at its end, keeping every other section as it is.
+put_section() { # RESULTS BEGIN END SECTION_FILE
+    {
+        [[ -f $1 ]] && awk -v b="$2" -v e="$3" '$0 == b { on = 1 } !on { print } $0 == e { on = 0 }' "$1" \
+            | awk '{ l[NR] = $0 } NF { last = NR } END { for (i = 1; i <= last; i++) print l[i] }'
+        [[ -s $1 ]] && echo
+        cat "$4"
+    } >"$1.tmp"
+    mv "$1.tmp" "$1"
+}

@@ -149,12 +149,6 @@ END_MARK="<!-- bench/tls.sh: end -->"
     echo "All runs (seconds): $(for op in put get; do for way in plain tls; do printf '%s %s: %s; ' "$op" "$way" "${T[$op,$way]% }"; done; done)"
     echo "$END_MARK"
 } >"$WORK/section.md"
-{
-    [[ -f $RESULTS ]] && awk -v b="$BEGIN_MARK" -v e="$END_MARK" '$0 == b { on = 1 } !on { print } $0 == e { on = 0 }' "$RESULTS" \
-        | awk '{ l[NR] = $0 } NF { last = NR } END { for (i = 1; i <= last; i++) print l[i] }'
-    [[ -s $RESULTS ]] && echo
-    cat "$WORK/section.md"
-} >"$RESULTS.tmp"
-mv "$RESULTS.tmp" "$RESULTS"
+put_section "$RESULTS" "$BEGIN_MARK" "$END_MARK" "$WORK/section.md"
 log "wrote $RESULTS"
 cat "$WORK/section.md"

@@ -8,7 +8,7 @@ mod common;
 mod kube_api;
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use common::*;
 use ktfs::hash::BlockHash;
@@ -16,22 +16,8 @@ use ktfs::transfer::ticket::{Grant, TicketKey, NODE_TTL};
 use ktfs::transfer::wire;
 use kube_api::{FakeApi, World};
 
-/// `kt ARGS` against `server` with the given environment (and no token unless it says so).
 fn kt_as(server: &str, sock: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
-    let mut cmd = Command::new(kt_bin());
-    cmd.args(args)
-        .env("KT_SERVER", server)
-        .env("KT_AGENT", sock)
-        .env_remove("KT_NAMESPACE")
-        .env_remove("KT_TOKEN")
-        .env_remove("KT_TOKEN_FILE")
-        .env_remove("KUBECONFIG")
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().expect("run kt")
+    kt_env(server, sock, env, args)
 }
 
 /// One data-plane request for `block` at `addr`, presenting `ticket`: the error it got, or

@@ -6,31 +6,12 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use common::*;
 use ktfs::hash::BlockHash;
 use ktfs::transfer::wire;
 use test_support::tls::Pki;
-
-/// `kt ARGS` against `server`, with `env`, and nothing from the caller's environment that
-/// would say whom to trust or what to present.
-fn kt_env(server: &str, sock: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
-    let mut cmd = Command::new(kt_bin());
-    cmd.args(args)
-        .env("KT_SERVER", server)
-        .env("KT_AGENT", sock)
-        .env_remove("KT_NAMESPACE")
-        .env_remove("KT_TOKEN")
-        .env_remove("KT_TLS_CA")
-        .env_remove("KT_TLS_SERVER_NAME")
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().expect("run kt")
-}
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).trim().to_string()

@@ -211,6 +211,31 @@ pub fn kt_with(server: &str, agent_sock: &Path, args: &[&str]) -> Output {
         .expect("run kt")
 }
 
+/// `kt ARGS` against `server` with `env` and nothing from the caller's environment that says
+/// what to present or whom to trust (no token, no CA, no kubeconfig unless `env` gives one).
+pub fn kt_env(server: &str, agent_sock: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut cmd = Command::new(kt_bin());
+    cmd.args(args)
+        .env("KT_SERVER", server)
+        .env("KT_AGENT", agent_sock)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null());
+    for var in [
+        "KT_NAMESPACE",
+        "KT_TOKEN",
+        "KT_TOKEN_FILE",
+        "KUBECONFIG",
+        "KT_TLS_CA",
+        "KT_TLS_SERVER_NAME",
+    ] {
+        cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run kt")
+}
+
 /// Asserts two trees are identical: names, kinds, bytes, modes, symlink targets.
 pub fn assert_same_tree(a: &Path, b: &Path) {
     use std::os::unix::fs::PermissionsExt;
