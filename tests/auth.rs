@@ -177,6 +177,54 @@ fn a_shared_token_guards_every_call_and_agents_present_it() {
     assert_eq!(got["sources"][0]["source"], "n1", "{got}");
     assert!(std::fs::read(&dest).unwrap() == std::fs::read(&src).unwrap());
 
+    // A node serves a read ticket's holder only the blocks of the ticket's version: a ticket
+    // for local/w does not reach another key's block on the same node, however it learnt the
+    // hash; the ticket for that key does.
+    let other = dir.path().join("o.bin");
+    std::fs::write(&other, pseudo_random(200_000, 5)).unwrap();
+    ok(kt_as(
+        &server.addr,
+        &agent.socket,
+        &with_token,
+        &[
+            "put",
+            "local/o",
+            "--src",
+            other.to_str().unwrap(),
+            "--locale",
+            "local",
+        ],
+    ));
+    let other_block = BlockHash::of(&std::fs::read(&other).unwrap());
+    let ticket_of = |key: &str| -> Vec<u8> {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let credential = ktfs::rpc::Credential::token("s3cret-token").unwrap();
+            let mut store = ktfs::rpc::client::connect_store(&server.addr, &credential)
+                .await
+                .unwrap();
+            let r = store
+                .resolve(ktfs::proto::ResolveRequest {
+                    namespace: "default".into(),
+                    key: key.into(),
+                    inline_up_to: 0,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert!(!r.ticket.is_empty(), "no read ticket for {key}");
+            r.ticket
+        })
+    };
+    let (ticket_w, ticket_o) = (ticket_of("local/w"), ticket_of("local/o"));
+    let cross = raw_get(&agent.proc.addr, Some(&ticket_w), other_block);
+    assert!(cross.contains("is in no version"), "{cross}");
+    assert_eq!(
+        raw_get(&agent.proc.addr, Some(&ticket_o), other_block),
+        "block"
+    );
+    assert_eq!(raw_get(&agent.proc.addr, Some(&ticket_w), block), "block");
+
     // Metrics need no credential, and name no key.
     let server_metrics = http_get(&server.addr, "/metrics");
     assert!(

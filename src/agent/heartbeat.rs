@@ -3,6 +3,7 @@
 //! answer brings the node's data-plane ticket, and registration the key that checks the
 //! tickets of whoever fetches from this node (`crate::transfer::ticket`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -10,17 +11,23 @@ use bytes::Bytes;
 use crate::locks;
 use crate::proto::{HeartbeatRequest, NodeInfo, RegisterNodeRequest, RegisterNodeResponse};
 use crate::rpc::{client, Credential};
-use crate::transfer::ticket::{Gate, SharedGate, TicketHolder, TicketKey};
+use crate::transfer::ticket::{Gate, SharedGate, TicketHolder, TicketKey, VersionBlocks};
 
 /// Keeps this node's lease alive; registers again whenever the server does not know it (first
 /// start, or the server restarted).
 /// What a registration tells this node: the gate of its data plane and its own ticket.
-pub(super) fn registered(r: &RegisterNodeResponse, gate: &SharedGate, ticket: &TicketHolder) {
+/// A read ticket's holder is served only its version's blocks, as `versions` learns them.
+pub(super) fn registered(
+    r: &RegisterNodeResponse,
+    gate: &SharedGate,
+    ticket: &TicketHolder,
+    versions: &Arc<dyn VersionBlocks>,
+) {
     ticket.set(Bytes::from(r.ticket.clone()));
     *locks::write(gate) = match TicketKey::from_bytes(&r.ticket_key) {
         Some(key) => Gate::Tickets {
             key,
-            versions: None,
+            versions: Some(versions.clone()),
         },
         None => Gate::Open,
     };
@@ -34,6 +41,7 @@ pub(super) struct Lease {
     pub every: Duration,
     pub gate: SharedGate,
     pub ticket: TicketHolder,
+    pub versions: Arc<dyn VersionBlocks>,
 }
 
 pub(super) async fn heartbeat_loop(lease: Lease) {
@@ -44,6 +52,7 @@ pub(super) async fn heartbeat_loop(lease: Lease) {
         every,
         gate,
         ticket,
+        versions,
     } = lease;
     let mut registered = false;
     loop {
@@ -77,7 +86,7 @@ pub(super) async fn heartbeat_loop(lease: Lease) {
                         .await
                     {
                         Ok(r) => {
-                            self::registered(r.get_ref(), &gate, &ticket);
+                            self::registered(r.get_ref(), &gate, &ticket, &versions);
                             registered = true;
                             true
                         }

@@ -7,6 +7,7 @@ mod config;
 mod heartbeat;
 pub mod hosted;
 mod local_rpc;
+mod versions;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -33,7 +34,7 @@ use crate::proto::{NodeInfo, RegisterNodeRequest};
 use crate::rpc::client::{self, ClientError};
 use crate::rpc::MAX_RPC_MESSAGE;
 use crate::transfer::port;
-use crate::transfer::ticket::{self, Gate, SharedGate};
+use crate::transfer::ticket::{self, Gate, SharedGate, VersionBlocks};
 
 /// Every column family of the agent's database, whoever owns it.
 const FAMILIES: &[&str] = &[CF_CACHE, CF_CACHE_INDEX, CF_LOCAL, CF_XATTR, CF_INODES];
@@ -72,6 +73,8 @@ pub struct AgentProcess {
     blocks: Arc<NodeBlocks>,
     /// Closed until the store server says what to ask of peers.
     gate: SharedGate,
+    /// The blocks of the versions peers present read tickets for.
+    versions: Arc<dyn VersionBlocks>,
 }
 
 impl AgentProcess {
@@ -105,11 +108,15 @@ impl AgentProcess {
             source,
         })?;
         Ok(AgentProcess {
-            cfg,
             listener,
             unix,
             blocks: Arc::new(NodeBlocks::new(db, cache)),
             gate: ticket::shared(Gate::Closed),
+            versions: Arc::new(versions::StoreVersions::new(
+                &cfg.server,
+                cfg.credential.clone(),
+            )),
+            cfg,
         })
     }
 
@@ -141,7 +148,12 @@ impl AgentProcess {
                 node: Some(self.node_info()),
             })
             .await?;
-        heartbeat::registered(r.get_ref(), &self.gate, &self.cfg.node_ticket);
+        heartbeat::registered(
+            r.get_ref(),
+            &self.gate,
+            &self.cfg.node_ticket,
+            &self.versions,
+        );
         Ok(())
     }
 
@@ -178,6 +190,7 @@ impl AgentProcess {
             every: self.cfg.heartbeat,
             gate: self.gate.clone(),
             ticket: self.cfg.node_ticket.clone(),
+            versions: self.versions.clone(),
         }));
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

@@ -223,6 +223,16 @@ impl MetaStore {
         Manifest::decode(bytes.as_slice()).map_err(|e| MetaError::Corrupt(e.to_string()))
     }
 
+    /// The manifest of `version`, or `None` where the store holds no such version.
+    pub(crate) fn manifest_if_any(&self, version: &[u8]) -> Result<Option<Manifest>, MetaError> {
+        match self.backend.get(Table::Manifests, version)? {
+            None => Ok(None),
+            Some(bytes) => Manifest::decode(bytes.as_slice())
+                .map(Some)
+                .map_err(|e| MetaError::Corrupt(e.to_string())),
+        }
+    }
+
     /// Live keys strictly below `key` (or all keys of the namespace for `None`).
     pub(crate) fn descendants(
         &self,

@@ -676,4 +676,21 @@ impl Store for StoreHandler {
         blocking(move || meta.add_location(&version, &r.node_id)).await?;
         Ok(Response::new(AddLocationResponse {}))
     }
+
+    async fn version_blocks(
+        &self,
+        req: Request<VersionBlocksRequest>,
+    ) -> Result<Response<VersionBlocksResponse>, Status> {
+        principal(&req)?.may_be_a_node()?;
+        let version = parse_version(&req.into_inner().version)?;
+        let meta = self.meta.clone();
+        let set = blocking(move || super::tickets::blocks_of(&meta, &version)).await?;
+        Ok(Response::new(match set {
+            None => VersionBlocksResponse::default(),
+            Some(set) => VersionBlocksResponse {
+                found: true,
+                hashes: set.iter().flat_map(|h| h.0).collect(),
+            },
+        }))
+    }
 }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::hash::{BlockHash, Version};
 use crate::locks;
-use crate::meta::MetaStore;
+use crate::meta::{MetaError, MetaStore};
 use crate::transfer::ticket::{TicketKey, VersionBlocks};
 
 const KEY_FILE: &str = "ticket.key";
@@ -66,20 +66,17 @@ impl ManifestBlocks {
         if let Some(s) = locks::lock(&self.sets).get(version) {
             return Some(s.clone());
         }
-        let manifest = match self.meta.manifest(&version.0) {
-            Ok(m) => m,
+        let set = match blocks_of(&self.meta, version) {
+            Ok(Some(s)) => Arc::new(s),
+            Ok(None) => {
+                tracing::debug!(%version, "no manifest for a read ticket");
+                return None;
+            }
             Err(e) => {
-                tracing::debug!(%version, error = %e, "no manifest for a read ticket");
+                tracing::warn!(%version, error = %e, "a read ticket's manifest cannot be read");
                 return None;
             }
         };
-        let set: HashSet<BlockHash> = manifest
-            .entries
-            .iter()
-            .flat_map(|e| e.blocks.iter())
-            .filter_map(crate::manifest::block_hash)
-            .collect();
-        let set = Arc::new(set);
         let mut sets = locks::lock(&self.sets);
         if sets.len() >= VERSIONS_KEPT {
             sets.clear();
@@ -87,6 +84,20 @@ impl ManifestBlocks {
         sets.insert(*version, set.clone());
         Some(set)
     }
+}
+
+/// The distinct blocks of `version`; `None` where the store holds no such version.
+pub(super) fn blocks_of(
+    meta: &MetaStore,
+    version: &Version,
+) -> Result<Option<HashSet<BlockHash>>, MetaError> {
+    Ok(meta.manifest_if_any(&version.0)?.map(|m| {
+        m.entries
+            .iter()
+            .flat_map(|e| e.blocks.iter())
+            .filter_map(crate::manifest::block_hash)
+            .collect()
+    }))
 }
 
 impl VersionBlocks for ManifestBlocks {

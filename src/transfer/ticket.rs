@@ -7,9 +7,9 @@
 //!
 //! A ticket is its grant, an expiry and a keyed BLAKE3 MAC under the server's ticket key. Node
 //! agents receive that key when they register (they are trusted principals), so a peer checks
-//! tickets without asking the server. The store also checks that a block it serves under a read
-//! ticket is one of that version's; a peer checks the ticket's MAC and expiry. A server without
-//! authentication issues none and asks for none.
+//! tickets without asking the server. Both check that a block served under a read ticket is one
+//! of that version's: the store from the version's manifest, a node agent from the block set the
+//! store tells it. A server without authentication issues none and asks for none.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -142,6 +142,7 @@ pub trait VersionBlocks: Send + Sync {
 }
 
 /// What a data-plane server asks of its callers.
+#[derive(Clone)]
 pub enum Gate {
     /// Nothing: a cluster without authentication.
     Open,

@@ -256,8 +256,10 @@ async fn permitted(
     if let Some(answer) = quick {
         return answer;
     }
-    let (gate, grants) = (gate.clone(), grants.clone());
-    tokio::task::spawn_blocking(move || crate::locks::read(&gate).allows(&grants, op, &hash))
+    // A copy, not the lock: the check may wait on the store server, and a new registration
+    // must not wait for it to replace the gate.
+    let (gate, grants) = (crate::locks::read(gate).clone(), grants.clone());
+    tokio::task::spawn_blocking(move || gate.allows(&grants, op, &hash))
         .await
         .unwrap_or_else(|e| Err(e.to_string()))
 }
