@@ -127,6 +127,11 @@ pub static CACHE_EVICTIONS: Counter = Counter::new(
     "",
     "Blocks evicted from the block cache.",
 );
+pub static CACHE_FULL_DISK: Counter = Counter::new(
+    "kt_cache_full_disk_total",
+    "",
+    "Block cache writes that found the disk full before the cache's budget.",
+);
 pub static GC_BLOCKS: Counter = Counter::new(
     "kt_gc_blocks_total",
     "",
@@ -173,7 +178,7 @@ pub static FUSE_RELEASE_SECONDS: Histogram = Histogram::new(
     "Time of a filesystem operation in the mount's core.",
 );
 
-static COUNTERS: [&Counter; 12] = [
+static COUNTERS: [&Counter; 13] = [
     &SERVED_BYTES,
     &SERVED_BLOCKS,
     &DENIED_REQUESTS,
@@ -183,6 +188,7 @@ static COUNTERS: [&Counter; 12] = [
     &CACHE_HITS,
     &CACHE_MISSES,
     &CACHE_EVICTIONS,
+    &CACHE_FULL_DISK,
     &GC_BLOCKS,
     &GC_BYTES,
     &AUTH_REFUSED,

@@ -179,3 +179,114 @@ fn a_full_disk_is_a_clear_error_and_the_store_recovers_when_space_returns() {
         assert!(std::fs::read(&got).unwrap() == std::fs::read(src).unwrap());
     }
 }
+
+/// Temporary files the cache writes blocks under before renaming them.
+fn half_written(dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for fan in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        for f in std::fs::read_dir(fan.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = f.file_name().to_string_lossy().into_owned();
+            if name.contains(".tmp") {
+                found.push(name);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn a_full_cache_disk_costs_the_node_its_copies_never_a_reader_its_read() {
+    test_support::require_fuse();
+    let ip = "127.0.0.196";
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(ip, &dir.path().join("store"));
+    let none = dir.path().join("no-agent.sock");
+    let put = |key: &str, len: usize, seed: u64| -> Vec<u8> {
+        let data = pseudo_random(len, seed);
+        let p = dir.path().join(format!("{key}.bin"));
+        std::fs::write(&p, &data).unwrap();
+        let out = kt_with(
+            &server.addr,
+            &none,
+            &["put", key, "--src", p.to_str().unwrap()],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        data
+    };
+    // The node's cache has the default budget (GiBs) on a disk of 40 MiB.
+    let disk = Tmpfs::mount(&dir.path().join("disk"), 40);
+    let node = start_mount(ip, &server.addr, &disk.0.join("n1"), "n1", &[]);
+    // Keys put by others show in a mount once its listing is older than LISTING_TTL.
+    let read = |key: &str| -> Vec<u8> {
+        let path = node.path(key);
+        assert!(
+            eventually(Duration::from_secs(10), || path.exists()),
+            "{key}"
+        );
+        std::fs::read(path).unwrap()
+    };
+    let cache_bytes = || -> u64 {
+        let out = kt_with(&server.addr, &node.socket, &["status", "--json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        s["cache_bytes"].as_u64().unwrap()
+    };
+
+    // More than the disk holds: the oldest blocks make room, and the read is whole.
+    let big = put("big", 72 << 20, 1);
+    assert!(read("big") == big);
+    assert!(cache_bytes() < 40 << 20, "{}", cache_bytes());
+    let metrics = {
+        use std::io::{Read, Write};
+        let addr = &node.proc.as_ref().unwrap().addr;
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        write!(s, "GET /metrics HTTP/1.1\r\nHost: kt\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("kt_cache_full_disk_total ") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+
+    // Something else fills the disk: reads still work, from the network.
+    let ballast = disk.0.join("ballast");
+    let _ = std::process::Command::new("dd")
+        .args(["if=/dev/zero", "bs=64k"])
+        .arg(format!("of={}", ballast.display()))
+        .stderr(std::process::Stdio::null())
+        .status();
+    let second = put("second", 24 << 20, 2);
+    assert!(read("second") == second);
+    assert!(read("big") == big);
+
+    // Space returns: the cache keeps copies again, with no restart, and nothing half written
+    // was left behind.
+    std::fs::remove_file(&ballast).unwrap();
+    let third = put("third", 12 << 20, 3);
+    let before = cache_bytes();
+    assert!(read("third") == third);
+    assert!(
+        eventually(Duration::from_secs(30), || cache_bytes() >= 12 << 20),
+        "the cache holds {} bytes after reading 12 MiB (it held {before})",
+        cache_bytes()
+    );
+    let blocks = disk.0.join("n1/cache/blocks");
+    assert_eq!(half_written(&blocks), Vec::<String>::new());
+    drop(node);
+}

@@ -37,6 +37,10 @@ pub const CF_CACHE_INDEX: &str = "cache_index";
 pub const DEFAULT_BUDGET: u64 = 10 << 30;
 /// Blob-file bytes over the budget that never trigger a reclaim (for budgets at least as large).
 const RECLAIM_SLACK: u64 = 256 << 20;
+/// Bytes of block files evicted beyond the block itself when the disk fills before the budget:
+/// room for the database's own writes and the next few blocks, so that the next insert does not
+/// fail again at once.
+const ROOM_ON_FULL_DISK: u64 = 16 << 20;
 /// Marks an index entry (`age: u64 BE, len: u32 BE`, then this byte) whose block is a file.
 const IN_FILE: u8 = b'f';
 
@@ -73,11 +77,12 @@ impl Lru {
         Some(in_file)
     }
 
-    fn remove_oldest(&mut self) -> Option<(BlockHash, bool)> {
+    /// The oldest block's hash, length and whether it is a file, taken out of the order.
+    fn remove_oldest(&mut self) -> Option<(BlockHash, u32, bool)> {
         let (_, h) = self.by_age.pop_first()?;
         let (_, len, in_file) = self.by_hash.remove(&h)?;
         self.used -= u64::from(len);
-        Some((h, in_file))
+        Some((h, len, in_file))
     }
 
     fn in_file(&self, h: &BlockHash) -> Option<bool> {
@@ -210,8 +215,31 @@ impl BlockCache {
         Ok(())
     }
 
-    /// Inserts a block that has already been verified against `h`.
+    /// Inserts a block that has already been verified against `h`. Where the disk fills up
+    /// before the budget does, the disk is the limit: the oldest blocks make room, and the
+    /// block is written once more.
     pub fn insert(&self, h: &BlockHash, data: &[u8]) -> Result<(), BlockError> {
+        match self.insert_once(h, data) {
+            Err(e) if e.is_no_space() => {
+                let freed = self.make_room(data.len() as u64 + ROOM_ON_FULL_DISK);
+                metrics::CACHE_FULL_DISK.inc();
+                tracing::warn!(
+                    block = %h,
+                    freed,
+                    used = self.used(),
+                    budget = self.budget,
+                    "the cache's disk is full before its budget; evicted the oldest blocks"
+                );
+                if freed == 0 {
+                    return Err(e);
+                }
+                self.insert_once(h, data)
+            }
+            r => r,
+        }
+    }
+
+    fn insert_once(&self, h: &BlockHash, data: &[u8]) -> Result<(), BlockError> {
         let age = {
             let mut l = lock(&self.lru);
             if l.by_hash.contains_key(h) {
@@ -230,8 +258,14 @@ impl BlockCache {
         if in_file {
             idx.push(IN_FILE);
             self.files.write(h, data).map_err(|e| self.files.error(e))?;
-            self.db
-                .put_volatile(&[(CF_CACHE_INDEX, h.as_bytes(), &idx)])?;
+            if let Err(e) = self
+                .db
+                .put_volatile(&[(CF_CACHE_INDEX, h.as_bytes(), &idx)])
+            {
+                // A file no index names would hold its space until the next open.
+                let _ = self.files.remove(h);
+                return Err(e.into());
+            }
         } else {
             self.db.put_volatile(&[
                 (CF_CACHE, h.as_bytes(), data),
@@ -240,6 +274,31 @@ impl BlockCache {
         }
         lock(&self.lru).add(*h, data.len() as u32, age, in_file);
         self.evict()
+    }
+
+    /// Evicts the oldest blocks until `want` bytes of block files are gone or nothing is left;
+    /// the bytes freed. A file goes before its index entry here: the disk is full, so the
+    /// database may refuse the delete until space returns, and a read that finds an entry
+    /// without its file drops the entry.
+    fn make_room(&self, want: u64) -> u64 {
+        let mut freed = 0;
+        while freed < want {
+            let Some((h, len, in_file)) = lock(&self.lru).remove_oldest() else {
+                break;
+            };
+            if in_file {
+                match self.files.remove(&h) {
+                    Ok(()) => freed += u64::from(len),
+                    Err(e) => tracing::warn!(block = %h, error = %e, "evicting a block file"),
+                }
+            }
+            let _ = self.db.write_volatile(vec![
+                BatchOp::Delete(CF_CACHE_INDEX, h.0.to_vec()),
+                BatchOp::Delete(CF_CACHE, h.0.to_vec()),
+            ]);
+            metrics::CACHE_EVICTIONS.inc();
+        }
+        freed
     }
 
     fn evict(&self) -> Result<(), BlockError> {
@@ -252,7 +311,7 @@ impl BlockCache {
                 }
                 l.remove_oldest()
             };
-            let Some((h, in_file)) = victim else { break };
+            let Some((h, _, in_file)) = victim else { break };
             self.drop_block(&h, in_file)?;
             metrics::CACHE_EVICTIONS.inc();
             evicted |= !in_file;

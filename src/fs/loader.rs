@@ -96,13 +96,20 @@ impl BlockSink for CacheSink {
         // The cache write comes first, though the reader could go on without it: it is what
         // holds the fetches back when the disk is slower than the network (waking the reader
         // first let a cold read queue most of a 1 GiB file in memory).
-        self.blocks
-            .cache()
-            .insert(&job.hash, data)
-            .map_err(|e| TransferError::Write {
-                path: "block cache".into(),
-                source: std::io::Error::other(e),
-            })?;
+        match self.blocks.cache().insert(&job.hash, data) {
+            Ok(()) => {}
+            // Not even evicting made room (the disk is full of other things): this node keeps
+            // no copy, and the reader still gets its block.
+            Err(e) if e.is_no_space() => {
+                tracing::warn!(block = %job.hash, error = %e, "not cached: the disk is full");
+            }
+            Err(e) => {
+                return Err(TransferError::Write {
+                    path: "block cache".into(),
+                    source: std::io::Error::other(e),
+                })
+            }
+        }
         // The reader that waits for this block takes it from memory, not back from disk.
         self.hot.put(job.hash, data.clone());
         if let Some(tx) = lock(&self.waiters).get(&job.hash) {
@@ -183,7 +190,12 @@ impl Loader {
         if BlockHash::of(&data) != hash {
             return Err(FsError::BadInline(hash));
         }
-        self.blocks.cache().insert(&hash, &data)?;
+        match self.blocks.cache().insert(&hash, &data) {
+            Err(e) if e.is_no_space() => {
+                tracing::warn!(block = %hash, error = %e, "not cached: the disk is full");
+            }
+            r => r?,
+        }
         self.hot.put(hash, data);
         Ok(())
     }
