@@ -290,3 +290,105 @@ fn a_full_cache_disk_costs_the_node_its_copies_never_a_reader_its_read() {
     assert_eq!(half_written(&blocks), Vec::<String>::new());
     drop(node);
 }
+
+/// One series of a `/metrics` page at `addr`.
+fn metric(addr: &str, series: &str) -> f64 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: kt\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in {text}"))
+}
+
+#[test]
+fn a_removed_file_held_open_reads_to_its_end_and_then_every_disk_gives_it_back() {
+    test_support::require_fuse();
+    let ip = "127.0.0.197";
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let server = spawn_ready(&[
+        "server",
+        "--listen",
+        &format!("{ip}:0"),
+        "--data-dir",
+        store.to_str().unwrap(),
+        "--gc-interval-secs",
+        "1",
+    ]);
+    let none = dir.path().join("no-agent.sock");
+    let kt = |args: &[&str]| {
+        let out = kt_with(&server.addr, &none, args);
+        assert!(
+            out.status.success(),
+            "kt {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let put = |key: &str, len: usize, seed: u64| -> Vec<u8> {
+        let data = pseudo_random(len, seed);
+        let p = dir.path().join(format!("{key}.bin"));
+        std::fs::write(&p, &data).unwrap();
+        kt(&["put", key, "--src", p.to_str().unwrap()]);
+        data
+    };
+    let blocks = store.join("blocks");
+    let keep = put("keep", (5 << 20) + 3, 1);
+    let keep_bytes = block_bytes(&blocks);
+    let doomed = put("doomed", 24 << 20, 2);
+    let node = start_mount(ip, &server.addr, &dir.path().join("n1"), "n1", &[]);
+    let node_addr = node.proc.as_ref().unwrap().addr.clone();
+    let cache_bytes = || -> u64 {
+        let out = kt_with(&server.addr, &node.socket, &["status", "--json"]);
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        s["cache_bytes"].as_u64().unwrap()
+    };
+    assert!(std::fs::read(node.path("keep")).unwrap() == keep);
+
+    // Opened, not read yet; then removed, and collection runs while it stays open.
+    let mut open = std::fs::File::open(node.path("doomed")).unwrap();
+    assert!(
+        eventually(Duration::from_secs(20), || metric(
+            &server.addr,
+            "kt_open_versions"
+        ) == 1.0),
+        "the node never said it has a version open"
+    );
+    let junk = put("junk", 3 << 20, 3);
+    kt(&["rm", "doomed"]);
+    kt(&["rm", "junk"]);
+    drop(junk);
+    let with_doomed = keep_bytes + (24 << 20);
+    assert!(
+        eventually(Duration::from_secs(60), || block_bytes(&blocks)
+            == with_doomed),
+        "blocks take {} bytes; the kept key and the open file need {with_doomed}",
+        block_bytes(&blocks)
+    );
+    let mut got = Vec::new();
+    std::io::Read::read_to_end(&mut open, &mut got).unwrap();
+    assert!(got == doomed, "the open file did not read whole");
+    let cached = cache_bytes();
+    assert!(cached >= keep.len() as u64 + (24 << 20), "{cached}");
+
+    // Closed: the store collects the version, and the node drops its copies from its cache.
+    drop(open);
+    assert!(
+        eventually(Duration::from_secs(60), || block_bytes(&blocks)
+            == keep_bytes),
+        "the closed file's blocks stay: {} bytes, the live key needs {keep_bytes}",
+        block_bytes(&blocks)
+    );
+    assert!(
+        eventually(Duration::from_secs(30), || cache_bytes()
+            == keep.len() as u64),
+        "the node's cache holds {} bytes, the live key {}",
+        cache_bytes(),
+        keep.len()
+    );
+    assert_eq!(metric(&server.addr, "kt_open_versions"), 0.0);
+    assert!(metric(&node_addr, "kt_cache_bytes") == keep.len() as f64);
+    assert!(std::fs::read(node.path("keep")).unwrap() == keep);
+}

@@ -8,8 +8,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::blocks::node::NodeBlocks;
+use crate::hash::BlockHash;
 use crate::locks;
-use crate::proto::{HeartbeatRequest, NodeInfo, RegisterNodeRequest, RegisterNodeResponse};
+use crate::proto::{
+    HeartbeatRequest, HeartbeatResponse, NodeInfo, RegisterNodeRequest, RegisterNodeResponse,
+};
 use crate::rpc::{client, Credential};
 use crate::transfer::ticket::{Gate, SharedGate, TicketHolder, TicketKey, VersionBlocks};
 
@@ -33,6 +37,43 @@ pub(super) fn registered(
     };
 }
 
+/// Drops from the cache the blocks the store says it collected; the cursor to present next.
+async fn drop_collected(
+    blocks: &Arc<NodeBlocks>,
+    r: &HeartbeatResponse,
+    cursor: (u64, u64),
+) -> (u64, u64) {
+    if r.collected_epoch == 0 {
+        return cursor;
+    }
+    let hashes: Vec<BlockHash> = r
+        .collected
+        .iter()
+        .filter_map(|h| BlockHash::from_slice(h))
+        .collect();
+    if hashes.is_empty() {
+        return (r.collected_upto, r.collected_epoch);
+    }
+    let blocks = blocks.clone();
+    match tokio::task::spawn_blocking(move || blocks.drop_collected(&hashes)).await {
+        Ok(Ok(bytes)) => {
+            if bytes > 0 {
+                tracing::info!(bytes, "dropped blocks the store collected from the cache");
+            }
+            (r.collected_upto, r.collected_epoch)
+        }
+        // Asked again with the next heartbeat.
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "dropping collected blocks from the cache");
+            cursor
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "dropping collected blocks from the cache");
+            cursor
+        }
+    }
+}
+
 /// Where the lease loop reports what the store server said.
 pub(super) struct Lease {
     pub server: String,
@@ -42,6 +83,9 @@ pub(super) struct Lease {
     pub gate: SharedGate,
     pub ticket: TicketHolder,
     pub versions: Arc<dyn VersionBlocks>,
+    /// Whose open versions the heartbeat reports, and whose cache drops what the store
+    /// collected.
+    pub blocks: Arc<NodeBlocks>,
 }
 
 pub(super) async fn heartbeat_loop(lease: Lease) {
@@ -53,8 +97,11 @@ pub(super) async fn heartbeat_loop(lease: Lease) {
         gate,
         ticket,
         versions,
+        blocks,
     } = lease;
     let mut registered = false;
+    // What this node has been told of the store's collected blocks: (upto, epoch).
+    let mut collected = (0u64, 0u64);
     loop {
         match client::connect_store(&server, &credential).await {
             Ok(mut store) => loop {
@@ -62,6 +109,14 @@ pub(super) async fn heartbeat_loop(lease: Lease) {
                     match store
                         .heartbeat(HeartbeatRequest {
                             node_id: node.node_id.clone(),
+                            open_versions: blocks
+                                .pins()
+                                .versions()
+                                .iter()
+                                .map(|v| v.0.to_vec())
+                                .collect(),
+                            collected_after: collected.0,
+                            collected_epoch: collected.1,
                         })
                         .await
                     {
@@ -69,8 +124,9 @@ pub(super) async fn heartbeat_loop(lease: Lease) {
                             let r = r.into_inner();
                             registered = r.known;
                             if !r.ticket.is_empty() {
-                                ticket.set(Bytes::from(r.ticket));
+                                ticket.set(Bytes::from(r.ticket.clone()));
                             }
+                            collected = drop_collected(&blocks, &r, collected).await;
                             true
                         }
                         Err(e) => {

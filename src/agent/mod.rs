@@ -191,6 +191,7 @@ impl AgentProcess {
             gate: self.gate.clone(),
             ticket: self.cfg.node_ticket.clone(),
             versions: self.versions.clone(),
+            blocks: self.blocks.clone(),
         }));
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

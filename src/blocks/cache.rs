@@ -197,6 +197,22 @@ impl BlockCache {
         Ok(Some(v))
     }
 
+    /// Drops a block, if it is here; the bytes it took.
+    pub fn discard(&self, h: &BlockHash) -> Result<u64, BlockError> {
+        let removed = {
+            let mut l = lock(&self.lru);
+            let len = l.by_hash.get(h).map(|e| e.1);
+            l.remove(h).zip(len)
+        };
+        match removed {
+            None => Ok(0),
+            Some((in_file, len)) => {
+                self.drop_block(h, in_file)?;
+                Ok(u64::from(len))
+            }
+        }
+    }
+
     fn forget(&self, h: &BlockHash) -> Result<(), BlockError> {
         let in_file = lock(&self.lru).remove(h);
         self.drop_block(h, in_file.unwrap_or(false))

@@ -4,7 +4,8 @@
 //! database ([`store`]), a node's cache ([`cache`]), the files it published or fetched, served
 //! in place ([`in_place`]), and the blocks it is receiving right now ([`in_flight`]); [`node`]
 //! puts a node's three together. Large blocks live in files named by hash ([`files`]), written
-//! in pieces ([`pieces`]); what garbage collection must keep is noted in [`touched`]. Everything here is below the transfers and the filesystem, and knows
+//! in pieces ([`pieces`]); what garbage collection must keep is noted in [`touched`], and the
+//! versions a node has open in [`pins`]. Everything here is below the transfers and the filesystem, and knows
 //! nothing of either.
 
 pub mod pieces;
@@ -19,6 +20,8 @@ pub mod in_flight;
 pub mod in_place;
 #[cfg(feature = "daemons")]
 pub mod node;
+#[cfg(feature = "daemons")]
+pub mod pins;
 #[cfg(feature = "daemons")]
 pub mod store;
 #[cfg(feature = "daemons")]

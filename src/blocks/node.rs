@@ -16,6 +16,7 @@ use bytes::Bytes;
 use super::cache::BlockCache;
 use super::in_flight::{InFlight, Place, PENDING_WAIT};
 use super::in_place::{entry_of, InPlace, InPlaceError};
+use super::pins::Pins;
 use super::{BlockError, BlockServe, Pending, Served};
 use crate::db::Db;
 use crate::hash::BlockHash;
@@ -28,6 +29,7 @@ pub struct NodeBlocks {
     cache: Arc<BlockCache>,
     in_place: InPlace,
     in_flight: Arc<InFlight>,
+    pins: Pins,
     bytes_served: AtomicU64,
     blocks_served: AtomicU64,
 }
@@ -41,6 +43,7 @@ impl NodeBlocks {
             db,
             cache: Arc::new(cache),
             in_flight: Arc::default(),
+            pins: Pins::default(),
             bytes_served: AtomicU64::new(0),
             blocks_served: AtomicU64::new(0),
         }
@@ -48,6 +51,21 @@ impl NodeBlocks {
 
     pub fn cache(&self) -> &Arc<BlockCache> {
         &self.cache
+    }
+
+    /// The versions open on this node.
+    pub fn pins(&self) -> &Pins {
+        &self.pins
+    }
+
+    /// Drops from the cache blocks the store collected: no live version holds them, so no one
+    /// will ask for them again. The bytes dropped.
+    pub fn drop_collected(&self, hashes: &[BlockHash]) -> Result<u64, BlockError> {
+        let mut dropped = 0;
+        for h in hashes {
+            dropped += self.cache.discard(h)?;
+        }
+        Ok(dropped)
     }
 
     /// The node's database, for the records that live beside its blocks (a mount's xattrs and

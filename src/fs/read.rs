@@ -12,6 +12,7 @@ use bytes::Bytes;
 
 use super::loader::Route;
 use super::{FsCore, FsError, FsResult, Handle};
+use crate::blocks::pins::Pin;
 use crate::hash::{BlockHash, Version};
 use crate::locks::lock;
 use crate::manifest::{self, EntryKind, FileEntry};
@@ -58,6 +59,9 @@ pub struct ReadFile {
     pub(super) route: Route,
     pub(super) offsets: Vec<u64>,
     next_offset: AtomicU64,
+    /// Keeps the version from garbage collection while the file is open, though its key be
+    /// removed or replaced meanwhile.
+    _pin: Pin,
 }
 
 impl ReadFile {
@@ -197,6 +201,7 @@ impl FsCore {
             },
             offsets,
             next_offset: AtomicU64::new(0),
+            _pin: self.blocks.pins().pin(version),
         })
     }
 

@@ -10,9 +10,10 @@
 //! idempotent and each step leaves nothing that names what is gone: a block's index entry goes
 //! before its file, so a crash between them leaves an orphan file, which the next pass takes.
 //!
-//! Not yet: node caches are only bounded by their byte budget (least recently used blocks go
-//! first), and a reader that keeps a removed version's file open keeps what it has read, but
-//! blocks it has not read yet are kept for one interval only.
+//! A version open on a node whose lease holds is live too (nodes say what they have open with
+//! every heartbeat), so a file removed while a reader holds it open stays readable to its end.
+//! Every block taken is remembered for a while (`collected`), and nodes, told of them with their
+//! heartbeats, drop them from their caches.
 
 use std::collections::HashSet;
 
@@ -83,7 +84,7 @@ impl MetaStore {
 
         // Mark: the versions live keys name (a hard-linked name names its inode, whose record
         // holds the version), and their blocks.
-        let mut live_versions = HashSet::new();
+        let mut live_versions = self.open_versions();
         let mut expired = Vec::new();
         for table in [Table::Keys, Table::Inodes] {
             self.walk(table, |k, v| {
@@ -123,7 +124,9 @@ impl MetaStore {
 
         // Sweep, with publishes held off: whatever was touched meanwhile is live after all.
         let _write = self.lock();
-        let touched: Vec<Version> = locks::lock(&self.touched).all().copied().collect();
+        // Opened meanwhile: its manifest may already be among the dead ones.
+        let mut touched: Vec<Version> = locks::lock(&self.touched).all().copied().collect();
+        touched.extend(self.open_versions());
         for v in touched {
             if let Ok(m) = self.manifest(&v.0) {
                 blocks_of(&m, &mut live_blocks);
@@ -157,6 +160,7 @@ impl MetaStore {
             let bytes = self.blocks.remove(&h)?;
             report.block_bytes += bytes;
             report.blocks += 1;
+            self.collected.push(h);
             crate::metrics::GC_BLOCKS.inc();
             crate::metrics::GC_BYTES.add(bytes);
         }

@@ -6,7 +6,7 @@
 //! old version or the new one, never half of a put. Time (TTLs, leases) comes from the injected
 //! clock.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -23,6 +23,7 @@ use crate::manifest::{self, EntryKind, FileEntry, Manifest, ManifestError};
 use crate::proto::{KeyRecord, ListEntry, ListResponse, Locale, NodeInfo, PathAttrs, Source};
 
 pub mod backend;
+pub mod collected;
 pub mod gc;
 mod gpu;
 mod keys;
@@ -81,6 +82,15 @@ pub struct MetaStore {
     clock: SharedClock,
     /// Versions written lately, which garbage collection keeps.
     touched: Mutex<Touched<Version>>,
+    /// Blocks garbage collection took, which nodes learn of to drop them from their caches.
+    collected: collected::Collected,
+}
+
+/// A number for this run of the server, different from the last one's: the time it started.
+fn run_epoch() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
 }
 
 impl MetaStore {
@@ -97,6 +107,7 @@ impl MetaStore {
             nodes: NodeLeases::new(lease, clock.clone()),
             clock,
             touched: Mutex::new(Touched::default()),
+            collected: collected::Collected::new(run_epoch()),
         }
     }
 
@@ -791,6 +802,21 @@ impl MetaStore {
     /// Renews a node's lease; `false` when the node must register again (e.g. after a restart).
     pub fn heartbeat(&self, node_id: &str) -> bool {
         self.nodes.heartbeat(node_id)
+    }
+
+    /// What a node's heartbeat says it has open, which collection keeps while its lease holds.
+    pub fn set_open_versions(&self, node_id: &str, versions: HashSet<Version>) {
+        self.nodes.set_open(node_id, versions);
+    }
+
+    /// Versions open on live nodes.
+    pub fn open_versions(&self) -> HashSet<Version> {
+        self.nodes.open_versions()
+    }
+
+    /// The blocks collected after a node's cursor.
+    pub fn collected_since(&self, after: u64, epoch: u64) -> collected::Since {
+        self.collected.since(after, epoch)
     }
 
     pub fn lease(&self) -> Duration {

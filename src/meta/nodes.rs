@@ -4,16 +4,19 @@
 //! until it heartbeats again, which is exactly when it is known to be alive. Time comes from
 //! the injected clock, so tests expire a lease by moving the clock, not by sleeping.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::clock::SharedClock;
+use crate::hash::Version;
 use crate::locks::lock;
 use crate::proto::NodeInfo;
 
 pub struct NodeLeases {
     nodes: Mutex<HashMap<String, (NodeInfo, Instant)>>,
+    /// The versions each node has open, as its last heartbeat said.
+    open: Mutex<HashMap<String, HashSet<Version>>>,
     lease: Duration,
     clock: SharedClock,
 }
@@ -22,6 +25,7 @@ impl NodeLeases {
     pub fn new(lease: Duration, clock: SharedClock) -> Self {
         NodeLeases {
             nodes: Mutex::default(),
+            open: Mutex::default(),
             lease,
             clock,
         }
@@ -60,5 +64,26 @@ impl NodeLeases {
         let nodes = lock(&self.nodes);
         let (info, until) = nodes.get(node_id)?;
         (*until > now).then(|| info.clone())
+    }
+
+    /// Records the versions `node_id` has open now (its heartbeat says all of them each time).
+    pub fn set_open(&self, node_id: &str, versions: HashSet<Version>) {
+        let mut open = lock(&self.open);
+        if versions.is_empty() {
+            open.remove(node_id);
+        } else {
+            open.insert(node_id.to_string(), versions);
+        }
+    }
+
+    /// The versions open on nodes whose lease holds: a node that died keeps nothing.
+    pub fn open_versions(&self) -> HashSet<Version> {
+        let now = self.clock.now().at;
+        let nodes = lock(&self.nodes);
+        lock(&self.open)
+            .iter()
+            .filter(|(n, _)| nodes.get(*n).is_some_and(|(_, until)| *until > now))
+            .flat_map(|(_, vs)| vs.iter().copied())
+            .collect()
     }
 }

@@ -235,10 +235,23 @@ impl Store for StoreHandler {
         req: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
         principal(&req)?.may_be_a_node()?;
-        let known = self.meta.heartbeat(&req.into_inner().node_id);
+        let r = req.into_inner();
+        let known = self.meta.heartbeat(&r.node_id);
+        let open = r
+            .open_versions
+            .iter()
+            .map(|v| parse_version(v))
+            .collect::<Result<_, _>>()?;
+        self.meta.set_open_versions(&r.node_id, open);
+        let collected = self
+            .meta
+            .collected_since(r.collected_after, r.collected_epoch);
         Ok(Response::new(HeartbeatResponse {
             known,
             ticket: self.ticket(&Grant::Node, ticket::NODE_TTL),
+            collected: collected.blocks.iter().map(|h| h.0.to_vec()).collect(),
+            collected_upto: collected.upto,
+            collected_epoch: collected.epoch,
         }))
     }
 

@@ -66,6 +66,12 @@ fn register_gauges(meta: &Arc<MetaStore>, handler: &StoreHandler) {
         "Nodes whose lease with the store server holds.",
         Box::new(move || m.live_nodes() as f64),
     );
+    let m = meta.clone();
+    register_gauge(
+        "kt_open_versions",
+        "Versions open on live nodes, which garbage collection keeps.",
+        Box::new(move || m.open_versions().len() as f64),
+    );
     let w = handler.windows.clone();
     register_gauge(
         "kt_windows_open",
