@@ -263,6 +263,36 @@ fn a_shared_token_guards_every_call_and_agents_present_it() {
     );
     assert!(!out.status.success());
     assert!(stderr(&out).contains("no credential"), "{}", stderr(&out));
+    // A getter there fetches (it presents the token itself), but its agent cannot take the
+    // files over: it leaves its window holding no copy, so no later getter is sent to it.
+    let dest = dir.path().join("via-intruder.bin");
+    ok(kt_as(
+        &server.addr,
+        &intruder.socket,
+        &with_token,
+        &[
+            "get",
+            "models/w",
+            "-n",
+            "team-a",
+            "--dest",
+            dest.to_str().unwrap(),
+            "--group-id",
+            "handover",
+        ],
+    ));
+    assert!(std::fs::read(&dest).unwrap() == std::fs::read(&src).unwrap());
+    let window: serde_json::Value = serde_json::from_str(&ok(kt_as(
+        &server.addr,
+        &none,
+        &with_token,
+        &["window", "handover", "-n", "team-a", "--json"],
+    )))
+    .unwrap();
+    let members = window["members"].as_array().unwrap();
+    assert_eq!(members.len(), 1, "{window}");
+    assert_eq!(members[0]["done"], serde_json::json!(false), "{window}");
+    assert_eq!(members[0]["failed"], serde_json::json!(true), "{window}");
     // `kt status` tells the two apart.
     let status = |sock: &Path| -> serde_json::Value {
         serde_json::from_str(&ok(kt_as(&server.addr, sock, &[], &["status", "--json"]))).unwrap()

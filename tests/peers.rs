@@ -187,6 +187,7 @@ fn fake_peer(server: &str, ip: &str, node: &str, version_hex: &str, answer: Arc<
             std::thread::sleep(std::time::Duration::from_millis(500));
             let hb = HeartbeatRequest {
                 node_id: node.clone(),
+                ..Default::default()
             };
             if rt.block_on(store.heartbeat(hb)).is_err() {
                 break;

@@ -271,9 +271,11 @@ pub async fn fetch_through(
     Ok(part)
 }
 
-/// `kt get`'s fetch: joins the window, fetches through it and leaves it, with a verified copy
-/// or without. A window that cannot be joined only loses the spreading: everything comes from
-/// `fallback`.
+/// `kt get`'s fetch: joins the window and fetches through it. A window that cannot be joined
+/// only loses the spreading: everything comes from `fallback`. The membership comes back
+/// unleft: whether this member holds a copy others may fetch is known only once its agent has
+/// taken the files over, so the caller leaves then ([`Membership::leave`]); dropped, it leaves
+/// without one.
 pub async fn fetch_in_window(
     store: &Store,
     server: &str,
@@ -282,7 +284,7 @@ pub async fn fetch_in_window(
     sinks: Arc<dyn BlockSink>,
     fallback: &[SourceAddr],
     progress: &ProgressBar,
-) -> Result<(FetchReport, Option<TreeReport>), TransferError> {
+) -> Result<(FetchReport, Option<Membership>), TransferError> {
     let member = match Membership::join(store, server, spec).await {
         Ok(m) => m,
         Err(e) => {
@@ -291,10 +293,7 @@ pub async fn fetch_in_window(
         }
     };
     let part = fetch_through(&member, jobs, sinks, fallback, "", progress).await?;
-    let done = part.pending.is_empty();
-    member.leave(done).await;
-    let report = member.report().await;
-    Ok((part.complete(fallback.is_empty())?, Some(report)))
+    Ok((part.complete(fallback.is_empty())?, Some(member)))
 }
 
 /// The window a putter joins, and whether it waits there for the quorum.

@@ -284,6 +284,7 @@ async fn fetch_one(
         tx: offer.as_ref().map(Offer::announcer),
         limit: opts.bwlimit.map(RateLimit::new),
     });
+    let mut member = None;
     let fetched = if jobs.is_empty() {
         FetchReport::default()
     } else if opts.store_only {
@@ -309,10 +310,10 @@ async fn fetch_one(
             serves: offer.is_some(),
             ticket,
         };
-        let (fetched, tree) =
+        let (fetched, joined) =
             tree::fetch_in_window(store, &opts.server, spec, jobs, sink, &sources, progress)
                 .await?;
-        report.broadcast.extend(tree);
+        member = joined;
         fetched
     };
     layout.finish(&mut guard)?;
@@ -352,6 +353,12 @@ async fn fetch_one(
                 }
             }
         }
+    }
+    // A member whose agent did not take the files over holds nothing others may fetch: it
+    // leaves without a copy, so that the window sends no later getter to it.
+    if let Some(m) = member {
+        m.leave(offer.is_none() || report.seeded).await;
+        report.broadcast.push(m.report().await);
     }
     if let Some(o) = offer {
         o.close().await;
