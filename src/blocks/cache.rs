@@ -237,7 +237,13 @@ impl BlockCache {
     pub fn insert(&self, h: &BlockHash, data: &[u8]) -> Result<(), BlockError> {
         match self.insert_once(h, data) {
             Err(e) if e.is_no_space() => {
-                let freed = self.make_room(data.len() as u64 + ROOM_ON_FULL_DISK);
+                let want = data.len() as u64 + ROOM_ON_FULL_DISK;
+                // The database may have failed on an earlier full disk and reopen now that
+                // there is room again: then nothing needs to go.
+                if self.files.free_bytes().is_some_and(|free| free >= want) {
+                    return self.insert_once(h, data);
+                }
+                let freed = self.make_room(want);
                 metrics::CACHE_FULL_DISK.inc();
                 tracing::warn!(
                     block = %h,

@@ -53,6 +53,12 @@ pub struct BlockFiles {
 impl BlockFiles {
     /// Opens (creating) the block directory and removes the temporary files of writes that a
     /// crash interrupted.
+    /// Bytes free on the disk of the files; `None` if it cannot be asked.
+    pub fn free_bytes(&self) -> Option<u64> {
+        let st = nix::sys::statvfs::statvfs(&self.dir).ok()?;
+        Some(st.blocks_available() as u64 * st.fragment_size() as u64)
+    }
+
     pub fn open(dir: &Path) -> io::Result<Self> {
         Self::scan(dir)?;
         Ok(Self::new(dir, true))

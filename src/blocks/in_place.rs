@@ -117,6 +117,22 @@ impl InPlace {
         Ok(count)
     }
 
+    /// Forgets the places of blocks no live version holds any more; how many were here. The
+    /// files stay: they are their writer's.
+    pub fn forget(&self, hashes: &[BlockHash]) -> Result<usize, BlockError> {
+        let mut ops = Vec::new();
+        for h in hashes {
+            if self.db.get(CF_LOCAL, h.as_bytes())?.is_some() {
+                ops.push(BatchOp::Delete(CF_LOCAL, h.0.to_vec()));
+            }
+        }
+        let n = ops.len();
+        if n > 0 {
+            self.db.write(ops)?;
+        }
+        Ok(n)
+    }
+
     /// The block from a registered file that still holds it unchanged.
     pub fn find(&self, hash: &BlockHash) -> Result<Option<Bytes>, BlockError> {
         let places = match self.places(hash) {

@@ -58,12 +58,20 @@ impl NodeBlocks {
         &self.pins
     }
 
-    /// Drops from the cache blocks the store collected: no live version holds them, so no one
-    /// will ask for them again. The bytes dropped.
+    /// Drops blocks the store collected: no live version holds them, so no one will ask for
+    /// them again. Cached ones give their space back; files published or seeded in place are
+    /// no longer served. The cache's bytes dropped.
     pub fn drop_collected(&self, hashes: &[BlockHash]) -> Result<u64, BlockError> {
         let mut dropped = 0;
         for h in hashes {
             dropped += self.cache.discard(h)?;
+        }
+        let forgotten = self.in_place.forget(hashes)?;
+        if forgotten > 0 {
+            tracing::info!(
+                blocks = forgotten,
+                "no longer serving collected blocks in place"
+            );
         }
         Ok(dropped)
     }

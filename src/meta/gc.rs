@@ -101,15 +101,19 @@ impl MetaStore {
             })?;
         }
         let mut live_blocks = HashSet::new();
+        // The blocks of dead versions: some were published in place on a node and never
+        // reached the store, which must still tell that node to stop serving them.
+        let mut dead_blocks = HashSet::new();
         let mut dead_versions = Vec::new();
         self.walk(Table::Manifests, |k, v| {
             let Some(version) = Version::from_slice(k) else {
                 return Ok(());
             };
+            let m = Manifest::decode(v).map_err(|e| MetaError::Corrupt(e.to_string()))?;
             if live_versions.contains(&version) {
-                let m = Manifest::decode(v).map_err(|e| MetaError::Corrupt(e.to_string()))?;
                 blocks_of(&m, &mut live_blocks);
             } else {
+                blocks_of(&m, &mut dead_blocks);
                 dead_versions.push(version);
             }
             Ok(())
@@ -160,9 +164,12 @@ impl MetaStore {
             let bytes = self.blocks.remove(&h)?;
             report.block_bytes += bytes;
             report.blocks += 1;
-            self.collected.push(h);
+            dead_blocks.insert(h);
             crate::metrics::GC_BLOCKS.inc();
             crate::metrics::GC_BYTES.add(bytes);
+        }
+        for h in dead_blocks.into_iter().filter(|h| !live_blocks.contains(h)) {
+            self.collected.push(h);
         }
         for h in orphans {
             if !self.blocks.was_touched(&h) && self.blocks.remove_orphan(&h)? {
