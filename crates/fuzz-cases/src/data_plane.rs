@@ -33,7 +33,7 @@ const HANG: Duration = Duration::from_secs(10);
 /// One frame as the protocol defines it, or why the bytes stop being frames.
 #[derive(Debug, PartialEq)]
 enum Frame<'a> {
-    Frame {
+    Whole {
         op: u8,
         payload: &'a [u8],
     },
@@ -60,7 +60,7 @@ fn frames(mut rest: &[u8]) -> Vec<Frame<'_>> {
             out.push(Frame::EndInPayload);
             return out;
         }
-        out.push(Frame::Frame {
+        out.push(Frame::Whole {
             op: rest[0],
             payload: &rest[5..5 + len],
         });
@@ -90,8 +90,8 @@ impl BlockServe for Mem {
 /// What the server owes one request, in order.
 #[derive(Debug)]
 enum Owed {
-    /// A GET: the block if an earlier PUT of this run stored it (pipelined requests run at
-    /// once, so it may not have yet), else "not found".
+    /// A GET: the block if a PUT of this run stores it (pipelined requests run at once, so a
+    /// later one may have, an earlier one not yet), else "not found".
     Get { hash: BlockHash, may_have: bool },
     /// A PUT: "stored" if the body hashes to its hash, else an error.
     Put { hash: BlockHash, matches: bool },
@@ -101,9 +101,8 @@ enum Owed {
 /// the connection.
 fn owed(input: &[u8]) -> Vec<Owed> {
     let mut out = Vec::new();
-    let mut stored = HashSet::new();
     for f in frames(input) {
-        let Frame::Frame { op, payload } = f else {
+        let Frame::Whole { op, payload } = f else {
             break;
         };
         if op == OP_TICKET {
@@ -117,16 +116,28 @@ fn owed(input: &[u8]) -> Vec<Owed> {
         match op {
             OP_GET if body.is_empty() => out.push(Owed::Get {
                 hash,
-                may_have: stored.contains(&hash),
+                may_have: false,
             }),
-            OP_PUT => {
-                let matches = BlockHash::of(body) == hash;
-                if matches {
-                    stored.insert(hash);
-                }
-                out.push(Owed::Put { hash, matches });
-            }
+            OP_PUT => out.push(Owed::Put {
+                hash,
+                matches: BlockHash::of(body) == hash,
+            }),
             _ => break,
+        }
+    }
+    let stored: HashSet<BlockHash> = out
+        .iter()
+        .filter_map(|o| match o {
+            Owed::Put {
+                hash,
+                matches: true,
+            } => Some(*hash),
+            _ => None,
+        })
+        .collect();
+    for o in &mut out {
+        if let Owed::Get { hash, may_have } = o {
+            *may_have = stored.contains(hash);
         }
     }
     out
@@ -197,7 +208,7 @@ fn check_answers(owed: &[Owed], got: &[u8], complete: bool) {
         assert!(answers.len() <= owed.len(), "more answers than requests");
     }
     for (i, (a, o)) in answers.iter().zip(owed).enumerate() {
-        let Frame::Frame { op, payload } = a else {
+        let Frame::Whole { op, payload } = a else {
             unreachable!("split_last left only frames")
         };
         assert!(
@@ -297,11 +308,11 @@ fn check_client_answer(i: usize, f: &Frame<'_>, got: Result<Response, WireError>
             );
             true
         }
-        Frame::Frame { payload, .. } if payload.len() < 32 => {
+        Frame::Whole { payload, .. } if payload.len() < 32 => {
             assert!(matches!(got, Err(WireError::BadFrame(_))), "{i}: {got:?}");
             true
         }
-        Frame::Frame { op, payload } => {
+        Frame::Whole { op, payload } => {
             let (hash, body) = (hash_of(payload), &payload[32..]);
             let text = String::from_utf8_lossy(body);
             match (*op, got) {

@@ -20,9 +20,12 @@ pub use grpc::{grpc_handlers, remove_grpc_store};
 pub use keys::keys;
 pub use manifest::manifest;
 
+/// A target's body: any bytes in, a panic on a finding.
+pub type Body = fn(&[u8]);
+
 /// Every target by the name of its `fuzz/fuzz_targets/<name>.rs`, its corpus and its
 /// regressions folder.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Body)] = &[
     ("data_plane_server", data_plane_server),
     ("data_plane_client", data_plane_client),
     ("manifest", manifest),

@@ -223,7 +223,6 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                     namespace: n.clone(),
                     key: k.clone(),
                     inline_up_to: 1024,
-                    ..Default::default()
                 },
             ),
             call(

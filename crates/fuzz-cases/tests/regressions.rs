@@ -19,7 +19,7 @@ fn inputs(kind: &str, target: &str) -> Vec<PathBuf> {
     };
     let mut files: Vec<PathBuf> = dir
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file() && !p.file_name().is_some_and(|n| n == ".gitkeep"))
+        .filter(|p| p.is_file() && p.file_name().is_none_or(|n| n != ".gitkeep"))
         .collect();
     files.sort();
     files
