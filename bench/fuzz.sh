@@ -99,7 +99,11 @@ for t in "${TARGETS[@]}"; do
         tail -40 "$WORK/$t.log" >&2
         die "$t: libFuzzer exited $rc without an artifact"
     fi
-    ((found)) && tail -60 "$WORK/$t.log" >&2
+    if ((found)); then
+        # The panic's message and libFuzzer's summary; the backtrace between them is long.
+        grep -A2 'panicked at' "$WORK/$t.log" >&2 || true
+        grep -E '^(==[0-9]+== ERROR|SUMMARY|MS:|artifact_prefix)' "$WORK/$t.log" >&2 || true
+    fi
     NEW_CRASHES=$((NEW_CRASHES + found))
     ROWS+=("| \`$t\` | $elapsed | ${execs:-?} | ${rate:-?} | ${cov:-?} | $corpus | $found | $(mib "$RSS_KB") |")
     log "$t: $elapsed s, ${execs:-?} executions (${rate:-?}/s), cov ${cov:-?}, corpus $corpus, $found new crashes"
