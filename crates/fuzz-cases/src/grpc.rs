@@ -217,7 +217,29 @@ async fn call(c: &mut StoreClient<Channel>, pick: usize, body: &[u8]) {
             let req = decoded!(RenameRequest, body);
             let (ns, to) = (req.namespace.clone(), req.to.clone());
             if rpc!(c.rename(req)).is_some() {
-                resolve(c, &ns, &to).await;
+                // A prefix that is no key (a directory of keys) moves as one: then `to` lists.
+                let key = tokio::time::timeout(
+                    HANG,
+                    c.resolve(ResolveRequest {
+                        namespace: ns.clone(),
+                        key: to.clone(),
+                        ..Default::default()
+                    }),
+                )
+                .await
+                .expect("resolve hung");
+                if key.is_err() {
+                    let dir = rpc!(c.list(ListRequest {
+                        namespace: ns,
+                        prefix: to.clone(),
+                        dir_only: true,
+                        ..Default::default()
+                    }));
+                    assert!(
+                        dir.is_some_and(|d| d.exists),
+                        "{to:?} renamed to and neither resolves nor lists"
+                    );
+                }
             }
         }
         10 => {
