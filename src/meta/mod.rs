@@ -589,9 +589,6 @@ impl MetaStore {
         no_replace: bool,
     ) -> Result<(), MetaError> {
         let (f, d) = (from.as_str(), to.as_str());
-        if f == d {
-            return Ok(());
-        }
         if d.starts_with(f) && d.as_bytes().get(f.len()) == Some(&b'/') {
             return Err(MetaError::BadRequest(format!(
                 "cannot move {from} into itself"
@@ -603,6 +600,10 @@ impl MetaStore {
         let src_kind = src
             .kind()
             .ok_or_else(|| MetaError::NotFound(from.to_string()))?;
+        // Onto itself changes nothing, but only once the name is known to exist.
+        if f == d {
+            return Ok(());
+        }
         t.check_parent(d)?;
         let dst = t.locate(d)?;
         if src_kind == EntryKind::Gpu || dst.kind() == Some(EntryKind::Gpu) {

@@ -81,10 +81,13 @@ impl Lineage {
                 String::new()
             },
             created,
+            // The TTL is the caller's number: one past the end of time is no expiry, never a
+            // wrapped one that expires the key at once or an overflow that fails the publish.
             expires: if ttl_secs == 0 {
                 0
             } else {
-                created + (ttl_secs as i64) * 1000
+                let ttl_ms = i64::try_from(ttl_secs).map_or(i64::MAX, |s| s.saturating_mul(1000));
+                created.saturating_add(ttl_ms)
             },
         }
     }

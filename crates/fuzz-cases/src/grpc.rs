@@ -1,0 +1,283 @@
+//! The store server's gRPC handlers, called over a real connection to a real server (its auth
+//! layer, its handler, RocksDB in a temporary directory), started once for the whole process:
+//! state carries over between runs, as it does between a server's callers.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use prost::Message;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+use ktfs::proto::store_client::StoreClient;
+use ktfs::proto::*;
+use ktfs::server::StoreServerProcess;
+
+use crate::rt::runtime;
+
+/// Longer than any call takes on loopback: reaching it means a handler hangs.
+const HANG: Duration = Duration::from_secs(10);
+/// Calls in one input at most: enough to publish, then resolve, rename, link and remove.
+const MAX_CALLS: usize = 16;
+/// The RPCs of `service Store`, in the order a call's first byte picks them.
+pub const RPCS: usize = 19;
+
+struct Server {
+    client: StoreClient<Channel>,
+    dir: PathBuf,
+}
+
+static SERVER: OnceLock<Server> = OnceLock::new();
+
+fn server() -> &'static Server {
+    SERVER.get_or_init(|| {
+        let dir = tempfile::Builder::new()
+            .prefix("ktfs-fuzz-grpc-")
+            .tempdir()
+            .expect("a temporary directory")
+            .keep();
+        runtime().block_on(async {
+            let srv = StoreServerProcess::bind("127.0.0.242:0", &dir, Duration::from_secs(15))
+                .await
+                .expect("a store server")
+                .with_gc(None);
+            let addr = srv.local_addr().expect("its address");
+            tokio::spawn(async move {
+                srv.run(std::future::pending())
+                    .await
+                    .expect("the server runs");
+            });
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .expect("an endpoint")
+                .connect_lazy();
+            Server {
+                client: StoreClient::new(channel),
+                dir,
+            }
+        })
+    })
+}
+
+/// Removes the server's data directory; for the end of a process that ran [`grpc_handlers`].
+pub fn remove_grpc_store() {
+    if let Some(s) = SERVER.get() {
+        let _ = std::fs::remove_dir_all(&s.dir);
+    }
+}
+
+/// A sequence of calls: `[rpc][len u16 LE][len bytes of its request, protobuf]`, up to
+/// [`MAX_CALLS`]. A request that does not decode is skipped (the server's decoder is prost's,
+/// fuzzed by others). Every answer is a value or a fault the caller caused; a fault of the
+/// server (internal, unknown, a dropped connection) or a hang is a finding, and so is a call
+/// that succeeds without doing what it said (a key published, renamed or removed and then not
+/// resolving so).
+pub fn grpc_handlers(input: &[u8]) {
+    let s = server();
+    let mut client = s.client.clone();
+    let mut rest = input;
+    let mut calls = 0;
+    runtime().block_on(async {
+        while rest.len() >= 3 && calls < MAX_CALLS {
+            let pick = rest[0] as usize % RPCS;
+            let len = u16::from_le_bytes([rest[1], rest[2]]) as usize;
+            let len = len.min(rest.len() - 3);
+            let body = &rest[3..3 + len];
+            rest = &rest[3 + len..];
+            calls += 1;
+            call(&mut client, pick, body).await;
+        }
+    });
+}
+
+/// Fails on a fault that is the server's, not the caller's.
+fn judged<T>(what: &str, r: Result<tonic::Response<T>, Status>) -> Option<T> {
+    match r {
+        Ok(r) => Some(r.into_inner()),
+        Err(s) => {
+            assert!(
+                !matches!(
+                    s.code(),
+                    Code::Internal
+                        | Code::Unknown
+                        | Code::Unavailable
+                        | Code::Cancelled
+                        | Code::DataLoss
+                        | Code::Unimplemented
+                ),
+                "{what}: the server failed: {s:?}"
+            );
+            None
+        }
+    }
+}
+
+macro_rules! rpc {
+    ($client:ident . $method:ident ($req:expr)) => {{
+        let r = tokio::time::timeout(HANG, $client.$method($req))
+            .await
+            .unwrap_or_else(|_| panic!("{} hung for 10 s", stringify!($method)));
+        judged(stringify!($method), r)
+    }};
+}
+
+macro_rules! decoded {
+    ($t:ty, $body:expr) => {
+        match <$t>::decode($body) {
+            Ok(r) => r,
+            Err(_) => return,
+        }
+    };
+}
+
+async fn resolve(c: &mut StoreClient<Channel>, namespace: &str, key: &str) -> ResolveResponse {
+    let req = ResolveRequest {
+        namespace: namespace.to_string(),
+        key: key.to_string(),
+        ..Default::default()
+    };
+    rpc!(c.resolve(req)).unwrap_or_else(|| panic!("{key:?} does not resolve"))
+}
+
+async fn call(c: &mut StoreClient<Channel>, pick: usize, body: &[u8]) {
+    match pick {
+        0 => {
+            let _ = rpc!(c.register_node(decoded!(RegisterNodeRequest, body)));
+        }
+        1 => {
+            let _ = rpc!(c.heartbeat(decoded!(HeartbeatRequest, body)));
+        }
+        2 => {
+            let _ = rpc!(c.missing_blocks(decoded!(MissingBlocksRequest, body)));
+        }
+        3 => {
+            let req = decoded!(PublishRequest, body);
+            let (ns, key) = (req.namespace.clone(), req.key.clone());
+            if let Some(done) = rpc!(c.publish(req)) {
+                let found = resolve(c, &ns, &key).await;
+                assert_eq!(
+                    found.version, done.version,
+                    "{key:?} resolves to another version"
+                );
+                assert!(
+                    found.subpath.is_empty(),
+                    "{key:?} resolves inside another key"
+                );
+                let m = found.manifest.expect("a resolved key's manifest");
+                assert!(
+                    ktfs::manifest::validate(&m).is_ok(),
+                    "a stored manifest is invalid"
+                );
+            }
+        }
+        4 => {
+            let req = decoded!(PublishGpuRequest, body);
+            let (ns, key) = (req.namespace.clone(), req.key.clone());
+            if let Some(done) = rpc!(c.publish_gpu(req)) {
+                let found = resolve(c, &ns, &key).await;
+                assert_eq!(
+                    found.version, done.version,
+                    "{key:?} resolves to another version"
+                );
+            }
+        }
+        5 => {
+            let _ = rpc!(c.resolve(decoded!(ResolveRequest, body)));
+        }
+        6 => {
+            let _ = rpc!(c.list(decoded!(ListRequest, body)));
+        }
+        7 => {
+            let req = decoded!(RemoveRequest, body);
+            let ns = req.namespace.clone();
+            if let Some(done) = rpc!(c.remove(req)) {
+                for name in &done.removed {
+                    let req = ResolveRequest {
+                        namespace: ns.clone(),
+                        key: name.clone(),
+                        ..Default::default()
+                    };
+                    let r = tokio::time::timeout(HANG, c.resolve(req))
+                        .await
+                        .expect("hung");
+                    if let Ok(r) = r {
+                        let r = r.into_inner();
+                        assert!(
+                            r.key != *name || !r.subpath.is_empty(),
+                            "{name:?} removed and still resolves"
+                        );
+                    }
+                }
+            }
+        }
+        8 => {
+            let _ = rpc!(c.add_location(decoded!(AddLocationRequest, body)));
+        }
+        9 => {
+            let req = decoded!(RenameRequest, body);
+            let (ns, to) = (req.namespace.clone(), req.to.clone());
+            if rpc!(c.rename(req)).is_some() {
+                // A prefix that is no key (a directory of keys) moves as one: then `to` lists.
+                let key = tokio::time::timeout(
+                    HANG,
+                    c.resolve(ResolveRequest {
+                        namespace: ns.clone(),
+                        key: to.clone(),
+                        ..Default::default()
+                    }),
+                )
+                .await
+                .expect("resolve hung");
+                if key.is_err() {
+                    let dir = rpc!(c.list(ListRequest {
+                        namespace: ns,
+                        prefix: to.clone(),
+                        dir_only: true,
+                        ..Default::default()
+                    }));
+                    assert!(
+                        dir.is_some_and(|d| d.exists),
+                        "{to:?} renamed to and neither resolves nor lists"
+                    );
+                }
+            }
+        }
+        10 => {
+            let req = decoded!(LinkRequest, body);
+            let (ns, to) = (req.namespace.clone(), req.to.clone());
+            if rpc!(c.link(req)).is_some() {
+                resolve(c, &ns, &to).await;
+            }
+        }
+        11 => {
+            let _ = rpc!(c.set_attr(decoded!(SetAttrRequest, body)));
+        }
+        12 => {
+            let mut req = decoded!(JoinRequest, body);
+            // Waiting for a quorum that no other caller completes is waiting by design.
+            req.wait_quorum = false;
+            let _ = rpc!(c.join_broadcast(req));
+        }
+        13 => {
+            let _ = rpc!(c.new_parent(decoded!(NewParentRequest, body)));
+        }
+        14 => {
+            let _ = rpc!(c.leave_broadcast(decoded!(LeaveRequest, body)));
+        }
+        15 => {
+            let _ = rpc!(c.get_window(decoded!(GetWindowRequest, body)));
+        }
+        16 => {
+            let _ = rpc!(c.join_gpu_window(decoded!(GpuJoinRequest, body)));
+        }
+        17 => {
+            let mut req = decoded!(GpuAwaitRequest, body);
+            // The server holds the call as long as asked (up to 5 s): a slow run, no finding.
+            req.wait_ms = req.wait_ms.min(20);
+            let _ = rpc!(c.await_gpu_window(req));
+        }
+        _ => {
+            let _ = rpc!(c.finish_gpu_window(decoded!(GpuFinishRequest, body)));
+        }
+    }
+}
