@@ -1,6 +1,6 @@
 //! Small, valid inputs for each target, from which the fuzzer mutates: real frames, a real
 //! encoded manifest, real ioctl structs, a real sequence of calls. `fuzz/seeds/<target>/` holds
-//! them as files (written by `cargo test -p fuzz-cases -- --ignored write_seeds`), and the
+//! them as files (written by `KT_WRITE_SEEDS=1 cargo test -p fuzz-cases`), and the
 //! regression test checks that the files are still these.
 
 use prost::Message;
@@ -288,6 +288,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                 1,
                 &HeartbeatRequest {
                     node_id: "n1".into(),
+                    ..Default::default()
                 },
             ),
             call(

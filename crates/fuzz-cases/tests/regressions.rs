@@ -57,26 +57,23 @@ fn every_kept_input_and_seed_passes_its_target() {
     assert!(ran > 0);
 }
 
+/// The seed files under fuzz/seeds are what `seeds()` makes; with `KT_WRITE_SEEDS=1` this
+/// writes them instead, after a change to them.
 #[test]
 fn the_seed_files_are_the_seeds_made_here() {
+    let write = std::env::var_os("KT_WRITE_SEEDS").is_some_and(|v| v == "1");
     for (target, name, bytes) in seeds() {
-        let path = fuzz_dir().join("seeds").join(target).join(name);
+        let dir = fuzz_dir().join("seeds").join(target);
+        let path = dir.join(name);
+        if write {
+            std::fs::create_dir_all(&dir).expect("the seeds folder");
+            std::fs::write(&path, &bytes).expect("a seed file");
+        }
         let on_disk = std::fs::read(&path).unwrap_or_default();
         assert!(
             on_disk == bytes,
-            "{} differs from seeds(): run `cargo test -p fuzz-cases -- --ignored write_seeds`",
+            "{} differs from seeds(): run `KT_WRITE_SEEDS=1 cargo test -p fuzz-cases`",
             path.display()
         );
-    }
-}
-
-/// Writes `fuzz/seeds/` from `seeds()`, after a change to them.
-#[test]
-#[ignore]
-fn write_seeds() {
-    for (target, name, bytes) in seeds() {
-        let dir = fuzz_dir().join("seeds").join(target);
-        std::fs::create_dir_all(&dir).expect("the seeds folder");
-        std::fs::write(dir.join(name), bytes).expect("a seed file");
     }
 }
