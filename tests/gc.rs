@@ -21,12 +21,9 @@ fn block_bytes(dir: &Path) -> u64 {
     total
 }
 
-#[test]
-fn disk_use_returns_to_what_live_keys_need_after_puts_and_removals() {
-    let ip = "127.0.0.190";
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let server = spawn_ready(&[
+/// A store server on `ip` that collects garbage every second.
+fn gc_server(ip: &str, store: &Path) -> test_support::Proc {
+    spawn_ready(&[
         "server",
         "--listen",
         &format!("{ip}:0"),
@@ -34,16 +31,28 @@ fn disk_use_returns_to_what_live_keys_need_after_puts_and_removals() {
         store.to_str().unwrap(),
         "--gc-interval-secs",
         "1",
-    ]);
+    ])
+}
+
+/// `kt ARGS` against `server`, which must succeed.
+#[track_caller]
+fn ok_kt(server: &test_support::Proc, agent_sock: &Path, args: &[&str]) {
+    let out = kt_with(&server.addr, agent_sock, args);
+    assert!(
+        out.status.success(),
+        "kt {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn disk_use_returns_to_what_live_keys_need_after_puts_and_removals() {
+    let ip = "127.0.0.190";
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let server = gc_server(ip, &store);
     let none = dir.path().join("no-agent.sock");
-    let kt = |args: &[&str]| {
-        let out = kt_with(&server.addr, &none, args);
-        assert!(
-            out.status.success(),
-            "kt {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let kt = |args: &[&str]| ok_kt(&server, &none, args);
     let write = |name: &str, len: usize, seed: u64| {
         let p = dir.path().join(name);
         std::fs::write(&p, pseudo_random(len, seed)).unwrap();
@@ -312,24 +321,9 @@ fn a_removed_file_held_open_reads_to_its_end_and_then_every_disk_gives_it_back()
     let ip = "127.0.0.197";
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
-    let server = spawn_ready(&[
-        "server",
-        "--listen",
-        &format!("{ip}:0"),
-        "--data-dir",
-        store.to_str().unwrap(),
-        "--gc-interval-secs",
-        "1",
-    ]);
+    let server = gc_server(ip, &store);
     let none = dir.path().join("no-agent.sock");
-    let kt = |args: &[&str]| {
-        let out = kt_with(&server.addr, &none, args);
-        assert!(
-            out.status.success(),
-            "kt {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let kt = |args: &[&str]| ok_kt(&server, &none, args);
     let put = |key: &str, len: usize, seed: u64| -> Vec<u8> {
         let data = pseudo_random(len, seed);
         let p = dir.path().join(format!("{key}.bin"));
