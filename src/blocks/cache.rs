@@ -25,7 +25,7 @@ use bytes::Bytes;
 
 use super::files::{BlockFiles, MIN_FILE_BLOCK};
 use super::BlockError;
-use crate::db::{BatchOp, Db};
+use crate::db::{BatchOp, Db, DbError};
 use crate::hash::BlockHash;
 use crate::locks::lock;
 use crate::metrics;
@@ -236,10 +236,11 @@ impl BlockCache {
     /// block is written once more.
     pub fn insert(&self, h: &BlockHash, data: &[u8]) -> Result<(), BlockError> {
         match self.insert_once(h, data) {
+            // The database is being reopened after an earlier full disk (space has returned):
+            // evicting would free nothing it needs.
+            Err(e @ BlockError::Db(DbError::Closed)) => Err(e),
             Err(e) if e.is_no_space() => {
                 let want = data.len() as u64 + ROOM_ON_FULL_DISK;
-                // The database may have failed on an earlier full disk and reopen now that
-                // there is room again: then nothing needs to go.
                 if self.files.free_bytes().is_some_and(|free| free >= want) {
                     return self.insert_once(h, data);
                 }
