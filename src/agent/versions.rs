@@ -21,10 +21,14 @@ const VERSIONS_KEPT: usize = 256;
 const ABSENT_FOR: Duration = Duration::from_secs(10);
 /// The longest a request waits for the store's answer before it is refused.
 const ASK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long requests are refused at once after the store could not be asked: a getter's
+/// pipelined requests then fail over to their next source together, not one timeout each.
+const UNASKED_FOR: Duration = Duration::from_secs(2);
 
 enum Known {
     Blocks(Arc<HashSet<BlockHash>>),
     Absent(Instant),
+    Unasked(Instant),
 }
 
 /// Block sets of versions, from the store server, asked with this node's credential.
@@ -57,6 +61,8 @@ impl StoreVersions {
         if let Some(s) = &*store {
             return Ok(s.clone());
         }
+        // A lazy channel starts its connection task on the runtime it is made in.
+        let _in = self.runtime.enter();
         let s = client::store_lazy(&self.server, &self.credential).map_err(|e| e.to_string())?;
         *store = Some(s.clone());
         Ok(s)
@@ -104,28 +110,42 @@ impl VersionBlocks for StoreVersions {
         if let Some(known) = self.known(version, hash) {
             return known;
         }
-        match self.ask(version) {
-            Ok(known) => {
-                let holds = matches!(&known, Known::Blocks(s) if s.contains(hash));
-                let mut sets = locks::lock(&self.sets);
-                if sets.len() >= VERSIONS_KEPT {
-                    sets.clear();
-                }
-                sets.insert(*version, known);
-                holds
-            }
-            Err(e) => {
-                tracing::warn!(%version, error = %e, "cannot learn a read ticket's blocks");
-                false
-            }
+        let known = self.ask(version).unwrap_or_else(|e| {
+            tracing::warn!(%version, error = %e, "cannot learn a read ticket's blocks");
+            Known::Unasked(Instant::now())
+        });
+        let holds = matches!(&known, Known::Blocks(s) if s.contains(hash));
+        let mut sets = locks::lock(&self.sets);
+        if sets.len() >= VERSIONS_KEPT {
+            sets.clear();
         }
+        sets.insert(*version, known);
+        holds
     }
 
     fn known(&self, version: &Version, hash: &BlockHash) -> Option<bool> {
         match locks::lock(&self.sets).get(version)? {
             Known::Blocks(set) => Some(set.contains(hash)),
             Known::Absent(at) if at.elapsed() < ABSENT_FOR => Some(false),
-            Known::Absent(_) => None,
+            Known::Unasked(at) if at.elapsed() < UNASKED_FOR => Some(false),
+            Known::Absent(_) | Known::Unasked(_) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_that_cannot_be_asked_refuses_at_once_for_a_while_not_one_timeout_each() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        // Nothing listens on port 1: the question fails at once.
+        let versions = rt.block_on(async { StoreVersions::new("127.0.0.1:1", Credential::none()) });
+        let (v, h) = (Version([3; 32]), BlockHash::of(b"block"));
+        assert_eq!(versions.known(&v, &h), None);
+        assert!(!versions.holds(&v, &h));
+        assert_eq!(versions.known(&v, &h), Some(false));
+        assert_eq!(versions.known(&Version([4; 32]), &h), None);
     }
 }
