@@ -38,16 +38,6 @@ fn raw_get(addr: &str, ticket: Option<&[u8]>, block: BlockHash) -> String {
     })
 }
 
-/// One HTTP/1.1 GET; the whole response.
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: kt\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
-
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).trim().to_string()
 }

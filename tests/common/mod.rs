@@ -376,3 +376,13 @@ pub fn signal(pid: i32, sig: i32) {
     // SAFETY: signalling a process this test started.
     unsafe { libc::kill(pid, sig) };
 }
+
+/// One HTTP/1.1 GET; the whole response.
+pub fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: kt\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
