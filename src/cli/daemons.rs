@@ -260,9 +260,14 @@ pub async fn up(a: UpArgs) -> Result<()> {
         fd_keeper: None,
     })
     .await?;
-    println!("kt server listening on {server_addr}");
-    print_agent_ready(&agent);
+    // The ready lines come once everything is up, the mount included: whoever waits for
+    // them (a script, a test) may use the mount at once.
+    let ready = |agent: &_| {
+        println!("kt server listening on {server_addr}");
+        print_agent_ready(agent);
+    };
     let result = if a.no_mount {
+        ready(&agent);
         println!("data in {}; Ctrl-C to stop", data_dir.display());
         agent
             .run(shutdown_signal())
@@ -271,6 +276,7 @@ pub async fn up(a: UpArgs) -> Result<()> {
     } else {
         let fs = fs_config(&agent, Namespace::DEFAULT, LocaleArg::Store, false, 0)?;
         let mounted = session::mount(agent.blocks(), fs, &a.mountpoint)?;
+        ready(&agent);
         println!(
             "mounted at {}; data in {}; Ctrl-C to stop",
             a.mountpoint.display(),

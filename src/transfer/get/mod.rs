@@ -145,11 +145,15 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
         .await
         .map_err(ClientError::from);
     let dest_dir_like = opts.dest.ends_with('/') || Path::new(&opts.dest).is_dir();
-    match resolved {
+    // A prefix is a directory whatever made it: a `kt put` directory, a directory made in a
+    // mount, or nothing but keys below it. Its tree is the union of its own manifest (if any)
+    // and every key below, each at its place.
+    let base = match resolved {
         Ok(r) => {
             let (r, m) = checked(r.into_inner())?;
             let name = opts.key.name();
-            let root = if manifest::is_directory(&m) {
+            let is_dir = manifest::is_directory(&m);
+            let root = if is_dir {
                 if opts.contents {
                     PathBuf::from(&opts.dest)
                 } else {
@@ -161,75 +165,109 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
                 PathBuf::from(&opts.dest)
             };
             report.dest = root.display().to_string();
+            let at = Place {
+                root: &root,
+                rel: "",
+            };
             fetch_one(
                 &mut store,
                 agent.as_mut(),
                 &opts,
                 &r,
                 m,
-                &root,
+                at,
                 &filter,
                 progress,
                 &mut report,
             )
             .await?;
-        }
-        Err(e) if e.is_not_found() => {
-            // Not a key: perhaps a prefix with keys below it, fetched as one directory.
-            let list = store
-                .list(ListRequest {
-                    namespace: opts.namespace.to_string(),
-                    prefix: opts.key.to_string(),
-                    recursive: true,
-                    dir_only: false,
-                })
-                .await
-                .map_err(ClientError::from)?
-                .into_inner();
-            let keys: Vec<_> = list.entries.into_iter().filter(|e| e.is_key).collect();
-            if keys.is_empty() {
-                return Err(GetError::NotFound(opts.key.to_string()));
+            if !is_dir {
+                return Ok(report);
             }
-            let base = if opts.contents {
-                PathBuf::from(&opts.dest)
-            } else {
-                Path::new(&opts.dest).join(opts.key.name())
-            };
-            report.dest = base.display().to_string();
-            for e in keys {
-                let rel = e.name.trim_end_matches('/');
-                let key = opts
-                    .key
-                    .join(rel)
-                    .map_err(|e| GetError::NotFound(e.to_string()))?;
-                let (r, m) = checked(
-                    store
-                        .resolve(ResolveRequest {
-                            inline_up_to: 0,
-                            namespace: opts.namespace.to_string(),
-                            key: key.to_string(),
-                        })
-                        .await
-                        .map_err(ClientError::from)?
-                        .into_inner(),
-                )?;
-                fetch_one(
-                    &mut store,
-                    agent.as_mut(),
-                    &opts,
-                    &r,
-                    m,
-                    &base.join(rel),
-                    &filter,
-                    progress,
-                    &mut report,
-                )
-                .await?;
-            }
+            Some(root)
         }
+        Err(e) if e.is_not_found() => None,
         Err(e) => return Err(e.into()),
+    };
+    let keys = keys_below(&mut store, &opts).await?;
+    let base = match base {
+        Some(root) => root,
+        None if keys.is_empty() => return Err(GetError::NotFound(opts.key.to_string())),
+        None if opts.contents => PathBuf::from(&opts.dest),
+        None => Path::new(&opts.dest).join(opts.key.name()),
+    };
+    report.dest = base.display().to_string();
+    for rel in keys {
+        let key = opts
+            .key
+            .join(&rel)
+            .map_err(|e| GetError::NotFound(e.to_string()))?;
+        let resolved = store
+            .resolve(ResolveRequest {
+                inline_up_to: 0,
+                namespace: opts.namespace.to_string(),
+                key: key.to_string(),
+            })
+            .await
+            .map_err(ClientError::from);
+        let (r, m) = match resolved {
+            Ok(r) => checked(r.into_inner())?,
+            // Removed since it was listed: the tree is what is there now.
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let root = base.join(&rel);
+        let at = Place {
+            root: &root,
+            rel: &rel,
+        };
+        fetch_one(
+            &mut store,
+            agent.as_mut(),
+            &opts,
+            &r,
+            m,
+            at,
+            &filter,
+            progress,
+            &mut report,
+        )
+        .await?;
     }
     Ok(report)
+}
+
+/// The keys strictly below the get's key, relative to it, in order; those a filter excludes
+/// are left out by [`fetch_one`], which sees each entry's path from the get's root.
+async fn keys_below(store: &mut Store, opts: &GetOptions) -> Result<Vec<String>, GetError> {
+    let list = store
+        .list(ListRequest {
+            namespace: opts.namespace.to_string(),
+            prefix: opts.key.to_string(),
+            recursive: true,
+            dir_only: false,
+        })
+        .await;
+    let list = match list.map_err(ClientError::from) {
+        Ok(l) => l.into_inner(),
+        Err(e) if e.is_not_found() => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    Ok(list
+        .entries
+        .into_iter()
+        .filter(|e| e.is_key)
+        .map(|e| e.name.trim_end_matches('/').to_string())
+        .filter(|rel| !rel.is_empty())
+        .collect())
+}
+
+/// Where one version lands: its directory (or file) on disk, and its path from the get's root,
+/// which filters match against.
+#[derive(Clone, Copy)]
+struct Place<'a> {
+    root: &'a Path,
+    rel: &'a str,
 }
 
 /// The manifest of a resolve answer, checked before anything is written from it.
@@ -249,17 +287,29 @@ async fn fetch_one(
     opts: &GetOptions,
     r: &ResolveResponse,
     m: Manifest,
-    root: &Path,
+    at: Place<'_>,
     filter: &Filter,
     progress: &ProgressBar,
     report: &mut GetReport,
 ) -> Result<(), GetError> {
     let version = Version::from_slice(&r.version).ok_or(GetError::BadVersion)?;
+    let from_root = |p: &str| match (at.rel, p) {
+        (r, "") => r.to_string(),
+        ("", p) => p.to_string(),
+        (r, p) => format!("{r}/{p}"),
+    };
     let entries: Vec<&FileEntry> = m
         .entries
         .iter()
-        .filter(|e| e.path.is_empty() || !filter.skips(&e.path, e.kind() == EntryKind::Directory))
+        .filter(|e| {
+            let rel = from_root(&e.path);
+            rel.is_empty() || !filter.skips(&rel, e.kind() == EntryKind::Directory)
+        })
         .collect();
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let root = at.root;
     let layout = Layout::plan(entries, root, opts.force)?;
     let mut guard = TempGuard::default();
     let laid = layout.lay_out(&mut guard)?;
