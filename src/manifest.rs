@@ -10,7 +10,7 @@ use prost::Message;
 
 use crate::hash::{BlockHash, Version};
 use crate::key::MAX_SEGMENT;
-pub use crate::proto::{BlockRef, EntryKind, FileEntry, Manifest};
+pub use crate::proto::{BlockRef, EntryKind, FileEntry, Manifest, ManifestPatch};
 
 /// Default block size: 4 MiB.
 pub const DEFAULT_BLOCK_SIZE: u32 = 4 << 20;
@@ -38,6 +38,8 @@ pub enum ManifestError {
     Unsorted(String),
     #[error("manifest is empty")]
     Empty,
+    #[error("the patched manifest is not the version the patch names (made against another base)")]
+    PatchVersion,
     #[error("malformed manifest: {0}")]
     Decode(#[from] prost::DecodeError),
 }
@@ -78,8 +80,6 @@ pub fn block_hash(b: &BlockRef) -> Option<BlockHash> {
     BlockHash::from_slice(&b.hash)
 }
 
-/// Checks a manifest that may come from anyone: every path is a clean relative path, entries
-/// are sorted and unique, block references are well formed and add up to each file's size.
 /// A fifo, socket or device node: an entry of metadata alone.
 pub fn is_special(k: EntryKind) -> bool {
     matches!(
@@ -88,6 +88,8 @@ pub fn is_special(k: EntryKind) -> bool {
     )
 }
 
+/// Checks a manifest that may come from anyone: every path is a clean relative path, entries
+/// are sorted and unique, block references are well formed and add up to each file's size.
 pub fn validate(m: &Manifest) -> Result<(), ManifestError> {
     if m.block_size == 0 || m.block_size > MAX_BLOCK_SIZE {
         return Err(ManifestError::BadBlockSize(m.block_size));
@@ -172,6 +174,74 @@ fn check_rel_path(p: &str) -> Result<(), ManifestError> {
     Ok(())
 }
 
+/// `new` told as its differences from `base`; both sorted by path, as valid manifests are.
+pub fn diff(base: &Manifest, new: &Manifest) -> ManifestPatch {
+    let mut patch = ManifestPatch {
+        block_size: new.block_size,
+        version: version_of(new).0.to_vec(),
+        ..Default::default()
+    };
+    let (mut b, mut n) = (
+        base.entries.iter().peekable(),
+        new.entries.iter().peekable(),
+    );
+    loop {
+        match (b.peek(), n.peek()) {
+            (None, None) => break,
+            (Some(x), Some(y)) if x.path == y.path => {
+                if x != y {
+                    patch.upserts.push((*y).clone());
+                }
+                b.next();
+                n.next();
+            }
+            (Some(x), Some(y)) if x.path < y.path => {
+                patch.removed.push(x.path.clone());
+                b.next();
+            }
+            (Some(x), None) => {
+                patch.removed.push(x.path.clone());
+                b.next();
+            }
+            (_, Some(y)) => {
+                patch.upserts.push((*y).clone());
+                n.next();
+            }
+        }
+    }
+    patch
+}
+
+/// Whether a patch changes nothing.
+pub fn is_empty_patch(p: &ManifestPatch) -> bool {
+    p.upserts.is_empty() && p.removed.is_empty()
+}
+
+/// `base` with `patch` applied, checked: it must be a valid manifest and have the version the
+/// patch names, so a patch made against another base cannot publish something unintended.
+pub fn apply(base: &Manifest, patch: &ManifestPatch) -> Result<Manifest, ManifestError> {
+    let removed: std::collections::HashSet<&str> =
+        patch.removed.iter().map(String::as_str).collect();
+    let mut entries: std::collections::BTreeMap<&str, &FileEntry> = base
+        .entries
+        .iter()
+        .filter(|e| !removed.contains(e.path.as_str()))
+        .map(|e| (e.path.as_str(), e))
+        .collect();
+    for e in &patch.upserts {
+        entries.insert(e.path.as_str(), e);
+    }
+    let m = Manifest {
+        block_size: patch.block_size,
+        entries: entries.into_values().cloned().collect(),
+    };
+    validate(&m)?;
+    if version_of(&m).0[..] != patch.version[..] {
+        return Err(ManifestError::PatchVersion);
+    }
+    Ok(m)
+}
+
 /// The part of a directory manifest at `subpath`, rebased so `subpath` becomes its root.
 /// `None` when nothing lies there.
 pub fn subtree(m: &Manifest, subpath: &str) -> Option<Manifest> {
@@ -227,6 +297,45 @@ mod tests {
             mode: 0o755,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_patch_carries_only_changes_and_applies_to_its_base_alone() {
+        let m = |entries: Vec<FileEntry>| Manifest {
+            block_size: 4,
+            entries,
+        };
+        let base = m(vec![
+            dir(""),
+            dir("a"),
+            file("a/x", &[(b"x", 1)]),
+            file("a/y", &[(b"y", 1)]),
+            file("z", &[(b"z", 1)]),
+        ]);
+        assert!(is_empty_patch(&diff(&base, &base)));
+        let new = m(vec![
+            dir(""),
+            dir("a"),
+            file("a/x", &[(b"x2", 2)]),
+            dir("b"),
+            file("b/w", &[(b"w", 1)]),
+            file("z", &[(b"z", 1)]),
+        ]);
+        let p = diff(&base, &new);
+        let up: Vec<&str> = p.upserts.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(up, ["a/x", "b", "b/w"]);
+        assert_eq!(p.removed, ["a/y"]);
+        assert_eq!(apply(&base, &p).unwrap(), new);
+        // Against another base the result has another version, and is refused.
+        let other = m(vec![dir(""), dir("a"), file("q", &[(b"q", 1)])]);
+        assert!(matches!(
+            apply(&other, &p),
+            Err(ManifestError::PatchVersion)
+        ));
+        // A patch that would make an invalid manifest is refused as such.
+        let mut bad = p.clone();
+        bad.removed.push("a".into());
+        assert!(apply(&base, &bad).is_err());
     }
 
     #[test]

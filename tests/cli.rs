@@ -231,13 +231,13 @@ fn bad_input_gets_clear_errors() {
     assert!(err.contains("cannot reach the store server"), "{err}");
     assert!(t.elapsed() < Duration::from_secs(15));
 
-    // An existing key is not replaced without --force.
+    // A put onto an existing key updates it, as rsync does: no --force needed.
     c.ok(None, &["put", "k", "--src", fs_]);
     fs::write(&f, b"y").unwrap();
-    let out = c.kt(None, &["put", "k", "--src", fs_]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
-    c.ok(None, &["put", "k", "--src", fs_, "--force"]);
+    c.ok(None, &["put", "k", "--src", fs_]);
+    let got = c.path("k.out");
+    c.ok(None, &["get", "k", "--dest", got.to_str().unwrap()]);
+    assert_eq!(fs::read(&got).unwrap(), b"y");
 }
 
 /// Each kind of failure has its own exit code, and with `--json` a machine-readable error on
@@ -279,9 +279,9 @@ fn each_kind_of_failure_exits_with_its_code_and_a_json_error() {
     c.ok(None, &["put", "k", "--src", src]);
     fs::write(&f, b"y").unwrap();
     failed(
-        c.kt(None, &["put", "k", "--src", src, "--json"]),
+        c.kt(None, &["get", "k", "--dest", src, "--json"]),
         6,
-        "exists",
+        "conflict",
     );
     // Without --json the code is the same and stdout stays empty.
     let out = c.kt(None, &["rm", "no/such/key"]);
@@ -820,4 +820,121 @@ fn a_prefix_is_one_tree_for_get_ls_rm_and_the_mount() {
     );
     assert!(String::from_utf8_lossy(&gone.stderr).contains("not found"));
     assert!(up.stop().success());
+}
+
+/// `kt put` onto a key it put before: files unchanged on disk are not read again (this
+/// machine's index, or without one the key's size and mtime), the store gets a patch, and the
+/// key becomes what the sources hold now. A broken or stale index costs hashing, never a
+/// wrong version.
+#[test]
+fn a_put_onto_its_key_sends_only_what_changed() {
+    let c = Cluster::new("127.0.0.75");
+    let src = c.path("tree");
+    fs::create_dir_all(src.join("pkg")).unwrap();
+    for i in 0..40 {
+        fs::write(src.join(format!("pkg/m{i}.py")), format!("print({i})\n")).unwrap();
+    }
+    fs::write(src.join("big.bin"), pseudo_random(9 << 20, 5)).unwrap();
+    // A tree older than the index's racy window, as a source tree is.
+    let age = |p: &std::path::Path| {
+        let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+        fs::File::options()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    };
+    for e in fs::read_dir(src.join("pkg")).unwrap() {
+        age(&e.unwrap().path());
+    }
+    age(&src.join("big.bin"));
+    let src_s = format!("{}/", src.display());
+    let index_a = c.path("index-a");
+    let index_b = c.path("index-b");
+    let put = |index: &std::path::Path, extra: &[&str]| {
+        let mut args = vec!["put", "code", "--src", &src_s, "--json"];
+        args.extend_from_slice(extra);
+        let out = kt_env(
+            &c.server.addr,
+            &c.path("no-agent.sock"),
+            &[("KT_INDEX_DIR", index.to_str().unwrap())],
+            &args,
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let check = |want: &std::path::Path| {
+        let out = c.path("out");
+        let _ = fs::remove_dir_all(&out);
+        c.ok(
+            None,
+            &["get", "code", "--dest", out.to_str().unwrap(), "-c"],
+        );
+        assert_same_tree(want, &out);
+    };
+
+    let first = put(&index_a, &[]);
+    assert_eq!(first["files_hashed"], 41);
+    assert_eq!(first["sent_as"], "manifest");
+
+    // Unchanged: nothing read, nothing sent but a patch that says so.
+    let again = put(&index_a, &[]);
+    assert_eq!(again["files_hashed"], 0, "{again}");
+    assert_eq!(again["sent_as"], "patch");
+    assert_eq!(again["bytes_transferred"], 0);
+    assert_eq!(again["version"], first["version"]);
+
+    // One edit, one file gone: only the edited file is read and sent.
+    fs::write(src.join("pkg/m3.py"), b"print('three')\n").unwrap();
+    fs::remove_file(src.join("pkg/m7.py")).unwrap();
+    let edit = put(&index_a, &[]);
+    assert_eq!(edit["files_hashed"], 1, "{edit}");
+    assert_eq!(edit["sent_as"], "patch");
+    assert_eq!(edit["bytes_transferred"], 15);
+    assert_ne!(edit["version"], first["version"]);
+    check(&src);
+
+    // --force trusts nothing on disk and hashes every file; the version is the same.
+    let forced = put(&index_a, &["--force"]);
+    assert_eq!(forced["files_hashed"], 40);
+    assert_eq!(forced["version"], edit["version"]);
+
+    // Another machine, no index: the key's own sizes and mtimes spare the reading, and its
+    // put moves the key on, so the first machine's index is stale.
+    fs::write(src.join("pkg/new.py"), b"new\n").unwrap();
+    let other = put(&index_b, &[]);
+    assert_eq!(other["files_hashed"], 1, "{other}");
+    assert_eq!(other["sent_as"], "patch");
+    fs::write(src.join("pkg/m4.py"), b"print('four')\n").unwrap();
+    let stale = put(&index_a, &[]);
+    assert_eq!(
+        stale["sent_as"], "manifest",
+        "a patch against a version the key left"
+    );
+    check(&src);
+
+    // A torn index (a crash while it was written, a full disk) is no index.
+    for e in fs::read_dir(&index_a).unwrap() {
+        fs::write(e.unwrap().path(), b"\x0a\xff\xff torn").unwrap();
+    }
+    let torn = put(&index_a, &[]);
+    assert_eq!(torn["version"], stale["version"]);
+    assert_eq!(torn["sent_as"], "patch");
+    check(&src);
+
+    // A key published below the tree since is not in the sources: an unchanged put removes it.
+    let f = c.path("f.txt");
+    fs::write(&f, b"f").unwrap();
+    c.ok(
+        None,
+        &["put", "code/pkg/f.txt", "--src", f.to_str().unwrap()],
+    );
+    let swept = put(&index_a, &[]);
+    assert_eq!(swept["version"], torn["version"]);
+    check(&src);
 }

@@ -16,7 +16,7 @@ def put(
     key: str,
     src: str,
     locale: str = "store",
-    force: bool = True,
+    force: bool = False,
     contents: bool = False,
     excludes: List[str] = ...,
     includes: List[str] = ...,

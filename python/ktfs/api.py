@@ -180,8 +180,9 @@ def put(
     lie below ``base_path``). With ``broadcast`` the putter joins that window and waits for its
     quorum. ``key`` may be a list, with ``src`` a list of the same length.
 
-    ``force``: ktfs hashes every file it publishes, so there is no quick check to skip; a put
-    always sends what differs. ``start_rsyncd`` has no effect (the node agent serves
+    ``force``: as rsync's ``--checksum``, trust neither size nor mtime and hash every file
+    (without it, files whose size and mtime are unchanged since this machine's last put of the
+    key, or since the key's version, are not read again). ``start_rsyncd`` has no effect (the node agent serves
     publications in place; there is no rsync daemon). ``nccl_port`` and ``nccl_pg_mode`` are for
     tensors.
 
@@ -192,7 +193,7 @@ def put(
     ``broadcast`` the put returns once every getter of the window holds the tensors.
     ``nccl_pg_mode="global"`` runs one transfer at a time per node's worker.
     """
-    del start_rsyncd, nccl_port, force
+    del start_rsyncd, nccl_port
     keys = _listify(key)
     srcs = list(src) if isinstance(src, (list, tuple)) else [src]
     if len(keys) != len(srcs):
@@ -216,7 +217,7 @@ def put(
             k,
             path,
             locale=locale.value,
-            force=True,
+            force=force,
             contents=contents,
             verbose=verbose,
             **filters,

@@ -269,7 +269,7 @@ fn json(v: &impl serde::Serialize) -> Result<String, Failure> {
 
 /// Publishes `src` under `key`; returns the report `kt put --json` prints.
 #[pyfunction]
-#[pyo3(signature = (key, src, locale="store", force=true, contents=false, excludes=Vec::new(),
+#[pyo3(signature = (key, src, locale="store", force=false, contents=false, excludes=Vec::new(),
     includes=Vec::new(), window_timeout=None, world_size=None, ips=Vec::new(), group_id=None,
     fanout=None, verbose=false, namespace=None, server=None, kubeconfig=None, block_size=None,
     ttl=0))]

@@ -72,6 +72,27 @@ def test_lists_of_keys_go_pairwise_or_below_one_destination(cluster, tmp_path):
         kt.put(key=["batch/c", "batch/d"], src=[str(a)])
 
 
+def test_a_prefix_is_one_tree_and_a_put_updates_its_key(cluster, tmp_path):
+    src = tree(tmp_path / "src", {"a/one.txt": b"one", "top.txt": b"top"})
+    extra = tree(tmp_path / "extra", {"two.txt": b"two"})
+    kt.put(key="tree", src=f"{src}/")
+    # Single-file keys below the directory key and below a prefix of keys alone.
+    kt.put(key="tree/a/two.txt", src=str(extra / "two.txt"))
+    kt.put(key="tree/b/three.txt", src=str(extra / "two.txt"))
+    kt.get(key="tree", dest=str(tmp_path / "got"), contents=True)
+    assert read_tree(tmp_path / "got") == {
+        "a/one.txt": b"one", "a/two.txt": b"two", "b/three.txt": b"two", "top.txt": b"top"
+    }
+    assert [e["name"] for e in kt.ls("tree/a")] == ["one.txt", "two.txt"]
+    # Without force, a put onto the key updates it to what the source holds now: an edit is
+    # sent, a deleted file is gone.
+    (src / "top.txt").write_bytes(b"top, edited")
+    (src / "a" / "one.txt").unlink()
+    kt.put(key="tree", src=f"{src}/")
+    kt.get(key="tree", dest=str(tmp_path / "again"), contents=True)
+    assert read_tree(tmp_path / "again") == {"top.txt": b"top, edited"}
+
+
 def test_filter_options_are_rsync_rules(cluster, tmp_path):
     src = tree(tmp_path / "src", {"keep.py": b"k", "drop.log": b"d", "cache/x.pyc": b"c", "logs/keep.log": b"l"})
     kt.put(

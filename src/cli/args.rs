@@ -215,7 +215,8 @@ pub struct PutArgs {
     /// Publish the contents of the source directories, not the directories themselves.
     #[arg(short = 'c', long)]
     pub contents: bool,
-    /// Replace the key if it already exists.
+    /// Trust neither size nor mtime: read and hash every file. (Without it, a put onto an
+    /// existing key sends only the files whose size or mtime changed.)
     #[arg(short = 'f', long)]
     pub force: bool,
     /// Leave out paths matching this rsync pattern (repeatable).

@@ -85,8 +85,8 @@ impl FsCore {
             origin_node: self.cfg.node_id.clone(),
             ttl_secs: 0,
             force: true,
-            inline_blocks: Vec::new(),
             manifest: Some(m),
+            ..Default::default()
         };
         let mut store = self.store();
         let done = self.block_on(publish::publish(
@@ -117,6 +117,7 @@ impl FsCore {
             ttl_secs: 0,
             force: false,
             inline_blocks: Vec::new(),
+            ..Default::default()
         };
         let mut store = self.store();
         let done = self.block_on(publish::publish(

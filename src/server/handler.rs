@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::auth::{group_namespace, principal};
+use super::patch::{self, Patched};
 use super::status::{blocking, invalid, parse_key, parse_ns, parse_version};
 use crate::blocks::store::StoreBlocks;
 use crate::blocks::Served;
@@ -281,12 +282,43 @@ impl Store for StoreHandler {
         let r = req.into_inner();
         let key = parse_key(&r.key)?;
         let locale = r.locale();
-        let manifest = r.manifest.ok_or_else(|| invalid("manifest missing"))?;
         let inline = checked_inline(r.inline_blocks)?;
+        let mut stored = false;
+        let manifest = match (r.manifest, r.patch) {
+            (Some(m), None) => m,
+            (None, Some(p)) if locale == Locale::Store => {
+                let (meta, ns, key, ttl) = (self.meta.clone(), ns.clone(), key.clone(), r.ttl_secs);
+                let base = r.base_version;
+                // The inline blocks first: a patch may name them, and the check of the patched
+                // manifest's blocks needs them stored.
+                let inline = inline.clone();
+                let patched = blocking(move || {
+                    for (hash, data) in &inline {
+                        meta.blocks().put(hash, data)?;
+                    }
+                    patch::patched(&meta, &ns, &key, &base, &p, locale, ttl)
+                })
+                .await?;
+                stored = true;
+                match patched {
+                    Patched::Publish(m) => m,
+                    Patched::Unchanged(version) => {
+                        tracing::debug!(key = %r.key, %version, "unchanged");
+                        return Ok(Response::new(PublishResponse {
+                            version: version.0.to_vec(),
+                            parent: None,
+                        }));
+                    }
+                }
+            }
+            (None, Some(_)) => return Err(invalid("only a locale=store publish takes a patch")),
+            (Some(_), Some(_)) => return Err(invalid("a publish carries a manifest or a patch")),
+            (None, None) => return Err(invalid("manifest missing")),
+        };
         check_inline_lengths(&key, &manifest, &inline)?;
         let meta = self.meta.clone();
         let version = blocking(move || {
-            for (hash, data) in &inline {
+            for (hash, data) in inline.iter().filter(|_| !stored) {
                 meta.blocks().put(hash, data)?;
             }
             let version = meta.publish(

@@ -5,6 +5,7 @@
 
 pub mod auth;
 mod handler;
+mod patch;
 mod status;
 mod tickets;
 

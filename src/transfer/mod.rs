@@ -11,6 +11,7 @@
 
 pub mod fetch;
 pub mod get;
+pub mod index;
 pub mod offer;
 pub mod port;
 pub mod publish;

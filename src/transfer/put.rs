@@ -5,23 +5,28 @@
 //! that fails midway leaves the old version in place. For `locale=local`, this node's agent
 //! registers the files as in-place sources and publishes with itself as the origin: no bytes move.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use indicatif::ProgressBar;
 use serde::Serialize;
 
+use super::index::{self, Index};
 use super::publish::{self, Payload, PublishError};
-use super::scan::{self, ScanError, ScanOptions, Scanned};
+use super::scan::{self, Known, ScanError, ScanOptions, Scanned};
 use super::sources::local_agent;
 use super::tree;
 use super::upload::{self, UploadJob};
 use crate::hash::Version;
 use crate::key::{KeyPath, Namespace};
-use crate::manifest::{self, EntryKind};
-use crate::proto::{LocalFile, Locale, PublishLocalRequest, PublishRequest, Window, WindowSpec};
-use crate::rpc::client::{self, ClientError};
-use crate::rpc::{Credential, Fault};
+use crate::manifest::{self, EntryKind, Manifest};
+use crate::proto::{
+    InlineBlock, LocalFile, Locale, PublishLocalRequest, PublishRequest, ResolveRequest, Window,
+    WindowSpec,
+};
+use crate::rpc::client::{self, ClientError, Store};
+use crate::rpc::{Credential, Fault, MAX_INLINE_BYTES};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PutError {
@@ -75,6 +80,10 @@ pub struct PutReport {
     pub files: u64,
     pub bytes: u64,
     pub bytes_transferred: u64,
+    /// Files read and hashed; the others were known unchanged.
+    pub files_hashed: u64,
+    /// How the manifest went to the store: whole (`manifest`) or as a `patch`.
+    pub sent_as: &'static str,
     #[serde(
         skip_serializing_if = "Option::is_none",
         serialize_with = "tree::serialize_window"
@@ -82,11 +91,39 @@ pub struct PutReport {
     pub broadcast: Option<Window>,
 }
 
-/// Scans, uploads what the store lacks, and publishes.
+/// Scans, uploads what the store lacks, and publishes. A key that exists is updated to what the
+/// sources hold now, as rsync updates a tree: files this machine's index (or, without one, the
+/// key's manifest) shows unchanged by size and mtime are not read again, and the store gets a
+/// patch against the key's version rather than the whole manifest. `force` trusts neither and
+/// hashes every file.
 pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, PutError> {
+    let (ns, key) = (opts.namespace.to_string(), opts.key.to_string());
+    let index_dir = index::dir();
+    let index = match (&index_dir, opts.force) {
+        (Some(d), false) => Index::load(d, &opts.server, &ns, &key),
+        _ => None,
+    };
+    let mut store = None;
+    // The version a patch is made against, and its manifest.
+    let mut base: Option<(Version, Manifest)> = None;
+    let known: Box<dyn Known + Send> = match index {
+        Some(ix) => {
+            base = Some((ix.version, ix.manifest.clone()));
+            Box::new(ix)
+        }
+        None if opts.locale == Locale::Store => {
+            let s = store.insert(client::connect_store(&opts.server, &opts.credential).await?);
+            base = current(s, &ns, &key).await?;
+            match (&base, opts.force) {
+                (Some((_, m)), false) => Box::new(index::Published(m.clone())),
+                _ => Box::new(scan::Nothing),
+            }
+        }
+        None => Box::new(scan::Nothing),
+    };
     let scan_opts = opts.scan.clone();
     let srcs = opts.srcs.clone();
-    let scanned = tokio::task::spawn_blocking(move || scan::scan(&srcs, &scan_opts))
+    let scanned = tokio::task::spawn_blocking(move || scan::scan_known(&srcs, &scan_opts, &*known))
         .await
         .map_err(|e| ScanError::Io {
             path: String::new(),
@@ -94,30 +131,50 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
         })??;
     let m = &scanned.manifest;
     let publish = PublishRequest {
-        namespace: opts.namespace.to_string(),
-        key: opts.key.to_string(),
+        namespace: ns.clone(),
+        key: key.clone(),
         manifest: Some(m.clone()),
         locale: opts.locale as i32,
         origin_node: String::new(),
         ttl_secs: opts.ttl_secs,
-        force: opts.force,
+        // A put updates the key to what its sources hold now.
+        force: true,
         // Blocks go on the data plane, after asking which the store lacks: a put of what the
         // store holds sends nothing.
-        inline_blocks: Vec::new(),
+        ..Default::default()
     };
+    let mut sent_as = "manifest";
     let (version, transferred) = match opts.locale {
         Locale::Store => {
-            let mut store = client::connect_store(&opts.server, &opts.credential).await?;
-            let jobs = upload_jobs(&scanned);
-            let done = publish::publish(
-                &mut store,
-                &opts.server,
-                publish,
-                Payload::Upload(jobs),
-                progress,
-            )
-            .await?;
-            (done.version, done.bytes_sent)
+            let store = match store.as_mut() {
+                Some(s) => s,
+                None => store.insert(client::connect_store(&opts.server, &opts.credential).await?),
+            };
+            let patched = match &base {
+                Some((bv, bm)) => {
+                    publish_patch(store, &opts.server, &publish, &scanned, *bv, bm, progress)
+                        .await?
+                }
+                None => None,
+            };
+            match patched {
+                Some(done) => {
+                    sent_as = "patch";
+                    (done.version, done.bytes_sent)
+                }
+                None => {
+                    let jobs = upload_jobs(&scanned, |_| true);
+                    let done = publish::publish(
+                        store,
+                        &opts.server,
+                        publish,
+                        Payload::Upload(jobs),
+                        progress,
+                    )
+                    .await?;
+                    (done.version, done.bytes_sent)
+                }
+            }
         }
         Locale::Local => {
             let mut agent = client::connect_agent(&opts.agent_socket)
@@ -135,6 +192,21 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
             (Version::from_slice(&v).ok_or(PutError::BadVersion)?, 0)
         }
     };
+    if let Some(d) = &index_dir {
+        let saved = Index::save(
+            d,
+            &opts.server,
+            &ns,
+            &key,
+            version,
+            m,
+            scanned.stats.clone(),
+        );
+        // The put is done; without an index the next one only hashes again.
+        if let Err(e) = saved {
+            tracing::warn!(error = %e, dir = %d.display(), "could not write the put index");
+        }
+    }
     let broadcast = match opts.window {
         Some(spec) => {
             // The origin of a local publication is this node; a store one has no node.
@@ -158,15 +230,103 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
         None => None,
     };
     Ok(PutReport {
-        key: opts.key.to_string(),
-        namespace: opts.namespace.to_string(),
+        key,
+        namespace: ns,
         version: version.hex(),
         locale: locale_name(opts.locale),
         files: manifest::file_count(m),
         bytes: manifest::total_size(m),
         bytes_transferred: transferred,
+        files_hashed: scanned.hashed as u64,
+        sent_as,
         broadcast,
     })
+}
+
+/// The key's version and manifest as the store holds them, if the key is one (not a path
+/// inside a directory, not a GPU key).
+async fn current(
+    store: &mut Store,
+    ns: &str,
+    key: &str,
+) -> Result<Option<(Version, Manifest)>, PutError> {
+    let r = store
+        .resolve(ResolveRequest {
+            namespace: ns.to_string(),
+            key: key.to_string(),
+            inline_up_to: 0,
+        })
+        .await
+        .map_err(ClientError::from);
+    let r = match r {
+        Ok(r) => r.into_inner(),
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let (Some(v), Some(m)) = (Version::from_slice(&r.version), r.manifest) else {
+        return Ok(None);
+    };
+    let usable = r.key == key
+        && manifest::validate(&m).is_ok()
+        && m.entries.iter().all(|e| e.kind() != EntryKind::Gpu);
+    Ok(usable.then_some((v, m)))
+}
+
+/// Publishes `scanned` as a patch against `base`, sending only the blocks of changed files
+/// (inside the publish when they are few and small). `None` when the store would not take it
+/// (the key moved on since `base`, or lacks a block it was thought to hold): the caller sends
+/// the whole manifest.
+async fn publish_patch(
+    store: &mut Store,
+    server: &str,
+    whole: &PublishRequest,
+    scanned: &Scanned,
+    base: Version,
+    base_manifest: &Manifest,
+    progress: &ProgressBar,
+) -> Result<Option<publish::Published>, PutError> {
+    let patch = manifest::diff(base_manifest, &scanned.manifest);
+    let changed: HashSet<&str> = patch.upserts.iter().map(|e| e.path.as_str()).collect();
+    let jobs = upload_jobs(scanned, |p| changed.contains(p));
+    let payload = match inline_blocks(&jobs)? {
+        Some(blocks) => Payload::Inline(blocks),
+        None => Payload::Upload(jobs),
+    };
+    let req = PublishRequest {
+        manifest: None,
+        base_version: base.0.to_vec(),
+        patch: Some(patch),
+        ..whole.clone()
+    };
+    match publish::publish(store, server, req, payload, progress).await {
+        Ok(done) => Ok(Some(done)),
+        Err(e) if e.fault() == Fault::Conflict => {
+            tracing::debug!(error = %e, "the store refused the patch; sending the whole manifest");
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The blocks of `jobs` read whole, when they fit inside one publish: a small edit is then one
+/// round trip, with no question about which blocks the store lacks and no data-plane upload.
+fn inline_blocks(jobs: &[UploadJob]) -> Result<Option<Vec<InlineBlock>>, PutError> {
+    let total: u64 = jobs.iter().map(|j| u64::from(j.len)).sum();
+    if jobs.is_empty() || total > MAX_INLINE_BYTES as u64 {
+        return Ok(None);
+    }
+    jobs.iter()
+        .map(|j| {
+            // Checked against its hash: a file changed since its scan fails the put.
+            let data =
+                upload::read_block(j).map_err(|e| PutError::Publish(PublishError::Transfer(e)))?;
+            Ok(InlineBlock {
+                hash: j.hash.0.to_vec(),
+                data,
+            })
+        })
+        .collect::<Result<Vec<_>, PutError>>()
+        .map(Some)
 }
 
 pub fn locale_name(l: Locale) -> &'static str {
@@ -176,13 +336,14 @@ pub fn locale_name(l: Locale) -> &'static str {
     }
 }
 
-/// One upload job per unique block, read from the first file that holds it.
-fn upload_jobs(s: &Scanned) -> Vec<UploadJob> {
+/// One upload job per unique block of the files `wanted` names, read from the first file that
+/// holds it.
+fn upload_jobs(s: &Scanned, wanted: impl Fn(&str) -> bool) -> Vec<UploadJob> {
     upload::jobs_of(
         s.manifest
             .entries
             .iter()
-            .filter(|e| e.kind() == EntryKind::File)
+            .filter(|e| e.kind() == EntryKind::File && wanted(&e.path))
             .filter_map(|e| {
                 let path = s.disk_path(&e.path)?;
                 Some((Arc::new(path.to_path_buf()), &e.blocks[..]))

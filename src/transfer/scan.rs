@@ -16,7 +16,9 @@ use std::sync::Mutex;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use ignore::Match;
 
+use super::index;
 use crate::manifest::{BlockRef, EntryKind, FileEntry, Manifest};
+use crate::proto::FileStat;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScanError {
@@ -70,6 +72,27 @@ pub struct Scanned {
     pub manifest: Manifest,
     /// `(entry path, disk path)` for each file entry, in manifest order.
     pub files: Vec<(String, PathBuf)>,
+    /// Each file's identity on disk when it was scanned, in the order of `files`.
+    pub stats: Vec<FileStat>,
+    /// Files whose blocks were read and hashed (the rest were known).
+    pub hashed: usize,
+}
+
+/// What a scan may know of a file's blocks without reading it: a previous put's index, or the
+/// key's published manifest.
+pub trait Known: Sync {
+    /// The blocks of the file whose identity on disk is `stat` (its `path` is the entry path),
+    /// if they are known.
+    fn blocks(&self, stat: &FileStat) -> Option<Vec<BlockRef>>;
+}
+
+/// Knows nothing: every file is hashed.
+pub struct Nothing;
+
+impl Known for Nothing {
+    fn blocks(&self, _: &FileStat) -> Option<Vec<BlockRef>> {
+        None
+    }
 }
 
 impl Scanned {
@@ -125,6 +148,15 @@ impl Filters {
 
 /// Scans the sources (as the user typed them: a trailing `/` means "contents") into a manifest.
 pub fn scan(srcs: &[String], opts: &ScanOptions) -> Result<Scanned, ScanError> {
+    scan_known(srcs, opts, &Nothing)
+}
+
+/// [`scan`], taking the blocks of files `known` knows instead of reading them.
+pub fn scan_known(
+    srcs: &[String],
+    opts: &ScanOptions,
+    known: &dyn Known,
+) -> Result<Scanned, ScanError> {
     if srcs.is_empty() {
         return Err(ScanError::NoSource);
     }
@@ -143,7 +175,7 @@ pub fn scan(srcs: &[String], opts: &ScanOptions) -> Result<Scanned, ScanError> {
             if meta.is_file() {
                 files.push((String::new(), path.clone()));
             }
-            return finish(entries, files, opts.block_size);
+            return finish(entries, files, opts.block_size, known);
         }
     }
 
@@ -194,7 +226,7 @@ pub fn scan(srcs: &[String], opts: &ScanOptions) -> Result<Scanned, ScanError> {
             }
         }
     }
-    finish(entries, files, opts.block_size)
+    finish(entries, files, opts.block_size, known)
 }
 
 fn utf8_name(path: &Path) -> Result<String, ScanError> {
@@ -314,18 +346,35 @@ fn finish(
     mut entries: Vec<FileEntry>,
     mut files: Vec<(String, PathBuf)>,
     block_size: u32,
+    known: &dyn Known,
 ) -> Result<Scanned, ScanError> {
     entries.sort_by(|a, b| a.path.cmp(&b.path));
     if let Some(w) = entries.windows(2).find(|w| w[0].path == w[1].path) {
         return Err(ScanError::Duplicate(w[0].path.clone()));
     }
     files.sort_by(|a, b| a.0.cmp(&b.0));
-    let hashed = hash_files(&files, block_size)?;
-    let mut hashed = hashed.into_iter();
+    let stats = files
+        .iter()
+        .map(|(rel, path)| {
+            let m = fs::symlink_metadata(path).map_err(io_err(path))?;
+            Ok(index::stat_of(rel, &m))
+        })
+        .collect::<Result<Vec<_>, ScanError>>()?;
+    let mut blocks: Vec<Option<(u64, Vec<BlockRef>)>> = stats
+        .iter()
+        .map(|st| known.blocks(st).map(|b| (st.size, b)))
+        .collect();
+    let unknown: Vec<usize> = (0..files.len()).filter(|&i| blocks[i].is_none()).collect();
+    let to_hash: Vec<(String, PathBuf)> = unknown.iter().map(|&i| files[i].clone()).collect();
+    let hashed = hash_files(&to_hash, block_size)?;
+    for (i, h) in unknown.iter().zip(hashed) {
+        blocks[*i] = Some(h);
+    }
+    let mut blocks = blocks.into_iter().flatten();
     for e in entries.iter_mut().filter(|e| e.kind() == EntryKind::File) {
-        if let Some((size, blocks)) = hashed.next() {
+        if let Some((size, b)) = blocks.next() {
             e.size = size;
-            e.blocks = blocks;
+            e.blocks = b;
         }
     }
     Ok(Scanned {
@@ -334,6 +383,8 @@ fn finish(
             entries,
         },
         files,
+        stats,
+        hashed: to_hash.len(),
     })
 }
 

@@ -143,7 +143,7 @@ async fn upload_lane(
     r
 }
 
-fn read_block(j: &UploadJob) -> Result<Vec<u8>, TransferError> {
+pub(crate) fn read_block(j: &UploadJob) -> Result<Vec<u8>, TransferError> {
     let path = j.path.display().to_string();
     let f = File::open(j.path.as_ref()).map_err(|source| TransferError::Read {
         path: path.clone(),

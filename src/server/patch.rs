@@ -1,0 +1,53 @@
+//! Publishing by patch: `kt put` onto a key it put before sends the differences from the key's
+//! current version instead of the whole manifest, so an unchanged tree costs a few bytes and a
+//! one-file edit one entry. The server rebuilds the manifest from the version it holds and
+//! checks it is the version the patch names.
+
+use crate::hash::Version;
+use crate::key::{KeyPath, Namespace};
+use crate::manifest::{self, Manifest, ManifestPatch};
+use crate::meta::{MetaError, MetaStore};
+use crate::proto::{EntryKind, Locale};
+
+/// What a patch publish comes to.
+pub(super) enum Patched {
+    /// The manifest to publish.
+    Publish(Manifest),
+    /// The key already is this version, as the same kind of publication would leave it:
+    /// nothing to write (an unchanged tree put again changes nothing, its times included).
+    Unchanged(Version),
+}
+
+/// The manifest `patch` makes of `key`'s current version, which must be `base`; a key that
+/// moved on, or a base that is not a key (a path inside a directory), is a conflict, and the
+/// client sends its whole manifest instead.
+pub(super) fn patched(
+    meta: &MetaStore,
+    ns: &Namespace,
+    key: &KeyPath,
+    base: &[u8],
+    patch: &ManifestPatch,
+    locale: Locale,
+    ttl_secs: u64,
+) -> Result<Patched, MetaError> {
+    let moved = || MetaError::Conflict(format!("{key} is no longer the version the put patches"));
+    let r = match meta.resolve(ns, key) {
+        Ok(r) => r,
+        Err(MetaError::NotFound(_)) => return Err(moved()),
+        Err(e) => return Err(e),
+    };
+    if !r.subpath.is_empty() || r.record.version != base || r.record.kind() == EntryKind::Gpu {
+        return Err(moved());
+    }
+    let m = manifest::apply(&r.manifest, patch)?;
+    let same_kind = r.record.locale() == locale && r.record.expires_unix_ms == 0 && ttl_secs == 0;
+    // A directory's put replaces what is below it, keys published there since included.
+    let alone = || -> Result<bool, MetaError> {
+        Ok(!manifest::is_directory(&m) || meta.descendants(ns, Some(key.as_str()))?.is_empty())
+    };
+    if manifest::is_empty_patch(patch) && same_kind && alone()? {
+        let v = Version::from_slice(base).ok_or_else(|| MetaError::Corrupt("version".into()))?;
+        return Ok(Patched::Unchanged(v));
+    }
+    Ok(Patched::Publish(m))
+}
