@@ -10,6 +10,7 @@
 //! the wire protocol, which the store and the agents run over [`crate::blocks`].
 
 pub mod chunk;
+pub mod delta;
 pub mod fetch;
 pub mod get;
 pub mod offer;
