@@ -411,25 +411,26 @@ async fn delta_lane(
     }
     let mut sent = 0u64;
     for j in jobs {
-        let Some(base) = j.base else { continue };
         let len = j.len;
         let data = tokio::task::spawn_blocking(move || read_block(&j).map(|d| (j, d)))
             .await
             .map_err(|e| fail(e.to_string()))?;
         let (j, mut data) = data?;
-        tx.signature(&base).await.map_err(|e| fail(e.to_string()))?;
-        let sig = match rx.recv().await.map_err(|e| fail(e.to_string()))? {
-            Response::Signature(h, sig) if h == base => Some(sig),
-            Response::NotFound(_) => None,
-            // A store that cannot read the old block still takes the new one whole.
-            Response::Error(m) => {
-                tracing::debug!(block = %base, reason = %m, "no signature; sending whole");
-                None
+        let mut against = None;
+        if let Some(base) = j.base {
+            tx.signature(&base).await.map_err(|e| fail(e.to_string()))?;
+            match rx.recv().await.map_err(|e| fail(e.to_string()))? {
+                Response::Signature(h, sig) if h == base => against = Some((base, sig)),
+                Response::NotFound(_) => {}
+                // A store that cannot read the old block still takes the new one whole.
+                Response::Error(m) => {
+                    tracing::debug!(block = %base, reason = %m, "no signature; sending whole")
+                }
+                other => return Err(fail(format!("unexpected reply {other:?}"))),
             }
-            other => return Err(fail(format!("unexpected reply {other:?}"))),
-        };
+        }
         let mut stored = false;
-        if let Some(sig) = sig {
+        if let Some((base, sig)) = against {
             sent += sig.len() as u64;
             let (back, delta) = tokio::task::spawn_blocking(move || {
                 let d = super::delta::diff(&sig, &data);
