@@ -1,6 +1,8 @@
 //! Micro-benchmarks of the hot paths of `put` and `get`: hashing a block, and reading plus
-//! chunking plus hashing a file. Baselines: plain `blake3::hash` of the same bytes and a plain
-//! `std::fs::read` of the same file, so the cost of our own code shows as the gap between them.
+//! chunking plus hashing a file. Baselines: plain `blake3::hash` of the same bytes, plain
+//! blake3 over fixed 4 MiB blocks in memory (what a put did before content-defined blocks),
+//! and a plain `std::fs::read` of the same file, so the cost of our own code shows as the gap
+//! between them.
 //!
 //! `cargo bench --bench hashing`; the whole run takes about a minute (sample size 10, short
 //! measurement). Medians land in `target/criterion/<group>/<bench>/new/estimates.json`, which
@@ -13,6 +15,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use ktfs::hash::BlockHash;
 use ktfs::manifest::DEFAULT_BLOCK_SIZE;
+use ktfs::transfer::chunk::{hash_blocks, Chunking};
 use ktfs::transfer::scan::hash_file;
 
 const BLOCK: usize = 4 << 20;
@@ -60,20 +63,47 @@ fn file_hash(c: &mut Criterion) {
     }
     // The file is read warm (from the page cache) in every bench below: this measures our CPU
     // cost, not the disk.
-    let mut buf = vec![0u8; BLOCK];
-    let expected_blocks = FILE / BLOCK;
+    let mut buf = Vec::new();
+    let cdc = Chunking::for_block_size(DEFAULT_BLOCK_SIZE);
+    let fixed = Chunking::Fixed(DEFAULT_BLOCK_SIZE);
 
     let mut g = c.benchmark_group("file64MiB");
     g.sample_size(10)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(5))
         .throughput(Throughput::Bytes(FILE as u64));
-    g.bench_function("scan::hash_file 4MiB buf", |b| {
+    g.bench_function("scan::hash_file content-defined", |b| {
         b.iter(|| {
-            let (size, blocks) = hash_file(black_box(&path), &mut buf).expect("hash_file");
+            let (size, blocks) = hash_file(black_box(&path), &cdc, &mut buf).expect("hash_file");
             assert_eq!(size as usize, FILE);
-            assert_eq!(blocks.len(), expected_blocks);
             blocks
+        })
+    });
+    g.bench_function("scan::hash_file fixed 4MiB", |b| {
+        b.iter(|| {
+            let (size, blocks) = hash_file(black_box(&path), &fixed, &mut buf).expect("hash_file");
+            assert_eq!(blocks.len(), FILE / BLOCK);
+            assert_eq!(size as usize, FILE);
+            blocks
+        })
+    });
+    // The chunker alone against the baseline it replaced, both in memory: FastCDC's cuts plus
+    // blake3 of each block, and blake3 of each fixed 4 MiB block.
+    let mut mem_buf = vec![0u8; cdc.buffer_len(FILE as u64)];
+    g.bench_function("chunk::hash_blocks content-defined in memory", |b| {
+        b.iter(|| {
+            let (size, blocks) =
+                hash_blocks(&mut black_box(&data[..]), &cdc, &mut mem_buf).expect("chunk");
+            assert_eq!(size as usize, FILE);
+            blocks
+        })
+    });
+    g.bench_function("blake3 fixed 4MiB blocks in memory", |b| {
+        b.iter(|| {
+            black_box(&data)
+                .chunks(BLOCK)
+                .map(blake3::hash)
+                .collect::<Vec<_>>()
         })
     });
     g.bench_function("blake3::hash in memory", |b| {

@@ -16,8 +16,9 @@ cd "$(dirname "$0")/.."
 # libclang-dev: bindgen for its bindings; protobuf-compiler: the control-plane proto, and
 # libprotobuf-dev: the google/protobuf/*.proto that the CSI spec's csi.proto imports (kt-csi);
 # fuse3, attr (setfattr), git and python3: the mount tests drive the filesystem with them;
-# iproute2: the GPU test makes a pod of its own (a network namespace and a veth pair).
-APT_PACKAGES=(librocksdb-dev clang libclang-dev protobuf-compiler libprotobuf-dev fuse3 attr iproute2 git
+# iproute2: the GPU test makes a pod of its own (a network namespace and a veth pair); rdiff:
+# tests/delta.rs applies ktfs's deltas with librsync's tool; rsync: bench/delta.sh's baseline.
+APT_PACKAGES=(librocksdb-dev clang libclang-dev protobuf-compiler libprotobuf-dev fuse3 attr iproute2 git rdiff rsync
     python3 python3-pip)
 # kubernetes-validate: the offline Kubernetes schemas deploy/check.sh validates the manifests
 # against (tests/deploy.rs runs it); maturin builds the Python package, whose tests use pytest,

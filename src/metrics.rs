@@ -112,6 +112,16 @@ pub static UPLOADED_BYTES: Counter = Counter::new(
     "",
     "Bytes of blocks uploaded to the store.",
 );
+pub static DELTA_BLOCKS: Counter = Counter::new(
+    "kt_delta_blocks_total",
+    "",
+    "Blocks uploaded as an rsync delta against a block held here, rebuilt and verified.",
+);
+pub static DELTA_BYTES: Counter = Counter::new(
+    "kt_delta_bytes_total",
+    "",
+    "Bytes of rsync deltas received for the blocks of kt_delta_blocks_total.",
+);
 pub static CACHE_HITS: Counter = Counter::new(
     "kt_cache_hits_total",
     "",
@@ -178,8 +188,10 @@ pub static FUSE_RELEASE_SECONDS: Histogram = Histogram::new(
     "Time of a filesystem operation in the mount's core.",
 );
 
-static COUNTERS: [&Counter; 13] = [
+static COUNTERS: [&Counter; 15] = [
     &SERVED_BYTES,
+    &DELTA_BLOCKS,
+    &DELTA_BYTES,
     &SERVED_BLOCKS,
     &DENIED_REQUESTS,
     &FETCHED_STORE_BYTES,

@@ -15,6 +15,7 @@ use crate::locks::lock;
 use crate::manifest::{self, EntryKind, FileEntry, Manifest};
 use crate::proto::{InlineBlock, LocalFile, Locale, PublishRequest};
 use crate::rpc::MAX_INLINE_FILE;
+use crate::transfer::chunk::Chunking;
 use crate::transfer::publish::{self, Payload};
 use crate::transfer::upload;
 
@@ -37,12 +38,13 @@ impl FsCore {
             }
             (f.disk.clone(), f.file.metadata()?.len(), changes)
         };
-        let mut buf = vec![0u8; manifest::DEFAULT_BLOCK_SIZE.min(len.max(1) as u32) as usize];
-        let (size, blocks) = crate::transfer::scan::hash_file(&disk, &mut buf)?;
+        let chunking = Chunking::for_block_size(manifest::DEFAULT_BLOCK_SIZE);
+        let mut buf = Vec::with_capacity(chunking.buffer_len(len));
+        let (size, blocks) = crate::transfer::scan::hash_file(&disk, &chunking, &mut buf)?;
         let (mtime_sec, mtime_nsec) = to_unix(*lock(&s.mtime));
         let (uid, gid) = *lock(&s.owner);
         let m = Manifest {
-            block_size: manifest::DEFAULT_BLOCK_SIZE,
+            block_size: chunking.max_block(),
             entries: vec![FileEntry {
                 path: String::new(),
                 kind: EntryKind::File as i32,

@@ -425,7 +425,7 @@ async fn run_lane(
                     error.get_or_insert(m);
                     failed.push(job);
                 }
-                Ok(Response::Stored(_)) => {
+                Ok(Response::Stored(_) | Response::Signature(..)) => {
                     error = Some(WireError::BadFrame("unexpected reply").to_string());
                     failed.push(job);
                     failed.extend(queue.drain(..));

@@ -3,12 +3,14 @@
 //! lacks ([`upload`]), the one publish path ([`publish`]), where sources are and how near
 //! ([`sources`]), membership of a broadcast window ([`tree`]) and pipelining to peers
 //! ([`offer`]); and on top of them the two jobs every caller shares: [`put`] (with [`scan`],
-//! building a manifest from local files) and [`get`]. What the data plane asks of its callers
+//! building a manifest from local files cut into blocks by [`chunk`]) and [`get`]. What the data plane asks of its callers
 //! is in [`ticket`].
 //!
 //! Everything here is client-side (it compiles without RocksDB or FUSE), but the server half of
 //! the wire protocol, which the store and the agents run over [`crate::blocks`].
 
+pub mod chunk;
+pub mod delta;
 pub mod fetch;
 pub mod get;
 pub mod index;

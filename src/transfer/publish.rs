@@ -65,7 +65,9 @@ pub async fn publish(
     progress: &ProgressBar,
 ) -> Result<Published, PublishError> {
     let bytes_sent = match payload {
-        Payload::Upload(jobs) => upload::upload_missing(store, server, jobs, progress).await?,
+        Payload::Upload(jobs) => {
+            upload::upload_missing_for(store, server, &req, jobs, progress).await?
+        }
         Payload::Inline(blocks) => {
             req.inline_blocks = blocks;
             req.inline_blocks.iter().map(|b| b.data.len() as u64).sum()

@@ -288,18 +288,29 @@ async fn publish_patch(
     let patch = manifest::diff(base_manifest, &scanned.manifest);
     let changed: HashSet<&str> = patch.upserts.iter().map(|e| e.path.as_str()).collect();
     let jobs = upload_jobs(scanned, |p| changed.contains(p));
-    let payload = match inline_blocks(&jobs)? {
-        Some(blocks) => Payload::Inline(blocks),
-        None => Payload::Upload(jobs),
-    };
     let req = PublishRequest {
         manifest: None,
         base_version: base.0.to_vec(),
         patch: Some(patch),
         ..whole.clone()
     };
+    // A few small blocks go inside the publish; larger ones on the data plane first, as
+    // deltas against the blocks they replace where that is smaller (the whole request names
+    // the new manifest they are matched against).
+    let (payload, uploaded) = match inline_blocks(&jobs)? {
+        Some(blocks) => (Payload::Inline(blocks), 0),
+        None => {
+            let sent = upload::upload_missing_for(store, server, whole, jobs, progress)
+                .await
+                .map_err(|e| PutError::Publish(PublishError::Transfer(e)))?;
+            (Payload::InPlace, sent)
+        }
+    };
     match publish::publish(store, server, req, payload, progress).await {
-        Ok(done) => Ok(Some(done)),
+        Ok(mut done) => {
+            done.bytes_sent += uploaded;
+            Ok(Some(done))
+        }
         Err(e) if e.fault() == Fault::Conflict => {
             tracing::debug!(error = %e, "the store refused the patch; sending the whole manifest");
             Ok(None)
@@ -308,11 +319,15 @@ async fn publish_patch(
     }
 }
 
-/// The blocks of `jobs` read whole, when they fit inside one publish: a small edit is then one
+/// Changed bytes sent inside a patch publish at most: above it, deltas against the blocks
+/// they replace cost less than the bytes themselves.
+const PATCH_INLINE_BYTES: u64 = 256 << 10;
+
+/// The blocks of `jobs` read whole, when they are few and small: a small edit is then one
 /// round trip, with no question about which blocks the store lacks and no data-plane upload.
 fn inline_blocks(jobs: &[UploadJob]) -> Result<Option<Vec<InlineBlock>>, PutError> {
     let total: u64 = jobs.iter().map(|j| u64::from(j.len)).sum();
-    if jobs.is_empty() || total > MAX_INLINE_BYTES as u64 {
+    if jobs.is_empty() || total > PATCH_INLINE_BYTES.min(MAX_INLINE_BYTES as u64) {
         return Ok(None);
     }
     jobs.iter()

@@ -16,6 +16,7 @@ use std::sync::Mutex;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use ignore::Match;
 
+use super::chunk::{hash_blocks, Chunking};
 use super::index;
 use crate::manifest::{BlockRef, EntryKind, FileEntry, Manifest};
 use crate::proto::FileStat;
@@ -353,6 +354,7 @@ fn finish(
         return Err(ScanError::Duplicate(w[0].path.clone()));
     }
     files.sort_by(|a, b| a.0.cmp(&b.0));
+    let chunking = Chunking::for_block_size(block_size);
     let stats = files
         .iter()
         .map(|(rel, path)| {
@@ -366,7 +368,7 @@ fn finish(
         .collect();
     let unknown: Vec<usize> = (0..files.len()).filter(|&i| blocks[i].is_none()).collect();
     let to_hash: Vec<(String, PathBuf)> = unknown.iter().map(|&i| files[i].clone()).collect();
-    let hashed = hash_files(&to_hash, block_size)?;
+    let hashed = hash_files(&to_hash, &chunking)?;
     for (i, h) in unknown.iter().zip(hashed) {
         blocks[*i] = Some(h);
     }
@@ -379,7 +381,8 @@ fn finish(
     }
     Ok(Scanned {
         manifest: Manifest {
-            block_size,
+            // Readers check every block against it: the longest block the chunker cuts.
+            block_size: chunking.max_block(),
             entries,
         },
         files,
@@ -393,7 +396,7 @@ type HashResult = Result<(u64, Vec<BlockRef>), ScanError>;
 /// Hashes every file in blocks, on as many threads as there are cores.
 fn hash_files(
     files: &[(String, PathBuf)],
-    block_size: u32,
+    chunking: &Chunking,
 ) -> Result<Vec<(u64, Vec<BlockRef>)>, ScanError> {
     let results: Vec<Mutex<Option<HashResult>>> = files.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
@@ -403,11 +406,12 @@ fn hash_files(
     std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| {
-                let mut buf = vec![0u8; block_size as usize];
+                // Grown to what the largest file so far needs: many small files cost little.
+                let mut buf = Vec::new();
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some((_, path)) = files.get(i) else { break };
-                    let r = hash_file(path, &mut buf);
+                    let r = hash_file(path, chunking, &mut buf);
                     if let Ok(mut slot) = results[i].lock() {
                         *slot = Some(r);
                     }
@@ -426,27 +430,22 @@ fn hash_files(
         .collect()
 }
 
-/// Reads a file in blocks and hashes each. The size is what was read, so a file that changes
-/// while it is scanned is described as it was read, never as a mix of size and blocks.
-pub fn hash_file(path: &Path, buf: &mut [u8]) -> Result<(u64, Vec<BlockRef>), ScanError> {
+/// Reads a file, cuts it into blocks as `chunking` says and hashes each, in `buf` (grown to
+/// [`Chunking::buffer_len`] for the file). The size is what was read, so a file that changes
+/// while it is scanned is described as it was read, never as a mix of size and blocks. A file
+/// read whole in one go (a small one) is left at the start of `buf`.
+pub fn hash_file(
+    path: &Path,
+    chunking: &Chunking,
+    buf: &mut Vec<u8>,
+) -> Result<(u64, Vec<BlockRef>), ScanError> {
     let mut f = File::open(path).map_err(io_err(path))?;
-    let mut blocks = Vec::new();
-    let mut size = 0u64;
-    loop {
-        let n = read_full(&mut f, buf).map_err(io_err(path))?;
-        if n == 0 {
-            break;
-        }
-        blocks.push(BlockRef {
-            hash: blake3::hash(&buf[..n]).as_bytes().to_vec(),
-            len: n as u32,
-        });
-        size += n as u64;
-        if n < buf.len() {
-            break;
-        }
+    let len = f.metadata().map_err(io_err(path))?.len();
+    let want = chunking.buffer_len(len);
+    if buf.len() < want {
+        buf.resize(want, 0);
     }
-    Ok((size, blocks))
+    hash_blocks(&mut f, chunking, buf).map_err(io_err(path))
 }
 
 /// Reads until `buf` is full or the file ends.

@@ -7,6 +7,13 @@
 //! size limit, and a malformed frame ends that connection only. A client presents its tickets
 //! (`ticket.rs`) as `OP_TICKET` frames, which are not answered; each later request is checked
 //! against the connection's tickets by the server's [`Gate`].
+//!
+//! A block that replaces one the server holds can travel as an rsync delta (`delta.rs`):
+//! `OP_SIGNATURE` asks for the old block's signature, `OP_PUT_DELTA` sends the new block's hash,
+//! the old block's hash and the delta. The server rebuilds the block and checks it against its
+//! hash before storing it, so a lying delta stores nothing. Both need leave to read the old
+//! block (a read ticket of a version that holds it): a signature tells much about the bytes it
+//! describes, and a delta that copies from a block is a way to test guesses of it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +35,8 @@ const PROTO_VERSION: u8 = 1;
 const OP_GET: u8 = 1;
 const OP_PUT: u8 = 2;
 const OP_TICKET: u8 = 3;
+const OP_SIGNATURE: u8 = 4;
+const OP_PUT_DELTA: u8 = 5;
 const OP_BLOCK: u8 = 0x81;
 const OP_NOT_FOUND: u8 = 0x82;
 const OP_STORED: u8 = 0x83;
@@ -35,6 +44,7 @@ const OP_ERROR: u8 = 0x84;
 /// A refusal because the server's disk is full: the client says so, and retrying elsewhere or
 /// later is what helps.
 const OP_NO_SPACE: u8 = 0x85;
+const OP_SIG: u8 = 0x86;
 
 /// Largest payload: a hash and the largest block.
 pub const MAX_FRAME: usize = MAX_BLOCK_SIZE as usize + 32;
@@ -73,6 +83,8 @@ pub enum Response {
     Stored(BlockHash),
     Error(String),
     NoSpace(String),
+    /// The rsync signature of the block the server holds under this hash.
+    Signature(BlockHash, Bytes),
 }
 
 async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<(u8, Bytes)>, WireError> {
@@ -218,6 +230,62 @@ async fn serve_get(svc: Arc<dyn BlockServe>, hash: BlockHash) -> Answer {
     first
 }
 
+/// A block's bytes in memory, for a signature or as the base of a delta.
+fn block_bytes(svc: &dyn BlockServe, hash: &BlockHash) -> Result<Option<Bytes>, String> {
+    match svc.get(hash).map_err(|e| e.to_string())? {
+        None => Ok(None),
+        Some(Served::Bytes(b)) => Ok(Some(b)),
+        Some(Served::File(f, len)) if len <= MAX_BLOCK_SIZE as u64 => {
+            let mut v = Vec::with_capacity(len as usize);
+            std::io::Read::read_to_end(&mut std::io::Read::take(f, len), &mut v)
+                .map_err(|e| format!("reading block {hash}: {e}"))?;
+            Ok(Some(Bytes::from(v)))
+        }
+        Some(Served::File(_, len)) => Err(format!(
+            "block {hash} is stored with {len} bytes, over the limit"
+        )),
+    }
+}
+
+fn serve_signature(svc: &dyn BlockServe, hash: BlockHash) -> Response {
+    match block_bytes(svc, &hash) {
+        Ok(Some(b)) => Response::Signature(hash, Bytes::from(super::delta::signature(&b))),
+        Ok(None) => Response::NotFound(hash),
+        Err(e) => Response::Error(e),
+    }
+}
+
+/// Rebuilds block `hash` from block `base` and `delta`, and stores it if it is what its hash
+/// says. A missing base is `NotFound(base)`: the client sends the block whole instead.
+fn serve_put_delta(
+    svc: &dyn BlockServe,
+    hash: BlockHash,
+    base: BlockHash,
+    delta: &[u8],
+) -> Response {
+    let old = match block_bytes(svc, &base) {
+        Ok(Some(b)) => b,
+        Ok(None) => return Response::NotFound(base),
+        Err(e) => return Response::Error(e),
+    };
+    let new = match super::delta::apply(&old, delta, MAX_BLOCK_SIZE as usize) {
+        Ok(new) => new,
+        Err(e) => return Response::Error(format!("delta for block {hash}: {e}")),
+    };
+    if BlockHash::of(&new) != hash {
+        return Response::Error(format!(
+            "delta for block {hash} against {base} rebuilds other bytes"
+        ));
+    }
+    metrics::DELTA_BLOCKS.inc();
+    metrics::DELTA_BYTES.add(delta.len() as u64);
+    match svc.put(&hash, Bytes::from(new)) {
+        Ok(()) => Response::Stored(hash),
+        Err(e) if e.is_no_space() => Response::NoSpace(e.to_string()),
+        Err(e) => Response::Error(e.to_string()),
+    }
+}
+
 /// Answers a plaintext connection to a server that speaks TLS only with an error saying so,
 /// which the client's first request receives.
 pub async fn refuse_plaintext(stream: TcpStream) {
@@ -338,6 +406,33 @@ async fn serve_inner(
                     .await
                     .unwrap_or_else(failed)
                 }),
+                OP_SIGNATURE if data.is_empty() => tokio::spawn(async move {
+                    if let Err(why) = permitted(&gate, &grants, Op::Get, hash).await {
+                        return denied(why);
+                    }
+                    tokio::task::spawn_blocking(move || {
+                        Answer::Frame(serve_signature(svc.as_ref(), hash))
+                    })
+                    .await
+                    .unwrap_or_else(failed)
+                }),
+                OP_PUT_DELTA if data.len() >= 32 => tokio::spawn(async move {
+                    let mut delta = data;
+                    let head = delta.split_to(32);
+                    let Some(base) = BlockHash::from_slice(&head) else {
+                        return Answer::Frame(Response::Error("malformed base hash".into()));
+                    };
+                    for (op, h) in [(Op::Put, hash), (Op::Get, base)] {
+                        if let Err(why) = permitted(&gate, &grants, op, h).await {
+                            return denied(why);
+                        }
+                    }
+                    tokio::task::spawn_blocking(move || {
+                        Answer::Frame(serve_put_delta(svc.as_ref(), hash, base, &delta))
+                    })
+                    .await
+                    .unwrap_or_else(failed)
+                }),
                 _ => return Err(WireError::BadFrame("unknown op")),
             };
             if tx.send(job).await.is_err() {
@@ -373,6 +468,9 @@ async fn serve_inner(
                 }
                 Response::NoSpace(m) => {
                     write_frame(&mut wr, OP_NO_SPACE, &[0u8; 32], m.as_bytes()).await?
+                }
+                Response::Signature(h, sig) => {
+                    write_frame(&mut wr, OP_SIG, h.as_bytes(), &sig).await?
                 }
             }
         }
@@ -422,6 +520,24 @@ impl DataSender {
         write_frame(&mut self.wr, OP_PUT, hash.as_bytes(), data).await
     }
 
+    /// Asks for the rsync signature of a block the peer holds.
+    pub async fn signature(&mut self, hash: &BlockHash) -> Result<(), WireError> {
+        write_frame(&mut self.wr, OP_SIGNATURE, hash.as_bytes(), &[]).await
+    }
+
+    /// Sends block `hash` as `delta` against block `base`, which the peer holds.
+    pub async fn put_delta(
+        &mut self,
+        hash: &BlockHash,
+        base: &BlockHash,
+        delta: &[u8],
+    ) -> Result<(), WireError> {
+        let mut head = [0u8; 64];
+        head[..32].copy_from_slice(hash.as_bytes());
+        head[32..].copy_from_slice(base.as_bytes());
+        write_frame(&mut self.wr, OP_PUT_DELTA, &head, delta).await
+    }
+
     /// Presents a ticket for the requests that follow (none for an empty one).
     pub async fn ticket(&mut self, ticket: &[u8]) -> Result<(), WireError> {
         if ticket.is_empty() {
@@ -449,6 +565,7 @@ impl DataReceiver {
             OP_STORED => Response::Stored(hash),
             OP_ERROR => Response::Error(String::from_utf8_lossy(&body).into_owned()),
             OP_NO_SPACE => Response::NoSpace(String::from_utf8_lossy(&body).into_owned()),
+            OP_SIG => Response::Signature(hash, body),
             _ => return Err(WireError::BadFrame("unknown op")),
         })
     }

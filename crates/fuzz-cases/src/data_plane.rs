@@ -1,7 +1,7 @@
 //! The data plane's frame decoders, a server's and a client's, over real loopback sockets (the
 //! decoders read a `Conn`, which is TCP). Each side is checked against a model of the protocol
 //! written here from its description in `ktfs::transfer::wire`: frames `[op][len u32 BE]
-//! [payload]`, a payload a 32-byte hash and a body.
+//! [payload]`, a payload a 32-byte hash and a body (for a delta upload, the base's hash first).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -21,11 +21,14 @@ use crate::rt::{listener, runtime};
 const OP_GET: u8 = 1;
 const OP_PUT: u8 = 2;
 const OP_TICKET: u8 = 3;
+const OP_SIGNATURE: u8 = 4;
+const OP_PUT_DELTA: u8 = 5;
 const OP_BLOCK: u8 = 0x81;
 const OP_NOT_FOUND: u8 = 0x82;
 const OP_STORED: u8 = 0x83;
 const OP_ERROR: u8 = 0x84;
 const OP_NO_SPACE: u8 = 0x85;
+const OP_SIG: u8 = 0x86;
 
 /// Longer than any answer takes on loopback: reaching it means a side hangs.
 const HANG: Duration = Duration::from_secs(10);
@@ -95,6 +98,12 @@ enum Owed {
     Get { hash: BlockHash, may_have: bool },
     /// A PUT: "stored" if the body hashes to its hash, else an error.
     Put { hash: BlockHash, matches: bool },
+    /// A signature request: a signature if a PUT of this run stores the block, else "not
+    /// found".
+    Signature { hash: BlockHash, may_have: bool },
+    /// A delta upload: "stored" (only a delta that rebuilds its hash), an error, or "not
+    /// found" naming the base.
+    PutDelta { hash: BlockHash, base: BlockHash },
 }
 
 /// The requests a server must answer among `input`: those before the first frame that ends
@@ -122,6 +131,14 @@ fn owed(input: &[u8]) -> Vec<Owed> {
                 hash,
                 matches: BlockHash::of(body) == hash,
             }),
+            OP_SIGNATURE if body.is_empty() => out.push(Owed::Signature {
+                hash,
+                may_have: false,
+            }),
+            OP_PUT_DELTA if body.len() >= 32 => out.push(Owed::PutDelta {
+                hash,
+                base: hash_of(body),
+            }),
             _ => break,
         }
     }
@@ -132,11 +149,13 @@ fn owed(input: &[u8]) -> Vec<Owed> {
                 hash,
                 matches: true,
             } => Some(*hash),
+            // The server checks what a delta rebuilds; the model cannot, so it may have.
+            Owed::PutDelta { hash, .. } => Some(*hash),
             _ => None,
         })
         .collect();
     for o in &mut out {
-        if let Owed::Get { hash, may_have } = o {
+        if let Owed::Get { hash, may_have } | Owed::Signature { hash, may_have } = o {
             *may_have = stored.contains(hash);
         }
     }
@@ -241,6 +260,20 @@ fn check_answers(owed: &[Owed], got: &[u8], complete: bool) {
                 assert_eq!(hash, *h, "answer {i}: another block's hash");
             }
             (Owed::Put { matches: false, .. }, OP_ERROR) => {}
+            (Owed::Signature { hash: h, may_have }, OP_SIG) => {
+                assert!(
+                    *may_have,
+                    "answer {i}: a signature of a block nobody stored"
+                );
+                assert_eq!(hash, *h, "answer {i}: another block's hash");
+                assert!(!body.is_empty(), "answer {i}: an empty signature");
+            }
+            (Owed::Signature { hash: h, .. }, OP_NOT_FOUND)
+            | (Owed::PutDelta { hash: h, .. }, OP_STORED)
+            | (Owed::PutDelta { base: h, .. }, OP_NOT_FOUND) => {
+                assert_eq!(hash, *h, "answer {i}: another block's hash");
+            }
+            (Owed::PutDelta { .. }, OP_ERROR) => {}
             (o, op) => panic!("answer {i}: op {op:#x} to {o:?}"),
         }
     }
@@ -324,7 +357,10 @@ fn check_client_answer(i: usize, f: &Frame<'_>, got: Result<Response, WireError>
                 (OP_ERROR, Ok(Response::Error(m))) | (OP_NO_SPACE, Ok(Response::NoSpace(m))) => {
                     assert_eq!(m, text, "{i}: a message not as sent")
                 }
-                (OP_BLOCK..=OP_NO_SPACE, got) => panic!("{i}: op {op:#x} read as {got:?}"),
+                (OP_SIG, Ok(Response::Signature(h, b))) => {
+                    assert!(h == hash && b[..] == *body, "{i}: a signature not as sent")
+                }
+                (OP_BLOCK..=OP_SIG, got) => panic!("{i}: op {op:#x} read as {got:?}"),
                 (_, got) => {
                     assert!(
                         matches!(got, Err(WireError::BadFrame(_))),

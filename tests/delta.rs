@@ -1,0 +1,172 @@
+//! Insertions and deltas against a real store server: a one-line insertion in the middle of a
+//! large file sends a small delta on the next put, and the key reads back byte-identical; the
+//! store refuses a delta that rebuilds other bytes and stores nothing; and a delta ktfs makes
+//! applies with librsync's `rdiff patch`.
+
+mod common;
+
+use std::process::Command;
+
+use common::{http_get, pseudo_random, Cluster};
+use ktfs::hash::BlockHash;
+use ktfs::manifest::DEFAULT_BLOCK_SIZE;
+use ktfs::transfer::delta;
+use ktfs::transfer::wire::{self, Response};
+
+fn with_line_inserted(data: &[u8]) -> Vec<u8> {
+    let mid = data.len() / 2;
+    let mut v = data[..mid].to_vec();
+    v.extend_from_slice(b"a line inserted in the middle of the file\n");
+    v.extend_from_slice(&data[mid..]);
+    v
+}
+
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in {text}"))
+}
+
+#[test]
+fn an_insertion_in_the_middle_puts_a_small_delta_and_reads_back_identical() {
+    let c = Cluster::new("127.0.0.50");
+    let src = c.path("big.bin");
+    let data = pseudo_random(20 << 20, 18);
+    std::fs::write(&src, &data).unwrap();
+    let src_s = src.to_str().unwrap();
+    let first = c.json(None, &["put", "big", "--src", src_s]);
+    assert_eq!(first["bytes_transferred"], data.len() as u64);
+
+    let edited = with_line_inserted(&data);
+    std::fs::write(&src, &edited).unwrap();
+    let second = c.json(None, &["put", "big", "--src", src_s, "-f"]);
+    let sent = second["bytes_transferred"].as_u64().unwrap();
+    assert!(
+        sent > 0 && sent < u64::from(DEFAULT_BLOCK_SIZE) / 16,
+        "the second put sent {sent} bytes"
+    );
+    let metrics = http_get(&c.server.addr, "/metrics");
+    assert!(
+        metric(&metrics, "kt_delta_blocks_total") >= 1.0,
+        "{metrics}"
+    );
+    assert!(metric(&metrics, "kt_delta_bytes_total") < sent as f64);
+
+    let out = c.path("out.bin");
+    c.ok(None, &["get", "big", "--dest", out.to_str().unwrap()]);
+    assert!(std::fs::read(&out).unwrap() == edited, "read back differs");
+}
+
+#[test]
+fn the_store_refuses_a_delta_that_rebuilds_other_bytes_and_stores_nothing() {
+    let c = Cluster::new("127.0.0.51");
+    let old = pseudo_random(2 << 20, 1);
+    let new = with_line_inserted(&old);
+    let (old_h, new_h) = (BlockHash::of(&old), BlockHash::of(&new));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (mut tx, mut rx) = wire::connect(&c.server.addr).await.unwrap();
+        tx.put(&old_h, &old).await.unwrap();
+        assert!(matches!(rx.recv().await.unwrap(), Response::Stored(h) if h == old_h));
+
+        // The store's signature of what it holds makes a small delta that rebuilds `new`.
+        tx.signature(&old_h).await.unwrap();
+        let sig = match rx.recv().await.unwrap() {
+            Response::Signature(h, sig) if h == old_h => sig,
+            other => panic!("{other:?}"),
+        };
+        let d = delta::diff(&sig, &new).unwrap();
+        assert!(d.len() < new.len() / 50, "delta of {} bytes", d.len());
+
+        // Claimed for another hash, a garbled delta, a missing base: refused, nothing stored.
+        let lie = BlockHash::of(b"something else");
+        tx.put_delta(&lie, &old_h, &d).await.unwrap();
+        match rx.recv().await.unwrap() {
+            Response::Error(m) => assert!(m.contains("rebuilds other bytes"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        tx.put_delta(&new_h, &old_h, b"garbage").await.unwrap();
+        match rx.recv().await.unwrap() {
+            Response::Error(m) => assert!(m.contains("does not apply"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let gone = BlockHash::of(b"never stored");
+        tx.put_delta(&new_h, &gone, &d).await.unwrap();
+        assert!(matches!(rx.recv().await.unwrap(), Response::NotFound(h) if h == gone));
+        for h in [lie, new_h] {
+            tx.get(&h).await.unwrap();
+            assert!(matches!(rx.recv().await.unwrap(), Response::NotFound(_)));
+        }
+
+        // The honest delta is stored, and the block reads back whole.
+        tx.put_delta(&new_h, &old_h, &d).await.unwrap();
+        assert!(matches!(rx.recv().await.unwrap(), Response::Stored(h) if h == new_h));
+        tx.get(&new_h).await.unwrap();
+        match rx.recv().await.unwrap() {
+            Response::Block(h, b) => assert!(h == new_h && b[..] == new[..]),
+            other => panic!("{other:?}"),
+        }
+    });
+}
+
+fn rdiff() -> Command {
+    let found = Command::new("rdiff").arg("--version").output();
+    assert!(
+        found.is_ok_and(|o| o.status.success()),
+        "rdiff (librsync's tool, Debian package `rdiff`) is not installed: scripts/test.sh installs it"
+    );
+    Command::new("rdiff")
+}
+
+#[test]
+fn deltas_interoperate_with_librsync_rdiff() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = pseudo_random(3 << 20, 9);
+    let new = with_line_inserted(&old);
+    let p = |n: &str| dir.path().join(n);
+    std::fs::write(p("old"), &old).unwrap();
+    std::fs::write(p("new"), &new).unwrap();
+
+    // A delta made by ktfs, applied by librsync.
+    let d = delta::diff(&delta::signature(&old), &new).unwrap();
+    std::fs::write(p("ktfs.delta"), &d).unwrap();
+    let st = rdiff()
+        .arg("patch")
+        .args([p("old"), p("ktfs.delta"), p("patched")])
+        .status()
+        .unwrap();
+    assert!(st.success(), "rdiff patch failed");
+    assert!(std::fs::read(p("patched")).unwrap() == new);
+
+    // A signature made by librsync (MD4 and rsync's rolling sum, as ktfs makes them), diffed
+    // by ktfs and applied by both.
+    let st = rdiff()
+        .args([
+            "signature",
+            "--hash=md4",
+            "--rollsum=rollsum",
+            "-b",
+            "2048",
+            "-S",
+            "8",
+        ])
+        .args([p("old"), p("rdiff.sig")])
+        .status()
+        .unwrap();
+    assert!(st.success(), "rdiff signature failed");
+    let sig = std::fs::read(p("rdiff.sig")).unwrap();
+    let d = delta::diff(&sig, &new).unwrap();
+    assert!(d.len() < 16 << 10, "delta of {} bytes", d.len());
+    assert_eq!(delta::apply(&old, &d, new.len()).unwrap(), new);
+    std::fs::write(p("rdiff-sig.delta"), &d).unwrap();
+    let st = rdiff()
+        .arg("patch")
+        .args([p("old"), p("rdiff-sig.delta"), p("patched2")])
+        .status()
+        .unwrap();
+    assert!(st.success(), "rdiff patch failed");
+    assert!(std::fs::read(p("patched2")).unwrap() == new);
+}
