@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Insertions and deltas: a 100 MB pseudo-random file, put, then a one-line insertion in its
-# middle, put again (`kt put -f`); the second put against `rsync --stats` of the same change to
+# middle, put again; the second put against `rsync --stats` of the same change to
 # an rsync daemon on loopback, in the same run, on the same files (warm page cache both ways).
 #
 # kt's bytes are counted both ways by a relay in front of the store server, so they are all
@@ -50,87 +50,10 @@ fi
 # ktfs at opt-level 1 and its dependencies at opt-level 3).
 BUILD=$(basename "$(dirname "$KT")")
 
-# A TCP relay that counts the bytes of every connection both ways; it writes
-# "up down open" to its state file after each connection ends.
-cat >"$WORK/relay.py" <<'EOF'
-import socket, sys, threading
-listen, port, target, state = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-th, tp = target.rsplit(":", 1)
-lock = threading.Lock()
-tot = {"up": 0, "down": 0, "open": 0}
-def save():
-    with open(state + ".tmp", "w") as f:
-        f.write("%d %d %d\n" % (tot["up"], tot["down"], tot["open"]))
-    import os; os.replace(state + ".tmp", state)
-def pump(a, b, key):
-    try:
-        while True:
-            d = a.recv(1 << 20)
-            if not d:
-                break
-            b.sendall(d)
-            with lock:
-                tot[key] += len(d)
-    except OSError:
-        pass
-    try:
-        b.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-def serve(c):
-    s = socket.create_connection((th, int(tp)))
-    for x in (c, s):
-        x.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    t = [threading.Thread(target=pump, args=(c, s, "up")), threading.Thread(target=pump, args=(s, c, "down"))]
-    for x in t: x.start()
-    for x in t: x.join()
-    c.close(); s.close()
-    with lock:
-        tot["open"] -= 1
-        save()
-l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind((listen, port)); l.listen(64)
-save()
-while True:
-    c, _ = l.accept()
-    with lock:
-        tot["open"] += 1
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-EOF
-
 start_server "$WORK/kt" "$IP:0"
-RELAY_PORT=$(free_port)
-python3 "$WORK/relay.py" "$IP" "$RELAY_PORT" "$SERVER_ADDR" "$WORK/relay.state" &
-PIDS+=($!)
-wait_listening "$RELAY_PORT" "$!"
-RELAY=$IP:$RELAY_PORT
+start_counting_relay "$IP" "$SERVER_ADDR"
+start_rsync_daemon "$IP"
 
-RSYNC_PORT=$(free_port)
-mkdir -p "$WORK/rsync-dst"
-cat >"$WORK/rsyncd.conf" <<EOF
-use chroot = no
-uid = $(id -u)
-gid = $(id -g)
-pid file = $WORK/rsyncd.pid
-[m]
-path = $WORK/rsync-dst
-read only = no
-EOF
-rsync --daemon --no-detach --config="$WORK/rsyncd.conf" --address="$IP" --port="$RSYNC_PORT" \
-    >"$WORK/rsyncd.log" 2>&1 &
-PIDS+=($!)
-wait_listening "$RSYNC_PORT" "$!"
-DST=rsync://$IP:$RSYNC_PORT/m/
-
-relay_bytes() { # -> UP DOWN, once no relayed connection is open
-    local up down open i
-    for i in $(seq 200); do
-        read -r up down open <"$WORK/relay.state"
-        ((open == 0)) && { echo "$up $down"; return; }
-        sleep 0.05
-    done
-    die "relayed connections still open 10 s after kt exited"
-}
 
 export KT_SERVER=$RELAY
 ROWS=()
@@ -148,11 +71,11 @@ for run in $(seq "$RUNS"); do
     mv "$WORK/src/edited" "$src"
     cat "$src" >/dev/null
     read -r up0 down0 < <(relay_bytes)
-    timed "kt$run" "$KT" put "big$run" --src "$src" -f --json
+    timed "kt$run" "$KT" put "big$run" --src "$src" --json
     read -r up1 down1 < <(relay_bytes)
     kt_up=$((up1 - up0)) kt_down=$((down1 - down0))
     payload=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["bytes_transferred"])' "$WORK/kt$run.out")
-    ROWS+=("| $run | kt put -f | $kt_up | $kt_down | $((kt_up + kt_down)) (payload $payload) | $ELAPSED | $(mib "$RSS_KB") |")
+    ROWS+=("| $run | kt put | $kt_up | $kt_down | $((kt_up + kt_down)) (payload $payload) | $ELAPSED | $(mib "$RSS_KB") |")
     KT_TOTAL+=($((kt_up + kt_down))) KT_T+=("$ELAPSED")
     timed "rsync$run" rsync -a --stats "$src" "$DST"
     sent=$(awk -F': ' '/^Total bytes sent/ { gsub(/,/, "", $2); print $2 }' "$WORK/rsync$run.out")

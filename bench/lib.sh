@@ -296,3 +296,90 @@ put_section() { # RESULTS BEGIN END SECTION_FILE
     } >"$1.tmp"
     mv "$1.tmp" "$1"
 }
+
+# A TCP relay on IP in front of TARGET that counts the bytes of every connection both ways:
+# sets RELAY (its address); relay_bytes prints "UP DOWN" once no relayed connection is open.
+start_counting_relay() { # IP TARGET
+    cat >"$WORK/relay.py" <<'EOF'
+import socket, sys, threading
+listen, port, target, state = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+th, tp = target.rsplit(":", 1)
+lock = threading.Lock()
+tot = {"up": 0, "down": 0, "open": 0}
+def save():
+    with open(state + ".tmp", "w") as f:
+        f.write("%d %d %d\n" % (tot["up"], tot["down"], tot["open"]))
+    import os; os.replace(state + ".tmp", state)
+def pump(a, b, key):
+    try:
+        while True:
+            d = a.recv(1 << 20)
+            if not d:
+                break
+            b.sendall(d)
+            with lock:
+                tot[key] += len(d)
+    except OSError:
+        pass
+    try:
+        b.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+def serve(c):
+    s = socket.create_connection((th, int(tp)))
+    for x in (c, s):
+        x.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    t = [threading.Thread(target=pump, args=(c, s, "up")), threading.Thread(target=pump, args=(s, c, "down"))]
+    for x in t: x.start()
+    for x in t: x.join()
+    c.close(); s.close()
+    with lock:
+        tot["open"] -= 1
+        save()
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind((listen, port)); l.listen(64)
+save()
+while True:
+    c, _ = l.accept()
+    with lock:
+        tot["open"] += 1
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+EOF
+    local port
+    port=$(free_port)
+    python3 "$WORK/relay.py" "$1" "$port" "$2" "$WORK/relay.state" &
+    PIDS+=($!)
+    wait_listening "$port" "$!"
+    RELAY=$1:$port
+}
+
+relay_bytes() { # -> UP DOWN
+    local up down open i
+    for i in $(seq 200); do
+        read -r up down open <"$WORK/relay.state"
+        ((open == 0)) && { echo "$up $down"; return; }
+        sleep 0.05
+    done
+    die "relayed connections still open 10 s after the client exited"
+}
+
+# An rsync daemon on IP with one writable module over $WORK/rsync-dst: sets DST (its URL).
+start_rsync_daemon() { # IP
+    local port
+    port=$(free_port)
+    mkdir -p "$WORK/rsync-dst"
+    cat >"$WORK/rsyncd.conf" <<EOF
+use chroot = no
+uid = $(id -u)
+gid = $(id -g)
+pid file = $WORK/rsyncd.pid
+[m]
+path = $WORK/rsync-dst
+read only = no
+EOF
+    rsync --daemon --no-detach --config="$WORK/rsyncd.conf" --address="$1" --port="$port" \
+        >"$WORK/rsyncd.log" 2>&1 &
+    PIDS+=($!)
+    wait_listening "$port" "$!"
+    DST=rsync://$1:$port/m/
+}

@@ -364,7 +364,16 @@ fn finish(
         .collect::<Result<Vec<_>, ScanError>>()?;
     let mut blocks: Vec<Option<(u64, Vec<BlockRef>)>> = stats
         .iter()
-        .map(|st| known.blocks(st).map(|b| (st.size, b)))
+        .map(|st| {
+            // Blocks cut by another chunking (an older put with another --block-size) may be
+            // longer than this manifest allows, and blocks that do not add up to the file's size
+            // are not its blocks: such a file is cut again.
+            known
+                .blocks(st)
+                .filter(|b| b.iter().all(|b| b.len <= chunking.max_block()))
+                .filter(|b| b.iter().map(|b| u64::from(b.len)).sum::<u64>() == st.size)
+                .map(|b| (st.size, b))
+        })
         .collect();
     let unknown: Vec<usize> = (0..files.len()).filter(|&i| blocks[i].is_none()).collect();
     let to_hash: Vec<(String, PathBuf)> = unknown.iter().map(|&i| files[i].clone()).collect();
