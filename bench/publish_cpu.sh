@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Store-server CPU per publish of a small file, two builds of `kt` in the same run, and the table
 # in bench/RESULTS.md ("Publishing many small files"). Two workloads, each on a fresh server:
-#   mount: `cp -r` of FILES files of 4 KiB (in 20 directories) into a `kt mount` (every close
-#          is a publish, one at a time);
+#   mount:  `cp -r` of FILES files of 4 KiB (in 20 directories) into a `kt mount` (every close
+#           is a publish, one at a time);
+#   mount8: the same 20 directories, 8 `cp -r` at once (concurrent publishes through one mount);
 #   put:   the same files, each its own `kt put`, CLIENTS at once (concurrent publishes).
 # The server's CPU is utime+stime from /proc/PID/stat over the workload alone (the server and
 # mount are started and ready before it), divided by the files published.
@@ -24,9 +25,7 @@ W=$(mktemp -d /tmp/kt-pubcpu.XXXX)
 PIDS=()
 cleanup() {
     set +e
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    umount -l "$W/mnt" 2>/dev/null
+    stop_all
     rm -rf "$W"
 }
 trap cleanup EXIT
@@ -40,7 +39,8 @@ done
 FILES=$((per_dir * 20))
 (cd "$SRC" && find . -type f | sed 's|^\./||') > "$W/list"
 
-ready() { for _ in $(seq 600); do grep -q "listening on" "$1" && return; sleep 0.05; done; echo "not ready: $1" >&2; exit 1; }
+# ready LOG [LINE]: waits for LINE (default "listening on") in LOG.
+ready() { for _ in $(seq 600); do grep -q "${2:-listening on}" "$1" && return; sleep 0.05; done; echo "not ready: $1" >&2; exit 1; }
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hwm_mib() { awk '/VmHWM/ {printf "%d", $2 / 1024}' "/proc/$1/status"; }
 gauge() { curl -s "http://$1/metrics" | awk -v s="$2" '$1 == s {print $2}'; }
@@ -56,27 +56,36 @@ start_server() {
     ADDR=$(grep -o "listening on [0-9.:]*" "$W/server.log" | head -1 | cut -d' ' -f3)
 }
 
+# The mount first (it unmounts on SIGTERM), then the server.
 stop_all() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
+    local i
+    for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+        kill "${PIDS[$i]}" 2>/dev/null || true
+        wait "${PIDS[$i]}" 2>/dev/null || true
+    done
     umount -l "$W/mnt" 2>/dev/null || true
     PIDS=()
 }
 
-# measure BIN WORKLOAD: prints "ms_per_publish wall_s peak_rss_mib syncs_per_publish".
+# measure BIN WORKLOAD: sets R to "ms_per_publish wall_s peak_rss_mib syncs_per_publish" (run in
+# this shell, not a subshell, so the EXIT trap knows its processes).
 measure() {
     local bin=$1 how=$2 t0 t1 s0 s1 syncs
     start_server "$bin"
-    if [[ $how == mount ]]; then
+    if [[ $how == mount* ]]; then
         "$bin" mount "$W/mnt" --server "$ADDR" --listen "$IP:0" --cache-dir "$W/cache" \
             --socket "$W/agent.sock" --node-id pubcpu > "$W/mount.log" 2>&1 &
         PIDS+=("$!")
-        ready "$W/mount.log"
+        # The agent listens before the filesystem is mounted.
+        ready "$W/mount.log" "mounted at"
     fi
     t0=$(ticks "$SP")
     s0=$(date +%s.%N)
     if [[ $how == mount ]]; then
         cp -r "$SRC" "$W/mnt/x"
+    elif [[ $how == mount8 ]]; then
+        mkdir "$W/mnt/x"
+        ls "$SRC" | xargs -P 8 -I{} cp -r "$SRC/{}" "$W/mnt/x/"
     else
         KT_AGENT=$W/no-agent.sock xargs -P "$CLIENTS" -I{} "$bin" put "x/{}" --src "$SRC/{}" --server "$ADDR" < "$W/list" > /dev/null
     fi
@@ -87,19 +96,19 @@ measure() {
     local rss
     rss=$(hwm_mib "$SP")
     stop_all
-    awk -v a="$t0" -v b="$t1" -v hz="$HZ" -v n="$FILES" -v s0="$s0" -v s1="$s1" -v r="$rss" -v y="${syncs:--}" \
-        'BEGIN { printf "%.3f %.2f %s %s\n", (b - a) * 1000 / hz / n, s1 - s0, r, (y == "-" ? "-" : sprintf("%.3f", y / n)) }'
+    R=$(awk -v a="$t0" -v b="$t1" -v hz="$HZ" -v n="$FILES" -v s0="$s0" -v s1="$s1" -v r="$rss" -v y="${syncs:--}" \
+        'BEGIN { printf "%.3f %.2f %s %s\n", (b - a) * 1000 / hz / n, s1 - s0, r, (y == "-" ? "-" : sprintf("%.3f", y / n)) }')
 }
 
 declare -A RES
 for round in $(seq 1 "$ROUNDS"); do
-    for how in mount put; do
+    for how in mount mount8 put; do
         for which in base new; do
             bin=$BASE
             [[ $which == new ]] && bin=$NEW
-            r=$(measure "$bin" "$how")
-            echo "round $round $how $which: $r" >&2
-            RES[$how.$which]+="$r"$'\n'
+            measure "$bin" "$how"
+            echo "round $round $how $which: $R" >&2
+            RES[$how.$which]+="$R"$'\n'
         done
     done
 done
@@ -118,14 +127,15 @@ rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
     echo "Baseline: ${KT_BENCH_BASE_NAME:-$BASE}; new: ${KT_BENCH_NEW_NAME:-$NEW}."
     echo "CPU is the store server's utime+stime (/proc/PID/stat) over the workload, divided by the"
     echo "$FILES files of 4 KiB published; \`mount\` is \`cp -r\` of 20 directories into a \`kt mount\`"
-    echo "(one publish per close, one at a time); \`put\` is one \`kt put\` per file, $CLIENTS at once"
+    echo "(one publish per close, one at a time), \`mount8\` the same with 8 \`cp -r\` of one directory"
+    echo "each at once; \`put\` is one \`kt put\` per file, $CLIENTS at once"
     echo "(each a new process and connection, so the server's CPU includes a connection per publish)."
     echo "Syncs per publish: WAL fsyncs of metadata batches (the baseline syncs none: its publishes"
     echo "were acknowledged before they were on disk). Peak RSS is the server's VmHWM, largest over the rounds."
     echo
     echo "| workload | baseline ms CPU/publish | new ms CPU/publish | new / baseline | wall s baseline | wall s new | syncs/publish (new) | peak RSS baseline / new |"
     echo "|---|---:|---:|---:|---:|---:|---:|---|"
-    for how in mount put; do
+    for how in mount mount8 put; do
         b=$(med "$how.base" 1)
         n=$(med "$how.new" 1)
         ratio=$(awk -v b="$b" -v n="$n" 'BEGIN { printf "%.2f", (b > 0 ? n / b : 0) }')
