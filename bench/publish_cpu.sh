@@ -8,6 +8,9 @@
 # The server's CPU is utime+stime from /proc/PID/stat over the workload alone (the server and
 # mount are started and ready before it), divided by the files published.
 #
+# KT_BENCH_DIRS (default 20) spreads the files over that many directories; KT_BENCH_WORKLOADS
+# (default "mount mount8 put") picks the workloads; KT_BENCH_ROUNDS (default 2) the rounds.
+#
 # usage: bench/publish_cpu.sh BASELINE_KT NEW_KT [FILES] [CLIENTS]
 set -euo pipefail
 BASE=${1:?usage: bench/publish_cpu.sh BASELINE_KT NEW_KT [FILES] [CLIENTS]}
@@ -15,6 +18,8 @@ NEW=${2:?usage: bench/publish_cpu.sh BASELINE_KT NEW_KT [FILES] [CLIENTS]}
 FILES=${3:-2000}
 CLIENTS=${4:-8}
 ROUNDS=${KT_BENCH_ROUNDS:-2}
+DIRS=${KT_BENCH_DIRS:-20}
+WORKLOADS=${KT_BENCH_WORKLOADS:-mount mount8 put}
 IP=${KT_BENCH_IP:-127.0.0.56}
 OUT=${KT_BENCH_OUT:-bench/RESULTS.md}
 HZ=$(getconf CLK_TCK)
@@ -31,12 +36,12 @@ cleanup() {
 trap cleanup EXIT
 
 SRC=$W/src
-per_dir=$((FILES / 20))
-for d in $(seq 1 20); do
+per_dir=$((FILES / DIRS))
+for d in $(seq 1 "$DIRS"); do
     mkdir -p "$SRC/d$d"
     for f in $(seq 1 "$per_dir"); do head -c 4096 /dev/urandom > "$SRC/d$d/f$f"; done
 done
-FILES=$((per_dir * 20))
+FILES=$((per_dir * DIRS))
 (cd "$SRC" && find . -type f | sed 's|^\./||') > "$W/list"
 
 # ready LOG [LINE]: waits for LINE (default "listening on") in LOG.
@@ -102,7 +107,7 @@ measure() {
 
 declare -A RES
 for round in $(seq 1 "$ROUNDS"); do
-    for how in mount mount8 put; do
+    for how in $WORKLOADS; do
         for which in base new; do
             bin=$BASE
             [[ $which == new ]] && bin=$NEW
@@ -126,7 +131,7 @@ rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
     echo "source revision $rev, $(nproc) cores; median of $ROUNDS rounds, the two builds interleaved."
     echo "Baseline: ${KT_BENCH_BASE_NAME:-$BASE}; new: ${KT_BENCH_NEW_NAME:-$NEW}."
     echo "CPU is the store server's utime+stime (/proc/PID/stat) over the workload, divided by the"
-    echo "$FILES files of 4 KiB published; \`mount\` is \`cp -r\` of 20 directories into a \`kt mount\`"
+    echo "$FILES files of 4 KiB published; \`mount\` is \`cp -r\` of $DIRS directories into a \`kt mount\`"
     echo "(one publish per close, one at a time), \`mount8\` the same with 8 \`cp -r\` of one directory"
     echo "each at once; \`put\` is one \`kt put\` per file, $CLIENTS at once"
     echo "(each a new process and connection, so the server's CPU includes a connection per publish)."
@@ -135,7 +140,7 @@ rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
     echo
     echo "| workload | baseline ms CPU/publish | new ms CPU/publish | new / baseline | wall s baseline | wall s new | syncs/publish (new) | peak RSS baseline / new |"
     echo "|---|---:|---:|---:|---:|---:|---:|---|"
-    for how in mount mount8 put; do
+    for how in $WORKLOADS; do
         b=$(med "$how.base" 1)
         n=$(med "$how.new" 1)
         ratio=$(awk -v b="$b" -v n="$n" 'BEGIN { printf "%.2f", (b > 0 ? n / b : 0) }')

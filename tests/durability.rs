@@ -15,6 +15,13 @@ const CLIENTS: usize = 6;
 /// Publishes acknowledged before the kill.
 const ACKED_BEFORE_KILL: usize = 30;
 
+/// A publish a client was told succeeded: its key, version and bytes.
+struct Acked {
+    key: String,
+    version: String,
+    data: Vec<u8>,
+}
+
 /// One series of a `/metrics` page at `addr`.
 fn metric(addr: &str, series: &str) -> f64 {
     let text = http_get(addr, "/metrics");
@@ -35,8 +42,7 @@ fn every_acknowledged_publish_survives_a_kill_of_the_server() {
     let server = start_server(ip, &store);
     let addr = server.addr.clone();
     let none = dir.path().join("no-agent.sock");
-    // (key, version, bytes) of each publish a client was told succeeded.
-    let acked: Arc<Mutex<Vec<(String, String, Vec<u8>)>>> = Arc::default();
+    let acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
     let count = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let clients: Vec<_> = (0..CLIENTS)
@@ -58,7 +64,7 @@ fn every_acknowledged_publish_survives_a_kill_of_the_server() {
                     // Refused or cut off by the kill: never acknowledged, nothing promised.
                     if out.status.success() {
                         let version = json(&out)["version"].as_str().unwrap().to_string();
-                        acked.lock().unwrap().push((key, version, data));
+                        acked.lock().unwrap().push(Acked { key, version, data });
                         count.fetch_add(1, Ordering::SeqCst);
                     }
                     i += 1;
@@ -92,7 +98,7 @@ fn every_acknowledged_publish_survives_a_kill_of_the_server() {
     let server = start_server(ip, &store);
     let acked = acked.lock().unwrap();
     assert!(acked.len() >= ACKED_BEFORE_KILL);
-    for (i, (key, version, data)) in acked.iter().enumerate() {
+    for (i, Acked { key, version, data }) in acked.iter().enumerate() {
         let dest = dir.path().join(format!("got-{i}"));
         let out = kt_with(
             &server.addr,

@@ -41,11 +41,18 @@ pub struct CommitStats {
     pub waiting: u64,
 }
 
+/// What the last change not yet durable to write a key left there.
+struct Planned {
+    /// That change's number.
+    by: u64,
+    /// `None`: deleted.
+    value: Option<Vec<u8>>,
+}
+
 #[derive(Default)]
 struct State {
-    /// The last value each change not yet durable gave a key (`None`: deleted), with the
-    /// number of that change.
-    overlay: BTreeMap<(Table, Vec<u8>), (u64, Option<Vec<u8>>)>,
+    /// Each key a change not yet durable wrote.
+    overlay: BTreeMap<(Table, Vec<u8>), Planned>,
     /// The writes of changes no leader has taken yet, in the order they were planned.
     queued: Vec<Op>,
     /// The number of the last change submitted.
@@ -112,7 +119,7 @@ impl Commits {
         }
         st.overlay
             .get(&(table, key.to_vec()))
-            .map(|(_, v)| v.clone())
+            .map(|p| p.value.clone())
     }
 
     /// What changes not yet durable leave at the keys that start with `prefix`, in key order.
@@ -124,7 +131,7 @@ impl Commits {
         st.overlay
             .range((table, prefix.to_vec())..)
             .take_while(|((t, k), _)| *t == table && k.starts_with(prefix))
-            .map(|((_, k), (_, v))| (k.clone(), v.clone()))
+            .map(|((_, k), p)| (k.clone(), p.value.clone()))
             .collect()
     }
 
@@ -144,7 +151,8 @@ impl Commits {
                 Op::Put(t, k, v) => (*t, k, Some(v.clone())),
                 Op::Delete(t, k) => (*t, k, None),
             };
-            st.overlay.insert((table, key.clone()), (n, value));
+            st.overlay
+                .insert((table, key.clone()), Planned { by: n, value });
         }
         st.queued.extend(ops);
         Ok(Ticket(n))
@@ -210,7 +218,7 @@ impl Commits {
             Ok(()) => {
                 st.decided = last;
                 // Now stored: a later change's value of the same key stays until its own batch.
-                st.overlay.retain(|_, (n, _)| *n > last);
+                st.overlay.retain(|_, p| p.by > last);
             }
             Err(e) => {
                 // Changes queued behind the batch were planned on it: they fail with it.
