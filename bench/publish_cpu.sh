@@ -13,6 +13,7 @@
 #
 # usage: bench/publish_cpu.sh BASELINE_KT NEW_KT [FILES] [CLIENTS]
 set -euo pipefail
+trap 'echo "bench/publish_cpu.sh: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
 BASE=${1:?usage: bench/publish_cpu.sh BASELINE_KT NEW_KT [FILES] [CLIENTS]}
 NEW=${2:?usage: bench/publish_cpu.sh BASELINE_KT NEW_KT [FILES] [CLIENTS]}
 FILES=${3:-2000}
@@ -48,7 +49,7 @@ FILES=$((per_dir * DIRS))
 ready() { for _ in $(seq 600); do grep -q "${2:-listening on}" "$1" && return; sleep 0.05; done; echo "not ready: $1" >&2; exit 1; }
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hwm_mib() { awk '/VmHWM/ {printf "%d", $2 / 1024}' "/proc/$1/status"; }
-gauge() { curl -s "http://$1/metrics" | awk -v s="$2" '$1 == s {print $2}'; }
+gauge() { { curl -s "http://$1/metrics" || true; } | awk -v s="$2" '$1 == s {print $2}'; }
 
 # start_server BIN: sets SP and ADDR.
 start_server() {

@@ -172,7 +172,11 @@ impl<'m> Txn<'m> {
         Txn {
             meta,
             view,
-            epoch: meta.commits.epoch(),
+            // Only a change is submitted; readers need not ask the queue.
+            epoch: match view {
+                View::Planned => meta.commits.epoch(),
+                View::Stored => 0,
+            },
             guard,
             ns: ns.clone(),
             pending: BTreeMap::new(),
@@ -391,11 +395,13 @@ impl<'m> Txn<'m> {
 
     /// Live keys strictly below `key` (all keys for the root), pending edits applied.
     pub fn descendants(&self, key: Option<&str>) -> Result<Vec<(String, KeyRecord)>, MetaError> {
-        let mut map: BTreeMap<String, KeyRecord> = self
-            .meta
-            .descendants(self.view, &self.ns, key)?
-            .into_iter()
-            .collect();
+        let stored = self.meta.descendants(self.view, &self.ns, key)?;
+        // A reader (a listing) has no edits to apply: the stored keys, already in key order,
+        // are the answer, without a map of thousands of them built and taken apart again.
+        if self.pending.is_empty() && self.inodes.is_empty() {
+            return Ok(stored);
+        }
+        let mut map: BTreeMap<String, KeyRecord> = stored.into_iter().collect();
         let below = |k: &str| {
             key.is_none_or(|p| {
                 k.len() > p.len() + 1 && k.starts_with(p) && k.as_bytes()[p.len()] == b'/'
