@@ -12,7 +12,7 @@
 # (default "mount mount8 put") picks the workloads; KT_BENCH_ROUNDS (default 2) the rounds.
 #
 # usage: bench/publish_cpu.sh BASELINE_KT NEW_KT [FILES] [CLIENTS]
-set -euo pipefail
+set -Eeuo pipefail
 trap 'echo "bench/publish_cpu.sh: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
 BASE=${1:?usage: bench/publish_cpu.sh BASELINE_KT NEW_KT [FILES] [CLIENTS]}
 NEW=${2:?usage: bench/publish_cpu.sh BASELINE_KT NEW_KT [FILES] [CLIENTS]}
@@ -90,8 +90,9 @@ measure() {
     if [[ $how == mount ]]; then
         cp -r "$SRC" "$W/mnt/x"
     elif [[ $how == mount8 ]]; then
-        mkdir "$W/mnt/x"
-        ls "$SRC" | xargs -P 8 -I{} cp -r "$SRC/{}" "$W/mnt/x/"
+        # Each into a directory of the mount's root of its own: no cp waits on a directory
+        # another one makes.
+        ls "$SRC" | xargs -P 8 -I{} cp -r "$SRC/{}" "$W/mnt/{}"
     else
         KT_AGENT=$W/no-agent.sock xargs -P "$CLIENTS" -I{} "$bin" put "x/{}" --src "$SRC/{}" --server "$ADDR" < "$W/list" > /dev/null
     fi
