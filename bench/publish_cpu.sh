@@ -84,6 +84,8 @@ measure() {
         PIDS+=("$!")
         # The agent listens before the filesystem is mounted.
         ready "$W/mount.log" "mounted at"
+        # Until the mount answers a lookup (right after it starts, one may fail with EIO).
+        for _ in $(seq 200); do ls "$W/mnt" > /dev/null 2>&1 && break; sleep 0.05; done
     fi
     t0=$(ticks "$SP")
     s0=$(date +%s.%N)
