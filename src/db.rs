@@ -289,10 +289,42 @@ impl Db {
         Ok(out)
     }
 
+    /// Calls `f` on the pairs of `family` whose key starts with `prefix`, in key order, until
+    /// it returns `true`: an existence check reads one entry, not all of them.
+    pub fn scan_prefix_until(
+        &self,
+        family: &'static str,
+        prefix: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), DbError> {
+        let db = self.db()?;
+        let iter = db.iterator_cf(
+            cf(&db, family)?,
+            IteratorMode::From(prefix, Direction::Forward),
+        );
+        for item in iter {
+            let (k, v) = item?;
+            if !k.starts_with(prefix) || f(&k, &v) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// Applies puts and deletes atomically: readers see all of them or none.
     pub fn write(&self, ops: Vec<BatchOp>) -> Result<(), DbError> {
         let db = self.db()?;
         self.check(db.write(batch(&db, ops)?))
+    }
+
+    /// Like [`Db::write`], and returns only once the write-ahead log is on stable storage (an
+    /// fsync): the batch survives a power loss, and so does every write made before it, which
+    /// share the one log.
+    pub fn write_synced(&self, ops: Vec<BatchOp>) -> Result<(), DbError> {
+        let mut wo = rocksdb::WriteOptions::default();
+        wo.set_sync(true);
+        let db = self.db()?;
+        self.check(db.write_opt(batch(&db, ops)?, &wo))
     }
 
     /// Like [`Db::write`] but without the write-ahead log: for data that may be lost in a crash

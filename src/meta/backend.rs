@@ -7,7 +7,7 @@
 use crate::db::{BatchOp, Db};
 
 /// A table of the metadata.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Table {
     /// `namespace NUL key` -> `KeyRecord`.
     Keys,
@@ -44,8 +44,18 @@ pub trait MetaBackend: Send + Sync + 'static {
     /// Calls `f` with every entry of `table` in key order, one at a time: a whole table need
     /// not fit in memory (garbage collection reads every manifest).
     fn for_each(&self, table: Table, f: &mut Visit<'_>) -> Result<(), BackendError>;
+    /// Calls `f` with the entries whose key starts with `prefix`, in key order, until it
+    /// returns `true`.
+    fn scan_prefix_until(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), BackendError>;
     /// Applies every op or none.
     fn write(&self, ops: Vec<Op>) -> Result<(), BackendError>;
+    /// Applies every op or none, and returns once they would survive a power loss.
+    fn write_synced(&self, ops: Vec<Op>) -> Result<(), BackendError>;
     /// Makes every write so far durable.
     fn flush(&self) -> Result<(), BackendError>;
 }
@@ -72,6 +82,15 @@ fn family(t: Table) -> &'static str {
         Table::Attrs => CF_ATTRS,
         Table::Inodes => CF_FILE_INODES,
     }
+}
+
+fn batch_ops(ops: Vec<Op>) -> Vec<BatchOp> {
+    ops.into_iter()
+        .map(|op| match op {
+            Op::Put(t, k, v) => BatchOp::Put(family(t), k, v),
+            Op::Delete(t, k) => BatchOp::Delete(family(t), k),
+        })
+        .collect()
 }
 
 fn err(e: crate::db::DbError) -> BackendError {
@@ -103,15 +122,21 @@ impl MetaBackend for Db {
         r.map_err(err)
     }
 
+    fn scan_prefix_until(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), BackendError> {
+        Db::scan_prefix_until(self, family(table), prefix, f).map_err(err)
+    }
+
     fn write(&self, ops: Vec<Op>) -> Result<(), BackendError> {
-        let ops = ops
-            .into_iter()
-            .map(|op| match op {
-                Op::Put(t, k, v) => BatchOp::Put(family(t), k, v),
-                Op::Delete(t, k) => BatchOp::Delete(family(t), k),
-            })
-            .collect();
-        Db::write(self, ops).map_err(err)
+        Db::write(self, batch_ops(ops)).map_err(err)
+    }
+
+    fn write_synced(&self, ops: Vec<Op>) -> Result<(), BackendError> {
+        Db::write_synced(self, batch_ops(ops)).map_err(err)
     }
 
     fn flush(&self) -> Result<(), BackendError> {

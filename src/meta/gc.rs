@@ -128,11 +128,13 @@ impl MetaStore {
 
         // Sweep, with publishes held off: whatever was touched meanwhile is live after all.
         let _write = self.lock();
+        // Changes queued for commit are stored first, so what the sweep reads is all there is.
+        self.commits.drain(self.backend.as_ref());
         // Opened meanwhile: its manifest may already be among the dead ones.
         let mut touched: Vec<Version> = locks::lock(&self.touched).all().copied().collect();
         touched.extend(self.open_versions());
         for v in touched {
-            if let Ok(m) = self.manifest(&v.0) {
+            if let Ok(m) = self.manifest(super::View::Stored, &v.0) {
                 blocks_of(&m, &mut live_blocks);
             }
             live_versions.insert(v);

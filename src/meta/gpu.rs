@@ -34,8 +34,7 @@ impl MetaStore {
                 gpu.publisher_node
             )));
         }
-        let _guard = self.lock();
-        let mut t = Txn::new(self, ns);
+        let mut t = Txn::write(self, ns);
         let path = key.as_str();
         t.check_parent(path)?;
         match t.locate(path)? {
@@ -77,8 +76,7 @@ impl MetaStore {
         key: &KeyPath,
         registration: u64,
     ) -> Result<bool, MetaError> {
-        let _guard = self.lock();
-        let mut t = Txn::new(self, ns);
+        let mut t = Txn::write(self, ns);
         match t.locate(key.as_str())? {
             Loc::Key { record }
                 if record.kind() == EntryKind::Gpu

@@ -3,8 +3,9 @@
 //! Keys, manifests and locations live in a [`MetaBackend`] (RocksDB today) and survive a
 //! restart; node leases live in memory ([`nodes`]). Every change is planned against a view that
 //! sees its own pending edits and written in one atomic batch ([`txn`]), so a reader sees the
-//! old version or the new one, never half of a put. Time (TTLs, leases) comes from the injected
-//! clock.
+//! old version or the new one, never half of a put. Concurrent changes are made durable in
+//! batches, one sync each ([`commit`]), and a change returns only once it is durable; until then
+//! only changes planned after it see it. Time (TTLs, leases) comes from the injected clock.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -24,14 +25,16 @@ use crate::proto::{KeyRecord, ListEntry, ListResponse, Locale, NodeInfo, PathAtt
 
 pub mod backend;
 pub mod collected;
+mod commit;
 pub mod gc;
 mod gpu;
 mod keys;
 pub mod nodes;
 mod txn;
 
-use backend::Table;
 pub use backend::{BackendError, MetaBackend, FAMILIES};
+use backend::{KeyValue, Table};
+pub use commit::CommitStats;
 use keys::{file_entry, key_bytes, key_entry, live, location_key, manifest_listing, overlay};
 use nodes::NodeLeases;
 pub use txn::Loc;
@@ -73,11 +76,24 @@ pub struct Resolved {
     pub subpath: String,
 }
 
+/// Which state a read sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum View {
+    /// What is durable: what readers see.
+    Stored,
+    /// What is durable with every change queued for commit laid over it: what a change being
+    /// planned (under the write lock) checks against.
+    Planned,
+}
+
 pub struct MetaStore {
     backend: Box<dyn MetaBackend>,
     blocks: Arc<StoreBlocks>,
-    /// Serialises publish and remove, which check and then write.
+    /// Serialises the planning of publish, remove and every other change, which check and
+    /// then write.
     write_lock: Mutex<()>,
+    /// Changes planned and waiting to be durable.
+    commits: commit::Commits,
     nodes: NodeLeases,
     clock: SharedClock,
     /// Versions written lately, which garbage collection keeps.
@@ -104,6 +120,7 @@ impl MetaStore {
             backend: Box::new(backend),
             blocks,
             write_lock: Mutex::new(()),
+            commits: commit::Commits::default(),
             nodes: NodeLeases::new(lease, clock.clone()),
             clock,
             touched: Mutex::new(Touched::default()),
@@ -124,12 +141,87 @@ impl MetaStore {
         self.clock.now()
     }
 
+    /// One stored value as `view` sees it.
+    fn get(&self, view: View, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
+        // The overlay first: a batch leaves it only once stored, so a value is in one or the
+        // other (or both) at any moment.
+        if view == View::Planned {
+            if let Some(v) = self.commits.planned(table, key) {
+                return Ok(v);
+            }
+        }
+        Ok(self.backend.get(table, key)?)
+    }
+
+    /// The values whose key starts with `prefix` as `view` sees them, in key order.
+    fn scan(&self, view: View, table: Table, prefix: &[u8]) -> Result<Vec<KeyValue>, MetaError> {
+        let planned = match view {
+            View::Stored => Vec::new(),
+            View::Planned => self.commits.planned_below(table, prefix),
+        };
+        let rows = self.backend.scan_prefix(table, prefix)?;
+        if planned.is_empty() {
+            return Ok(rows);
+        }
+        let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = rows.into_iter().collect();
+        for (k, v) in planned {
+            match v {
+                Some(v) => merged.insert(k, v),
+                None => merged.remove(&k),
+            };
+        }
+        Ok(merged.into_iter().collect())
+    }
+
+    /// Calls `f` with the values whose key starts with `prefix` as `view` sees them, in no
+    /// particular order, until it returns `true`; says whether it did.
+    fn scan_until(
+        &self,
+        view: View,
+        table: Table,
+        prefix: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<bool, MetaError>,
+    ) -> Result<bool, MetaError> {
+        let planned = match view {
+            View::Stored => Vec::new(),
+            View::Planned => self.commits.planned_below(table, prefix),
+        };
+        for (k, v) in &planned {
+            if let Some(v) = v {
+                if f(k, v)? {
+                    return Ok(true);
+                }
+            }
+        }
+        let (mut found, mut failed) = (false, None);
+        self.backend.scan_prefix_until(table, prefix, &mut |k, v| {
+            if planned.iter().any(|(p, _)| p.as_slice() == k) {
+                return false;
+            }
+            match f(k, v) {
+                Ok(stop) => {
+                    found = stop;
+                    stop
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    true
+                }
+            }
+        })?;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(found),
+        }
+    }
+
     pub(crate) fn path_attrs(
         &self,
+        view: View,
         ns: &Namespace,
         path: &str,
     ) -> Result<Option<PathAttrs>, MetaError> {
-        let Some(v) = self.backend.get(Table::Attrs, &key_bytes(ns, path))? else {
+        let Some(v) = self.get(view, Table::Attrs, &key_bytes(ns, path))? else {
             return Ok(None);
         };
         PathAttrs::decode(v.as_slice())
@@ -140,6 +232,7 @@ impl MetaStore {
     /// The attributes of the paths strictly below `path`, by their path relative to it.
     fn attrs_below(
         &self,
+        view: View,
         ns: &Namespace,
         path: &str,
     ) -> Result<std::collections::HashMap<String, PathAttrs>, MetaError> {
@@ -149,7 +242,7 @@ impl MetaStore {
             key_bytes(ns, &format!("{path}/"))
         };
         let mut out = std::collections::HashMap::new();
-        for (k, v) in self.backend.scan_prefix(Table::Attrs, &prefix)? {
+        for (k, v) in self.scan(view, Table::Attrs, &prefix)? {
             let (Some(rel), Ok(a)) = (k.get(prefix.len()..), PathAttrs::decode(v.as_slice()))
             else {
                 return Err(MetaError::Corrupt("path attributes".into()));
@@ -167,6 +260,7 @@ impl MetaStore {
     /// Paths strictly below `path` (everything for the root) with attributes of their own.
     pub(crate) fn attr_paths_below(
         &self,
+        view: View,
         ns: &Namespace,
         path: &str,
     ) -> Result<Vec<String>, MetaError> {
@@ -176,7 +270,7 @@ impl MetaStore {
             key_bytes(ns, &format!("{path}/"))
         };
         let skip = ns.as_str().len() + 1;
-        let rows = self.backend.scan_prefix(Table::Attrs, &prefix)?;
+        let rows = self.scan(view, Table::Attrs, &prefix)?;
         rows.into_iter()
             .filter(|(k, _)| k.len() > skip)
             .map(|(k, _)| {
@@ -190,29 +284,41 @@ impl MetaStore {
         Ok(self.backend.flush()?)
     }
 
-    pub(crate) fn record(&self, ns: &Namespace, key: &str) -> Result<Option<KeyRecord>, MetaError> {
-        let Some(v) = self.backend.get(Table::Keys, &key_bytes(ns, key))? else {
+    pub(crate) fn record(
+        &self,
+        view: View,
+        ns: &Namespace,
+        key: &str,
+    ) -> Result<Option<KeyRecord>, MetaError> {
+        let Some(v) = self.get(view, Table::Keys, &key_bytes(ns, key))? else {
             return Ok(None);
         };
-        let r = self.name_record(ns, &v)?;
+        let r = self.name_record(view, ns, &v)?;
         Ok(self.visible(&r, self.now_ms()).then_some(r))
     }
 
     /// A stored name's record: its own, or a hard-linked file's inode record.
-    fn name_record(&self, ns: &Namespace, bytes: &[u8]) -> Result<KeyRecord, MetaError> {
+    fn name_record(
+        &self,
+        view: View,
+        ns: &Namespace,
+        bytes: &[u8],
+    ) -> Result<KeyRecord, MetaError> {
         let r = KeyRecord::decode(bytes).map_err(|e| MetaError::Corrupt(e.to_string()))?;
         if r.inode == 0 {
             return Ok(r);
         }
-        self.inode(ns, r.inode)?
+        self.inode(view, ns, r.inode)?
             .ok_or_else(|| MetaError::Corrupt(format!("inode {} of a name is missing", r.inode)))
     }
 
-    pub(crate) fn inode(&self, ns: &Namespace, id: u64) -> Result<Option<KeyRecord>, MetaError> {
-        let Some(v) = self
-            .backend
-            .get(Table::Inodes, &keys::inode_bytes(ns, id))?
-        else {
+    pub(crate) fn inode(
+        &self,
+        view: View,
+        ns: &Namespace,
+        id: u64,
+    ) -> Result<Option<KeyRecord>, MetaError> {
+        let Some(v) = self.get(view, Table::Inodes, &keys::inode_bytes(ns, id))? else {
             return Ok(None);
         };
         KeyRecord::decode(v.as_slice())
@@ -226,10 +332,9 @@ impl MetaStore {
         live(r, now_ms) && (r.kind() != EntryKind::Gpu || self.node_alive(&r.origin_node))
     }
 
-    pub(crate) fn manifest(&self, version: &[u8]) -> Result<Manifest, MetaError> {
+    pub(crate) fn manifest(&self, view: View, version: &[u8]) -> Result<Manifest, MetaError> {
         let bytes = self
-            .backend
-            .get(Table::Manifests, version)?
+            .get(view, Table::Manifests, version)?
             .ok_or_else(|| MetaError::Corrupt("manifest missing for a live key".into()))?;
         Manifest::decode(bytes.as_slice()).map_err(|e| MetaError::Corrupt(e.to_string()))
     }
@@ -247,6 +352,7 @@ impl MetaStore {
     /// Live keys strictly below `key` (or all keys of the namespace for `None`).
     pub(crate) fn descendants(
         &self,
+        view: View,
         ns: &Namespace,
         key: Option<&str>,
     ) -> Result<Vec<(String, KeyRecord)>, MetaError> {
@@ -257,8 +363,8 @@ impl MetaStore {
         let skip = ns.as_str().len() + 1;
         let mut out = Vec::new();
         let now = self.now_ms();
-        for (k, v) in self.backend.scan_prefix(Table::Keys, &prefix)? {
-            let r = self.name_record(ns, &v)?;
+        for (k, v) in self.scan(view, Table::Keys, &prefix)? {
+            let r = self.name_record(view, ns, &v)?;
             if self.visible(&r, now) {
                 let name = String::from_utf8(k[skip..].to_vec())
                     .map_err(|e| MetaError::Corrupt(e.to_string()))?;
@@ -266,6 +372,37 @@ impl MetaStore {
             }
         }
         Ok(out)
+    }
+
+    /// Whether a live key lies strictly below `key`, leaving out the names `skip` says a
+    /// change decides itself. Reads keys only until it finds one: a publish into a directory of
+    /// thousands of keys asks this of the directory, once or twice.
+    pub(crate) fn any_descendant(
+        &self,
+        view: View,
+        ns: &Namespace,
+        key: &str,
+        skip: impl Fn(&str) -> bool,
+    ) -> Result<bool, MetaError> {
+        let prefix = key_bytes(ns, &format!("{key}/"));
+        let name_at = ns.as_str().len() + 1;
+        let now = self.now_ms();
+        self.scan_until(view, Table::Keys, &prefix, |k, v| {
+            let name = k
+                .get(name_at..)
+                .and_then(|n| std::str::from_utf8(n).ok())
+                .ok_or_else(|| MetaError::Corrupt("a stored key's name".into()))?;
+            if skip(name) {
+                return Ok(false);
+            }
+            let r = self.name_record(view, ns, v)?;
+            Ok(self.visible(&r, now))
+        })
+    }
+
+    /// The state of queued commits.
+    pub fn commit_stats(&self) -> CommitStats {
+        self.commits.stats()
     }
 
     fn lock(&self) -> MutexGuard<'_, ()> {
@@ -331,8 +468,7 @@ impl MetaStore {
         }
         let version = manifest::version_of(manifest);
         let new_is_dir = manifest::is_directory(manifest);
-        let _guard = self.lock();
-        let mut t = Txn::new(self, ns);
+        let mut t = Txn::write(self, ns);
         let path = key.as_str();
         t.check_parent(path)?;
         let loc = t.locate(path)?;
@@ -494,7 +630,7 @@ impl MetaStore {
         };
         self.list_keys(&t, prefix, recursive, &mut out, bare_dir)?;
         // One scan of the attributes below, as the keys below were scanned: no lookup each.
-        let below = self.attrs_below(ns, base)?;
+        let below = self.attrs_below(View::Stored, ns, base)?;
         for (name, e) in out.iter_mut() {
             overlay(e, below.get(name.as_str()));
         }
@@ -542,8 +678,7 @@ impl MetaStore {
         recursive: bool,
         prefix: bool,
     ) -> Result<Vec<String>, MetaError> {
-        let _guard = self.lock();
-        let mut t = Txn::new(self, ns);
+        let mut t = Txn::write(self, ns);
         if prefix {
             let doomed: Vec<String> = t
                 .descendants(None)?
@@ -594,8 +729,7 @@ impl MetaStore {
                 "cannot move {from} into itself"
             )));
         }
-        let _guard = self.lock();
-        let mut t = Txn::new(self, ns);
+        let mut t = Txn::write(self, ns);
         let src = t.locate(f)?;
         let src_kind = src
             .kind()
@@ -681,8 +815,7 @@ impl MetaStore {
     /// inside a published directory becomes a key of its own first (a metadata-only move).
     pub fn link(&self, ns: &Namespace, from: &KeyPath, to: &KeyPath) -> Result<(), MetaError> {
         let (f, d) = (from.as_str(), to.as_str());
-        let _guard = self.lock();
-        let mut t = Txn::new(self, ns);
+        let mut t = Txn::write(self, ns);
         let src = t.locate(f)?;
         match src.kind() {
             None => return Err(MetaError::NotFound(from.to_string())),
@@ -729,8 +862,7 @@ impl MetaStore {
         mtime: Option<(i64, u32)>,
         owner: (Option<u32>, Option<u32>),
     ) -> Result<(), MetaError> {
-        let _guard = self.lock();
-        let mut t = Txn::new(self, ns);
+        let mut t = Txn::write(self, ns);
         let path = key.as_str();
         let loc = t.locate(path)?;
         let is_dir = loc.kind() == Some(EntryKind::Directory);
@@ -878,5 +1010,7 @@ impl MetaStore {
     }
 }
 
+#[cfg(test)]
+mod commit_tests;
 #[cfg(test)]
 mod tests;

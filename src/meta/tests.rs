@@ -602,7 +602,10 @@ fn paths_keep_times_of_their_own_that_move_with_them_and_go_with_them() {
     let c = entry("z", "c");
     assert_eq!((c.ctime_sec, c.ctime_nsec), t4);
     assert_eq!(c.mode, 0, "the old chmod came back");
-    assert!(meta.attr_paths_below(&ns, "a").unwrap().is_empty());
+    assert!(meta
+        .attr_paths_below(View::Stored, &ns, "a")
+        .unwrap()
+        .is_empty());
 }
 
 #[test]
@@ -739,13 +742,13 @@ fn collection_takes_what_no_key_names_and_keeps_what_was_touched_lately() {
     for d in [&gone, &fresh, &expiring] {
         assert!(!meta.blocks().contains(&BlockHash::of(d)).unwrap());
     }
-    assert!(meta.manifest(&gone_version).is_err());
+    assert!(meta.manifest(View::Stored, &gone_version).is_err());
     let found = meta.resolve(&ns, &k("kept")).unwrap();
     assert!(matches!(
         meta.blocks().get(&BlockHash::of(&kept)).unwrap(),
         Some(Served::File(..))
     ));
-    assert!(meta.manifest(&found.record.version).is_ok());
+    assert!(meta.manifest(View::Stored, &found.record.version).is_ok());
     assert_eq!(meta.collect_garbage().unwrap(), gc::GcReport::default());
 
     // A publish that needs a collected block is told it is missing, and works once it is back.

@@ -1,6 +1,8 @@
 //! Metadata transactions: every change to keys is planned against a view that sees its own
 //! pending edits, then written in one atomic batch. A publish, a remove or a rename therefore
-//! lands whole or not at all, and readers never see half of one.
+//! lands whole or not at all, and readers never see half of one. A change is planned under the
+//! write lock and sees the changes queued for commit ahead of it; it waits for its batch to be
+//! durable after letting go of the lock (`super::commit`).
 //!
 //! The namespace is a tree made of keys. A key names a file, a symlink or a directory manifest;
 //! keys may nest below directory keys (a file written into a published directory through the
@@ -9,12 +11,13 @@
 //! (an implicit directory), or nothing.
 
 use std::collections::BTreeMap;
+use std::sync::MutexGuard;
 
 use prost::Message;
 
 use super::backend::{Op, Table};
 use super::keys::{key_bytes, location_key};
-use super::{MetaError, MetaStore};
+use super::{MetaError, MetaStore, View};
 use crate::hash::Version;
 use crate::key::Namespace;
 use crate::manifest::{self, EntryKind, FileEntry, Manifest};
@@ -126,6 +129,12 @@ enum Pending {
 
 pub struct Txn<'m> {
     meta: &'m MetaStore,
+    /// What the reads see: the stored state, or for a change, the planned one.
+    view: View,
+    /// The write lock, held by a change from its first read until it is queued.
+    guard: Option<MutexGuard<'m, ()>>,
+    /// The commit epoch the change was planned in.
+    epoch: u64,
     ns: Namespace,
     pending: BTreeMap<String, Pending>,
     /// Path attributes to write (`None`: to delete).
@@ -143,9 +152,32 @@ fn parent_of(path: &str) -> Option<&str> {
 }
 
 impl<'m> Txn<'m> {
+    /// A view of the stored state, for reading.
     pub fn new(meta: &'m MetaStore, ns: &Namespace) -> Self {
+        Self::with(meta, ns, View::Stored, None)
+    }
+
+    /// A change: holds the write lock until [`Txn::commit`] queues it (or it is dropped).
+    pub fn write(meta: &'m MetaStore, ns: &Namespace) -> Self {
+        let guard = meta.lock();
+        Self::with(meta, ns, View::Planned, Some(guard))
+    }
+
+    fn with(
+        meta: &'m MetaStore,
+        ns: &Namespace,
+        view: View,
+        guard: Option<MutexGuard<'m, ()>>,
+    ) -> Self {
         Txn {
             meta,
+            view,
+            // Only a change is submitted; readers need not ask the queue.
+            epoch: match view {
+                View::Planned => meta.commits.epoch(),
+                View::Stored => 0,
+            },
+            guard,
             ns: ns.clone(),
             pending: BTreeMap::new(),
             attrs: BTreeMap::new(),
@@ -158,7 +190,7 @@ impl<'m> Txn<'m> {
     pub fn attrs(&self, path: &str) -> Result<Option<PathAttrs>, MetaError> {
         match self.attrs.get(path) {
             Some(a) => Ok(*a),
-            None => self.meta.path_attrs(&self.ns, path),
+            None => self.meta.path_attrs(self.view, &self.ns, path),
         }
     }
 
@@ -167,7 +199,7 @@ impl<'m> Txn<'m> {
         let pfx = format!("{path}/");
         let mut paths: std::collections::BTreeSet<String> = self
             .meta
-            .attr_paths_below(&self.ns, path)?
+            .attr_paths_below(self.view, &self.ns, path)?
             .into_iter()
             .collect();
         for (p, a) in self.attrs.range(pfx.clone()..) {
@@ -288,14 +320,14 @@ impl<'m> Txn<'m> {
             Some(Pending::Put(p)) => Ok(Some(p.0.clone())),
             Some(Pending::Link(id)) => self.inode(*id),
             Some(Pending::Delete) => Ok(None),
-            None => self.meta.record(&self.ns, key),
+            None => self.meta.record(self.view, &self.ns, key),
         }
     }
 
     fn inode(&self, id: u64) -> Result<Option<KeyRecord>, MetaError> {
         match self.inodes.get(&id) {
             Some(i) => Ok(i.as_ref().map(|(r, _)| r.clone())),
-            None => self.meta.inode(&self.ns, id),
+            None => self.meta.inode(self.view, &self.ns, id),
         }
     }
 
@@ -306,7 +338,7 @@ impl<'m> Txn<'m> {
         if let Some(Some((_, Some(m)))) = self.inodes.get(&r.inode).filter(|_| r.inode != 0) {
             return Ok(m.clone());
         }
-        self.meta.manifest(&r.version)
+        self.meta.manifest(self.view, &r.version)
     }
 
     /// Gives the file at `from` (a key, not a directory) a second name `to`: both become
@@ -363,8 +395,13 @@ impl<'m> Txn<'m> {
 
     /// Live keys strictly below `key` (all keys for the root), pending edits applied.
     pub fn descendants(&self, key: Option<&str>) -> Result<Vec<(String, KeyRecord)>, MetaError> {
-        let mut map: BTreeMap<String, KeyRecord> =
-            self.meta.descendants(&self.ns, key)?.into_iter().collect();
+        let stored = self.meta.descendants(self.view, &self.ns, key)?;
+        // A reader (a listing) has no edits to apply: the stored keys, already in key order,
+        // are the answer, without a map of thousands of them built and taken apart again.
+        if self.pending.is_empty() && self.inodes.is_empty() {
+            return Ok(stored);
+        }
+        let mut map: BTreeMap<String, KeyRecord> = stored.into_iter().collect();
         let below = |k: &str| {
             key.is_none_or(|p| {
                 k.len() > p.len() + 1 && k.starts_with(p) && k.as_bytes()[p.len()] == b'/'
@@ -401,8 +438,24 @@ impl<'m> Txn<'m> {
         Ok(map.into_iter().collect())
     }
 
+    /// Whether a live key lies below `key`, pending edits applied: [`Txn::descendants`]
+    /// without reading every key below, which made each publish into a directory of many keys
+    /// cost time in proportion to their number.
     fn has_descendants(&self, key: &str) -> Result<bool, MetaError> {
-        Ok(!self.descendants(Some(key))?.is_empty())
+        let pfx = format!("{key}/");
+        for (k, p) in self.pending.range(pfx.clone()..) {
+            if !k.starts_with(&pfx) {
+                break;
+            }
+            match p {
+                Pending::Put(_) => return Ok(true),
+                Pending::Link(id) if self.inode(*id)?.is_some() => return Ok(true),
+                Pending::Link(_) | Pending::Delete => {}
+            }
+        }
+        self.meta.any_descendant(self.view, &self.ns, key, |name| {
+            self.pending.contains_key(name)
+        })
     }
 
     /// The deepest live key that is `path` or one of its ancestors.
@@ -562,10 +615,27 @@ impl<'m> Txn<'m> {
         self.drop_attrs(path)
     }
 
-    /// Writes every pending change in one batch.
-    pub fn commit(self) -> Result<(), MetaError> {
+    /// Writes every pending change in one batch, and returns once it is durable. The write
+    /// lock goes as soon as the batch is queued, so the next change plans while this one waits.
+    pub fn commit(mut self) -> Result<(), MetaError> {
+        let Some(guard) = self.guard.take() else {
+            return Err(MetaError::BadRequest(
+                "a read-only view of the metadata cannot commit".into(),
+            ));
+        };
+        let ticket = self.meta.commits.submit(self.ops()?, self.epoch)?;
+        drop(guard);
+        self.meta.commits.wait(ticket, self.meta.backend.as_ref())?;
+        Ok(())
+    }
+
+    /// The writes the pending edits make.
+    fn ops(&mut self) -> Result<Vec<Op>, MetaError> {
+        let pending = std::mem::take(&mut self.pending);
+        let inodes = std::mem::take(&mut self.inodes);
+        let attrs = std::mem::take(&mut self.attrs);
         let mut ops = Vec::new();
-        for (k, p) in self.pending {
+        for (k, p) in pending {
             match p {
                 Pending::Put(p) => {
                     let (r, m) = *p;
@@ -602,7 +672,7 @@ impl<'m> Txn<'m> {
                 Pending::Delete => ops.push(Op::Delete(Table::Keys, key_bytes(&self.ns, &k))),
             }
         }
-        for (id, i) in self.inodes {
+        for (id, i) in inodes {
             let k = super::keys::inode_bytes(&self.ns, id);
             let Some((r, m)) = i else {
                 ops.push(Op::Delete(Table::Inodes, k));
@@ -625,15 +695,14 @@ impl<'m> Txn<'m> {
             }
             ops.push(Op::Put(Table::Inodes, k, r.encode_to_vec()));
         }
-        for (p, a) in self.attrs {
+        for (p, a) in attrs {
             let k = key_bytes(&self.ns, &p);
             ops.push(match a {
                 Some(a) => Op::Put(Table::Attrs, k, a.encode_to_vec()),
                 None => Op::Delete(Table::Attrs, k),
             });
         }
-        self.meta.backend.write(ops)?;
-        Ok(())
+        Ok(ops)
     }
 }
 

@@ -73,6 +73,18 @@ fn register_gauges(meta: &Arc<MetaStore>, handler: &StoreHandler) {
         "Versions open on live nodes, which garbage collection keeps.",
         Box::new(move || m.open_versions().len() as f64),
     );
+    let m = meta.clone();
+    register_gauge(
+        "kt_meta_commits",
+        "Metadata changes acknowledged as durable since the server started.",
+        Box::new(move || m.commit_stats().committed as f64),
+    );
+    let m = meta.clone();
+    register_gauge(
+        "kt_meta_wal_syncs",
+        "Synced metadata batches (one WAL fsync each) since the server started.",
+        Box::new(move || m.commit_stats().syncs as f64),
+    );
     let w = handler.windows.clone();
     register_gauge(
         "kt_windows_open",

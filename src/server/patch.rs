@@ -6,7 +6,7 @@
 use crate::hash::Version;
 use crate::key::{KeyPath, Namespace};
 use crate::manifest::{self, Manifest, ManifestPatch};
-use crate::meta::{MetaError, MetaStore};
+use crate::meta::{MetaError, MetaStore, View};
 use crate::proto::{EntryKind, Locale};
 
 /// What a patch publish comes to.
@@ -43,7 +43,8 @@ pub(super) fn patched(
     let same_kind = r.record.locale() == locale && r.record.expires_unix_ms == 0 && ttl_secs == 0;
     // A directory's put replaces what is below it, keys published there since included.
     let alone = || -> Result<bool, MetaError> {
-        Ok(!manifest::is_directory(&m) || meta.descendants(ns, Some(key.as_str()))?.is_empty())
+        Ok(!manifest::is_directory(&m)
+            || !meta.any_descendant(View::Stored, ns, key.as_str(), |_| false)?)
     };
     if manifest::is_empty_patch(patch) && same_kind && alone()? {
         let v = Version::from_slice(base).ok_or_else(|| MetaError::Corrupt("version".into()))?;

@@ -1,0 +1,243 @@
+//! Group commit: concurrent changes are made durable together, one batch and one sync of the
+//! write-ahead log for all of them, and each returns only once its batch is on stable storage.
+//!
+//! A change is planned under the metadata write lock, as before, against the stored state with
+//! every earlier change that is not yet durable laid over it (the overlay): its checks see what
+//! the changes queued ahead of it will leave. Planned, its writes join the queue and the overlay,
+//! and the lock is released, so the next change plans while this one waits. Whoever waits when
+//! no batch is being written leads: it takes everything queued, writes it in one synced batch
+//! and tells the others (the followers) how it went; changes queued meanwhile make the next batch.
+//!
+//! A failed batch fails every change in it and every change queued behind it (they were planned
+//! on its effects), and empties the overlay; a change being planned at that moment belongs to an
+//! older epoch and is refused when it is submitted. Nothing of a failed batch is acknowledged.
+//!
+//! Readers outside the write lock see only the stored state: never a change that is not yet
+//! durable, which a crash or a failed batch could still take back.
+
+use std::collections::BTreeMap;
+use std::sync::{Condvar, Mutex};
+
+use super::backend::{BackendError, MetaBackend, Op, Table};
+use crate::locks;
+
+/// Why a change failed that was not the first of its batch to learn it.
+#[derive(Debug, thiserror::Error)]
+#[error("committing the metadata failed: {0}")]
+pub struct CommitFailed(String);
+
+/// A change queued for commit: its number, which [`Commits::wait`] takes.
+#[must_use = "a queued change is durable only once waited for"]
+pub struct Ticket(u64);
+
+/// What the queue has done, for tests and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Changes acknowledged as durable.
+    pub committed: u64,
+    /// Synced batches written (each one sync of the write-ahead log).
+    pub syncs: u64,
+    /// Changes queued or being written, not yet decided.
+    pub waiting: u64,
+}
+
+/// What the last change not yet durable to write a key left there.
+struct Planned {
+    /// That change's number.
+    by: u64,
+    /// `None`: deleted.
+    value: Option<Vec<u8>>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Each key a change not yet durable wrote.
+    overlay: BTreeMap<(Table, Vec<u8>), Planned>,
+    /// The writes of changes no leader has taken yet, in the order they were planned.
+    queued: Vec<Op>,
+    /// The number of the last change submitted.
+    last: u64,
+    /// Every change numbered up to this one is decided: durable or failed.
+    decided: u64,
+    /// A batch is being written.
+    leading: bool,
+    /// Bumped by each failed batch.
+    epoch: u64,
+    /// Failed ranges of changes, with the error and how many of their waiters have yet to
+    /// learn it.
+    failures: Vec<Failure>,
+    stats: CommitStats,
+}
+
+struct Failure {
+    first: u64,
+    last: u64,
+    error: String,
+    unseen: u64,
+}
+
+impl State {
+    /// The outcome of decided change `n`, learnt once.
+    fn outcome(&mut self, n: u64) -> Result<(), BackendError> {
+        let Some(i) = self
+            .failures
+            .iter()
+            .position(|f| (f.first..=f.last).contains(&n))
+        else {
+            self.stats.committed += 1;
+            return Ok(());
+        };
+        let f = &mut self.failures[i];
+        f.unseen -= 1;
+        let error = CommitFailed(f.error.clone());
+        if f.unseen == 0 {
+            self.failures.swap_remove(i);
+        }
+        Err(BackendError(Box::new(error)))
+    }
+}
+
+/// The queue and its overlay.
+#[derive(Default)]
+pub struct Commits {
+    state: Mutex<State>,
+    decided: Condvar,
+}
+
+impl Commits {
+    /// The current epoch: a change planned from now on is submitted with it.
+    pub fn epoch(&self) -> u64 {
+        locks::lock(&self.state).epoch
+    }
+
+    /// What changes not yet durable leave at `key`: `None` where they did not write it,
+    /// `Some(None)` where they deleted it.
+    pub fn planned(&self, table: Table, key: &[u8]) -> Option<Option<Vec<u8>>> {
+        let st = locks::lock(&self.state);
+        if st.overlay.is_empty() {
+            return None;
+        }
+        st.overlay
+            .get(&(table, key.to_vec()))
+            .map(|p| p.value.clone())
+    }
+
+    /// What changes not yet durable leave at the keys that start with `prefix`, in key order.
+    pub fn planned_below(&self, table: Table, prefix: &[u8]) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        let st = locks::lock(&self.state);
+        if st.overlay.is_empty() {
+            return Vec::new();
+        }
+        st.overlay
+            .range((table, prefix.to_vec())..)
+            .take_while(|((t, k), _)| *t == table && k.starts_with(prefix))
+            .map(|((_, k), p)| (k.clone(), p.value.clone()))
+            .collect()
+    }
+
+    /// Queues the writes of a change planned in `epoch` (the caller holds the write lock, so
+    /// changes are queued in the order they were planned).
+    pub fn submit(&self, ops: Vec<Op>, epoch: u64) -> Result<Ticket, BackendError> {
+        let mut st = locks::lock(&self.state);
+        if st.epoch != epoch {
+            return Err(BackendError(Box::new(CommitFailed(
+                "an earlier change this one was planned on failed to commit".into(),
+            ))));
+        }
+        st.last += 1;
+        let n = st.last;
+        for op in &ops {
+            let (table, key, value) = match op {
+                Op::Put(t, k, v) => (*t, k, Some(v.clone())),
+                Op::Delete(t, k) => (*t, k, None),
+            };
+            st.overlay
+                .insert((table, key.clone()), Planned { by: n, value });
+        }
+        st.queued.extend(ops);
+        Ok(Ticket(n))
+    }
+
+    /// Returns once change `ticket` is durable (or failed), writing batches meanwhile whenever
+    /// no one else is.
+    pub fn wait(&self, ticket: Ticket, backend: &dyn MetaBackend) -> Result<(), BackendError> {
+        let mut st = locks::lock(&self.state);
+        loop {
+            if ticket.0 <= st.decided {
+                return st.outcome(ticket.0);
+            }
+            if st.leading {
+                st = self
+                    .decided
+                    .wait(st)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                continue;
+            }
+            st = self.lead(st, backend);
+        }
+    }
+
+    /// Returns once every change submitted so far is decided: the stored state is then the
+    /// planned one (the caller holds the write lock, so nothing new is queued meanwhile).
+    pub fn drain(&self, backend: &dyn MetaBackend) {
+        let mut st = locks::lock(&self.state);
+        while st.decided < st.last {
+            if st.leading {
+                st = self
+                    .decided
+                    .wait(st)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            } else {
+                st = self.lead(st, backend);
+            }
+        }
+    }
+
+    pub fn stats(&self) -> CommitStats {
+        let st = locks::lock(&self.state);
+        CommitStats {
+            waiting: st.last - st.decided,
+            ..st.stats
+        }
+    }
+
+    /// Writes everything queued as one synced batch, and decides its changes.
+    fn lead<'a>(
+        &'a self,
+        mut st: std::sync::MutexGuard<'a, State>,
+        backend: &dyn MetaBackend,
+    ) -> std::sync::MutexGuard<'a, State> {
+        st.leading = true;
+        let ops = std::mem::take(&mut st.queued);
+        let (first, last) = (st.decided + 1, st.last);
+        drop(st);
+        let written = backend.write_synced(ops);
+        let mut st = locks::lock(&self.state);
+        st.stats.syncs += 1;
+        match written {
+            Ok(()) => {
+                st.decided = last;
+                // Now stored: a later change's value of the same key stays until its own batch.
+                st.overlay.retain(|_, p| p.by > last);
+            }
+            Err(e) => {
+                // Changes queued behind the batch were planned on it: they fail with it.
+                let through = st.last;
+                tracing::error!(error = %e, changes = through - first + 1, "a metadata commit failed");
+                st.failures.push(Failure {
+                    first,
+                    last: through,
+                    error: e.to_string(),
+                    unseen: through - first + 1,
+                });
+                st.decided = through;
+                st.queued.clear();
+                st.overlay.clear();
+                st.epoch += 1;
+            }
+        }
+        st.leading = false;
+        self.decided.notify_all();
+        st
+    }
+}
