@@ -6,7 +6,7 @@
 use crate::hash::Version;
 use crate::key::{KeyPath, Namespace};
 use crate::manifest::{self, Manifest, ManifestPatch};
-use crate::meta::{MetaError, MetaStore, View};
+use crate::meta::{Loc, MetaError, MetaStore, View};
 use crate::proto::{EntryKind, Locale};
 
 /// What a patch publish comes to.
@@ -31,6 +31,25 @@ pub(super) fn patched(
     ttl_secs: u64,
 ) -> Result<Patched, MetaError> {
     let moved = || MetaError::Conflict(format!("{key} is no longer the version the put patches"));
+    // An unchanged tree (the common case of a put run again) needs the key's record alone,
+    // not its manifest.
+    if manifest::is_empty_patch(patch) && patch.version == base && ttl_secs == 0 {
+        let record = match meta.locate(ns, key)? {
+            Loc::Key { record } if record.version == base => record,
+            _ => return Err(moved()),
+        };
+        let same_kind = record.locale() == locale
+            && record.expires_unix_ms == 0
+            && record.kind() != EntryKind::Gpu;
+        // A directory's put replaces what is below it, keys published there since included.
+        let alone = !record.is_directory
+            || !meta.any_descendant(View::Stored, ns, key.as_str(), |_| false)?;
+        if same_kind && alone {
+            let v =
+                Version::from_slice(base).ok_or_else(|| MetaError::Corrupt("version".into()))?;
+            return Ok(Patched::Unchanged(v));
+        }
+    }
     let r = match meta.resolve(ns, key) {
         Ok(r) => r,
         Err(MetaError::NotFound(_)) => return Err(moved()),
@@ -39,16 +58,5 @@ pub(super) fn patched(
     if !r.subpath.is_empty() || r.record.version != base || r.record.kind() == EntryKind::Gpu {
         return Err(moved());
     }
-    let m = manifest::apply(&r.manifest, patch)?;
-    let same_kind = r.record.locale() == locale && r.record.expires_unix_ms == 0 && ttl_secs == 0;
-    // A directory's put replaces what is below it, keys published there since included.
-    let alone = || -> Result<bool, MetaError> {
-        Ok(!manifest::is_directory(&m)
-            || !meta.any_descendant(View::Stored, ns, key.as_str(), |_| false)?)
-    };
-    if manifest::is_empty_patch(patch) && same_kind && alone()? {
-        let v = Version::from_slice(base).ok_or_else(|| MetaError::Corrupt("version".into()))?;
-        return Ok(Patched::Unchanged(v));
-    }
-    Ok(Patched::Publish(m))
+    Ok(Patched::Publish(manifest::apply(&r.manifest, patch)?))
 }

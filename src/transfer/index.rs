@@ -124,10 +124,8 @@ impl Index {
         };
         let path = file_of(dir, server, ns, key);
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(&ix.encode_to_vec())?;
-        f.sync_data()?;
-        drop(f);
+        // Not synced: an index lost or torn in a crash only costs the next put its hashing.
+        fs::File::create(&tmp)?.write_all(&ix.encode_to_vec())?;
         fs::rename(&tmp, &path)
     }
 }

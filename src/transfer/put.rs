@@ -106,6 +106,7 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
     let mut store = None;
     // The version a patch is made against, and its manifest.
     let mut base: Option<(Version, Manifest)> = None;
+    let base_from_index = index.is_some();
     let known: Box<dyn Known + Send> = match index {
         Some(ix) => {
             base = Some((ix.version, ix.manifest.clone()));
@@ -192,7 +193,10 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
             (Version::from_slice(&v).ok_or(PutError::BadVersion)?, 0)
         }
     };
-    if let Some(d) = &index_dir {
+    // An index that already says all this (the same version, every file known from it)
+    // is left as it is.
+    let current = base_from_index && base.as_ref().is_some_and(|(v, _)| *v == version);
+    if let (Some(d), false) = (&index_dir, current && scanned.hashed == 0) {
         let saved = Index::save(
             d,
             &opts.server,
@@ -289,10 +293,14 @@ async fn publish_patch(
     let changed: HashSet<&str> = patch.upserts.iter().map(|e| e.path.as_str()).collect();
     let jobs = upload_jobs(scanned, |p| changed.contains(p));
     let req = PublishRequest {
-        manifest: None,
+        namespace: whole.namespace.clone(),
+        key: whole.key.clone(),
+        locale: whole.locale,
+        ttl_secs: whole.ttl_secs,
+        force: whole.force,
         base_version: base.0.to_vec(),
         patch: Some(patch),
-        ..whole.clone()
+        ..Default::default()
     };
     // A few small blocks go inside the publish; larger ones on the data plane first, as
     // deltas against the blocks they replace where that is smaller (the whole request names
