@@ -355,6 +355,9 @@ EOF
 
 relay_bytes() { # -> UP DOWN
     local up down open i
+    # A connection the client made just before it exited may still wait in the relay's accept
+    # queue, not yet counted as open: give the relay a moment to take it.
+    sleep 0.2
     for i in $(seq 200); do
         read -r up down open <"$WORK/relay.state"
         ((open == 0)) && { echo "$up $down"; return; }

@@ -168,13 +168,14 @@ pub fn scan_known(
         metas.push((s, path, meta));
     }
     let mut entries: Vec<FileEntry> = Vec::new();
-    let mut files: Vec<(String, PathBuf)> = Vec::new();
+    // Each file with its identity, from the one stat the walk made of it.
+    let mut files: Vec<(String, PathBuf, FileStat)> = Vec::new();
 
     if let [(_, path, meta)] = metas.as_slice() {
         if !meta.is_dir() {
             entries.push(entry_from_meta(String::new(), path, meta)?);
             if meta.is_file() {
-                files.push((String::new(), path.clone()));
+                files.push((String::new(), path.clone(), index::stat_of("", meta)));
             }
             return finish(entries, files, opts.block_size, known);
         }
@@ -214,7 +215,7 @@ pub fn scan_known(
             }
             entries.push(entry_from_meta(name.clone(), path, meta)?);
             if meta.is_file() {
-                files.push((name.clone(), path.clone()));
+                files.push((name.clone(), path.clone(), index::stat_of(&name, meta)));
             } else if meta.is_dir() {
                 walk(
                     path,
@@ -302,7 +303,7 @@ fn walk(
     filters: &Filters,
     gitignores: &mut Vec<Gitignore>,
     entries: &mut Vec<FileEntry>,
-    files: &mut Vec<(String, PathBuf)>,
+    files: &mut Vec<(String, PathBuf, FileStat)>,
 ) -> Result<(), ScanError> {
     let gi_path = dir.join(".gitignore");
     let pushed = if gi_path.is_file() {
@@ -334,7 +335,8 @@ fn walk(
         if ft.is_dir() {
             walk(&path, &child_rel, filters, gitignores, entries, files)?;
         } else if ft.is_file() {
-            files.push((child_rel, path));
+            let stat = index::stat_of(&child_rel, &meta);
+            files.push((child_rel, path, stat));
         }
     }
     if pushed {
@@ -345,7 +347,7 @@ fn walk(
 
 fn finish(
     mut entries: Vec<FileEntry>,
-    mut files: Vec<(String, PathBuf)>,
+    mut files: Vec<(String, PathBuf, FileStat)>,
     block_size: u32,
     known: &dyn Known,
 ) -> Result<Scanned, ScanError> {
@@ -355,13 +357,8 @@ fn finish(
     }
     files.sort_by(|a, b| a.0.cmp(&b.0));
     let chunking = Chunking::for_block_size(block_size);
-    let stats = files
-        .iter()
-        .map(|(rel, path)| {
-            let m = fs::symlink_metadata(path).map_err(io_err(path))?;
-            Ok(index::stat_of(rel, &m))
-        })
-        .collect::<Result<Vec<_>, ScanError>>()?;
+    let (files, stats): (Vec<(String, PathBuf)>, Vec<FileStat>) =
+        files.into_iter().map(|(rel, path, st)| ((rel, path), st)).unzip();
     let mut blocks: Vec<Option<(u64, Vec<BlockRef>)>> = stats
         .iter()
         .map(|st| {
