@@ -413,23 +413,31 @@ fn filters_and_gitignore() {
     assert!(!dest.join("code/src").exists());
 }
 
-#[test]
-fn kt_up_runs_server_agent_and_mount_and_stops_cleanly() {
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("agent.sock");
-    let mnt = dir.path().join("kt");
+/// `kt up` in `dir` on `ip`: the process (ready once its mount is), its agent socket and
+/// its mount point.
+fn kt_up(dir: &std::path::Path, ip: &str) -> (Proc, std::path::PathBuf, std::path::PathBuf) {
+    let sock = dir.join("agent.sock");
+    let mnt = dir.join("kt");
+    let listen = format!("{ip}:0");
     let up = spawn_ready(&[
         "up",
         mnt.to_str().unwrap(),
         "--data-dir",
-        dir.path().join("data").to_str().unwrap(),
+        dir.join("data").to_str().unwrap(),
         "--listen",
-        "127.0.0.71:0",
+        &listen,
         "--agent-listen",
-        "127.0.0.71:0",
+        &listen,
         "--socket",
         sock.to_str().unwrap(),
     ]);
+    (up, sock, mnt)
+}
+
+#[test]
+fn kt_up_runs_server_agent_and_mount_and_stops_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (up, sock, mnt) = kt_up(dir.path(), "127.0.0.71");
     let f = dir.path().join("f.txt");
     fs::write(&f, b"hello from kt up").unwrap();
     let put = kt_with(
@@ -726,20 +734,7 @@ fn publish_refuses_block_lengths_the_store_contradicts() {
 #[test]
 fn a_prefix_is_one_tree_for_get_ls_rm_and_the_mount() {
     let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("agent.sock");
-    let mnt = dir.path().join("kt");
-    let up = spawn_ready(&[
-        "up",
-        mnt.to_str().unwrap(),
-        "--data-dir",
-        dir.path().join("data").to_str().unwrap(),
-        "--listen",
-        "127.0.0.74:0",
-        "--agent-listen",
-        "127.0.0.74:0",
-        "--socket",
-        sock.to_str().unwrap(),
-    ]);
+    let (up, sock, mnt) = kt_up(dir.path(), "127.0.0.74");
     let kt = |args: &[&str]| {
         let o = kt_with(&up.addr, &sock, args);
         assert!(

@@ -357,8 +357,10 @@ fn finish(
     }
     files.sort_by(|a, b| a.0.cmp(&b.0));
     let chunking = Chunking::for_block_size(block_size);
-    let (files, stats): (Vec<(String, PathBuf)>, Vec<FileStat>) =
-        files.into_iter().map(|(rel, path, st)| ((rel, path), st)).unzip();
+    let (files, stats): (Vec<(String, PathBuf)>, Vec<FileStat>) = files
+        .into_iter()
+        .map(|(rel, path, st)| ((rel, path), st))
+        .unzip();
     let mut blocks: Vec<Option<(u64, Vec<BlockRef>)>> = stats
         .iter()
         .map(|st| {

@@ -136,21 +136,13 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
         namespace: opts.namespace.to_string(),
         ..Default::default()
     };
-    let resolved = store
-        .resolve(ResolveRequest {
-            inline_up_to: 0,
-            namespace: opts.namespace.to_string(),
-            key: opts.key.to_string(),
-        })
-        .await
-        .map_err(ClientError::from);
+    let resolved = resolve(&mut store, &opts.namespace, &opts.key).await?;
     let dest_dir_like = opts.dest.ends_with('/') || Path::new(&opts.dest).is_dir();
     // A prefix is a directory whatever made it: a `kt put` directory, a directory made in a
     // mount, or nothing but keys below it. Its tree is the union of its own manifest (if any)
     // and every key below, each at its place.
     let base = match resolved {
-        Ok(r) => {
-            let (r, m) = checked(r.into_inner())?;
+        Some((r, m)) => {
             let name = opts.key.name();
             let is_dir = manifest::is_directory(&m);
             let root = if is_dir {
@@ -186,8 +178,7 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
             }
             Some(root)
         }
-        Err(e) if e.is_not_found() => None,
-        Err(e) => return Err(e.into()),
+        None => None,
     };
     let keys = keys_below(&mut store, &opts).await?;
     let base = match base {
@@ -202,19 +193,9 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
             .key
             .join(&rel)
             .map_err(|e| GetError::NotFound(e.to_string()))?;
-        let resolved = store
-            .resolve(ResolveRequest {
-                inline_up_to: 0,
-                namespace: opts.namespace.to_string(),
-                key: key.to_string(),
-            })
-            .await
-            .map_err(ClientError::from);
-        let (r, m) = match resolved {
-            Ok(r) => checked(r.into_inner())?,
-            // Removed since it was listed: the tree is what is there now.
-            Err(e) if e.is_not_found() => continue,
-            Err(e) => return Err(e.into()),
+        // None: removed since it was listed; the tree is what is there now.
+        let Some((r, m)) = resolve(&mut store, &opts.namespace, &key).await? else {
+            continue;
         };
         let root = base.join(&rel);
         let at = Place {
@@ -268,6 +249,28 @@ async fn keys_below(store: &mut Store, opts: &GetOptions) -> Result<Vec<String>,
 struct Place<'a> {
     root: &'a Path,
     rel: &'a str,
+}
+
+/// `key`'s version and its manifest, checked before anything is written from it; `None` where
+/// no key or path inside one is there.
+async fn resolve(
+    store: &mut Store,
+    ns: &Namespace,
+    key: &KeyPath,
+) -> Result<Option<(ResolveResponse, Manifest)>, GetError> {
+    let resolved = store
+        .resolve(ResolveRequest {
+            inline_up_to: 0,
+            namespace: ns.to_string(),
+            key: key.to_string(),
+        })
+        .await
+        .map_err(ClientError::from);
+    match resolved {
+        Ok(r) => checked(r.into_inner()).map(Some),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The manifest of a resolve answer, checked before anything is written from it.
