@@ -234,7 +234,9 @@ impl Drop for FuseCtl {
 fn a_killed_agent_is_restarted_on_its_mounts_and_readers_only_pause() {
     use std::os::unix::fs::FileExt;
     let c = Cluster::new("127.0.0.140");
-    // Twelve blocks: a first read fetches the next eight ahead, the last ones stay cold.
+    // Fixed blocks of 2 MiB (content-defined ones vary in size, so how far a read ahead
+    // reaches would too): a first read fetches the next eight ahead, those past 18 MiB stay
+    // cold.
     let big = pseudo_random(48 * MIB + 5, 77);
     fs::write(c.path("big.bin"), &big).unwrap();
     c.ok(
@@ -244,6 +246,8 @@ fn a_killed_agent_is_restarted_on_its_mounts_and_readers_only_pause() {
             "big.bin",
             "--src",
             c.path("big.bin").to_str().unwrap(),
+            "--block-size",
+            "2097152",
         ],
     );
     fs::create_dir_all(c.path("tree")).unwrap();
