@@ -60,14 +60,7 @@ pub async fn upload(
             ))
         })
         .collect();
-    let mut total = 0;
-    for t in tasks {
-        total += t.await.map_err(|e| TransferError::Upload {
-            addr: addr.to_string(),
-            reason: e.to_string(),
-        })??;
-    }
-    Ok(total)
+    sum_lanes(addr, tasks).await
 }
 
 async fn upload_lane(
@@ -380,14 +373,7 @@ async fn upload_deltas(
             ))
         })
         .collect();
-    let mut total = 0;
-    for t in tasks {
-        total += t.await.map_err(|e| TransferError::Upload {
-            addr: addr.to_string(),
-            reason: e.to_string(),
-        })??;
-    }
-    Ok(total)
+    sum_lanes(addr, tasks).await
 }
 
 async fn delta_lane(
@@ -484,6 +470,21 @@ async fn delta_lane(
         progress.inc(u64::from(len));
     }
     Ok(sent)
+}
+
+/// The bytes the lanes of an upload sent, or the first failure among them.
+async fn sum_lanes(
+    addr: &str,
+    tasks: Vec<tokio::task::JoinHandle<Result<u64, TransferError>>>,
+) -> Result<u64, TransferError> {
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.map_err(|e| TransferError::Upload {
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        })??;
+    }
+    Ok(total)
 }
 
 #[cfg(test)]
