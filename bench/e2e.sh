@@ -245,7 +245,7 @@ row() { # NAME SECONDS RSS_TEXT CPU_TEXT RUNS...
 
 criterion_table() {
     local dir=$TARGET/criterion
-    [[ -d $dir ]] || { echo "_No criterion results under \`$dir\`: run \`cargo bench --bench hashing\` first._"; return; }
+    [[ -d $dir ]] || { echo "_No criterion results under \`${dir#"$ROOT"/}\`: run \`cargo bench --bench hashing\` first._"; return; }
     local when
     when=$(TZ=UTC find "$dir" -path '*/new/estimates.json' -printf '%TY-%Tm-%Td %TH:%TM UTC\n' | sort | tail -1)
     echo "Measured $when by \`cargo bench --bench hashing\` (sample size 10; warm page cache for the file benches)."

@@ -8,6 +8,7 @@
 //!   RocksDB;
 //! - [`blocks`]: what the store and each node hold, and how they serve it;
 //! - [`rpc`]: the control plane as both ends see it; [`k8s`]: what Kubernetes tells;
+//!   [`swarm`]: the swarm's plain state machines, the server's board and a member's schedule;
 //! - [`transfer`]: the data plane, publishing, fetching, broadcast membership, `put` and `get`;
 //! - [`meta`] and [`broadcast`] below the store [`server`];
 //! - [`keeper`] below the filesystem core [`fs`], below the node [`agent`].
@@ -34,6 +35,7 @@ pub mod blocks;
 pub mod gpu;
 pub mod k8s;
 pub mod rpc;
+pub mod swarm;
 pub mod transfer;
 
 #[cfg(feature = "daemons")]

@@ -23,17 +23,26 @@ const DATA_MODEL: &[&str] = &[
 const ALLOWED: &[(&str, &[&str])] = &[
     ("blocks", &[]),
     ("rpc", &[]),
+    ("swarm", &[]),
     ("k8s", &[]),
     ("keeper", &[]),
     ("gpu", &["rpc"]),
-    ("broadcast", &["rpc"]),
+    ("broadcast", &["rpc", "swarm"]),
     ("meta", &["blocks", "gpu"]),
-    ("transfer", &["blocks", "rpc"]),
+    ("transfer", &["blocks", "rpc", "swarm"]),
     ("fs", &["blocks", "rpc", "transfer", "keeper", "gpu"]),
     ("agent", &["blocks", "rpc", "transfer", "fs", "keeper"]),
     (
         "server",
-        &["blocks", "rpc", "transfer", "meta", "broadcast", "k8s"],
+        &[
+            "blocks",
+            "rpc",
+            "transfer",
+            "meta",
+            "broadcast",
+            "swarm",
+            "k8s",
+        ],
     ),
 ];
 

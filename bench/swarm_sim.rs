@@ -1,0 +1,192 @@
+//! The swarm's scheduling code (src/swarm: the server's board, each member's schedule) against
+//! simulated nodes and links, from 100 to 5,000 nodes: per node, the time from its join to its
+//! verified copy in units of one transfer; the store's egress; the availability messages and
+//! bytes at the server, and how they grow with N. Writes its section of bench/RESULTS.md.
+//!
+//!   cargo bench --profile dev --bench swarm_sim
+//!
+//! Environment (optional): KT_SIM_NODES ("100 500 1000 2000 5000"), KT_SIM_PIECES ("16 64":
+//! a 64 MiB version in 4 MiB blocks, the default content-defined average, and in 1 MiB ones),
+//! KT_BENCH_RESULTS (where to write).
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use ktfs::swarm::sim::{self, SimConfig, SimReport};
+use ktfs::swarm::ScheduleConfig;
+
+const DATA: u64 = 64 << 20;
+/// 40 Mbit/s, every node both ways and the store: the bench's main link.
+const LINK: f64 = 5e6;
+
+fn list(var: &str, default: &str) -> Vec<u64> {
+    std::env::var(var)
+        .unwrap_or_else(|_| default.to_string())
+        .split_whitespace()
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+fn env(var: &str, default: u64) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+fn config(nodes: usize, pieces: u32) -> SimConfig {
+    let transfer = DATA as f64 / LINK;
+    SimConfig {
+        nodes,
+        pieces,
+        piece_bytes: DATA / u64::from(pieces),
+        upload: LINK,
+        download: LINK,
+        store_upload: LINK,
+        // Joins spread over half a transfer time after the publish.
+        join_spread: Duration::from_secs_f64(transfer / 2.0),
+        die_fraction: 0.03,
+        fanout: env("KT_SIM_FANOUT", u64::from(ktfs::swarm::DEFAULT_UPLOADS)) as u32,
+        queue: env("KT_SIM_QUEUE", 0) as u32,
+        seed_slots: env("KT_SIM_SEED_SLOTS", ktfs::swarm::SEED_SLOTS as u64) as usize,
+        sync_interval: Duration::from_millis(env("KT_SIM_SYNC_MS", 200)),
+        announce_delay: Duration::from_millis(env("KT_SIM_ANNOUNCE_MS", 50)),
+        schedule: ScheduleConfig {
+            max_inflight: env("KT_SIM_INFLIGHT", 2) as u32,
+            busy_backoff: Duration::from_millis(env("KT_SIM_BACKOFF_MS", 200)),
+            rarest_first: env("KT_SIM_RAREST", 1) == 1,
+            ..ScheduleConfig::default()
+        },
+        seed: 42 + nodes as u64,
+    }
+}
+
+fn row(out: &mut String, pieces: u32, r: &SimReport, wall: Duration) {
+    let per_node = |x: u64| x as f64 / r.nodes as f64;
+    let _ = writeln!(
+        out,
+        "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {} | {:.2}x | {:.0}% | {:.0} | {:.1} | {} | {:.0} / {:.0} | {:.1} MB | {:.1} s |",
+        pieces,
+        r.nodes,
+        r.died,
+        r.quantile(0.5),
+        r.quantile(0.99),
+        r.quantile(1.0),
+        r.unfinished,
+        r.store_ratio(),
+        r.downlink_use * 100.0,
+        per_node(r.busy_refusals),
+        per_node(r.syncs),
+        r.peak_syncs_per_s,
+        per_node(r.sync_bytes_in),
+        per_node(r.sync_bytes_out),
+        (r.sync_bytes_in + r.sync_bytes_out) as f64 / 1e6,
+        wall.as_secs_f64(),
+    );
+}
+
+fn main() {
+    let nodes = list("KT_SIM_NODES", "100 500 1000 2000 5000");
+    let pieces = list("KT_SIM_PIECES", "16 64");
+    let mut table = String::new();
+    let mut worst_at_max = Vec::new();
+    let max_n = nodes.iter().copied().max().unwrap_or(0) as usize;
+    for &p in &pieces {
+        for &n in &nodes {
+            let cfg = config(n as usize, p as u32);
+            let t0 = Instant::now();
+            let r = sim::run(&cfg);
+            let wall = t0.elapsed();
+            eprintln!(
+                "pieces {p} nodes {n}: p50 {:.2} p99 {:.2} max {:.2} store {:.2}x until {:.1} s, uplinks {:.0}%, downlinks {:.0}%, span {:.1} s, busy {} ({:.1} s)",
+                r.quantile(0.5),
+                r.quantile(0.99),
+                r.quantile(1.0),
+                r.store_ratio(),
+                r.store_last_s,
+                r.uplink_use * 100.0,
+                r.downlink_use * 100.0,
+                r.span_s,
+                r.busy_refusals,
+                wall.as_secs_f64()
+            );
+            row(&mut table, p as u32, &r, wall);
+            if n as usize == max_n {
+                worst_at_max.push((p, r.quantile(1.0), r.store_ratio()));
+            }
+        }
+    }
+    let results = std::env::var("KT_BENCH_RESULTS")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/bench/RESULTS.md").to_string());
+    let begin = "<!-- bench/swarm_sim.rs: begin -->";
+    let end = "<!-- bench/swarm_sim.rs: end -->";
+    let mut s = String::new();
+    let _ = writeln!(s, "{begin}");
+    let _ = writeln!(s, "## Swarm scheduling, simulated (100 to 5,000 nodes)\n");
+    let _ = writeln!(
+        s,
+        "`cargo bench --profile dev --bench swarm_sim`: the real scheduling code (src/swarm: the \
+         server's board, each member's schedule, the protobuf sync messages) against simulated \
+         nodes. 64 MiB; every node and the store send and receive at most 40 Mbit/s (one \
+         transfer: {:.1} s); joins spread uniformly over half a transfer time after the publish; \
+         3% of nodes die at a random moment of their first transfer time; fanout {}; a member \
+         syncs every 200 ms while it fetches. Ratios are (verified copy − join) / one transfer, \
+         over the nodes that did not die. Targets at 5,000 nodes: every node within 1.3x, the \
+         store's egress at most 2x the data.\n",
+        DATA as f64 / LINK,
+        ktfs::swarm::DEFAULT_UPLOADS
+    );
+    let _ = writeln!(
+        s,
+        "| pieces | nodes | died | p50 | p99 | max | unfinished | store egress | downlinks busy | busy answers/node | syncs/node | peak syncs/s | sync B in/out per node | sync bytes total | sim wall |"
+    );
+    let _ = writeln!(
+        s,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
+    s.push_str(&table);
+    let _ = writeln!(s);
+    for (p, worst, store) in &worst_at_max {
+        let _ =
+            writeln!(
+            s,
+            "At {max_n} nodes with {p} pieces: slowest node {worst:.2}x one transfer ({}), store \
+             egress {store:.2}x ({}).",
+            if *worst <= 1.3 { "**met**" } else { "**NOT met**" },
+            if *store <= 2.0 { "**met**" } else { "**NOT met**" },
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nReading: the store sends each piece once (egress 1.00x) and sends them one after \
+         another at its full rate, so the last piece leaves it one transfer after the publish \
+         and must then reach every node, doubling its holders at best once per piece time: no \
+         schedule beats about 1 + log2(N)/pieces transfers (1.77x for 16 pieces at 5,000 nodes, \
+         1.19x for 64). Pieces are whole blocks (content-defined, 4 MiB on average), so the \
+         target needs smaller verified pieces than blocks. The schedule is still well short of \
+         that bound: the downlinks of fetching nodes are busy only about half the time, because \
+         rarest-first sends most members to the few holders of the newest pieces, which serve \
+         two at a time and answer the rest busy. Availability through the server costs a \
+         constant per node (about 120 to 180 syncs of 20 to 40 KB in all per member), so the \
+         server's load grows linearly with N: 24,000 to 27,000 syncs a second at 5,000 nodes."
+    );
+    let _ = writeln!(s, "{end}");
+    let old = std::fs::read_to_string(&results).unwrap_or_default();
+    let new = match (old.find(begin), old.find(end)) {
+        (Some(b), Some(e)) if e > b => {
+            let rest = &old[e + end.len()..];
+            format!(
+                "{}{}{}",
+                &old[..b],
+                s,
+                rest.strip_prefix('\n').unwrap_or(rest)
+            )
+        }
+        _ => format!("{}\n{}", old.trim_end(), s),
+    };
+    if let Err(e) = std::fs::write(&results, new) {
+        eprintln!("could not write {results}: {e}");
+        std::process::exit(1);
+    }
+    eprintln!("wrote {results}");
+}
