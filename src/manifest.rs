@@ -80,6 +80,21 @@ pub fn block_hash(b: &BlockRef) -> Option<BlockHash> {
     BlockHash::from_slice(&b.hash)
 }
 
+/// The version's pieces for a swarm: its unique blocks in manifest order (first occurrence),
+/// as 32-byte hashes one after another. Malformed references are left out.
+pub fn pieces(m: &Manifest) -> Vec<u8> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for b in m.entries.iter().flat_map(|e| &e.blocks) {
+        if let Some(h) = block_hash(b) {
+            if seen.insert(h.0) {
+                out.extend_from_slice(&h.0);
+            }
+        }
+    }
+    out
+}
+
 /// A fifo, socket or device node: an entry of metadata alone.
 pub fn is_special(k: EntryKind) -> bool {
     matches!(

@@ -14,9 +14,14 @@
 //!
 //! Everything here is plain state driven with an explicit `now` (a [`Moment`] of the server's
 //! clock), so tests run it without a clock. [`window`] holds a window's members and its quorum,
-//! [`tree`] the choice of parents, [`gpu`] the windows of GPU keys (one coordinated transfer).
+//! [`tree`] the choice of parents, [`swarm`] each version's swarm (the board of the swarm
+//! module below it), [`gpu`] the windows of GPU keys (one coordinated transfer).
+//!
+//! Getters of files fetch through the swarm when the server gives them the version's pieces at
+//! their join; the parent it gives too is what a getter that does not speak the swarm uses.
 
 pub mod gpu;
+mod swarm;
 mod tree;
 mod window;
 
@@ -207,6 +212,7 @@ impl Broadcasts {
                     w.release(i);
                 }
             }
+            Self::swarm_node_dead(w, failed);
         }
         w.release(m);
         if !failed.is_empty() && !w.members[m].failed_parents.iter().any(|f| f == failed) {
@@ -227,6 +233,7 @@ impl Broadcasts {
         let (w, m) = self.member(group, generation, member)?;
         w.touched = now.at;
         w.release(m);
+        Self::swarm_leave(w, m, done);
         let x = &mut w.members[m];
         x.left = true;
         x.done = x.done || done;

@@ -45,6 +45,8 @@ pub(super) struct WindowState {
     pub(super) dead: Vec<String>,
     /// The holders of each version, as of the latest join for it.
     pub(super) seeds: HashMap<Version, Vec<Seed>>,
+    /// The swarm of each version its getters fetch.
+    pub(super) swarms: HashMap<Version, super::swarm::Swarm>,
 }
 
 /// Which criterion of `spec`, if any, closes a quorum of members at `ips` (one per member, in
@@ -76,6 +78,7 @@ impl WindowState {
             seed_load: HashMap::new(),
             dead: Vec::new(),
             seeds: HashMap::new(),
+            swarms: HashMap::new(),
         }
     }
 

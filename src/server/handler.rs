@@ -176,6 +176,49 @@ impl StoreHandler {
         }
     }
 
+    /// Puts a getter into its version's swarm; the pieces it gets back, empty where there is no
+    /// swarm (the getter then fetches from its parent). The manifest is read once per swarm.
+    async fn swarm_join(
+        &self,
+        group: &str,
+        window: &Window,
+        member: u64,
+        version: Version,
+        seeds: &[Seed],
+    ) -> Vec<u8> {
+        let cached = self.windows().swarm_pieces(group, &version);
+        let pieces = match cached {
+            Some(p) => p,
+            None => {
+                let meta = self.meta.clone();
+                let read = blocking(move || {
+                    Ok(meta
+                        .manifest_if_any(&version.0)?
+                        .map(|m| crate::manifest::pieces(&m))
+                        .unwrap_or_default())
+                })
+                .await;
+                match read {
+                    Ok(p) => p,
+                    Err(e) => {
+                        tracing::warn!(error = %e.message(), "no swarm: the manifest could not be read");
+                        return Vec::new();
+                    }
+                }
+            }
+        };
+        match self
+            .windows()
+            .swarm_join(group, window.generation, member, pieces, seeds)
+        {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "no swarm for this getter");
+                Vec::new()
+            }
+        }
+    }
+
     /// The nodes that hold the whole of `version` of `key` now.
     async fn seeds(&self, ns: &str, key: &str, version: &[u8]) -> Result<Vec<Seed>, Status> {
         let ns = parse_ns(ns)?;
@@ -549,11 +592,31 @@ impl Store for StoreHandler {
             window = w;
             deadline = d;
         }
+        let pieces = if r.role() == Role::Getter {
+            self.swarm_join(&group, &window, joined.member, version, &seeds)
+                .await
+        } else {
+            Vec::new()
+        };
         Ok(Response::new(JoinResponse {
             window: Some(window),
             member: joined.member,
             parent: joined.parent,
+            pieces,
         }))
+    }
+
+    async fn swarm_sync(
+        &self,
+        req: Request<SwarmSyncRequest>,
+    ) -> Result<Response<SwarmSyncReply>, Status> {
+        window_for(&req, &req.get_ref().group_id)?;
+        let r = req.into_inner();
+        let reply = {
+            let live = self.live();
+            self.windows().swarm_sync(&r, &live, self.clock.now())?
+        };
+        Ok(Response::new(reply))
     }
 
     async fn new_parent(

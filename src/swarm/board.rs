@@ -17,6 +17,8 @@ const RECENT_HOLDERS: usize = 8;
 struct Slot {
     /// Joined, and neither died nor left without a copy.
     live: bool,
+    /// Its node serves what it holds: others may fetch from it.
+    serves: bool,
     zone: String,
     /// Announcements in order: what a neighbour's cursor counts.
     log: Vec<u32>,
@@ -28,7 +30,11 @@ struct Slot {
 #[derive(Debug)]
 pub struct Board {
     pieces: u32,
-    slots: Vec<Option<Slot>>,
+    /// Members in join order; every index below is a place in this list.
+    slots: Vec<Slot>,
+    /// The caller's ids of the members, and back.
+    ids: HashMap<u64, usize>,
+    ext: Vec<u64>,
     /// Live members holding each piece.
     holders: Vec<u32>,
     /// Some of them, to introduce.
@@ -37,7 +43,7 @@ pub struct Board {
     grants: Vec<Vec<(usize, Instant)>>,
     /// Store fetches allowed at once.
     seed_slots: usize,
-    /// Live members, for random neighbours.
+    /// Live members that serve, for random neighbours.
     live: Vec<usize>,
     granted: u64,
     rng: Rng,
@@ -53,6 +59,8 @@ impl Board {
         Board {
             pieces,
             slots: Vec::new(),
+            ids: HashMap::new(),
+            ext: Vec::new(),
             holders: vec![0; n],
             recent: vec![Vec::new(); n],
             grants: vec![Vec::new(); n],
@@ -79,29 +87,55 @@ impl Board {
 
     /// The member's neighbours, as member ids.
     pub fn neighbours(&self, m: u64) -> Vec<u64> {
-        self.slot(m as usize)
-            .map(|s| s.neighbours.iter().map(|&n| n as u64).collect())
+        self.idx(m)
+            .and_then(|i| self.slot(i))
+            .map(|s| s.neighbours.iter().map(|&n| self.ext[n]).collect())
             .unwrap_or_default()
     }
 
+    fn idx(&self, m: u64) -> Option<usize> {
+        self.ids.get(&m).copied()
+    }
+
     fn slot(&self, m: usize) -> Option<&Slot> {
-        self.slots.get(m).and_then(Option::as_ref)
+        self.slots.get(m)
     }
 
     fn live_slot(&self, m: usize) -> bool {
         self.slot(m).is_some_and(|s| s.live)
     }
 
-    /// Adds member `m` (the window's member id) and links it to random live members, same zone
-    /// first. A member id already here is left as it is.
-    pub fn join(&mut self, m: u64, zone: &str) {
-        let m = m as usize;
-        if self.slot(m).is_some() {
+    fn serving(&self, m: usize) -> bool {
+        self.slot(m).is_some_and(|s| s.live && s.serves)
+    }
+
+    /// Whether `m` is here (live or not).
+    pub fn knows(&self, m: u64) -> bool {
+        self.ids.contains_key(&m)
+    }
+
+    /// Adds a node that holds the whole version already (it fetched it before), under id `m`:
+    /// members are introduced to it like to any holder.
+    pub fn join_holder(&mut self, m: u64, zone: &str) {
+        if self.knows(m) {
             return;
         }
-        if self.slots.len() <= m {
-            self.slots.resize_with(m + 1, || None);
+        self.join(m, zone, true);
+        let all: Vec<u32> = (0..self.pieces).collect();
+        if let Some(i) = self.idx(m) {
+            self.record(i, &all);
         }
+    }
+
+    /// Adds member `m` (an id the caller chooses: the window's member id) and links it to random
+    /// live members that serve, same zone first. A member that does not serve (no agent of its
+    /// own) fetches like any other but is never offered to others. An id already here is left
+    /// as it is.
+    pub fn join(&mut self, id: u64, zone: &str, serves: bool) {
+        if self.knows(id) {
+            return;
+        }
+        let m = self.slots.len();
         let mut picks: Vec<usize> = Vec::new();
         // Same zone first: a few tries each, so a window of one zone costs nothing extra.
         for same_zone in [true, false] {
@@ -129,30 +163,38 @@ impl Board {
                 }
             }
         }
-        for &c in &picks {
-            if let Some(Some(s)) = self.slots.get_mut(c) {
-                s.neighbours.push(m);
+        if serves {
+            for &c in &picks {
+                if let Some(s) = self.slots.get_mut(c) {
+                    s.neighbours.push(m);
+                }
             }
         }
-        self.slots[m] = Some(Slot {
+        self.ids.insert(id, m);
+        self.ext.push(id);
+        self.slots.push(Slot {
             live: true,
+            serves,
             zone: zone.to_string(),
             log: Vec::new(),
             have: PieceSet::new(self.pieces),
             neighbours: picks,
         });
-        self.live.push(m);
+        if serves {
+            self.live.push(m);
+        }
     }
 
-    /// Member `m` is finished. With a copy (`done`) it stays a holder others fetch from (its
-    /// node seeds what it fetched); without one, it is gone: its neighbours are told at their
-    /// next sync, and what it was fetching from the store may be granted to others.
-    pub fn leave(&mut self, m: u64, done: bool) {
-        let m = m as usize;
-        if done || !self.live_slot(m) {
+    /// Member `m` is finished. With a copy (`done`) on a node that serves, it stays a holder
+    /// others fetch from (its node seeds what it fetched); otherwise it is gone: its neighbours
+    /// are told at their next sync, and what it was fetching from the store may be granted to
+    /// others.
+    pub fn leave(&mut self, id: u64, done: bool) {
+        let Some(m) = self.idx(id) else { return };
+        if (done && self.serving(m)) || !self.live_slot(m) {
             return;
         }
-        let Some(Some(s)) = self.slots.get_mut(m) else {
+        let Some(s) = self.slots.get_mut(m) else {
             return;
         };
         s.live = false;
@@ -167,7 +209,7 @@ impl Board {
             g.retain(|&(x, _)| x != m);
         }
         for n in neighbours {
-            if let Some(Some(s)) = self.slots.get_mut(n) {
+            if let Some(s) = self.slots.get_mut(n) {
                 s.neighbours.retain(|&x| x != m);
             }
         }
@@ -178,11 +220,10 @@ impl Board {
     /// since its cursors, and serves a `want_seed`. Peers appear with `source` unset; the
     /// caller fills in where to reach the new ones. Bad indices from a member are ignored.
     pub fn sync(&mut self, req: &SwarmSyncRequest, now: Instant) -> SwarmSyncReply {
-        let m = req.member as usize;
         let mut reply = SwarmSyncReply::default();
-        if !self.live_slot(m) {
+        let Some(m) = self.idx(req.member).filter(|&m| self.live_slot(m)) else {
             return reply;
-        }
+        };
         self.record(m, &req.verified);
         let seen: HashMap<u64, u32> = req.seen.iter().map(|c| (c.member, c.seen)).collect();
         if req.starving {
@@ -193,14 +234,14 @@ impl Board {
         };
         for &n in &me.neighbours {
             let Some(ns) = self.slot(n) else { continue };
-            let known = seen.get(&(n as u64)).copied();
+            let known = seen.get(&self.ext[n]).copied();
             let from = known.unwrap_or(0).min(ns.log.len() as u32);
             let pieces = &ns.log[from as usize..];
             if known.is_some() && pieces.is_empty() {
                 continue;
             }
             reply.peers.push(SwarmPeer {
-                member: n as u64,
+                member: self.ext[n],
                 source: None,
                 from,
                 pieces: pieces.to_vec(),
@@ -208,8 +249,10 @@ impl Board {
             });
         }
         for c in &req.seen {
-            let n = c.member as usize;
-            if !me.neighbours.contains(&n) {
+            let still = self
+                .idx(c.member)
+                .is_some_and(|n| me.neighbours.contains(&n));
+            if !still {
                 reply.peers.push(SwarmPeer {
                     member: c.member,
                     gone: true,
@@ -224,7 +267,7 @@ impl Board {
     }
 
     fn record(&mut self, m: usize, verified: &[u32]) {
-        let Some(Some(s)) = self.slots.get_mut(m) else {
+        let Some(s) = self.slots.get_mut(m) else {
             return;
         };
         for &p in verified {
@@ -269,17 +312,20 @@ impl Board {
             }
             let fetching = self.grants[p].iter().map(|&(x, _)| x);
             let pick = self.recent[p].iter().copied().chain(fetching).find(|&c| {
-                c != m && self.live_slot(c) && !me.neighbours.contains(&c) && !picks.contains(&c)
+                c != m && self.serving(c) && !me.neighbours.contains(&c) && !picks.contains(&c)
             });
             if let Some(c) = pick {
                 picks.push(c);
             }
         }
+        let serves = self.serving(m);
         for c in picks {
-            if let Some(Some(s)) = self.slots.get_mut(c) {
-                s.neighbours.push(m);
+            if serves {
+                if let Some(s) = self.slots.get_mut(c) {
+                    s.neighbours.push(m);
+                }
             }
-            if let Some(Some(s)) = self.slots.get_mut(m) {
+            if let Some(s) = self.slots.get_mut(m) {
                 s.neighbours.push(c);
             }
         }

@@ -140,6 +140,19 @@ impl Schedule {
         }
     }
 
+    /// A piece this member does not need (its files hold it already): never fetched, and not
+    /// announced, since its node may not serve it.
+    pub fn skip(&mut self, piece: u32) {
+        if self.state.get(piece as usize) == Some(&Piece::Missing) && self.have.insert(piece) {
+            self.state[piece as usize] = Piece::Have;
+        }
+    }
+
+    /// Whether `piece` is here (fetched, held or skipped).
+    pub fn has(&self, piece: u32) -> bool {
+        self.have.contains(piece)
+    }
+
     /// What to tell the server now: the pieces verified since the last sync, the cursors, the
     /// idle slots, and whether no neighbour holds anything this member lacks.
     pub fn sync_request(&mut self) -> SwarmSyncRequest {

@@ -178,7 +178,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         for (i, n) in nodes.iter_mut().enumerate() {
             if !n.joined && n.join_at <= t {
                 n.joined = true;
-                board.join(i as u64, "");
+                board.join(i as u64, "", true);
                 n.sched = Some(Schedule::new(i as u64, cfg.pieces, cfg.schedule.clone()));
             }
         }

@@ -44,7 +44,7 @@ fn the_store_grants_each_piece_once_while_members_fetch_it() {
     let now = Instant::now();
     let mut b = Board::with_seed_slots(8, 8, 1);
     for m in 0..4 {
-        b.join(m, "");
+        b.join(m, "", true);
     }
     let mut granted = Vec::new();
     for m in 0..4 {
@@ -58,7 +58,7 @@ fn the_store_grants_each_piece_once_while_members_fetch_it() {
     );
     assert_eq!(b.granted(), 8);
     // Everything is held or being fetched: a fifth member gets no grant...
-    b.join(4, "");
+    b.join(4, "", true);
     assert!(b.sync(&sync(4, &[], &[], 4), now).seed.is_empty());
     // ...until a grant outlives its time, and goes to whoever asks next.
     let later = now + GRANT_TTL + Duration::from_secs(1);
@@ -70,7 +70,7 @@ fn the_store_sends_a_few_pieces_at_a_time() {
     let now = Instant::now();
     let mut b = Board::new(16, 5);
     for m in 0..8 {
-        b.join(m, "");
+        b.join(m, "", true);
     }
     let grants: Vec<(u64, Vec<u32>)> = (0..8)
         .map(|m| (m, b.sync(&sync(m, &[], &[], 4), now).seed))
@@ -88,14 +88,14 @@ fn the_store_sends_a_few_pieces_at_a_time() {
 fn a_starving_member_is_introduced_to_holders_and_learns_their_announcements() {
     let now = Instant::now();
     let mut b = Board::with_seed_slots(4, 4, 2);
-    b.join(0, "");
+    b.join(0, "", true);
     let seed = b.sync(&sync(0, &[], &[], 4), now).seed;
     assert_eq!(seed.len(), 4);
     b.sync(&sync(0, &seed, &[], 0), now);
     assert_eq!(b.holders(2), 1);
     // Enough members that newcomers are not all linked to member 0.
     for m in 1..=(MAX_NEIGHBOURS as u64 + 4) {
-        b.join(m, "");
+        b.join(m, "", true);
     }
     let lonely = (1..=(MAX_NEIGHBOURS as u64 + 4))
         .find(|&m| !b.neighbours(m).contains(&0))
@@ -118,8 +118,8 @@ fn a_starving_member_is_introduced_to_holders_and_learns_their_announcements() {
 fn a_member_that_dies_is_gone_for_its_neighbours_and_its_grants_go_to_others() {
     let now = Instant::now();
     let mut b = Board::new(2, 3);
-    b.join(0, "");
-    b.join(1, "");
+    b.join(0, "", true);
+    b.join(1, "", true);
     assert_eq!(b.sync(&sync(0, &[], &[], 2), now).seed.len(), 2);
     assert!(b.sync(&sync(1, &[], &[(0, 0)], 2), now).seed.is_empty());
     b.leave(0, false);
@@ -140,7 +140,7 @@ fn a_member_that_dies_is_gone_for_its_neighbours_and_its_grants_go_to_others() {
 fn bad_indices_from_a_member_or_the_server_are_ignored() {
     let now = Instant::now();
     let mut b = Board::new(2, 4);
-    b.join(0, "");
+    b.join(0, "", true);
     b.sync(&sync(0, &[7, u32::MAX, 1], &[], 0), now);
     assert_eq!(b.holders(1), 1);
     let mut s = Schedule::new(1, 2, ScheduleConfig::default());
@@ -281,4 +281,30 @@ fn a_simulated_swarm_survives_members_dying_mid_transfer() {
     assert!(r.broken_fetches > 0, "some fetches were cut by the dying");
     assert_eq!(r.unfinished, 0, "every survivor finishes");
     assert!(r.store_ratio() <= 2.0, "store sent {:.2}x", r.store_ratio());
+}
+
+#[test]
+fn nodes_that_hold_the_version_serve_before_the_store_and_non_serving_members_serve_no_one() {
+    let now = Instant::now();
+    let mut b = Board::new(4, 6);
+    b.join_holder(1 << 32, "");
+    b.join(0, "", false);
+    let r = b.sync(&sync(0, &[], &[], 2), now);
+    assert!(
+        r.seed.is_empty(),
+        "a node holds everything: nothing from the store"
+    );
+    let holder = r
+        .peers
+        .iter()
+        .find(|p| p.member == 1 << 32)
+        .expect("a neighbour");
+    assert_eq!(holder.pieces.len(), 4);
+    // A member without an agent is never offered to others, nor kept once it is done.
+    b.join(1, "", true);
+    assert!(!b.neighbours(1).contains(&0));
+    assert!(!b.neighbours(1 << 32).contains(&0));
+    b.sync(&sync(0, &[0, 1, 2, 3], &[], 0), now);
+    b.leave(0, true);
+    assert_eq!(b.holders(0), 1, "only the holder");
 }

@@ -114,6 +114,8 @@ pub struct Partial {
 pub struct SourceFailure {
     pub source: SourceAddr,
     pub broken: bool,
+    /// It answered, but not with everything: it lacks blocks (rather than lying or failing).
+    pub lacked: bool,
     pub reason: String,
 }
 
@@ -209,9 +211,11 @@ pub async fn fetch_partial(
                 let f = failure.get_or_insert_with(|| SourceFailure {
                     source: source.clone(),
                     broken: false,
+                    lacked: true,
                     reason: String::new(),
                 });
                 f.broken |= broken;
+                f.lacked &= error.is_none();
                 if let Some(e) = error {
                     tracing::warn!(source = %source.label, addr = %source.addr, error = %e, "source failed");
                     f.reason = e;

@@ -21,6 +21,7 @@ pub mod put;
 pub mod read;
 pub mod scan;
 pub mod sources;
+mod swarm;
 pub mod ticket;
 pub mod tree;
 pub mod upload;

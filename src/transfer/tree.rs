@@ -2,11 +2,12 @@
 //! join, fetch from the source the window assigns, report a source that fails and get another,
 //! leave.
 //!
-//! Callers see sources, not parents: [`Membership::sources`] says where to fetch from now and
-//! [`Membership::failed`] reports a source that failed; the window decides what comes next.
-//! Today that is one parent at a time, within the fanout (a new one outside the member's own
-//! subtree when it fails); a swarm that fetches from several members at once replaces that
-//! choice behind these two calls, and [`fetch_through`] and its callers stay as they are.
+//! Where the server gives the version's pieces at the join, the member fetches through the
+//! version's swarm (`swarm.rs`: each piece from any member that holds it, several at once).
+//! Otherwise callers see sources, not parents: [`Membership::sources`] says where to fetch from
+//! now and [`Membership::failed`] reports a source that failed; the window decides what comes
+//! next: one parent at a time, within the fanout (a new one outside the member's own subtree
+//! when it fails). [`fetch_through`] and its callers are the same either way.
 
 use std::sync::Arc;
 
@@ -17,7 +18,7 @@ use serde::Serialize;
 use super::fetch::{self, BlockJob, BlockSink, FetchReport, Partial, SourceFailure};
 use super::sources::{source_addr, NodeRef, SourceAddr};
 use super::TransferError;
-use crate::hash::Version;
+use crate::hash::{BlockHash, Version};
 use crate::proto::{JoinRequest, LeaveRequest, NewParentRequest, Role, Window, WindowSpec};
 use crate::rpc::{ClientError, Store, DEFAULT_FANOUT};
 
@@ -61,9 +62,11 @@ struct State {
 /// A getter's place in a window. Shared by the threads that fetch for it (a mount's reads);
 /// leaves the window when dropped, if it has not left already.
 pub struct Membership {
-    store: Store,
-    server: String,
-    ticket: Bytes,
+    pub(super) store: Store,
+    pub(super) server: String,
+    pub(super) ticket: Bytes,
+    /// The version's pieces, when the window runs a swarm for it.
+    pub(super) pieces: Vec<BlockHash>,
     state: tokio::sync::Mutex<State>,
     /// Where a leave on drop runs.
     rt: Option<tokio::runtime::Handle>,
@@ -94,16 +97,27 @@ impl Membership {
             .into_inner();
         let window = joined.window.unwrap_or_default();
         let parent = joined.parent.map(|p| source_addr(&p, server, &spec.ticket));
+        let pieces: Vec<BlockHash> = joined
+            .pieces
+            .chunks_exact(32)
+            .filter_map(BlockHash::from_slice)
+            .collect();
+        let swarm = !pieces.is_empty();
         Ok(Membership {
             store: store.clone(),
             server: server.to_string(),
             ticket: spec.ticket.clone(),
+            pieces,
             state: tokio::sync::Mutex::new(State {
                 report: TreeReport {
                     group_id: window.group_id.clone(),
                     generation: window.generation,
                     member: joined.member,
-                    parents: parent.iter().map(|p| p.label.clone()).collect(),
+                    // A swarm reports the members it fetched from instead.
+                    parents: match swarm {
+                        false => parent.iter().map(|p| p.label.clone()).collect(),
+                        true => Vec::new(),
+                    },
                     closed: window.closed,
                     closed_by: window.closed_by.clone(),
                     members: window.members.len(),
@@ -167,6 +181,14 @@ impl Membership {
         self.state.lock().await.report.clone()
     }
 
+    /// Notes a source the swarm fetched from, for the report.
+    pub(super) async fn used(&self, label: &str) {
+        let mut st = self.state.lock().await;
+        if !st.report.parents.iter().any(|p| p == label) {
+            st.report.parents.push(label.to_string());
+        }
+    }
+
     /// Leaves the window: with a verified copy (`done`), or giving the slot back.
     pub async fn leave(&self, done: bool) {
         let req = {
@@ -222,11 +244,15 @@ pub async fn fetch_through(
     exclude: &str,
     progress: &ProgressBar,
 ) -> Result<Partial, TransferError> {
-    let mut part = Partial {
-        pending: jobs,
-        ..Default::default()
+    let mut part = if member.pieces.is_empty() {
+        Partial {
+            pending: jobs,
+            ..Default::default()
+        }
+    } else {
+        super::swarm::fetch(member, jobs, sinks.clone(), fallback, exclude, progress).await?
     };
-    while !part.pending.is_empty() {
+    while !part.pending.is_empty() && member.pieces.is_empty() {
         let sources: Vec<SourceAddr> = member
             .sources()
             .await

@@ -21,7 +21,7 @@ const HANG: Duration = Duration::from_secs(10);
 /// Calls in one input at most: enough to publish, then resolve, rename, link and remove.
 const MAX_CALLS: usize = 16;
 /// The RPCs of `service Store`, in the order a call's first byte picks them.
-pub const RPCS: usize = 19;
+pub const RPCS: usize = 20;
 
 struct Server {
     client: StoreClient<Channel>,
@@ -276,8 +276,11 @@ async fn call(c: &mut StoreClient<Channel>, pick: usize, body: &[u8]) {
             req.wait_ms = req.wait_ms.min(20);
             let _ = rpc!(c.await_gpu_window(req));
         }
-        _ => {
+        18 => {
             let _ = rpc!(c.finish_gpu_window(decoded!(GpuFinishRequest, body)));
+        }
+        _ => {
+            let _ = rpc!(c.swarm_sync(decoded!(SwarmSyncRequest, body)));
         }
     }
 }

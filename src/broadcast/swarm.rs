@@ -1,0 +1,183 @@
+//! The swarm of each version a window's getters fetch: a [`Board`] per version, keyed by the
+//! window's member ids, with the nodes that already hold the whole version (earlier getters)
+//! added as holders under ids of their own.
+
+use std::collections::HashMap;
+
+use super::window::WindowState;
+use super::{BroadcastError, Broadcasts, NodeView, Seed};
+use crate::clock::Moment;
+use crate::hash::Version;
+use crate::proto::{Source, SwarmSyncReply, SwarmSyncRequest};
+use crate::swarm::Board;
+
+/// Board ids of holders start here; below are the window's member ids.
+const HOLDER_IDS: u64 = 1 << 32;
+
+#[derive(Debug)]
+pub(super) struct Swarm {
+    board: Board,
+    /// The version's pieces as the join response carries them.
+    pieces: Vec<u8>,
+    /// Holders by node id, and their ids on the board.
+    holders: HashMap<String, u64>,
+    holder_nodes: Vec<String>,
+}
+
+impl Swarm {
+    fn new(pieces: Vec<u8>, seed: u64) -> Self {
+        let n = (pieces.len() / 32) as u32;
+        Swarm {
+            board: Board::new(n, seed),
+            pieces,
+            holders: HashMap::new(),
+            holder_nodes: Vec::new(),
+        }
+    }
+
+    /// Adds the nodes (not the store, not the origin: those serve the store's grants) that
+    /// hold the whole version now.
+    fn add_holders(&mut self, seeds: &[Seed]) {
+        for s in seeds {
+            if s.origin || s.node_id.is_empty() || self.holders.contains_key(&s.node_id) {
+                continue;
+            }
+            let id = HOLDER_IDS + self.holder_nodes.len() as u64;
+            self.holders.insert(s.node_id.clone(), id);
+            self.holder_nodes.push(s.node_id.clone());
+            self.board.join_holder(id, &s.zone);
+        }
+    }
+}
+
+impl WindowState {
+    /// The node behind a board id.
+    fn swarm_node(&self, version: &Version, id: u64) -> Option<String> {
+        if id >= HOLDER_IDS {
+            let s = self.swarms.get(version)?;
+            return s.holder_nodes.get((id - HOLDER_IDS) as usize).cloned();
+        }
+        self.members
+            .get(id as usize)
+            .map(|m| m.joiner.node_id.clone())
+    }
+}
+
+impl Broadcasts {
+    /// The pieces of `version` if the window of `group` runs its swarm already (so the caller
+    /// need not read the manifest again).
+    pub fn swarm_pieces(&self, group: &str, version: &Version) -> Option<Vec<u8>> {
+        let w = self.windows.get(group)?;
+        w.swarms.get(version).map(|s| s.pieces.clone())
+    }
+
+    /// Puts a getter that joined (`member` of the window's `generation`) into its version's
+    /// swarm, starting the swarm with `pieces` if it has none. Returns the pieces to send it;
+    /// empty if the version has no blocks or the getter fetches from a parent instead.
+    pub fn swarm_join(
+        &mut self,
+        group: &str,
+        generation: u64,
+        member: u64,
+        pieces: Vec<u8>,
+        seeds: &[Seed],
+    ) -> Result<Vec<u8>, BroadcastError> {
+        let (w, m) = self.member(group, generation, member)?;
+        let joiner = w.members[m].joiner.clone();
+        // A window that names its fanout keeps the pipelined tree, and a getter whose node
+        // serves nothing (no agent, or a mount's reader) fetches from its parent: the swarm is
+        // for members that serve what they receive.
+        let Some(version) = joiner
+            .version
+            .filter(|_| w.spec.fanout == 0 && joiner.serves)
+        else {
+            return Ok(Vec::new());
+        };
+        let seed = generation ^ u64::from_le_bytes(version.0[..8].try_into().unwrap_or([0; 8]));
+        let s = w
+            .swarms
+            .entry(version)
+            .or_insert_with(|| Swarm::new(pieces, seed));
+        if s.pieces.is_empty() {
+            return Ok(Vec::new());
+        }
+        s.add_holders(seeds);
+        s.board.join(member, &joiner.zone, joiner.serves);
+        Ok(s.pieces.clone())
+    }
+
+    /// A member's sync. New neighbours come with where to reach them; one whose node is no
+    /// longer alive is reported gone instead.
+    pub fn swarm_sync(
+        &mut self,
+        req: &SwarmSyncRequest,
+        live: &dyn Fn(&str) -> Option<NodeView>,
+        now: Moment,
+    ) -> Result<SwarmSyncReply, BroadcastError> {
+        let (w, m) = self.member(&req.group_id, req.generation, req.member)?;
+        w.touched = now.at;
+        let Some(version) = w.members[m].joiner.version else {
+            return Err(BroadcastError::Bad("a putter has no swarm".into()));
+        };
+        let Some(s) = w.swarms.get_mut(&version) else {
+            return Err(BroadcastError::Bad("this member is in no swarm".into()));
+        };
+        let mut reply = s.board.sync(req, now.at);
+        let known: Vec<u64> = req.seen.iter().map(|c| c.member).collect();
+        for i in 0..reply.peers.len() {
+            let p = &reply.peers[i];
+            if p.gone || known.contains(&p.member) {
+                continue;
+            }
+            let node = w.swarm_node(&version, p.member);
+            let view = node
+                .as_deref()
+                .and_then(|n| live(n).map(|v| (n.to_string(), v)));
+            let p = &mut reply.peers[i];
+            match view {
+                Some((node_id, v)) => {
+                    p.source = Some(Source {
+                        node_id,
+                        data_addr: v.data_addr,
+                        zone: v.zone,
+                        origin: false,
+                    })
+                }
+                None => {
+                    p.gone = true;
+                    p.pieces.clear();
+                }
+            }
+        }
+        Ok(reply)
+    }
+
+    /// Takes every swarm member on `node` out of the window's swarms (it was found dead).
+    pub(super) fn swarm_node_dead(w: &mut WindowState, node: &str) {
+        let ids: Vec<u64> = w
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.joiner.node_id == node)
+            .map(|(i, _)| i as u64)
+            .collect();
+        for s in w.swarms.values_mut() {
+            for &id in &ids {
+                s.board.leave(id, false);
+            }
+            if let Some(&id) = s.holders.get(node) {
+                s.board.leave(id, false);
+            }
+        }
+    }
+
+    /// A member left: out of its swarm, unless it holds a copy its node serves.
+    pub(super) fn swarm_leave(w: &mut WindowState, m: usize, done: bool) {
+        let Some(version) = w.members[m].joiner.version else {
+            return;
+        };
+        if let Some(s) = w.swarms.get_mut(&version) {
+            s.board.leave(m as u64, done);
+        }
+    }
+}

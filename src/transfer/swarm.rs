@@ -1,0 +1,191 @@
+//! A member's fetch through its version's swarm: the [`Schedule`] of the swarm module says
+//! which piece to fetch from whom; this loop syncs with the server, runs the fetches (each one
+//! block from one source, over the pooled connections of `fetch.rs`, verified as every fetch
+//! is) and tells the schedule how each ended. What the swarm could not give is left pending
+//! for the caller's fallback (every source it knows).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use indicatif::ProgressBar;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::fetch::{self, BlockJob, BlockSink, Partial};
+use super::sources::{source_addr, SourceAddr};
+use super::tree::Membership;
+use super::TransferError;
+use crate::swarm::{Failure, From, Request, Schedule, ScheduleConfig};
+
+/// How often a member syncs with the server while it fetches.
+const SYNC_INTERVAL: Duration = Duration::from_millis(200);
+/// How soon after a verified piece it syncs to announce it.
+const ANNOUNCE_DELAY: Duration = Duration::from_millis(50);
+/// With nothing arriving for this long, the swarm is given up for what is left.
+const STALL: Duration = Duration::from_secs(30);
+/// Failed syncs in a row after which the swarm is given up.
+const SYNC_FAILURES: u32 = 3;
+
+type Fetched = (Request, Result<Partial, TransferError>);
+
+/// Fetches `jobs` through the swarm of `member`'s version. The store's grants go to the last
+/// of `fallback` (the origin or the store); sources labelled `exclude` (this node) are never
+/// used. Returns what was fetched, from whom, and what is left.
+pub(super) async fn fetch(
+    member: &Membership,
+    jobs: Vec<BlockJob>,
+    sinks: Arc<dyn BlockSink>,
+    fallback: &[SourceAddr],
+    exclude: &str,
+    progress: &ProgressBar,
+) -> Result<Partial, TransferError> {
+    let index: HashMap<[u8; 32], u32> = member
+        .pieces
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (h.0, i as u32))
+        .collect();
+    let mut by_piece: HashMap<u32, BlockJob> = HashMap::new();
+    let mut outside = Vec::new();
+    for j in jobs {
+        match index.get(&j.hash.0) {
+            Some(&p) => {
+                by_piece.insert(p, j);
+            }
+            None => outside.push(j),
+        }
+    }
+    let place = member.report().await;
+    let mut sched = Schedule::new(
+        place.member,
+        member.pieces.len() as u32,
+        ScheduleConfig::default(),
+    );
+    for p in 0..member.pieces.len() as u32 {
+        if !by_piece.contains_key(&p) {
+            sched.skip(p);
+        }
+    }
+    let seed = fallback.last().cloned();
+    let mut peers: HashMap<u64, SourceAddr> = HashMap::new();
+    let mut tasks: JoinSet<Fetched> = JoinSet::new();
+    let mut part = Partial::default();
+    let mut next_sync = Instant::now();
+    let mut last_progress = Instant::now();
+    let mut sync_failures = 0;
+    let mut store = member.store.clone();
+    loop {
+        let now = Instant::now();
+        let settled = sched.done() && tasks.is_empty();
+        if settled || now >= next_sync {
+            let mut req = sched.sync_request();
+            req.group_id = place.group_id.clone();
+            req.generation = place.generation;
+            if !(settled && req.verified.is_empty()) {
+                match store.swarm_sync(req).await {
+                    Ok(r) => {
+                        let reply = r.into_inner();
+                        for p in &reply.peers {
+                            if let Some(s) = &p.source {
+                                peers.insert(
+                                    p.member,
+                                    source_addr(s, &member.server, &member.ticket),
+                                );
+                            }
+                        }
+                        sched.apply(&reply);
+                        sync_failures = 0;
+                    }
+                    Err(e) => {
+                        sync_failures += 1;
+                        tracing::warn!(error = %e.message(), "swarm sync failed");
+                    }
+                }
+            }
+            next_sync = now + SYNC_INTERVAL;
+        }
+        if settled || sync_failures >= SYNC_FAILURES || now.duration_since(last_progress) > STALL {
+            break;
+        }
+        for r in sched.next(now.into_std()) {
+            let src = match r.from {
+                From::Seed => seed.clone(),
+                From::Peer(m) => peers.get(&m).cloned(),
+            };
+            let (Some(src), Some(job)) = (src, by_piece.get(&r.piece)) else {
+                sched.failed(r.piece, r.from, Failure::Broken, now.into_std());
+                continue;
+            };
+            if src.label == exclude {
+                sched.failed(r.piece, r.from, Failure::Broken, now.into_std());
+                continue;
+            }
+            let (job, sinks, progress) = (job.clone(), sinks.clone(), progress.clone());
+            tasks.spawn(async move {
+                let got = fetch::fetch_partial(vec![job], sinks, &[src], &progress).await;
+                (r, got)
+            });
+        }
+        let wait = next_sync.saturating_duration_since(Instant::now());
+        tokio::select! {
+            Some(done) = tasks.join_next() => {
+                let (r, got) = done.map_err(|e| TransferError::Unavailable {
+                    missing: 0,
+                    reasons: e.to_string(),
+                })?;
+                let got = got?;
+                let now = Instant::now();
+                if got.pending.is_empty() {
+                    sched.verified(r.piece, r.from);
+                    last_progress = now;
+                    next_sync = next_sync.min(now + ANNOUNCE_DELAY);
+                    for (src, _) in &got.report.by_source {
+                        member.used(&src.label).await;
+                    }
+                    merge(&mut part, got);
+                } else {
+                    let why = match got.failures.first() {
+                        Some(f) if f.lacked && !f.broken => Failure::Missing,
+                        _ => Failure::Broken,
+                    };
+                    sched.failed(r.piece, r.from, why, now.into_std());
+                    part.failures.extend(got.failures);
+                }
+            }
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+    // Fetches still running when the swarm was given up end with it.
+    tasks.abort_all();
+    while let Some(done) = tasks.join_next().await {
+        if let Ok((r, Ok(got))) = done {
+            if got.pending.is_empty() {
+                sched.verified(r.piece, r.from);
+                merge(&mut part, got);
+            }
+        }
+    }
+    part.pending = by_piece
+        .into_iter()
+        .filter(|(p, _)| !sched.has(*p))
+        .map(|(_, j)| j)
+        .chain(outside)
+        .collect();
+    Ok(part)
+}
+
+/// Adds one fetch's bytes by source to the whole's.
+fn merge(part: &mut Partial, got: Partial) {
+    for (src, bytes) in got.report.by_source {
+        match part
+            .report
+            .by_source
+            .iter_mut()
+            .find(|(s, _)| s.label == src.label && s.addr == src.addr)
+        {
+            Some((_, b)) => *b += bytes,
+            None => part.report.by_source.push((src, bytes)),
+        }
+    }
+}
