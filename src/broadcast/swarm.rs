@@ -13,6 +13,9 @@ use crate::swarm::Board;
 
 /// Board ids of holders start here; below are the window's member ids.
 const HOLDER_IDS: u64 = 1 << 32;
+/// A version of fewer blocks fetches from a parent: there is nothing to spread over several
+/// sources, and a swarm's syncs would cost more round trips than the fetch.
+pub const MIN_SWARM_PIECES: usize = 4;
 
 #[derive(Debug)]
 pub(super) struct Swarm {
@@ -86,11 +89,9 @@ impl Broadcasts {
         let joiner = w.members[m].joiner.clone();
         // A window that names its fanout keeps the pipelined tree, and a getter whose node
         // serves nothing (no agent, or a mount's reader) fetches from its parent: the swarm is
-        // for members that serve what they receive.
-        let Some(version) = joiner
-            .version
-            .filter(|_| w.spec.fanout == 0 && joiner.serves)
-        else {
+        // for members that serve what they receive, of versions of several blocks.
+        let wanted = w.spec.fanout == 0 && joiner.serves && pieces.len() / 32 >= MIN_SWARM_PIECES;
+        let Some(version) = joiner.version.filter(|_| wanted) else {
             return Ok(Vec::new());
         };
         let seed = generation ^ u64::from_le_bytes(version.0[..8].try_into().unwrap_or([0; 8]));

@@ -294,3 +294,96 @@ fn a_finished_window_starts_a_new_generation_and_idle_ones_are_forgotten() {
         Err(BroadcastError::NoWindow("g".into()))
     );
 }
+
+fn pieces(n: u8) -> Vec<u8> {
+    (0..n).flat_map(|i| [i; 32]).collect()
+}
+
+#[test]
+fn serving_getters_of_a_version_of_several_blocks_join_its_swarm_and_learn_where_peers_are() {
+    let now = SystemClock.now();
+    let mut b = Broadcasts::default();
+    let holder = Seed {
+        node_id: "h".into(),
+        data_addr: "addr-h".into(),
+        zone: String::new(),
+        origin: false,
+    };
+    let seeds = [store(), vec![holder]].concat();
+    let j = b
+        .join(spec("g"), getter("a", ""), &seeds, &all_live, now)
+        .unwrap();
+    let got = b
+        .swarm_join("g", j.window.generation, j.member, pieces(8), &seeds)
+        .unwrap();
+    assert_eq!(got, pieces(8));
+    assert_eq!(b.swarm_pieces("g", &Version([7; 32])), Some(pieces(8)));
+    let req = crate::proto::SwarmSyncRequest {
+        group_id: "g".into(),
+        generation: j.window.generation,
+        member: j.member,
+        want_seed: 2,
+        starving: true,
+        ..Default::default()
+    };
+    let r = b.swarm_sync(&req, &all_live, now).unwrap();
+    let h = r
+        .peers
+        .iter()
+        .find(|p| p.pieces.len() == 8)
+        .expect("the holder");
+    let src = h
+        .source
+        .as_ref()
+        .expect("where to reach it, the first time");
+    assert_eq!(
+        (src.node_id.as_str(), src.data_addr.as_str()),
+        ("h", "addr-h")
+    );
+    assert!(
+        r.seed.is_empty(),
+        "a node holds it all: nothing from the store"
+    );
+
+    // An explicit fanout, a getter that serves nothing and a version of few blocks keep the tree.
+    let t = b
+        .join(
+            WindowSpec {
+                fanout: 3,
+                ..spec("t")
+            },
+            getter("a", ""),
+            &seeds,
+            &all_live,
+            now,
+        )
+        .unwrap();
+    assert!(b
+        .swarm_join("t", t.window.generation, t.member, pieces(8), &seeds)
+        .unwrap()
+        .is_empty());
+    let quiet = Joiner {
+        serves: false,
+        ..getter("c", "")
+    };
+    let q = b.join(spec("q"), quiet, &seeds, &all_live, now).unwrap();
+    assert!(b
+        .swarm_join("q", q.window.generation, q.member, pieces(8), &seeds)
+        .unwrap()
+        .is_empty());
+    let f = b
+        .join(spec("f"), getter("a", ""), &seeds, &all_live, now)
+        .unwrap();
+    assert!(b
+        .swarm_join("f", f.window.generation, f.member, pieces(2), &seeds)
+        .unwrap()
+        .is_empty());
+    // A sync of a member in no swarm is refused, not answered with nothing.
+    let bad = crate::proto::SwarmSyncRequest {
+        group_id: "f".into(),
+        generation: f.window.generation,
+        member: f.member,
+        ..Default::default()
+    };
+    assert!(b.swarm_sync(&bad, &all_live, now).is_err());
+}
