@@ -37,25 +37,6 @@ fn served_blocks(agent: &AgentProc) -> u64 {
     .unwrap_or(0)
 }
 
-/// Publishes `len` pseudo-random bytes under `key`; returns them and the version's hex id.
-fn publish(c: &Cluster, key: &str, len: usize, seed: u64, block: &str) -> (Vec<u8>, String) {
-    let f = c.path(&format!("{key}.src"));
-    let data = pseudo_random(len, seed);
-    fs::write(&f, &data).unwrap();
-    let put = c.json(
-        None,
-        &[
-            "put",
-            key,
-            "--src",
-            f.to_str().unwrap(),
-            "--block-size",
-            block,
-        ],
-    );
-    (data, put["version"].as_str().unwrap().to_string())
-}
-
 /// The parent of every member of a window, in join order.
 fn window_parents(w: &serde_json::Value) -> Vec<String> {
     w["members"]
@@ -181,7 +162,7 @@ fn quorum_closes_by_world_size_by_ips_and_by_timeout() {
 #[test]
 fn rolling_joins_get_parents_at_once_within_the_fanout() {
     let c = Cluster::new("127.0.0.50");
-    let (data, _) = publish(&c, "w", 6 * MIB, 2, "1048576");
+    let (data, _) = c.publish_random("w", 6 * MIB, 2, "1048576");
     let agents: Vec<AgentProc> = (0..4)
         .map(|i| c.agent(&format!("127.0.0.{}", 51 + i), &format!("node-{i}")))
         .collect();
@@ -227,7 +208,7 @@ fn rolling_joins_get_parents_at_once_within_the_fanout() {
 #[test]
 fn a_child_is_fed_block_by_block_and_finishes_before_its_throttled_parent() {
     let c = Cluster::new("127.0.0.60");
-    let (data, _) = publish(&c, "w", 4 * MIB, 3, "1048576");
+    let (data, _) = c.publish_random("w", 4 * MIB, 3, "1048576");
     let p = c.agent("127.0.0.61", "parent");
     let k = c.agent("127.0.0.62", "child");
     let (dp, dk) = (c.path("p"), c.path("k"));
@@ -256,7 +237,7 @@ fn a_child_is_fed_block_by_block_and_finishes_before_its_throttled_parent() {
 #[test]
 fn killing_a_mid_tree_agent_leaves_every_survivor_with_a_verified_copy() {
     let c = Cluster::new("127.0.0.70");
-    let (data, _) = publish(&c, "w", 6 * MIB, 4, "1048576");
+    let (data, _) = c.publish_random("w", 6 * MIB, 4, "1048576");
     let a = c.agent("127.0.0.71", "node-a");
     let b = c.agent("127.0.0.72", "node-b");
     let cc = c.agent("127.0.0.73", "node-c");
@@ -304,7 +285,7 @@ fn killing_a_mid_tree_agent_leaves_every_survivor_with_a_verified_copy() {
 #[test]
 fn getters_without_a_window_spread_over_the_sources_within_the_fanout() {
     let c = Cluster::new("127.0.0.80");
-    let (data, version) = publish(&c, "w", 4 * MIB, 5, "1048576");
+    let (data, version) = c.publish_random("w", 4 * MIB, 5, "1048576");
     // The implicit window every getter without window flags joins.
     let group = format!("v-{}", &version[..16]);
     let agents: Vec<AgentProc> = (0..3)

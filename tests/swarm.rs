@@ -12,26 +12,6 @@ use common::*;
 
 const MIB: usize = 1 << 20;
 
-/// Publishes `len` pseudo-random bytes under `key` in blocks of `block` bytes; returns them
-/// and the version's hex id.
-fn publish(c: &Cluster, key: &str, len: usize, seed: u64, block: &str) -> (Vec<u8>, String) {
-    let f = c.path(&format!("{key}.src"));
-    let data = pseudo_random(len, seed);
-    fs::write(&f, &data).unwrap();
-    let put = c.json(
-        None,
-        &[
-            "put",
-            key,
-            "--src",
-            f.to_str().unwrap(),
-            "--block-size",
-            block,
-        ],
-    );
-    (data, put["version"].as_str().unwrap().to_string())
-}
-
 /// The sources a `kt get --json` answer took bytes from, with their bytes.
 fn sources(got: &serde_json::Value) -> Vec<(String, u64)> {
     got["sources"]
@@ -50,7 +30,7 @@ fn sources(got: &serde_json::Value) -> Vec<(String, u64)> {
 #[test]
 fn a_late_joiner_takes_blocks_from_every_node_that_holds_them_and_none_from_the_store() {
     let c = Cluster::new("127.0.0.215");
-    let (data, _) = publish(&c, "w", 4 * MIB, 21, "65536");
+    let (data, _) = c.publish_random("w", 4 * MIB, 21, "65536");
     let agents: Vec<AgentProc> = (0..3)
         .map(|i| c.agent(&format!("127.0.0.{}", 216 + i), &format!("node-{i}")))
         .collect();
@@ -78,7 +58,7 @@ fn a_late_joiner_takes_blocks_from_every_node_that_holds_them_and_none_from_the_
 #[test]
 fn eight_getters_at_once_cost_the_store_about_one_copy() {
     let c = Cluster::new("127.0.0.219");
-    let (data, _) = publish(&c, "w", 4 * MIB, 22, "65536");
+    let (data, _) = c.publish_random("w", 4 * MIB, 22, "65536");
     let agents: Vec<AgentProc> = (0..8)
         .map(|i| c.agent(&format!("127.0.0.{}", 220 + i), &format!("node-{i}")))
         .collect();
@@ -122,7 +102,7 @@ fn eight_getters_at_once_cost_the_store_about_one_copy() {
 #[test]
 fn a_member_killed_mid_transfer_costs_the_others_only_what_it_had_in_flight() {
     let c = Cluster::new("127.0.0.204");
-    let (data, version) = publish(&c, "w", 4 * MIB, 23, "65536");
+    let (data, version) = c.publish_random("w", 4 * MIB, 23, "65536");
     let group = format!("v-{}", &version[..16]);
     let agents: Vec<AgentProc> = (0..3)
         .map(|i| c.agent(&format!("127.0.0.{}", 205 + i), &format!("node-{i}")))

@@ -27,6 +27,8 @@ pub mod store;
 #[cfg(feature = "daemons")]
 pub mod touched;
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 use crate::hash::BlockHash;
@@ -84,6 +86,12 @@ pub trait BlockServe: Send + Sync + 'static {
     /// For a block this peer does not hold yet but is receiving: resolves once it may have
     /// arrived, so that a child in a broadcast tree is answered as soon as its parent has it.
     fn pending(&self, _hash: &BlockHash) -> Option<Pending> {
+        None
+    }
+    /// The upload slots swarm requests share: a swarm request that finds none free is answered
+    /// "busy" at once, so that its member asks another holder. `None`: no limit (the store,
+    /// whose swarm fetches the server grants a few at a time already).
+    fn upload_slots(&self) -> Option<Arc<tokio::sync::Semaphore>> {
         None
     }
 }

@@ -32,7 +32,13 @@ pub struct NodeBlocks {
     pins: Pins,
     bytes_served: AtomicU64,
     blocks_served: AtomicU64,
+    /// Blocks sent to swarm members at once (`crate::swarm::DEFAULT_UPLOADS`'s reasons).
+    upload_slots: Arc<tokio::sync::Semaphore>,
 }
+
+/// Swarm requests a node serves at once: the swarm's default uploads, repeated here because
+/// this layer may not depend on the swarm's (a test of the transfer layer keeps them equal).
+pub const UPLOAD_SLOTS: usize = 2;
 
 impl NodeBlocks {
     /// The blocks of a node over its database (which holds the cache's and the in-place
@@ -46,6 +52,7 @@ impl NodeBlocks {
             pins: Pins::default(),
             bytes_served: AtomicU64::new(0),
             blocks_served: AtomicU64::new(0),
+            upload_slots: Arc::new(tokio::sync::Semaphore::new(UPLOAD_SLOTS)),
         }
     }
 
@@ -168,6 +175,10 @@ impl BlockServe for NodeBlocks {
             self.blocks_served.fetch_add(1, Ordering::Relaxed);
         }
         Ok(got.map(Served::Bytes))
+    }
+
+    fn upload_slots(&self) -> Option<Arc<tokio::sync::Semaphore>> {
+        Some(self.upload_slots.clone())
     }
 
     fn pending(&self, hash: &BlockHash) -> Option<Pending> {

@@ -86,6 +86,20 @@ impl FetchReport {
     pub fn bytes(&self) -> u64 {
         self.by_source.iter().map(|(_, b)| b).sum()
     }
+
+    /// Adds another fetch's bytes, by source.
+    pub fn add(&mut self, other: FetchReport) {
+        for (src, bytes) in other.by_source {
+            match self
+                .by_source
+                .iter_mut()
+                .find(|(s, _)| s.label == src.label && s.addr == src.addr)
+            {
+                Some((_, b)) => *b += bytes,
+                None => self.by_source.push((src, bytes)),
+            }
+        }
+    }
 }
 
 /// Fetches every job from the sources, nearest first.
@@ -114,6 +128,8 @@ pub struct Partial {
 pub struct SourceFailure {
     pub source: SourceAddr,
     pub broken: bool,
+    /// It answered busy (a swarm request found its upload slots taken).
+    pub busy: bool,
     /// It answered, but not with everything: it lacks blocks (rather than lying or failing).
     pub lacked: bool,
     pub reason: String,
@@ -146,20 +162,19 @@ impl Partial {
 
     /// Adds another pass's results to this one.
     pub fn absorb(&mut self, other: Partial) {
-        for (src, bytes) in other.report.by_source {
-            match self
-                .report
-                .by_source
-                .iter_mut()
-                .find(|(s, _)| s.label == src.label && s.addr == src.addr)
-            {
-                Some((_, b)) => *b += bytes,
-                None => self.report.by_source.push((src, bytes)),
-            }
-        }
+        self.report.add(other.report);
         self.pending = other.pending;
         self.failures.extend(other.failures);
     }
+}
+
+/// How blocks are asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ask {
+    /// Served whatever the peer's load.
+    Plain,
+    /// A swarm member's request: served within the peer's upload slots, else answered busy.
+    Swarm,
 }
 
 /// Fetches what it can from the sources, nearest first, and says what is left.
@@ -168,6 +183,17 @@ pub async fn fetch_partial(
     sinks: Arc<dyn BlockSink>,
     sources: &[SourceAddr],
     progress: &ProgressBar,
+) -> Result<Partial, TransferError> {
+    fetch_partial_as(jobs, sinks, sources, progress, Ask::Plain).await
+}
+
+/// [`fetch_partial`], asking as `ask` says.
+pub async fn fetch_partial_as(
+    jobs: Vec<BlockJob>,
+    sinks: Arc<dyn BlockSink>,
+    sources: &[SourceAddr],
+    progress: &ProgressBar,
+    ask: Ask,
 ) -> Result<Partial, TransferError> {
     let _t = crate::metrics::Timer::start(&crate::metrics::FETCH_SECONDS);
     let mut part = Partial::default();
@@ -186,13 +212,13 @@ pub async fn fetch_partial(
         let mut tasks = Vec::new();
         for lane in lanes {
             tasks.push(tokio::spawn(fetch_lane(
-                source.addr.clone(),
-                source.ticket.clone(),
+                source.clone(),
                 lane,
                 sinks.clone(),
                 poisoned.clone(),
                 got.clone(),
                 progress.clone(),
+                ask,
             )));
         }
         let mut failure: Option<SourceFailure> = None;
@@ -205,16 +231,19 @@ pub async fn fetch_partial(
                 failed,
                 error,
                 broken,
+                busy,
             } = outcome?;
             let lacks = !failed.is_empty();
             if error.is_some() || lacks {
                 let f = failure.get_or_insert_with(|| SourceFailure {
                     source: source.clone(),
                     broken: false,
+                    busy: false,
                     lacked: true,
                     reason: String::new(),
                 });
                 f.broken |= broken;
+                f.busy |= busy;
                 f.lacked &= error.is_none();
                 if let Some(e) = error {
                     tracing::warn!(source = %source.label, addr = %source.addr, error = %e, "source failed");
@@ -245,6 +274,8 @@ struct LaneOutcome {
     error: Option<String>,
     /// The connection could not be made or broke.
     broken: bool,
+    /// The peer answered busy.
+    busy: bool,
 }
 
 enum Written {
@@ -276,16 +307,25 @@ fn checkin(addr: &str, conn: Conn) {
 /// One connection's share of a source. A pooled connection that turns out dead before it
 /// answered anything is replaced by a fresh one, so a peer is never blamed for a stale socket.
 async fn fetch_lane(
-    addr: String,
-    ticket: Bytes,
+    source: SourceAddr,
     jobs: Vec<BlockJob>,
     sinks: Arc<dyn BlockSink>,
     poisoned: Arc<AtomicBool>,
     got: Arc<AtomicU64>,
     progress: ProgressBar,
+    ask: Ask,
 ) -> Result<LaneOutcome, TransferError> {
+    let SourceAddr { addr, ticket, .. } = source;
     if let Some(conn) = checkout(&addr) {
-        let lane = run_lane(conn, &ticket, jobs.clone(), sinks.clone(), poisoned.clone()).await?;
+        let lane = run_lane(
+            conn,
+            &ticket,
+            jobs.clone(),
+            sinks.clone(),
+            poisoned.clone(),
+            ask,
+        )
+        .await?;
         if lane.answered > 0 || lane.outcome.error.is_none() {
             return Ok(finish_lane(&addr, lane, &jobs, &got, &progress));
         }
@@ -297,10 +337,11 @@ async fn fetch_lane(
                 failed: jobs,
                 error: Some(e.to_string()),
                 broken: true,
+                busy: false,
             })
         }
     };
-    let lane = run_lane(conn, &ticket, jobs.clone(), sinks, poisoned).await?;
+    let lane = run_lane(conn, &ticket, jobs.clone(), sinks, poisoned, ask).await?;
     Ok(finish_lane(&addr, lane, &jobs, &got, &progress))
 }
 
@@ -336,6 +377,7 @@ async fn run_lane(
     jobs: Vec<BlockJob>,
     sinks: Arc<dyn BlockSink>,
     poisoned: Arc<AtomicBool>,
+    ask: Ask,
 ) -> Result<Lane, TransferError> {
     let (mut tx, mut rx) = conn;
     // A pooled connection may have shown it before; the server keeps one copy.
@@ -363,7 +405,11 @@ async fn run_lane(
                 };
                 w.forget();
                 r.forget();
-                if poisoned.load(Ordering::Relaxed) || tx.get(&j.hash).await.is_err() {
+                let sent = match ask {
+                    Ask::Plain => tx.get(&j.hash).await,
+                    Ask::Swarm => tx.get_swarm(&j.hash).await,
+                };
+                if poisoned.load(Ordering::Relaxed) || sent.is_err() {
                     break;
                 }
             }
@@ -373,6 +419,7 @@ async fn run_lane(
     let receiver = async {
         let mut answered = 0usize;
         let mut broken = false;
+        let mut busy = false;
         let mut failed = Vec::new();
         let mut error = None;
         let mut writes = Vec::new();
@@ -424,6 +471,11 @@ async fn run_lane(
                     release(permits(job.len));
                     failed.push(job);
                 }
+                Ok(Response::Busy(_)) => {
+                    release(permits(job.len));
+                    busy = true;
+                    failed.push(job);
+                }
                 Ok(Response::Error(m) | Response::NoSpace(m)) => {
                     release(permits(job.len));
                     error.get_or_insert(m);
@@ -462,9 +514,9 @@ async fn run_lane(
                 }
             }
         }
-        (failed, error, fatal, answered, broken)
+        (failed, error, fatal, answered, broken, busy)
     };
-    let (tx, (failed, error, fatal, answered, broken)) = tokio::join!(sender, receiver);
+    let (tx, (failed, error, fatal, answered, broken, busy)) = tokio::join!(sender, receiver);
     if let Some(e) = fatal {
         return Err(e);
     }
@@ -474,6 +526,7 @@ async fn run_lane(
             failed,
             error,
             broken,
+            busy,
         },
         answered,
         reusable: clean.then_some((tx, rx)),

@@ -12,7 +12,7 @@ use indicatif::ProgressBar;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::fetch::{self, BlockJob, BlockSink, Partial};
+use super::fetch::{self, Ask, BlockJob, BlockSink, Partial};
 use super::sources::{source_addr, SourceAddr};
 use super::tree::Membership;
 use super::TransferError;
@@ -122,8 +122,13 @@ pub(super) async fn fetch(
                 continue;
             }
             let (job, sinks, progress) = (job.clone(), sinks.clone(), progress.clone());
+            // The store's grants are few already; a peer serves swarm requests in its slots.
+            let ask = match r.from {
+                From::Seed => Ask::Plain,
+                From::Peer(_) => Ask::Swarm,
+            };
             tasks.spawn(async move {
-                let got = fetch::fetch_partial(vec![job], sinks, &[src], &progress).await;
+                let got = fetch::fetch_partial_as(vec![job], sinks, &[src], &progress, ask).await;
                 (r, got)
             });
         }
@@ -143,14 +148,17 @@ pub(super) async fn fetch(
                     for (src, _) in &got.report.by_source {
                         member.used(&src.label).await;
                     }
-                    merge(&mut part, got);
+                    part.report.add(got.report);
                 } else {
                     let why = match got.failures.first() {
+                        Some(f) if f.busy && !f.broken => Failure::Busy,
                         Some(f) if f.lacked && !f.broken => Failure::Missing,
                         _ => Failure::Broken,
                     };
                     sched.failed(r.piece, r.from, why, now.into_std());
-                    part.failures.extend(got.failures);
+                    if why != Failure::Busy {
+                        part.failures.extend(got.failures);
+                    }
                 }
             }
             _ = tokio::time::sleep(wait) => {}
@@ -162,7 +170,7 @@ pub(super) async fn fetch(
         if let Ok((r, Ok(got))) = done {
             if got.pending.is_empty() {
                 sched.verified(r.piece, r.from);
-                merge(&mut part, got);
+                part.report.add(got.report);
             }
         }
     }
@@ -175,17 +183,13 @@ pub(super) async fn fetch(
     Ok(part)
 }
 
-/// Adds one fetch's bytes by source to the whole's.
-fn merge(part: &mut Partial, got: Partial) {
-    for (src, bytes) in got.report.by_source {
-        match part
-            .report
-            .by_source
-            .iter_mut()
-            .find(|(s, _)| s.label == src.label && s.addr == src.addr)
-        {
-            Some((_, b)) => *b += bytes,
-            None => part.report.by_source.push((src, bytes)),
-        }
+#[cfg(all(test, feature = "daemons"))]
+mod tests {
+    #[test]
+    fn a_node_serves_as_many_swarm_requests_at_once_as_the_swarm_assumes() {
+        assert_eq!(
+            crate::blocks::node::UPLOAD_SLOTS,
+            crate::swarm::DEFAULT_UPLOADS as usize
+        );
     }
 }

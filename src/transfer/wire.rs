@@ -8,6 +8,11 @@
 //! (`ticket.rs`) as `OP_TICKET` frames, which are not answered; each later request is checked
 //! against the connection's tickets by the server's [`Gate`].
 //!
+//! A swarm member asks with `OP_GET_SWARM`: the server sends the block within its upload slots
+//! ([`BlockServe::upload_slots`]: two on a node) and answers `OP_BUSY` at once when they are all
+//! taken, so that the member asks another holder instead of sharing an uplink it would finish
+//! nothing on. Plain `OP_GET`s (the store's grants, tree children, the mount) are not limited.
+//!
 //! A block that replaces one the server holds can travel as an rsync delta (`delta.rs`):
 //! `OP_SIGNATURE` asks for the old block's signature, `OP_PUT_DELTA` sends the new block's hash,
 //! the old block's hash and the delta. The server rebuilds the block and checks it against its
@@ -37,6 +42,8 @@ const OP_PUT: u8 = 2;
 const OP_TICKET: u8 = 3;
 const OP_SIGNATURE: u8 = 4;
 const OP_PUT_DELTA: u8 = 5;
+/// A GET from a swarm member: served within the server's upload slots, else answered busy.
+const OP_GET_SWARM: u8 = 6;
 const OP_BLOCK: u8 = 0x81;
 const OP_NOT_FOUND: u8 = 0x82;
 const OP_STORED: u8 = 0x83;
@@ -45,6 +52,8 @@ const OP_ERROR: u8 = 0x84;
 /// later is what helps.
 const OP_NO_SPACE: u8 = 0x85;
 const OP_SIG: u8 = 0x86;
+/// Every upload slot is taken: ask another holder.
+const OP_BUSY: u8 = 0x87;
 
 /// Largest payload: a hash and the largest block.
 pub const MAX_FRAME: usize = MAX_BLOCK_SIZE as usize + 32;
@@ -85,6 +94,8 @@ pub enum Response {
     NoSpace(String),
     /// The rsync signature of the block the server holds under this hash.
     Signature(BlockHash, Bytes),
+    /// A swarm request found every upload slot taken.
+    Busy(BlockHash),
 }
 
 async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<(u8, Bytes)>, WireError> {
@@ -194,6 +205,8 @@ async fn sendfile(stream: &TcpStream, file: &std::fs::File, len: u64) -> Result<
 enum Answer {
     Frame(Response),
     File(BlockHash, std::fs::File, u64),
+    /// An answer that holds an upload slot until it is written.
+    Slotted(Box<Answer>, tokio::sync::OwnedSemaphorePermit),
 }
 
 fn answer(got: Result<Option<Served>, BlockError>, hash: BlockHash) -> Answer {
@@ -388,6 +401,18 @@ async fn serve_inner(
                         Err(why) => denied(why),
                     }
                 }),
+                OP_GET_SWARM if data.is_empty() => tokio::spawn(async move {
+                    if let Err(why) = permitted(&gate, &grants, Op::Get, hash).await {
+                        return denied(why);
+                    }
+                    match svc.upload_slots() {
+                        None => serve_get(svc, hash).await,
+                        Some(slots) => match slots.try_acquire_owned() {
+                            Ok(slot) => Answer::Slotted(Box::new(serve_get(svc, hash).await), slot),
+                            Err(_) => Answer::Frame(Response::Busy(hash)),
+                        },
+                    }
+                }),
                 OP_PUT => tokio::spawn(async move {
                     if let Err(why) = permitted(&gate, &grants, Op::Put, hash).await {
                         return denied(why);
@@ -443,8 +468,13 @@ async fn serve_inner(
     };
     let writer = async move {
         while let Some(job) = rx.recv().await {
-            let resp = match job.await.unwrap_or_else(failed) {
+            let (answer, _slot) = match job.await.unwrap_or_else(failed) {
+                Answer::Slotted(a, slot) => (*a, Some(slot)),
+                a => (a, None),
+            };
+            let resp = match answer {
                 Answer::Frame(resp) => resp,
+                Answer::Slotted(..) => Response::Error("an answer in two slots".into()),
                 Answer::File(h, file, len) => {
                     write_head(&mut wr, OP_BLOCK, h.as_bytes(), len as usize).await?;
                     send_file(&mut wr, file, len).await?;
@@ -472,6 +502,7 @@ async fn serve_inner(
                 Response::Signature(h, sig) => {
                     write_frame(&mut wr, OP_SIG, h.as_bytes(), &sig).await?
                 }
+                Response::Busy(h) => write_frame(&mut wr, OP_BUSY, h.as_bytes(), &[]).await?,
             }
         }
         wr.shutdown().await.ok();
@@ -514,6 +545,11 @@ pub async fn connect(addr: &str) -> Result<(DataSender, DataReceiver), WireError
 impl DataSender {
     pub async fn get(&mut self, hash: &BlockHash) -> Result<(), WireError> {
         write_frame(&mut self.wr, OP_GET, hash.as_bytes(), &[]).await
+    }
+
+    /// A swarm member's request: the peer answers it within its upload slots, or busy.
+    pub async fn get_swarm(&mut self, hash: &BlockHash) -> Result<(), WireError> {
+        write_frame(&mut self.wr, OP_GET_SWARM, hash.as_bytes(), &[]).await
     }
 
     pub async fn put(&mut self, hash: &BlockHash, data: &[u8]) -> Result<(), WireError> {
@@ -566,6 +602,7 @@ impl DataReceiver {
             OP_ERROR => Response::Error(String::from_utf8_lossy(&body).into_owned()),
             OP_NO_SPACE => Response::NoSpace(String::from_utf8_lossy(&body).into_owned()),
             OP_SIG => Response::Signature(hash, body),
+            OP_BUSY => Response::Busy(hash),
             _ => return Err(WireError::BadFrame("unknown op")),
         })
     }
@@ -656,21 +693,67 @@ mod tests {
         assert!(matches!(rx.recv().await.unwrap(), Response::Block(..)));
     }
 
-    #[tokio::test]
-    async fn pipelined_puts_and_gets_answer_in_order() {
+    /// A data-plane server of `svc` on a free loopback port; its address.
+    async fn serving(svc: Arc<dyn BlockServe>, gate: SharedGate) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let svc: Arc<dyn BlockServe> = Arc::new(Mem::default());
         tokio::spawn(async move {
             loop {
                 let (s, _) = listener.accept().await.unwrap();
-                tokio::spawn(serve_connection(
-                    Conn::Plain(s),
-                    svc.clone(),
-                    shared(Gate::Open),
-                ));
+                tokio::spawn(serve_connection(Conn::Plain(s), svc.clone(), gate.clone()));
             }
         });
+        addr
+    }
+
+    /// Blocks in memory behind a given number of upload slots.
+    struct Slotted(Mem, Arc<tokio::sync::Semaphore>);
+    impl BlockServe for Slotted {
+        fn get(&self, hash: &BlockHash) -> Result<Option<Served>, BlockError> {
+            self.0.get(hash)
+        }
+        fn put(&self, hash: &BlockHash, data: Bytes) -> Result<(), BlockError> {
+            self.0.put(hash, data)
+        }
+        fn upload_slots(&self) -> Option<Arc<tokio::sync::Semaphore>> {
+            Some(self.1.clone())
+        }
+    }
+
+    #[tokio::test]
+    async fn swarm_requests_are_served_within_the_upload_slots_and_answered_busy_beyond() {
+        let slots = Arc::new(tokio::sync::Semaphore::new(1));
+        let svc = Arc::new(Slotted(Mem::default(), slots.clone()));
+        let b = b"a block".to_vec();
+        svc.put(&BlockHash::of(&b), Bytes::from(b.clone())).unwrap();
+        let svc: Arc<dyn BlockServe> = svc;
+        let addr = serving(svc, shared(Gate::Open)).await;
+        let (mut tx, mut rx) = connect(&addr).await.unwrap();
+        tx.get_swarm(&BlockHash::of(&b)).await.unwrap();
+        assert!(matches!(rx.recv().await.unwrap(), Response::Block(..)));
+        // Every slot taken (by another downloader): busy at once; a plain GET is served.
+        let taken = slots.clone().try_acquire_owned().unwrap();
+        tx.get_swarm(&BlockHash::of(&b)).await.unwrap();
+        assert!(matches!(rx.recv().await.unwrap(), Response::Busy(h) if h == BlockHash::of(&b)));
+        tx.get(&BlockHash::of(&b)).await.unwrap();
+        assert!(matches!(rx.recv().await.unwrap(), Response::Block(..)));
+        drop(taken);
+        tx.get_swarm(&BlockHash::of(&b)).await.unwrap();
+        assert!(matches!(rx.recv().await.unwrap(), Response::Block(..)));
+        // The server gives the slot back once the block is written, which may be just after
+        // the client read it.
+        let back = tokio::time::timeout(Duration::from_secs(5), async {
+            while slots.available_permits() == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        });
+        assert!(back.await.is_ok(), "the slot is given back once sent");
+    }
+
+    #[tokio::test]
+    async fn pipelined_puts_and_gets_answer_in_order() {
+        let svc: Arc<dyn BlockServe> = Arc::new(Mem::default());
+        let addr = serving(svc, shared(Gate::Open)).await;
         let (mut tx, mut rx) = connect(&addr).await.unwrap();
         let blocks: Vec<Vec<u8>> = (0..20u8).map(|i| vec![i; 1000 + i as usize]).collect();
         for b in &blocks {

@@ -141,6 +141,32 @@ impl Cluster {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// Publishes `len` pseudo-random bytes under `key` in blocks of `block` bytes; returns them
+    /// and the version's hex id.
+    pub fn publish_random(
+        &self,
+        key: &str,
+        len: usize,
+        seed: u64,
+        block: &str,
+    ) -> (Vec<u8>, String) {
+        let f = self.path(&format!("{key}.src"));
+        let data = pseudo_random(len, seed);
+        std::fs::write(&f, &data).unwrap();
+        let put = self.json(
+            None,
+            &[
+                "put",
+                key,
+                "--src",
+                f.to_str().unwrap(),
+                "--block-size",
+                block,
+            ],
+        );
+        (data, put["version"].as_str().unwrap().to_string())
+    }
+
     /// Runs with `--json` and parses the output.
     pub fn json(&self, agent: Option<&AgentProc>, args: &[&str]) -> serde_json::Value {
         let mut a = args.to_vec();
