@@ -109,7 +109,7 @@ fn a_member_killed_mid_transfer_costs_the_others_only_what_it_had_in_flight() {
         .collect();
     // node-0 fetches slowly; node-1 and node-2 join while it is at it, and trade with it.
     let d0 = c.path("d0");
-    let first = c.spawn(
+    let mut first = c.spawn(
         Some(&agents[0]),
         &["get", "w", "-d", d0.to_str().unwrap(), "--bwlimit", "1M"],
     );
@@ -128,7 +128,9 @@ fn a_member_killed_mid_transfer_costs_the_others_only_what_it_had_in_flight() {
     std::thread::sleep(Duration::from_millis(800));
     let mut agents = agents;
     agents.remove(0).proc.kill();
-    drop(first);
+    // Its getter goes with it.
+    let _ = first.kill();
+    let _ = first.wait();
     for (d, child) in others {
         let got = finish_json(child);
         assert!(fs::read(&d).unwrap() == data, "a survivor's copy differs");

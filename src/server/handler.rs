@@ -592,7 +592,10 @@ impl Store for StoreHandler {
             window = w;
             deadline = d;
         }
-        let pieces = if r.role() == Role::Getter {
+        // Only a getter that serves, in a window that names no fanout, may swarm: the others
+        // cost no manifest read (a mount's reader joins at every open).
+        let explicit_fanout = window.spec.as_ref().is_some_and(|s| s.fanout != 0);
+        let pieces = if r.role() == Role::Getter && r.serves && !explicit_fanout {
             self.swarm_join(&group, &window, joined.member, version, &seeds)
                 .await
         } else {
