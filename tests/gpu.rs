@@ -566,6 +566,14 @@ fn a_window_fails_as_a_whole_and_names_the_member_at_fault() {
         "no detail of the difference: {msg}"
     );
     drop((putter, good, wrong));
+    // The first part's worker on `a` exits with its last registration; until it has, the
+    // search below could find it instead of the chain putter's own, and stop the wrong one.
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            worker_of(a.proc.as_ref().unwrap().pid()).is_none()
+        }),
+        "the first part's worker on a outlived its registrations"
+    );
 
     // A chain putter -> b -> d -> d. With the putter's worker stopped, b closes its control
     // file mid-transfer: its children fail naming it, and so does the putter.
