@@ -71,10 +71,6 @@ impl Board {
         }
     }
 
-    pub fn pieces(&self) -> u32 {
-        self.pieces
-    }
-
     /// Pieces granted from the store so far: the store's egress in pieces.
     pub fn granted(&self) -> u64 {
         self.granted

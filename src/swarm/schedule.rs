@@ -116,20 +116,8 @@ impl Schedule {
         }
     }
 
-    pub fn pieces(&self) -> u32 {
-        self.state.len() as u32
-    }
-
     pub fn done(&self) -> bool {
         self.have.full()
-    }
-
-    pub fn held(&self) -> u32 {
-        self.have.count()
-    }
-
-    pub fn inflight(&self) -> u32 {
-        self.inflight
     }
 
     /// A piece this member holds already (its node's cache had it): announced at the next sync.
@@ -405,14 +393,5 @@ impl Schedule {
                 }
             }
         }
-    }
-
-    /// Pieces still to fetch, none in flight.
-    pub fn missing(&self) -> impl Iterator<Item = u32> + '_ {
-        self.state
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| **s == Piece::Missing)
-            .map(|(i, _)| i as u32)
     }
 }
