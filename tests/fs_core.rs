@@ -127,7 +127,7 @@ fn each_failure_has_its_errno() {
     // An odd handle nobody here made was a writer's in an agent that died: its bytes are lost.
     assert_eq!(errno(core.write((1 << 40) | 1, 0, b"x")), libc::EIO);
     assert_eq!(
-        errno(core.rename(ROOT, "f", ROOT, "g", libc::RENAME_EXCHANGE)),
+        errno(core.rename(ROOT, "f", ROOT, "g", libc::RENAME_WHITEOUT)),
         libc::EINVAL
     );
     assert_eq!(

@@ -119,6 +119,69 @@ fn a_file_unlinked_while_open_keeps_reading_and_writing_until_closed() {
     );
 }
 
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    let cstr = |p: &Path| CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let (a, b) = (cstr(a), cstr(b));
+    // SAFETY: two NUL-terminated paths that outlive the call.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[test]
+fn rename_exchange_swaps_two_names_in_one_change_seen_by_every_node() {
+    let c = Cluster::new("127.0.0.164");
+    let a = start_mount("127.0.0.164", &c.server.addr, &c.path("a"), "px-x", &[]);
+    let b = start_mount("127.0.0.165", &c.server.addr, &c.path("b"), "px-y", &[]);
+    std::fs::write(a.path("x"), b"a file").unwrap();
+    std::fs::create_dir_all(a.path("y/sub")).unwrap();
+    std::fs::write(a.path("y/sub/inner"), b"inside").unwrap();
+    let (x_ino, y_ino) = (lstat(&a.path("x")).st_ino, lstat(&a.path("y")).st_ino);
+    // A file and a directory trade places, each whole, each keeping its inode.
+    exchange(&a.path("x"), &a.path("y")).unwrap();
+    assert_eq!(std::fs::read(a.path("y")).unwrap(), b"a file");
+    assert_eq!(std::fs::read(a.path("x/sub/inner")).unwrap(), b"inside");
+    assert_eq!(
+        (lstat(&a.path("y")).st_ino, lstat(&a.path("x")).st_ino),
+        (x_ino, y_ino)
+    );
+    assert!(eventually(std::time::Duration::from_secs(5), || {
+        std::fs::read(b.path("y")).is_ok_and(|d| d == b"a file")
+            && std::fs::read(b.path("x/sub/inner")).is_ok_and(|d| d == b"inside")
+    }));
+    // A file still being written carries its bytes to its new name.
+    let w = open_fd(&a.path("w"), libc::O_CREAT | libc::O_RDWR, 0o644);
+    pwrite(&w, b"staged", 0);
+    exchange(&a.path("w"), &a.path("y")).unwrap();
+    pwrite(&w, b" and more", 6);
+    drop(w);
+    assert_eq!(std::fs::read(a.path("y")).unwrap(), b"staged and more");
+    assert_eq!(std::fs::read(a.path("w")).unwrap(), b"a file");
+    assert!(eventually(std::time::Duration::from_secs(5), || {
+        std::fs::read(b.path("y")).is_ok_and(|d| d == b"staged and more")
+    }));
+    // Both names must exist; a directory cannot trade places with what it holds.
+    assert_eq!(
+        errno_of(exchange(&a.path("w"), &a.path("nope"))),
+        Some(libc::ENOENT)
+    );
+    assert_eq!(
+        errno_of(exchange(&a.path("x"), &a.path("x/sub"))),
+        Some(libc::EINVAL)
+    );
+}
+
 #[test]
 fn directories_count_their_subdirectories_as_links() {
     let c = Cluster::new("127.0.0.172");
@@ -746,4 +809,13 @@ fn hard_links_are_two_names_of_one_file_on_every_node() {
         errno_of(std::fs::hard_link(a.path("d/g"), a.path("d/h"))),
         Some(libc::EEXIST)
     );
+    // `kt get` lands the names of one file as hard links, as `rsync -H` does; again onto
+    // the same tree, it finds them already there.
+    let got = c.path("got");
+    for _ in 0..2 {
+        c.ok(None, &["get", "d", "--dest", got.to_str().unwrap()]);
+        let (g, h) = (lstat(&got.join("d/g")), lstat(&got.join("d/h")));
+        assert_eq!((g.st_ino, g.st_nlink), (h.st_ino, 2), "one file, two names");
+        assert_eq!(std::fs::read(got.join("d/h")).unwrap(), b"two, and longer");
+    }
 }

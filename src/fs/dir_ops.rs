@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use super::{split, to_unix, Attr, FsCore, FsError, FsResult, Handle, Kind};
 use crate::locks::lock;
 use crate::manifest::{EntryKind, FileEntry};
-use crate::proto::{LinkRequest, RemoveRequest, RenameRequest, SetAttrRequest};
+use crate::proto::{ExchangeRequest, LinkRequest, RemoveRequest, RenameRequest, SetAttrRequest};
 use crate::rpc::ClientError;
 
 impl FsCore {
@@ -272,15 +272,16 @@ impl FsCore {
         flags: u32,
     ) -> FsResult<()> {
         self.writable()?;
-        if flags & libc::RENAME_EXCHANGE != 0 || flags & libc::RENAME_WHITEOUT != 0 {
-            return Err(FsError::Invalid(
-                "RENAME_EXCHANGE and RENAME_WHITEOUT are not supported".into(),
-            ));
+        if flags & libc::RENAME_WHITEOUT != 0 {
+            return Err(FsError::Invalid("RENAME_WHITEOUT is not supported".into()));
         }
         let from = self.child(parent, name)?;
         let to = self.child(newparent, newname)?;
-        if super::gpu_tree::gpu_rest(&from).is_some() {
+        if super::gpu_tree::gpu_rest(&from).is_some() || super::gpu_tree::gpu_rest(&to).is_some() {
             return Err(FsError::NotPermitted);
+        }
+        if flags & libc::RENAME_EXCHANGE != 0 {
+            return self.exchange(from, to);
         }
         Self::check_key(&to)?;
         // A file still being written is published first, so the move carries its bytes.
@@ -307,6 +308,44 @@ impl FsCore {
         self.invalidate_below(&to);
         self.invalidate(&[split(&from).0, split(&to).0, &from, &to]);
         self.invalidate_links(&[split(&from).0, split(&to).0, &from, &to]);
+        Ok(())
+    }
+
+    /// `renameat2(RENAME_EXCHANGE)`: both names stay, each naming what the other did, in one
+    /// change on the store server.
+    fn exchange(&self, a: String, b: String) -> FsResult<()> {
+        Self::check_key(&a)?;
+        Self::check_key(&b)?;
+        // Files still being written are published first, so that each name carries its bytes.
+        for p in [&a, &b] {
+            if let Some(s) = self.staged_at(p) {
+                self.publish_staged(&s)?;
+            }
+        }
+        let mut store = self.store();
+        self.block_on(store.exchange(ExchangeRequest {
+            namespace: self.ns(),
+            a: a.clone(),
+            b: b.clone(),
+        }))
+        .map_err(ClientError::from)?;
+        {
+            let mut m = lock(&self.staged);
+            let (sa, sb) = (m.remove(&a), m.remove(&b));
+            for (s, p) in [(sa, &b), (sb, &a)] {
+                if let Some(s) = s {
+                    *lock(&s.path) = p.clone();
+                    m.insert(p.clone(), s);
+                }
+            }
+        }
+        self.inodes().exchange(&a, &b);
+        for p in [&a, &b] {
+            self.invalidate_below(p);
+        }
+        let paths = [split(&a).0, split(&b).0, a.as_str(), b.as_str()];
+        self.invalidate(&paths);
+        self.invalidate_links(&paths);
         Ok(())
     }
 

@@ -265,6 +265,26 @@ impl Inodes {
 
     /// Moves `from` and everything below it to `to`.
     pub fn rename(&mut self, from: &str, to: &str) {
+        let moved = self.take(from);
+        // Whatever was at the destination loses its name.
+        self.unlinked(to);
+        let to_pfx = format!("{to}/");
+        self.by_path
+            .retain(|p, _| p != to && !p.starts_with(&to_pfx));
+        self.place(Self::renamed(moved, from, to));
+    }
+
+    /// Swaps `a` and `b`, each with everything below it (`RENAME_EXCHANGE`): every inode keeps
+    /// its number under its new path.
+    pub fn exchange(&mut self, a: &str, b: &str) {
+        let (at_a, at_b) = (self.take(a), self.take(b));
+        let mut moves = Self::renamed(at_a, a, b);
+        moves.extend(Self::renamed(at_b, b, a));
+        self.place(moves);
+    }
+
+    /// The inodes at `from` and below it, taken out of the path index.
+    fn take(&mut self, from: &str) -> Vec<(String, u64)> {
         let pfx = format!("{from}/");
         let moved: Vec<(String, u64)> = self
             .by_path
@@ -272,27 +292,49 @@ impl Inodes {
             .filter(|(p, _)| *p == from || p.starts_with(&pfx))
             .map(|(p, i)| (p.clone(), *i))
             .collect();
-        // Whatever was at the destination loses its name.
-        self.unlinked(to);
-        let to_pfx = format!("{to}/");
-        self.by_path
-            .retain(|p, _| p != to && !p.starts_with(&to_pfx));
-        for (old, ino) in moved {
-            self.by_path.remove(&old);
-            let new = format!("{to}{}", &old[from.len()..]);
-            if let Some((p, refs)) = self.by_ino.get_mut(&ino) {
-                *p = new.clone();
-                if *refs > 0 {
-                    if let Some(j) = &self.journal {
-                        j.put(ino, &new);
+        for (p, _) in &moved {
+            self.by_path.remove(p);
+        }
+        moved
+    }
+
+    fn renamed(taken: Vec<(String, u64)>, from: &str, to: &str) -> Vec<(String, String, u64)> {
+        taken
+            .into_iter()
+            .map(|(old, ino)| {
+                let new = format!("{to}{}", &old[from.len()..]);
+                (old, new, ino)
+            })
+            .collect()
+    }
+
+    /// Puts taken inodes back under their new paths, all moves at once (so that in an
+    /// exchange a name moved from `a` to `b` is not moved on by the move from `b` to `a`).
+    fn place(&mut self, moves: Vec<(String, String, u64)>) {
+        let new_of: HashMap<&str, &str> = moves
+            .iter()
+            .map(|(old, new, _)| (old.as_str(), new.as_str()))
+            .collect();
+        for names in self.names.values_mut() {
+            for n in names.iter_mut() {
+                if let Some(new) = new_of.get(n.as_str()) {
+                    *n = new.to_string();
+                }
+            }
+        }
+        for (old, new, ino) in &moves {
+            if let Some((p, refs)) = self.by_ino.get_mut(ino) {
+                if p == old {
+                    p.clone_from(new);
+                    if *refs > 0 {
+                        if let Some(j) = &self.journal {
+                            j.put(*ino, new);
+                        }
                     }
                 }
             }
-            for names in self.names.values_mut() {
-                for n in names.iter_mut().filter(|n| **n == old) {
-                    *n = new.clone();
-                }
-            }
+        }
+        for (_, new, ino) in moves {
             self.by_path.insert(new, ino);
         }
     }
@@ -321,6 +363,25 @@ mod tests {
         assert!(t.path(ab).is_none());
         assert_ne!(t.ino("x/b"), ab);
         assert_eq!(t.path(ROOT).unwrap(), "");
+    }
+
+    #[test]
+    fn an_exchange_swaps_subtrees_and_the_names_of_links_once() {
+        let mut t = Inodes::default();
+        let a = t.lookup("a");
+        let ab = t.lookup("a/b");
+        let f = t.lookup("f");
+        // `f` is also named `c` (a hard link): its name list must follow the swap once.
+        t.link(f, "c");
+        t.exchange("a", "f");
+        assert_eq!(t.path(a).as_deref(), Some("f"));
+        assert_eq!(t.path(ab).as_deref(), Some("f/b"));
+        assert_eq!(t.path(f).as_deref(), Some("a"));
+        assert_eq!((t.ino("f"), t.ino("f/b"), t.ino("a")), (a, ab, f));
+        let mut names = t.other_names("a");
+        names.sort();
+        assert_eq!(names, ["c"]);
+        assert_eq!(t.other_names("c"), ["a"]);
     }
 
     #[test]

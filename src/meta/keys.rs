@@ -63,6 +63,7 @@ pub(crate) fn key_entry(rel: &str, r: &KeyRecord) -> ListEntry {
         },
         rdev: r.rdev,
         nlink: r.nlink,
+        inode: r.inode,
     }
 }
 
@@ -88,6 +89,7 @@ pub(crate) fn file_entry(name: String, e: &FileEntry, r: &KeyRecord) -> ListEntr
         ctime_nsec: (r.created_unix_ms.rem_euclid(1000) * 1_000_000) as u32,
         rdev: e.rdev,
         nlink: 0,
+        inode: 0,
     }
 }
 

@@ -758,47 +758,9 @@ impl MetaStore {
             }
             t.remove_path(d, &dst, false)?;
         }
-        // Keys below the source move with it.
-        let below = t.descendants(Some(f))?;
-        match t.locate(f)? {
-            Loc::Key { .. } => t.move_key(f, d)?,
-            Loc::Entry {
-                key, record, sub, ..
-            } => {
-                let same_dir_key = t
-                    .covering(d)?
-                    .is_some_and(|(k, r)| k == key && r.is_directory);
-                if same_dir_key {
-                    let to_sub = d[key.len() + 1..].to_string();
-                    let m = t.manifest_of(&key, &record)?;
-                    let moved = moved_entries(&m, &sub, &to_sub);
-                    let pfx = format!("{sub}/");
-                    t.edit_manifest(&key, &record, |es| {
-                        es.retain(|e| e.path != sub && !e.path.starts_with(&pfx));
-                        es.extend(moved);
-                    })?;
-                } else {
-                    let m = t.manifest_of(&key, &record)?;
-                    let extracted = Manifest {
-                        block_size: m.block_size,
-                        entries: moved_entries(&m, &sub, ""),
-                    };
-                    let pfx = format!("{sub}/");
-                    t.edit_manifest(&key, &record, |es| {
-                        es.retain(|e| e.path != sub && !e.path.starts_with(&pfx))
-                    })?;
-                    t.put_key(d, extracted, &Lineage::of(&record))?;
-                }
-            }
-            Loc::Implicit => {}
-            Loc::Nothing => return Err(MetaError::NotFound(from.to_string())),
-        }
-        for (k, _) in below {
-            t.move_key(&k, &format!("{d}{}", &k[f.len()..]))?;
-        }
+        move_path(&mut t, f, d, from)?;
         // As a local filesystem stamps them: the moved entry, and both directories.
         let new_dest = !dst.exists();
-        t.move_attrs(f, d)?;
         t.touch(d, false)?;
         t.touch_parent(f)?;
         if new_dest {
@@ -807,6 +769,50 @@ impl MetaStore {
             t.touch_parent(d)?;
         }
         t.prune_vanished(f)?;
+        t.commit()
+    }
+
+    /// Swaps what `a` and `b` name (`renameat2(RENAME_EXCHANGE)`): both must exist, of any
+    /// kinds, and neither may lie inside the other. One batch, so another node sees both names
+    /// as they were or both swapped. The swap passes through a name no one can see, since the
+    /// batch is written whole.
+    pub fn exchange(&self, ns: &Namespace, a: &KeyPath, b: &KeyPath) -> Result<(), MetaError> {
+        let (f, d) = (a.as_str(), b.as_str());
+        let inside =
+            |x: &str, y: &str| y.starts_with(x) && y.as_bytes().get(x.len()) == Some(&b'/');
+        if inside(f, d) || inside(d, f) {
+            return Err(MetaError::BadRequest(format!(
+                "cannot exchange {a} and {b}: one holds the other"
+            )));
+        }
+        let mut t = Txn::write(self, ns);
+        for (p, key) in [(f, a), (d, b)] {
+            match t.locate(p)?.kind() {
+                None => return Err(MetaError::NotFound(key.to_string())),
+                Some(EntryKind::Gpu) => {
+                    return Err(MetaError::BadRequest(
+                        "a GPU key is neither renamed nor replaced by a rename".into(),
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        if f == d {
+            return Ok(());
+        }
+        // A name beside `a` that no key can have (keys never hold a NUL).
+        let hidden = match f.rsplit_once('/') {
+            Some((dir, _)) => format!("{dir}/\0exchange"),
+            None => "\0exchange".to_string(),
+        };
+        move_path(&mut t, f, &hidden, a)?;
+        move_path(&mut t, d, f, b)?;
+        move_path(&mut t, &hidden, d, a)?;
+        // As a local filesystem stamps them: both entries, and both directories.
+        t.touch(f, false)?;
+        t.touch(d, false)?;
+        t.touch_parent(f)?;
+        t.touch_parent(d)?;
         t.commit()
     }
 
@@ -1014,3 +1020,48 @@ impl MetaStore {
 mod commit_tests;
 #[cfg(test)]
 mod tests;
+
+/// Moves what `f` names, with every key below it and their path attributes, to `d`, which the
+/// caller has made free. Only metadata changes; blocks stay where they are.
+fn move_path(t: &mut Txn, f: &str, d: &str, from: &KeyPath) -> Result<(), MetaError> {
+    // Keys below the source move with it.
+    let below = t.descendants(Some(f))?;
+    match t.locate(f)? {
+        Loc::Key { .. } => t.move_key(f, d)?,
+        Loc::Entry {
+            key, record, sub, ..
+        } => {
+            let same_dir_key = t
+                .covering(d)?
+                .is_some_and(|(k, r)| k == key && r.is_directory);
+            if same_dir_key {
+                let to_sub = d[key.len() + 1..].to_string();
+                let m = t.manifest_of(&key, &record)?;
+                let moved = moved_entries(&m, &sub, &to_sub);
+                let pfx = format!("{sub}/");
+                t.edit_manifest(&key, &record, |es| {
+                    es.retain(|e| e.path != sub && !e.path.starts_with(&pfx));
+                    es.extend(moved);
+                })?;
+            } else {
+                let m = t.manifest_of(&key, &record)?;
+                let extracted = Manifest {
+                    block_size: m.block_size,
+                    entries: moved_entries(&m, &sub, ""),
+                };
+                let pfx = format!("{sub}/");
+                t.edit_manifest(&key, &record, |es| {
+                    es.retain(|e| e.path != sub && !e.path.starts_with(&pfx))
+                })?;
+                t.put_key(d, extracted, &Lineage::of(&record))?;
+            }
+        }
+        Loc::Implicit => {}
+        Loc::Nothing => return Err(MetaError::NotFound(from.to_string())),
+    }
+    for (k, _) in below {
+        t.move_key(&k, &format!("{d}{}", &k[f.len()..]))?;
+    }
+    t.move_attrs(f, d)?;
+    Ok(())
+}

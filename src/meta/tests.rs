@@ -334,6 +334,69 @@ fn renames_move_keys_entries_and_subtrees() {
     ));
 }
 
+/// The size listed for `name` in the directory `dir`.
+fn listed_size(meta: &MetaStore, ns: &Namespace, dir: &str, name: &str) -> u64 {
+    let prefix = KeyPath::parse_prefix(dir).unwrap();
+    let l = meta.list(ns, prefix.as_ref(), false).unwrap();
+    let e = l.entries.iter().find(|e| e.name == name);
+    e.unwrap_or_else(|| panic!("{dir}: no {name} in {:?}", l.entries))
+        .size
+}
+
+#[test]
+fn an_exchange_swaps_two_names_of_any_kinds_in_one_change() {
+    let (_d, meta) = store(DEFAULT_TEST_LEASE);
+    let ns = Namespace::default();
+    published_dir(&meta, &ns);
+    meta.blocks().put(&BlockHash::of(b"top"), b"top").unwrap();
+    meta.publish(
+        &ns,
+        &k("top"),
+        &one_file(b"top"),
+        Locale::Store,
+        "",
+        0,
+        false,
+    )
+    .unwrap();
+    // A path inside a published directory and a key of its own.
+    meta.exchange(&ns, &k("d/g"), &k("top")).unwrap();
+    assert_eq!(names(&meta, &ns, "d"), ["g", "x/"]);
+    assert_eq!(listed_size(&meta, &ns, "d", "g"), 3);
+    assert_eq!(listed_size(&meta, &ns, "", "top"), 1);
+    // A directory and a file, each taking the other's place whole.
+    meta.exchange(&ns, &k("d/x"), &k("top")).unwrap();
+    assert_eq!(names(&meta, &ns, "top"), ["f"]);
+    assert_eq!(listed_size(&meta, &ns, "d", "x"), 1);
+    // Two directories of keys.
+    meta.blocks().put(&BlockHash::of(b"y"), b"y").unwrap();
+    for key in ["tmp/a/b", "tmp/c"] {
+        meta.publish(&ns, &k(key), &one_file(b"y"), Locale::Store, "", 0, false)
+            .unwrap();
+    }
+    meta.exchange(&ns, &k("tmp"), &k("d")).unwrap();
+    assert_eq!(names(&meta, &ns, "d"), ["a/", "c"]);
+    assert_eq!(names(&meta, &ns, "tmp"), ["g", "x"]);
+    assert_eq!(names(&meta, &ns, ""), ["d/", "tmp/", "top/"]);
+    // The name the swap passes through is never left behind.
+    let all = meta.list(&ns, None, true).unwrap().entries;
+    assert!(all.iter().all(|e| !e.name.contains('\0')), "{all:?}");
+    // Both names must exist, and neither may hold the other.
+    assert!(matches!(
+        meta.exchange(&ns, &k("top"), &k("top/f")),
+        Err(MetaError::BadRequest(_))
+    ));
+    assert!(matches!(
+        meta.exchange(&ns, &k("nope"), &k("top")),
+        Err(MetaError::NotFound(_))
+    ));
+    assert!(matches!(
+        meta.exchange(&ns, &k("top"), &k("nope")),
+        Err(MetaError::NotFound(_))
+    ));
+    assert_eq!(names(&meta, &ns, "top"), ["f"]);
+}
+
 #[test]
 fn set_attr_rewrites_metadata_only() {
     let (_d, meta) = store(DEFAULT_TEST_LEASE);

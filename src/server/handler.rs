@@ -502,6 +502,18 @@ impl Store for StoreHandler {
         Ok(Response::new(RenameResponse {}))
     }
 
+    async fn exchange(
+        &self,
+        req: Request<ExchangeRequest>,
+    ) -> Result<Response<RenameResponse>, Status> {
+        let ns = namespace_for(&req, &req.get_ref().namespace)?;
+        let r = req.into_inner();
+        let (a, b) = (parse_key(&r.a)?, parse_key(&r.b)?);
+        let meta = self.meta.clone();
+        blocking(move || meta.exchange(&ns, &a, &b)).await?;
+        Ok(Response::new(RenameResponse {}))
+    }
+
     async fn link(&self, req: Request<LinkRequest>) -> Result<Response<LinkResponse>, Status> {
         let ns = namespace_for(&req, &req.get_ref().namespace)?;
         let r = req.into_inner();

@@ -9,6 +9,7 @@
 
 mod plan;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -188,7 +189,17 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
         None => Path::new(&opts.dest).join(opts.key.name()),
     };
     report.dest = base.display().to_string();
-    for rel in keys {
+    // Names of one hard-linked file land as hard links of the first one fetched, as `rsync -H`
+    // and tar make them: the bytes come once, and the tree keeps its shape.
+    let mut landed: HashMap<u64, PathBuf> = HashMap::new();
+    for (rel, inode) in keys {
+        let root = base.join(&rel);
+        if let Some(first) = landed.get(&inode) {
+            if !filter.skips(&rel, false) && link_name(first, &root)? {
+                report.files += 1;
+                continue;
+            }
+        }
         let key = opts
             .key
             .join(&rel)
@@ -197,7 +208,6 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
         let Some((r, m)) = resolve(&mut store, &opts.namespace, &key).await? else {
             continue;
         };
-        let root = base.join(&rel);
         let at = Place {
             root: &root,
             rel: &rel,
@@ -214,13 +224,38 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
             &mut report,
         )
         .await?;
+        if inode != 0 && root.is_file() {
+            landed.entry(inode).or_insert(root);
+        }
     }
     Ok(report)
 }
 
-/// The keys strictly below the get's key, relative to it, in order; those a filter excludes
-/// are left out by [`fetch_one`], which sees each entry's path from the get's root.
-async fn keys_below(store: &mut Store, opts: &GetOptions) -> Result<Vec<String>, GetError> {
+/// Makes `to` a hard link of `first`, another name of its file landed by this get: `false`
+/// where it cannot be one (a file of other bytes already there, a file system without hard
+/// links), and the name is then fetched as a file of its own.
+fn link_name(first: &Path, to: &Path) -> Result<bool, GetError> {
+    use std::os::unix::fs::MetadataExt;
+    if let Ok(there) = std::fs::symlink_metadata(to) {
+        let first = std::fs::metadata(first).map_err(io(first))?;
+        return Ok(there.dev() == first.dev() && there.ino() == first.ino());
+    }
+    if let Some(dir) = to.parent() {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+    }
+    match std::fs::hard_link(first, to) {
+        Ok(()) => Ok(true),
+        Err(e) => {
+            tracing::debug!(error = %e, to = %to.display(), "no hard link; fetching the name as a file");
+            Ok(false)
+        }
+    }
+}
+
+/// The keys strictly below the get's key, relative to it, in order, each with its inode record
+/// (0: a file of one name); those a filter excludes are left out by [`fetch_one`], which sees
+/// each entry's path from the get's root.
+async fn keys_below(store: &mut Store, opts: &GetOptions) -> Result<Vec<(String, u64)>, GetError> {
     let list = store
         .list(ListRequest {
             namespace: opts.namespace.to_string(),
@@ -238,8 +273,8 @@ async fn keys_below(store: &mut Store, opts: &GetOptions) -> Result<Vec<String>,
         .entries
         .into_iter()
         .filter(|e| e.is_key)
-        .map(|e| e.name.trim_end_matches('/').to_string())
-        .filter(|rel| !rel.is_empty())
+        .map(|e| (e.name.trim_end_matches('/').to_string(), e.inode))
+        .filter(|(rel, _)| !rel.is_empty())
         .collect())
 }
 
