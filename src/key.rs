@@ -8,8 +8,11 @@ use std::fmt;
 
 /// Largest segment, in bytes (the common NAME_MAX).
 pub const MAX_SEGMENT: usize = 255;
-/// Largest key, in bytes (the common PATH_MAX).
-pub const MAX_KEY: usize = 4096;
+/// Largest key, in bytes. A key is a file's path from its namespace's root, and the kernel
+/// bounds only each path handed to one call (PATH_MAX, 4096), not how deep a file lies: a
+/// mount lets a program `cd` into a tree and make a path of PATH_MAX below it. So a key may be
+/// longer than PATH_MAX; this bound only keeps what one request carries small.
+pub const MAX_KEY: usize = 16 * 1024;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum KeyError {
@@ -187,7 +190,9 @@ mod tests {
             Err(KeyError::SegmentTooLong(_))
         ));
         assert!(KeyPath::parse(&"x".repeat(255)).is_ok());
-        let many = vec!["y".repeat(200); 21].join("/");
+        let deep = vec!["y".repeat(200); 21].join("/");
+        assert!(deep.len() > 4096 && KeyPath::parse(&deep).is_ok());
+        let many = vec!["y".repeat(200); 82].join("/");
         assert_eq!(KeyPath::parse(&many), Err(KeyError::TooLong));
     }
 

@@ -139,6 +139,81 @@ fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
     }
 }
 
+/// `openat` below a directory descriptor: paths here are too long to hand the kernel whole.
+fn open_at(dir: &OwnedFd, name: &str, flags: i32, mode: u32) -> std::io::Result<OwnedFd> {
+    let c = CString::new(name).unwrap();
+    // SAFETY: a valid descriptor and C string; the new descriptor is owned from here on.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags | libc::O_CLOEXEC, mode) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Walks (and with `make`, makes where missing) `segs` below `root`, one name per call.
+fn walk_at(root: &Path, segs: &[String], make: bool) -> std::io::Result<OwnedFd> {
+    let mut dir = open_fd(root, libc::O_DIRECTORY | libc::O_RDONLY, 0);
+    for seg in segs {
+        if make {
+            let c = CString::new(seg.as_str()).unwrap();
+            // SAFETY: a valid descriptor and C string.
+            if unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o755) } < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EEXIST) {
+                    return Err(e);
+                }
+            }
+        }
+        dir = open_at(&dir, seg, libc::O_DIRECTORY | libc::O_RDONLY, 0)?;
+    }
+    Ok(dir)
+}
+
+#[test]
+fn a_file_deeper_than_path_max_below_the_mount_is_made_read_and_renamed_on_every_node() {
+    // The kernel bounds each path one call is handed (PATH_MAX), not how deep a file lies: a
+    // program that works relative to a directory reaches past 4096 bytes from the root, as
+    // pjdfstest's */03.t do.
+    let c = Cluster::new("127.0.0.166");
+    let a = start_mount("127.0.0.166", &c.server.addr, &c.path("a"), "px-d", &[]);
+    let b = start_mount("127.0.0.184", &c.server.addr, &c.path("b"), "px-e", &[]);
+    let segs: Vec<String> = (0..20)
+        .map(|i| format!("{i:02}{}", "d".repeat(248)))
+        .collect();
+    assert!(segs.iter().map(|s| s.len() + 1).sum::<usize>() > 4096 + 500);
+    let deep = walk_at(&a.mountpoint, &segs, true).unwrap();
+    let f = open_at(&deep, "f", libc::O_CREAT | libc::O_RDWR, 0o644).unwrap();
+    pwrite(&f, b"deep down", 0);
+    drop(f);
+    let c_old = CString::new("f").unwrap();
+    let c_new = CString::new("g").unwrap();
+    // SAFETY: a valid descriptor and C strings.
+    let r = unsafe {
+        libc::renameat(
+            deep.as_raw_fd(),
+            c_old.as_ptr(),
+            deep.as_raw_fd(),
+            c_new.as_ptr(),
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    let g = open_at(&deep, "g", libc::O_RDONLY, 0).unwrap();
+    assert_eq!(pread(&g, 64, 0), b"deep down");
+    // Another node walks the same tree and reads the same bytes.
+    assert!(eventually(std::time::Duration::from_secs(5), || {
+        walk_at(&b.mountpoint, &segs, false)
+            .and_then(|d| open_at(&d, "g", libc::O_RDONLY, 0))
+            .is_ok_and(|g| pread(&g, 64, 0) == b"deep down")
+    }));
+    // Past the key's own bound (16 KiB from the root) a name is too long, as a local
+    // filesystem's would be past its limit, and nothing is made.
+    let more: Vec<String> = (20..70)
+        .map(|i| format!("{i:02}{}", "d".repeat(248)))
+        .collect();
+    let err = walk_at(&a.mountpoint, &[segs.clone(), more].concat(), true).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENAMETOOLONG));
+}
+
 #[test]
 fn rename_exchange_swaps_two_names_in_one_change_seen_by_every_node() {
     let c = Cluster::new("127.0.0.164");
