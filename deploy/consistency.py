@@ -1,15 +1,22 @@
 #!/usr/bin/env python3
 """Cross-file checks of deploy/ that no schema can make.
 
-    consistency.py DEPLOY_DIR RENDERED_YAML
+    consistency.py DEPLOY_DIR RENDERED_YAML [--tls none|secret|cert-manager]
 
 RENDERED_YAML is the rendered kustomization (render.py or `kubectl kustomize`); the examples and
 the Dockerfile are read from DEPLOY_DIR. Checks that the names one file uses for something another
 file defines agree: the CSI driver name, the CSI socket path, the store server's port and address,
 the ktfs image tag, service accounts and their bindings, the binaries the image holds, the health
 port, and the $(VAR)s containers expand; and that volumes are what kt-csi takes (its parameters,
-pod info on mount, the PVC's namespace from the provisioner). Prints every mismatch and exits 1
-on any.
+pod info on mount, the PVC's namespace from the provisioner).
+
+`--tls` says what the rendering must be (default `none`): `none`, plaintext throughout (no TLS
+flag, no CA, no cert-manager object); `secret` (the tls component), every server presents a
+certificate from one Secret and every client trusts its CA and checks one name; `cert-manager`
+(tls and tls/cert-manager), that and the Secret is the one a cert-manager Certificate writes,
+whose names cover the store Service and KT_TLS_SERVER_NAME, signed by a CA Issuer whose CA a
+self-signed Issuer signs; cert-manager objects, which no Kubernetes schema covers, are checked
+for their shape here. Prints every mismatch and exits 1 on any.
 """
 
 import json
@@ -417,11 +424,382 @@ def check_env_references(pods):
                                  "env does not define (Kubernetes would pass it literally)")
 
 
+# --- TLS ------------------------------------------------------------------------------------
+
+TLS_MODES = ("none", "secret", "cert-manager")
+CERT_MANAGER_GROUP = "cert-manager.io"
+# The keys of a kubernetes.io/tls Secret as cert-manager writes it (and `kubectl create secret
+# tls` plus ca.crt): which file each TLS setting must name.
+CERT_KEY, KEY_KEY, CA_KEY = "tls.crt", "tls.key", "ca.crt"
+LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+DNS_NAME = re.compile(rf"^(?=.{{1,253}}$){LABEL}(\.{LABEL})*$")
+
+
+def env_value(container, name):
+    """(present, literal value) of an env var; a valueFrom is present with value None."""
+    for e in container.get("env") or []:
+        if e["name"] == name:
+            return True, e.get("value")
+    return False, None
+
+
+def secret_file(spec, container, path):
+    """(Secret name, key) of the file at path in the container, or (None, reason)."""
+    mounts = [m for m in container.get("volumeMounts") or []
+              if path == m["mountPath"].rstrip("/")
+              or path.startswith(m["mountPath"].rstrip("/") + "/")]
+    if not mounts:
+        return None, f"no volume is mounted where {path} is"
+    m = max(mounts, key=lambda m: len(m["mountPath"]))
+    vols = {v["name"]: v for v in spec.get("volumes") or []}
+    vol = vols.get(m["name"])
+    if vol is None:
+        return None, f"{path} is on volume {m['name']!r}, which the pod does not define"
+    if "secret" not in vol:
+        return None, f"{path} is on volume {m['name']!r}, which is not a secret volume"
+    sec = vol["secret"]
+    if sec.get("optional"):
+        return None, (f"volume {m['name']!r} is optional: the pod would start without "
+                      f"{path}")
+    rel = path[len(m["mountPath"].rstrip("/")) + 1:]
+    if m.get("subPath"):
+        if rel:
+            return None, f"{path} is below a subPath mount of one file"
+        rel = m["subPath"]
+    items = sec.get("items")
+    if items is None:
+        if not rel or "/" in rel:
+            return None, f"{path} is no key of Secret {sec.get('secretName')!r}"
+        return sec.get("secretName"), rel
+    keys = [i["key"] for i in items if i["path"] == rel]
+    if not keys:
+        return None, (f"{path}: volume {m['name']!r} projects only "
+                      f"{sorted(i['path'] for i in items)} of Secret {sec.get('secretName')!r}")
+    return sec.get("secretName"), keys[0]
+
+
+def tls_roles(pods):
+    """Every ktfs process of the rendering, as (owner, namespace, spec, container, role): role
+    `server` (kt server: presents a certificate, dials no one), `node` (kt-csi without
+    --controller: its agents present one and dial the store and peers), `client` (anything else
+    that runs kt or kt-csi: dials only)."""
+    for owner, ns, _, spec in pods:
+        for k in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+            prog, args = program(k), argv(k)
+            if prog == "kt" and args[1:2] == ["server"]:
+                yield owner, ns, spec, k, "server"
+            elif prog == "kt" and args[1:2] in (["agent"], ["mount"]):
+                yield owner, ns, spec, k, "agent"
+            elif prog == "kt-csi":
+                yield owner, ns, spec, k, "client" if "--controller" in args else "node"
+            elif prog == "kt":
+                yield owner, ns, spec, k, "client"
+
+
+# The settings each role needs: lists of alternatives (what, how to read it from a container,
+# the Secret key its file must be; None for a name).
+def _flags(name):
+    return lambda k: flag(argv(k), name)
+
+
+def _env(name):
+    return lambda k: [v for present, v in [env_value(k, name)] if present]
+
+
+SERVER_CERT = [[("--tls-cert", _flags("--tls-cert"), CERT_KEY)],
+               [("--tls-key", _flags("--tls-key"), KEY_KEY)]]
+NODE_CERT = [[("--agent-tls-cert", _flags("--agent-tls-cert"), CERT_KEY)],
+             [("--agent-tls-key", _flags("--agent-tls-key"), KEY_KEY)]]
+TRUST = [("KT_TLS_CA", _env("KT_TLS_CA"), CA_KEY), ("--tls-ca", _flags("--tls-ca"), CA_KEY)]
+NAME = [("KT_TLS_SERVER_NAME", _env("KT_TLS_SERVER_NAME"), None),
+        ("--tls-server-name", _flags("--tls-server-name"), None)]
+NEEDS = {
+    "server": SERVER_CERT,                   # it dials no one
+    "agent": SERVER_CERT + [TRUST, NAME],
+    "node": NODE_CERT + [TRUST, NAME],       # the agents inherit kt-csi's environment
+    "client": [TRUST, NAME],
+}
+ALL_SETTINGS = [a for alts in SERVER_CERT + NODE_CERT + [TRUST, NAME] for a in alts]
+
+
+def check_tls(base, pods, mode):
+    """One Secret, all or nothing: every server presents its certificate, every process that
+    dials trusts its CA and checks one name, and (cert-manager) a Certificate writes it with
+    names that cover the store Service and that name."""
+    c = "tls"
+    secrets, names, namespaces = set(), set(), set()
+    roles = list(tls_roles(pods))
+    for owner, ns, spec, k, role in roles:
+        who = f"{owner}/{k['name']} ({role})"
+        if mode == "none":
+            for what, get, _ in ALL_SETTINGS:
+                if get(k):
+                    error(c, f"{who} sets {what}, but this rendering is meant to be plaintext "
+                             "(TLS is the tls component's)")
+            continue
+        namespaces.add(ns)
+        for alternatives in NEEDS[role]:
+            found = [(what, vals, key) for what, get, key in alternatives
+                     for vals in [get(k)] if vals]
+            label = " or ".join(a[0] for a in alternatives)
+            if not found:
+                error(c, f"{who} has no {label}")
+                continue
+            what, vals, key = found[0]
+            if len(found) > 1 or len(vals) != 1:
+                error(c, f"{who} gives {label} more than once")
+            value = vals[0]
+            if value is None:
+                error(c, f"{who}: {what} must be a literal value, not a valueFrom")
+            elif key is None:
+                names.add(value)
+                if not DNS_NAME.match(value):
+                    error(c, f"{who}: {what}={value!r} is not a DNS name to check "
+                             "certificates against")
+            else:
+                secret, got = secret_file(spec, k, value)
+                if secret is None:
+                    error(c, f"{who}: {what}={value}: {got}")
+                elif got != key:
+                    error(c, f"{who}: {what}={value} is key {got!r} of Secret {secret}, it "
+                             f"must be {key!r}")
+                else:
+                    secrets.add(secret)
+    cm = [d for d in base if d.get("apiVersion", "").split("/")[0] == CERT_MANAGER_GROUP]
+    if mode == "none":
+        for d in cm:
+            error(c, f"{name_of(d)}: a cert-manager object in a rendering meant to be plaintext")
+        return
+    if not roles:
+        error(c, "no ktfs process in the rendering")
+    if not any(r == "server" for *_, r in roles):
+        error(c, "no kt server in the rendering")
+    if len(secrets) > 1:
+        error(c, f"the certificate, key and CA come from different Secrets {sorted(secrets)}: "
+                 "one certificate serves the store and every agent, with the CA beside it")
+    if len(names) > 1:
+        error(c, f"KT_TLS_SERVER_NAME differs between processes: {sorted(names)}")
+    if len(namespaces) > 1:
+        error(c, f"ktfs pods in several namespaces {sorted(namespaces)}, one Secret cannot "
+                 "serve them")
+    secret = next(iter(secrets)) if len(secrets) == 1 else None
+    ns = next(iter(namespaces)) if len(namespaces) == 1 else None
+    for d in base:
+        if d["kind"] == "Secret" and d["metadata"]["name"] == secret:
+            error(c, f"{name_of(d)}: the TLS Secret is in the manifests; its key must be made "
+                     "in the cluster (cert-manager, or kubectl create secret)")
+    check_cert_manager_shapes(cm)
+    if mode == "secret":
+        for d in cm:
+            error(c, f"{name_of(d)}: a cert-manager object, but --tls secret means the Secret "
+                     "is made without cert-manager")
+        return
+    if secret is None or ns is None:
+        return
+
+    def find(kind, name, namespace):
+        return [d for d in cm if d["kind"] == kind and d["metadata"]["name"] == name
+                and d["metadata"].get("namespace", "") == (namespace if kind != "ClusterIssuer"
+                                                           else "")]
+    certs = [d for d in cm if d["kind"] == "Certificate"
+             and (d.get("spec") or {}).get("secretName") == secret]
+    if len(certs) != 1:
+        error(c, f"the pods mount Secret {secret}: expected one Certificate writing it, found "
+                 f"{[name_of(d) for d in certs]}")
+        return
+    cert = certs[0]
+    spec = cert.get("spec") or {}
+    if cert["metadata"].get("namespace") != ns:
+        error(c, f"{name_of(cert)} writes {secret} in namespace "
+                 f"{cert['metadata'].get('namespace')!r}, the pods mount it from {ns!r}")
+    if spec.get("isCA"):
+        error(c, f"{name_of(cert)}: the servers' certificate must not be a CA")
+    usages = spec.get("usages")
+    if usages is not None and "server auth" not in usages:
+        error(c, f"{name_of(cert)}: usages {usages} lack 'server auth'")
+    dns = set(spec.get("dnsNames") or [])
+    wanted = {n: "KT_TLS_SERVER_NAME" for n in names}
+    server_pods = [(o, pns, labels) for o, pns, labels, sp in pods
+                   for k in sp.get("containers") or []
+                   if program(k) == "kt" and argv(k)[1:2] == ["server"]]
+    for svc in base:
+        if svc["kind"] != "Service":
+            continue
+        sel = (svc.get("spec") or {}).get("selector") or {}
+        sns = svc["metadata"].get("namespace", "default")
+        if sel and any(pns == sns and all(labels.get(k) == v for k, v in sel.items())
+                       for _, pns, labels in server_pods):
+            n = svc["metadata"]["name"]
+            for name in (f"{n}.{sns}", f"{n}.{sns}.svc"):
+                wanted[name] = f"Service {sns}/{n}"
+    for _, _, _, k, _ in roles:
+        for server in flag(argv(k), "--server"):
+            wanted.setdefault(server.rpartition(":")[0], f"{k['name']} --server {server}")
+    for name, why in sorted(wanted.items()):
+        if name not in dns:
+            error(c, f"{name_of(cert)}: dnsNames {sorted(dns)} lack {name} ({why})")
+    # The chain: the Certificate's Issuer signs with a CA whose certificate cert-manager makes
+    # with a self-signed Issuer, all in the manifests.
+    ref = spec.get("issuerRef") or {}
+    found = find(ref.get("kind", "Issuer"), ref.get("name"), ns)
+    if not found:
+        error(c, f"{name_of(cert)}: issuerRef {ref.get('kind', 'Issuer')}/{ref.get('name')} is "
+                 "not in the manifests")
+        return
+    ca = (found[0].get("spec") or {}).get("ca")
+    if not ca:
+        error(c, f"{name_of(found[0])}: expected a CA Issuer (spec.ca), signing with the CA "
+                 "that the servers' clients trust")
+        return
+    ca_certs = [d for d in cm if d["kind"] == "Certificate"
+                and d["metadata"].get("namespace") == ns
+                and (d.get("spec") or {}).get("secretName") == ca.get("secretName")]
+    if len(ca_certs) != 1:
+        error(c, f"{name_of(found[0])}: ca.secretName {ca.get('secretName')!r} is written by "
+                 f"{len(ca_certs)} Certificates of {ns}, expected one")
+        return
+    ca_cert = ca_certs[0]
+    if (ca_cert.get("spec") or {}).get("isCA") is not True:
+        error(c, f"{name_of(ca_cert)}: the CA's Certificate needs isCA: true")
+    if ca.get("secretName") == secret:
+        error(c, f"{name_of(ca_cert)}: the CA's Secret must not be the servers' {secret} (the "
+                 "pods would hold the CA's key)")
+    cref = (ca_cert.get("spec") or {}).get("issuerRef") or {}
+    root = find(cref.get("kind", "Issuer"), cref.get("name"), ns)
+    if not root:
+        error(c, f"{name_of(ca_cert)}: issuerRef {cref.get('kind', 'Issuer')}/{cref.get('name')}"
+                 " is not in the manifests")
+    elif "selfSigned" not in (root[0].get("spec") or {}):
+        error(c, f"{name_of(root[0])}: expected the self-signed Issuer that signs the CA")
+
+
+# The fields of cert-manager.io/v1 objects (cert-manager 1.x), for a strict check of their shape:
+# spec field -> its check (None: any value).
+def _str(v):
+    return isinstance(v, str) and v != ""
+
+
+GO_DURATION = re.compile(r"^(\d+(\.\d+)?(h|m|s|ms|us|µs|ns))+$")
+DURATION_UNITS = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+USAGES = {"signing", "digital signature", "content commitment", "key encipherment",
+          "key agreement", "data encipherment", "cert sign", "crl sign", "encipher only",
+          "decipher only", "any", "server auth", "client auth", "code signing", "email protection",
+          "s/mime", "ipsec end system", "ipsec tunnel", "ipsec user", "timestamping",
+          "ocsp signing", "microsoft sgc", "netscape sgc"}
+ISSUER_REF = {"name": _str, "kind": lambda v: v in ("Issuer", "ClusterIssuer"),
+              "group": lambda v: v == CERT_MANAGER_GROUP}
+PRIVATE_KEY = {"algorithm": lambda v: v in ("RSA", "ECDSA", "Ed25519"),
+               "size": lambda v: isinstance(v, int), "encoding": lambda v: v in ("PKCS1", "PKCS8"),
+               "rotationPolicy": lambda v: v in ("Never", "Always")}
+CERTIFICATE_SPEC = {
+    "secretName": _str, "issuerRef": ISSUER_REF, "commonName": lambda v: _str(v) and len(v) <= 64,
+    "dnsNames": lambda v: isinstance(v, list) and all(
+        isinstance(n, str) and DNS_NAME.match(n.removeprefix("*.")) for n in v),
+    "ipAddresses": list, "uris": list, "emailAddresses": list, "otherNames": list,
+    "duration": lambda v: isinstance(v, str) and GO_DURATION.match(v),
+    "renewBefore": lambda v: isinstance(v, str) and GO_DURATION.match(v),
+    "renewBeforePercentage": int, "isCA": bool,
+    "usages": lambda v: isinstance(v, list) and set(v) <= USAGES,
+    "privateKey": PRIVATE_KEY, "secretTemplate": {"labels": dict, "annotations": dict},
+    "subject": dict, "literalSubject": str, "keystores": dict, "encodeUsagesInRequest": bool,
+    "revisionHistoryLimit": int, "additionalOutputFormats": list, "nameConstraints": dict,
+}
+ISSUER_TYPES = {
+    "selfSigned": {"crlDistributionPoints": list},
+    "ca": {"secretName": _str, "crlDistributionPoints": list, "ocspServers": list,
+           "issuingCertificateURLs": list},
+    "acme": None, "vault": None, "venafi": None,
+}
+
+
+def seconds(duration):
+    return sum(float(n) * DURATION_UNITS[u]
+               for n, _, u in re.findall(r"(\d+(\.\d+)?)(h|ms|m|us|µs|ns|s)", duration))
+
+
+def check_fields(where, value, shape):
+    """value against shape: a dict of field -> shape, a type, a predicate, or None."""
+    if shape is None:
+        return
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            error("cert-manager", f"{where}: expected an object, got {value!r}")
+            return
+        for k in sorted(set(value) - set(shape)):
+            error("cert-manager", f"{where}: unknown field {k!r} (known: {sorted(shape)})")
+        for k, v in value.items():
+            if k in shape:
+                check_fields(f"{where}.{k}", v, shape[k])
+    elif isinstance(shape, type):
+        if not isinstance(value, shape) or (shape is int and isinstance(value, bool)):
+            error("cert-manager", f"{where}: expected {shape.__name__}, got {value!r}")
+    elif not shape(value):
+        error("cert-manager", f"{where}: invalid value {value!r}")
+
+
+def check_cert_manager_shapes(cm):
+    c = "cert-manager"
+    for d in cm:
+        where = name_of(d)
+        if d["apiVersion"] != f"{CERT_MANAGER_GROUP}/v1":
+            error(c, f"{where}: apiVersion {d['apiVersion']}, cert-manager serves "
+                     f"{CERT_MANAGER_GROUP}/v1")
+        for k in sorted(set(d) - {"apiVersion", "kind", "metadata", "spec"}):
+            error(c, f"{where}: unknown top-level field {k!r}")
+        md = d["metadata"]
+        if not _str(md.get("name")) or not DNS_NAME.match(md["name"]):
+            error(c, f"{where}: metadata.name must be a DNS name")
+        for k in sorted(set(md) - {"name", "namespace", "labels", "annotations"}):
+            error(c, f"{where}: unexpected metadata field {k!r}")
+        spec = d.get("spec")
+        if d["kind"] == "Certificate":
+            check_fields(f"{where} spec", spec, CERTIFICATE_SPEC)
+            spec = spec if isinstance(spec, dict) else {}
+            for req in ("secretName", "issuerRef"):
+                if req not in spec:
+                    error(c, f"{where}: spec.{req} is required")
+            if "name" not in (spec.get("issuerRef") or {}):
+                error(c, f"{where}: spec.issuerRef.name is required")
+            if not any(spec.get(k) for k in ("commonName", "dnsNames", "ipAddresses", "uris",
+                                             "emailAddresses", "otherNames", "literalSubject")):
+                error(c, f"{where}: names nothing (commonName, dnsNames, ...)")
+            pk = spec.get("privateKey") or {}
+            sizes = {"RSA": lambda s: 2048 <= s <= 8192, "ECDSA": lambda s: s in (256, 384, 521),
+                     "Ed25519": lambda s: True}
+            alg = pk.get("algorithm", "RSA")
+            if "size" in pk and alg in sizes and not sizes[alg](pk["size"]):
+                error(c, f"{where}: privateKey size {pk['size']} is not one {alg} takes")
+            dur, renew = spec.get("duration"), spec.get("renewBefore")
+            if isinstance(dur, str) and GO_DURATION.match(dur) and seconds(dur) < 3600:
+                error(c, f"{where}: duration {dur} is under cert-manager's minimum of 1h")
+            if (isinstance(dur, str) and isinstance(renew, str) and GO_DURATION.match(dur)
+                    and GO_DURATION.match(renew) and seconds(renew) >= seconds(dur)):
+                error(c, f"{where}: renewBefore {renew} is not shorter than duration {dur}")
+        elif d["kind"] in ("Issuer", "ClusterIssuer"):
+            check_fields(f"{where} spec", spec, ISSUER_TYPES)
+            kinds = [k for k in (spec or {}) if k in ISSUER_TYPES] if isinstance(spec, dict) else []
+            if len(kinds) != 1:
+                error(c, f"{where}: spec needs exactly one issuer type of "
+                         f"{sorted(ISSUER_TYPES)}, has {kinds}")
+            if d["kind"] == "ClusterIssuer" and md.get("namespace"):
+                error(c, f"{where}: a ClusterIssuer has no namespace")
+        else:
+            error(c, f"{where}: kind {d['kind']} is not one this check knows "
+                     "(Certificate, Issuer, ClusterIssuer)")
+
+
+
 def main(argv_):
-    if len(argv_) != 3:
-        print("usage: consistency.py DEPLOY_DIR RENDERED_YAML", file=sys.stderr)
+    args = argv_[1:]
+    mode = "none"
+    if len(args) == 4 and args[2] == "--tls" and args[3] in TLS_MODES:
+        mode = args[3]
+        args = args[:2]
+    if len(args) != 2:
+        print("usage: consistency.py DEPLOY_DIR RENDERED_YAML [--tls none|secret|cert-manager]",
+              file=sys.stderr)
         return 2
-    deploy, rendered = argv_[1], argv_[2]
+    deploy, rendered = args
     base = load(rendered)
     examples = [d for p in sorted((Path(deploy) / "examples").glob("*.yaml")) for d in load(p)]
     pods = list(pod_specs(base))
@@ -435,8 +813,10 @@ def main(argv_):
     check_dockerfile(deploy, base, examples)
     check_health_port(pods)
     check_env_references(pods + example_pods)
+    check_tls(base, pods, mode)
     if errors:
-        print(f"deploy: {len(errors)} consistency error(s):", file=sys.stderr)
+        print(f"deploy: {len(errors)} consistency error(s) ({rendered}, --tls {mode}):",
+              file=sys.stderr)
         for e in errors:
             print(f"  {e}", file=sys.stderr)
         return 1

@@ -53,6 +53,17 @@ pub struct AgentsConfig {
     pub zone: Option<String>,
     /// How long a new agent may take to answer on its socket.
     pub mount_timeout: Duration,
+    /// The certificate the node agent's port presents (`kt agent --tls-cert --tls-key`): with
+    /// it the port speaks TLS only. Whom the agent trusts as a client (`KT_TLS_CA`,
+    /// `KT_TLS_SERVER_NAME`) it inherits from kt-csi's environment.
+    pub tls: Option<AgentTls>,
+}
+
+/// A PEM certificate chain (leaf first) and its private key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -289,6 +300,12 @@ impl Agents {
         if let Some(zone) = &cfg.zone {
             cmd.args(["--zone", zone]);
         }
+        if let Some(tls) = &cfg.tls {
+            cmd.arg("--tls-cert")
+                .arg(&tls.cert)
+                .arg("--tls-key")
+                .arg(&tls.key);
+        }
         // Plain log lines, no colour codes.
         cmd.env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -378,5 +395,84 @@ fn log_tail(path: &Path, from: u64) -> String {
         "(nothing)".into()
     } else {
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kt::fake_kt;
+
+    /// Node agents whose `kt` writes its arguments, one a line, to `argv` and exits 1: the
+    /// start fails, after the command line was recorded.
+    fn agents(dir: &Path, tls: Option<AgentTls>) -> Agents {
+        let argv = dir.join("argv");
+        let body = format!(
+            "for a in \"$@\"; do echo \"$a\"; done > '{}'\nexit 1",
+            argv.display()
+        );
+        Agents::new(AgentsConfig {
+            kt: fake_kt(dir, &body),
+            server: "kt-store.kt-system:7447".into(),
+            node_id: "n1".into(),
+            cache_dir: dir.join("cache"),
+            state_dir: dir.join("state"),
+            agent_ip: "10.0.0.7".into(),
+            agent_port: 7448,
+            cache_size: None,
+            zone: None,
+            mount_timeout: Duration::from_secs(5),
+            tls,
+        })
+    }
+
+    /// What the spawned `kt keeper` was given, and the agent's part of it (after `--`).
+    fn spawned(dir: &Path, agents: &Agents) -> (Vec<String>, Vec<String>) {
+        let err = agents.ensure("team").unwrap_err();
+        assert!(matches!(err, AgentError::Exited { .. }), "{err}");
+        let argv: Vec<String> = std::fs::read_to_string(dir.join("argv"))
+            .unwrap()
+            .lines()
+            .map(String::from)
+            .collect();
+        let dashes = argv
+            .iter()
+            .position(|a| a == "--")
+            .expect("kt keeper ... -- kt agent");
+        let agent = argv[dashes + 1..].to_vec();
+        assert_eq!(argv[0], "keeper");
+        assert_eq!(agent[1..3], ["agent", "--host-mounts"]);
+        (argv, agent)
+    }
+
+    fn value_of<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+        let i = args.iter().position(|a| a == flag)?;
+        args.get(i + 1).map(String::as_str)
+    }
+
+    #[test]
+    fn the_node_agent_presents_the_certificate_it_is_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let tls = AgentTls {
+            cert: "/etc/ktfs/tls/tls.crt".into(),
+            key: "/etc/ktfs/tls/tls.key".into(),
+        };
+        let (argv, agent) = spawned(dir.path(), &agents(dir.path(), Some(tls)));
+        assert_eq!(
+            value_of(&agent, "--tls-cert"),
+            Some("/etc/ktfs/tls/tls.crt")
+        );
+        assert_eq!(value_of(&agent, "--tls-key"), Some("/etc/ktfs/tls/tls.key"));
+        assert_eq!(value_of(&agent, "--listen"), Some("10.0.0.7:7448"));
+        // The keeper itself serves no port: the flags are the agent's only.
+        let keeper = &argv[..argv.len() - agent.len()];
+        assert!(!keeper.iter().any(|a| a.starts_with("--tls")), "{keeper:?}");
+    }
+
+    #[test]
+    fn without_a_certificate_the_node_agent_gets_no_tls_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let (argv, _) = spawned(dir.path(), &agents(dir.path(), None));
+        assert!(!argv.iter().any(|a| a.starts_with("--tls")), "{argv:?}");
     }
 }

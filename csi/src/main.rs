@@ -7,7 +7,7 @@ use anyhow::Result;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use kt_csi::agents::AgentsConfig;
+use kt_csi::agents::{AgentTls, AgentsConfig};
 use kt_csi::server::{serve, ServeConfig};
 
 #[derive(Parser)]
@@ -49,6 +49,14 @@ struct Args {
     /// How long a namespace mount may take to come up.
     #[arg(long, default_value_t = 60)]
     mount_timeout_secs: u64,
+    /// The certificate chain (PEM, leaf first) the node agent's port presents (`kt agent
+    /// --tls-cert`): with it the port speaks TLS only. Give the agent the CA to trust as a
+    /// client with KT_TLS_CA (and KT_TLS_SERVER_NAME) in kt-csi's environment.
+    #[arg(long, requires = "agent_tls_key")]
+    agent_tls_cert: Option<PathBuf>,
+    /// Its private key (PEM; `kt agent --tls-key`).
+    #[arg(long, requires = "agent_tls_cert")]
+    agent_tls_key: Option<PathBuf>,
 }
 
 /// Completes on Ctrl-C or SIGTERM.
@@ -77,6 +85,23 @@ async fn main() -> Result<()> {
     if a.node_id.is_empty() {
         anyhow::bail!("--node-id must not be empty");
     }
+    let tls = match (a.agent_tls_cert, a.agent_tls_key) {
+        (Some(cert), Some(key)) => {
+            for f in [&cert, &key] {
+                std::fs::metadata(f).map_err(|e| {
+                    anyhow::anyhow!("--agent-tls-cert/--agent-tls-key: {}: {e}", f.display())
+                })?;
+            }
+            if std::env::var_os("KT_TLS_CA").is_none_or(|v| v.is_empty()) {
+                tracing::warn!(
+                    "the node agent's port speaks TLS (--agent-tls-cert) but KT_TLS_CA is not \
+                     set: the agent will speak plaintext to the store and its peers"
+                );
+            }
+            Some(AgentTls { cert, key })
+        }
+        _ => None,
+    };
     let cfg = ServeConfig {
         endpoint: a.endpoint,
         node_id: a.node_id.clone(),
@@ -92,9 +117,35 @@ async fn main() -> Result<()> {
             cache_size: a.cache_size,
             zone: a.zone,
             mount_timeout: Duration::from_secs(a.mount_timeout_secs.max(1)),
+            tls,
         },
     };
     tracing::info!(kt = %cfg.agents.kt.display(), "kt-csi starting");
     serve(cfg, shutdown_signal()).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: [&str; 5] = ["kt-csi", "--node-id", "n1", "--server", "s:7447"];
+
+    #[test]
+    fn the_agent_certificate_comes_with_its_key_or_not_at_all() {
+        let both = Args::try_parse_from(BASE.iter().copied().chain([
+            "--agent-tls-cert",
+            "c.pem",
+            "--agent-tls-key",
+            "k.pem",
+        ]))
+        .unwrap();
+        assert_eq!(both.agent_tls_cert, Some(PathBuf::from("c.pem")));
+        assert_eq!(both.agent_tls_key, Some(PathBuf::from("k.pem")));
+        for one in [["--agent-tls-cert", "c.pem"], ["--agent-tls-key", "k.pem"]] {
+            assert!(Args::try_parse_from(BASE.iter().copied().chain(one)).is_err());
+        }
+        let none = Args::try_parse_from(BASE).unwrap();
+        assert_eq!((none.agent_tls_cert, none.agent_tls_key), (None, None));
+    }
 }

@@ -218,6 +218,7 @@ mod tests {
                 cache_size: None,
                 zone: None,
                 mount_timeout: Duration::from_secs(1),
+                tls: None,
             }),
         )
     }
