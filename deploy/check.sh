@@ -18,12 +18,13 @@ python3 -c 'import kubernetes_validate' 2>/dev/null \
   || die "the Python module kubernetes_validate is missing (pip install kubernetes-validate)"
 
 tmp="$(mktemp -d)"
-tmp="$(cd "$tmp" && pwd -P)"
 trap 'rm -rf "$tmp"' EXIT
+tmp="$(cd "$tmp" && pwd -P)"
 
-# The variants: NAME, then the components of deploy/ it turns on. Each but the base is rendered
-# from an overlay in $tmp (kustomize refuses an overlay inside the directory of its base), as a
-# user's own overlay would turn them on. The last word is consistency.py's --tls mode.
+# The variants, NAME|COMPONENTS|MODE: the components of deploy/ it turns on, and what
+# consistency.py's --tls expects of it. Each but the base is rendered from an overlay in $tmp,
+# as a user's own overlay turns them on (kustomize refuses an overlay inside its base's
+# directory).
 variants=(
   "base||none"
   "tls|tls|secret"
@@ -32,15 +33,19 @@ variants=(
 
 # a. Render. render.py always runs; kubectl, where installed, must give the same objects.
 renderer="render.py (no kubectl here)"
-command -v kubectl >/dev/null && renderer="kubectl kustomize and render.py agree"
+if command -v kubectl >/dev/null; then
+  renderer="kubectl kustomize and render.py agree"
+fi
 rendered=()
+names=()
 for v in "${variants[@]}"; do
   IFS='|' read -r name components _ <<<"$v"
   src="$dir"
   if [[ -n "$components" ]]; then
     src="$tmp/overlays/$name"
     mkdir -p "$src"
-    rel="$(python3 -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' "$dir" "$src")"
+    rel="$(python3 -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' \
+      "$dir" "$src")"
     {
       echo "apiVersion: kustomize.config.k8s.io/v1beta1"
       echo "kind: Kustomization"
@@ -51,33 +56,32 @@ for v in "${variants[@]}"; do
     } >"$src/kustomization.yaml"
   fi
   out="$tmp/rendered-$name.yaml"
-  python3 "$dir/render.py" "$src" >"$out" || die "render.py failed for the $name variant"
+  python3 "$dir/render.py" "$src" >"$out" || die "render.py failed on the $name variant"
   if command -v kubectl >/dev/null; then
     kubectl kustomize "$src" >"$tmp/kubectl-$name.yaml" \
-      || die "kubectl kustomize failed for the $name variant ($src)"
+      || die "kubectl kustomize failed on the $name variant ($src)"
     python3 "$dir/render.py" --compare "$out" "$tmp/kubectl-$name.yaml" \
       || die "render.py and kubectl kustomize disagree on the $name variant"
   fi
   rendered+=("$out")
+  names+=("$name")
 done
 
 # b. Schemas. One file per distinct document (NNN-SOURCE-KIND-NAME.yaml) so that an error names
-# its object; a document the variants share with the base is validated once. cert-manager's
+# its object; a document a variant shares with the base is validated once. cert-manager's
 # objects (cert-manager.io) are custom resources, which the Kubernetes schemas do not cover:
-# they are left out here and their shape is checked by consistency.py.
+# they are left out here, and consistency.py checks their shape field by field.
 examples=("$dir"/examples/*.yaml)
 [[ -e "${examples[0]}" ]] || die "no examples in $dir/examples"
-counts="$(python3 - "$tmp/docs" "${#variants[@]}" "${rendered[@]}" "${examples[@]}" <<'EOF'
+counts="$(python3 - "$tmp/docs" "${#variants[@]}" "${rendered[@]}" "${examples[@]}" <<'PY'
 import os, sys, yaml
-out, nvariants = sys.argv[1], int(sys.argv[2])
-paths = sys.argv[3:]
+out, nvariants, paths = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 os.makedirs(out)
 seen, n, custom = set(), 0, 0
 for i, path in enumerate(paths):
+    source = os.path.basename(path).removesuffix(".yaml")
     if i < nvariants:
-        source = os.path.basename(path).removeprefix("rendered-").removesuffix(".yaml")
-    else:
-        source = os.path.basename(path).removesuffix(".yaml")
+        source = source.removeprefix("rendered-")
     with open(path) as f:
         for doc in yaml.safe_load_all(f):
             if doc is None:
@@ -94,3 +98,22 @@ for i, path in enumerate(paths):
             with open(os.path.join(out, name), "w") as g:
                 yaml.safe_dump(doc, g, sort_keys=False)
 print(n, custom)
+PY
+)"
+read -r count custom <<<"$counts"
+python3 -m kubernetes_validate --strict --quiet -k "$K8S_VERSION" "$tmp"/docs/*.yaml \
+  || die "schema validation against Kubernetes $K8S_VERSION failed (see above)"
+[[ "$custom" -gt 0 ]] || die "the tls/cert-manager variant rendered no cert-manager object"
+
+# c. Cross-file consistency of each variant, TLS included: all or nothing, one Secret, the
+# mounted paths the flags and KT_TLS_CA name, the certificate's names (see consistency.py).
+for i in "${!variants[@]}"; do
+  IFS='|' read -r name _ mode <<<"${variants[$i]}"
+  python3 "$dir/consistency.py" "$dir" "${rendered[$i]}" --tls "$mode" \
+    || die "consistency checks of the $name variant failed"
+done
+
+# d.
+echo "deploy: $count documents valid (Kubernetes $K8S_VERSION schemas, strict) and $custom" \
+  "cert-manager objects shape-checked, in ${#variants[@]} variants (${names[*]});" \
+  "consistency checks passed; $renderer"

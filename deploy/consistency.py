@@ -480,9 +480,10 @@ def secret_file(spec, container, path):
 
 def tls_roles(pods):
     """Every ktfs process of the rendering, as (owner, namespace, spec, container, role): role
-    `server` (kt server: presents a certificate, dials no one), `node` (kt-csi without
-    --controller: its agents present one and dial the store and peers), `client` (anything else
-    that runs kt or kt-csi: dials only)."""
+    `server` (kt server: presents a certificate, dials no one), `agent` (kt agent, kt mount:
+    presents one, dials the store and peers), `node` (kt-csi without --controller: the agents it
+    starts do both), `controller` (kt-csi --controller: its `kt rm` dials the store), `client`
+    (any other kt: dials only)."""
     for owner, ns, _, spec in pods:
         for k in (spec.get("initContainers") or []) + (spec.get("containers") or []):
             prog, args = program(k), argv(k)
@@ -491,7 +492,7 @@ def tls_roles(pods):
             elif prog == "kt" and args[1:2] in (["agent"], ["mount"]):
                 yield owner, ns, spec, k, "agent"
             elif prog == "kt-csi":
-                yield owner, ns, spec, k, "client" if "--controller" in args else "node"
+                yield owner, ns, spec, k, "controller" if "--controller" in args else "node"
             elif prog == "kt":
                 yield owner, ns, spec, k, "client"
 
@@ -510,13 +511,17 @@ SERVER_CERT = [[("--tls-cert", _flags("--tls-cert"), CERT_KEY)],
                [("--tls-key", _flags("--tls-key"), KEY_KEY)]]
 NODE_CERT = [[("--agent-tls-cert", _flags("--agent-tls-cert"), CERT_KEY)],
              [("--agent-tls-key", _flags("--agent-tls-key"), KEY_KEY)]]
-TRUST = [("KT_TLS_CA", _env("KT_TLS_CA"), CA_KEY), ("--tls-ca", _flags("--tls-ca"), CA_KEY)]
-NAME = [("KT_TLS_SERVER_NAME", _env("KT_TLS_SERVER_NAME"), None),
-        ("--tls-server-name", _flags("--tls-server-name"), None)]
+# kt takes the CA and the name as flags or from its environment; kt-csi only passes its
+# environment on to the kt processes it starts.
+TRUST_ENV = [("KT_TLS_CA", _env("KT_TLS_CA"), CA_KEY)]
+NAME_ENV = [("KT_TLS_SERVER_NAME", _env("KT_TLS_SERVER_NAME"), None)]
+TRUST = TRUST_ENV + [("--tls-ca", _flags("--tls-ca"), CA_KEY)]
+NAME = NAME_ENV + [("--tls-server-name", _flags("--tls-server-name"), None)]
 NEEDS = {
-    "server": SERVER_CERT,                   # it dials no one
+    "server": SERVER_CERT,
     "agent": SERVER_CERT + [TRUST, NAME],
-    "node": NODE_CERT + [TRUST, NAME],       # the agents inherit kt-csi's environment
+    "node": NODE_CERT + [TRUST_ENV, NAME_ENV],
+    "controller": [TRUST_ENV, NAME_ENV],
     "client": [TRUST, NAME],
 }
 ALL_SETTINGS = [a for alts in SERVER_CERT + NODE_CERT + [TRUST, NAME] for a in alts]
