@@ -157,6 +157,21 @@ pub static AUTH_REFUSED: Counter = Counter::new(
     "",
     "Control-plane calls refused as unauthenticated.",
 );
+pub static WATCH_RECALLS: Counter = Counter::new(
+    "kt_watch_recalls_total",
+    "",
+    "Changes sent to watching mounts (one per change and watcher).",
+);
+pub static WATCH_LAPSED: Counter = Counter::new(
+    "kt_watch_lapsed_total",
+    "",
+    "Watchers dropped because a change went unacknowledged until their lease ran out.",
+);
+pub static MOUNT_METADATA_REQUESTS: Counter = Counter::new(
+    "kt_mount_metadata_requests_total",
+    "",
+    "Listings and resolves a mount asked the store server for (what its caches did not answer).",
+);
 pub static FETCH_SECONDS: Histogram = Histogram::new(
     "kt_fetch_seconds",
     "",
@@ -188,7 +203,10 @@ pub static FUSE_RELEASE_SECONDS: Histogram = Histogram::new(
     "Time of a filesystem operation in the mount's core.",
 );
 
-static COUNTERS: [&Counter; 15] = [
+static COUNTERS: [&Counter; 18] = [
+    &MOUNT_METADATA_REQUESTS,
+    &WATCH_RECALLS,
+    &WATCH_LAPSED,
     &SERVED_BYTES,
     &DELTA_BLOCKS,
     &DELTA_BYTES,

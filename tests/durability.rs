@@ -22,14 +22,6 @@ struct Acked {
     data: Vec<u8>,
 }
 
-/// One series of a `/metrics` page at `addr`.
-fn metric(addr: &str, series: &str) -> f64 {
-    let text = http_get(addr, "/metrics");
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {series} in {text}"))
-}
-
 fn json(out: &std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("json output")
 }

@@ -22,6 +22,7 @@ pub mod publish;
 pub mod read;
 pub mod session;
 pub mod staged;
+mod watch;
 pub mod xattr;
 
 use std::collections::{HashMap, HashSet};
@@ -337,6 +338,17 @@ impl FsCore {
 
     fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
         self.rt.block_on(f)
+    }
+
+    /// Watches the namespace for changes (see [`watch`]) while the core lives; a mount
+    /// starts this, an in-process core used alone need not.
+    pub fn watch(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        self.rt.spawn(watch::run(Arc::downgrade(self)))
+    }
+
+    /// Whether the watch of the namespace holds a lease now.
+    pub fn watching(&self) -> bool {
+        self.listings.leased()
     }
 
     fn store(&self) -> Store {

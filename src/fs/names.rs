@@ -1,10 +1,13 @@
 //! Names: what a path is, as the store server lists it, and what `stat` and `readdir` show.
 //!
-//! Listings of directories are cached for [`LISTING_TTL`] on the core's clock, and forgotten
-//! at once when this mount changes them; files being written here show before they are
-//! published.
+//! Listings of directories are cached for [`LISTING_TTL`] on the core's clock, or for as
+//! long as the mount's watch of its namespace holds a lease (see [`super::watch`]: the store
+//! server then tells it of every change before the change's writer is answered), and forgotten
+//! at once when this mount changes them or is told of a change; files being written here show
+//! before they are published.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,6 +38,11 @@ pub(super) struct Listings {
     changed: Mutex<HashMap<String, Instant>>,
     /// Entries asked for alone (`None`: nothing there).
     own: Mutex<HashMap<String, (Instant, Option<ListEntry>)>>,
+    /// Moves on every change the watch tells of: an answer asked for before it may predate
+    /// the change, and is not kept.
+    epoch: AtomicU64,
+    /// Until when the watch's lease holds (real time: the server counts it so).
+    lease: Mutex<Option<std::time::Instant>>,
 }
 
 impl Listings {
@@ -46,19 +54,82 @@ impl Listings {
             root: Mutex::default(),
             changed: Mutex::default(),
             own: Mutex::default(),
+            epoch: AtomicU64::new(0),
+            lease: Mutex::default(),
         }
+    }
+
+    /// Whether what was cached at `at` still holds: within the TTL, or while the lease does.
+    fn valid(&self, now: Instant, at: Instant) -> bool {
+        now.duration_since(at) < LISTING_TTL || self.leased()
+    }
+
+    /// Whether the watch's lease holds now.
+    pub(super) fn leased(&self) -> bool {
+        lock(&self.lease).is_some_and(|until| std::time::Instant::now() < until)
+    }
+
+    /// The epoch to hand back with an answer asked for now (see [`Listings::keep`]).
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Whether an answer asked for at `since` may be kept: no change was told of meanwhile.
+    fn keep(&self, since: u64) -> bool {
+        self.epoch() == since
+    }
+
+    fn clear(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        lock(&self.cached).clear();
+        lock(&self.links).clear();
+        lock(&self.own).clear();
+        *lock(&self.root) = None;
+    }
+
+    /// The store server told of a change at or below `path` (`""`: anywhere): what this mount
+    /// cached of it, below it, and of its directory is forgotten, as after a change made here.
+    pub(super) fn recall(&self, path: &str) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        if path.is_empty() {
+            return self.clear();
+        }
+        let parent = super::split(path).0;
+        self.forget_below(path);
+        self.forget(&[parent, path]);
+        self.forget_links(&[parent, path]);
+    }
+
+    /// The watch's lease was renewed until `until`. A lease that begins anew (the watch was
+    /// down, and changes may have gone untold) begins with nothing cached.
+    pub(super) fn lease_until(&self, until: std::time::Instant) {
+        let mut lease = lock(&self.lease);
+        if lease.is_none_or(|was| was <= std::time::Instant::now()) {
+            self.clear();
+        }
+        *lease = Some(until);
+    }
+
+    /// The watch broke: nothing cached is trusted past its TTL, and what was cached may have
+    /// missed changes.
+    pub(super) fn lease_lost(&self) {
+        *lock(&self.lease) = None;
+        self.clear();
     }
 
     fn fresh(&self, path: &str) -> Option<Entries> {
         let now = self.clock.now().at;
         let cached = lock(&self.cached);
         let (at, entries) = cached.get(path)?;
-        (now.duration_since(*at) < LISTING_TTL).then(|| entries.clone())
+        self.valid(now, *at).then(|| entries.clone())
     }
 
-    fn put(&self, path: &str, entries: Entries) {
+    fn put(&self, path: &str, entries: Entries, since: u64) {
         let now = self.clock.now().at;
-        lock(&self.cached).insert(path.to_string(), (now, entries));
+        let mut cached = lock(&self.cached);
+        if self.keep(since) {
+            cached.insert(path.to_string(), (now, entries));
+        }
     }
 
     /// Forgets the listings of `paths`, and their own entries (a directory's mtime and ctime
@@ -88,7 +159,7 @@ impl Listings {
     fn own(&self, path: &str) -> Option<Option<ListEntry>> {
         let now = self.clock.now().at;
         if let Some((at, e)) = lock(&self.own).get(path) {
-            if now.duration_since(*at) < LISTING_TTL {
+            if self.valid(now, *at) {
                 return Some(e.clone());
             }
         }
@@ -109,25 +180,33 @@ impl Listings {
         let now = self.clock.now().at;
         let cached = lock(&self.cached);
         let (at, entries) = cached.get(path)?;
-        (now.duration_since(*at) < LISTING_TTL).then(|| (*at, entries.clone()))
+        self.valid(now, *at).then(|| (*at, entries.clone()))
     }
 
-    fn put_own(&self, path: &str, e: Option<ListEntry>) {
+    /// Keeps `path`'s own entry, asked for at `since` (`None`: an answer to this mount's own
+    /// change, which it keeps whatever else changed).
+    fn put_own(&self, path: &str, e: Option<ListEntry>, since: Option<u64>) {
         let now = self.clock.now().at;
-        lock(&self.changed).remove(path);
-        lock(&self.own).insert(path.to_string(), (now, e));
+        let mut own = lock(&self.own);
+        if since.is_none_or(|s| self.keep(s)) {
+            lock(&self.changed).remove(path);
+            own.insert(path.to_string(), (now, e));
+        }
     }
 
     fn root(&self) -> Option<ListEntry> {
         let now = self.clock.now().at;
         let root = lock(&self.root);
         let (at, e) = root.as_ref()?;
-        (now.duration_since(*at) < LISTING_TTL).then(|| e.clone())
+        self.valid(now, *at).then(|| e.clone())
     }
 
-    fn put_root(&self, e: ListEntry) {
+    fn put_root(&self, e: ListEntry, since: Option<u64>) {
         let now = self.clock.now().at;
-        *lock(&self.root) = Some((now, e));
+        let mut root = lock(&self.root);
+        if since.is_none_or(|s| self.keep(s)) {
+            *root = Some((now, e));
+        }
     }
 
     /// Forgets every listing at or below `path` (a moved directory's insides are elsewhere now).
@@ -149,12 +228,15 @@ impl Listings {
         let now = self.clock.now().at;
         let links = lock(&self.links);
         let (at, n) = links.get(path)?;
-        (now.duration_since(*at) < LISTING_TTL).then_some(*n)
+        self.valid(now, *at).then_some(*n)
     }
 
-    fn put_links(&self, path: &str, n: u32) {
+    fn put_links(&self, path: &str, n: u32, since: u64) {
         let now = self.clock.now().at;
-        lock(&self.links).insert(path.to_string(), (now, n));
+        let mut links = lock(&self.links);
+        if self.keep(since) {
+            links.insert(path.to_string(), (now, n));
+        }
     }
 }
 
@@ -196,8 +278,8 @@ impl FsCore {
     pub(crate) fn take_parent(&self, path: &str, dir: Option<ListEntry>) {
         let Some(d) = dir else { return };
         match split(path).0 {
-            "" if !path.is_empty() => self.listings.put_root(d),
-            parent => self.listings.put_own(parent, Some(d)),
+            "" if !path.is_empty() => self.listings.put_root(d, None),
+            parent => self.listings.put_own(parent, Some(d), None),
         }
     }
 
@@ -208,13 +290,15 @@ impl FsCore {
     }
 
     fn fetch_listing(&self, path: &str) -> FsResult<Entries> {
+        let since = self.listings.epoch();
         let entries = self.fetch_listing_uncached(path)?;
-        self.listings.put(path, entries.clone());
+        self.listings.put(path, entries.clone(), since);
         Ok(entries)
     }
 
     /// One directory's listing from the store server, or with `dir_only` its own entry alone.
     fn list_rpc(&self, path: &str, dir_only: bool) -> FsResult<crate::proto::ListResponse> {
+        crate::metrics::MOUNT_METADATA_REQUESTS.inc();
         let mut store = self.store();
         Ok(self
             .block_on(store.list(ListRequest {
@@ -256,8 +340,9 @@ impl FsCore {
     /// move as top-level entries come and go), or the mount's where the server has none.
     fn root_attr(&self) -> Attr {
         let entry = self.listings.root().or_else(|| {
+            let since = self.listings.epoch();
             let e = self.fetch_own("").ok().flatten()?;
-            self.listings.put_root(e.clone());
+            self.listings.put_root(e.clone(), Some(since));
             Some(e)
         });
         if let Some(e) = entry {
@@ -329,8 +414,9 @@ impl FsCore {
             self.listings.changed_at(path),
         ) {
             (Some((taken, _)), Some(changed)) if taken <= changed => {
+                let since = self.listings.epoch();
                 let e = self.fetch_own(path)?;
-                self.listings.put_own(path, e.clone());
+                self.listings.put_own(path, e.clone(), Some(since));
                 return e.ok_or(FsError::NotFound);
             }
             (Some((_, l)), _) => l,
@@ -350,13 +436,14 @@ impl FsCore {
         if let Some(n) = self.listings.links(path) {
             return n;
         }
+        let since = self.listings.epoch();
         let listing = match self.listings.fresh(path) {
             Some(l) => Ok(l),
             None => self.fetch_listing_uncached(path),
         };
         let Ok(l) = listing else { return 2 };
         let n = 2 + l.values().filter(|e| e.is_directory).count() as u32;
-        self.listings.put_links(path, n);
+        self.listings.put_links(path, n, since);
         n
     }
 

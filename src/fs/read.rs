@@ -134,6 +134,7 @@ impl FsCore {
     }
 
     pub(super) fn resolve_file(&self, path: &str) -> FsResult<ReadFile> {
+        crate::metrics::MOUNT_METADATA_REQUESTS.inc();
         let mut store = self.store();
         let r = self
             .block_on(store.resolve(ResolveRequest {

@@ -180,12 +180,10 @@ fn new_core(
     inodes: Inodes,
 ) -> Result<Arc<FsCore>, MountError> {
     let rt = tokio::runtime::Handle::current();
-    Ok(Arc::new(FsCore::with_inodes(
-        cfg.clone(),
-        rt,
-        blocks,
-        inodes,
-    )?))
+    let core = Arc::new(FsCore::with_inodes(cfg.clone(), rt, blocks, inodes)?);
+    // Ends by itself once the core is gone.
+    drop(core.watch());
+    Ok(core)
 }
 
 fn run_session(

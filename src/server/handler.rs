@@ -9,6 +9,7 @@ use tonic::{Request, Response, Status};
 use super::auth::{group_namespace, principal};
 use super::patch::{self, Patched};
 use super::status::{blocking, invalid, parse_key, parse_ns, parse_version};
+use super::watch::Watchers;
 use crate::blocks::store::StoreBlocks;
 use crate::blocks::Served;
 use crate::broadcast::gpu::{GpuJoiner, GpuWindows};
@@ -127,7 +128,13 @@ pub struct StoreHandler {
     pub(super) gpu_windows: Arc<std::sync::Mutex<GpuWindows>>,
     /// Wakes whoever waits on a GPU window whenever one changes.
     pub(super) gpu_changed: Arc<tokio::sync::Notify>,
+    /// The mounts watching each namespace; every change waits for them (see [`super::watch`]).
+    pub(super) watchers: Arc<Watchers>,
 }
+
+/// A change that touched more keys than this is sent to watchers as a change of its
+/// namespace's root (everything), not key by key.
+const WATCH_MAX_PATHS: usize = 256;
 
 /// The longest a GPU window call is held before it answers with the window as it stands (the
 /// caller asks again): long enough to spare the server, short enough that a member whose node
@@ -249,6 +256,49 @@ impl StoreHandler {
 
 #[tonic::async_trait]
 impl Store for StoreHandler {
+    type WatchStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<WatchDown, Status>> + Send>>;
+
+    async fn watch(
+        &self,
+        mut req: Request<tonic::Streaming<WatchUp>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let first = req
+            .get_mut()
+            .message()
+            .await?
+            .ok_or_else(|| invalid("a watch names its namespace in its first message"))?;
+        let ns = namespace_for(&req, &first.namespace)?;
+        let (reg, rx) = self
+            .watchers
+            .register(ns.as_str())
+            .ok_or_else(|| Status::unavailable("the store server is shutting down"))?;
+        if let Some(d) = reg.up(first.acked, first.renew) {
+            reg.send(d);
+        }
+        let mut inbound = req.into_inner();
+        tokio::spawn(async move {
+            // Until the watcher goes (its stream broke) or is dropped; `reg` unregisters it.
+            loop {
+                tokio::select! {
+                    up = inbound.message() => match up {
+                        Ok(Some(up)) => {
+                            if let Some(d) = reg.up(up.acked, up.renew) {
+                                reg.send(d);
+                            }
+                        }
+                        _ => break,
+                    },
+                    () = reg.ended() => break,
+                }
+            }
+        });
+        tracing::debug!(namespace = %ns, "a mount watches");
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
     async fn register_node(
         &self,
         req: Request<RegisterNodeRequest>,
@@ -324,6 +374,7 @@ impl Store for StoreHandler {
         let ns = namespace_for(&req, &req.get_ref().namespace)?;
         let r = req.into_inner();
         let key = parse_key(&r.key)?;
+        let watched = (ns.clone(), key.to_string());
         let locale = r.locale();
         let inline = checked_inline(r.inline_blocks)?;
         let mut stored = false;
@@ -380,6 +431,9 @@ impl Store for StoreHandler {
         })
         .await?;
         let (version, parent) = version;
+        self.watchers
+            .changed(watched.0.as_str(), vec![watched.1])
+            .await;
         tracing::info!(key = %r.key, %version, ?locale, "published");
         Ok(Response::new(PublishResponse {
             version: version.0.to_vec(),
@@ -397,7 +451,11 @@ impl Store for StoreHandler {
         let gpu = r.gpu.ok_or_else(|| invalid("gpu key missing"))?;
         let meta = self.meta.clone();
         let node = gpu.publisher_node.clone();
+        let watched = (ns.clone(), key.to_string());
         let version = blocking(move || meta.publish_gpu(&ns, &key, gpu)).await?;
+        self.watchers
+            .changed(watched.0.as_str(), vec![watched.1])
+            .await;
         tracing::info!(key = %r.key, %version, %node, "published a GPU key");
         Ok(Response::new(PublishResponse {
             version: version.0.to_vec(),
@@ -474,6 +532,7 @@ impl Store for StoreHandler {
         let r = req.into_inner();
         let key = parse_key(&r.key)?;
         let meta = self.meta.clone();
+        let watch_ns = ns.clone();
         let removed = blocking(move || {
             if r.gpu_registration != 0 {
                 let gone = meta.remove_gpu(&ns, &key, r.gpu_registration)?;
@@ -486,6 +545,13 @@ impl Store for StoreHandler {
             meta.remove(&ns, &key, r.recursive, r.prefix)
         })
         .await?;
+        if !removed.is_empty() {
+            let paths = match removed.len() {
+                n if n > WATCH_MAX_PATHS => vec![String::new()],
+                _ => removed.clone(),
+            };
+            self.watchers.changed(watch_ns.as_str(), paths).await;
+        }
         tracing::info!(count = removed.len(), "removed keys");
         Ok(Response::new(RemoveResponse { removed }))
     }
@@ -498,7 +564,9 @@ impl Store for StoreHandler {
         let r = req.into_inner();
         let (from, to) = (parse_key(&r.from)?, parse_key(&r.to)?);
         let meta = self.meta.clone();
+        let watched = (ns.clone(), vec![from.to_string(), to.to_string()]);
         blocking(move || meta.rename(&ns, &from, &to, r.no_replace)).await?;
+        self.watchers.changed(watched.0.as_str(), watched.1).await;
         Ok(Response::new(RenameResponse {}))
     }
 
@@ -510,7 +578,9 @@ impl Store for StoreHandler {
         let r = req.into_inner();
         let (a, b) = (parse_key(&r.a)?, parse_key(&r.b)?);
         let meta = self.meta.clone();
+        let watched = (ns.clone(), vec![a.to_string(), b.to_string()]);
         blocking(move || meta.exchange(&ns, &a, &b)).await?;
+        self.watchers.changed(watched.0.as_str(), watched.1).await;
         Ok(Response::new(RenameResponse {}))
     }
 
@@ -519,7 +589,9 @@ impl Store for StoreHandler {
         let r = req.into_inner();
         let (from, to) = (parse_key(&r.from)?, parse_key(&r.to)?);
         let meta = self.meta.clone();
+        let watched = (ns.clone(), vec![from.to_string(), to.to_string()]);
         blocking(move || meta.link(&ns, &from, &to)).await?;
+        self.watchers.changed(watched.0.as_str(), watched.1).await;
         Ok(Response::new(LinkResponse {}))
     }
 
@@ -532,7 +604,9 @@ impl Store for StoreHandler {
         let key = parse_key(&r.key)?;
         let mtime = r.mtime_sec.map(|s| (s, r.mtime_nsec.min(999_999_999)));
         let meta = self.meta.clone();
+        let watched = (ns.clone(), vec![key.to_string()]);
         blocking(move || meta.set_attr(&ns, &key, r.mode, mtime, (r.uid, r.gid))).await?;
+        self.watchers.changed(watched.0.as_str(), watched.1).await;
         Ok(Response::new(SetAttrResponse {}))
     }
 

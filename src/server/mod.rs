@@ -8,6 +8,7 @@ mod handler;
 mod patch;
 mod status;
 mod tickets;
+pub mod watch;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -84,6 +85,12 @@ fn register_gauges(meta: &Arc<MetaStore>, handler: &StoreHandler) {
         "kt_meta_wal_syncs",
         "Synced metadata batches (one WAL fsync each) since the server started.",
         Box::new(move || m.commit_stats().syncs as f64),
+    );
+    let w = handler.watchers.clone();
+    register_gauge(
+        "kt_watchers",
+        "Mounts watching a namespace (each holds a lease on what it caches).",
+        Box::new(move || w.count() as f64),
     );
     let w = handler.windows.clone();
     register_gauge(
@@ -231,8 +238,10 @@ impl StoreServerProcess {
             joined: Default::default(),
             gpu_windows: Default::default(),
             gpu_changed: Default::default(),
+            watchers: Default::default(),
         };
         register_gauges(&self.meta, &handler);
+        let handler_watchers = handler.watchers.clone();
         let svc = StoreServer::new(handler)
             .max_decoding_message_size(MAX_RPC_MESSAGE)
             .max_encoding_message_size(MAX_RPC_MESSAGE);
@@ -251,6 +260,13 @@ impl StoreServerProcess {
             tokio::spawn(collect_every(meta, every))
         });
         let svc = auth::layer::authenticated(svc, Arc::new(Authenticator::new(self.auth)));
+        // Watch streams never end by themselves: a shutdown ends them, else it would wait on
+        // them forever.
+        let watchers = handler_watchers;
+        let shutdown = async move {
+            shutdown.await;
+            watchers.close();
+        };
         let router = tonic::transport::Server::builder().add_service(svc);
         let blocks = self.meta.blocks().clone();
         let gate = shared(gate);

@@ -412,3 +412,11 @@ pub fn http_get(addr: &str, path: &str) -> String {
     s.read_to_string(&mut out).unwrap();
     out
 }
+
+/// One series of a `/metrics` page at `addr`.
+pub fn metric(addr: &str, series: &str) -> f64 {
+    let text = http_get(addr, "/metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in {text}"))
+}

@@ -1,0 +1,128 @@
+//! The mount's watch of its namespace: the store server sends every change of it (see
+//! `crate::server::watch`), the mount forgets what it cached of the changed paths and then
+//! acknowledges, and the writer's call returns only after that. So a lookup or listing on this
+//! node after another node's close returned shows the change, even within the time a listing
+//! is cached. A broken stream is opened again (everything cached is forgotten then: changes
+//! may have been missed while it was down).
+
+use std::collections::VecDeque;
+use std::sync::Weak;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::FsCore;
+use crate::proto::{WatchDown, WatchUp};
+
+/// How often the lease is renewed (a third of the server's lease: two renewals may be lost).
+const RENEW_EVERY: Duration = Duration::from_secs(1);
+/// The longest wait before watching again after a failure.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Watches `core`'s namespace until the core is gone.
+pub(crate) async fn run(core: Weak<FsCore>) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let Some(c) = core.upgrade() else { return };
+        let (store, ns) = (c.store(), c.ns());
+        drop(c);
+        match watch_once(&core, store, ns).await {
+            Ended::CoreGone => return,
+            Ended::Broken(why) => {
+                tracing::debug!(%why, "the watch of the namespace broke; watching again");
+                if let Some(c) = core.upgrade() {
+                    c.listings.lease_lost();
+                }
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+enum Ended {
+    CoreGone,
+    Broken(String),
+}
+
+async fn watch_once(
+    core: &Weak<FsCore>,
+    mut store: crate::rpc::client::Store,
+    ns: String,
+) -> Ended {
+    let (up, up_rx) = mpsc::channel::<WatchUp>(16);
+    let mut renewals: VecDeque<(u64, Instant)> = VecDeque::new();
+    let mut next_renewal = 1u64;
+    let first = WatchUp {
+        namespace: ns,
+        acked: 0,
+        renew: next_renewal,
+    };
+    renewals.push_back((next_renewal, Instant::now()));
+    next_renewal += 1;
+    if up.send(first).await.is_err() {
+        return Ended::Broken("its request stream closed".into());
+    }
+    let mut down = match store
+        .watch(tokio_stream::wrappers::ReceiverStream::new(up_rx))
+        .await
+    {
+        Ok(r) => r.into_inner(),
+        Err(e) => return Ended::Broken(e.message().to_string()),
+    };
+    let mut acked = 0u64;
+    let mut tick = tokio::time::interval(RENEW_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            msg = down.message() => {
+                let msg: WatchDown = match msg {
+                    Ok(Some(m)) => m,
+                    Ok(None) => return Ended::Broken("the server ended it".into()),
+                    Err(e) => return Ended::Broken(e.message().to_string()),
+                };
+                let Some(c) = core.upgrade() else { return Ended::CoreGone };
+                if msg.seq > 0 {
+                    for p in &msg.paths {
+                        c.listings.recall(p);
+                    }
+                    acked = acked.max(msg.seq);
+                    drop(c);
+                    let ack = WatchUp { acked, ..Default::default() };
+                    if up.send(ack).await.is_err() {
+                        return Ended::Broken("its request stream closed".into());
+                    }
+                    continue;
+                }
+                if msg.renewed > 0 {
+                    // The lease runs from when the renewal was asked for: never later than
+                    // the server counts it from.
+                    while let Some(&(n, sent)) = renewals.front() {
+                        renewals.pop_front();
+                        if n == msg.renewed {
+                            let lease = Duration::from_millis(u64::from(msg.lease_ms));
+                            c.listings.lease_until((sent + lease).into_std());
+                            break;
+                        }
+                    }
+                }
+            }
+            _ = tick.tick() => {
+                if core.strong_count() == 0 {
+                    return Ended::CoreGone;
+                }
+                renewals.push_back((next_renewal, Instant::now()));
+                if renewals.len() > 8 {
+                    renewals.pop_front();
+                }
+                let renew = WatchUp { acked, renew: next_renewal, ..Default::default() };
+                next_renewal += 1;
+                if up.send(renew).await.is_err() {
+                    return Ended::Broken("its request stream closed".into());
+                }
+            }
+        }
+    }
+}

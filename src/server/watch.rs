@@ -1,0 +1,338 @@
+//! Watches: the store server's half of the mounts' metadata leases.
+//!
+//! A mount opens one `Watch` stream per namespace. Every change of the namespace (a publish,
+//! removal, rename, exchange, link or attribute change) is sent down every watcher's stream,
+//! and the change's caller is answered only when each watcher acknowledged it, or when the
+//! lease that watcher held as the change was sent ran out; a watcher that let it run out is
+//! dropped (its stream ends, and its mount trusts nothing cached until it watches again). So a
+//! reader on node B that opens after a writer's close on node A returned meets no entry B
+//! cached before the change. A lease is renewed only while everything sent was acknowledged.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, Notify};
+use tokio::time::Instant;
+use tonic::Status;
+
+use crate::locks::lock;
+use crate::metrics;
+use crate::proto::WatchDown;
+
+/// How long a watcher's renewal holds.
+pub const LEASE: Duration = Duration::from_secs(3);
+
+/// Changes queued for one watcher before it counts as stuck and is dropped.
+const QUEUE: usize = 1024;
+
+pub type Sink = mpsc::Receiver<Result<WatchDown, Status>>;
+
+/// Every watcher of every namespace.
+pub struct Watchers {
+    lease: Duration,
+    next_id: AtomicU64,
+    inner: Mutex<Inner>,
+}
+
+impl Default for Watchers {
+    fn default() -> Self {
+        Self::with_lease(LEASE)
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Set when the server shuts down: every stream ends, so the shutdown does not wait on
+    /// streams that never end by themselves, and no new watch starts.
+    closed: bool,
+    /// Numbers the changes, in the order they are sent (under this lock).
+    seq: u64,
+    list: HashMap<u64, Arc<Watcher>>,
+}
+
+struct Watcher {
+    ns: String,
+    /// Taken when the watcher is dropped, which ends its stream.
+    tx: Mutex<Option<mpsc::Sender<Result<WatchDown, Status>>>>,
+    state: Mutex<State>,
+    moved: Notify,
+}
+
+struct State {
+    sent: u64,
+    acked: u64,
+    lease_until: Instant,
+    gone: bool,
+}
+
+/// One watcher's registration, held by its stream's task: dropped, it unregisters.
+pub struct Registration {
+    id: u64,
+    watchers: Arc<Watchers>,
+}
+
+impl Watchers {
+    pub fn with_lease(lease: Duration) -> Self {
+        Watchers {
+            lease,
+            next_id: AtomicU64::new(0),
+            inner: Mutex::default(),
+        }
+    }
+
+    /// Registers a watcher of `ns` with a first lease; `None` once the server is shutting down.
+    pub fn register(self: &Arc<Self>, ns: &str) -> Option<(Registration, Sink)> {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let w = Arc::new(Watcher {
+            ns: ns.to_string(),
+            tx: Mutex::new(Some(tx)),
+            state: Mutex::new(State {
+                sent: 0,
+                acked: 0,
+                lease_until: Instant::now() + self.lease,
+                gone: false,
+            }),
+            moved: Notify::new(),
+        });
+        let mut inner = lock(&self.inner);
+        if inner.closed {
+            return None;
+        }
+        // Everything numbered before this watcher began counts as acknowledged by it.
+        {
+            let mut st = lock(&w.state);
+            st.sent = inner.seq;
+            st.acked = inner.seq;
+        }
+        inner.list.insert(id, w);
+        Some((
+            Registration {
+                id,
+                watchers: self.clone(),
+            },
+            rx,
+        ))
+    }
+
+    /// Watchers now registered (all namespaces).
+    pub fn count(&self) -> usize {
+        lock(&self.inner).list.len()
+    }
+
+    /// Ends every stream and refuses new ones.
+    pub fn close(&self) {
+        let gone: Vec<_> = {
+            let mut inner = lock(&self.inner);
+            inner.closed = true;
+            inner.list.drain().map(|(_, w)| w).collect()
+        };
+        for w in gone {
+            w.leave();
+        }
+    }
+
+    fn drop_watcher(&self, id: u64) {
+        let w = lock(&self.inner).list.remove(&id);
+        if let Some(w) = w {
+            w.leave();
+        }
+    }
+
+    /// Sends the change of `paths` in `ns` to its watchers, and returns once each acknowledged
+    /// it or was dropped.
+    pub async fn changed(&self, ns: &str, paths: Vec<String>) {
+        let mut waits = Vec::new();
+        let mut stuck = Vec::new();
+        {
+            let mut inner = lock(&self.inner);
+            if !inner.list.values().any(|w| w.ns == ns) {
+                return;
+            }
+            inner.seq += 1;
+            let seq = inner.seq;
+            let msg = WatchDown {
+                seq,
+                paths,
+                ..Default::default()
+            };
+            for (&id, w) in inner.list.iter().filter(|(_, w)| w.ns == ns) {
+                // Sent under the lock: each watcher meets the changes in the order of their
+                // numbers, so "everything up to N" is an acknowledgement it can give.
+                if !w.send(msg.clone()) {
+                    stuck.push(id);
+                    continue;
+                }
+                metrics::WATCH_RECALLS.inc();
+                let deadline = {
+                    let mut st = lock(&w.state);
+                    st.sent = seq;
+                    st.lease_until
+                };
+                waits.push((id, w.clone(), seq, deadline));
+            }
+        }
+        for id in stuck {
+            tracing::warn!(watcher = id, "a watcher's queue is full: dropped");
+            self.drop_watcher(id);
+        }
+        // One after another: every watcher has the change already and acknowledges it at its
+        // own pace, and each deadline is a time, so the wait is the slowest one's, not a sum.
+        for (id, w, seq, deadline) in waits {
+            if !w.acknowledged(seq, deadline).await {
+                tracing::warn!(
+                    watcher = id,
+                    "a watcher let its lease run out without acknowledging a change: dropped"
+                );
+                metrics::WATCH_LAPSED.inc();
+                self.drop_watcher(id);
+            }
+        }
+    }
+}
+
+impl Watcher {
+    /// Whether the watcher acknowledged `seq` (or left) before `deadline`.
+    async fn acknowledged(&self, seq: u64, deadline: Instant) -> bool {
+        loop {
+            let moved = self.moved.notified();
+            tokio::pin!(moved);
+            moved.as_mut().enable();
+            {
+                let st = lock(&self.state);
+                if st.acked >= seq || st.gone {
+                    return true;
+                }
+            }
+            if tokio::time::timeout_at(deadline, moved).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// Queues `msg` on the stream; false where it is full or gone.
+    fn send(&self, msg: WatchDown) -> bool {
+        lock(&self.tx)
+            .as_ref()
+            .is_some_and(|tx| tx.try_send(Ok(msg)).is_ok())
+    }
+
+    fn leave(&self) {
+        lock(&self.tx).take();
+        lock(&self.state).gone = true;
+        self.moved.notify_waiters();
+    }
+}
+
+impl Registration {
+    fn watcher(&self) -> Option<Arc<Watcher>> {
+        lock(&self.watchers.inner).list.get(&self.id).cloned()
+    }
+
+    /// Takes a message of the watcher's: its acknowledgement, and a renewal asked for. Returns
+    /// the answer to send (a renewal granted), if any.
+    pub fn up(&self, acked: u64, renew: u64) -> Option<WatchDown> {
+        let w = self.watcher()?;
+        let granted = {
+            let mut st = lock(&w.state);
+            // An acknowledgement of more than was sent acknowledges what was sent.
+            st.acked = st.acked.max(acked.min(st.sent));
+            let granted = renew != 0 && st.acked == st.sent;
+            if granted {
+                st.lease_until = Instant::now() + self.watchers.lease;
+            }
+            granted
+        };
+        w.moved.notify_waiters();
+        granted.then(|| WatchDown {
+            renewed: renew,
+            lease_ms: self.watchers.lease.as_millis() as u32,
+            ..Default::default()
+        })
+    }
+
+    /// Returns once the watcher is dropped (it lapsed, or the server is shutting down).
+    pub async fn ended(&self) {
+        let Some(w) = self.watcher() else { return };
+        loop {
+            let moved = w.moved.notified();
+            tokio::pin!(moved);
+            moved.as_mut().enable();
+            if lock(&w.state).gone {
+                return;
+            }
+            moved.await;
+        }
+    }
+
+    /// Queues an answer on the watcher's stream.
+    pub fn send(&self, msg: WatchDown) {
+        if let Some(w) = self.watcher() {
+            w.send(msg);
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.watchers.drop_watcher(self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn next(rx: &mut Sink) -> WatchDown {
+        rx.recv().await.unwrap().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_change_waits_for_every_watcher_of_its_namespace_and_no_other() {
+        let ws = Arc::new(Watchers::default());
+        let (a, mut a_rx) = ws.register("team").unwrap();
+        let (_b, mut b_rx) = ws.register("other").unwrap();
+        let changed = tokio::spawn({
+            let ws = ws.clone();
+            async move { ws.changed("team", vec!["x/y".into()]).await }
+        });
+        let got = next(&mut a_rx).await;
+        assert_eq!(
+            (got.seq, got.paths.as_slice()),
+            (1, &["x/y".to_string()][..])
+        );
+        assert!(!changed.is_finished());
+        // A renewal while a change is unacknowledged is not granted.
+        assert!(a.up(0, 7).is_none());
+        assert!(a.up(1, 8).is_some_and(|d| d.renewed == 8));
+        changed.await.unwrap();
+        assert!(b_rx.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn a_watcher_that_does_not_acknowledge_is_dropped_when_its_lease_runs_out() {
+        let lease = Duration::from_millis(200);
+        let ws = Arc::new(Watchers::with_lease(lease));
+        let (_a, mut a_rx) = ws.register("team").unwrap();
+        let started = Instant::now();
+        ws.changed("team", vec!["k".into()]).await;
+        assert!(started.elapsed() >= lease - Duration::from_millis(20));
+        assert_eq!(ws.count(), 0);
+        assert_eq!(next(&mut a_rx).await.seq, 1);
+        // Its stream ends: the mount knows its lease is gone.
+        assert!(a_rx.recv().await.is_none());
+        // With nobody watching, a change waits for nobody.
+        ws.changed("team", vec!["k".into()]).await;
+    }
+
+    #[tokio::test]
+    async fn closing_ends_every_stream_and_refuses_new_watches() {
+        let ws = Arc::new(Watchers::default());
+        let (_a, mut a_rx) = ws.register("team").unwrap();
+        ws.close();
+        assert!(a_rx.recv().await.is_none());
+        assert!(ws.register("team").is_none());
+    }
+}

@@ -1,0 +1,114 @@
+//! The mounts' watch of their namespace (the store server's `Watch` stream): a change made on
+//! one node is told to every other mount before its writer is answered, so the next lookup on
+//! another node shows it even while that node's listing of the directory is cached; a mount
+//! that stops answering holds a change for its lease only, and is dropped. Real processes: a
+//! store server and two `kt mount`s. These tests need /dev/fuse and root; they never skip
+//! themselves.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn pid(m: &MountProc) -> i32 {
+    m.proc.as_ref().expect("running").child.id() as i32
+}
+
+/// Waits until `n` mounts watch the server's namespaces.
+fn watchers(server: &str, n: f64) {
+    assert!(
+        eventually(Duration::from_secs(10), || metric(server, "kt_watchers")
+            == n),
+        "{n} watchers: {}",
+        metric(server, "kt_watchers")
+    );
+}
+
+#[test]
+fn a_change_on_one_node_is_seen_by_the_next_lookup_on_another() {
+    let c = Cluster::new("127.0.0.198");
+    let a = start_mount("127.0.0.198", &c.server.addr, &c.path("a"), "wa", &[]);
+    let b = start_mount("127.0.0.199", &c.server.addr, &c.path("b"), "wb", &[]);
+    watchers(&c.server.addr, 2.0);
+    std::fs::create_dir(a.path("d")).unwrap();
+    assert!(eventually(Duration::from_secs(5), || b.path("d").is_dir()));
+    for i in 0..30 {
+        let name = format!("d/n{i}");
+        // B looks first: its listing of d, without the name, is cached.
+        assert!(std::fs::metadata(b.path(&name)).is_err());
+        std::fs::write(a.path(&name), format!("round {i}")).unwrap();
+        // A's close returned: B was told, and its next lookup asks again.
+        assert_eq!(
+            std::fs::read_to_string(b.path(&name)).unwrap(),
+            format!("round {i}"),
+            "round {i}"
+        );
+    }
+    // A rename and a removal, the same.
+    assert!(std::fs::metadata(b.path("d/moved")).is_err());
+    std::fs::rename(a.path("d/n0"), a.path("d/moved")).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(b.path("d/moved")).unwrap(),
+        "round 0"
+    );
+    std::fs::remove_file(a.path("d/n1")).unwrap();
+    assert!(std::fs::read(b.path("d/n1")).is_err());
+    let names: Vec<String> = std::fs::read_dir(b.path("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names.len(), 29);
+    assert!(names.contains(&"moved".to_string()) && !names.contains(&"n1".to_string()));
+    assert_eq!(metric(&c.server.addr, "kt_watch_lapsed_total"), 0.0);
+}
+
+#[test]
+fn a_mount_that_stops_answering_holds_a_change_for_its_lease_only_and_watches_again() {
+    let c = Cluster::new("127.0.0.200");
+    let a = start_mount("127.0.0.200", &c.server.addr, &c.path("a"), "sa", &[]);
+    let b = start_mount("127.0.0.208", &c.server.addr, &c.path("b"), "sb", &[]);
+    watchers(&c.server.addr, 2.0);
+    signal(pid(&b), libc::SIGSTOP);
+    let started = Instant::now();
+    std::fs::write(a.path("while-stopped"), b"x").unwrap();
+    let held = started.elapsed();
+    // The next change waits for nobody: B was dropped.
+    std::fs::write(a.path("after"), b"y").unwrap();
+    let lapsed = metric(&c.server.addr, "kt_watch_lapsed_total");
+    let left = metric(&c.server.addr, "kt_watchers");
+    signal(pid(&b), libc::SIGCONT);
+    assert!(held < Duration::from_secs(10), "held {held:?}");
+    assert_eq!((lapsed, left), (1.0, 1.0));
+    // B notices its stream ended, watches again, and is told of changes at once again.
+    watchers(&c.server.addr, 2.0);
+    assert_eq!(std::fs::read(b.path("while-stopped")).unwrap(), b"x");
+    for i in 0..5 {
+        let name = format!("again{i}");
+        assert!(std::fs::metadata(b.path(&name)).is_err());
+        std::fs::write(a.path(&name), b"z").unwrap();
+        assert_eq!(std::fs::read(b.path(&name)).unwrap(), b"z", "round {i}");
+    }
+}
+
+#[test]
+fn while_its_lease_holds_a_mount_answers_lookups_from_what_it_cached() {
+    let c = Cluster::new("127.0.0.209");
+    let a = start_mount("127.0.0.209", &c.server.addr, &c.path("a"), "la", &[]);
+    watchers(&c.server.addr, 1.0);
+    std::fs::create_dir_all(a.path("x/y")).unwrap();
+    std::fs::write(a.path("x/y/f"), b"cached").unwrap();
+    let agent = &a.proc.as_ref().expect("running").addr;
+    let asked = || metric(agent, "kt_mount_metadata_requests_total");
+    std::fs::metadata(a.path("x/y/f")).unwrap();
+    assert!(std::fs::metadata(a.path("x/y/missing")).is_err());
+    let before = asked();
+    // Well past the listings' TTL (and the kernel's, which asks again every second).
+    let until = Instant::now() + Duration::from_millis(2500);
+    while Instant::now() < until {
+        assert_eq!(std::fs::metadata(a.path("x/y/f")).unwrap().len(), 6);
+        assert!(std::fs::metadata(a.path("x/y/missing")).is_err());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(asked(), before, "a lookup asked the store server");
+}
