@@ -112,3 +112,25 @@ fn while_its_lease_holds_a_mount_answers_lookups_from_what_it_cached() {
     }
     assert_eq!(asked(), before, "a lookup asked the store server");
 }
+
+#[test]
+fn a_write_through_one_name_of_a_hard_linked_file_reaches_its_other_names_elsewhere() {
+    let c = Cluster::new("127.0.0.228");
+    let a = start_mount("127.0.0.228", &c.server.addr, &c.path("a"), "ha", &[]);
+    let b = start_mount("127.0.0.229", &c.server.addr, &c.path("b"), "hb", &[]);
+    watchers(&c.server.addr, 2.0);
+    std::fs::create_dir(a.path("p")).unwrap();
+    std::fs::write(a.path("x"), b"short").unwrap();
+    std::fs::hard_link(a.path("x"), a.path("p/y")).unwrap();
+    // B caches p's listing, with y's size in it, under its lease.
+    assert!(eventually(Duration::from_secs(5), || {
+        std::fs::metadata(b.path("p/y")).is_ok_and(|m| m.len() == 5)
+    }));
+    std::fs::write(a.path("x"), b"a longer text").unwrap();
+    // The change named x only; y's entry is B's too. Past the kernel's own attribute cache
+    // (one second), B's stat of y shows the new size.
+    assert!(eventually(Duration::from_secs(4), || {
+        std::fs::metadata(b.path("p/y")).is_ok_and(|m| m.len() == 13)
+    }));
+    assert_eq!(std::fs::read(b.path("p/y")).unwrap(), b"a longer text");
+}

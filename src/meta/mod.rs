@@ -100,6 +100,9 @@ pub struct MetaStore {
     touched: Mutex<Touched<Version>>,
     /// Blocks garbage collection took, which nodes learn of to drop them from their caches.
     collected: collected::Collected,
+    /// Moves whenever a change edits a hard-linked file's inode record: every name of the
+    /// file changed then, and those names are not listed anywhere the change could name them.
+    inode_changes: std::sync::atomic::AtomicU64,
 }
 
 /// A number for this run of the server, different from the last one's: the time it started.
@@ -125,7 +128,14 @@ impl MetaStore {
             clock,
             touched: Mutex::new(Touched::default()),
             collected: collected::Collected::new(run_epoch()),
+            inode_changes: Default::default(),
         }
+    }
+
+    /// How many changes edited a hard-linked file's inode record so far: a watcher told of a
+    /// change that moved it is told that everything changed.
+    pub fn inode_changes(&self) -> u64 {
+        self.inode_changes.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The store's blocks, which a publish of `locale=store` needs.

@@ -633,6 +633,11 @@ impl<'m> Txn<'m> {
     fn ops(&mut self) -> Result<Vec<Op>, MetaError> {
         let pending = std::mem::take(&mut self.pending);
         let inodes = std::mem::take(&mut self.inodes);
+        if !inodes.is_empty() {
+            self.meta
+                .inode_changes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         let attrs = std::mem::take(&mut self.attrs);
         let mut ops = Vec::new();
         for (k, p) in pending {

@@ -136,6 +136,14 @@ pub struct StoreHandler {
 /// namespace's root (everything), not key by key.
 const WATCH_MAX_PATHS: usize = 256;
 
+/// A change about to be made, to tell the namespace's watchers of once it is made.
+struct Change {
+    ns: Namespace,
+    paths: Vec<String>,
+    /// The store's count of hard-linked files' edits before the change.
+    links: u64,
+}
+
 /// The longest a GPU window call is held before it answers with the window as it stands (the
 /// caller asks again): long enough to spare the server, short enough that a member whose node
 /// lapsed is noticed soon after the lease says so.
@@ -154,6 +162,26 @@ fn window_for<T>(req: &Request<T>, group: &str) -> Result<(), Status> {
 }
 
 impl StoreHandler {
+    fn change(&self, ns: &Namespace, paths: Vec<String>) -> Change {
+        Change {
+            ns: ns.clone(),
+            paths,
+            links: self.meta.inode_changes(),
+        }
+    }
+
+    /// Tells the watchers of a change once it is made, and returns when they know. A change
+    /// that edited a hard-linked file changed its other names too, which nothing here names:
+    /// it is told as a change of everything, as one of too many keys is.
+    async fn tell(&self, c: Change) {
+        let everything = self.meta.inode_changes() != c.links || c.paths.len() > WATCH_MAX_PATHS;
+        let paths = match everything {
+            true => vec![String::new()],
+            false => c.paths,
+        };
+        self.watchers.changed(c.ns.as_str(), paths).await;
+    }
+
     /// A ticket for `grant`, or none where the data plane asks for none.
     fn ticket(&self, grant: &Grant, ttl: std::time::Duration) -> Vec<u8> {
         self.tickets
@@ -374,7 +402,7 @@ impl Store for StoreHandler {
         let ns = namespace_for(&req, &req.get_ref().namespace)?;
         let r = req.into_inner();
         let key = parse_key(&r.key)?;
-        let watched = (ns.clone(), key.to_string());
+        let change = self.change(&ns, vec![key.to_string()]);
         let locale = r.locale();
         let inline = checked_inline(r.inline_blocks)?;
         let mut stored = false;
@@ -431,9 +459,7 @@ impl Store for StoreHandler {
         })
         .await?;
         let (version, parent) = version;
-        self.watchers
-            .changed(watched.0.as_str(), vec![watched.1])
-            .await;
+        self.tell(change).await;
         tracing::info!(key = %r.key, %version, ?locale, "published");
         Ok(Response::new(PublishResponse {
             version: version.0.to_vec(),
@@ -451,11 +477,9 @@ impl Store for StoreHandler {
         let gpu = r.gpu.ok_or_else(|| invalid("gpu key missing"))?;
         let meta = self.meta.clone();
         let node = gpu.publisher_node.clone();
-        let watched = (ns.clone(), key.to_string());
+        let change = self.change(&ns, vec![key.to_string()]);
         let version = blocking(move || meta.publish_gpu(&ns, &key, gpu)).await?;
-        self.watchers
-            .changed(watched.0.as_str(), vec![watched.1])
-            .await;
+        self.tell(change).await;
         tracing::info!(key = %r.key, %version, %node, "published a GPU key");
         Ok(Response::new(PublishResponse {
             version: version.0.to_vec(),
@@ -532,7 +556,7 @@ impl Store for StoreHandler {
         let r = req.into_inner();
         let key = parse_key(&r.key)?;
         let meta = self.meta.clone();
-        let watch_ns = ns.clone();
+        let mut change = self.change(&ns, Vec::new());
         let removed = blocking(move || {
             if r.gpu_registration != 0 {
                 let gone = meta.remove_gpu(&ns, &key, r.gpu_registration)?;
@@ -546,11 +570,8 @@ impl Store for StoreHandler {
         })
         .await?;
         if !removed.is_empty() {
-            let paths = match removed.len() {
-                n if n > WATCH_MAX_PATHS => vec![String::new()],
-                _ => removed.clone(),
-            };
-            self.watchers.changed(watch_ns.as_str(), paths).await;
+            change.paths = removed.clone();
+            self.tell(change).await;
         }
         tracing::info!(count = removed.len(), "removed keys");
         Ok(Response::new(RemoveResponse { removed }))
@@ -564,9 +585,9 @@ impl Store for StoreHandler {
         let r = req.into_inner();
         let (from, to) = (parse_key(&r.from)?, parse_key(&r.to)?);
         let meta = self.meta.clone();
-        let watched = (ns.clone(), vec![from.to_string(), to.to_string()]);
+        let change = self.change(&ns, vec![from.to_string(), to.to_string()]);
         blocking(move || meta.rename(&ns, &from, &to, r.no_replace)).await?;
-        self.watchers.changed(watched.0.as_str(), watched.1).await;
+        self.tell(change).await;
         Ok(Response::new(RenameResponse {}))
     }
 
@@ -578,9 +599,9 @@ impl Store for StoreHandler {
         let r = req.into_inner();
         let (a, b) = (parse_key(&r.a)?, parse_key(&r.b)?);
         let meta = self.meta.clone();
-        let watched = (ns.clone(), vec![a.to_string(), b.to_string()]);
+        let change = self.change(&ns, vec![a.to_string(), b.to_string()]);
         blocking(move || meta.exchange(&ns, &a, &b)).await?;
-        self.watchers.changed(watched.0.as_str(), watched.1).await;
+        self.tell(change).await;
         Ok(Response::new(RenameResponse {}))
     }
 
@@ -589,9 +610,9 @@ impl Store for StoreHandler {
         let r = req.into_inner();
         let (from, to) = (parse_key(&r.from)?, parse_key(&r.to)?);
         let meta = self.meta.clone();
-        let watched = (ns.clone(), vec![from.to_string(), to.to_string()]);
+        let change = self.change(&ns, vec![from.to_string(), to.to_string()]);
         blocking(move || meta.link(&ns, &from, &to)).await?;
-        self.watchers.changed(watched.0.as_str(), watched.1).await;
+        self.tell(change).await;
         Ok(Response::new(LinkResponse {}))
     }
 
@@ -604,9 +625,9 @@ impl Store for StoreHandler {
         let key = parse_key(&r.key)?;
         let mtime = r.mtime_sec.map(|s| (s, r.mtime_nsec.min(999_999_999)));
         let meta = self.meta.clone();
-        let watched = (ns.clone(), vec![key.to_string()]);
+        let change = self.change(&ns, vec![key.to_string()]);
         blocking(move || meta.set_attr(&ns, &key, r.mode, mtime, (r.uid, r.gid))).await?;
-        self.watchers.changed(watched.0.as_str(), watched.1).await;
+        self.tell(change).await;
         Ok(Response::new(SetAttrResponse {}))
     }
 
