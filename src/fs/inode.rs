@@ -153,6 +153,16 @@ impl Inodes {
         self.by_ino.get(&ino).map(|(p, _)| p.clone())
     }
 
+    /// The inode of `path`, if it has one.
+    pub fn known(&self, path: &str) -> Option<u64> {
+        self.by_path.get(path).copied()
+    }
+
+    /// Every inode the table holds.
+    pub fn known_inodes(&self) -> Vec<u64> {
+        self.by_ino.keys().copied().collect()
+    }
+
     /// The inode of `path`, allocated if new, without taking a kernel reference.
     pub fn ino(&mut self, path: &str) -> u64 {
         if let Some(&ino) = self.by_path.get(path) {

@@ -170,7 +170,12 @@ pub struct FsCore {
     orphans: Mutex<HashMap<u64, Orphan>>,
     /// Access times of this node's inodes, as `relatime` keeps them (see [`Attr::atime`]).
     atimes: Mutex<HashMap<u64, SystemTime>>,
+    /// Tells the kernel to forget an inode's attributes (set by the mount's session).
+    kernel_forget: std::sync::OnceLock<KernelForget>,
 }
+
+/// Makes the kernel forget the attributes it cached of an inode.
+pub type KernelForget = Box<dyn Fn(u64) + Send + Sync>;
 
 /// Who asks: the process, and the ids a new file of its is owned by.
 #[derive(Clone, Copy, Debug)]
@@ -333,7 +338,36 @@ impl FsCore {
             opened_versions: Mutex::new(HashMap::new()),
             seeded: Arc::new(Mutex::new(HashSet::new())),
             started: SystemTime::now(),
+            kernel_forget: std::sync::OnceLock::new(),
         })
+    }
+
+    /// How the kernel is told to forget an inode's attributes when another node changed it.
+    pub fn set_kernel_forget(&self, f: KernelForget) {
+        let _ = self.kernel_forget.set(f);
+    }
+
+    /// The store server told of a change at or below `path` (`""`: anywhere): what this mount
+    /// cached is forgotten, and the kernel forgets the attributes of the path and of its
+    /// directory (their sizes, times and link counts moved).
+    pub(crate) fn recall(&self, path: &str) {
+        self.listings.recall(path);
+        let Some(forget) = self.kernel_forget.get() else {
+            return;
+        };
+        let inos = {
+            let inodes = self.inodes();
+            match path {
+                "" => inodes.known_inodes(),
+                p => [p, split(p).0]
+                    .iter()
+                    .filter_map(|p| inodes.known(p))
+                    .collect(),
+            }
+        };
+        for ino in inos {
+            forget(ino);
+        }
     }
 
     fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {

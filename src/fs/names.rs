@@ -26,7 +26,8 @@ type Entries = Arc<BTreeMap<String, ListEntry>>;
 /// Directory listings fetched from the store server, by path.
 pub(super) struct Listings {
     clock: SharedClock,
-    cached: Mutex<HashMap<String, (Instant, Entries)>>,
+    /// With the earliest expiry of a key among the entries (unix ms; `i64::MAX`: none).
+    cached: Mutex<HashMap<String, (Instant, Entries, i64)>>,
     /// Directories' link counts, kept apart from the listings (see `dir_links`).
     links: Mutex<HashMap<String, (Instant, u32)>>,
     /// The namespace root's own entry (no parent lists it).
@@ -41,7 +42,11 @@ pub(super) struct Listings {
     /// Moves on every change the watch tells of: an answer asked for before it may predate
     /// the change, and is not kept.
     epoch: AtomicU64,
-    /// Until when the watch's lease holds (real time: the server counts it so).
+    /// Files' resolved versions, kept only while the lease holds (an open asks for its
+    /// version otherwise: close-to-open).
+    resolved: Mutex<HashMap<String, Arc<crate::proto::ResolveResponse>>>,
+    /// Until when the watch's lease holds (real time: the server counts it so). Locked last
+    /// and alone: the caches read it under their own locks.
     lease: Mutex<Option<std::time::Instant>>,
 }
 
@@ -55,13 +60,15 @@ impl Listings {
             changed: Mutex::default(),
             own: Mutex::default(),
             epoch: AtomicU64::new(0),
+            resolved: Mutex::default(),
             lease: Mutex::default(),
         }
     }
 
-    /// Whether what was cached at `at` still holds: within the TTL, or while the lease does.
-    fn valid(&self, now: Instant, at: Instant) -> bool {
-        now.duration_since(at) < LISTING_TTL || self.leased()
+    /// Whether what was cached at `at` still holds: within the TTL, or while the lease does
+    /// and no key in it expired (an expiry is not told to watchers; `expires` in unix ms).
+    fn valid(&self, now: Instant, at: Instant, expires: i64) -> bool {
+        now.duration_since(at) < LISTING_TTL || (self.leased() && unix_ms() < expires)
     }
 
     /// Whether the watch's lease holds now.
@@ -84,7 +91,27 @@ impl Listings {
         lock(&self.cached).clear();
         lock(&self.links).clear();
         lock(&self.own).clear();
+        lock(&self.resolved).clear();
         *lock(&self.root) = None;
+    }
+
+    /// `path`'s resolved version, while the lease holds.
+    pub(super) fn resolved(&self, path: &str) -> Option<Arc<crate::proto::ResolveResponse>> {
+        let r = lock(&self.resolved).get(path).cloned()?;
+        self.leased().then_some(r)
+    }
+
+    pub(super) fn put_resolved(
+        &self,
+        path: &str,
+        r: Arc<crate::proto::ResolveResponse>,
+        since: u64,
+    ) {
+        let leased = self.leased();
+        let mut resolved = lock(&self.resolved);
+        if leased && self.keep(since) {
+            resolved.insert(path.to_string(), r);
+        }
     }
 
     /// The store server told of a change at or below `path` (`""`: anywhere): what this mount
@@ -103,11 +130,11 @@ impl Listings {
     /// The watch's lease was renewed until `until`. A lease that begins anew (the watch was
     /// down, and changes may have gone untold) begins with nothing cached.
     pub(super) fn lease_until(&self, until: std::time::Instant) {
-        let mut lease = lock(&self.lease);
-        if lease.is_none_or(|was| was <= std::time::Instant::now()) {
+        // (`lease` is locked last, and alone: the caches check it under their own locks.)
+        if !self.leased() {
             self.clear();
         }
-        *lease = Some(until);
+        *lock(&self.lease) = Some(until);
     }
 
     /// The watch broke: nothing cached is trusted past its TTL, and what was cached may have
@@ -120,15 +147,16 @@ impl Listings {
     fn fresh(&self, path: &str) -> Option<Entries> {
         let now = self.clock.now().at;
         let cached = lock(&self.cached);
-        let (at, entries) = cached.get(path)?;
-        self.valid(now, *at).then(|| entries.clone())
+        let (at, entries, expires) = cached.get(path)?;
+        self.valid(now, *at, *expires).then(|| entries.clone())
     }
 
     fn put(&self, path: &str, entries: Entries, since: u64) {
         let now = self.clock.now().at;
+        let expires = entries.values().map(expiry).min().unwrap_or(i64::MAX);
         let mut cached = lock(&self.cached);
         if self.keep(since) {
-            cached.insert(path.to_string(), (now, entries));
+            cached.insert(path.to_string(), (now, entries, expires));
         }
     }
 
@@ -143,9 +171,11 @@ impl Listings {
             changed.retain(|_, at| now.duration_since(*at) < LISTING_TTL);
             own.retain(|_, (at, _)| now.duration_since(*at) < LISTING_TTL);
         }
+        let mut resolved = lock(&self.resolved);
         for p in paths {
             cached.remove(*p);
             own.remove(*p);
+            resolved.remove(*p);
             if p.is_empty() {
                 *lock(&self.root) = None;
             } else {
@@ -159,7 +189,7 @@ impl Listings {
     fn own(&self, path: &str) -> Option<Option<ListEntry>> {
         let now = self.clock.now().at;
         if let Some((at, e)) = lock(&self.own).get(path) {
-            if self.valid(now, *at) {
+            if self.valid(now, *at, e.as_ref().map_or(i64::MAX, expiry)) {
                 return Some(e.clone());
             }
         }
@@ -179,17 +209,20 @@ impl Listings {
     fn fresh_at(&self, path: &str) -> Option<(Instant, Entries)> {
         let now = self.clock.now().at;
         let cached = lock(&self.cached);
-        let (at, entries) = cached.get(path)?;
-        self.valid(now, *at).then(|| (*at, entries.clone()))
+        let (at, entries, expires) = cached.get(path)?;
+        self.valid(now, *at, *expires)
+            .then(|| (*at, entries.clone()))
     }
 
     /// Keeps `path`'s own entry, asked for at `since` (`None`: an answer to this mount's own
     /// change, which it keeps whatever else changed).
     fn put_own(&self, path: &str, e: Option<ListEntry>, since: Option<u64>) {
         let now = self.clock.now().at;
+        // In the order `forget` takes them.
+        let mut changed = lock(&self.changed);
         let mut own = lock(&self.own);
         if since.is_none_or(|s| self.keep(s)) {
-            lock(&self.changed).remove(path);
+            changed.remove(path);
             own.insert(path.to_string(), (now, e));
         }
     }
@@ -198,7 +231,7 @@ impl Listings {
         let now = self.clock.now().at;
         let root = lock(&self.root);
         let (at, e) = root.as_ref()?;
-        self.valid(now, *at).then(|| e.clone())
+        self.valid(now, *at, expiry(e)).then(|| e.clone())
     }
 
     fn put_root(&self, e: ListEntry, since: Option<u64>) {
@@ -215,6 +248,7 @@ impl Listings {
         lock(&self.cached).retain(|p, _| p != path && !p.starts_with(&pfx));
         lock(&self.own).retain(|p, _| p != path && !p.starts_with(&pfx));
         lock(&self.links).retain(|p, _| p != path && !p.starts_with(&pfx));
+        lock(&self.resolved).retain(|p, _| p != path && !p.starts_with(&pfx));
     }
 
     fn forget_links(&self, paths: &[&str]) {
@@ -228,7 +262,7 @@ impl Listings {
         let now = self.clock.now().at;
         let links = lock(&self.links);
         let (at, n) = links.get(path)?;
-        self.valid(now, *at).then_some(*n)
+        self.valid(now, *at, i64::MAX).then_some(*n)
     }
 
     fn put_links(&self, path: &str, n: u32, since: u64) {
@@ -238,6 +272,20 @@ impl Listings {
             links.insert(path.to_string(), (now, n));
         }
     }
+}
+
+/// When the key of `e` expires, in unix ms (`i64::MAX`: never).
+fn expiry(e: &ListEntry) -> i64 {
+    match e.expires_unix_ms {
+        0 => i64::MAX,
+        ms => ms,
+    }
+}
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 pub(super) fn kind_of(k: EntryKind) -> Kind {

@@ -134,16 +134,26 @@ impl FsCore {
     }
 
     pub(super) fn resolve_file(&self, path: &str) -> FsResult<ReadFile> {
-        crate::metrics::MOUNT_METADATA_REQUESTS.inc();
-        let mut store = self.store();
-        let r = self
-            .block_on(store.resolve(ResolveRequest {
-                namespace: self.ns(),
-                key: path.to_string(),
-                inline_up_to: MAX_INLINE_FILE,
-            }))
-            .map_err(ClientError::from)?
-            .into_inner();
+        // Under the watch's lease an unchanged file opens with no request: a change of it is
+        // told (and forgets this) before its writer is answered.
+        let since = self.listings.epoch();
+        let (r, inline) = match self.listings.resolved(path) {
+            Some(r) => (r, Vec::new()),
+            None => {
+                crate::metrics::MOUNT_METADATA_REQUESTS.inc();
+                let mut store = self.store();
+                let mut r = self
+                    .block_on(store.resolve(ResolveRequest {
+                        namespace: self.ns(),
+                        key: path.to_string(),
+                        inline_up_to: MAX_INLINE_FILE,
+                    }))
+                    .map_err(ClientError::from)?
+                    .into_inner();
+                let inline = std::mem::take(&mut r.inline_blocks);
+                (Arc::new(r), inline)
+            }
+        };
         let m = r
             .manifest
             .clone()
@@ -163,11 +173,17 @@ impl FsCore {
         }
         let version = Version::from_slice(&r.version)
             .ok_or_else(|| FsError::BadManifest("malformed version".into()))?;
-        self.take_inline(&entry, version, r.inline_blocks);
+        self.take_inline(&entry, version, inline);
         // The node's own ticket lasts as long as the node; a file may stay open longer than a
         // read ticket does.
-        let ticket = match self.cfg.node_ticket.get() {
-            t if t.is_empty() => bytes::Bytes::from(r.ticket),
+        let node_ticket = self.cfg.node_ticket.get();
+        // An expiry is not told to watchers, and a read ticket runs out: such answers are
+        // asked for at every open.
+        if r.expires_unix_ms == 0 && (!node_ticket.is_empty() || r.ticket.is_empty()) {
+            self.listings.put_resolved(path, r.clone(), since);
+        }
+        let ticket = match node_ticket {
+            t if t.is_empty() => bytes::Bytes::copy_from_slice(&r.ticket),
             t => t,
         };
         let fallback = order_sources(

@@ -145,6 +145,7 @@ fn mount_fresh(
     let init = adapter.init_record();
     let mut session =
         fuser::Session::new(adapter, mountpoint, &config).map_err(mount_err(mountpoint))?;
+    core.set_kernel_forget(kernel_forget(&session));
     let keeper = match keep {
         Some((keeper, req)) => {
             let kept = KeptMount {
@@ -184,6 +185,18 @@ fn new_core(
     // Ends by itself once the core is gone.
     drop(core.watch());
     Ok(core)
+}
+
+/// Attributes only (offset -1): pages stay (an open of a new version drops them), and the
+/// call takes no lock a request in flight may hold.
+fn kernel_forget(session: &fuser::Session<FuseAdapter>) -> crate::fs::KernelForget {
+    let notifier = session.notifier();
+    Box::new(move |ino| {
+        if let Err(e) = notifier.inval_inode(fuser::INodeNo(ino), -1, 0) {
+            // ENOENT: the kernel holds no such inode now.
+            tracing::trace!(ino, error = %e, "the kernel kept no attributes to forget");
+        }
+    })
 }
 
 fn run_session(
@@ -236,6 +249,7 @@ pub fn resume(
         session_config(&cfg, false),
     )
     .map_err(io)?;
+    core.set_kernel_forget(kernel_forget(&session));
     // SAFETY: both are open descriptors; dup3 atomically makes the session's descriptor number
     // refer to the kept device (closing the socket it named), and `fd` is closed after.
     if unsafe { libc::dup3(fd.as_raw_fd(), session.as_fd().as_raw_fd(), libc::O_CLOEXEC) } < 0 {

@@ -86,7 +86,7 @@ async fn watch_once(
                 let Some(c) = core.upgrade() else { return Ended::CoreGone };
                 if msg.seq > 0 {
                     for p in &msg.paths {
-                        c.listings.recall(p);
+                        c.recall(p);
                     }
                     acked = acked.max(msg.seq);
                     drop(c);

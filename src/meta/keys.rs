@@ -64,6 +64,7 @@ pub(crate) fn key_entry(rel: &str, r: &KeyRecord) -> ListEntry {
         rdev: r.rdev,
         nlink: r.nlink,
         inode: r.inode,
+        expires_unix_ms: r.expires_unix_ms,
     }
 }
 
@@ -90,6 +91,7 @@ pub(crate) fn file_entry(name: String, e: &FileEntry, r: &KeyRecord) -> ListEntr
         rdev: e.rdev,
         nlink: 0,
         inode: 0,
+        expires_unix_ms: r.expires_unix_ms,
     }
 }
 
