@@ -27,9 +27,9 @@ type Entries = Arc<BTreeMap<String, ListEntry>>;
 pub(super) struct Listings {
     clock: SharedClock,
     /// With the earliest expiry of a key among the entries (unix ms; `i64::MAX`: none).
-    cached: Mutex<HashMap<String, (Instant, Entries, i64)>>,
+    cached: Mutex<BTreeMap<String, (Instant, Entries, i64)>>,
     /// Directories' link counts, kept apart from the listings (see `dir_links`).
-    links: Mutex<HashMap<String, (Instant, u32)>>,
+    links: Mutex<BTreeMap<String, (Instant, u32)>>,
     /// The namespace root's own entry (no parent lists it).
     root: Mutex<Option<(Instant, ListEntry)>>,
     /// Paths this mount changed (or changed inside), with when: their parents' cached listings
@@ -38,13 +38,13 @@ pub(super) struct Listings {
     /// the directory above it.
     changed: Mutex<HashMap<String, Instant>>,
     /// Entries asked for alone (`None`: nothing there).
-    own: Mutex<HashMap<String, (Instant, Option<ListEntry>)>>,
+    own: Mutex<BTreeMap<String, (Instant, Option<ListEntry>)>>,
     /// Moves on every change the watch tells of: an answer asked for before it may predate
     /// the change, and is not kept.
     epoch: AtomicU64,
     /// Files' resolved versions, kept only while the lease holds (an open asks for its
     /// version otherwise: close-to-open).
-    resolved: Mutex<HashMap<String, Arc<crate::proto::ResolveResponse>>>,
+    resolved: Mutex<BTreeMap<String, Arc<crate::proto::ResolveResponse>>>,
     /// Until when the watch's lease holds (real time: the server counts it so). Locked last
     /// and alone: the caches read it under their own locks.
     lease: Mutex<Option<std::time::Instant>>,
@@ -244,11 +244,12 @@ impl Listings {
 
     /// Forgets every listing at or below `path` (a moved directory's insides are elsewhere now).
     fn forget_below(&self, path: &str) {
-        let pfx = format!("{path}/");
-        lock(&self.cached).retain(|p, _| p != path && !p.starts_with(&pfx));
-        lock(&self.own).retain(|p, _| p != path && !p.starts_with(&pfx));
-        lock(&self.links).retain(|p, _| p != path && !p.starts_with(&pfx));
-        lock(&self.resolved).retain(|p, _| p != path && !p.starts_with(&pfx));
+        // A range, not a scan: every change told by the watch comes here, and a mount that
+        // read many files holds many entries.
+        remove_tree(&mut lock(&self.cached), path);
+        remove_tree(&mut lock(&self.own), path);
+        remove_tree(&mut lock(&self.links), path);
+        remove_tree(&mut lock(&self.resolved), path);
     }
 
     fn forget_links(&self, paths: &[&str]) {
@@ -271,6 +272,19 @@ impl Listings {
         if self.keep(since) {
             links.insert(path.to_string(), (now, n));
         }
+    }
+}
+
+/// Removes `path` and every path below it from `m`.
+fn remove_tree<V>(m: &mut BTreeMap<String, V>, path: &str) {
+    m.remove(path);
+    // Paths below sort between `path/` and `path0` ('0' follows '/').
+    let below: Vec<String> = m
+        .range(format!("{path}/")..format!("{path}0"))
+        .map(|(k, _)| k.clone())
+        .collect();
+    for k in below {
+        m.remove(&k);
     }
 }
 
@@ -669,5 +683,22 @@ impl FsCore {
             .skip(offset as usize)
             .map(|(i, e)| (i as u64 + 1, e))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tree_is_removed_whole_and_names_that_only_begin_alike_stay() {
+        let mut m: BTreeMap<String, ()> =
+            ["a", "a/b", "a/b/c", "a-b", "a.b", "a0", "ab", "b", "a/"]
+                .iter()
+                .map(|k| (k.to_string(), ()))
+                .collect();
+        remove_tree(&mut m, "a");
+        let left: Vec<&str> = m.keys().map(String::as_str).collect();
+        assert_eq!(left, ["a-b", "a.b", "a0", "ab", "b"]);
     }
 }
