@@ -27,7 +27,13 @@ pub(crate) async fn run(core: Weak<FsCore>) {
         let Some(c) = core.upgrade() else { return };
         let (store, ns) = (c.store(), c.ns());
         drop(c);
-        match watch_once(&core, store, ns).await {
+        let began = Instant::now();
+        let ended = watch_once(&core, store, ns).await;
+        // A watch that held a while broke on its own: the next try waits little.
+        if began.elapsed() > MAX_BACKOFF * 5 {
+            backoff = Duration::from_millis(100);
+        }
+        match ended {
             Ended::CoreGone => return,
             Ended::Broken(why) => {
                 tracing::debug!(%why, "the watch of the namespace broke; watching again");
