@@ -16,6 +16,27 @@ fn pid(m: &MountProc) -> i32 {
     m.proc.as_ref().expect("running").child.id() as i32
 }
 
+/// A store server and two mounts of it, A on `ip_a` and B on `ip_b`, both watching.
+fn two_nodes(ip_a: &str, ip_b: &str) -> (Cluster, MountProc, MountProc) {
+    let c = Cluster::new(ip_a);
+    let a = start_mount(
+        ip_a,
+        &c.server.addr,
+        &c.path("a"),
+        &format!("{ip_a}-a"),
+        &[],
+    );
+    let b = start_mount(
+        ip_b,
+        &c.server.addr,
+        &c.path("b"),
+        &format!("{ip_b}-b"),
+        &[],
+    );
+    watchers(&c.server.addr, 2.0);
+    (c, a, b)
+}
+
 /// Waits until `n` mounts watch the server's namespaces.
 fn watchers(server: &str, n: f64) {
     assert!(
@@ -28,10 +49,7 @@ fn watchers(server: &str, n: f64) {
 
 #[test]
 fn a_change_on_one_node_is_seen_by_the_next_lookup_on_another() {
-    let c = Cluster::new("127.0.0.198");
-    let a = start_mount("127.0.0.198", &c.server.addr, &c.path("a"), "wa", &[]);
-    let b = start_mount("127.0.0.199", &c.server.addr, &c.path("b"), "wb", &[]);
-    watchers(&c.server.addr, 2.0);
+    let (c, a, b) = two_nodes("127.0.0.198", "127.0.0.199");
     std::fs::create_dir(a.path("d")).unwrap();
     assert!(eventually(Duration::from_secs(5), || b.path("d").is_dir()));
     for i in 0..30 {
@@ -79,10 +97,7 @@ fn a_change_on_one_node_is_seen_by_the_next_lookup_on_another() {
 
 #[test]
 fn a_mount_that_stops_answering_holds_a_change_for_its_lease_only_and_watches_again() {
-    let c = Cluster::new("127.0.0.200");
-    let a = start_mount("127.0.0.200", &c.server.addr, &c.path("a"), "sa", &[]);
-    let b = start_mount("127.0.0.208", &c.server.addr, &c.path("b"), "sb", &[]);
-    watchers(&c.server.addr, 2.0);
+    let (c, a, b) = two_nodes("127.0.0.200", "127.0.0.208");
     signal(pid(&b), libc::SIGSTOP);
     let started = Instant::now();
     std::fs::write(a.path("while-stopped"), b"x").unwrap();
@@ -135,10 +150,7 @@ fn while_its_lease_holds_a_mount_answers_lookups_from_what_it_cached() {
 
 #[test]
 fn a_write_through_one_name_of_a_hard_linked_file_reaches_its_other_names_elsewhere() {
-    let c = Cluster::new("127.0.0.228");
-    let a = start_mount("127.0.0.228", &c.server.addr, &c.path("a"), "ha", &[]);
-    let b = start_mount("127.0.0.229", &c.server.addr, &c.path("b"), "hb", &[]);
-    watchers(&c.server.addr, 2.0);
+    let (_c, a, b) = two_nodes("127.0.0.228", "127.0.0.229");
     std::fs::create_dir(a.path("p")).unwrap();
     std::fs::write(a.path("x"), b"short").unwrap();
     std::fs::hard_link(a.path("x"), a.path("p/y")).unwrap();

@@ -117,14 +117,16 @@ impl Listings {
     /// The store server told of a change at or below `path` (`""`: anywhere): what this mount
     /// cached of it, below it, and of its directory is forgotten, as after a change made here.
     pub(super) fn recall(&self, path: &str) {
-        self.epoch.fetch_add(1, Ordering::SeqCst);
         if path.is_empty() {
             return self.clear();
         }
+        self.epoch.fetch_add(1, Ordering::SeqCst);
         let parent = super::split(path).0;
+        // `path` and what is below it go whole; its directory's listing, own entry and link
+        // count with it, as after a change made here.
         self.forget_below(path);
         self.forget(&[parent, path]);
-        self.forget_links(&[parent, path]);
+        self.forget_links(&[parent]);
     }
 
     /// The watch's lease was renewed until `until`. A lease that begins anew (the watch was
