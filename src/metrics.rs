@@ -172,6 +172,26 @@ pub static MOUNT_METADATA_REQUESTS: Counter = Counter::new(
     "",
     "Listings and resolves a mount asked the store server for (what its caches did not answer).",
 );
+pub static WRITEBACK_QUEUED: Counter = Counter::new(
+    "kt_writeback_queued_total",
+    "",
+    "Closed files a write-back mount queued for publishing (a file changed again counts again).",
+);
+pub static WRITEBACK_PUBLISHED: Counter = Counter::new(
+    "kt_writeback_published_total",
+    "",
+    "Queued files a write-back mount published.",
+);
+pub static WRITEBACK_RETRIES: Counter = Counter::new(
+    "kt_writeback_retries_total",
+    "",
+    "Queued publishes that failed for a reason worth trying again (the server unreachable).",
+);
+pub static WRITEBACK_FAILED: Counter = Counter::new(
+    "kt_writeback_failed_total",
+    "",
+    "Queued publishes the store server refused for good (their bytes are kept in the journal).",
+);
 pub static FETCH_SECONDS: Histogram = Histogram::new(
     "kt_fetch_seconds",
     "",
@@ -203,8 +223,12 @@ pub static FUSE_RELEASE_SECONDS: Histogram = Histogram::new(
     "Time of a filesystem operation in the mount's core.",
 );
 
-static COUNTERS: [&Counter; 18] = [
+static COUNTERS: [&Counter; 22] = [
     &MOUNT_METADATA_REQUESTS,
+    &WRITEBACK_QUEUED,
+    &WRITEBACK_PUBLISHED,
+    &WRITEBACK_RETRIES,
+    &WRITEBACK_FAILED,
     &WATCH_RECALLS,
     &WATCH_LAPSED,
     &SERVED_BYTES,

@@ -75,6 +75,7 @@ impl AgentConfig {
             clock: clock::system(),
             worker_exe: std::env::current_exe().unwrap_or_else(|_| "kt".into()),
             worker_host: self.worker_host(),
+            writeback: false,
         }
     }
 }

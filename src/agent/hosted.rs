@@ -86,9 +86,10 @@ impl HostedMounts {
             }
             table.remove(&mp);
         }
-        let fs = self
+        let mut fs = self
             .cfg
             .fs_config(ns.clone(), locale, req.read_only, req.fanout);
+        fs.writeback = req.writeback;
         let (blocks, at) = (self.blocks.clone(), mp.clone());
         let keeper = self.cfg.fd_keeper.clone().map(KeeperClient::new);
         let (path, read_only) = (req.mountpoint.clone(), req.read_only);
@@ -125,9 +126,10 @@ impl HostedMounts {
                 }
             };
             let locale = Locale::try_from(req.locale).unwrap_or(Locale::Store);
-            let fs = self
+            let mut fs = self
                 .cfg
                 .fs_config(ns.clone(), locale, req.read_only, req.fanout);
+            fs.writeback = req.writeback;
             let (blocks, k) = (self.blocks.clone(), keeper.clone());
             let mounted =
                 tokio::task::spawn_blocking(move || session::resume(blocks, fs, k, record, fd))

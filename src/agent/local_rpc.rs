@@ -124,6 +124,7 @@ impl Agent for AgentHandler {
         Ok(Response::new(PublishResponse {
             version: done.version.0.to_vec(),
             parent: done.parent,
+            entry: done.entry,
         }))
     }
 

@@ -27,6 +27,7 @@ use crate::blocks::BlockError;
 use crate::db::{Db, DbError};
 use crate::fs::inode::CF_INODES;
 use crate::fs::session::Stop;
+use crate::fs::writeback::CF_WRITEBACK;
 use crate::fs::xattr::CF_XATTR;
 use crate::keeper::KeeperClient;
 use crate::proto::agent_server::AgentServer;
@@ -37,7 +38,14 @@ use crate::transfer::port;
 use crate::transfer::ticket::{self, Gate, SharedGate, VersionBlocks};
 
 /// Every column family of the agent's database, whoever owns it.
-const FAMILIES: &[&str] = &[CF_CACHE, CF_CACHE_INDEX, CF_LOCAL, CF_XATTR, CF_INODES];
+const FAMILIES: &[&str] = &[
+    CF_CACHE,
+    CF_CACHE_INDEX,
+    CF_LOCAL,
+    CF_XATTR,
+    CF_INODES,
+    CF_WRITEBACK,
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {

@@ -133,6 +133,11 @@ pub struct AttachArgs {
     /// Readers of one version per source (default the server's).
     #[arg(long, default_value_t = 0)]
     pub fanout: u32,
+    /// Write-back: a close returns once the file is journaled on this node, and its publish
+    /// follows (within a second while the server keeps up). Weaker than close-to-open: other
+    /// nodes see a file when its publish lands; fsync of a file or directory waits for it.
+    #[arg(long)]
+    pub writeback: bool,
     #[command(flatten)]
     pub common: Common,
 }
@@ -451,6 +456,11 @@ pub struct MountArgs {
     /// Readers of one version per source (the implicit window's fanout; default the server's).
     #[arg(long, default_value_t = 0)]
     pub fanout: u32,
+    /// Write-back: a close returns once the file is journaled on this node, and its publish
+    /// follows (within a second while the server keeps up). Weaker than close-to-open: other
+    /// nodes see a file when its publish lands; fsync of a file or directory waits for it.
+    #[arg(long)]
+    pub writeback: bool,
     #[command(flatten)]
     pub agent: AgentArgs,
 }

@@ -223,6 +223,7 @@ pub async fn attach(a: AttachArgs) -> Result<()> {
             locale: Locale::from(a.locale) as i32,
             read_only: a.read_only,
             fanout: a.fanout,
+            writeback: a.writeback,
         })
         .await
         .map_err(ClientError::from)?

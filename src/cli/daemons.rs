@@ -195,7 +195,8 @@ async fn run_mounted(agent: AgentProcess, mounted: Mounted) -> Result<()> {
 
 pub async fn mount(a: MountArgs) -> Result<()> {
     let agent = start_agent(agent_config(a.agent)?).await?;
-    let fs = fs_config(&agent, &a.namespace, a.locale, a.read_only, a.fanout)?;
+    let mut fs = fs_config(&agent, &a.namespace, a.locale, a.read_only, a.fanout)?;
+    fs.writeback = a.writeback;
     let mounted = session::mount(agent.blocks(), fs, &a.mountpoint)?;
     print_agent_ready(&agent);
     println!("mounted at {}", a.mountpoint.display());

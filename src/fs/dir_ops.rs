@@ -179,6 +179,10 @@ impl FsCore {
                 (false, false) => self.gpu_unlink(rest),
             };
         }
+        if want_dir {
+            // Files queued below it are on the server first, which then finds it not empty.
+            self.publish_below(path)?;
+        }
         let staged = self.staged_at(path);
         let attr = self.stat_path(path)?;
         match (want_dir, attr.kind == Kind::Dir) {
@@ -187,8 +191,13 @@ impl FsCore {
             _ => {}
         }
         if let Some(s) = &staged {
-            s.unlinked.store(true, Ordering::SeqCst);
+            {
+                // After a publish in flight, never before: the removal below must follow it.
+                let _guard = lock(&s.publish_lock);
+                s.unlinked.store(true, Ordering::SeqCst);
+            }
             lock(&self.staged).remove(path);
+            self.retire(s);
         }
         if !want_dir {
             let orphan = match &staged {
@@ -284,10 +293,10 @@ impl FsCore {
             return self.exchange(from, to);
         }
         Self::check_key(&to)?;
-        // A file still being written is published first, so the move carries its bytes.
-        if let Some(s) = self.staged_at(&from) {
-            self.publish_staged(&s)?;
-        }
+        // Files still being written or queued are published first, so the move carries their
+        // bytes (and what it replaces is replaced on the server, not after).
+        self.publish_below(&from)?;
+        self.publish_below(&to)?;
         let mut store = self.store();
         self.block_on(store.rename(RenameRequest {
             namespace: self.ns(),
@@ -296,13 +305,7 @@ impl FsCore {
             no_replace: flags & libc::RENAME_NOREPLACE != 0,
         }))
         .map_err(ClientError::from)?;
-        {
-            let mut m = lock(&self.staged);
-            if let Some(s) = m.remove(&from) {
-                *lock(&s.path) = to.clone();
-                m.insert(to.clone(), s);
-            }
-        }
+        self.move_staged(&[(&from, &to)]);
         self.inodes().rename(&from, &to);
         self.invalidate_below(&from);
         self.invalidate_below(&to);
@@ -318,9 +321,7 @@ impl FsCore {
         Self::check_key(&b)?;
         // Files still being written are published first, so that each name carries its bytes.
         for p in [&a, &b] {
-            if let Some(s) = self.staged_at(p) {
-                self.publish_staged(&s)?;
-            }
+            self.publish_below(p)?;
         }
         let mut store = self.store();
         self.block_on(store.exchange(ExchangeRequest {
@@ -329,16 +330,7 @@ impl FsCore {
             b: b.clone(),
         }))
         .map_err(ClientError::from)?;
-        {
-            let mut m = lock(&self.staged);
-            let (sa, sb) = (m.remove(&a), m.remove(&b));
-            for (s, p) in [(sa, &b), (sb, &a)] {
-                if let Some(s) = s {
-                    *lock(&s.path) = p.clone();
-                    m.insert(p.clone(), s);
-                }
-            }
-        }
+        self.move_staged(&[(&a, &b), (&b, &a)]);
         self.inodes().exchange(&a, &b);
         for p in [&a, &b] {
             self.invalidate_below(p);
@@ -407,6 +399,7 @@ impl FsCore {
                     s.changes.fetch_add(1, Ordering::SeqCst);
                 }
                 None => {
+                    // (A file closed under write-back is still staged: the arm above.)
                     let (sec, nsec) = mtime.map(to_unix).unzip();
                     let mut store = self.store();
                     self.block_on(store.set_attr(SetAttrRequest {
@@ -424,6 +417,42 @@ impl FsCore {
                 }
             }
         }
+        if let Some(s) = &staged {
+            // Closed and queued under write-back: the change is journaled and queued too.
+            self.requeue(s)?;
+        }
         self.getattr(ino)
+    }
+
+    /// After the server moved each `from` to its `to` (all at once: an exchange swaps), the
+    /// files staged at or below each `from` follow; a staged file at a `to` the move replaced
+    /// is gone.
+    fn move_staged(&self, moves: &[(&str, &str)]) {
+        let replaced = {
+            let mut m = lock(&self.staged);
+            let mut moved = Vec::new();
+            for (from, to) in moves {
+                let below: Vec<String> = m
+                    .keys()
+                    .filter(|p| super::writeback::under(p, from))
+                    .cloned()
+                    .collect();
+                for p in below {
+                    if let Some(s) = m.remove(&p) {
+                        moved.push((format!("{to}{}", &p[from.len()..]), s));
+                    }
+                }
+            }
+            let replaced: Vec<_> = moves.iter().filter_map(|(_, to)| m.remove(*to)).collect();
+            for (p, s) in moved {
+                *lock(&s.path) = p.clone();
+                m.insert(p, s);
+            }
+            replaced
+        };
+        for s in replaced {
+            s.unlinked.store(true, Ordering::SeqCst);
+            self.retire(&s);
+        }
     }
 }

@@ -440,7 +440,7 @@ impl Filesystem for FuseAdapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply_or!(reply, self.core.flush(fh.0), |()| reply.ok())
+        reply_or!(reply, self.core.fsync(fh.0), |()| reply.ok())
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -483,13 +483,14 @@ impl Filesystem for FuseAdapter {
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Directory changes are published when they are made.
-        reply.ok()
+        // Directory changes are published when they are made; files queued below it by
+        // write-back are waited for.
+        reply_or!(reply, self.core.fsyncdir(ino.0), |()| reply.ok())
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -23,6 +23,7 @@ pub mod read;
 pub mod session;
 pub mod staged;
 mod watch;
+pub mod writeback;
 pub mod xattr;
 
 use std::collections::{HashMap, HashSet};
@@ -141,6 +142,8 @@ pub struct FsConfig {
     pub worker_exe: PathBuf,
     /// The address this node's GPU transfer workers listen on.
     pub worker_host: String,
+    /// Closes return once journaled; publishes follow (see [`writeback`]).
+    pub writeback: bool,
 }
 
 pub struct FsCore {
@@ -154,6 +157,8 @@ pub struct FsCore {
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
     staged: Mutex<HashMap<String, Arc<Staged>>>,
+    /// The queue and journal of closed files still to publish (`--writeback`).
+    writeback: Arc<writeback::Writeback>,
     /// The version each inode showed when last opened, to keep the kernel's page cache only
     /// while it is still right.
     opened_versions: Mutex<HashMap<u64, Version>>,
@@ -319,6 +324,7 @@ impl FsCore {
             cfg.worker_exe.clone(),
             cfg.worker_host.clone(),
         );
+        let writeback = Arc::new(writeback::Writeback::new(&cfg.staging));
         Ok(FsCore {
             gpu,
             gpu_files: Mutex::default(),
@@ -335,6 +341,7 @@ impl FsCore {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(first_fh),
             staged: Mutex::new(HashMap::new()),
+            writeback,
             opened_versions: Mutex::new(HashMap::new()),
             seeded: Arc::new(Mutex::new(HashSet::new())),
             started: SystemTime::now(),
@@ -352,18 +359,26 @@ impl FsCore {
     /// directory (their sizes, times and link counts moved).
     pub(crate) fn recall(&self, path: &str) {
         self.listings.recall(path);
+        match path {
+            "" => {
+                if let Some(forget) = self.kernel_forget.get() {
+                    for ino in self.inodes().known_inodes() {
+                        forget(ino);
+                    }
+                }
+            }
+            p => self.kernel_forget_paths(&[p, split(p).0]),
+        }
+    }
+
+    /// Tells the kernel to forget the attributes of the inodes of `paths` it knows.
+    pub(crate) fn kernel_forget_paths(&self, paths: &[&str]) {
         let Some(forget) = self.kernel_forget.get() else {
             return;
         };
-        let inos = {
+        let inos: Vec<u64> = {
             let inodes = self.inodes();
-            match path {
-                "" => inodes.known_inodes(),
-                p => [p, split(p).0]
-                    .iter()
-                    .filter_map(|p| inodes.known(p))
-                    .collect(),
-            }
+            paths.iter().filter_map(|p| inodes.known(p)).collect()
         };
         for ino in inos {
             forget(ino);

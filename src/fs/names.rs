@@ -48,6 +48,9 @@ pub(super) struct Listings {
     /// Until when the watch's lease holds (real time: the server counts it so). Locked last
     /// and alone: the caches read it under their own locks.
     lease: Mutex<Option<std::time::Instant>>,
+    /// The number the server gave this mount's watch (0: none yet): a publish that names it
+    /// is not told back to this mount, which takes the change from the publish's answer.
+    watcher: AtomicU64,
 }
 
 impl Listings {
@@ -62,6 +65,7 @@ impl Listings {
             epoch: AtomicU64::new(0),
             resolved: Mutex::default(),
             lease: Mutex::default(),
+            watcher: AtomicU64::new(0),
         }
     }
 
@@ -139,9 +143,68 @@ impl Listings {
         *lock(&self.lease) = Some(until);
     }
 
+    pub(super) fn set_watcher(&self, id: u64) {
+        self.watcher.store(id, Ordering::SeqCst);
+    }
+
+    /// The number of this mount's watch, for its own publishes to name (0 without a lease:
+    /// nothing is cached on the watch's word then, and being told costs nothing).
+    pub(super) fn watcher(&self) -> u64 {
+        match self.leased() {
+            true => self.watcher.load(Ordering::SeqCst),
+            false => 0,
+        }
+    }
+
+    /// This mount published a file at `path`, not told back to it by the watch (see
+    /// [`Listings::watcher`]): as a recall would, answers asked for before are not kept, but
+    /// its directory's cached listing takes the file's new entry in place of being forgotten,
+    /// so the next name looked up in the directory (the next file of a `cp -r`) needs no
+    /// listing of it.
+    pub(super) fn own_publish(&self, path: &str, mut entry: ListEntry) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        let (dir, name) = super::split(path);
+        entry.name = name.to_string();
+        let now = self.clock.now().at;
+        let was_dir = {
+            // In the order `forget` takes them.
+            let mut cached = lock(&self.cached);
+            let mut changed = lock(&self.changed);
+            let mut own = lock(&self.own);
+            let was_dir = match cached.get_mut(dir) {
+                Some((_, entries, expires)) => {
+                    *expires = (*expires).min(expiry(&entry));
+                    let old = Arc::make_mut(entries).insert(name.to_string(), entry.clone());
+                    old.is_some_and(|e| e.is_directory)
+                }
+                // Not cached: the next look asks anyway.
+                None => true,
+            };
+            changed.remove(path);
+            own.insert(path.to_string(), (now, Some(entry)));
+            lock(&self.resolved).remove(path);
+            was_dir
+        };
+        if was_dir {
+            // A directory it replaced took what was below it, and a link of its directory.
+            self.forget_below_except(path);
+            self.forget_links(&[dir]);
+        }
+    }
+
+    /// [`Listings::forget_below`] of what is below `path`, keeping `path`'s own entry.
+    fn forget_below_except(&self, path: &str) {
+        let own = lock(&self.own).get(path).cloned();
+        self.forget_below(path);
+        if let Some(e) = own {
+            lock(&self.own).insert(path.to_string(), e);
+        }
+    }
+
     /// The watch broke: nothing cached is trusted past its TTL, and what was cached may have
     /// missed changes.
     pub(super) fn lease_lost(&self) {
+        self.watcher.store(0, Ordering::SeqCst);
         *lock(&self.lease) = None;
         self.clear();
     }

@@ -22,7 +22,12 @@ use crate::transfer::upload;
 impl FsCore {
     pub(super) fn publish_staged(&self, s: &Arc<Staged>) -> FsResult<()> {
         let _guard = lock(&s.publish_lock);
-        if !s.dirty() || s.unlinked.load(Ordering::SeqCst) {
+        if s.unlinked.load(Ordering::SeqCst) {
+            super::writeback::Writeback::forget(s);
+            return Ok(());
+        }
+        if !s.dirty() {
+            super::writeback::Writeback::forget_if_clean(s);
             return Ok(());
         }
         let path = s.path();
@@ -80,6 +85,8 @@ impl FsCore {
                 Payload::Upload(upload::jobs_of([(Arc::new(disk.clone()), blocks)]))
             }
         };
+        // Named, the watch does not tell this mount of its own publish: the answer carries it.
+        let watcher = self.listings.watcher();
         let req = PublishRequest {
             namespace: self.ns(),
             key: path.clone(),
@@ -88,6 +95,7 @@ impl FsCore {
             ttl_secs: 0,
             force: true,
             manifest: Some(m),
+            watcher,
             ..Default::default()
         };
         let mut store = self.store();
@@ -99,7 +107,16 @@ impl FsCore {
             &ProgressBar::hidden(),
         ))?;
         s.published.fetch_max(changes, Ordering::SeqCst);
-        self.invalidate(&[split(&path).0, &path]);
+        // Every change on the server now: nothing left to replay.
+        super::writeback::Writeback::forget_if_clean(s);
+        match done.entry {
+            Some(e) if watcher != 0 => {
+                self.listings.own_publish(&path, e);
+                // What the watch would have had the kernel forget: the directory's times.
+                self.kernel_forget_paths(&[split(&path).0, &path]);
+            }
+            _ => self.invalidate(&[split(&path).0, &path]),
+        }
         self.invalidate_other_names(&path);
         self.take_parent(&path, done.parent);
         Ok(())

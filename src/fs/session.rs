@@ -139,7 +139,7 @@ fn mount_fresh(
         }
         None => Inodes::default(),
     };
-    let core = new_core(blocks, &cfg, inodes)?;
+    let core = new_core(blocks, &cfg, inodes, mountpoint)?;
     let config = session_config(&cfg, keep.is_none());
     let adapter = FuseAdapter::new(core.clone());
     let init = adapter.init_record();
@@ -179,12 +179,29 @@ fn new_core(
     blocks: Arc<NodeBlocks>,
     cfg: &FsConfig,
     inodes: Inodes,
+    mountpoint: &Path,
 ) -> Result<Arc<FsCore>, MountError> {
     let rt = tokio::runtime::Handle::current();
+    let db = blocks.db().clone();
     let core = Arc::new(FsCore::with_inodes(cfg.clone(), rt, blocks, inodes)?);
     // Ends by itself once the core is gone.
     drop(core.watch());
+    core.start_writeback(db, journal_tag(cfg, mountpoint))?;
     Ok(core)
+}
+
+/// The tag of the write-back records of the mount of `cfg`'s namespace at `mountpoint`: the
+/// next agent on the same mount finds them (two mounts of one namespace on a node keep their
+/// own).
+fn journal_tag(cfg: &FsConfig, mountpoint: &Path) -> Vec<u8> {
+    let mp = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    let mut h = blake3::Hasher::new();
+    h.update(cfg.namespace.as_str().as_bytes());
+    h.update(&[0]);
+    h.update(mp.as_os_str().as_encoded_bytes());
+    let mut tag = h.finalize().as_bytes()[..16].to_vec();
+    tag.push(0);
+    tag
 }
 
 /// Attributes only (offset -1): pages stay (an open of a new version drops them), and the
@@ -239,7 +256,7 @@ pub fn resume(
         source,
     };
     let inodes = Inodes::journaled(Journal::new(blocks.db().clone(), &req.mountpoint), true);
-    let core = new_core(blocks, &cfg, inodes)?;
+    let core = new_core(blocks, &cfg, inodes, &mountpoint)?;
     let (ours, theirs) = std::os::unix::net::UnixDatagram::pair().map_err(io)?;
     ours.send(&synthetic_init(&init)).map_err(io)?;
     let session = fuser::Session::from_fd(

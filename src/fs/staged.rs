@@ -16,6 +16,9 @@ use super::{Attr, Caller, FsCore, FsError, FsResult, Handle, Kind, PageCache};
 use crate::locks::lock;
 
 static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
+/// How long an unmount waits for queued publishes; what is left is published by the next
+/// agent on the mount, from the journal.
+const UNMOUNT_DRAIN: std::time::Duration = std::time::Duration::from_secs(30);
 
 pub(super) struct StagedFile {
     pub file: File,
@@ -42,6 +45,11 @@ pub struct Staged {
     /// When this node last changed it (a write, a chmod), until its publish stamps it anew.
     pub(super) ctime: Mutex<SystemTime>,
     pub(super) publish_lock: Mutex<()>,
+    /// In the write-back queue (see [`super::writeback`]), not yet taken by a flusher.
+    pub(super) queued: AtomicBool,
+    /// Its write-back journal record, while it has one, and the count of changes it holds.
+    pub(super) record: Mutex<Option<super::writeback::Journaled>>,
+    pub(super) journaled: AtomicU64,
 }
 
 impl Staged {
@@ -177,6 +185,9 @@ impl FsCore {
             mtime: Mutex::new(mtime),
             ctime: Mutex::new(ctime),
             publish_lock: Mutex::new(()),
+            queued: AtomicBool::new(false),
+            record: Mutex::new(None),
+            journaled: AtomicU64::new(0),
         });
         lock(&self.staged).insert(path.to_string(), s.clone());
         Ok(s)
@@ -184,8 +195,16 @@ impl FsCore {
 
     /// Stages an existing file for writing: empty for `O_TRUNC`, else a copy of its published bytes.
     pub(crate) fn open_staged(&self, path: &str, trunc: bool) -> FsResult<Arc<Staged>> {
-        if let Some(s) = self.staged_at(path) {
-            s.opens.fetch_add(1, Ordering::SeqCst);
+        // Counted under the map's lock: a flusher retires only what no one opened.
+        let open = {
+            let m = lock(&self.staged);
+            let s = m.get(path).filter(|s| !s.unlinked.load(Ordering::SeqCst));
+            s.inspect(|s| {
+                s.opens.fetch_add(1, Ordering::SeqCst);
+            })
+            .cloned()
+        };
+        if let Some(s) = open {
             if trunc {
                 s.truncate(0, &self.cfg.staging)?;
             }
@@ -236,6 +255,14 @@ impl FsCore {
                 m.remove(&path);
             }
         }
+        self.discard(s);
+    }
+
+    /// Removes the staged bytes (unless served in place) and the journal record of `s`, gone
+    /// from the map. Under its publish lock: a publish in flight reads them.
+    pub(super) fn discard(&self, s: &Staged) {
+        let _guard = lock(&s.publish_lock);
+        super::writeback::Writeback::forget(s);
         let f = lock(&s.file);
         if !f.in_place {
             let _ = std::fs::remove_file(&f.disk);
@@ -353,8 +380,20 @@ impl FsCore {
         Ok(done as u32)
     }
 
-    /// `close` and `fsync`: publish what was written.
+    /// `close`: publish what was written; under write-back, journal and queue it (here, not
+    /// at the last release: the kernel sends that after `close` returned).
     pub fn flush(&self, fh: u64) -> FsResult<()> {
+        if self.writeback.on() {
+            if let Ok(Handle::Write(s)) = self.handle(fh) {
+                self.queue_publish(&s)?;
+            }
+            return Ok(());
+        }
+        self.fsync(fh)
+    }
+
+    /// `fsync`: publish what was written, write-back or not.
+    pub fn fsync(&self, fh: u64) -> FsResult<()> {
         match self.handle(fh) {
             Ok(Handle::Write(s)) => self.publish_staged(&s),
             // A reader's handle from an earlier agent: closing it is fine.
@@ -368,14 +407,26 @@ impl FsCore {
         if s.opens.fetch_sub(1, Ordering::SeqCst) > 1 {
             return Ok(());
         }
+        if self.queue_publish(s)? {
+            return Ok(());
+        }
         let r = self.publish_staged(s);
-        self.drop_staged(s);
+        // A file the journal of an earlier agent held may still be queued: its flusher drops it.
+        if !s.queued.load(Ordering::SeqCst) {
+            self.drop_staged(s);
+        }
         r
     }
 
-    /// Publishes every file still open for writing (at unmount).
+    /// Publishes every file still open for writing, and lets the write-back queue drain
+    /// (at unmount).
     pub fn flush_all(&self) {
-        let all: Vec<Arc<Staged>> = lock(&self.staged).values().cloned().collect();
+        let all: Vec<Arc<Staged>> = lock(&self.staged)
+            .values()
+            .filter(|s| s.opens.load(Ordering::SeqCst) > 0)
+            .cloned()
+            .collect();
+        self.drain_writeback(UNMOUNT_DRAIN);
         for s in all {
             if let Err(e) = self.publish_staged(&s) {
                 tracing::error!(path = %s.path(), error = %e, "could not publish a file open at unmount");

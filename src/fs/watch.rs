@@ -90,6 +90,9 @@ async fn watch_once(
                     Err(e) => return Ended::Broken(e.message().to_string()),
                 };
                 let Some(c) = core.upgrade() else { return Ended::CoreGone };
+                if msg.watcher != 0 {
+                    c.listings.set_watcher(msg.watcher);
+                }
                 if msg.seq > 0 {
                     for p in &msg.paths {
                         c.recall(p);

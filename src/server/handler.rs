@@ -174,12 +174,18 @@ impl StoreHandler {
     /// that edited a hard-linked file changed its other names too, which nothing here names:
     /// it is told as a change of everything, as one of too many keys is.
     async fn tell(&self, c: Change) {
+        self.tell_except(c, 0).await;
+    }
+
+    /// [`StoreHandler::tell`], but not to watcher `except`, whose own change it is (its caller
+    /// takes the change from its answer); a change told as everything is told to it too.
+    async fn tell_except(&self, c: Change, except: u64) {
         let everything = self.meta.inode_changes() != c.links || c.paths.len() > WATCH_MAX_PATHS;
-        let paths = match everything {
-            true => vec![String::new()],
-            false => c.paths,
+        let (paths, except) = match everything {
+            true => (vec![String::new()], 0),
+            false => (c.paths, except),
         };
-        self.watchers.changed(c.ns.as_str(), paths).await;
+        self.watchers.changed(c.ns.as_str(), paths, except).await;
     }
 
     /// A ticket for `grant`, or none where the data plane asks for none.
@@ -301,9 +307,10 @@ impl Store for StoreHandler {
             .watchers
             .register(ns.as_str())
             .ok_or_else(|| Status::unavailable("the store server is shutting down"))?;
-        if let Some(d) = reg.up(first.acked, first.renew) {
-            reg.send(d);
-        }
+        // The first answer says the watcher's number (with the lease, or alone).
+        let mut d = reg.up(first.acked, first.renew).unwrap_or_default();
+        d.watcher = reg.id();
+        reg.send(d);
         let mut inbound = req.into_inner();
         tokio::spawn(async move {
             // Until the watcher goes (its stream broke) or is dropped; `reg` unregisters it.
@@ -429,6 +436,7 @@ impl Store for StoreHandler {
                         return Ok(Response::new(PublishResponse {
                             version: version.0.to_vec(),
                             parent: None,
+                            entry: None,
                         }));
                     }
                 }
@@ -455,15 +463,17 @@ impl Store for StoreHandler {
             let parent = key.as_str().rsplit_once('/').map(|(p, _)| p);
             let parent = parent.map(KeyPath::parse).transpose().ok().flatten();
             let dir = meta.list_dir_only(&ns, parent.as_ref())?.dir;
-            Ok::<_, crate::meta::MetaError>((version, dir))
+            let entry = meta.list_dir_only(&ns, Some(&key))?.dir;
+            Ok::<_, crate::meta::MetaError>((version, dir, entry))
         })
         .await?;
-        let (version, parent) = version;
-        self.tell(change).await;
+        let (version, parent, entry) = version;
+        self.tell_except(change, r.watcher).await;
         tracing::info!(key = %r.key, %version, ?locale, "published");
         Ok(Response::new(PublishResponse {
             version: version.0.to_vec(),
             parent,
+            entry,
         }))
     }
 
@@ -484,6 +494,7 @@ impl Store for StoreHandler {
         Ok(Response::new(PublishResponse {
             version: version.0.to_vec(),
             parent: None,
+            entry: None,
         }))
     }
 

@@ -85,7 +85,8 @@ impl Watchers {
     /// Registers a watcher of `ns` with a first lease; `None` once the server is shutting down.
     pub fn register(self: &Arc<Self>, ns: &str) -> Option<(Registration, Sink)> {
         let (tx, rx) = mpsc::channel(QUEUE);
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        // Unguessable: a publish that names a watcher keeps its change from it.
+        let id = random_id() ^ self.next_id.fetch_add(1, Ordering::Relaxed);
         let w = Arc::new(Watcher {
             ns: ns.to_string(),
             tx: Mutex::new(Some(tx)),
@@ -98,7 +99,7 @@ impl Watchers {
             moved: Notify::new(),
         });
         let mut inner = lock(&self.inner);
-        if inner.closed {
+        if inner.closed || inner.list.contains_key(&id) {
             return None;
         }
         // Everything numbered before this watcher began counts as acknowledged by it.
@@ -141,14 +142,15 @@ impl Watchers {
         }
     }
 
-    /// Sends the change of `paths` in `ns` to its watchers, and returns once each acknowledged
-    /// it or was dropped.
-    pub async fn changed(&self, ns: &str, paths: Vec<String>) {
+    /// Sends the change of `paths` in `ns` to its watchers but `except` (the one that made it,
+    /// which learns of it from its answer), and returns once each acknowledged it or was dropped.
+    pub async fn changed(&self, ns: &str, paths: Vec<String>, except: u64) {
         let mut waits = Vec::new();
         let mut stuck = Vec::new();
         {
             let mut inner = lock(&self.inner);
-            if !inner.list.values().any(|w| w.ns == ns) {
+            let told = |(id, w): &(&u64, &Arc<Watcher>)| w.ns == ns && **id != except;
+            if !inner.list.iter().any(|e| told(&e)) {
                 return;
             }
             inner.seq += 1;
@@ -158,7 +160,7 @@ impl Watchers {
                 paths,
                 ..Default::default()
             };
-            for (&id, w) in inner.list.iter().filter(|(_, w)| w.ns == ns) {
+            for (&id, w) in inner.list.iter().filter(told) {
                 // Sent under the lock: each watcher meets the changes in the order of their
                 // numbers, so "everything up to N" is an acknowledgement it can give.
                 if !w.send(msg.clone()) {
@@ -226,7 +228,25 @@ impl Watcher {
     }
 }
 
+/// 64 random bits from the kernel (the clock's nanoseconds, where that fails).
+fn random_id() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: `b` is a valid buffer of its length.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n == b.len() as isize {
+        return u64::from_ne_bytes(b);
+    }
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 impl Registration {
+    /// The number the watcher is told, which its own publishes name.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     fn watcher(&self) -> Option<Arc<Watcher>> {
         lock(&self.watchers.inner).list.get(&self.id).cloned()
     }
@@ -296,7 +316,7 @@ mod tests {
         let (_b, mut b_rx) = ws.register("other").unwrap();
         let changed = tokio::spawn({
             let ws = ws.clone();
-            async move { ws.changed("team", vec!["x/y".into()]).await }
+            async move { ws.changed("team", vec!["x/y".into()], 0).await }
         });
         let got = next(&mut a_rx).await;
         assert_eq!(
@@ -317,14 +337,33 @@ mod tests {
         let ws = Arc::new(Watchers::with_lease(lease));
         let (_a, mut a_rx) = ws.register("team").unwrap();
         let started = Instant::now();
-        ws.changed("team", vec!["k".into()]).await;
+        ws.changed("team", vec!["k".into()], 0).await;
         assert!(started.elapsed() >= lease - Duration::from_millis(20));
         assert_eq!(ws.count(), 0);
         assert_eq!(next(&mut a_rx).await.seq, 1);
         // Its stream ends: the mount knows its lease is gone.
         assert!(a_rx.recv().await.is_none());
         // With nobody watching, a change waits for nobody.
-        ws.changed("team", vec!["k".into()]).await;
+        ws.changed("team", vec!["k".into()], 0).await;
+    }
+
+    #[tokio::test]
+    async fn a_change_is_not_told_to_the_watcher_that_made_it() {
+        let ws = Arc::new(Watchers::default());
+        let (a, mut a_rx) = ws.register("team").unwrap();
+        let (b, mut b_rx) = ws.register("team").unwrap();
+        assert_ne!(a.id(), b.id());
+        let changed = tokio::spawn({
+            let (ws, except) = (ws.clone(), a.id());
+            async move { ws.changed("team", vec!["k".into()], except).await }
+        });
+        assert_eq!(next(&mut b_rx).await.seq, 1);
+        assert!(b.up(1, 0).is_none());
+        // Answered once B acknowledged: A was never waited for.
+        changed.await.unwrap();
+        assert!(a_rx.try_recv().is_err());
+        // A's acknowledgement of everything sent to it still renews its lease.
+        assert!(a.up(0, 3).is_some_and(|d| d.renewed == 3));
     }
 
     #[tokio::test]

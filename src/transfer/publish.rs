@@ -54,6 +54,8 @@ pub struct Published {
     pub bytes_sent: u64,
     /// The directory that holds the key, as the server shows it after the publish.
     pub parent: Option<crate::proto::ListEntry>,
+    /// The key's own entry, as the server shows it after the publish.
+    pub entry: Option<crate::proto::ListEntry>,
 }
 
 /// Sends `payload`, then publishes `req` (whose `inline_blocks` the payload fills).
@@ -83,5 +85,6 @@ pub async fn publish(
         version: Version::from_slice(&resp.version).ok_or(PublishError::BadVersion)?,
         bytes_sent,
         parent: resp.parent,
+        entry: resp.entry,
     })
 }

@@ -1,0 +1,581 @@
+//! Write-back (`kt mount --writeback`): the last close of a written file returns once the file
+//! is journaled on this node, and its publish follows in the background, a few at once, so a
+//! tree of many small files is written at the speed of the local disk and published as fast as
+//! the store server takes it.
+//!
+//! Weaker than close-to-open, and only on request: another node sees a file once its publish
+//! lands (within a second while the server keeps up), not when the writer's `close` returns.
+//! This node sees its own files at once (they stay staged until published). `fsync` of a file
+//! publishes it before it returns, as without write-back; `fsync` of a directory waits for
+//! every queued publish below it. A namespace change that involves a queued file (a rename, a
+//! link, an `rmdir` of its directory) publishes it first, so the server never moves a name it
+//! has not seen.
+//!
+//! The journal: one small record per queued file (its key, the staged bytes' file, mode,
+//! owner, mtime) in the node's RocksDB (column family [`CF_WRITEBACK`], under the mount's
+//! tag), removed once a publish took in every change. A record and the staged bytes outlive a
+//! `kill -9` of the agent (the write-ahead log and the file are in the kernel's hands), not a
+//! crash of the machine: a file must be `fsync`ed for that. An agent that starts on the same
+//! mount again, with or without `--writeback`, publishes what its journal holds. A publish the
+//! server refuses for good (the directory was removed by another node, a name became a
+//! directory) keeps its bytes in the staging directory's `failed/` and its record under the
+//! tag's failed prefix, and says where in the log.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use super::staged::{Staged, StagedFile};
+use super::{time_of, to_unix, FsCore, FsError, FsResult};
+use crate::db::Db;
+use crate::locks::lock;
+use crate::rpc::Fault;
+
+/// Publishes in flight at once: enough to keep the server's group commit batching.
+const FLUSHERS: usize = 8;
+/// Queued files at most: a close past this waits for the queue to drain (the staged bytes are
+/// on local disk, and a queue without bound would put off the publishes without bound).
+pub const MAX_QUEUED: usize = 16_384;
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// The node database's column family of write-back records.
+pub const CF_WRITEBACK: &str = "writeback";
+
+/// One queued publish as journaled.
+#[derive(Serialize, Deserialize)]
+struct Record {
+    key: String,
+    /// The staged bytes: a file name in the staging directory.
+    data: String,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    mtime_sec: i64,
+    mtime_nsec: u32,
+    /// Orders records of one key (the later wins at replay).
+    seq: u64,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Arc<Staged>>,
+    /// Files a flusher is publishing now.
+    in_flight: Vec<Arc<Staged>>,
+    /// Keys whose publish the server refused for good, with why: `fsync` of their directory
+    /// reports them once.
+    failed: Vec<(String, String)>,
+    flushers: usize,
+}
+
+/// Where a mount's records are: the node's database and the mount's tag.
+struct Journal {
+    db: Db,
+    /// Key prefix of this mount's records (its namespace and mountpoint, hashed; then NUL).
+    tag: Vec<u8>,
+}
+
+impl Journal {
+    fn key(&self, data: &str) -> Vec<u8> {
+        let mut k = self.tag.clone();
+        k.extend_from_slice(data.as_bytes());
+        k
+    }
+
+    /// Refused records sort apart: the tag with 0x01 for its NUL.
+    fn failed_key(&self, data: &str) -> Vec<u8> {
+        let mut k = self.key(data);
+        if let Some(last) = k.get_mut(self.tag.len() - 1) {
+            *last = 1;
+        }
+        k
+    }
+}
+
+/// A staged file's record in the journal: the database and its key.
+pub struct Journaled(Db, Vec<u8>);
+
+impl Journaled {
+    fn remove(self) {
+        if let Err(e) = self.0.delete(CF_WRITEBACK, &self.1) {
+            tracing::warn!(error = %e, "could not remove a write-back record");
+        }
+    }
+}
+
+/// The queue and journal of a mount's write-back.
+pub struct Writeback {
+    /// This mount's journal, once write-back started.
+    journal: std::sync::OnceLock<Journal>,
+    staging: PathBuf,
+    state: Mutex<State>,
+    changed: Condvar,
+    seq: AtomicU64,
+}
+
+impl Writeback {
+    pub(super) fn new(staging: &Path) -> Self {
+        Writeback {
+            journal: std::sync::OnceLock::new(),
+            staging: staging.to_path_buf(),
+            state: Mutex::default(),
+            changed: Condvar::new(),
+            seq: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether closes are journaled and queued here (the journal is open).
+    pub(super) fn on(&self) -> bool {
+        self.journal.get().is_some()
+    }
+
+    /// Journals `s` as it is now (after the change it records was counted: see
+    /// [`Writeback::forget_if_clean`]).
+    fn journal(&self, s: &Staged) -> FsResult<()> {
+        let j = self
+            .journal
+            .get()
+            .ok_or_else(|| FsError::Invalid("write-back is off".into()))?;
+        // First: what is read below is at least this new.
+        let changes = s.changes.load(Ordering::SeqCst);
+        let data = lock(&s.file)
+            .disk
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        let (mtime_sec, mtime_nsec) = to_unix(*lock(&s.mtime));
+        let (uid, gid) = *lock(&s.owner);
+        let record = Record {
+            key: s.path(),
+            data,
+            mode: s.mode.load(Ordering::Relaxed),
+            uid,
+            gid,
+            mtime_sec,
+            mtime_nsec,
+            seq: self.next_seq(),
+        };
+        let json = serde_json::to_vec(&record)
+            .map_err(|e| FsError::Invalid(format!("journal record: {e}")))?;
+        let key = j.key(&record.data);
+        let mut rec = lock(&s.record);
+        if rec.is_some() && s.journaled.load(Ordering::SeqCst) == changes {
+            // Journaled as it is (at its close, and now its last release).
+            return Ok(());
+        }
+        j.db.put(CF_WRITEBACK, &key, &json)?;
+        s.journaled.store(changes, Ordering::SeqCst);
+        if let Some(old) = rec.replace(Journaled(j.db.clone(), key.clone())) {
+            if old.1 != key {
+                old.remove();
+            }
+        }
+        Ok(())
+    }
+
+    fn next_seq(&self) -> u64 {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        // Above every earlier one of this process, and of an earlier process (the clock).
+        let mut cur = self.seq.load(Ordering::Relaxed);
+        loop {
+            let next = now.max(cur + 1);
+            match self
+                .seq
+                .compare_exchange(cur, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return next,
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    /// Forgets the record of `s` (gone from every map: nothing journals it again).
+    pub(super) fn forget(s: &Staged) {
+        if let Some(r) = lock(&s.record).take() {
+            r.remove();
+        }
+    }
+
+    /// Forgets the record of `s` if every change of it is published. Under the record's lock,
+    /// as [`Writeback::journal`] writes it: a change counted after the check journals anew.
+    pub(super) fn forget_if_clean(s: &Staged) {
+        let mut rec = lock(&s.record);
+        if !s.dirty() {
+            if let Some(r) = rec.take() {
+                r.remove();
+            }
+        }
+    }
+
+    /// Queues `s` unless it is queued or being published, waiting while the queue is full.
+    fn push(&self, s: &Arc<Staged>) {
+        let mut st = lock(&self.state);
+        if s.queued.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        while st.queue.len() >= MAX_QUEUED {
+            st = self
+                .changed
+                .wait(st)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        st.queue.push_back(s.clone());
+        crate::metrics::WRITEBACK_QUEUED.inc();
+        self.changed.notify_all();
+    }
+
+    /// The next file to publish, or `None` once the core is gone.
+    fn pop(&self, core: &Weak<FsCore>) -> Option<Arc<Staged>> {
+        let mut st = lock(&self.state);
+        loop {
+            if let Some(s) = st.queue.pop_front() {
+                st.in_flight.push(s.clone());
+                // A change from now on queues it again.
+                s.queued.store(false, Ordering::SeqCst);
+                self.changed.notify_all();
+                return Some(s);
+            }
+            if core.strong_count() == 0 {
+                return None;
+            }
+            // Woken by a push; the timeout notices a core that went away.
+            st = self
+                .changed
+                .wait_timeout(st, Duration::from_secs(1))
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    fn finished(&self, s: &Arc<Staged>, failed: Option<String>) {
+        let mut st = lock(&self.state);
+        st.in_flight.retain(|x| !Arc::ptr_eq(x, s));
+        let path = s.path();
+        st.failed.retain(|(p, _)| *p != path);
+        if let Some(why) = failed {
+            st.failed.push((path, why));
+        }
+        self.changed.notify_all();
+    }
+
+    /// Waits until nothing at or below `prefix` (`""`: anything) is queued or in flight, and
+    /// says which of them the server refused since the last time this was asked.
+    pub(super) fn drain(
+        &self,
+        prefix: &str,
+        until: Option<std::time::Instant>,
+    ) -> Vec<(String, String)> {
+        let below = |s: &Arc<Staged>| under(&s.path(), prefix);
+        let mut st = lock(&self.state);
+        while st.queue.iter().chain(&st.in_flight).any(below) {
+            let wait = match until {
+                None => Duration::from_secs(1),
+                Some(t) => match t.checked_duration_since(std::time::Instant::now()) {
+                    Some(d) => d,
+                    None => break,
+                },
+            };
+            st = self
+                .changed
+                .wait_timeout(st, wait)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+        let (hit, kept) = std::mem::take(&mut st.failed)
+            .into_iter()
+            .partition(|(p, _)| under(p, prefix));
+        st.failed = kept;
+        hit
+    }
+}
+
+/// Whether `path` is `prefix` or below it.
+pub(super) fn under(path: &str, prefix: &str) -> bool {
+    prefix.is_empty()
+        || path == prefix
+        || path
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// Errors worth trying again: the server or the network, not the request.
+fn transient(e: &FsError) -> bool {
+    let fault = match e {
+        FsError::Remote(c) => c.fault(),
+        FsError::Publish(crate::transfer::publish::PublishError::Client(c)) => c.fault(),
+        FsError::Publish(crate::transfer::publish::PublishError::Transfer(
+            crate::transfer::TransferError::Rpc(c),
+        )) => c.fault(),
+        // The staged bytes themselves gone: no try brings them back.
+        FsError::Io(e) => return e.kind() != std::io::ErrorKind::NotFound,
+        FsError::Publish(_) | FsError::Transfer(_) | FsError::Task(_) => return true,
+        _ => return false,
+    };
+    matches!(
+        fault,
+        Fault::Unreachable
+            | Fault::Timeout
+            | Fault::Unavailable
+            | Fault::NoSpace
+            | Fault::Internal
+            | Fault::Unauthenticated
+    )
+}
+
+impl FsCore {
+    fn wb(&self) -> &Writeback {
+        &self.writeback
+    }
+
+    /// The last close of a written file: under write-back, journaled and queued (`true`); a
+    /// file with nothing to publish is dropped unless a queued publish still holds it.
+    /// Without the journal (`false`), the caller publishes.
+    pub(super) fn queue_publish(&self, s: &Arc<Staged>) -> FsResult<bool> {
+        if !self.wb().on() {
+            return Ok(false);
+        }
+        // Not under the publish lock: a publish in flight holds it while the server answers.
+        if s.unlinked.load(Ordering::SeqCst) || !s.dirty() {
+            self.retire(s);
+            return Ok(true);
+        }
+        self.wb().journal(s)?;
+        self.wb().push(s);
+        Ok(true)
+    }
+
+    /// A change to a file closed and queued (a chmod, `cp -p`'s utimens after its close):
+    /// journaled again and queued again.
+    pub(super) fn requeue(&self, s: &Arc<Staged>) -> FsResult<()> {
+        if s.opens.load(Ordering::SeqCst) == 0 && !self.queue_publish(s)? {
+            self.publish_staged(s)?;
+            self.retire(s);
+        }
+        Ok(())
+    }
+
+    /// Opens this mount's journal (records under `tag` in `db`), queues what an earlier agent
+    /// journaled there, and starts the flushers. With `--writeback` closes are queued from now
+    /// on; without, only what the journal held is published.
+    pub fn start_writeback(self: &Arc<Self>, db: Db, tag: Vec<u8>) -> FsResult<()> {
+        let journal = Journal { db, tag };
+        let replayed = self.replay_journal(&journal)?;
+        if !self.cfg.writeback && replayed == 0 {
+            return Ok(());
+        }
+        if self.cfg.writeback {
+            let _ = self.wb().journal.set(journal);
+        }
+        let mut st = lock(&self.wb().state);
+        while st.flushers < FLUSHERS {
+            st.flushers += 1;
+            let (wb, core) = (self.writeback.clone(), Arc::downgrade(self));
+            std::thread::Builder::new()
+                .name("kt-writeback".into())
+                .spawn(move || flusher(&wb, &core))?;
+        }
+        Ok(())
+    }
+
+    fn replay_journal(&self, j: &Journal) -> FsResult<usize> {
+        let mut records = Vec::new();
+        for (key, value) in j.db.scan_prefix(CF_WRITEBACK, &j.tag)? {
+            match serde_json::from_slice::<Record>(&value) {
+                Ok(r) => records.push((r, key)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "an unreadable write-back record is left as it is")
+                }
+            }
+        }
+        // The latest record of each key wins; an older one's publish was overtaken.
+        records.sort_by_key(|(r, _)| std::cmp::Reverse(r.seq));
+        let mut seen = std::collections::HashSet::new();
+        let mut n = 0;
+        for (r, key) in records {
+            let record = Journaled(j.db.clone(), key);
+            let disk = self.wb().staging.join(&r.data);
+            let stale = !seen.insert(r.key.clone())
+                || r.data.contains('/')
+                || r.data.is_empty()
+                || Self::check_key(&r.key).is_err();
+            if stale {
+                let _ = std::fs::remove_file(&disk);
+                record.remove();
+                continue;
+            }
+            let file = match std::fs::File::options().read(true).write(true).open(&disk) {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::warn!(key = %r.key, error = %e, "a journaled file's bytes are gone");
+                    record.remove();
+                    continue;
+                }
+            };
+            let s = Arc::new(Staged {
+                path: Mutex::new(r.key.clone()),
+                file: Mutex::new(StagedFile {
+                    file,
+                    disk,
+                    in_place: false,
+                }),
+                opens: AtomicUsize::new(0),
+                changes: AtomicU64::new(1),
+                published: AtomicU64::new(0),
+                unlinked: AtomicBool::new(false),
+                mode: AtomicU32::new(r.mode & 0o7777),
+                owner: Mutex::new((r.uid, r.gid)),
+                mtime: Mutex::new(time_of(r.mtime_sec, r.mtime_nsec)),
+                ctime: Mutex::new(SystemTime::now()),
+                publish_lock: Mutex::new(()),
+                queued: AtomicBool::new(false),
+                record: Mutex::new(Some(record)),
+                journaled: AtomicU64::new(1),
+            });
+            lock(&self.staged).insert(r.key.clone(), s.clone());
+            self.wb().push(&s);
+            n += 1;
+        }
+        if n > 0 {
+            tracing::info!(files = n, "publishing what an earlier agent journaled");
+        }
+        Ok(n)
+    }
+
+    /// Publishes one queued file; whether to wait before the next (the server is away).
+    fn flush_queued(&self, s: &Arc<Staged>) -> bool {
+        match self.publish_staged(s) {
+            Ok(()) => {
+                crate::metrics::WRITEBACK_PUBLISHED.inc();
+                self.wb().finished(s, None);
+                self.retire(s);
+                false
+            }
+            Err(e) if transient(&e) => {
+                crate::metrics::WRITEBACK_RETRIES.inc();
+                tracing::warn!(path = %s.path(), error = %e, "a queued publish failed; trying again");
+                self.wb().push(s);
+                self.wb().finished(s, None);
+                true
+            }
+            Err(e) => {
+                crate::metrics::WRITEBACK_FAILED.inc();
+                let kept = self.keep_failed(s);
+                tracing::error!(path = %s.path(), error = %e, kept = %kept.display(),
+                    "the store server refused a queued publish; its bytes are kept");
+                self.wb().finished(s, Some(e.to_string()));
+                self.forget_staged(s);
+                false
+            }
+        }
+    }
+
+    /// Moves a refused file's bytes to the staging directory's `failed/` and its record under
+    /// the journal's failed prefix, where an operator finds them.
+    fn keep_failed(&self, s: &Staged) -> PathBuf {
+        let _guard = lock(&s.publish_lock);
+        let disk = lock(&s.file).disk.clone();
+        let failed = self.wb().staging.join("failed");
+        let _ = std::fs::create_dir_all(&failed);
+        let name = disk.file_name().map(PathBuf::from).unwrap_or_default();
+        let kept = failed.join(&name);
+        if std::fs::rename(&disk, &kept).is_err() {
+            return disk;
+        }
+        if let (Some(rec), Some(j)) = (lock(&s.record).take(), self.wb().journal.get()) {
+            let moved = j.db.get(CF_WRITEBACK, &rec.1).ok().flatten().map(|v| {
+                j.db.put(CF_WRITEBACK, &j.failed_key(&name.to_string_lossy()), &v)
+            });
+            if let Some(Err(e)) = moved {
+                tracing::warn!(error = %e, "could not keep a refused write-back record");
+            }
+            rec.remove();
+        }
+        kept
+    }
+
+    /// Drops `s` once nothing holds it: no descriptor, and (unless unlinked, when nothing is
+    /// left to publish) no change to publish and no queued publish.
+    pub(super) fn retire(&self, s: &Arc<Staged>) {
+        if s.opens.load(Ordering::SeqCst) > 0 {
+            return;
+        }
+        if !s.unlinked.load(Ordering::SeqCst) {
+            let path = s.path();
+            let mut m = lock(&self.staged);
+            let idle = s.opens.load(Ordering::SeqCst) == 0
+                && !s.dirty()
+                && !s.queued.load(Ordering::SeqCst);
+            if !idle || !m.get(&path).is_some_and(|x| Arc::ptr_eq(x, s)) {
+                return;
+            }
+            m.remove(&path);
+        }
+        self.discard(s);
+    }
+
+    /// Forgets `s` from the map whatever holds it (its bytes were moved away).
+    fn forget_staged(&self, s: &Arc<Staged>) {
+        let path = s.path();
+        let mut m = lock(&self.staged);
+        if m.get(&path).is_some_and(|x| Arc::ptr_eq(x, s)) {
+            m.remove(&path);
+        }
+    }
+
+    /// `fsync` of a directory: every queued publish at or below it has landed, or the error
+    /// of one the server refused.
+    pub fn fsyncdir(&self, ino: u64) -> FsResult<()> {
+        let path = self.path_of(ino)?;
+        match self.wb().drain(&path, None).into_iter().next() {
+            None => Ok(()),
+            Some((p, why)) => Err(FsError::Io(std::io::Error::other(format!(
+                "the store server refused the publish of {p}: {why}"
+            )))),
+        }
+    }
+
+    /// At unmount: the queued publishes land, for `wait` at most (what is left stays in the
+    /// journal for the next agent).
+    pub(super) fn drain_writeback(&self, wait: Duration) {
+        let left = self.wb().drain("", Some(std::time::Instant::now() + wait));
+        for (p, why) in left {
+            tracing::error!(path = %p, error = %why, "a queued publish was refused");
+        }
+    }
+
+    /// Publishes now, in this thread, every staged file at or below `prefix` (a namespace
+    /// change is about to involve them).
+    pub(super) fn publish_below(&self, prefix: &str) -> FsResult<()> {
+        let below: Vec<Arc<Staged>> = lock(&self.staged)
+            .iter()
+            .filter(|(p, _)| under(p, prefix))
+            .map(|(_, s)| s.clone())
+            .collect();
+        for s in below {
+            self.publish_staged(&s)?;
+        }
+        Ok(())
+    }
+}
+
+fn flusher(wb: &Writeback, core: &Weak<FsCore>) {
+    let mut backoff = RETRY_FIRST;
+    while let Some(s) = wb.pop(core) {
+        let Some(c) = core.upgrade() else { return };
+        let wait = c.flush_queued(&s);
+        drop(c);
+        if wait {
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(RETRY_MAX);
+        } else {
+            backoff = RETRY_FIRST;
+        }
+    }
+}
