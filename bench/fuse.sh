@@ -17,7 +17,9 @@
 #   c. 10,000 small files (1-4 KiB, 100 directories): `cp -r` of a local tree into mount A, then
 #      everything read back through mount B (cold block cache: fetched from the store, then again
 #      after drop_caches with the blocks cached), against `cp -r` and the same read on local disk.
-#      No target.
+#      No target. The same with a mount W started with `--writeback` (its own trees, so nothing it
+#      writes is deduplicated against A's): the time until `cp -r` returns, and until an fsync of
+#      W's root (which waits for every queued publish) returns.
 # Peak RSS of each mount process (VmHWM, reset before each measured command) is recorded beside
 # each figure, with the CPU time of every process involved.
 #
@@ -186,10 +188,10 @@ head -c "$COLD_BYTES" /dev/urandom >"$LOCAL/cold.bin"
 python3 - "$LOCAL" "$RUNS" "$NFILES" "$NDIRS" <<'PY'
 import os, random, sys
 root, runs, nfiles, ndirs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-for r in range(1, runs + 1):
+for r, name in [(r, f"tree{r}") for r in range(1, runs + 1)] + [(100 + r, f"wtree{r}") for r in range(1, runs + 1)]:
     rng = random.Random(r)
     for i in range(nfiles):
-        d = os.path.join(root, f"tree{r}", f"d{i % ndirs:03d}")
+        d = os.path.join(root, name, f"d{i % ndirs:03d}")
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, f"f{i:05d}"), "wb") as f:
             f.write(os.urandom(rng.randint(1024, 4096)))
@@ -207,8 +209,10 @@ export KT_SERVER=$SERVER_ADDR
 log "kt server $SERVER_ADDR (pid $SERVER_PID)"
 start_mount A 127.0.0.2 --locale store
 start_mount B 127.0.0.3 --locale store
+start_mount W 127.0.0.4 --locale store --writeback
 MA=${MDIR[A]}
 MB=${MDIR[B]}
+MW=${MDIR[W]}
 mkdir "$MA/fuse"
 
 # ============================== (a) cached sequential read ======================================
@@ -307,7 +311,8 @@ done
 # ============================== (c) small files =================================================
 declare -a SL_CP_T SL_CP_O SM_CP_T SM_CP_A SM_CP_S SM_CP_HWM SM_CP_O
 declare -a SM_R_T SM_R_B SM_R_S SM_R_HWM SM_R_O SM_RR_T SM_RR_B SM_RR_S SM_RR_HWM SM_RR_O
-declare -a SL_R_T SL_R_O SL_RW_T SL_RW_O
+declare -a SL_R_T SL_R_O SL_RW_T SL_RW_O SW_CP_T SW_CP_W SW_CP_S SW_CP_HWM SW_CP_O SW_SYNC_T
+WSYNC='import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); os.fsync(fd)' 
 for run in $(seq "$RUNS"); do
     log "(c) run $run/$RUNS: $NFILES files"
     wait_quiet
@@ -322,6 +327,16 @@ for run in $(seq "$RUNS"); do
     SM_CP_T+=("$ELAPSED") SM_CP_A+=("$(cpu_of A)") SM_CP_S+=("$(cpu_of server)") SM_CP_HWM+=("$(hwm_of A)")
     SM_CP_O+=("$(other_s "$BUSY_S" "$CPU_S" "${SM_CP_A[-1]}" "${SM_CP_S[-1]}")")
     log "  cp -r into mount A: ${ELAPSED}s ($(fps "$NFILES" "$ELAPSED") files/s); cp ${CPU_S}, A ${SM_CP_A[-1]} ($(us_of A)), server ${SM_CP_S[-1]} CPU-s, other ${SM_CP_O[-1]}"
+
+    wait_quiet
+    snap W server
+    timed "wcp$run" cp -r "$LOCAL/wtree$run" "$MW/wb$run"
+    SW_CP_T+=("$ELAPSED")
+    timed "wsync$run" python3 -c "$WSYNC" "$MW"
+    SW_SYNC_T+=("$(awk -v a="${SW_CP_T[-1]}" -v b="$ELAPSED" 'BEGIN { printf "%.3f", a + b }')")
+    SW_CP_W+=("$(cpu_of W)") SW_CP_S+=("$(cpu_of server)") SW_CP_HWM+=("$(hwm_of W)")
+    SW_CP_O+=("$(other_s "$BUSY_S" "$CPU_S" "${SW_CP_W[-1]}" "${SW_CP_S[-1]}")")
+    log "  cp -r into write-back mount W: ${SW_CP_T[-1]}s; every publish landed after ${SW_SYNC_T[-1]}s; W ${SW_CP_W[-1]}, server ${SW_CP_S[-1]} CPU-s"
 
     sleep 1.1
     wait_quiet
@@ -353,6 +368,7 @@ for run in $(seq "$RUNS"); do
 done
 
 # ---- stop everything before writing (so a failure to unmount fails the run) ----------------------
+stop_mount W
 stop_mount B
 stop_mount A
 stop_server
@@ -371,6 +387,8 @@ if [[ -n $HAVE_FIO ]]; then
 fi
 sl_cp_m=$(median "${SL_CP_T[@]}")
 sm_cp_m=$(median "${SM_CP_T[@]}")
+sw_cp_m=$(median "${SW_CP_T[@]}")
+sw_sync_m=$(median "${SW_SYNC_T[@]}")
 sm_r_m=$(median "${SM_R_T[@]}")
 sm_rr_m=$(median "${SM_RR_T[@]}")
 sl_r_m=$(median "${SL_R_T[@]}")
@@ -466,6 +484,13 @@ R=$RUNS
         "create through mount A" "$sm_cp_m" "$(fps "$NFILES" "$sm_cp_m")" "$(ratio "$sm_cp_m" "$sl_cp_m")" \
         "A $(mibmax "${SM_CP_HWM[@]}") MiB" "A $(median "${SM_CP_A[@]}"); server $(median "${SM_CP_S[@]}")" \
         "$(runs_of "$R" "${SM_CP_T[@]}" "${SM_CP_O[@]}")"
+    printf '| %s | %s | %s | %s | %s | %s | %s |\n' \
+        "create through write-back mount W (until \`cp -r\` returns)" "$sw_cp_m" "$(fps "$NFILES" "$sw_cp_m")" "$(ratio "$sw_cp_m" "$sl_cp_m")" \
+        "W $(mibmax "${SW_CP_HWM[@]}") MiB" "W $(median "${SW_CP_W[@]}"); server $(median "${SW_CP_S[@]}") (cp and the drain)" \
+        "$(runs_of "$R" "${SW_CP_T[@]}" "${SW_CP_O[@]}")"
+    printf '| %s | %s | %s | %s | %s | %s | %s |\n' \
+        "(info) the same, until every publish landed (\`cp -r\`, then fsync of W's root)" "$sw_sync_m" "$(fps "$NFILES" "$sw_sync_m")" "$(ratio "$sw_sync_m" "$sl_cp_m")" \
+        "-" "-" "$(printf '%s ' "${SW_SYNC_T[@]}")"
     printf '| %s | %s | %s | %s | %s | %s | %s |\n' \
         "create on local disk" "$sl_cp_m" "$(fps "$NFILES" "$sl_cp_m")" "1.00" "-" "-" \
         "$(runs_of "$R" "${SL_CP_T[@]}" "${SL_CP_O[@]}")"

@@ -933,3 +933,97 @@ fn a_put_onto_its_key_sends_only_what_changed() {
     assert_eq!(swept["version"], torn["version"]);
     check(&src);
 }
+
+/// `PublishBatch` (a write-back mount's queue): each item is a publish of its own, answered
+/// item by item, so a refused item (a lying inline block, a file where a directory must be)
+/// refuses nothing else; the others are published, each at its own version.
+#[test]
+fn a_publish_batch_answers_each_item_and_refuses_only_the_bad_ones() {
+    use ktfs::proto::{
+        BlockRef, FileEntry, InlineBlock, Manifest, PublishBatchRequest, PublishRequest,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server("127.0.0.221", &dir.path().join("store"));
+    let item = |key: &str, data: &[u8], lie: bool| {
+        let hash = blake3::hash(data).as_bytes().to_vec();
+        let mut sent = data.to_vec();
+        if lie {
+            sent[0] ^= 1;
+        }
+        PublishRequest {
+            namespace: "default".into(),
+            key: key.into(),
+            manifest: Some(Manifest {
+                block_size: 4 << 20,
+                entries: vec![FileEntry {
+                    size: data.len() as u64,
+                    blocks: vec![BlockRef {
+                        hash: hash.clone(),
+                        len: data.len() as u32,
+                    }],
+                    mode: 0o644,
+                    ..Default::default()
+                }],
+            }),
+            inline_blocks: vec![InlineBlock { hash, data: sent }],
+            force: true,
+            ..Default::default()
+        }
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let results = rt.block_on(async {
+        let mut store =
+            ktfs::rpc::client::connect_store(&server.addr, &ktfs::rpc::Credential::none())
+                .await
+                .unwrap();
+        store
+            .publish_batch(PublishBatchRequest {
+                namespace: "default".into(),
+                items: vec![
+                    item("batch/a", b"first file", false),
+                    item("batch/liar", b"a lying block", true),
+                    item("batch/b", b"second file", false),
+                    // A file below the file batch/a: its directory is not one.
+                    item("batch/a/below", b"nowhere", false),
+                    item("batch/c", b"third file", false),
+                ],
+                watcher: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .results
+    });
+    let published: Vec<bool> = results.iter().map(|r| r.published.is_some()).collect();
+    assert_eq!(published, [true, false, true, false, true], "{results:?}");
+    assert_eq!(results[1].code, tonic::Code::InvalidArgument as i32);
+    assert!(
+        results[1].message.contains("does not match its hash"),
+        "{results:?}"
+    );
+    // Each published item's answer names its own entry, as a single publish's does.
+    let entry = results[2]
+        .published
+        .as_ref()
+        .unwrap()
+        .entry
+        .as_ref()
+        .unwrap();
+    assert_eq!(entry.size, b"second file".len() as u64);
+    let c = Cluster {
+        dir,
+        server,
+        ip: "127.0.0.221".into(),
+    };
+    for (key, want) in [
+        ("batch/a", "first file"),
+        ("batch/b", "second file"),
+        ("batch/c", "third file"),
+    ] {
+        let dest = c.path(&format!("got-{}", key.replace('/', "-")));
+        c.ok(None, &["get", key, "--dest", dest.to_str().unwrap()]);
+        assert_eq!(std::fs::read_to_string(&dest).unwrap(), want);
+    }
+    let names = ls_names(&c.json(None, &["ls", "batch"]));
+    assert_eq!(names, ["a", "b", "c"], "{names:?}");
+}

@@ -13,22 +13,76 @@ use super::staged::Staged;
 use super::{split, to_unix, FsCore, FsResult};
 use crate::locks::lock;
 use crate::manifest::{self, EntryKind, FileEntry, Manifest};
-use crate::proto::{InlineBlock, LocalFile, Locale, PublishRequest};
+use crate::proto::{InlineBlock, ListEntry, LocalFile, Locale, PublishRequest};
 use crate::rpc::MAX_INLINE_FILE;
 use crate::transfer::chunk::Chunking;
 use crate::transfer::publish::{self, Payload};
 use crate::transfer::upload;
 
+/// A staged file's publish, prepared under its publish lock: what to send, and what the
+/// answer settles.
+pub(super) struct Prepared {
+    pub(super) settle: Settle,
+    req: PublishRequest,
+    payload: Payload,
+}
+
+/// What a publish's answer settles: the path, the count of changes the publish took in, and
+/// the watcher it named.
+pub(super) struct Settle {
+    pub(super) path: String,
+    changes: u64,
+    pub(super) watcher: u64,
+}
+
+impl Prepared {
+    /// The request with its blocks inside, where it can go in a `PublishBatch` (a small file
+    /// for the store, sent inline); `Err(self)` otherwise.
+    pub(super) fn into_batch_item(self) -> Result<(PublishRequest, Settle), Box<Prepared>> {
+        match self.payload {
+            Payload::Inline(blocks) if self.req.locale() == Locale::Store => {
+                let mut req = self.req;
+                req.inline_blocks = blocks;
+                Ok((req, self.settle))
+            }
+            payload => Err(Box::new(Prepared { payload, ..self })),
+        }
+    }
+}
+
 impl FsCore {
     pub(super) fn publish_staged(&self, s: &Arc<Staged>) -> FsResult<()> {
         let _guard = lock(&s.publish_lock);
+        match self.prepare_publish(s)? {
+            Some(p) => self.send_publish(s, p),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends a prepared publish of `s` on its own, and settles it.
+    pub(super) fn send_publish(&self, s: &Staged, p: Prepared) -> FsResult<()> {
+        let mut store = self.store();
+        let done = self.block_on(publish::publish(
+            &mut store,
+            &self.cfg.server,
+            p.req,
+            p.payload,
+            &ProgressBar::hidden(),
+        ))?;
+        self.settle_publish(s, &p.settle, done.entry, done.parent);
+        Ok(())
+    }
+
+    /// What a publish of `s` sends (`None`: nothing to publish). The caller holds `s`'s
+    /// publish lock until [`FsCore::settle_publish`].
+    pub(super) fn prepare_publish(&self, s: &Arc<Staged>) -> FsResult<Option<Prepared>> {
         if s.unlinked.load(Ordering::SeqCst) {
             super::writeback::Writeback::forget(s);
-            return Ok(());
+            return Ok(None);
         }
         if !s.dirty() {
             super::writeback::Writeback::forget_if_clean(s);
-            return Ok(());
+            return Ok(None);
         }
         let path = s.path();
         let locale = self.locale_for(&path);
@@ -98,28 +152,41 @@ impl FsCore {
             watcher,
             ..Default::default()
         };
-        let mut store = self.store();
-        let done = self.block_on(publish::publish(
-            &mut store,
-            &self.cfg.server,
+        Ok(Some(Prepared {
+            settle: Settle {
+                path,
+                changes,
+                watcher,
+            },
             req,
             payload,
-            &ProgressBar::hidden(),
-        ))?;
-        s.published.fetch_max(changes, Ordering::SeqCst);
+        }))
+    }
+
+    /// After the server published what `settle` names: `s` is clean up to the changes it took
+    /// in, and this mount's caches take the change (as a recall would, but keeping the
+    /// directory's listing, with the new entry in it).
+    pub(super) fn settle_publish(
+        &self,
+        s: &Staged,
+        settle: &Settle,
+        entry: Option<ListEntry>,
+        parent: Option<ListEntry>,
+    ) {
+        let (path, watcher) = (settle.path.as_str(), settle.watcher);
+        s.published.fetch_max(settle.changes, Ordering::SeqCst);
         // Every change on the server now: nothing left to replay.
         super::writeback::Writeback::forget_if_clean(s);
-        match done.entry {
+        match entry {
             Some(e) if watcher != 0 => {
-                self.listings.own_publish(&path, e);
+                self.listings.own_publish(path, e);
                 // What the watch would have had the kernel forget: the directory's times.
-                self.kernel_forget_paths(&[split(&path).0, &path]);
+                self.kernel_forget_paths(&[split(path).0, path]);
             }
-            _ => self.invalidate(&[split(&path).0, &path]),
+            _ => self.invalidate(&[split(path).0, path]),
         }
-        self.invalidate_other_names(&path);
-        self.take_parent(&path, done.parent);
-        Ok(())
+        self.invalidate_other_names(path);
+        self.take_parent(path, parent);
     }
 
     /// Publishes a manifest with no blocks (a directory or a symlink) at `path`.

@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
@@ -35,8 +35,15 @@ use crate::db::Db;
 use crate::locks::lock;
 use crate::rpc::Fault;
 
-/// Publishes in flight at once: enough to keep the server's group commit batching.
-const FLUSHERS: usize = 8;
+/// Flushers, each with one request in flight: enough to keep the server's group commit
+/// batching while one batch is being prepared.
+const FLUSHERS: usize = 4;
+/// Small files one flusher sends in one `PublishBatch`, at most (the server's limit is 256
+/// and 8 MiB; a file sent inline is at most 64 KiB).
+const BATCH: usize = 64;
+/// How long a queued file may wait for others to fill its batch: a `cp -r` closes a file every
+/// few hundred microseconds, so a batch fills in a few milliseconds.
+const GATHER: Duration = Duration::from_millis(20);
 /// Queued files at most: a close past this waits for the queue to drain (the staged bytes are
 /// on local disk, and a queue without bound would put off the publishes without bound).
 pub const MAX_QUEUED: usize = 16_384;
@@ -63,7 +70,10 @@ struct Record {
 
 #[derive(Default)]
 struct State {
-    queue: VecDeque<Arc<Staged>>,
+    /// Queued files, with when each was queued.
+    queue: VecDeque<(Arc<Staged>, Instant)>,
+    /// Callers waiting for the queue to drain: no batch waits to fill meanwhile.
+    draining: usize,
     /// Files a flusher is publishing now.
     in_flight: Vec<Arc<Staged>>,
     /// Keys whose publish the server refused for good, with why: `fsync` of their directory
@@ -226,29 +236,38 @@ impl Writeback {
                 .wait(st)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
-        st.queue.push_back(s.clone());
+        st.queue.push_back((s.clone(), Instant::now()));
         crate::metrics::WRITEBACK_QUEUED.inc();
         self.changed.notify_all();
     }
 
-    /// The next file to publish, or `None` once the core is gone.
-    fn pop(&self, core: &Weak<FsCore>) -> Option<Arc<Staged>> {
+    /// The next files to publish (at most `max`), or `None` once the core is gone.
+    fn pop(&self, core: &Weak<FsCore>, max: usize) -> Option<Vec<Arc<Staged>>> {
         let mut st = lock(&self.state);
         loop {
-            if let Some(s) = st.queue.pop_front() {
-                st.in_flight.push(s.clone());
-                // A change from now on queues it again.
-                s.queued.store(false, Ordering::SeqCst);
+            let gathered = match st.queue.front() {
+                None => None,
+                Some(_) if st.queue.len() >= max || st.draining > 0 => Some(Duration::ZERO),
+                Some((_, at)) => Some(GATHER.saturating_sub(at.elapsed())),
+            };
+            if gathered == Some(Duration::ZERO) {
+                let n = st.queue.len().min(max);
+                let batch: Vec<Arc<Staged>> = st.queue.drain(..n).map(|(s, _)| s).collect();
+                for s in &batch {
+                    // A change from now on queues it again.
+                    s.queued.store(false, Ordering::SeqCst);
+                }
+                st.in_flight.extend(batch.iter().cloned());
                 self.changed.notify_all();
-                return Some(s);
+                return Some(batch);
             }
             if core.strong_count() == 0 {
                 return None;
             }
-            // Woken by a push; the timeout notices a core that went away.
+            // Woken by a push; the timeout fills a batch, or notices a core that went away.
             st = self
                 .changed
-                .wait_timeout(st, Duration::from_secs(1))
+                .wait_timeout(st, gathered.unwrap_or(Duration::from_secs(1)))
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .0;
         }
@@ -274,7 +293,15 @@ impl Writeback {
     ) -> Vec<(String, String)> {
         let below = |s: &Arc<Staged>| under(&s.path(), prefix);
         let mut st = lock(&self.state);
-        while st.queue.iter().chain(&st.in_flight).any(below) {
+        st.draining += 1;
+        self.changed.notify_all();
+        while st
+            .queue
+            .iter()
+            .map(|(s, _)| s)
+            .chain(&st.in_flight)
+            .any(below)
+        {
             let wait = match until {
                 None => Duration::from_secs(1),
                 Some(t) => match t.checked_duration_since(std::time::Instant::now()) {
@@ -288,6 +315,7 @@ impl Writeback {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .0;
         }
+        st.draining -= 1;
         let (hit, kept) = std::mem::take(&mut st.failed)
             .into_iter()
             .partition(|(p, _)| under(p, prefix));
@@ -448,9 +476,91 @@ impl FsCore {
         Ok(n)
     }
 
-    /// Publishes one queued file; whether to wait before the next (the server is away).
-    fn flush_queued(&self, s: &Arc<Staged>) -> bool {
-        match self.publish_staged(s) {
+    /// Publishes queued files: the small ones in one `PublishBatch`, others each on its own.
+    /// Whether to wait before the next (the server is away).
+    fn flush_queued(&self, batch: &[Arc<Staged>]) -> bool {
+        let mut errors: Vec<Option<FsError>> = (0..batch.len()).map(|_| None).collect();
+        {
+            let _guards: Vec<_> = batch.iter().map(|s| lock(&s.publish_lock)).collect();
+            let mut items = Vec::new();
+            for (i, s) in batch.iter().enumerate() {
+                match self.prepare_publish(s) {
+                    Ok(None) => {}
+                    Ok(Some(p)) => match p.into_batch_item() {
+                        Ok((req, settle)) => items.push((i, req, settle)),
+                        Err(p) => errors[i] = self.send_publish(s, *p).err(),
+                    },
+                    Err(e) => errors[i] = Some(e),
+                }
+            }
+            if !items.is_empty() {
+                for (i, e) in self.send_batch(batch, items) {
+                    errors[i] = Some(e);
+                }
+            }
+        }
+        let mut wait = false;
+        for (s, e) in batch.iter().zip(errors) {
+            wait |= self.flushed(s, e);
+        }
+        wait
+    }
+
+    /// One `PublishBatch` of prepared items (`(index in batch, request, settle)`); the errors
+    /// of those that failed, by index.
+    fn send_batch(
+        &self,
+        batch: &[Arc<Staged>],
+        items: Vec<(usize, crate::proto::PublishRequest, super::publish::Settle)>,
+    ) -> Vec<(usize, FsError)> {
+        // One watcher for all (each item named the one it saw when prepared).
+        let watcher = items.first().map_or(0, |(_, _, s)| s.watcher);
+        let (reqs, settles): (Vec<_>, Vec<_>) =
+            items.into_iter().map(|(i, r, s)| (r, (i, s))).unzip();
+        let mut store = self.store();
+        let sent = self.block_on(store.publish_batch(crate::proto::PublishBatchRequest {
+            namespace: self.ns(),
+            items: reqs,
+            watcher,
+        }));
+        let remote = |st: tonic::Status| FsError::Remote(crate::rpc::ClientError::from(st));
+        let results = match sent {
+            Ok(r) => r.into_inner().results,
+            Err(st) => {
+                let why = st.message().to_string();
+                return settles
+                    .into_iter()
+                    .map(|(i, _)| (i, remote(tonic::Status::new(st.code(), why.clone()))))
+                    .collect();
+            }
+        };
+        let mut failed = Vec::new();
+        let mut results = results.into_iter();
+        for (i, mut settle) in settles {
+            settle.watcher = watcher;
+            match results.next() {
+                Some(crate::proto::PublishResult {
+                    published: Some(p), ..
+                }) => self.settle_publish(&batch[i], &settle, p.entry, p.parent),
+                Some(r) => failed.push((
+                    i,
+                    remote(tonic::Status::new(tonic::Code::from(r.code), r.message)),
+                )),
+                None => failed.push((
+                    i,
+                    remote(tonic::Status::internal(
+                        "the server answered fewer items than sent",
+                    )),
+                )),
+            }
+        }
+        failed
+    }
+
+    /// What a publish of queued `s` came to: published, tried again later, or refused for
+    /// good. Whether to wait before the next.
+    fn flushed(&self, s: &Arc<Staged>, error: Option<FsError>) -> bool {
+        match error.map_or(Ok(()), Err) {
             Ok(()) => {
                 crate::metrics::WRITEBACK_PUBLISHED.inc();
                 self.wb().finished(s, None);
@@ -567,9 +677,9 @@ impl FsCore {
 
 fn flusher(wb: &Writeback, core: &Weak<FsCore>) {
     let mut backoff = RETRY_FIRST;
-    while let Some(s) = wb.pop(core) {
+    while let Some(batch) = wb.pop(core, BATCH) {
         let Some(c) = core.upgrade() else { return };
-        let wait = c.flush_queued(&s);
+        let wait = c.flush_queued(&batch);
         drop(c);
         if wait {
             std::thread::sleep(backoff);

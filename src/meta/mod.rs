@@ -26,6 +26,7 @@ use crate::proto::{KeyRecord, ListEntry, ListResponse, Locale, NodeInfo, PathAtt
 pub mod backend;
 pub mod collected;
 mod commit;
+pub use commit::Ticket;
 pub mod gc;
 mod gpu;
 mod keys;
@@ -462,6 +463,32 @@ impl MetaStore {
         ttl_secs: u64,
         force: bool,
     ) -> Result<Version, MetaError> {
+        let (version, ticket) =
+            self.publish_queued(ns, key, manifest, locale, origin, ttl_secs, force)?;
+        self.wait(ticket)?;
+        Ok(version)
+    }
+
+    /// Returns once the change of `ticket` is durable (or failed). Waiting for the last of
+    /// several queued changes makes all of them durable, in one sync where they were queued
+    /// together.
+    pub fn wait(&self, ticket: commit::Ticket) -> Result<(), MetaError> {
+        Ok(self.commits.wait(ticket, self.backend.as_ref())?)
+    }
+
+    /// [`MetaStore::publish`] without waiting for the change to be durable: its ticket, for
+    /// [`MetaStore::wait`] (a batch of publishes queues each, then waits once).
+    #[allow(clippy::too_many_arguments)]
+    pub fn publish_queued(
+        &self,
+        ns: &Namespace,
+        key: &KeyPath,
+        manifest: &Manifest,
+        locale: Locale,
+        origin: &str,
+        ttl_secs: u64,
+        force: bool,
+    ) -> Result<(Version, commit::Ticket), MetaError> {
         manifest::validate(manifest)?;
         if locale == Locale::Local && !self.node_alive(origin) {
             return Err(MetaError::BadRequest(format!(
@@ -517,8 +544,7 @@ impl MetaStore {
             manifest.clone(),
             &Lineage::fresh(locale, origin, ttl_secs, self.now_ms()),
         )?;
-        t.commit()?;
-        Ok(version)
+        Ok((version, t.submit()?))
     }
 
     pub fn locate(&self, ns: &Namespace, key: &KeyPath) -> Result<Loc, MetaError> {

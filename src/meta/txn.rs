@@ -617,7 +617,16 @@ impl<'m> Txn<'m> {
 
     /// Writes every pending change in one batch, and returns once it is durable. The write
     /// lock goes as soon as the batch is queued, so the next change plans while this one waits.
-    pub fn commit(mut self) -> Result<(), MetaError> {
+    pub fn commit(self) -> Result<(), MetaError> {
+        let meta = self.meta;
+        let ticket = self.submit()?;
+        meta.wait(ticket)
+    }
+
+    /// Queues every pending change as one batch and returns without waiting: the change is
+    /// visible to later plans at once, and durable once [`MetaStore::wait`] of its ticket
+    /// returned (so many changes can share one sync of the log).
+    pub fn submit(mut self) -> Result<super::commit::Ticket, MetaError> {
         let Some(guard) = self.guard.take() else {
             return Err(MetaError::BadRequest(
                 "a read-only view of the metadata cannot commit".into(),
@@ -625,8 +634,7 @@ impl<'m> Txn<'m> {
         };
         let ticket = self.meta.commits.submit(self.ops()?, self.epoch)?;
         drop(guard);
-        self.meta.commits.wait(ticket, self.meta.backend.as_ref())?;
-        Ok(())
+        Ok(ticket)
     }
 
     /// The writes the pending edits make.

@@ -25,6 +25,98 @@ use crate::rpc::status::{to_status, Fault};
 use crate::rpc::{self, MAX_INLINE_BYTES, MAX_INLINE_FILE};
 use crate::transfer::ticket::{self, Grant, TicketKey};
 
+/// Items of one `PublishBatch`, at most.
+const MAX_BATCH_ITEMS: usize = 256;
+/// Inline bytes of one `PublishBatch`, at most.
+const MAX_BATCH_INLINE: usize = 8 << 20;
+
+/// One item of a batch, checked as far as it can be before anything is stored.
+struct Item {
+    key: KeyPath,
+    manifest: Manifest,
+    inline: Vec<(BlockHash, Vec<u8>)>,
+    locale: Locale,
+    origin: String,
+    ttl_secs: u64,
+    force: bool,
+}
+
+fn check_item(r: PublishRequest) -> Result<Item, Status> {
+    let key = parse_key(&r.key)?;
+    let locale = r.locale();
+    if locale != Locale::Store {
+        return Err(invalid("a batch publishes locale=store items only"));
+    }
+    if r.patch.is_some() {
+        return Err(invalid("a batch item carries a manifest, not a patch"));
+    }
+    let manifest = r.manifest.ok_or_else(|| invalid("manifest missing"))?;
+    let inline = checked_inline(r.inline_blocks)?;
+    check_inline_lengths(&key, &manifest, &inline)?;
+    Ok(Item {
+        key,
+        manifest,
+        inline,
+        locale,
+        origin: r.origin_node,
+        ttl_secs: r.ttl_secs,
+        force: r.force,
+    })
+}
+
+/// Publishes the items of a batch: each queued as a change of its own, then all made durable
+/// with one wait (one sync of the log where nothing else interleaves), then answered each.
+fn publish_items(
+    meta: &MetaStore,
+    ns: &Namespace,
+    items: Vec<Result<Item, Status>>,
+) -> Vec<PublishResult> {
+    let queued: Vec<Result<(KeyPath, Version, crate::meta::Ticket), Status>> = items
+        .into_iter()
+        .map(|item| {
+            let i = item?;
+            for (hash, data) in &i.inline {
+                meta.blocks().put(hash, data).map_err(MetaError::from)?;
+            }
+            let (v, t) = meta.publish_queued(
+                ns,
+                &i.key,
+                &i.manifest,
+                i.locale,
+                &i.origin,
+                i.ttl_secs,
+                i.force,
+            )?;
+            Ok((i.key, v, t))
+        })
+        .collect();
+    queued
+        .into_iter()
+        .map(|q| {
+            let (key, version, ticket) = q?;
+            meta.wait(ticket)?;
+            let parent = key.as_str().rsplit_once('/').map(|(p, _)| p);
+            let parent = parent.map(KeyPath::parse).transpose().ok().flatten();
+            Ok(PublishResponse {
+                version: version.0.to_vec(),
+                parent: meta.list_dir_only(ns, parent.as_ref())?.dir,
+                entry: meta.list_dir_only(ns, Some(&key))?.dir,
+            })
+        })
+        .map(|r: Result<PublishResponse, Status>| match r {
+            Ok(p) => PublishResult {
+                published: Some(p),
+                ..Default::default()
+            },
+            Err(s) => PublishResult {
+                published: None,
+                code: s.code() as i32,
+                message: s.message().to_string(),
+            },
+        })
+        .collect()
+}
+
 /// Inline blocks of a publish, each checked against its hash.
 fn checked_inline(blocks: Vec<InlineBlock>) -> Result<Vec<(BlockHash, Vec<u8>)>, Status> {
     let total: usize = blocks.iter().map(|b| b.data.len()).sum();
@@ -475,6 +567,45 @@ impl Store for StoreHandler {
             parent,
             entry,
         }))
+    }
+
+    async fn publish_batch(
+        &self,
+        req: Request<PublishBatchRequest>,
+    ) -> Result<Response<PublishBatchResponse>, Status> {
+        let ns = namespace_for(&req, &req.get_ref().namespace)?;
+        let r = req.into_inner();
+        if r.items.len() > MAX_BATCH_ITEMS {
+            return Err(invalid(format!(
+                "{} items in one batch; at most {MAX_BATCH_ITEMS}",
+                r.items.len()
+            )));
+        }
+        let total: usize = r
+            .items
+            .iter()
+            .flat_map(|i| &i.inline_blocks)
+            .map(|b| b.data.len())
+            .sum();
+        if total > MAX_BATCH_INLINE {
+            return Err(invalid(format!(
+                "{total} bytes of inline blocks in one batch; at most {MAX_BATCH_INLINE}"
+            )));
+        }
+        // What can be checked before anything is stored, item by item.
+        let checked: Vec<Result<Item, Status>> = r.items.into_iter().map(check_item).collect();
+        let keys = checked
+            .iter()
+            .filter_map(|c| c.as_ref().ok())
+            .map(|i| i.key.to_string())
+            .collect();
+        let change = self.change(&ns, keys);
+        let meta = self.meta.clone();
+        let nsb = ns.clone();
+        let results = blocking(move || Ok(publish_items(&meta, &nsb, checked))).await?;
+        self.tell_except(change, r.watcher).await;
+        tracing::info!(namespace = %ns, items = results.len(), "published a batch");
+        Ok(Response::new(PublishBatchResponse { results }))
     }
 
     async fn publish_gpu(
