@@ -4,7 +4,9 @@
 #   mount:  `cp -r` of FILES files of 4 KiB (in 20 directories) into a `kt mount` (every close
 #           is a publish, one at a time);
 #   mount8: the same 20 directories, 8 `cp -r` at once (concurrent publishes through one mount);
-#   put:   the same files, each its own `kt put`, CLIENTS at once (concurrent publishes).
+#   put:   the same files, each its own `kt put`, CLIENTS at once (concurrent publishes);
+#   wb:    `cp -r` into a `kt mount --writeback`, then an fsync of the mount's root (which waits
+#          for every queued publish); a baseline without `--writeback` runs the plain mount.
 # The server's CPU is utime+stime from /proc/PID/stat over the workload alone (the server and
 # mount are started and ready before it), divided by the files published.
 #
@@ -78,9 +80,11 @@ stop_all() {
 measure() {
     local bin=$1 how=$2 t0 t1 s0 s1 syncs
     start_server "$bin"
-    if [[ $how == mount* ]]; then
+    if [[ $how == mount* || $how == wb ]]; then
+        local wb=()
+        [[ $how == wb ]] && "$bin" mount --help | grep -q -- --writeback && wb=(--writeback)
         "$bin" mount "$W/mnt" --server "$ADDR" --listen "$IP:0" --cache-dir "$W/cache" \
-            --socket "$W/agent.sock" --node-id pubcpu > "$W/mount.log" 2>&1 &
+            --socket "$W/agent.sock" --node-id pubcpu "${wb[@]}" > "$W/mount.log" 2>&1 &
         PIDS+=("$!")
         # The agent listens before the filesystem is mounted.
         ready "$W/mount.log" "mounted at"
@@ -91,6 +95,9 @@ measure() {
     s0=$(date +%s.%N)
     if [[ $how == mount ]]; then
         cp -r "$SRC" "$W/mnt/x"
+    elif [[ $how == wb ]]; then
+        cp -r "$SRC" "$W/mnt/x"
+        python3 -c 'import os, sys; os.fsync(os.open(sys.argv[1], os.O_RDONLY))' "$W/mnt"
     elif [[ $how == mount8 ]]; then
         # Each into a directory of the mount's root of its own: no cp waits on a directory
         # another one makes.
@@ -138,9 +145,10 @@ rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
     echo "$FILES files of 4 KiB published; \`mount\` is \`cp -r\` of $DIRS directories into a \`kt mount\`"
     echo "(one publish per close, one at a time), \`mount8\` the same with 8 \`cp -r\` of one directory"
     echo "each at once; \`put\` is one \`kt put\` per file, $CLIENTS at once"
-    echo "(each a new process and connection, so the server's CPU includes a connection per publish)."
-    echo "Syncs per publish: WAL fsyncs of metadata batches (the baseline syncs none: its publishes"
-    echo "were acknowledged before they were on disk). Peak RSS is the server's VmHWM, largest over the rounds."
+    echo "(each a new process and connection, so the server's CPU includes a connection per publish);"
+    echo "\`wb\` is \`cp -r\` into a \`kt mount --writeback\` and an fsync of its root (every publish"
+    echo "landed; a baseline without the flag runs the plain mount)."
+    echo "Syncs per publish: WAL fsyncs of metadata batches. Peak RSS is the server's VmHWM, largest over the rounds."
     echo
     echo "| workload | baseline ms CPU/publish | new ms CPU/publish | new / baseline | wall s baseline | wall s new | syncs/publish (new) | peak RSS baseline / new |"
     echo "|---|---:|---:|---:|---:|---:|---:|---|"
