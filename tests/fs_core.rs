@@ -368,3 +368,33 @@ fn a_block_whose_length_the_manifest_lies_about_is_an_error_for_every_reader() {
     );
     assert!(!dest.exists());
 }
+
+/// Under write-back, a queued publish the store server refuses for good (another node made
+/// the file's directory a file meanwhile) loses nothing: its bytes are kept in the staging
+/// directory's `failed/`, and an fsync of the directory reports the refusal, once.
+#[test]
+fn a_refused_queued_publish_keeps_its_bytes_and_the_directorys_fsync_says_so() {
+    let rig = Rig::new();
+    let w = rig.writeback_core(b"refused\0");
+    let other = rig.core();
+    let d = w.mkdir(ROOT, "d", 0o755).unwrap();
+    let (_, fh) = w.create(d.ino, "f", 0o644, libc::O_WRONLY).unwrap();
+    w.write(fh, 0, b"precious bytes").unwrap();
+    // Meanwhile another node removes the (still empty) directory and writes a file there.
+    other.rmdir(ROOT, "d").unwrap();
+    write_file(&other, ROOT, "d", b"a file now");
+    // The close returns at once; the publish fails in the background.
+    w.flush(fh).unwrap();
+    w.release(fh).unwrap();
+    assert_eq!(errno(w.fsyncdir(ROOT)), libc::EIO);
+    w.fsyncdir(ROOT).unwrap();
+    let failed = rig.dir.path().join("agent/staging/failed");
+    let kept: Vec<Vec<u8>> = std::fs::read_dir(&failed)
+        .unwrap()
+        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(kept, [b"precious bytes".to_vec()]);
+    // What the other node wrote stands.
+    let d = other.lookup(ROOT, "d").unwrap();
+    assert_eq!(read_all(&other, d.ino), b"a file now");
+}

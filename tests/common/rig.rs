@@ -95,6 +95,24 @@ impl Rig {
         self.core_with(false)
     }
 
+    /// A core whose closes are queued and published in the background (`--writeback`), with
+    /// its journal in the agent's database under `tag`.
+    pub fn writeback_core(&self, tag: &[u8]) -> Arc<FsCore> {
+        let mut cfg = self.agent.fs_config(
+            Namespace::parse("default").unwrap(),
+            Locale::Store,
+            false,
+            0,
+        );
+        cfg.clock = self.clock.shared();
+        cfg.writeback = true;
+        let core =
+            Arc::new(FsCore::new(cfg, self.rt.handle().clone(), self.blocks.clone()).unwrap());
+        core.start_writeback(self.blocks.db().clone(), tag.to_vec())
+            .unwrap();
+        core
+    }
+
     /// `kt ARGS` against this rig's store server.
     pub fn kt(&self, args: &[&str]) -> String {
         let out = std::process::Command::new(super::kt_bin())
