@@ -18,33 +18,7 @@ fn pid(m: &MountProc) -> i32 {
 
 /// A store server and two mounts of it, A on `ip_a` and B on `ip_b`, both watching.
 fn two_nodes(ip_a: &str, ip_b: &str) -> (Cluster, MountProc, MountProc) {
-    let c = Cluster::new(ip_a);
-    let a = start_mount(
-        ip_a,
-        &c.server.addr,
-        &c.path("a"),
-        &format!("{ip_a}-a"),
-        &[],
-    );
-    let b = start_mount(
-        ip_b,
-        &c.server.addr,
-        &c.path("b"),
-        &format!("{ip_b}-b"),
-        &[],
-    );
-    watchers(&c.server.addr, 2.0);
-    (c, a, b)
-}
-
-/// Waits until `n` mounts watch the server's namespaces.
-fn watchers(server: &str, n: f64) {
-    assert!(
-        eventually(Duration::from_secs(10), || metric(server, "kt_watchers")
-            == n),
-        "{n} watchers: {}",
-        metric(server, "kt_watchers")
-    );
+    two_watching_mounts(ip_a, ip_b, &[])
 }
 
 #[test]

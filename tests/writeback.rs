@@ -16,25 +16,7 @@ use common::*;
 /// A store server, a write-back mount A on `ip_a` and a plain mount B on `ip_b`, both
 /// watching.
 fn nodes(ip_a: &str, ip_b: &str) -> (Cluster, MountProc, MountProc) {
-    let c = Cluster::new(ip_a);
-    let a = start_mount(
-        ip_a,
-        &c.server.addr,
-        &c.path("a"),
-        &format!("{ip_a}-a"),
-        &["--writeback"],
-    );
-    let b = start_mount(
-        ip_b,
-        &c.server.addr,
-        &c.path("b"),
-        &format!("{ip_b}-b"),
-        &[],
-    );
-    assert!(eventually(Duration::from_secs(10), || {
-        metric(&c.server.addr, "kt_watchers") == 2.0
-    }));
-    (c, a, b)
+    two_watching_mounts(ip_a, ip_b, &["--writeback"])
 }
 
 /// Holds the store server stopped until [`Stopped::resume`] (or drop, a failed assertion

@@ -226,11 +226,17 @@ impl Writeback {
 
     /// Queues `s` unless it is queued or being published, waiting while the queue is full.
     fn push(&self, s: &Arc<Staged>) {
+        self.push_with(s, true);
+    }
+
+    /// [`Writeback::push`]; a flusher putting back what failed does not wait for room (only
+    /// flushers make room).
+    fn push_with(&self, s: &Arc<Staged>, wait_for_room: bool) {
         let mut st = lock(&self.state);
         if s.queued.swap(true, Ordering::SeqCst) {
             return;
         }
-        while st.queue.len() >= MAX_QUEUED {
+        while wait_for_room && st.queue.len() >= MAX_QUEUED {
             st = self
                 .changed
                 .wait(st)
@@ -467,7 +473,8 @@ impl FsCore {
                 journaled: AtomicU64::new(1),
             });
             lock(&self.staged).insert(r.key.clone(), s.clone());
-            self.wb().push(&s);
+            // No flusher runs yet to make room.
+            self.wb().push_with(&s, false);
             n += 1;
         }
         if n > 0 {
@@ -570,7 +577,7 @@ impl FsCore {
             Err(e) if transient(&e) => {
                 crate::metrics::WRITEBACK_RETRIES.inc();
                 tracing::warn!(path = %s.path(), error = %e, "a queued publish failed; trying again");
-                self.wb().push(s);
+                self.wb().push_with(s, false);
                 self.wb().finished(s, None);
                 true
             }

@@ -341,6 +341,42 @@ pub fn start_mount(ip: &str, server: &str, dir: &Path, node_id: &str, extra: &[&
     }
 }
 
+/// A store server and two mounts of it, A on `ip_a` (with `a_args`) and B on `ip_b`, once both
+/// watch the server's namespace.
+pub fn two_watching_mounts(
+    ip_a: &str,
+    ip_b: &str,
+    a_args: &[&str],
+) -> (Cluster, MountProc, MountProc) {
+    let c = Cluster::new(ip_a);
+    let a = start_mount(
+        ip_a,
+        &c.server.addr,
+        &c.path("a"),
+        &format!("{ip_a}-a"),
+        a_args,
+    );
+    let b = start_mount(
+        ip_b,
+        &c.server.addr,
+        &c.path("b"),
+        &format!("{ip_b}-b"),
+        &[],
+    );
+    watchers(&c.server.addr, 2.0);
+    (c, a, b)
+}
+
+/// Waits until `n` mounts watch the server's namespaces.
+pub fn watchers(server: &str, n: f64) {
+    assert!(
+        eventually(Duration::from_secs(10), || metric(server, "kt_watchers")
+            == n),
+        "{n} watchers: {}",
+        metric(server, "kt_watchers")
+    );
+}
+
 impl MountProc {
     pub fn path(&self, rel: &str) -> PathBuf {
         self.mountpoint.join(rel)

@@ -21,7 +21,7 @@ const HANG: Duration = Duration::from_secs(10);
 /// Calls in one input at most: enough to publish, then resolve, rename, link and remove.
 const MAX_CALLS: usize = 16;
 /// The RPCs of `service Store`, in the order a call's first byte picks them.
-pub const RPCS: usize = 20;
+pub const RPCS: usize = 21;
 
 struct Server {
     client: StoreClient<Channel>,
@@ -278,6 +278,44 @@ async fn call(c: &mut StoreClient<Channel>, pick: usize, body: &[u8]) {
         }
         18 => {
             let _ = rpc!(c.finish_gpu_window(decoded!(GpuFinishRequest, body)));
+        }
+        19 => {
+            let req = decoded!(PublishBatchRequest, body);
+            let (ns, keys) = (
+                req.namespace.clone(),
+                req.items.iter().map(|i| i.key.clone()).collect::<Vec<_>>(),
+            );
+            if let Some(done) = rpc!(c.publish_batch(req)) {
+                assert_eq!(
+                    done.results.len(),
+                    keys.len(),
+                    "a batch answered another count"
+                );
+                for (i, (key, r)) in keys.iter().zip(&done.results).enumerate() {
+                    match &r.published {
+                        // The key's last item in the batch is what it resolves to.
+                        Some(p) if !keys[i + 1..].contains(key) => {
+                            let found = resolve(c, &ns, key).await;
+                            assert_eq!(
+                                found.version, p.version,
+                                "{key:?} resolves to another version"
+                            );
+                        }
+                        Some(_) => {}
+                        None => {
+                            let code = Code::from(r.code);
+                            assert!(
+                                !matches!(
+                                    code,
+                                    Code::Internal | Code::Unknown | Code::DataLoss | Code::Ok
+                                ),
+                                "a batch item: the server failed: {code:?} {}",
+                                r.message
+                            );
+                        }
+                    }
+                }
+            }
         }
         _ => {
             let _ = rpc!(c.swarm_sync(decoded!(SwarmSyncRequest, body)));

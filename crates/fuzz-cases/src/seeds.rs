@@ -279,6 +279,32 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ]
         .concat(),
     ));
+    // A batch: two good items, one below a file (refused alone), one key twice.
+    let item = |key: &str| PublishRequest {
+        key: key.into(),
+        ..publish.clone()
+    };
+    out.push((
+        "grpc_handlers",
+        "publish-batch",
+        [
+            call(0, &node),
+            call(
+                19,
+                &PublishBatchRequest {
+                    namespace: "team-a".into(),
+                    items: vec![
+                        item("batch/a"),
+                        item("batch/a/below"),
+                        item("batch/b"),
+                        item("batch/a"),
+                    ],
+                    watcher: 0,
+                },
+            ),
+        ]
+        .concat(),
+    ));
     out.push((
         "grpc_handlers",
         "directory-and-broadcast",
