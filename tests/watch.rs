@@ -137,3 +137,26 @@ fn a_write_through_one_name_of_a_hard_linked_file_reaches_its_other_names_elsewh
     assert_eq!(std::fs::metadata(b.path("p/y")).unwrap().len(), 13);
     assert_eq!(std::fs::read(b.path("p/y")).unwrap(), b"a longer text");
 }
+
+/// A mount's own publishes are not told back to it (they name its watcher): its cached listing
+/// of a directory takes each new file instead of being forgotten, so writing many files into
+/// one directory lists it about once, not twice per file (a `cp -r` listed each directory again
+/// after every file, O(n) each, before).
+#[test]
+fn a_mount_writing_many_files_into_a_directory_lists_it_about_once() {
+    let (c, a, b) = two_nodes("127.0.0.222", "127.0.0.223");
+    let agent = a.proc.as_ref().expect("running").addr.clone();
+    std::fs::create_dir(a.path("many")).unwrap();
+    let before = metric(&agent, "kt_mount_metadata_requests_total");
+    for i in 0..100 {
+        std::fs::write(a.path(&format!("many/f{i}")), b"x").unwrap();
+    }
+    let asked = metric(&agent, "kt_mount_metadata_requests_total") - before;
+    assert!(
+        asked <= 20.0,
+        "{asked} metadata requests for 100 files written"
+    );
+    // And the other mount was told of each: it sees all of them.
+    assert_eq!(std::fs::read_dir(b.path("many")).unwrap().count(), 100);
+    assert_eq!(metric(&c.server.addr, "kt_watch_lapsed_total"), 0.0);
+}
