@@ -1027,3 +1027,120 @@ fn a_publish_batch_answers_each_item_and_refuses_only_the_bad_ones() {
     let names = ls_names(&c.json(None, &["ls", "batch"]));
     assert_eq!(names, ["a", "b", "c"], "{names:?}");
 }
+
+/// `ResolveMany` (a mount opening the small files of a directory): each key answered as a
+/// `Resolve` of its own would be, a missing or malformed key refusing only itself, the bytes of
+/// small files inline while the answer holds at most 1 MiB of them, and at most 256 keys.
+#[test]
+fn a_resolve_of_many_keys_answers_each_as_its_own_resolve_and_inlines_at_most_a_mib() {
+    use ktfs::proto::{
+        BlockRef, FileEntry, InlineBlock, Manifest, PublishBatchRequest, PublishRequest,
+        ResolveManyRequest, ResolveRequest,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server("127.0.0.237", &dir.path().join("store"));
+    let item = |i: usize| {
+        let data = pseudo_random(60 << 10, i as u64);
+        let hash = blake3::hash(&data).as_bytes().to_vec();
+        PublishRequest {
+            namespace: "default".into(),
+            key: format!("many/f{i:02}"),
+            manifest: Some(Manifest {
+                block_size: 4 << 20,
+                entries: vec![FileEntry {
+                    size: data.len() as u64,
+                    blocks: vec![BlockRef {
+                        hash: hash.clone(),
+                        len: data.len() as u32,
+                    }],
+                    mode: 0o644,
+                    ..Default::default()
+                }],
+            }),
+            inline_blocks: vec![InlineBlock { hash, data }],
+            force: true,
+            ..Default::default()
+        }
+    };
+    let mut keys: Vec<String> = (0..20).map(|i| format!("many/f{i:02}")).collect();
+    keys.extend(["many/none".to_string(), "many//bad".to_string()]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut store =
+            ktfs::rpc::client::connect_store(&server.addr, &ktfs::rpc::Credential::none())
+                .await
+                .unwrap();
+        let published = store
+            .publish_batch(PublishBatchRequest {
+                namespace: "default".into(),
+                items: (0..20).map(item).collect(),
+                watcher: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(published.results.iter().all(|r| r.published.is_some()));
+        let many = store
+            .resolve_many(ResolveManyRequest {
+                namespace: "default".into(),
+                keys: keys.clone(),
+                inline_up_to: 64 << 10,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .results;
+        assert_eq!(many.len(), keys.len());
+        let mut inline = Vec::new();
+        for (key, r) in keys[..20].iter().zip(&many) {
+            let found = r
+                .resolved
+                .as_ref()
+                .unwrap_or_else(|| panic!("{key}: {r:?}"));
+            let alone = store
+                .resolve(ResolveRequest {
+                    namespace: "default".into(),
+                    key: key.clone(),
+                    inline_up_to: 64 << 10,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(found.version, alone.version, "{key}");
+            assert_eq!(found.manifest, alone.manifest, "{key}");
+            assert_eq!(alone.inline_blocks.len(), 1, "{key} alone comes inline");
+            inline.push(
+                found
+                    .inline_blocks
+                    .iter()
+                    .map(|b| b.data.len())
+                    .sum::<usize>(),
+            );
+        }
+        // 17 files of 60 KiB fit in 1 MiB; the rest are answered without their bytes.
+        assert_eq!(inline[..17], [60 << 10; 17]);
+        assert_eq!(inline[17..], [0; 3]);
+        assert!(many[20].resolved.is_none());
+        assert_eq!(
+            many[20].code,
+            tonic::Code::NotFound as i32,
+            "{:?}",
+            many[20]
+        );
+        assert_eq!(
+            many[21].code,
+            tonic::Code::InvalidArgument as i32,
+            "{:?}",
+            many[21]
+        );
+        let too_many = store
+            .resolve_many(ResolveManyRequest {
+                namespace: "default".into(),
+                keys: vec!["many/f00".into(); 257],
+                inline_up_to: 0,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(too_many.code(), tonic::Code::InvalidArgument);
+    });
+}

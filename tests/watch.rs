@@ -160,3 +160,40 @@ fn a_mount_writing_many_files_into_a_directory_lists_it_about_once() {
     assert_eq!(std::fs::read_dir(b.path("many")).unwrap().count(), 100);
     assert_eq!(metric(&c.server.addr, "kt_watch_lapsed_total"), 0.0);
 }
+
+/// A mount reading a directory of small files it never opened asks for their versions a
+/// batch at a time (an open resolves, with its own file, the small files after it, their bytes
+/// inline), and a file changed on another node after it was resolved ahead, but before it was
+/// opened here, still opens as its new version.
+#[test]
+fn a_mount_reading_a_directory_of_small_files_resolves_them_a_batch_at_a_time() {
+    let (c, a, b) = two_nodes("127.0.0.235", "127.0.0.236");
+    let agent = b.proc.as_ref().expect("running").addr.clone();
+    std::fs::create_dir(a.path("small")).unwrap();
+    let body = |i: usize, what: &str| format!("{what} {i:03} ").repeat(200);
+    for i in 0..100 {
+        std::fs::write(a.path(&format!("small/f{i:03}")), body(i, "first")).unwrap();
+    }
+    assert_eq!(std::fs::read_dir(b.path("small")).unwrap().count(), 100);
+    let before = metric(&agent, "kt_mount_metadata_requests_total");
+    assert_eq!(
+        std::fs::read_to_string(b.path("small/f000")).unwrap(),
+        body(0, "first")
+    );
+    // f010 was resolved ahead with f000; it changes before B opens it.
+    std::fs::write(a.path("small/f010"), body(10, "second")).unwrap();
+    for i in 1..100 {
+        let want = if i == 10 { "second" } else { "first" };
+        assert_eq!(
+            std::fs::read_to_string(b.path(&format!("small/f{i:03}"))).unwrap(),
+            body(i, want),
+            "f{i:03}"
+        );
+    }
+    let asked = metric(&agent, "kt_mount_metadata_requests_total") - before;
+    assert!(
+        asked <= 10.0,
+        "{asked} metadata requests to read 100 small files"
+    );
+    assert_eq!(metric(&c.server.addr, "kt_watch_lapsed_total"), 0.0);
+}

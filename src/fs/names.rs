@@ -7,6 +7,7 @@
 //! before they are published.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound::{Excluded, Unbounded};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -116,6 +117,41 @@ impl Listings {
         if leased && self.keep(since) {
             resolved.insert(path.to_string(), r);
         }
+    }
+
+    /// Small files (their bytes fit in a resolve) that follow `path` in its directory's cached listing and whose versions
+    /// are not kept yet, at most `max` of them and `budget` bytes in all: what a reader going
+    /// through the directory (cat, cp -r, tar: in name order, as listed) opens next. None
+    /// without the lease, under which alone resolved versions are kept.
+    pub(super) fn next_small_files(&self, path: &str, max: usize, budget: u64) -> Vec<String> {
+        if max == 0 || !self.leased() {
+            return Vec::new();
+        }
+        let (dir, name) = super::split(path);
+        let Some(entries) = self.fresh(dir) else {
+            return Vec::new();
+        };
+        let resolved = lock(&self.resolved);
+        let mut left = budget;
+        let mut out = Vec::new();
+        for (n, e) in entries.range::<str, _>((Excluded(name), Unbounded)) {
+            if out.len() >= max {
+                break;
+            }
+            let small = e.size <= u64::from(crate::rpc::MAX_INLINE_FILE);
+            if e.is_directory || e.kind() != EntryKind::File || e.expires_unix_ms != 0 || !small {
+                continue;
+            }
+            let Some(rest) = left.checked_sub(e.size) else {
+                break;
+            };
+            let p = join(dir, n);
+            if !resolved.contains_key(&p) {
+                left = rest;
+                out.push(p);
+            }
+        }
+        out
     }
 
     /// The store server told of a change at or below `path` (`""`: anywhere): what this mount
@@ -765,5 +801,65 @@ mod tests {
         remove_tree(&mut m, "a");
         let left: Vec<&str> = m.keys().map(String::as_str).collect();
         assert_eq!(left, ["a-b", "a.b", "a0", "ab", "b"]);
+    }
+
+    fn file(size: u64) -> ListEntry {
+        ListEntry {
+            kind: EntryKind::File as i32,
+            size,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_small_files_after_an_open_one_are_its_directory_s_next_under_the_lease_only() {
+        let l = Listings::new(crate::clock::system());
+        let mut entries: BTreeMap<String, ListEntry> = BTreeMap::new();
+        for (name, e) in [
+            ("a", file(10)),
+            ("b", file(10)),
+            ("c", file(100 << 10)), // too big to come inline
+            (
+                "d",
+                ListEntry {
+                    is_directory: true,
+                    kind: EntryKind::Directory as i32,
+                    ..Default::default()
+                },
+            ),
+            (
+                "e",
+                ListEntry {
+                    expires_unix_ms: 1,
+                    ..file(10)
+                },
+            ),
+            ("f", file(10)),
+            ("g", file(10)),
+            ("h", file(30)),
+        ] {
+            entries.insert(name.into(), e);
+        }
+        let entries = Arc::new(entries);
+        l.put("dir", entries.clone(), l.epoch());
+        assert!(l.next_small_files("dir/a", 8, 1000).is_empty(), "no lease");
+        // (A lease that begins forgets what was cached before it.)
+        l.lease_until(Instant::now() + Duration::from_secs(60));
+        l.put("dir", entries, l.epoch());
+        assert_eq!(
+            l.next_small_files("dir/a", 8, 1000),
+            ["dir/b", "dir/f", "dir/g", "dir/h"]
+        );
+        assert_eq!(l.next_small_files("dir/a", 2, 1000), ["dir/b", "dir/f"]);
+        // The budget stops it at the first file that does not fit.
+        assert_eq!(
+            l.next_small_files("dir/a", 8, 35),
+            ["dir/b", "dir/f", "dir/g"]
+        );
+        // What is kept already is not asked for again.
+        let kept = Arc::new(crate::proto::ResolveResponse::default());
+        l.put_resolved("dir/f", kept, l.epoch());
+        assert_eq!(l.next_small_files("dir/b", 8, 1000), ["dir/g", "dir/h"]);
+        assert!(l.next_small_files("other/a", 8, 1000).is_empty());
     }
 }

@@ -29,6 +29,8 @@ use crate::transfer::ticket::{self, Grant, TicketKey};
 const MAX_BATCH_ITEMS: usize = 256;
 /// Inline bytes of one `PublishBatch`, at most.
 const MAX_BATCH_INLINE: usize = 8 << 20;
+/// Keys of one `ResolveMany`, at most.
+const MAX_RESOLVE_MANY: usize = 256;
 
 /// One item of a batch, checked as far as it can be before anything is stored.
 struct Item {
@@ -208,6 +210,46 @@ fn inline_file(
     Ok(out)
 }
 
+/// What `Resolve` answers for `key`, but its read ticket.
+fn resolve_key(
+    meta: &MetaStore,
+    ns: &Namespace,
+    key: &KeyPath,
+    inline_up_to: u32,
+) -> Result<ResolveResponse, MetaError> {
+    let found = meta.resolve(ns, key)?;
+    let version = Version::from_slice(&found.record.version)
+        .ok_or_else(|| MetaError::Corrupt("version".into()))?;
+    // A GPU key's bytes are in its holder's buffers: no source of blocks.
+    let sources = if found.record.kind() == EntryKind::Gpu {
+        Vec::new()
+    } else {
+        meta.sources(&version, &found.record)?
+    };
+    let rec = found.record;
+    let inline_blocks = if rec.locale() == Locale::Store {
+        inline_file(meta.blocks(), &found.manifest, inline_up_to)?
+    } else {
+        Vec::new()
+    };
+    Ok(ResolveResponse {
+        key: found.key,
+        version: rec.version.clone(),
+        locale: rec.locale,
+        origin_node: rec.origin_node.clone(),
+        size: crate::manifest::total_size(&found.manifest),
+        files: crate::manifest::file_count(&found.manifest),
+        manifest: Some(found.manifest),
+        sources,
+        created_unix_ms: rec.created_unix_ms,
+        expires_unix_ms: rec.expires_unix_ms,
+        subpath: found.subpath,
+        inline_blocks,
+        gpu: rec.gpu,
+        ticket: Vec::new(),
+    })
+}
+
 /// The gRPC handler; sockets and shutdown belong to [`StoreServerProcess`].
 pub struct StoreHandler {
     pub(super) meta: Arc<MetaStore>,
@@ -286,6 +328,13 @@ impl StoreHandler {
             .as_ref()
             .map(|k| k.issue(grant, ttl).to_vec())
             .unwrap_or_default()
+    }
+
+    /// Fills a resolve's read ticket: what fetches of its version's blocks present.
+    fn grant_read(&self, resp: &mut ResolveResponse) {
+        if let Some(v) = Version::from_slice(&resp.version) {
+            resp.ticket = self.ticket(&Grant::Read(v), ticket::READ_TTL);
+        }
     }
 
     fn windows(&self) -> std::sync::MutexGuard<'_, Broadcasts> {
@@ -637,44 +686,56 @@ impl Store for StoreHandler {
         let r = req.into_inner();
         let key = parse_key(&r.key)?;
         let meta = self.meta.clone();
-        let mut resp = blocking(move || {
-            let found = meta.resolve(&ns, &key)?;
-            let version = Version::from_slice(&found.record.version)
-                .ok_or_else(|| MetaError::Corrupt("version".into()))?;
-            // A GPU key's bytes are in its holder's buffers: no source of blocks.
-            let sources = if found.record.kind() == EntryKind::Gpu {
-                Vec::new()
-            } else {
-                meta.sources(&version, &found.record)?
-            };
-            let rec = found.record;
-            let inline_blocks = if rec.locale() == Locale::Store {
-                inline_file(meta.blocks(), &found.manifest, r.inline_up_to)?
-            } else {
-                Vec::new()
-            };
-            Ok(ResolveResponse {
-                key: found.key,
-                version: rec.version.clone(),
-                locale: rec.locale,
-                origin_node: rec.origin_node.clone(),
-                size: crate::manifest::total_size(&found.manifest),
-                files: crate::manifest::file_count(&found.manifest),
-                manifest: Some(found.manifest),
-                sources,
-                created_unix_ms: rec.created_unix_ms,
-                expires_unix_ms: rec.expires_unix_ms,
-                subpath: found.subpath,
-                inline_blocks,
-                gpu: rec.gpu,
-                ticket: Vec::new(),
-            })
+        let mut resp = blocking(move || resolve_key(&meta, &ns, &key, r.inline_up_to)).await?;
+        self.grant_read(&mut resp);
+        Ok(Response::new(resp))
+    }
+
+    async fn resolve_many(
+        &self,
+        req: Request<ResolveManyRequest>,
+    ) -> Result<Response<ResolveManyResponse>, Status> {
+        let ns = namespace_for(&req, &req.get_ref().namespace)?;
+        let r = req.into_inner();
+        if r.keys.len() > MAX_RESOLVE_MANY {
+            return Err(invalid(format!(
+                "{} keys in one call; at most {MAX_RESOLVE_MANY}",
+                r.keys.len()
+            )));
+        }
+        let meta = self.meta.clone();
+        let mut results = blocking(move || {
+            let mut inline_left = MAX_INLINE_BYTES;
+            let results = r
+                .keys
+                .iter()
+                .map(|k| {
+                    let key = parse_key(k)?;
+                    let up_to = r.inline_up_to.min(inline_left as u32);
+                    let found = resolve_key(&meta, &ns, &key, up_to)?;
+                    let sent: usize = found.inline_blocks.iter().map(|b| b.data.len()).sum();
+                    inline_left = inline_left.saturating_sub(sent);
+                    Ok(found)
+                })
+                .map(|r: Result<ResolveResponse, Status>| match r {
+                    Ok(found) => ResolveResult {
+                        resolved: Some(found),
+                        ..Default::default()
+                    },
+                    Err(s) => ResolveResult {
+                        resolved: None,
+                        code: s.code() as i32,
+                        message: s.message().to_string(),
+                    },
+                })
+                .collect::<Vec<_>>();
+            Ok(results)
         })
         .await?;
-        if let Some(v) = Version::from_slice(&resp.version) {
-            resp.ticket = self.ticket(&Grant::Read(v), ticket::READ_TTL);
+        for found in results.iter_mut().filter_map(|r| r.resolved.as_mut()) {
+            self.grant_read(found);
         }
-        Ok(Response::new(resp))
+        Ok(Response::new(ResolveManyResponse { results }))
     }
 
     async fn list(&self, req: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {

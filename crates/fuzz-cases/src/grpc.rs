@@ -21,7 +21,7 @@ const HANG: Duration = Duration::from_secs(10);
 /// Calls in one input at most: enough to publish, then resolve, rename, link and remove.
 const MAX_CALLS: usize = 16;
 /// The RPCs of `service Store`, in the order a call's first byte picks them.
-pub const RPCS: usize = 21;
+pub const RPCS: usize = 22;
 
 struct Server {
     client: StoreClient<Channel>,
@@ -317,8 +317,44 @@ async fn call(c: &mut StoreClient<Channel>, pick: usize, body: &[u8]) {
                 }
             }
         }
-        _ => {
+        20 => {
             let _ = rpc!(c.swarm_sync(decoded!(SwarmSyncRequest, body)));
+        }
+        _ => {
+            let req = decoded!(ResolveManyRequest, body);
+            let (ns, keys) = (req.namespace.clone(), req.keys.clone());
+            let Some(done) = rpc!(c.resolve_many(req)) else {
+                return;
+            };
+            assert_eq!(done.results.len(), keys.len(), "answers to another count");
+            let mut inline = 0;
+            for (key, r) in keys.iter().zip(&done.results) {
+                match &r.resolved {
+                    // Each answer is what a resolve of its own answers.
+                    Some(found) => {
+                        let alone = resolve(c, &ns, key).await;
+                        assert_eq!(found.version, alone.version, "{key:?}: another version");
+                        assert_eq!(found.subpath, alone.subpath, "{key:?}: another subpath");
+                        inline += found
+                            .inline_blocks
+                            .iter()
+                            .map(|b| b.data.len())
+                            .sum::<usize>();
+                    }
+                    None => {
+                        let code = Code::from(r.code);
+                        assert!(
+                            !matches!(
+                                code,
+                                Code::Internal | Code::Unknown | Code::DataLoss | Code::Ok
+                            ),
+                            "{key:?}: the server failed: {code:?} {}",
+                            r.message
+                        );
+                    }
+                }
+            }
+            assert!(inline <= 1 << 20, "{inline} bytes inline in one answer");
         }
     }
 }

@@ -305,6 +305,36 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ]
         .concat(),
     ));
+    // Many keys at once: two published, one missing, one malformed.
+    out.push((
+        "grpc_handlers",
+        "resolve-many",
+        [
+            call(0, &node),
+            call(
+                19,
+                &PublishBatchRequest {
+                    namespace: "team-a".into(),
+                    items: vec![item("many/a"), item("many/b")],
+                    watcher: 0,
+                },
+            ),
+            call(
+                21,
+                &ResolveManyRequest {
+                    namespace: "team-a".into(),
+                    keys: vec![
+                        "many/a".into(),
+                        "many/none".into(),
+                        "many//bad".into(),
+                        "many/b".into(),
+                    ],
+                    inline_up_to: 65536,
+                },
+            ),
+        ]
+        .concat(),
+    ));
     out.push((
         "grpc_handlers",
         "directory-and-broadcast",
