@@ -467,6 +467,9 @@ fn a_laptop_presents_a_token_the_api_issued_never_its_own() {
         ("alice".into(), vec!["api".into(), "ktfs".into()]),
     );
     world.service_accounts.push("team-a/default".into());
+    world.service_accounts.push("team-a/builder".into());
+    let store_svc = world.services["kt-system/kt-store"].clone();
+    world.services.insert("kt-system/other".into(), store_svc);
     let api = FakeApi::start("127.0.0.189", world);
     let _server = spawn_ready(&[
         "server",
@@ -511,6 +514,38 @@ fn a_laptop_presents_a_token_the_api_issued_never_its_own() {
         "no token of ServiceAccount team-b/default for the store server: cannot create \
          serviceaccounts/token team-b/default (Forbidden)",
     );
+    // The ServiceAccount and the store's Service named by the environment, as the Python
+    // package names them (it has no flags).
+    let outside_env = |env: &[(&str, &str)], args: &[&str]| {
+        let mut a = args.to_vec();
+        a.extend(["--kubeconfig", cfg.to_str().unwrap()]);
+        kt_as("127.0.0.189:1", &none, env, &a)
+    };
+    let ls = ok(outside_env(
+        &[
+            ("KT_SERVICE_ACCOUNT", "builder"),
+            ("KT_STORE_SERVICE", "kt-system/other:7447"),
+        ],
+        &["ls", "svc", "-n", "team-a", "--json"],
+    ));
+    assert!(ls.contains("\"w\""), "{ls}");
+    assert!(api
+        .seen
+        .lock()
+        .unwrap()
+        .issued
+        .values()
+        .any(|(user, _)| user == "system:serviceaccount:team-a:builder"));
+    let out = outside_env(
+        &[("KT_STORE_SERVICE", "kt-system/missing:7447")],
+        &["ls", "svc", "-n", "team-a"],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("cannot reach the store server kt-system/missing:7447"),
+        "{}",
+        stderr(&out)
+    );
     // The kubeconfig's own credential never reached the store server.
     let seen = api.seen.lock().unwrap();
     assert!(!seen.reviews.is_empty());
@@ -519,8 +554,8 @@ fn a_laptop_presents_a_token_the_api_issued_never_its_own() {
         "{:?}",
         seen.reviews
     );
-    assert!(seen.reviews.iter().all(|r| r["token"]
-        .as_str()
-        .unwrap()
-        .starts_with("issued-team-a-default-")));
+    assert!(seen
+        .reviews
+        .iter()
+        .all(|r| r["token"].as_str().unwrap().starts_with("issued-team-a-")));
 }

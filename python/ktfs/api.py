@@ -2,8 +2,12 @@
 
 Files and directories go through the ktfs library in-process (``ktfs._native``); the store
 server, the namespace and this node's agent are found as ``kt`` finds them (``KT_SERVER``,
-``KT_NAMESPACE`` or the pod's namespace, ``KT_AGENT``), or given per call. Every call releases
-the GIL while it transfers, and Ctrl-C ends it cleanly (no half-written destination).
+``KT_NAMESPACE`` or the pod's namespace, ``KT_AGENT``), or given per call. With
+``kubeconfig_path`` (or ``KT_KUBECONFIG``) from outside the cluster, the store server is reached
+by port-forward through the Kubernetes API and a token of a ServiceAccount of the namespace is
+presented; ``KT_CONTEXT``, ``KT_STORE_SERVICE`` and ``KT_SERVICE_ACCOUNT`` choose the context,
+the store's Service and the ServiceAccount, as for ``kt``. Every call releases the GIL while it
+transfers, and Ctrl-C ends it cleanly (no half-written destination).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use ktfs::k8s::tokens::{self, ServiceAccountName};
+use ktfs::k8s::outside::Outside;
 use ktfs::k8s::{api, env};
 use ktfs::key::{KeyPath, Namespace};
 use ktfs::manifest::DEFAULT_BLOCK_SIZE;
@@ -195,56 +195,32 @@ fn target(
 
 impl Target {
     /// With a kubeconfig, a port-forward to the store server (kept by the caller for the call's
-    /// length) and the server is its local end.
+    /// length) and the server is its local end. The context, the store's Service and the
+    /// ServiceAccount come from the environment, as for `kt` (`KT_CONTEXT`, `KT_STORE_SERVICE`,
+    /// `KT_SERVICE_ACCOUNT`): the reference API has no parameters for them.
     async fn reach(&mut self) -> Result<Option<api::Forward>, Failure> {
         let Some(path) = &self.kubeconfig else {
             return Ok(None);
         };
-        let fwd = api::reach_store(path, None, api::DEFAULT_STORE_SERVICE)
+        let outside = Outside::from_env(path.clone());
+        let fwd = outside
+            .forward()
             .await
-            .map_err(|e| {
-                Failure::of(
-                    Some(Fault::Unreachable),
-                    format!(
-                        "cannot reach the store server {}: {e}",
-                        api::DEFAULT_STORE_SERVICE
-                    ),
-                )
-            })?;
+            .map_err(|e| Failure::of(Some(Fault::Unreachable), e))?;
         self.server = fwd.addr.to_string();
         let given = ["KT_TOKEN", "KT_TOKEN_FILE"]
             .iter()
             .any(|k| std::env::var_os(k).is_some());
         if !given {
-            self.credential = requested_token(path, &self.namespace).await?;
+            let denied = |e: String| Failure::of(Some(Fault::Denied), e);
+            self.credential = match outside.token(self.namespace.as_str()).await {
+                Ok(Some(token)) => Credential::token(&token).map_err(|e| denied(e.to_string()))?,
+                Ok(None) => Credential::none(),
+                Err(e) => return Err(denied(e.to_string())),
+            };
         }
         Ok(Some(fwd))
     }
-}
-
-/// A token of the namespace's `default` ServiceAccount, asked of the API with the kubeconfig's
-/// own credentials (which never reach the store server).
-async fn requested_token(
-    kubeconfig: &std::path::Path,
-    ns: &Namespace,
-) -> Result<Credential, Failure> {
-    let sa = ServiceAccountName {
-        namespace: ns.to_string(),
-        name: tokens::DEFAULT_SERVICE_ACCOUNT.into(),
-    };
-    let denied = |e: String| {
-        Failure::of(
-            Some(Fault::Denied),
-            format!("no token of ServiceAccount {sa} for the store server: {e}"),
-        )
-    };
-    let client = api::client_from_kubeconfig(kubeconfig, None)
-        .await
-        .map_err(|e| denied(e.to_string()))?;
-    let token = tokens::request(client, &sa, tokens::AUDIENCE, 3600)
-        .await
-        .map_err(|e| denied(e.to_string()))?;
-    Credential::token(&token).map_err(|e| denied(e.to_string()))
 }
 
 fn window(

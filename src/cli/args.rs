@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
-use ktfs::k8s::{api, env, tokens};
+use ktfs::k8s::{api, env, outside, tokens};
 use ktfs::manifest::DEFAULT_BLOCK_SIZE;
 use ktfs::proto::{Locale, WindowSpec};
 
@@ -178,18 +178,19 @@ pub struct Common {
     #[arg(long, env = "KT_KUBECONFIG", global = true)]
     pub kubeconfig: Option<PathBuf>,
     /// The kubeconfig context (default: its current context).
-    #[arg(long, global = true)]
+    #[arg(long, env = outside::ENV_CONTEXT, global = true)]
     pub context: Option<String>,
     /// The store server's Service, NAMESPACE/NAME:PORT, for --kubeconfig.
-    #[arg(long, default_value = api::DEFAULT_STORE_SERVICE, global = true)]
+    #[arg(long, env = outside::ENV_STORE_SERVICE, default_value = api::DEFAULT_STORE_SERVICE, global = true)]
     pub store_service: String,
     /// A file holding the token to present to the store server (`KT_TOKEN` gives the token
     /// itself). Default: in a pod, its projected ktfs or ServiceAccount token; with
     /// --kubeconfig, a token the Kubernetes API issues for --service-account.
     #[arg(long, env = "KT_TOKEN_FILE", global = true)]
     pub token_file: Option<PathBuf>,
-    /// With --kubeconfig: the ServiceAccount of the target namespace whose token to ask for.
-    #[arg(long, default_value = tokens::DEFAULT_SERVICE_ACCOUNT, global = true)]
+    /// With --kubeconfig: the ServiceAccount of the target namespace whose token to ask for
+    /// ("": none, for a store server without authentication).
+    #[arg(long, env = outside::ENV_SERVICE_ACCOUNT, default_value = tokens::DEFAULT_SERVICE_ACCOUNT, global = true)]
     pub service_account: String,
 }
 

@@ -1,9 +1,8 @@
 //! The client commands: put, get, ls, rm, window, attach, detach.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
-use ktfs::k8s::api;
-use ktfs::k8s::tokens::{self, ServiceAccountName};
+use ktfs::k8s::outside::{Outside, OutsideError};
 use ktfs::key::{KeyPath, Namespace};
 use ktfs::manifest::MAX_BLOCK_SIZE;
 use ktfs::proto::{
@@ -27,7 +26,7 @@ pub(super) fn namespace(c: &Common) -> Result<Namespace> {
 /// How a command reaches the store server: through a port-forward with `--kubeconfig` (it
 /// lasts as long as this value), presenting `credential`.
 pub(super) struct Reached {
-    _forward: Option<api::Forward>,
+    _forward: Option<ktfs::k8s::api::Forward>,
     /// Blocks come from the store only: from outside, the nodes' agents are not reachable.
     pub outside: bool,
     pub credential: Credential,
@@ -47,9 +46,13 @@ async fn reach_store(c: &mut Common) -> Result<Reached> {
             credential,
         });
     };
-    let fwd = api::reach_store(&path, c.context.as_deref(), &c.store_service)
-        .await
-        .with_context(|| format!("cannot reach the store server {}", c.store_service))?;
+    let outside = Outside {
+        kubeconfig: path,
+        context: c.context.clone(),
+        store_service: c.store_service.clone(),
+        service_account: c.service_account.clone(),
+    };
+    let fwd = outside.forward().await?;
     if c.verbose {
         eprintln!(
             "store server {} through pod {} at {}",
@@ -60,46 +63,29 @@ async fn reach_store(c: &mut Common) -> Result<Reached> {
     let credential = if given {
         Credential::from_environment(c.token_file.as_deref())?
     } else {
-        requested_token(c, &path).await?
+        let ns = namespace(c)?;
+        match outside.token(ns.as_str()).await {
+            Ok(Some(token)) => {
+                if c.verbose {
+                    eprintln!(
+                        "presenting a token of ServiceAccount {}",
+                        outside.account(ns.as_str())
+                    );
+                }
+                Credential::token(&token)?
+            }
+            Ok(None) => Credential::none(),
+            Err(e @ OutsideError::Denied { .. }) => {
+                return Err(CliError::Denied(e.to_string()).into())
+            }
+            Err(e) => return Err(e.into()),
+        }
     };
     Ok(Reached {
         _forward: Some(fwd),
         outside: true,
         credential,
     })
-}
-
-/// A token of `--service-account` in the target namespace, for an hour (none with
-/// `--service-account ""`, for a store server without authentication).
-async fn requested_token(c: &Common, kubeconfig: &std::path::Path) -> Result<Credential> {
-    if c.service_account.is_empty() {
-        return Ok(Credential::none());
-    }
-    let sa = ServiceAccountName {
-        namespace: namespace(c)?.to_string(),
-        name: c.service_account.clone(),
-    };
-    let client = api::client_from_kubeconfig(kubeconfig, c.context.as_deref()).await?;
-    let token = tokens::request(client, &sa, tokens::AUDIENCE, 3600)
-        .await
-        .map_err(|e| {
-            CliError::Denied(format!(
-                "no token of ServiceAccount {sa} for the store server: {}",
-                short_api_error(&e)
-            ))
-        })?;
-    if c.verbose {
-        eprintln!("presenting a token of ServiceAccount {sa}");
-    }
-    Ok(Credential::token(&token)?)
-}
-
-/// The API's own message, without the debug dump kube appends to it.
-fn short_api_error(e: &ktfs::k8s::api::ClusterError) -> String {
-    match e {
-        api::ClusterError::Api(kube::Error::Api(s)) => format!("{} ({})", s.message, s.reason),
-        other => other.to_string(),
-    }
 }
 
 pub async fn put(mut a: PutArgs) -> Result<()> {
