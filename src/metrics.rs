@@ -172,6 +172,11 @@ pub static MOUNT_METADATA_REQUESTS: Counter = Counter::new(
     "",
     "Listings and resolves a mount asked the store server for (what its caches did not answer).",
 );
+pub static READDIRPLUS_NAMES: Counter = Counter::new(
+    "kt_mount_readdirplus_names_total",
+    "",
+    "Names a mount listed with their attributes (READDIRPLUS), which the kernel need not look up.",
+);
 pub static WRITEBACK_QUEUED: Counter = Counter::new(
     "kt_writeback_queued_total",
     "",
@@ -223,8 +228,9 @@ pub static FUSE_RELEASE_SECONDS: Histogram = Histogram::new(
     "Time of a filesystem operation in the mount's core.",
 );
 
-static COUNTERS: [&Counter; 22] = [
+static COUNTERS: [&Counter; 23] = [
     &MOUNT_METADATA_REQUESTS,
+    &READDIRPLUS_NAMES,
     &WRITEBACK_QUEUED,
     &WRITEBACK_PUBLISHED,
     &WRITEBACK_RETRIES,

@@ -155,6 +155,11 @@ fn each_failure_has_its_errno() {
         libc::EINVAL
     );
     assert_eq!(errno(core.getxattr(d.ino, "user.kt.locale")), libc::ENODATA);
+    assert_eq!(errno(core.getxattr(d.ino, "user.other")), libc::ENODATA);
+    // No ACLs and no security labels: `ls -l` stops asking for them once told so.
+    for name in ["security.selinux", "system.posix_acl_access", "trusted.x"] {
+        assert_eq!(errno(core.getxattr(f, name)), libc::ENOTSUP, "{name}");
+    }
     core.setxattr(d.ino, "user.kt.locale", b"local").unwrap();
     assert_eq!(core.getxattr(d.ino, "user.kt.locale").unwrap(), b"local");
     assert_eq!(core.listxattr(d.ino).unwrap(), b"user.kt.locale\0");

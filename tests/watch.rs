@@ -197,3 +197,35 @@ fn a_mount_reading_a_directory_of_small_files_resolves_them_a_batch_at_a_time() 
     );
     assert_eq!(metric(&c.server.addr, "kt_watch_lapsed_total"), 0.0);
 }
+
+/// `ls -l` of a directory another node wrote: the listing comes with every name's attributes
+/// (READDIRPLUS), so the kernel looks none of the names up, and the sizes are right.
+#[test]
+fn a_listing_brings_its_names_attributes_so_ls_l_looks_none_up() {
+    let (_c, a, b) = two_nodes("127.0.0.238", "127.0.0.239");
+    let agent = b.proc.as_ref().expect("running").addr.clone();
+    std::fs::create_dir(a.path("listed")).unwrap();
+    for i in 0..50 {
+        std::fs::write(a.path(&format!("listed/f{i:02}")), vec![b'x'; i]).unwrap();
+    }
+    // B looks the directory itself up first; from here on only its names are counted.
+    assert!(b.path("listed").is_dir());
+    let looked_up = || metric(&agent, "kt_fuse_op_seconds_count{op=\"lookup\"}");
+    let (before, listed) = (
+        looked_up(),
+        metric(&agent, "kt_mount_readdirplus_names_total"),
+    );
+    let mut sizes: Vec<(String, u64)> = std::fs::read_dir(b.path("listed"))
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            (e.file_name().into_string().unwrap(), m.len())
+        })
+        .collect();
+    sizes.sort();
+    let want: Vec<(String, u64)> = (0..50).map(|i| (format!("f{i:02}"), i as u64)).collect();
+    assert_eq!(sizes, want);
+    assert_eq!(looked_up() - before, 0.0, "the kernel looked names up");
+    assert!(metric(&agent, "kt_mount_readdirplus_names_total") - listed >= 50.0);
+}

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime};
 use fuser::{
     AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
     Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use super::{Attr, Caller, FsCore, FsError, Kind, PageCache};
@@ -146,6 +146,10 @@ impl Filesystem for FuseAdapter {
         let mmap = config
             .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
             .is_ok();
+        // Listings with attributes: the kernel asks for them on a directory's first read, or
+        // when its names were being looked up (AUTO), plain listings otherwise.
+        let _ = config
+            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
         self.bypass_mmap.store(mmap, Ordering::Relaxed);
         let abi = config.kernel_abi();
         *lock(&self.init) = Some(FuseInit {
@@ -460,6 +464,45 @@ impl Filesystem for FuseAdapter {
             Ok(entries) => {
                 for (next, e) in entries {
                     if reply.add(INodeNo(e.ino), next, file_type(e.kind), &e.name) {
+                        break;
+                    }
+                }
+                reply.ok()
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// A listing with each name's attributes, as if each were looked up: `ls -l` and the opens
+    /// after a `find` need no LOOKUP of their own (while the entries' TTL holds).
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        match self.core.readdir(ino.0, fh.0, offset) {
+            Ok(entries) => {
+                for (next, e) in entries {
+                    // A name gone since the listing was taken is left out.
+                    let Ok(a) = self.core.readdirplus_attr(ino.0, &e) else {
+                        continue;
+                    };
+                    let full = reply.add(
+                        INodeNo(a.ino),
+                        next,
+                        &e.name,
+                        &TTL,
+                        &file_attr(&a),
+                        Generation(0),
+                    );
+                    if full {
+                        // Not sent, so not counted by the kernel.
+                        if e.name != "." && e.name != ".." {
+                            self.core.forget(a.ino, 1);
+                        }
                         break;
                     }
                 }

@@ -635,6 +635,10 @@ impl FsCore {
 
     pub fn lookup(&self, parent: u64, name: &str) -> FsResult<Attr> {
         let _t = crate::metrics::Timer::start(&crate::metrics::FUSE_LOOKUP_SECONDS);
+        self.look_up(parent, name)
+    }
+
+    fn look_up(&self, parent: u64, name: &str) -> FsResult<Attr> {
         let path = self.child(parent, name)?;
         let mut attr = self.stat_path(&path)?;
         attr.ino = self.inodes().lookup(&path);
@@ -755,6 +759,19 @@ impl FsCore {
     }
 
     /// Entries of an open directory from `offset` on (`.` and `..` first).
+    /// The attributes READDIRPLUS gives with an entry of directory `dir`: a name's as its
+    /// lookup gives them, and counted as a lookup (the kernel counts it as one, and forgets it
+    /// later); the dot entries' uncounted (the kernel takes no reference for them).
+    pub fn readdirplus_attr(&self, dir: u64, e: &DirEntry) -> FsResult<Attr> {
+        match e.name.as_str() {
+            "." | ".." => self.getattr(e.ino),
+            name => {
+                crate::metrics::READDIRPLUS_NAMES.inc();
+                self.look_up(dir, name)
+            }
+        }
+    }
+
     pub fn readdir(&self, ino: u64, fh: u64, offset: u64) -> FsResult<Vec<(u64, DirEntry)>> {
         let Handle::Dir(entries) = self.handle_or_reopen(ino, fh, true)? else {
             return Err(FsError::BadHandle);

