@@ -30,7 +30,14 @@ fn a_change_on_one_node_is_seen_by_the_next_lookup_on_another() {
         let name = format!("d/n{i}");
         // B looks first: its listing of d, without the name, is cached.
         assert!(std::fs::metadata(b.path(&name)).is_err());
+        let listed = |n: &str| {
+            std::fs::read_dir(b.path("d"))
+                .unwrap()
+                .any(|e| e.unwrap().file_name() == n)
+        };
+        assert!(!listed(&format!("n{i}")));
         std::fs::write(a.path(&name), format!("round {i}")).unwrap();
+        assert!(listed(&format!("n{i}")), "round {i}: not listed");
         // A's close returned: B was told, and its next lookup asks again.
         assert_eq!(
             std::fs::read_to_string(b.path(&name)).unwrap(),
@@ -106,14 +113,16 @@ fn while_its_lease_holds_a_mount_answers_lookups_from_what_it_cached() {
     std::fs::metadata(a.path("x/y/f")).unwrap();
     assert!(std::fs::metadata(a.path("x/y/missing")).is_err());
     assert_eq!(std::fs::read(a.path("x/y/f")).unwrap(), b"cached");
+    assert_eq!(std::fs::read_dir(a.path("x/y")).unwrap().count(), 1);
     let before = asked();
     // Well past the listings' TTL (and the kernel's, which asks again every second).
     let until = Instant::now() + Duration::from_millis(2500);
     while Instant::now() < until {
         assert_eq!(std::fs::metadata(a.path("x/y/f")).unwrap().len(), 6);
         assert!(std::fs::metadata(a.path("x/y/missing")).is_err());
-        // An open of the unchanged file, too.
+        // An open of the unchanged file, and a listing of its directory, too.
         assert_eq!(std::fs::read(a.path("x/y/f")).unwrap(), b"cached");
+        assert_eq!(std::fs::read_dir(a.path("x/y")).unwrap().count(), 1);
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(asked(), before, "a lookup or open asked the store server");

@@ -245,6 +245,12 @@ impl Listings {
         self.clear();
     }
 
+    /// `path`'s cached listing while the lease holds: every change to it since it was taken
+    /// was told (and forgot it), so it is as fresh as a new one.
+    fn leased_listing(&self, path: &str) -> Option<Entries> {
+        self.leased().then(|| self.fresh(path)).flatten()
+    }
+
     fn fresh(&self, path: &str) -> Option<Entries> {
         let now = self.clock.now().at;
         let cached = lock(&self.cached);
@@ -729,7 +735,12 @@ impl FsCore {
         if !path.is_empty() && self.stat_path(&path)?.kind != Kind::Dir {
             return Err(FsError::NotDir);
         }
-        let listing = self.fetch_listing(&path)?;
+        // Without the lease a listing is asked for at every opendir: a name another node made
+        // shows in the next `ls` after its writer's close.
+        let listing = match self.listings.leased_listing(&path) {
+            Some(l) => l,
+            None => self.fetch_listing(&path)?,
+        };
         let mut entries: BTreeMap<String, DirEntry> = listing
             .iter()
             .map(|(name, e)| {
