@@ -17,9 +17,10 @@
 #   c. 10,000 small files (1-4 KiB, 100 directories): `cp -r` of a local tree into mount A, then
 #      everything read back through mount B (cold block cache: fetched from the store, then again
 #      after drop_caches with the blocks cached), against `cp -r` and the same read on local disk.
-#      No target. The same with a mount W started with `--writeback` (its own trees, so nothing it
-#      writes is deduplicated against A's): the time until `cp -r` returns, and until an fsync of
-#      W's root (which waits for every queued publish) returns.
+#      Issue 18's targets. The same with a mount W started with `--writeback` (its own trees, so
+#      nothing it writes is deduplicated against A's): the time until `cp -r` returns, and until
+#      an fsync of W's root (which waits for every queued publish) returns. And `ls -lR` of the
+#      tree through W (which never looked at it) and through B (which read it), against local.
 # Peak RSS of each mount process (VmHWM, reset before each measured command) is recorded beside
 # each figure, with the CPU time of every process involved.
 #
@@ -180,6 +181,9 @@ fps() { awk -v n="$1" -v t="$2" 'BEGIN { printf "%.0f", n / t }'; }
 
 # The read of a small-file tree: every file, in a fixed order, hashed (which also checks it).
 TREE_READ='cd "$1" && find . -type f -print0 | sort -z | xargs -0 cat | md5sum | cut -d" " -f1'
+# `ls -l` of every directory of a tree (a stat of every name); its lines counted, as a check.
+TREE_LS='cd "$1" && ls -lR . | wc -l'
+declare -A TREE_LS_LINES
 
 # ---- test data ----------------------------------------------------------------------------------
 log "writing ${BIG_MIB} MiB and ${COLD_MIB} MiB of pseudo-random data, and $RUNS trees of $NFILES small files"
@@ -199,6 +203,7 @@ PY
 declare -A TREE_MD5 TREE_BYTES
 for r in $(seq "$RUNS"); do
     TREE_MD5[$r]=$(bash -c "$TREE_READ" _ "$LOCAL/tree$r")
+    TREE_LS_LINES[$r]=$(bash -c "$TREE_LS" _ "$LOCAL/tree$r")
     TREE_BYTES[$r]=$(find "$LOCAL/tree$r" -type f -printf '%s\n' | awk '{ s += $1 } END { print s }')
 done
 sync
@@ -312,6 +317,7 @@ done
 declare -a SL_CP_T SL_CP_O SM_CP_T SM_CP_A SM_CP_S SM_CP_HWM SM_CP_O
 declare -a SM_R_T SM_R_B SM_R_S SM_R_HWM SM_R_O SM_RR_T SM_RR_B SM_RR_S SM_RR_HWM SM_RR_O
 declare -a SL_R_T SL_R_O SL_RW_T SL_RW_O SW_CP_T SW_CP_W SW_CP_S SW_CP_HWM SW_CP_O SW_SYNC_T
+declare -a SM_LS1_T SM_LS1_S SM_LS1_O SM_LS_T SM_LS_S SM_LS_O SL_LS_T SL_LS_O SL_LSW_T
 WSYNC='import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); os.fsync(fd)' 
 for run in $(seq "$RUNS"); do
     log "(c) run $run/$RUNS: $NFILES files"
@@ -337,6 +343,17 @@ for run in $(seq "$RUNS"); do
     SW_CP_W+=("$(cpu_of W)") SW_CP_S+=("$(cpu_of server)") SW_CP_HWM+=("$(hwm_of W)")
     SW_CP_O+=("$(other_s "$BUSY_S" "$CPU_S" "${SW_CP_W[-1]}" "${SW_CP_S[-1]}")")
     log "  cp -r into write-back mount W: ${SW_CP_T[-1]}s; every publish landed after ${SW_SYNC_T[-1]}s; W ${SW_CP_W[-1]}, server ${SW_CP_S[-1]} CPU-s"
+
+    # `ls -lR` of the tree A wrote, through W, which has never looked at it (every listing
+    # from the store), and its line count checked against the local tree's.
+    drop_caches
+    wait_quiet
+    snap W server
+    timed "wls$run" bash -c "$TREE_LS" _ "$MW/fuse/small$run"
+    [[ $(cat "$WORK/wls$run.out") == "${TREE_LS_LINES[$run]}" ]] || die "ls -lR through W lists another tree"
+    SM_LS1_T+=("$ELAPSED") SM_LS1_S+=("$(cpu_of server)")
+    SM_LS1_O+=("$(other_s "$BUSY_S" "$CPU_S" "${SM_LS1_S[-1]}")")
+    log "  ls -lR through W, first look: ${ELAPSED}s; ls ${CPU_S}, W $(cpu_of W), server ${SM_LS1_S[-1]} CPU-s"
 
     sleep 1.1
     wait_quiet
@@ -365,6 +382,25 @@ for run in $(seq "$RUNS"); do
     SM_RR_T+=("$ELAPSED") SM_RR_B+=("$(cpu_of B)") SM_RR_S+=("$(cpu_of server)") SM_RR_HWM+=("$(hwm_of B)")
     SM_RR_O+=("$(other_s "$BUSY_S" "$CPU_S" "${SM_RR_B[-1]}" "${SM_RR_S[-1]}")")
     log "  re-read through B (blocks cached, page cache dropped): ${ELAPSED}s ($(fps "$NFILES" "$ELAPSED") files/s); B ${SM_RR_B[-1]}, server ${SM_RR_S[-1]} CPU-s"
+
+    # `ls -lR` of a tree B has read (its listings held under the watch's lease), and of the
+    # local tree, both with the kernel's dentry and inode caches dropped.
+    drop_caches
+    wait_quiet
+    snap B server
+    timed "mls$run" bash -c "$TREE_LS" _ "$MB/fuse/small$run"
+    [[ $(cat "$WORK/mls$run.out") == "${TREE_LS_LINES[$run]}" ]] || die "ls -lR through B lists another tree"
+    SM_LS_T+=("$ELAPSED") SM_LS_S+=("$(cpu_of server)")
+    SM_LS_O+=("$(other_s "$BUSY_S" "$CPU_S" "${SM_LS_S[-1]}")")
+    log "  ls -lR through B (listings cached): ${ELAPSED}s; ls ${CPU_S}, B $(cpu_of B), server ${SM_LS_S[-1]} CPU-s"
+    drop_caches
+    wait_quiet
+    timed "lls$run" bash -c "$TREE_LS" _ "$LOCAL/tree$run"
+    SL_LS_T+=("$ELAPSED") SL_LS_O+=("$(other_s "$BUSY_S" "$CPU_S")")
+    wait_quiet
+    timed "llsw$run" bash -c "$TREE_LS" _ "$LOCAL/tree$run"
+    SL_LSW_T+=("$ELAPSED")
+    log "  local ls -lR: ${SL_LS_T[-1]}s cold, ${SL_LSW_T[-1]}s warm"
 done
 
 # ---- stop everything before writing (so a failure to unmount fails the run) ----------------------
@@ -392,6 +428,10 @@ sw_sync_m=$(median "${SW_SYNC_T[@]}")
 sm_r_m=$(median "${SM_R_T[@]}")
 sm_rr_m=$(median "${SM_RR_T[@]}")
 sl_r_m=$(median "${SL_R_T[@]}")
+sm_ls1_m=$(median "${SM_LS1_T[@]}")
+sm_ls_m=$(median "${SM_LS_T[@]}")
+sl_ls_m=$(median "${SL_LS_T[@]}")
+sl_lsw_m=$(median "${SL_LSW_T[@]}")
 sl_rw_m=$(median "${SL_RW_T[@]}")
 mibmax() { mib "$(maxof "$@")"; }
 R=$RUNS
@@ -508,6 +548,18 @@ R=$RUNS
     printf '| %s | %s | %s | %s | %s | %s | %s |\n' \
         "(info) read on local disk (warm page cache)" "$sl_rw_m" "$(fps "$NFILES" "$sl_rw_m")" "$(ratio "$sl_rw_m" "$sl_r_m")" "-" "-" \
         "$(runs_of "$R" "${SL_RW_T[@]}" "${SL_RW_O[@]}")"
+    printf '| %s | %s | %s | %s | %s | %s | %s |\n' \
+        "\`ls -lR\` through mount B (its listings cached; kernel caches dropped)" "$sm_ls_m" "$(fps "$NFILES" "$sm_ls_m")" "$(ratio "$sm_ls_m" "$sl_ls_m")" \
+        "-" "server $(median "${SM_LS_S[@]}")" "$(runs_of "$R" "${SM_LS_T[@]}" "${SM_LS_O[@]}")"
+    printf '| %s | %s | %s | %s | %s | %s | %s |\n' \
+        "\`ls -lR\` through mount W, first look (every listing from the store)" "$sm_ls1_m" "$(fps "$NFILES" "$sm_ls1_m")" "$(ratio "$sm_ls1_m" "$sl_ls_m")" \
+        "-" "server $(median "${SM_LS1_S[@]}")" "$(runs_of "$R" "${SM_LS1_T[@]}" "${SM_LS1_O[@]}")"
+    printf '| %s | %s | %s | %s | %s | %s | %s |\n' \
+        "\`ls -lR\` on local disk (cold dentry and inode caches)" "$sl_ls_m" "$(fps "$NFILES" "$sl_ls_m")" "1.00" "-" "-" \
+        "$(runs_of "$R" "${SL_LS_T[@]}" "${SL_LS_O[@]}")"
+    printf '| %s | %s | %s | %s | %s | %s | %s |\n' \
+        "(info) \`ls -lR\` on local disk (warm)" "$sl_lsw_m" "$(fps "$NFILES" "$sl_lsw_m")" "$(ratio "$sl_lsw_m" "$sl_ls_m")" "-" "-" \
+        "$(printf '%s ' "${SL_LSW_T[@]}")"
     echo
     echo "### Targets (issue)"
     echo
@@ -516,6 +568,12 @@ R=$RUNS
     echo "- Cold read through the mount from a peer at least 0.8x \`kt get\`: ${cm_vs_kg}x — $(verdict "$cm_vs_kg" 0.8)."
     echo "- Small files: no target; creating through the mount runs at $(ratio "$sm_cp_m" "$sl_cp_m")x of local \`cp -r\`, reading at"
     echo "  $(ratio "$sm_r_m" "$sl_r_m")x (first read) and $(ratio "$sm_rr_m" "$sl_r_m")x (cached) of a cold local read."
+    echo "- Issue 18's targets for them: first read on another node at least 0.3x: $(ratio "$sm_r_m" "$sl_r_m")x — $(verdict "$(ratio "$sm_r_m" "$sl_r_m")" 0.3);"
+    echo "  cached re-read at least 0.5x: $(ratio "$sm_rr_m" "$sl_r_m")x — $(verdict "$(ratio "$sm_rr_m" "$sl_r_m")" 0.5);"
+    echo "  \`cp -r\` into the mount at least 0.3x: $(ratio "$sm_cp_m" "$sl_cp_m")x — $(verdict "$(ratio "$sm_cp_m" "$sl_cp_m")" 0.3);"
+    echo "  with \`--writeback\` at least 0.7x: $(ratio "$sw_cp_m" "$sl_cp_m")x — $(verdict "$(ratio "$sw_cp_m" "$sl_cp_m")" 0.7);"
+    echo "  \`ls -l\` of the tree at least 0.5x: $(ratio "$sm_ls_m" "$sl_ls_m")x with B's listings cached — $(verdict "$(ratio "$sm_ls_m" "$sl_ls_m")" 0.5),"
+    echo "  $(ratio "$sm_ls1_m" "$sl_ls_m")x on a node's first look — $(verdict "$(ratio "$sm_ls1_m" "$sl_ls_m")" 0.5)."
     echo "$FUSE_END"
 } >"$WORK/section.md"
 
