@@ -167,17 +167,18 @@ pub fn scan_known(
         let meta = fs::symlink_metadata(&path).map_err(|_| ScanError::Missing(s.clone()))?;
         metas.push((s, path, meta));
     }
-    let mut entries: Vec<FileEntry> = Vec::new();
     // Each file with its identity, from the one stat the walk made of it.
-    let mut files: Vec<(String, PathBuf, FileStat)> = Vec::new();
+    let mut out = Walked::default();
 
     if let [(_, path, meta)] = metas.as_slice() {
         if !meta.is_dir() {
-            entries.push(entry_from_meta(String::new(), path, meta)?);
+            out.entries
+                .push(entry_from_meta(String::new(), path, meta)?);
             if meta.is_file() {
-                files.push((String::new(), path.clone(), index::stat_of("", meta)));
+                out.files
+                    .push((String::new(), path.clone(), index::stat_of("", meta)));
             }
-            return finish(entries, files, opts.block_size, known);
+            return finish(out.entries, out.files, opts.block_size, known);
         }
     }
 
@@ -185,7 +186,7 @@ pub fn scan_known(
         .iter()
         .find(|(s, _, m)| m.is_dir() && (opts.contents || s.ends_with('/')))
         .map_or(0o755, |(_, _, m)| m.permissions().mode() & 0o7777);
-    entries.push(FileEntry {
+    out.entries.push(FileEntry {
         path: String::new(),
         kind: EntryKind::Directory as i32,
         mode: root_mode,
@@ -200,35 +201,22 @@ pub fn scan_known(
         };
         let filters = Filters::new(&root, opts)?;
         if meta.is_dir() && contents {
-            walk(
-                path,
-                "",
-                &filters,
-                &mut Vec::new(),
-                &mut entries,
-                &mut files,
-            )?;
+            walk(path, "", &filters, &mut Vec::new(), &mut out, true)?;
         } else {
             let name = utf8_name(path)?;
             if filters.skips(path, meta.is_dir(), &[]) {
                 continue;
             }
-            entries.push(entry_from_meta(name.clone(), path, meta)?);
+            out.entries.push(entry_from_meta(name.clone(), path, meta)?);
             if meta.is_file() {
-                files.push((name.clone(), path.clone(), index::stat_of(&name, meta)));
+                out.files
+                    .push((name.clone(), path.clone(), index::stat_of(&name, meta)));
             } else if meta.is_dir() {
-                walk(
-                    path,
-                    &name,
-                    &filters,
-                    &mut Vec::new(),
-                    &mut entries,
-                    &mut files,
-                )?;
+                walk(path, &name, &filters, &mut Vec::new(), &mut out, true)?;
             }
         }
     }
-    finish(entries, files, opts.block_size, known)
+    finish(out.entries, out.files, opts.block_size, known)
 }
 
 fn utf8_name(path: &Path) -> Result<String, ScanError> {
@@ -297,50 +285,113 @@ fn entry_from_meta(path: String, disk: &Path, meta: &fs::Metadata) -> Result<Fil
     })
 }
 
+/// What a walk found, in walk order (names sorted, each directory before what it holds).
+#[derive(Default)]
+struct Walked {
+    entries: Vec<FileEntry>,
+    files: Vec<(String, PathBuf, FileStat)>,
+}
+
+/// Directories of the first level walked at once, at most: a scan is mostly `stat` calls, and
+/// an unchanged put is mostly its scan.
+const WALKERS: usize = 4;
+
+/// Walks `dir` (at `rel` in the manifest) into `out`. With `spread`, the entries of `dir` and
+/// their subtrees are walked by a few threads (the first level of a tree only), and joined in
+/// the order one thread would have made.
 fn walk(
     dir: &Path,
     rel: &str,
     filters: &Filters,
     gitignores: &mut Vec<Gitignore>,
-    entries: &mut Vec<FileEntry>,
-    files: &mut Vec<(String, PathBuf, FileStat)>,
+    out: &mut Walked,
+    spread: bool,
 ) -> Result<(), ScanError> {
+    let mut children: Vec<_> = fs::read_dir(dir)
+        .map_err(io_err(dir))?
+        .collect::<Result<_, _>>()
+        .map_err(io_err(dir))?;
+    children.sort_by_key(|e| e.file_name());
+    // Looked for in the listing: a stat of a `.gitignore` in every directory cost as much as a
+    // tenth of an unchanged put.
     let gi_path = dir.join(".gitignore");
-    let pushed = if gi_path.is_file() {
+    let pushed = if children.iter().any(|c| c.file_name() == ".gitignore") && gi_path.is_file() {
         let (gi, _) = Gitignore::new(&gi_path);
         gitignores.push(gi);
         true
     } else {
         false
     };
-    let mut children: Vec<_> = fs::read_dir(dir)
-        .map_err(io_err(dir))?
-        .collect::<Result<_, _>>()
-        .map_err(io_err(dir))?;
-    children.sort_by_key(|e| e.file_name());
-    for child in children {
-        let path = child.path();
-        let meta = fs::symlink_metadata(&path).map_err(io_err(&path))?;
-        let ft = meta.file_type();
-        if filters.skips(&path, ft.is_dir(), gitignores) {
-            continue;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(WALKERS));
+    if spread && threads > 1 && children.len() >= 2 * threads {
+        let next = AtomicUsize::new(0);
+        let slots: Vec<Mutex<Option<Result<Walked, ScanError>>>> =
+            children.iter().map(|_| Mutex::new(None)).collect();
+        let shared: &[Gitignore] = gitignores;
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    let mut gis = shared.to_vec();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let (Some(child), Some(slot)) = (children.get(i), slots.get(i)) else {
+                            break;
+                        };
+                        let mut w = Walked::default();
+                        let r = visit(child, rel, filters, &mut gis, &mut w).map(|()| w);
+                        *crate::locks::lock(slot) = Some(r);
+                    }
+                });
+            }
+        });
+        for slot in slots {
+            let found = slot
+                .into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(r) = found {
+                let w = r?;
+                out.entries.extend(w.entries);
+                out.files.extend(w.files);
+            }
         }
-        let name = utf8_name(&path)?;
-        let child_rel = if rel.is_empty() {
-            name
-        } else {
-            format!("{rel}/{name}")
-        };
-        entries.push(entry_from_meta(child_rel.clone(), &path, &meta)?);
-        if ft.is_dir() {
-            walk(&path, &child_rel, filters, gitignores, entries, files)?;
-        } else if ft.is_file() {
-            let stat = index::stat_of(&child_rel, &meta);
-            files.push((child_rel, path, stat));
+    } else {
+        for child in &children {
+            visit(child, rel, filters, gitignores, out)?;
         }
     }
     if pushed {
         gitignores.pop();
+    }
+    Ok(())
+}
+
+/// One entry of a directory being walked, and what is below it.
+fn visit(
+    child: &fs::DirEntry,
+    rel: &str,
+    filters: &Filters,
+    gitignores: &mut Vec<Gitignore>,
+    out: &mut Walked,
+) -> Result<(), ScanError> {
+    let path = child.path();
+    let meta = fs::symlink_metadata(&path).map_err(io_err(&path))?;
+    let ft = meta.file_type();
+    if filters.skips(&path, ft.is_dir(), gitignores) {
+        return Ok(());
+    }
+    let name = utf8_name(&path)?;
+    let child_rel = if rel.is_empty() {
+        name
+    } else {
+        format!("{rel}/{name}")
+    };
+    out.entries
+        .push(entry_from_meta(child_rel.clone(), &path, &meta)?);
+    if ft.is_dir() {
+        walk(&path, &child_rel, filters, gitignores, out, false)?;
+    } else if ft.is_file() {
+        let stat = index::stat_of(&child_rel, &meta);
+        out.files.push((child_rel, path, stat));
     }
     Ok(())
 }
@@ -529,5 +580,41 @@ mod tests {
             scan(&[t.path().join("nope").display().to_string()], &opts),
             Err(ScanError::Missing(_))
         ));
+    }
+
+    /// The first level walked by several threads gives what one thread gives: the same
+    /// entries in the same order, each directory's `.gitignore` applied below it only.
+    #[test]
+    fn a_walk_spread_over_threads_finds_what_one_thread_finds_in_its_order() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("tree");
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join(".gitignore"), "*.o\n").unwrap();
+        for i in 0..13 {
+            let sub = d.join(format!("d{i:02}/inner"));
+            fs::create_dir_all(&sub).unwrap();
+            fs::write(sub.join("a.rs"), b"a").unwrap();
+            fs::write(sub.join("b.o"), b"b").unwrap();
+            fs::write(d.join(format!("f{i:02}")), b"f").unwrap();
+        }
+        fs::write(d.join("d03/.gitignore"), "a.rs\n").unwrap();
+        let opts = ScanOptions::default();
+        let filters = Filters::new(t.path(), &opts).unwrap();
+        let walked = |spread: bool| {
+            let mut out = Walked::default();
+            walk(&d, "tree", &filters, &mut Vec::new(), &mut out, spread).unwrap();
+            let paths: Vec<String> = out.entries.iter().map(|e| e.path.clone()).collect();
+            let files: Vec<String> = out.files.iter().map(|f| f.0.clone()).collect();
+            (paths, files)
+        };
+        let (one, one_files) = walked(false);
+        let (spread, spread_files) = walked(true);
+        assert_eq!(spread, one);
+        assert_eq!(spread_files, one_files);
+        assert!(one.contains(&"tree/d02/inner/a.rs".to_string()));
+        assert!(!one.contains(&"tree/d03/inner/a.rs".to_string()));
+        assert!(!one.iter().any(|p| p.ends_with(".o")));
+        // 1 .gitignore, 13 dirs with an inner dir, 12 a.rs, 13 f, and d03's .gitignore.
+        assert_eq!(one.len(), 1 + 26 + 12 + 13 + 1);
     }
 }
