@@ -934,41 +934,46 @@ fn a_put_onto_its_key_sends_only_what_changed() {
     check(&src);
 }
 
+/// A publish of `key` in namespace `default` as one file of one block holding `data`, the
+/// block sent inline as `sent` (which a test may make lie).
+fn one_block_publish(key: &str, data: &[u8], sent: Vec<u8>) -> ktfs::proto::PublishRequest {
+    use ktfs::proto::{BlockRef, FileEntry, InlineBlock, Manifest, PublishRequest};
+    let hash = blake3::hash(data).as_bytes().to_vec();
+    PublishRequest {
+        namespace: "default".into(),
+        key: key.into(),
+        manifest: Some(Manifest {
+            block_size: 4 << 20,
+            entries: vec![FileEntry {
+                size: data.len() as u64,
+                blocks: vec![BlockRef {
+                    hash: hash.clone(),
+                    len: data.len() as u32,
+                }],
+                mode: 0o644,
+                ..Default::default()
+            }],
+        }),
+        inline_blocks: vec![InlineBlock { hash, data: sent }],
+        force: true,
+        ..Default::default()
+    }
+}
+
 /// `PublishBatch` (a write-back mount's queue): each item is a publish of its own, answered
 /// item by item, so a refused item (a lying inline block, a file where a directory must be)
 /// refuses nothing else; the others are published, each at its own version.
 #[test]
 fn a_publish_batch_answers_each_item_and_refuses_only_the_bad_ones() {
-    use ktfs::proto::{
-        BlockRef, FileEntry, InlineBlock, Manifest, PublishBatchRequest, PublishRequest,
-    };
+    use ktfs::proto::PublishBatchRequest;
     let dir = tempfile::tempdir().unwrap();
     let server = start_server("127.0.0.221", &dir.path().join("store"));
     let item = |key: &str, data: &[u8], lie: bool| {
-        let hash = blake3::hash(data).as_bytes().to_vec();
         let mut sent = data.to_vec();
         if lie {
             sent[0] ^= 1;
         }
-        PublishRequest {
-            namespace: "default".into(),
-            key: key.into(),
-            manifest: Some(Manifest {
-                block_size: 4 << 20,
-                entries: vec![FileEntry {
-                    size: data.len() as u64,
-                    blocks: vec![BlockRef {
-                        hash: hash.clone(),
-                        len: data.len() as u32,
-                    }],
-                    mode: 0o644,
-                    ..Default::default()
-                }],
-            }),
-            inline_blocks: vec![InlineBlock { hash, data: sent }],
-            force: true,
-            ..Default::default()
-        }
+        one_block_publish(key, data, sent)
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let results = rt.block_on(async {
@@ -1033,34 +1038,12 @@ fn a_publish_batch_answers_each_item_and_refuses_only_the_bad_ones() {
 /// small files inline while the answer holds at most 1 MiB of them, and at most 256 keys.
 #[test]
 fn a_resolve_of_many_keys_answers_each_as_its_own_resolve_and_inlines_at_most_a_mib() {
-    use ktfs::proto::{
-        BlockRef, FileEntry, InlineBlock, Manifest, PublishBatchRequest, PublishRequest,
-        ResolveManyRequest, ResolveRequest,
-    };
+    use ktfs::proto::{PublishBatchRequest, ResolveManyRequest, ResolveRequest};
     let dir = tempfile::tempdir().unwrap();
     let server = start_server("127.0.0.237", &dir.path().join("store"));
     let item = |i: usize| {
         let data = pseudo_random(60 << 10, i as u64);
-        let hash = blake3::hash(&data).as_bytes().to_vec();
-        PublishRequest {
-            namespace: "default".into(),
-            key: format!("many/f{i:02}"),
-            manifest: Some(Manifest {
-                block_size: 4 << 20,
-                entries: vec![FileEntry {
-                    size: data.len() as u64,
-                    blocks: vec![BlockRef {
-                        hash: hash.clone(),
-                        len: data.len() as u32,
-                    }],
-                    mode: 0o644,
-                    ..Default::default()
-                }],
-            }),
-            inline_blocks: vec![InlineBlock { hash, data }],
-            force: true,
-            ..Default::default()
-        }
+        one_block_publish(&format!("many/f{i:02}"), &data, data.clone())
     };
     let mut keys: Vec<String> = (0..20).map(|i| format!("many/f{i:02}")).collect();
     keys.extend(["many/none".to_string(), "many//bad".to_string()]);

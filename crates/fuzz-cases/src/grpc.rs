@@ -130,6 +130,18 @@ macro_rules! decoded {
     };
 }
 
+/// An item of a batch answered with an error: one the caller caused, not the server.
+fn refused_by_caller(what: &str, code: i32, message: &str) {
+    let code = Code::from(code);
+    assert!(
+        !matches!(
+            code,
+            Code::Internal | Code::Unknown | Code::DataLoss | Code::Ok
+        ),
+        "{what:?}: the server failed: {code:?} {message}"
+    );
+}
+
 async fn resolve(c: &mut StoreClient<Channel>, namespace: &str, key: &str) -> ResolveResponse {
     let req = ResolveRequest {
         namespace: namespace.to_string(),
@@ -302,17 +314,7 @@ async fn call(c: &mut StoreClient<Channel>, pick: usize, body: &[u8]) {
                             );
                         }
                         Some(_) => {}
-                        None => {
-                            let code = Code::from(r.code);
-                            assert!(
-                                !matches!(
-                                    code,
-                                    Code::Internal | Code::Unknown | Code::DataLoss | Code::Ok
-                                ),
-                                "a batch item: the server failed: {code:?} {}",
-                                r.message
-                            );
-                        }
+                        None => refused_by_caller("a batch item", r.code, &r.message),
                     }
                 }
             }
@@ -341,17 +343,7 @@ async fn call(c: &mut StoreClient<Channel>, pick: usize, body: &[u8]) {
                             .map(|b| b.data.len())
                             .sum::<usize>();
                     }
-                    None => {
-                        let code = Code::from(r.code);
-                        assert!(
-                            !matches!(
-                                code,
-                                Code::Internal | Code::Unknown | Code::DataLoss | Code::Ok
-                            ),
-                            "{key:?}: the server failed: {code:?} {}",
-                            r.message
-                        );
-                    }
+                    None => refused_by_caller(key, r.code, &r.message),
                 }
             }
             assert!(inline <= 1 << 20, "{inline} bytes inline in one answer");
