@@ -37,7 +37,8 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
 fi
 TRIPLE=$(rustc -vV | sed -n 's/^host: //p')
 BUILD=(cargo fuzz build --sanitizer none --codegen-units 16 --target "$TRIPLE")
-[[ -n ${KT_FUZZ_JOBS:-} ]] && BUILD+=(--jobs "$KT_FUZZ_JOBS")
+# cargo-fuzz takes no --jobs of its own; cargo reads the limit from the environment.
+[[ -n ${KT_FUZZ_JOBS:-} ]] && export CARGO_BUILD_JOBS=$KT_FUZZ_JOBS
 log "RUSTC_BOOTSTRAP=1 ${BUILD[*]}"
 RUSTC_BOOTSTRAP=1 "${BUILD[@]}"
 BIN=$ROOT/fuzz/target/$TRIPLE/release

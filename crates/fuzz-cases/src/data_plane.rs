@@ -23,12 +23,14 @@ const OP_PUT: u8 = 2;
 const OP_TICKET: u8 = 3;
 const OP_SIGNATURE: u8 = 4;
 const OP_PUT_DELTA: u8 = 5;
+const OP_GET_SWARM: u8 = 6;
 const OP_BLOCK: u8 = 0x81;
 const OP_NOT_FOUND: u8 = 0x82;
 const OP_STORED: u8 = 0x83;
 const OP_ERROR: u8 = 0x84;
 const OP_NO_SPACE: u8 = 0x85;
 const OP_SIG: u8 = 0x86;
+const OP_BUSY: u8 = 0x87;
 
 /// Longer than any answer takes on loopback: reaching it means a side hangs.
 const HANG: Duration = Duration::from_secs(10);
@@ -94,8 +96,13 @@ impl BlockServe for Mem {
 #[derive(Debug)]
 enum Owed {
     /// A GET: the block if a PUT of this run stores it (pipelined requests run at once, so a
-    /// later one may have, an earlier one not yet), else "not found".
-    Get { hash: BlockHash, may_have: bool },
+    /// later one may have, an earlier one not yet), else "not found". A swarm member's GET may
+    /// also be answered "busy" (the server's upload slots are taken).
+    Get {
+        hash: BlockHash,
+        may_have: bool,
+        swarm: bool,
+    },
     /// A PUT: "stored" if the body hashes to its hash, else an error.
     Put { hash: BlockHash, matches: bool },
     /// A signature request: a signature if a PUT of this run stores the block, else "not
@@ -123,9 +130,10 @@ fn owed(input: &[u8]) -> Vec<Owed> {
         }
         let (hash, body) = (hash_of(payload), &payload[32..]);
         match op {
-            OP_GET if body.is_empty() => out.push(Owed::Get {
+            OP_GET | OP_GET_SWARM if body.is_empty() => out.push(Owed::Get {
                 hash,
                 may_have: false,
+                swarm: op == OP_GET_SWARM,
             }),
             OP_PUT => out.push(Owed::Put {
                 hash,
@@ -155,7 +163,7 @@ fn owed(input: &[u8]) -> Vec<Owed> {
         })
         .collect();
     for o in &mut out {
-        if let Owed::Get { hash, may_have } | Owed::Signature { hash, may_have } = o {
+        if let Owed::Get { hash, may_have, .. } | Owed::Signature { hash, may_have } = o {
             *may_have = stored.contains(hash);
         }
     }
@@ -237,7 +245,12 @@ fn check_answers(owed: &[Owed], got: &[u8], complete: bool) {
         );
         let (hash, body) = (hash_of(payload), &payload[32..]);
         match (o, *op) {
-            (Owed::Get { hash: h, may_have }, OP_BLOCK) => {
+            (
+                Owed::Get {
+                    hash: h, may_have, ..
+                },
+                OP_BLOCK,
+            ) => {
                 assert!(*may_have, "answer {i}: a block nobody stored");
                 assert_eq!(hash, *h, "answer {i}: another block's hash");
                 assert_eq!(
@@ -246,9 +259,17 @@ fn check_answers(owed: &[Owed], got: &[u8], complete: bool) {
                     "answer {i}: bytes not of their hash"
                 );
             }
-            (Owed::Get { hash: h, .. }, OP_NOT_FOUND) => {
+            (Owed::Get { hash: h, .. }, OP_NOT_FOUND)
+            | (
+                Owed::Get {
+                    hash: h,
+                    swarm: true,
+                    ..
+                },
+                OP_BUSY,
+            ) => {
                 assert_eq!(hash, *h, "answer {i}: another block's hash");
-                assert!(body.is_empty(), "answer {i}: not-found with a body");
+                assert!(body.is_empty(), "answer {i}: op {op:#x} with a body");
             }
             (
                 Owed::Put {
@@ -360,7 +381,8 @@ fn check_client_answer(i: usize, f: &Frame<'_>, got: Result<Response, WireError>
                 (OP_SIG, Ok(Response::Signature(h, b))) => {
                     assert!(h == hash && b[..] == *body, "{i}: a signature not as sent")
                 }
-                (OP_BLOCK..=OP_SIG, got) => panic!("{i}: op {op:#x} read as {got:?}"),
+                (OP_BUSY, Ok(Response::Busy(h))) => assert_eq!(h, hash, "{i}"),
+                (OP_BLOCK..=OP_BUSY, got) => panic!("{i}: op {op:#x} read as {got:?}"),
                 (_, got) => {
                     assert!(
                         matches!(got, Err(WireError::BadFrame(_))),
