@@ -322,8 +322,12 @@ fn walk(
     } else {
         false
     };
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(WALKERS));
-    if spread && threads > 1 && children.len() >= 2 * threads {
+    // Asked at the first level only: on Linux it reads the cgroup's CPU limit from files.
+    let threads = match spread {
+        true => std::thread::available_parallelism().map_or(1, |n| n.get().min(WALKERS)),
+        false => 1,
+    };
+    if threads > 1 && children.len() >= 2 * threads {
         let next = AtomicUsize::new(0);
         let slots: Vec<Mutex<Option<Result<Walked, ScanError>>>> =
             children.iter().map(|_| Mutex::new(None)).collect();
