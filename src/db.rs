@@ -33,6 +33,23 @@ pub enum DbError {
 
 pub type KeyValue = (Vec<u8>, Vec<u8>);
 
+/// Where a walk over a prefix goes after an entry (see [`Db::walk_prefix`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    Next,
+    /// Past every key that begins as this one's first `n` bytes do.
+    Past(usize),
+    Stop,
+}
+
+/// The first key after every key that begins with `prefix` (`None`: nothing comes after).
+fn successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let end = prefix.iter().rposition(|&b| b != u8::MAX)?;
+    let mut after = prefix[..=end].to_vec();
+    after[end] += 1;
+    Some(after)
+}
+
 /// A RocksDB database opened with a fixed set of column families.
 #[derive(Clone)]
 pub struct Db {
@@ -289,25 +306,32 @@ impl Db {
         Ok(out)
     }
 
-    /// Calls `f` on the pairs of `family` whose key starts with `prefix`, in key order, until
-    /// it returns `true`: an existence check reads one entry, not all of them.
-    pub fn scan_prefix_until(
+    /// Calls `f` on the pairs of `family` whose key starts with `prefix`, in key order, and
+    /// goes on as it says: an existence check reads one entry, not all of them, and a listing
+    /// of one level jumps over what lies deeper.
+    pub fn walk_prefix(
         &self,
         family: &'static str,
         prefix: &[u8],
-        mut f: impl FnMut(&[u8], &[u8]) -> bool,
+        mut f: impl FnMut(&[u8], &[u8]) -> Step,
     ) -> Result<(), DbError> {
         let db = self.db()?;
-        let iter = db.iterator_cf(
-            cf(&db, family)?,
-            IteratorMode::From(prefix, Direction::Forward),
-        );
-        for item in iter {
-            let (k, v) = item?;
-            if !k.starts_with(prefix) || f(&k, &v) {
+        let mut it = db.raw_iterator_cf(cf(&db, family)?);
+        it.seek(prefix);
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if !k.starts_with(prefix) {
                 break;
             }
+            match f(k, v) {
+                Step::Next => it.next(),
+                Step::Stop => break,
+                Step::Past(n) => match successor(k.get(..n).unwrap_or(k)) {
+                    Some(after) => it.seek(after),
+                    None => break,
+                },
+            }
         }
+        it.status()?;
         Ok(())
     }
 
@@ -439,6 +463,49 @@ mod tests {
             db.get_unverified("b", b"big").unwrap().unwrap(),
             vec![7u8; 100_000]
         );
+    }
+
+    #[test]
+    fn a_walk_jumps_past_what_begins_alike_and_stops_where_told() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path(), &["a"], &[]).unwrap();
+        let keys: &[&[u8]] = &[
+            b"d/a",
+            b"d/b/1",
+            b"d/b/2",
+            b"d/b0",
+            b"d/c\xff",
+            b"d/c\xff\xff/x",
+            b"d/d",
+            b"e",
+        ];
+        let ops = keys
+            .iter()
+            .map(|k| BatchOp::Put("a", k.to_vec(), Vec::new()))
+            .collect();
+        db.write(ops).unwrap();
+        let mut seen = Vec::new();
+        db.walk_prefix("a", b"d/", |k, _| {
+            seen.push(k.to_vec());
+            // Past a name's insides, as a listing of one level goes.
+            match k[2..].iter().position(|&b| b == b'/') {
+                Some(i) => Step::Past(2 + i + 1),
+                None if k == b"d/d" => Step::Stop,
+                None => Step::Next,
+            }
+        })
+        .unwrap();
+        let want: &[&[u8]] = &[
+            b"d/a",
+            b"d/b/1",
+            b"d/b0",
+            b"d/c\xff",
+            b"d/c\xff\xff/x",
+            b"d/d",
+        ];
+        assert_eq!(seen, want);
+        assert_eq!(successor(b"ab\xff\xff"), Some(b"ac".to_vec()));
+        assert_eq!(successor(b"\xff"), None);
     }
 
     #[test]

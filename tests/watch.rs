@@ -207,6 +207,55 @@ fn a_mount_reading_a_directory_of_small_files_resolves_them_a_batch_at_a_time() 
     assert_eq!(metric(&c.server.addr, "kt_watch_lapsed_total"), 0.0);
 }
 
+/// A first walk of a tree another node wrote (ls -R, find): each listing brings those the
+/// walk reads next, so B asks a few times for 81 directories, and a directory listed ahead
+/// that changes before the walk reaches it is seen as it is then.
+#[test]
+fn a_first_walk_of_a_tree_asks_for_many_directories_at_once_and_sees_later_changes() {
+    let (_c, a, b) = two_nodes("127.0.0.244", "127.0.0.249");
+    let agent = b.proc.as_ref().expect("running").addr.clone();
+    let mut want = Vec::new();
+    for d in 0..40 {
+        for f in 0..3 {
+            want.push((format!("tree/d{d:02}/f{f}"), (d * 3 + f) as u64));
+        }
+        want.push((format!("tree/d{d:02}/e/deep"), 7));
+    }
+    for (name, size) in &want {
+        let path = a.path(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, vec![b'x'; *size as usize]).unwrap();
+    }
+    // B's first look at the top brings the directories below it.
+    let before = metric(&agent, "kt_mount_metadata_requests_total");
+    assert_eq!(std::fs::read_dir(b.path("tree")).unwrap().count(), 40);
+    // d30 was listed ahead; it changes before the walk gets there.
+    std::fs::write(a.path("tree/d30/late"), b"late").unwrap();
+    want.push(("tree/d30/late".into(), 4));
+    want.sort();
+    let mut found = Vec::new();
+    let mut dirs = vec![b.path("tree")];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            if m.is_dir() {
+                dirs.push(e.path());
+            } else {
+                let rel = e.path().strip_prefix(b.path("")).unwrap().to_owned();
+                found.push((rel.to_string_lossy().into_owned(), m.len()));
+            }
+        }
+    }
+    found.sort();
+    assert_eq!(found, want);
+    let asked = metric(&agent, "kt_mount_metadata_requests_total") - before;
+    assert!(
+        asked <= 12.0,
+        "{asked} metadata requests to walk 81 directories"
+    );
+}
+
 /// `ls -l` of a directory another node wrote: the listing comes with every name's attributes
 /// (READDIRPLUS), so the kernel looks none of the names up, and the sizes are right.
 #[test]

@@ -399,6 +399,7 @@ fn ls(
                 prefix: prefix.map(|p| p.to_string()).unwrap_or_default(),
                 recursive,
                 dir_only: false,
+                ahead: 0,
             })
             .await
             .map_err(ClientError::from)?

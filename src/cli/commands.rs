@@ -363,6 +363,7 @@ pub async fn ls(mut a: LsArgs) -> Result<()> {
             prefix: prefix.as_ref().map(|p| p.to_string()).unwrap_or_default(),
             recursive: a.recursive,
             dir_only: false,
+            ahead: 0,
         })
         .await
         .map_err(ClientError::from)?

@@ -495,6 +495,7 @@ impl GpuControl {
                 prefix: prefix.map(|p| p.to_string()).unwrap_or_default(),
                 recursive: true,
                 dir_only: false,
+                ahead: 0,
             }))
             .map_err(ClientError::from)?
             .into_inner();

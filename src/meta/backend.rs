@@ -4,6 +4,7 @@
 //! distributed KV such as etcd can take its place behind the same trait, never a home-made
 //! consensus.
 
+pub use crate::db::Step;
 use crate::db::{BatchOp, Db};
 
 /// A table of the metadata.
@@ -44,13 +45,13 @@ pub trait MetaBackend: Send + Sync + 'static {
     /// Calls `f` with every entry of `table` in key order, one at a time: a whole table need
     /// not fit in memory (garbage collection reads every manifest).
     fn for_each(&self, table: Table, f: &mut Visit<'_>) -> Result<(), BackendError>;
-    /// Calls `f` with the entries whose key starts with `prefix`, in key order, until it
-    /// returns `true`.
-    fn scan_prefix_until(
+    /// Calls `f` with the entries whose key starts with `prefix`, in key order, going on as
+    /// it says: to the next, past every key that begins as this one does, or nowhere.
+    fn walk_prefix(
         &self,
         table: Table,
         prefix: &[u8],
-        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
     ) -> Result<(), BackendError>;
     /// Applies every op or none.
     fn write(&self, ops: Vec<Op>) -> Result<(), BackendError>;
@@ -122,13 +123,13 @@ impl MetaBackend for Db {
         r.map_err(err)
     }
 
-    fn scan_prefix_until(
+    fn walk_prefix(
         &self,
         table: Table,
         prefix: &[u8],
-        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
     ) -> Result<(), BackendError> {
-        Db::scan_prefix_until(self, family(table), prefix, f).map_err(err)
+        Db::walk_prefix(self, family(table), prefix, f).map_err(err)
     }
 
     fn write(&self, ops: Vec<Op>) -> Result<(), BackendError> {

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
-use super::backend::{KeyValue, Op, Visit};
+use super::backend::{KeyValue, Op, Step, Visit};
 use super::*;
 use crate::blocks::files::BlockFiles;
 use crate::blocks::store::{CF_BLOCKS, CF_BLOCK_INDEX};
@@ -51,13 +51,13 @@ impl MetaBackend for GatedDb {
     fn for_each(&self, table: Table, f: &mut Visit<'_>) -> Result<(), BackendError> {
         MetaBackend::for_each(&self.db, table, f)
     }
-    fn scan_prefix_until(
+    fn walk_prefix(
         &self,
         table: Table,
         prefix: &[u8],
-        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
     ) -> Result<(), BackendError> {
-        MetaBackend::scan_prefix_until(&self.db, table, prefix, &mut |k, v| {
+        MetaBackend::walk_prefix(&self.db, table, prefix, &mut |k, v| {
             self.gate.rows.fetch_add(1, Ordering::SeqCst);
             f(k, v)
         })
@@ -90,10 +90,14 @@ fn open_db(dir: &std::path::Path) -> Db {
 
 /// A store over the database in `dir`, its synced writes behind `gate` (none: straight).
 fn open_store(dir: &std::path::Path, gate: Option<Arc<Gate>>) -> MetaStore {
+    open_store_at(dir, gate, &ManualClock::default())
+}
+
+fn open_store_at(dir: &std::path::Path, gate: Option<Arc<Gate>>, clock: &ManualClock) -> MetaStore {
     let db = open_db(dir);
     let files = BlockFiles::open(&dir.join("blocks")).unwrap();
     let blocks = Arc::new(StoreBlocks::new(db.clone(), files));
-    let clock = ManualClock::default().shared();
+    let clock = clock.shared();
     let lease = Duration::from_secs(60);
     match gate {
         Some(gate) => MetaStore::new(GatedDb { db, gate }, blocks, lease, clock),
@@ -266,4 +270,86 @@ fn a_publish_into_a_directory_of_many_keys_reads_few_of_them() {
     assert!(dir_entry.exists);
     let read = gate.rows.load(Ordering::SeqCst) - before;
     assert!(read <= 8, "a publish beside 500 keys read {read} of them");
+}
+
+#[test]
+fn a_listing_of_one_level_reads_one_live_key_per_directory_below_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Arc::new(Gate::default());
+    gate.set_open(true);
+    let clock = ManualClock::default();
+    let meta = open_store_at(dir.path(), Some(gate.clone()), &clock);
+    let ns = Namespace::default();
+    let file = stored_file(&meta, b"data");
+    for d in ["a", "b", "c"] {
+        for i in 0..300 {
+            publish(&meta, &format!("top/{d}/f{i:03}"), &file).unwrap();
+        }
+    }
+    publish(&meta, "top/file", &file).unwrap();
+    // A directory whose first keys expired still shows; one whose every key expired does not.
+    let key = |k: &str| KeyPath::parse(k).unwrap();
+    for k in ["top/b/0-gone", "top/gone/x", "top/gone/y/z"] {
+        meta.publish(&ns, &key(k), &file, Locale::Store, "", 1, false)
+            .unwrap();
+    }
+    meta.set_attr(&ns, &key("top/file"), Some(0o600), None, (None, None))
+        .unwrap();
+    meta.set_attr(&ns, &key("top/a/f001"), Some(0o600), None, (None, None))
+        .unwrap();
+    clock.advance(Duration::from_secs(2));
+
+    let before = gate.rows.load(Ordering::SeqCst);
+    let listing = meta.list(&ns, Some(&key("top")), false).unwrap();
+    let read = gate.rows.load(Ordering::SeqCst) - before;
+    let names: Vec<_> = listing.entries.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, ["a/", "b/", "c/", "file"]);
+    assert_eq!(listing.entries[3].mode & 0o777, 0o600);
+    assert!(read <= 24, "a listing of 4 names read {read} rows");
+
+    // Everything below, for a recursive listing, with the attributes of deeper paths.
+    let all = meta.list(&ns, Some(&key("top")), true).unwrap();
+    assert_eq!(all.entries.len(), 901);
+    let deep = all.entries.iter().find(|e| e.name == "a/f001").unwrap();
+    assert_eq!(deep.mode & 0o777, 0o600);
+}
+
+#[test]
+fn listings_ahead_follow_a_walk_in_name_order_and_stop_at_whole_listings() {
+    let dir = tempfile::tempdir().unwrap();
+    let meta = open_store(dir.path(), None);
+    let ns = Namespace::default();
+    let file = stored_file(&meta, b"data");
+    for k in [
+        "r/a/1", "r/b/x/1", "r/b/x/2", "r/b/y/1", "r/b/f", "r/c/1", "r/c/2", "r/d/1", "s/1",
+    ] {
+        publish(&meta, k, &file).unwrap();
+    }
+    let ahead = |prefix: &str, budget: usize| {
+        let key = KeyPath::parse(prefix).unwrap();
+        let first = meta.list(&ns, Some(&key), false).unwrap();
+        meta.listings_ahead(&ns, Some(&key), &first, budget, 1 << 20)
+            .unwrap()
+            .into_iter()
+            .map(|l| {
+                let names: Vec<String> = l.entries.into_iter().map(|e| e.name).collect();
+                (l.path, names.join(" "))
+            })
+            .collect::<Vec<_>>()
+    };
+    // Below r/b first, then what follows b in r, then what follows r at the top.
+    assert_eq!(
+        ahead("r/b", 100),
+        [
+            ("r/b/x".to_string(), "1 2".to_string()),
+            ("r/b/y".into(), "1".into()),
+            ("r/c".into(), "1 2".into()),
+            ("r/d".into(), "1".into()),
+            ("s".into(), "1".into()),
+        ]
+    );
+    // Whole listings only: the one that would pass the budget is left to be asked for.
+    assert_eq!(ahead("r/b", 4).len(), 2);
+    assert_eq!(ahead("r/b", 5).len(), 3);
+    assert!(ahead("s", 100).is_empty());
 }

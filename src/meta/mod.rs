@@ -21,7 +21,9 @@ use crate::hash::{BlockHash, Version};
 use crate::key::{KeyPath, Namespace};
 use crate::locks;
 use crate::manifest::{self, EntryKind, FileEntry, Manifest, ManifestError};
-use crate::proto::{KeyRecord, ListEntry, ListResponse, Locale, NodeInfo, PathAttrs, Source};
+use crate::proto::{
+    KeyRecord, ListEntry, ListResponse, Listing, Locale, NodeInfo, PathAttrs, Source,
+};
 
 pub mod backend;
 pub mod collected;
@@ -34,7 +36,7 @@ pub mod nodes;
 mod txn;
 
 pub use backend::{BackendError, MetaBackend, FAMILIES};
-use backend::{KeyValue, Table};
+use backend::{KeyValue, Step, Table};
 pub use commit::CommitStats;
 use keys::{file_entry, key_bytes, key_entry, live, location_key, manifest_listing, overlay};
 use nodes::NodeLeases;
@@ -204,26 +206,33 @@ impl MetaStore {
                 }
             }
         }
-        let (mut found, mut failed) = (false, None);
-        self.backend.scan_prefix_until(table, prefix, &mut |k, v| {
+        let mut found = false;
+        self.walk_prefix(table, prefix, |k, v| {
             if planned.iter().any(|(p, _)| p.as_slice() == k) {
-                return false;
+                return Ok(Step::Next);
             }
-            match f(k, v) {
-                Ok(stop) => {
-                    found = stop;
-                    stop
-                }
-                Err(e) => {
-                    failed = Some(e);
-                    true
-                }
-            }
+            found = f(k, v)?;
+            Ok(if found { Step::Stop } else { Step::Next })
         })?;
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(found),
-        }
+        Ok(found)
+    }
+
+    /// Calls `f` with the stored values whose key starts with `prefix`, in key order, going on
+    /// as it says (see [`Step`]); its error stops the walk and is returned.
+    fn walk_prefix(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<Step, MetaError>,
+    ) -> Result<(), MetaError> {
+        let mut failed = None;
+        self.backend.walk_prefix(table, prefix, &mut |k, v| {
+            f(k, v).unwrap_or_else(|e| {
+                failed = Some(e);
+                Step::Stop
+            })
+        })?;
+        failed.map_or(Ok(()), Err)
     }
 
     pub(crate) fn path_attrs(
@@ -240,12 +249,14 @@ impl MetaStore {
             .map_err(|e| MetaError::Corrupt(e.to_string()))
     }
 
-    /// The attributes of the paths strictly below `path`, by their path relative to it.
+    /// The stored attributes of the paths strictly below `path`, by their path relative to
+    /// it: of every path below, or with `one_level` of the names directly in it alone (without
+    /// reading what lies deeper).
     fn attrs_below(
         &self,
-        view: View,
         ns: &Namespace,
         path: &str,
+        one_level: bool,
     ) -> Result<std::collections::HashMap<String, PathAttrs>, MetaError> {
         let prefix = if path.is_empty() {
             key_bytes(ns, "")
@@ -253,18 +264,21 @@ impl MetaStore {
             key_bytes(ns, &format!("{path}/"))
         };
         let mut out = std::collections::HashMap::new();
-        for (k, v) in self.scan(view, Table::Attrs, &prefix)? {
-            let (Some(rel), Ok(a)) = (k.get(prefix.len()..), PathAttrs::decode(v.as_slice()))
-            else {
-                return Err(MetaError::Corrupt("path attributes".into()));
-            };
+        let corrupt = || MetaError::Corrupt("path attributes".into());
+        self.walk_prefix(Table::Attrs, &prefix, |k, v| {
+            let rel = k.get(prefix.len()..).ok_or_else(corrupt)?;
             if rel.is_empty() {
-                continue;
+                return Ok(Step::Next);
             }
+            if let (true, Some(i)) = (one_level, rel.iter().position(|&b| b == b'/')) {
+                return Ok(Step::Past(prefix.len() + i + 1));
+            }
+            let a = PathAttrs::decode(v).map_err(|_| corrupt())?;
             let rel =
                 String::from_utf8(rel.to_vec()).map_err(|e| MetaError::Corrupt(e.to_string()))?;
             out.insert(rel, a);
-        }
+            Ok(Step::Next)
+        })?;
         Ok(out)
     }
 
@@ -382,6 +396,45 @@ impl MetaStore {
                 out.push((name, r));
             }
         }
+        Ok(out)
+    }
+
+    /// The level directly below `key` (the namespace's top for `None`) as a listing of it
+    /// shows it, in name order: each live key there with its record, and each name live keys
+    /// lie below as a directory (`None`), found by reading keys below it only until one is
+    /// live: a listing of a namespace's root does not read every key in the namespace.
+    pub(crate) fn children(
+        &self,
+        ns: &Namespace,
+        key: Option<&str>,
+    ) -> Result<Vec<(String, Option<KeyRecord>)>, MetaError> {
+        let prefix = match key {
+            Some(k) => key_bytes(ns, &format!("{k}/")),
+            None => key_bytes(ns, ""),
+        };
+        let now = self.now_ms();
+        let name =
+            |b: &[u8]| String::from_utf8(b.to_vec()).map_err(|e| MetaError::Corrupt(e.to_string()));
+        let mut out = Vec::new();
+        self.walk_prefix(Table::Keys, &prefix, |k, v| {
+            let rel = k
+                .get(prefix.len()..)
+                .ok_or_else(|| MetaError::Corrupt("a stored key's name".into()))?;
+            let r = self.name_record(View::Stored, ns, v)?;
+            if !self.visible(&r, now) {
+                return Ok(Step::Next);
+            }
+            Ok(match rel.iter().position(|&b| b == b'/') {
+                Some(i) => {
+                    out.push((name(&rel[..i])?, None));
+                    Step::Past(prefix.len() + i + 1)
+                }
+                None => {
+                    out.push((name(rel)?, Some(r)));
+                    Step::Next
+                }
+            })
+        })?;
         Ok(out)
     }
 
@@ -637,6 +690,7 @@ impl MetaStore {
                 entries: Vec::new(),
                 exists: loc.exists(),
                 dir,
+                ahead: Vec::new(),
             });
         }
         let mut dir = match &loc {
@@ -666,7 +720,7 @@ impl MetaStore {
         };
         self.list_keys(&t, prefix, recursive, &mut out, bare_dir)?;
         // One scan of the attributes below, as the keys below were scanned: no lookup each.
-        let below = self.attrs_below(View::Stored, ns, base)?;
+        let below = self.attrs_below(ns, base, !recursive)?;
         for (name, e) in out.iter_mut() {
             overlay(e, below.get(name.as_str()));
         }
@@ -678,7 +732,79 @@ impl MetaStore {
             entries: out.into_values().collect(),
             exists: loc.exists(),
             dir,
+            ahead: Vec::new(),
         })
+    }
+
+    /// The listings a walk of the tree in name order (ls -R, find, cp -r) reads after the
+    /// one of `prefix` (`first`): each directory below it, depth first, then those after it in
+    /// its parent, and so on up to the namespace's root; whole listings only, until `budget`
+    /// entries or `max_bytes` in all.
+    pub fn listings_ahead(
+        &self,
+        ns: &Namespace,
+        prefix: Option<&KeyPath>,
+        first: &ListResponse,
+        budget: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Listing>, MetaError> {
+        let subdirs = |at: &str, entries: &[ListEntry], after: Option<&str>| -> Vec<String> {
+            let mut dirs: Vec<String> = entries
+                .iter()
+                .filter(|e| e.is_directory)
+                .map(|e| e.name.trim_end_matches('/'))
+                .filter(|n| after.is_none_or(|a| *n > a))
+                .map(|n| {
+                    if at.is_empty() {
+                        n.to_string()
+                    } else {
+                        format!("{at}/{n}")
+                    }
+                })
+                .collect();
+            // Popped from the end: the first name first.
+            dirs.reverse();
+            dirs
+        };
+        let mut at = prefix.map_or(String::new(), |p| p.as_str().to_string());
+        let mut stack = subdirs(&at, &first.entries, None);
+        let (mut out, mut entries, mut bytes) = (Vec::new(), 0, 0);
+        loop {
+            while let Some(path) = stack.pop() {
+                let Ok(key) = KeyPath::parse(&path) else {
+                    continue;
+                };
+                let l = self.list(ns, Some(&key), false)?;
+                if !l.exists {
+                    continue;
+                }
+                let listing = Listing {
+                    path,
+                    entries: l.entries,
+                    dir: l.dir,
+                };
+                entries += listing.entries.len();
+                bytes += listing.encoded_len();
+                if entries > budget || bytes > max_bytes {
+                    return Ok(out);
+                }
+                stack.extend(subdirs(&listing.path, &listing.entries, None));
+                out.push(listing);
+            }
+            // Below `at` is done: on with what follows it in its parent.
+            if at.is_empty() {
+                return Ok(out);
+            }
+            let (parent, name) = match at.rsplit_once('/') {
+                Some((p, n)) => (p.to_string(), n.to_string()),
+                None => (String::new(), at.clone()),
+            };
+            let parent_key =
+                KeyPath::parse_prefix(&parent).map_err(|e| MetaError::Corrupt(e.to_string()))?;
+            let l = self.list(ns, parent_key.as_ref(), false)?;
+            stack = subdirs(&parent, &l.entries, Some(&name));
+            at = parent;
+        }
     }
 
     fn list_keys(
@@ -689,20 +815,25 @@ impl MetaStore {
         out: &mut BTreeMap<String, ListEntry>,
         bare_dir: impl Fn() -> ListEntry,
     ) -> Result<(), MetaError> {
-        let strip = prefix.map_or(0, |p| p.as_str().len() + 1);
-        for (name, r) in t.descendants(prefix.map(KeyPath::as_str))? {
-            let rel = &name[strip..];
-            match rel.split_once('/') {
-                Some((top, _)) if !recursive => {
-                    out.entry(top.to_string()).or_insert_with(|| ListEntry {
-                        name: format!("{top}/"),
-                        ..bare_dir()
-                    });
-                }
-                _ => {
-                    out.insert(rel.to_string(), key_entry(rel, &r));
+        if !recursive {
+            for (name, r) in t.children(prefix.map(KeyPath::as_str))? {
+                match r {
+                    Some(r) => {
+                        out.insert(name.clone(), key_entry(&name, &r));
+                    }
+                    None => {
+                        out.entry(name.clone()).or_insert_with(|| ListEntry {
+                            name: format!("{name}/"),
+                            ..bare_dir()
+                        });
+                    }
                 }
             }
+            return Ok(());
+        }
+        let strip = prefix.map_or(0, |p| p.as_str().len() + 1);
+        for (name, r) in t.descendants(prefix.map(KeyPath::as_str))? {
+            out.insert(name[strip..].to_string(), key_entry(&name[strip..], &r));
         }
         Ok(())
     }

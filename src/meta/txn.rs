@@ -393,6 +393,26 @@ impl<'m> Txn<'m> {
         self.put_key(to, m, &Lineage::of(&r))
     }
 
+    /// The level directly below `key` as a listing of it shows it (see
+    /// [`MetaStore::children`]), with this change's own edits.
+    pub fn children(
+        &self,
+        key: Option<&str>,
+    ) -> Result<Vec<(String, Option<KeyRecord>)>, MetaError> {
+        if self.view == View::Stored && self.pending.is_empty() && self.inodes.is_empty() {
+            return self.meta.children(&self.ns, key);
+        }
+        let strip = key.map_or(0, |k| k.len() + 1);
+        Ok(self
+            .descendants(key)?
+            .into_iter()
+            .map(|(name, r)| match name[strip..].split_once('/') {
+                Some((top, _)) => (top.to_string(), None),
+                None => (name[strip..].to_string(), Some(r)),
+            })
+            .collect())
+    }
+
     /// Live keys strictly below `key` (all keys for the root), pending edits applied.
     pub fn descendants(&self, key: Option<&str>) -> Result<Vec<(String, KeyRecord)>, MetaError> {
         let stored = self.meta.descendants(self.view, &self.ns, key)?;

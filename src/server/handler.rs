@@ -31,6 +31,10 @@ const MAX_BATCH_ITEMS: usize = 256;
 const MAX_BATCH_INLINE: usize = 8 << 20;
 /// Keys of one `ResolveMany`, at most.
 const MAX_RESOLVE_MANY: usize = 256;
+/// The most entries a listing's `ahead` brings, and the most bytes: well inside a gRPC
+/// message, and a few milliseconds of the server's time.
+const LIST_AHEAD_MAX: usize = 8192;
+const LIST_AHEAD_BYTES: usize = 1 << 20;
 
 /// One item of a batch, checked as far as it can be before anything is stored.
 struct Item {
@@ -743,9 +747,17 @@ impl Store for StoreHandler {
         let r = req.into_inner();
         let prefix = KeyPath::parse_prefix(&r.prefix).map_err(|e| invalid(e.to_string()))?;
         let meta = self.meta.clone();
-        let listing = blocking(move || match r.dir_only {
-            true => meta.list_dir_only(&ns, prefix.as_ref()),
-            false => meta.list(&ns, prefix.as_ref(), r.recursive),
+        let listing = blocking(move || {
+            if r.dir_only {
+                return meta.list_dir_only(&ns, prefix.as_ref());
+            }
+            let mut l = meta.list(&ns, prefix.as_ref(), r.recursive)?;
+            if r.ahead > 0 && !r.recursive && l.exists {
+                let budget = (r.ahead as usize).min(LIST_AHEAD_MAX);
+                l.ahead =
+                    meta.listings_ahead(&ns, prefix.as_ref(), &l, budget, LIST_AHEAD_BYTES)?;
+            }
+            Ok(l)
         })
         .await?;
         Ok(Response::new(listing))

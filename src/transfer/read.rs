@@ -201,6 +201,7 @@ pub async fn stat(store: &mut Store, namespace: &str, key: &KeyPath) -> Result<S
                     prefix: key.to_string(),
                     recursive: false,
                     dir_only: false,
+                    ahead: 0,
                 })
                 .await
                 .map_err(|s| not_found(s.into(), key))?

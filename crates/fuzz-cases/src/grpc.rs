@@ -197,7 +197,26 @@ async fn call(c: &mut StoreClient<Channel>, pick: usize, body: &[u8]) {
             let _ = rpc!(c.resolve(decoded!(ResolveRequest, body)));
         }
         6 => {
-            let _ = rpc!(c.list(decoded!(ListRequest, body)));
+            let req = decoded!(ListRequest, body);
+            let ns = req.namespace.clone();
+            if let Some(l) = rpc!(c.list(req)) {
+                let n: usize = l.ahead.iter().map(|a| a.entries.len()).sum();
+                assert!(n <= 8192, "{n} entries listed ahead");
+                // Each listing brought ahead is the one its own request gives (nothing
+                // changes between the two: this harness is the only caller).
+                for a in l.ahead.iter().take(4) {
+                    let own = rpc!(c.list(ListRequest {
+                        namespace: ns.clone(),
+                        prefix: a.path.clone(),
+                        ..Default::default()
+                    }));
+                    assert!(
+                        own.is_some_and(|o| o.exists && o.entries == a.entries && o.dir == a.dir),
+                        "{:?} listed ahead is not its own listing",
+                        a.path
+                    );
+                }
+            }
         }
         7 => {
             let req = decoded!(RemoveRequest, body);

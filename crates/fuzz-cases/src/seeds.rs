@@ -335,6 +335,37 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ]
         .concat(),
     ));
+    // A listing with those a walk reads next: a tree two levels deep, listed from inside it.
+    out.push((
+        "grpc_handlers",
+        "list-ahead",
+        [
+            call(0, &node),
+            call(
+                19,
+                &PublishBatchRequest {
+                    namespace: "team-a".into(),
+                    items: vec![
+                        item("walk/a/1"),
+                        item("walk/b/x/1"),
+                        item("walk/b/y/1"),
+                        item("walk/c/1"),
+                    ],
+                    watcher: 0,
+                },
+            ),
+            call(
+                6,
+                &ListRequest {
+                    namespace: "team-a".into(),
+                    prefix: "walk/b".into(),
+                    ahead: 64,
+                    ..Default::default()
+                },
+            ),
+        ]
+        .concat(),
+    ));
     out.push((
         "grpc_handlers",
         "directory-and-broadcast",

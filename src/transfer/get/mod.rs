@@ -262,6 +262,7 @@ async fn keys_below(store: &mut Store, opts: &GetOptions) -> Result<Vec<(String,
             prefix: opts.key.to_string(),
             recursive: true,
             dir_only: false,
+            ahead: 0,
         })
         .await;
     let list = match list.map_err(ClientError::from) {
