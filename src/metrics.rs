@@ -227,6 +227,11 @@ pub static FUSE_RELEASE_SECONDS: Histogram = Histogram::new(
     "op=\"release\"",
     "Time of a filesystem operation in the mount's core.",
 );
+pub static FUSE_FLUSH_SECONDS: Histogram = Histogram::new(
+    "kt_fuse_op_seconds",
+    "op=\"flush\"",
+    "Time of a filesystem operation in the mount's core.",
+);
 
 static COUNTERS: [&Counter; 23] = [
     &MOUNT_METADATA_REQUESTS,
@@ -254,13 +259,14 @@ static COUNTERS: [&Counter; 23] = [
     &AUTH_REFUSED,
 ];
 
-static HISTOGRAMS: [&Histogram; 6] = [
+static HISTOGRAMS: [&Histogram; 7] = [
     &FETCH_SECONDS,
     &FUSE_READ_SECONDS,
     &FUSE_LOOKUP_SECONDS,
     &FUSE_OPEN_SECONDS,
     &FUSE_WRITE_SECONDS,
     &FUSE_RELEASE_SECONDS,
+    &FUSE_FLUSH_SECONDS,
 ];
 
 /// Observes the time from its start to its drop into a histogram.

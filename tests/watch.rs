@@ -178,11 +178,18 @@ fn a_mount_writing_many_files_into_a_directory_lists_it_about_once() {
 fn a_mount_reading_a_directory_of_small_files_resolves_them_a_batch_at_a_time() {
     let (c, a, b) = two_nodes("127.0.0.235", "127.0.0.236");
     let agent = b.proc.as_ref().expect("running").addr.clone();
+    let writer = a.proc.as_ref().expect("running").addr.clone();
+    let flushes = |addr: &str| metric(addr, "kt_fuse_op_seconds_count{op=\"flush\"}");
+    let written = flushes(&writer);
     std::fs::create_dir(a.path("small")).unwrap();
     let body = |i: usize, what: &str| format!("{what} {i:03} ").repeat(200);
     for i in 0..100 {
         std::fs::write(a.path(&format!("small/f{i:03}")), body(i, "first")).unwrap();
     }
+    // A writer's close reaches the mount (it publishes there); a reader's does not (the
+    // kernel was told FOPEN_NOFLUSH: one request less per file read).
+    assert!(flushes(&writer) - written >= 100.0);
+    let read = flushes(&agent);
     assert_eq!(std::fs::read_dir(b.path("small")).unwrap().count(), 100);
     let before = metric(&agent, "kt_mount_metadata_requests_total");
     assert_eq!(
@@ -203,6 +210,11 @@ fn a_mount_reading_a_directory_of_small_files_resolves_them_a_batch_at_a_time() 
     assert!(
         asked <= 10.0,
         "{asked} metadata requests to read 100 small files"
+    );
+    assert_eq!(
+        flushes(&agent),
+        read,
+        "a reader's close was sent to the mount"
     );
     assert_eq!(metric(&c.server.addr, "kt_watch_lapsed_total"), 0.0);
 }

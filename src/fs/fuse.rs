@@ -335,7 +335,13 @@ impl Filesystem for FuseAdapter {
         reply_or!(
             reply,
             self.core.open_by(ino.0, flags.0, req.pid()),
-            |(fh, cache): (u64, PageCache)| reply.opened(FileHandle(fh), self.open_flags(cache))
+            |(fh, cache): (u64, PageCache)| {
+                let mut flags = self.open_flags(cache);
+                if !FsCore::flushes(fh) {
+                    flags |= FopenFlags::FOPEN_NOFLUSH;
+                }
+                reply.opened(FileHandle(fh), flags)
+            }
         )
     }
 

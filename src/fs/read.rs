@@ -72,7 +72,11 @@ pub struct ReadFile {
 
 impl ReadFile {
     pub(super) fn job(&self, i: usize) -> FsResult<BlockJob> {
-        let b = &self.entry.blocks[i];
+        let b = self
+            .entry
+            .blocks
+            .get(i)
+            .ok_or_else(|| FsError::BadManifest(format!("no block {i}")))?;
         let hash = BlockHash::from_slice(&b.hash)
             .ok_or_else(|| FsError::BadManifest(format!("block {i} has a malformed hash")))?;
         Ok(BlockJob {
@@ -80,6 +84,25 @@ impl ReadFile {
             len: b.len,
             targets: Vec::new(),
         })
+    }
+
+    /// The part of block `i` (`data`, of the manifest's length) that `offset..end` covers; a
+    /// slice out of range would panic, so it is an error instead.
+    fn slice(&self, i: usize, data: Bytes, offset: u64, end: u64) -> FsResult<Bytes> {
+        let start = self
+            .offsets
+            .get(i)
+            .copied()
+            .ok_or_else(|| FsError::BadManifest(format!("no block {i}")))?;
+        let lo = offset.max(start) - start;
+        let hi = end.min(start + data.len() as u64).saturating_sub(start);
+        if lo > hi || hi > data.len() as u64 {
+            return Err(FsError::BadManifest(format!(
+                "block {i} ({} bytes) does not cover {offset}..{end}",
+                data.len()
+            )));
+        }
+        Ok(data.slice(lo as usize..hi as usize))
     }
 
     /// The reader's place in the version's window, if it joined one.
@@ -396,8 +419,22 @@ impl FsCore {
         // slightly out of order: near the previous end still counts as sequential.
         let prev_end = f.next_offset.swap(end, Ordering::Relaxed);
         let sequential = offset.abs_diff(prev_end) <= SEQUENTIAL_SLACK;
+        let read_ahead = (sequential || offset == 0) && last + 1 < f.offsets.len();
+        // Blocks this node holds are read here, on the FUSE thread, without entering the
+        // runtime: a cached small file's read is one lookup.
+        if !read_ahead {
+            let held: Option<Vec<Bytes>> = (first..=last)
+                .map(|i| self.loader.held(&f.job(i)?))
+                .collect::<FsResult<_>>()?;
+            if let Some(held) = held {
+                let parts = (first..=last)
+                    .zip(held)
+                    .map(|(i, b)| f.slice(i, b, offset, end));
+                return joined(parts, end - offset);
+            }
+        }
         self.block_on(async {
-            if sequential || offset == 0 {
+            if read_ahead {
                 let ahead: Vec<BlockJob> = (last + 1
                     ..(last + 1 + READAHEAD_BLOCKS).min(f.offsets.len()))
                     .map(|i| f.job(i))
@@ -405,37 +442,33 @@ impl FsCore {
                 self.loader
                     .prefetch(ahead, &f.route, self.seed_hook(f.version));
             }
-            // A read within one block (the common case: 1 MiB requests, 4 MiB blocks) is a
-            // slice of that block, not a copy.
             let mut parts = Vec::with_capacity(last - first + 1);
             for i in first..=last {
                 let data = self
                     .loader
                     .block(&f.job(i)?, &f.route, self.seed_hook(f.version))
                     .await?;
-                // `block` gave the manifest's length, so this is in range; a slice out of it
-                // would panic, so it is an error instead.
-                let start = f.offsets.get(i).copied().ok_or_else(uncovered)?;
-                let lo = offset.max(start) - start;
-                let hi = end.min(start + data.len() as u64).saturating_sub(start);
-                if lo > hi || hi > data.len() as u64 {
-                    return Err(FsError::BadManifest(format!(
-                        "block {i} ({} bytes) does not cover {offset}..{end}",
-                        data.len()
-                    )));
-                }
-                parts.push(data.slice(lo as usize..hi as usize));
+                parts.push(f.slice(i, data, offset, end));
             }
-            if parts.len() == 1 {
-                return Ok(parts.swap_remove(0));
-            }
-            let mut out = bytes::BytesMut::with_capacity((end - offset) as usize);
-            for p in parts {
-                out.extend_from_slice(&p);
-            }
-            Ok::<Bytes, FsError>(out.freeze())
+            joined(parts.into_iter(), end - offset)
         })
     }
+}
+
+/// The parts of a read, in order, as one buffer: a read within one block (the common case: 1 MiB
+/// requests, 4 MiB blocks) is a slice of that block, not a copy.
+fn joined(parts: impl Iterator<Item = FsResult<Bytes>>, len: u64) -> FsResult<Bytes> {
+    let mut parts = parts.peekable();
+    let first = parts.next().transpose()?.unwrap_or_default();
+    if parts.peek().is_none() {
+        return Ok(first);
+    }
+    let mut out = bytes::BytesMut::with_capacity(len as usize);
+    out.extend_from_slice(&first);
+    for p in parts {
+        out.extend_from_slice(&p?);
+    }
+    Ok(out.freeze())
 }
 
 /// The one file a resolve's manifest describes, checked.

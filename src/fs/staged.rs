@@ -383,6 +383,7 @@ impl FsCore {
     /// `close`: publish what was written; under write-back, journal and queue it (here, not
     /// at the last release: the kernel sends that after `close` returned).
     pub fn flush(&self, fh: u64) -> FsResult<()> {
+        let _t = crate::metrics::Timer::start(&crate::metrics::FUSE_FLUSH_SECONDS);
         if self.writeback.on() {
             if let Ok(Handle::Write(s)) = self.handle(fh) {
                 self.queue_publish(&s)?;
