@@ -850,6 +850,15 @@ fn hard_links_are_two_names_of_one_file_on_every_node() {
         std::fs::read(b.path("f")).is_ok_and(|d| d == b"two, and longer")
             && lstat(&b.path("f")).st_nlink == 2
     }));
+    // On the other node too, both names show one inode number (as `tar`, `du` and `rsync -H`
+    // see a hard link), also after its kernel dropped what it cached.
+    let same = || lstat(&b.path("f")).st_ino == lstat(&b.path("d/g")).st_ino;
+    assert!(same(), "node B shows two numbers for one file");
+    std::fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+    assert!(
+        same(),
+        "node B shows two numbers for one file after a drop of caches"
+    );
     // Metadata is the file's, whichever name changes it.
     std::fs::set_permissions(a.path("f"), std::fs::Permissions::from_mode(0o600)).unwrap();
     let (f, g) = (lstat(&a.path("f")), lstat(&a.path("d/g")));

@@ -104,6 +104,11 @@ pub struct Inodes {
     /// The names of inodes known to have more than one (hard links made here): a name that
     /// goes passes the inode to another.
     names: HashMap<u64, Vec<String>>,
+    /// The inode of each of the store's inode records (a file of several names) the kernel
+    /// holds, and back: every name of one file shows one number, whichever node made its
+    /// links, and after the kernel forgot some of its names.
+    by_record: HashMap<u64, u64>,
+    record_of: HashMap<u64, u64>,
 }
 
 impl Default for Inodes {
@@ -115,6 +120,8 @@ impl Default for Inodes {
             reserved: 0,
             journal: None,
             names: HashMap::new(),
+            by_record: HashMap::new(),
+            record_of: HashMap::new(),
         };
         t.by_ino.insert(ROOT, (String::new(), 1));
         t.by_path.insert(String::new(), ROOT);
@@ -193,6 +200,30 @@ impl Inodes {
         ino
     }
 
+    /// [`Inodes::lookup`] of a name of the store's inode record `record` (0: a file of one
+    /// name): the inode the record's other names have, while the kernel holds one.
+    pub fn lookup_record(&mut self, path: &str, record: u64) -> u64 {
+        if record == 0 {
+            return self.lookup(path);
+        }
+        match self.by_record.get(&record).copied() {
+            Some(ino) if self.by_ino.contains_key(&ino) => {
+                if self.by_path.get(path) == Some(&ino) {
+                    self.lookup(path)
+                } else {
+                    self.link(ino, path);
+                    ino
+                }
+            }
+            _ => {
+                let ino = self.lookup(path);
+                self.by_record.insert(record, ino);
+                self.record_of.insert(ino, record);
+                ino
+            }
+        }
+    }
+
     /// Makes `path` a second name of `ino` (a hard link), with one more kernel reference.
     pub fn link(&mut self, ino: u64, path: &str) {
         let Some((first, refs)) = self.by_ino.get_mut(&ino) else {
@@ -205,6 +236,32 @@ impl Inodes {
             names.push(path.to_string());
         }
         self.by_path.insert(path.to_string(), ino);
+    }
+
+    /// The names of `ino`, where it is known to have several.
+    pub fn names(&self, ino: u64) -> Option<Vec<String>> {
+        self.names.get(&ino).cloned()
+    }
+
+    /// `ino`'s name `gone` went away elsewhere: it goes on under its name `to`.
+    pub fn pass_on(&mut self, ino: u64, gone: &str, to: &str) {
+        if let Some(names) = self.names.get_mut(&ino) {
+            names.retain(|n| n != gone);
+            if names.len() < 2 {
+                self.names.remove(&ino);
+            }
+        }
+        if self.by_path.get(gone) == Some(&ino) {
+            self.by_path.remove(gone);
+        }
+        if let Some((p, refs)) = self.by_ino.get_mut(&ino) {
+            *p = to.to_string();
+            if *refs > 0 {
+                if let Some(j) = &self.journal {
+                    j.put(ino, to);
+                }
+            }
+        }
     }
 
     /// The other names of the inode at `path`, where it has several.
@@ -265,6 +322,11 @@ impl Inodes {
             for name in self.names.remove(&ino).unwrap_or_default() {
                 if self.by_path.get(&name) == Some(&ino) {
                     self.by_path.remove(&name);
+                }
+            }
+            if let Some(r) = self.record_of.remove(&ino) {
+                if self.by_record.get(&r) == Some(&ino) {
+                    self.by_record.remove(&r);
                 }
             }
             if let Some(j) = &self.journal {
@@ -373,6 +435,28 @@ mod tests {
         assert!(t.path(ab).is_none());
         assert_ne!(t.ino("x/b"), ab);
         assert_eq!(t.path(ROOT).unwrap(), "");
+    }
+
+    #[test]
+    fn names_of_one_store_record_share_an_inode_until_the_kernel_forgets_them_all() {
+        let mut t = Inodes::default();
+        // Looked up on its own first (before anyone linked it), then as a name of record 9.
+        let before = t.lookup("f");
+        let f = t.lookup_record("f", 9);
+        assert_eq!(f, before);
+        let g = t.lookup_record("d/g", 9);
+        assert_eq!(g, f, "two names of one file, two numbers");
+        assert_eq!(t.lookup_record("other", 10), t.ino("other"));
+        assert_ne!(t.ino("other"), f);
+        // The kernel forgets one name's reference: the other still holds the number.
+        t.forget(f, 1);
+        assert_eq!(t.lookup_record("f", 9), f);
+        // Forgotten whole (2 references of f, 1 of d/g): the record's next name gets a new one.
+        t.forget(f, 3);
+        assert!(t.path(f).is_none());
+        let again = t.lookup_record("d/g", 9);
+        assert_ne!(again, f);
+        assert_eq!(t.lookup_record("f", 9), again);
     }
 
     #[test]

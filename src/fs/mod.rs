@@ -418,7 +418,23 @@ impl FsCore {
     }
 
     pub(crate) fn path_of(&self, ino: u64) -> FsResult<String> {
-        self.inodes().path(ino).ok_or(FsError::Stale)
+        let (path, names) = {
+            let t = self.inodes();
+            (t.path(ino).ok_or(FsError::Stale)?, t.names(ino))
+        };
+        // A file of several names whose name here went away on another node goes on under a
+        // name it still has, as a local unlink of the name passes it on.
+        if let Some(names) = names {
+            if self.staged_at(&path).is_none()
+                && matches!(self.entry(&path), Err(FsError::NotFound))
+            {
+                if let Some(other) = names.iter().find(|n| **n != path && self.entry(n).is_ok()) {
+                    self.inodes().pass_on(ino, &path, other);
+                    return Ok(other.clone());
+                }
+            }
+        }
+        Ok(path)
     }
 
     fn ino_of(&self, path: &str) -> u64 {

@@ -684,7 +684,12 @@ impl FsCore {
     fn look_up(&self, parent: u64, name: &str) -> FsResult<Attr> {
         let path = self.child(parent, name)?;
         let mut attr = self.stat_path(&path)?;
-        attr.ino = self.inodes().lookup(&path);
+        // A file of several names: the number its other names show.
+        let record = match (attr.kind, attr.nlink) {
+            (Kind::File, n) if n > 1 => self.entry(&path).map_or(0, |e| e.inode),
+            _ => 0,
+        };
+        attr.ino = self.inodes().lookup_record(&path, record);
         Ok(self.with_atime(attr))
     }
 
