@@ -738,7 +738,8 @@ impl MetaStore {
 
     /// The listings a walk of the tree in name order (ls -R, find, cp -r) reads after the
     /// one of `prefix` (`first`): each directory below it, depth first, then those after it in
-    /// its parent, and so on up to the namespace's root; whole listings only, until `budget`
+    /// its parent (no higher: a walk of a tree that began there would not go on to its
+    /// neighbours, and whoever walks higher asks there); whole listings only, until `budget`
     /// entries or `max_bytes` in all.
     pub fn listings_ahead(
         &self,
@@ -768,7 +769,7 @@ impl MetaStore {
         };
         let mut at = prefix.map_or(String::new(), |p| p.as_str().to_string());
         let mut stack = subdirs(&at, &first.entries, None);
-        let (mut out, mut entries, mut bytes) = (Vec::new(), 0, 0);
+        let (mut out, mut entries, mut bytes, mut climbed) = (Vec::new(), 0, 0, false);
         loop {
             while let Some(path) = stack.pop() {
                 let Ok(key) = KeyPath::parse(&path) else {
@@ -791,10 +792,11 @@ impl MetaStore {
                 stack.extend(subdirs(&listing.path, &listing.entries, None));
                 out.push(listing);
             }
-            // Below `at` is done: on with what follows it in its parent.
-            if at.is_empty() {
+            // Below `at` is done: on with what follows it in its parent, once.
+            if at.is_empty() || climbed {
                 return Ok(out);
             }
+            climbed = true;
             let (parent, name) = match at.rsplit_once('/') {
                 Some((p, n)) => (p.to_string(), n.to_string()),
                 None => (String::new(), at.clone()),
