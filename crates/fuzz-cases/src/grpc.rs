@@ -21,7 +21,9 @@ const HANG: Duration = Duration::from_secs(10);
 /// Calls in one input at most: enough to publish, then resolve, rename, link and remove.
 const MAX_CALLS: usize = 16;
 /// The RPCs of `service Store`, in the order a call's first byte picks them.
-pub const RPCS: usize = 22;
+pub const RPCS: usize = 23;
+/// The pick of `Watch`: the stream stays open for the calls after it in the input.
+const WATCH: usize = 22;
 
 struct Server {
     client: StoreClient<Channel>,
@@ -78,6 +80,7 @@ pub fn grpc_handlers(input: &[u8]) {
     let mut rest = input;
     let mut calls = 0;
     runtime().block_on(async {
+        let mut watch = None;
         while rest.len() >= 3 && calls < MAX_CALLS {
             let pick = rest[0] as usize % RPCS;
             let len = u16::from_le_bytes([rest[1], rest[2]]) as usize;
@@ -85,7 +88,13 @@ pub fn grpc_handlers(input: &[u8]) {
             let body = &rest[3..3 + len];
             rest = &rest[3 + len..];
             calls += 1;
-            call(&mut client, pick, body).await;
+            match pick {
+                WATCH => watch_call(&mut client, &mut watch, body).await,
+                _ => call(&mut client, pick, body).await,
+            }
+        }
+        if let Some(w) = watch {
+            w.end().await;
         }
     });
 }
@@ -149,6 +158,94 @@ async fn resolve(c: &mut StoreClient<Channel>, namespace: &str, key: &str) -> Re
         ..Default::default()
     };
     rpc!(c.resolve(req)).unwrap_or_else(|| panic!("{key:?} does not resolve"))
+}
+
+/// A watch an input opened: a mount's lease, held while the input's later calls run, so that
+/// every change they make waits on it. One that acknowledges answers every change as a mount
+/// does; one that does not makes each change wait for its lease to run out (3 s), and never
+/// longer (the calls' hang check).
+struct Watch {
+    up: tokio::sync::mpsc::Sender<WatchUp>,
+    /// Renewals sent, which the server's `renewed` answers must name.
+    renews: std::sync::Arc<std::sync::Mutex<Vec<u64>>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Watch {
+    /// Ends the stream and takes the reader's verdict (its panic is this input's finding).
+    async fn end(self) {
+        drop(self.up);
+        match tokio::time::timeout(HANG, self.reader).await {
+            Err(_) => panic!("a watch's stream did not end once its watcher left"),
+            Ok(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Ok(_) => {}
+        }
+    }
+}
+
+/// `Watch`: the first pick opens the stream with the request as its first message, later picks
+/// send theirs up the open stream (any `acked` and `renew`, in any order).
+async fn watch_call(c: &mut StoreClient<Channel>, open: &mut Option<Watch>, body: &[u8]) {
+    let up = decoded!(WatchUp, body);
+    if let Some(w) = open {
+        if up.renew != 0 {
+            ktfs::locks::lock(&w.renews).push(up.renew);
+        }
+        // The server may have dropped this watcher already (a lease it let run out).
+        let _ = w.up.send(up).await;
+        return;
+    }
+    let acks = (up.acked ^ up.renew) & 1 == 0;
+    let renews = std::sync::Arc::new(std::sync::Mutex::new(vec![up.renew]));
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tx.send(up).await.expect("the stream's first message");
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let Some(mut down) = rpc!(c.watch(stream)) else {
+        return;
+    };
+    // Weak: the stream ends when the input drops its sender, not when this task does.
+    let (answer, sent) = (tx.downgrade(), renews.clone());
+    let reader = tokio::spawn(async move {
+        let (mut first, mut seq) = (true, 0);
+        // Until the server drops the watcher or the input ends it.
+        while let Ok(Some(d)) = down.message().await {
+            if first {
+                assert_ne!(d.watcher, 0, "a watch's first answer names no watcher");
+                first = false;
+            }
+            if d.renewed != 0 {
+                assert!(
+                    ktfs::locks::lock(&sent).contains(&d.renewed),
+                    "a renewal of {} that was not asked for",
+                    d.renewed
+                );
+                assert!(d.lease_ms > 0, "a lease renewed for no time");
+            }
+            if d.seq != 0 {
+                assert!(d.seq > seq, "change {} told after {seq}", d.seq);
+                assert!(
+                    (1..=256).contains(&d.paths.len()),
+                    "change {} names {} paths",
+                    d.seq,
+                    d.paths.len()
+                );
+                seq = d.seq;
+                if let (true, Some(answer)) = (acks, answer.upgrade()) {
+                    let _ = answer
+                        .send(WatchUp {
+                            acked: seq,
+                            ..Default::default()
+                        })
+                        .await;
+                }
+            }
+        }
+    });
+    *open = Some(Watch {
+        up: tx,
+        renews,
+        reader,
+    });
 }
 
 async fn call(c: &mut StoreClient<Channel>, pick: usize, body: &[u8]) {

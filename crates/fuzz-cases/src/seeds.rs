@@ -335,6 +335,34 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ]
         .concat(),
     ));
+    // A watch that acknowledges every change, renewed once, then a publish it is told of; and
+    // one that acknowledges nothing, whose lease the next publish waits out.
+    for (name, renew) in [("watch-acked", 2), ("watch-silent", 1)] {
+        out.push((
+            "grpc_handlers",
+            name,
+            [
+                call(0, &node),
+                call(
+                    22,
+                    &WatchUp {
+                        namespace: "team-a".into(),
+                        acked: 0,
+                        renew,
+                    },
+                ),
+                call(
+                    22,
+                    &WatchUp {
+                        renew: renew + 2,
+                        ..Default::default()
+                    },
+                ),
+                call(3, &item("watched/a")),
+            ]
+            .concat(),
+        ));
+    }
     // A listing with those a walk reads next: a tree two levels deep, listed from inside it.
     out.push((
         "grpc_handlers",
