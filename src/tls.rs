@@ -99,14 +99,14 @@ impl std::fmt::Debug for ServerTls {
 }
 
 impl ServerTls {
-    /// From a PEM certificate chain (leaf first) and a PEM private key.
+    /// From a PEM certificate chain (leaf first) and a PEM private key, read again when the
+    /// files change (see [`Reloading`]).
     pub fn from_pem_files(cert: &Path, key: &Path) -> Result<Self, TlsError> {
-        let chain = certificates(cert)?;
-        let key = PrivateKeyDer::from_pem_file(key).map_err(|e| file_error(key, e))?;
+        let resolver = Reloading::new(cert, key)?;
         let mut config = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()?
             .with_no_client_auth()
-            .with_single_cert(chain, key)?;
+            .with_cert_resolver(Arc::new(resolver));
         config.alpn_protocols = [Plane::Grpc, Plane::Data, Plane::Http]
             .iter()
             .map(|p| p.alpn().to_vec())
@@ -127,6 +127,89 @@ impl ServerTls {
         };
         Ok((Conn::Tls(Box::new(TlsStream::Server(tls))), plane))
     }
+}
+
+/// How often a handshake looks whether the certificate's files changed.
+const RELOAD_CHECK: Duration = Duration::from_secs(1);
+
+/// A server's certificate, read again from its files when they change (a renewal by
+/// cert-manager, a rotated Secret: Kubernetes swaps a mounted Secret's files in place), so a
+/// renewal needs no restart. A handshake looks at the files' times at most once a second; a
+/// pair that does not load (half written, or a key of another certificate) keeps the last good
+/// one, with a warning, and is tried again once the files change again.
+#[derive(Debug)]
+struct Reloading {
+    cert: PathBuf,
+    key: PathBuf,
+    state: std::sync::Mutex<Loaded>,
+}
+
+#[derive(Debug)]
+struct Loaded {
+    checked: std::time::Instant,
+    stamps: Stamps,
+    certified: Arc<rustls::sign::CertifiedKey>,
+}
+
+/// The files' modification times, as last loaded.
+type Stamps = (Option<std::time::SystemTime>, Option<std::time::SystemTime>);
+
+impl Reloading {
+    fn new(cert: &Path, key: &Path) -> Result<Self, TlsError> {
+        let stamps = stamps(cert, key);
+        Ok(Reloading {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            state: std::sync::Mutex::new(Loaded {
+                checked: std::time::Instant::now(),
+                stamps,
+                certified: Arc::new(certified(cert, key)?),
+            }),
+        })
+    }
+}
+
+impl rustls::server::ResolvesServerCert for Reloading {
+    fn resolve(
+        &self,
+        _hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        let mut st = crate::locks::lock(&self.state);
+        if st.checked.elapsed() >= RELOAD_CHECK {
+            st.checked = std::time::Instant::now();
+            let now = stamps(&self.cert, &self.key);
+            if now != st.stamps {
+                st.stamps = now;
+                match certified(&self.cert, &self.key) {
+                    Ok(c) => {
+                        st.certified = Arc::new(c);
+                        tracing::info!(cert = %self.cert.display(), "TLS certificate reloaded");
+                    }
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "the changed TLS certificate does not load; serving the last good one"
+                    ),
+                }
+            }
+        }
+        Some(st.certified.clone())
+    }
+}
+
+fn stamps(cert: &Path, key: &Path) -> Stamps {
+    let at = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    (at(cert), at(key))
+}
+
+/// The certificate chain and its key, checked to belong together.
+fn certified(cert: &Path, key: &Path) -> Result<rustls::sign::CertifiedKey, TlsError> {
+    let chain = certificates(cert)?;
+    let der = PrivateKeyDer::from_pem_file(key).map_err(|e| file_error(key, e))?;
+    Ok(rustls::sign::CertifiedKey::from_der(
+        chain,
+        der,
+        &provider(),
+    )?)
 }
 
 /// The CA a client trusts and the name it checks, with one connector per plane (they differ in

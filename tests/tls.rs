@@ -179,3 +179,61 @@ fn both_planes_speak_tls_only_when_given_a_certificate() {
         "written through the mount"
     );
 }
+
+/// A certificate renewed in place (as cert-manager renews one, and Kubernetes swaps a mounted
+/// Secret's files) is served at the next handshakes without a restart; a broken pair keeps the
+/// last good one.
+#[test]
+fn a_renewed_certificate_is_served_without_a_restart() {
+    let ip = "127.0.0.250";
+    let dir = tempfile::tempdir().unwrap();
+    let (old, new) = (dir.path().join("old"), dir.path().join("new"));
+    let live = dir.path().join("live");
+    for d in [&old, &new, &live] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let (old_ca, old_cert, old_key) = Pki::new(&[ip]).write(&old);
+    let (new_ca, new_cert, new_key) = Pki::new(&[ip]).write(&new);
+    // The files the server reads, replaced whole by a rename each time.
+    let (cert, key) = (live.join("cert.pem"), live.join("key.pem"));
+    let replace = |from: &Path, to: &Path| {
+        let tmp = to.with_extension("tmp");
+        std::fs::copy(from, &tmp).unwrap();
+        std::fs::rename(&tmp, to).unwrap();
+    };
+    replace(&old_cert, &cert);
+    replace(&old_key, &key);
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let server = spawn_ready(&[
+        "server",
+        "--listen",
+        &format!("{ip}:0"),
+        "--data-dir",
+        &s(&dir.path().join("store")),
+        "--tls-cert",
+        &s(&cert),
+        "--tls-key",
+        &s(&key),
+    ]);
+    let no_agent = dir.path().join("no-agent.sock");
+    let ls = |ca: &Path| kt_env(&server.addr, &no_agent, &[("KT_TLS_CA", &s(ca))], &["ls"]);
+    ok(ls(&old_ca));
+    fails_with(ls(&new_ca), "certificate");
+
+    replace(&new_cert, &cert);
+    replace(&new_key, &key);
+    assert!(
+        eventually(std::time::Duration::from_secs(10), || ls(&new_ca)
+            .status
+            .success()),
+        "the renewed certificate was not served"
+    );
+    fails_with(ls(&old_ca), "certificate");
+
+    // Half a renewal (a key of another certificate): the renewed one goes on being served.
+    replace(&old_key, &key);
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(1500);
+    while std::time::Instant::now() < until {
+        ok(ls(&new_ca));
+    }
+}
