@@ -174,7 +174,8 @@ impl rustls::server::ResolvesServerCert for Reloading {
         &self,
         _hello: rustls::server::ClientHello<'_>,
     ) -> Option<Arc<rustls::sign::CertifiedKey>> {
-        let mut st = crate::locks::lock(&self.state);
+        // A panic under this lock leaves nothing half done: the state is used as it is.
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if st.checked.elapsed() >= RELOAD_CHECK {
             st.checked = std::time::Instant::now();
             let now = stamps(&self.cert, &self.key);
