@@ -29,6 +29,20 @@ fn fails_with(o: Output, why: &str) {
     assert!(err.contains(why), "{err:?} lacks {why:?}");
 }
 
+/// A store server on `ip` with its data in `dir` that speaks TLS with `cert` and `key`.
+fn tls_store(ip: &str, dir: &Path, cert: &Path, key: &Path, extra: &[&str]) -> Proc {
+    let (data, cert, key) = (
+        dir.join("store"),
+        cert.to_str().unwrap(),
+        key.to_str().unwrap(),
+    );
+    let listen = format!("{ip}:0");
+    let mut args = vec!["server", "--listen", &listen, "--data-dir"];
+    args.extend([data.to_str().unwrap(), "--tls-cert", cert, "--tls-key", key]);
+    args.extend(extra);
+    spawn_ready(&args)
+}
+
 #[test]
 fn both_planes_speak_tls_only_when_given_a_certificate() {
     test_support::require_fuse();
@@ -53,19 +67,7 @@ fn both_planes_speak_tls_only_when_given_a_certificate() {
         &token_s,
     ];
 
-    let server = spawn_ready(&[
-        "server",
-        "--listen",
-        &format!("{ip}:0"),
-        "--data-dir",
-        &s(&dir.path().join("store")),
-        "--tls-cert",
-        &cert_s,
-        "--tls-key",
-        &key_s,
-        "--token-file",
-        &token_s,
-    ]);
+    let server = tls_store(ip, dir.path(), &cert, &key, &["--token-file", &token_s]);
     let node_a = dir.path().join("a");
     std::fs::create_dir_all(&node_a).unwrap();
     let agent = start_agent_with(ip_a, &server.addr, &node_a, "a", &serve_tls);
@@ -204,17 +206,7 @@ fn a_renewed_certificate_is_served_without_a_restart() {
     replace(&old_cert, &cert);
     replace(&old_key, &key);
     let s = |p: &Path| p.to_str().unwrap().to_string();
-    let server = spawn_ready(&[
-        "server",
-        "--listen",
-        &format!("{ip}:0"),
-        "--data-dir",
-        &s(&dir.path().join("store")),
-        "--tls-cert",
-        &s(&cert),
-        "--tls-key",
-        &s(&key),
-    ]);
+    let server = tls_store(ip, dir.path(), &cert, &key, &[]);
     let no_agent = dir.path().join("no-agent.sock");
     let ls = |ca: &Path| kt_env(&server.addr, &no_agent, &[("KT_TLS_CA", &s(ca))], &["ls"]);
     ok(ls(&old_ca));

@@ -401,7 +401,6 @@ fn remove_tree<V>(m: &mut BTreeMap<String, V>, path: &str) {
     }
 }
 
-/// When the key of `e` expires, in unix ms (`i64::MAX`: never).
 /// A listing as the mount keeps it: by name, GPU keys left out (they show under /kt/.gpu only).
 fn entries_of(entries: Vec<ListEntry>) -> Entries {
     Arc::new(
@@ -413,6 +412,7 @@ fn entries_of(entries: Vec<ListEntry>) -> Entries {
     )
 }
 
+/// When the key of `e` expires, in unix ms (`i64::MAX`: never).
 fn expiry(e: &ListEntry) -> i64 {
     match e.expires_unix_ms {
         0 => i64::MAX,

@@ -284,24 +284,23 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         key: key.into(),
         ..publish.clone()
     };
+    // One PublishBatch of `keys` in team-a.
+    let batch = |keys: &[&str]| {
+        call(
+            19,
+            &PublishBatchRequest {
+                namespace: "team-a".into(),
+                items: keys.iter().map(|k| item(k)).collect(),
+                watcher: 0,
+            },
+        )
+    };
     out.push((
         "grpc_handlers",
         "publish-batch",
         [
             call(0, &node),
-            call(
-                19,
-                &PublishBatchRequest {
-                    namespace: "team-a".into(),
-                    items: vec![
-                        item("batch/a"),
-                        item("batch/a/below"),
-                        item("batch/b"),
-                        item("batch/a"),
-                    ],
-                    watcher: 0,
-                },
-            ),
+            batch(&["batch/a", "batch/a/below", "batch/b", "batch/a"]),
         ]
         .concat(),
     ));
@@ -311,14 +310,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         "resolve-many",
         [
             call(0, &node),
-            call(
-                19,
-                &PublishBatchRequest {
-                    namespace: "team-a".into(),
-                    items: vec![item("many/a"), item("many/b")],
-                    watcher: 0,
-                },
-            ),
+            batch(&["many/a", "many/b"]),
             call(
                 21,
                 &ResolveManyRequest {
@@ -369,19 +361,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         "list-ahead",
         [
             call(0, &node),
-            call(
-                19,
-                &PublishBatchRequest {
-                    namespace: "team-a".into(),
-                    items: vec![
-                        item("walk/a/1"),
-                        item("walk/b/x/1"),
-                        item("walk/b/y/1"),
-                        item("walk/c/1"),
-                    ],
-                    watcher: 0,
-                },
-            ),
+            batch(&["walk/a/1", "walk/b/x/1", "walk/b/y/1", "walk/c/1"]),
             call(
                 6,
                 &ListRequest {
