@@ -187,8 +187,9 @@ def put(
     ``force``: as rsync's ``--checksum``, trust neither size nor mtime and hash every file
     (without it, files whose size and mtime are unchanged since this machine's last put of the
     key, or since the key's version, are not read again). ``start_rsyncd`` has no effect (the node agent serves
-    publications in place; there is no rsync daemon). ``nccl_port`` and ``nccl_pg_mode`` are for
-    tensors.
+    publications in place; there is no rsync daemon). ``nccl_port`` has no effect either: a
+    window's NCCL group is set up from the unique id its putter's worker made (NCCL picks that
+    port) and the store server handed to every member. ``nccl_pg_mode`` is for tensors.
 
     A tensor or a state dict (``src=model.state_dict()``; torch, numpy or CUDA arrays) is
     published as a GPU key through the mount's ``/kt/.gpu`` (``KT_MOUNT``, default ``/kt``):
