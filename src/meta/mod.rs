@@ -749,64 +749,52 @@ impl MetaStore {
         budget: usize,
         max_bytes: usize,
     ) -> Result<Vec<Listing>, MetaError> {
-        let subdirs = |at: &str, entries: &[ListEntry], after: Option<&str>| -> Vec<String> {
-            let mut dirs: Vec<String> = entries
-                .iter()
-                .filter(|e| e.is_directory)
-                .map(|e| e.name.trim_end_matches('/'))
-                .filter(|n| after.is_none_or(|a| *n > a))
-                .map(|n| {
-                    if at.is_empty() {
-                        n.to_string()
-                    } else {
-                        format!("{at}/{n}")
-                    }
-                })
-                .collect();
-            // Popped from the end: the first name first.
-            dirs.reverse();
-            dirs
+        let at = prefix.map_or("", KeyPath::as_str);
+        let mut ahead = Ahead {
+            out: Vec::new(),
+            room: (budget, max_bytes),
         };
-        let mut at = prefix.map_or(String::new(), |p| p.as_str().to_string());
-        let mut stack = subdirs(&at, &first.entries, None);
-        let (mut out, mut entries, mut bytes, mut climbed) = (Vec::new(), 0, 0, false);
-        loop {
-            while let Some(path) = stack.pop() {
-                let Ok(key) = KeyPath::parse(&path) else {
-                    continue;
-                };
-                let l = self.list(ns, Some(&key), false)?;
-                if !l.exists {
-                    continue;
-                }
-                let listing = Listing {
-                    path,
-                    entries: l.entries,
-                    dir: l.dir,
-                };
-                entries += listing.entries.len();
-                bytes += listing.encoded_len();
-                if entries > budget || bytes > max_bytes {
-                    return Ok(out);
-                }
-                stack.extend(subdirs(&listing.path, &listing.entries, None));
-                out.push(listing);
-            }
-            // Below `at` is done: on with what follows it in its parent, once.
-            if at.is_empty() || climbed {
-                return Ok(out);
-            }
-            climbed = true;
-            let (parent, name) = match at.rsplit_once('/') {
-                Some((p, n)) => (p.to_string(), n.to_string()),
-                None => (String::new(), at.clone()),
-            };
-            let parent_key =
-                KeyPath::parse_prefix(&parent).map_err(|e| MetaError::Corrupt(e.to_string()))?;
-            let l = self.list(ns, parent_key.as_ref(), false)?;
-            stack = subdirs(&parent, &l.entries, Some(&name));
-            at = parent;
+        if !self.walk_ahead(ns, subdirs(at, &first.entries, None), &mut ahead)? || at.is_empty() {
+            return Ok(ahead.out);
         }
+        let (parent, name) = at.rsplit_once('/').unwrap_or(("", at));
+        let parent_key =
+            KeyPath::parse_prefix(parent).map_err(|e| MetaError::Corrupt(e.to_string()))?;
+        let l = self.list(ns, parent_key.as_ref(), false)?;
+        self.walk_ahead(ns, subdirs(parent, &l.entries, Some(name)), &mut ahead)?;
+        Ok(ahead.out)
+    }
+
+    /// Lists `stack` (popped from the end) and the directories below each, depth first, into
+    /// `ahead` while it has room; says whether the walk ended without running out of it.
+    fn walk_ahead(
+        &self,
+        ns: &Namespace,
+        mut stack: Vec<String>,
+        ahead: &mut Ahead,
+    ) -> Result<bool, MetaError> {
+        while let Some(path) = stack.pop() {
+            let Ok(key) = KeyPath::parse(&path) else {
+                continue;
+            };
+            let l = self.list(ns, Some(&key), false)?;
+            if !l.exists {
+                continue;
+            }
+            let listing = Listing {
+                path,
+                entries: l.entries,
+                dir: l.dir,
+            };
+            let (entries, bytes) = (listing.entries.len(), listing.encoded_len());
+            if entries > ahead.room.0 || bytes > ahead.room.1 {
+                return Ok(false);
+            }
+            ahead.room = (ahead.room.0 - entries, ahead.room.1 - bytes);
+            stack.extend(subdirs(&listing.path, &listing.entries, None));
+            ahead.out.push(listing);
+        }
+        Ok(true)
     }
 
     fn list_keys(
@@ -1183,6 +1171,29 @@ impl MetaStore {
         }
         Ok(out)
     }
+}
+
+/// Listings asked for ahead, and the entries and bytes still allowed.
+struct Ahead {
+    out: Vec<Listing>,
+    room: (usize, usize),
+}
+
+/// The directories among `entries` (of the directory `at`), after the name `after` if given,
+/// as paths in a stack that pops them in name order.
+fn subdirs(at: &str, entries: &[ListEntry], after: Option<&str>) -> Vec<String> {
+    let mut dirs: Vec<String> = entries
+        .iter()
+        .filter(|e| e.is_directory)
+        .map(|e| e.name.trim_end_matches('/'))
+        .filter(|n| after.is_none_or(|a| *n > a))
+        .map(|n| match at {
+            "" => n.to_string(),
+            at => format!("{at}/{n}"),
+        })
+        .collect();
+    dirs.reverse();
+    dirs
 }
 
 #[cfg(test)]
