@@ -132,29 +132,17 @@ impl Loader {
         if let Some(b) = self.hot.get(&h) {
             return Ok(Some(b));
         }
-        let blocks = self.blocks.clone();
-        let found = tokio::task::spawn_blocking(move || blocks.find(&h)).await??;
-        if let Some(b) = &found {
-            self.hot.put(h, b.clone());
-        }
-        Ok(found)
+        let (blocks, hot) = (self.blocks.clone(), self.hot.clone());
+        tokio::task::spawn_blocking(move || find_kept(&blocks, &hot, h)).await?
     }
 
     /// The block if this node holds it, looked for on the calling thread, which may block (a
     /// FUSE thread): a cached small file's read then costs one lookup, without a hop to the
     /// runtime's blocking pool and back.
     pub fn held(&self, job: &BlockJob) -> Result<Option<Bytes>, FsError> {
-        let found = match self.hot.get(&job.hash) {
-            Some(b) => Some(b),
-            None => {
-                let found = self.blocks.find(&job.hash)?;
-                if let Some(b) = &found {
-                    self.hot.put(job.hash, b.clone());
-                }
-                found
-            }
-        };
-        found.map(|b| of_manifest_length(job, b)).transpose()
+        find_kept(&self.blocks, &self.hot, job.hash)?
+            .map(|b| of_manifest_length(job, b))
+            .transpose()
     }
 
     /// Starts fetching the jobs that are neither here nor on their way; returns at once.
@@ -250,6 +238,19 @@ impl Loader {
             .await?
             .ok_or(FsError::Unavailable(job.hash))
     }
+}
+
+/// Block `h` from the hot set, or from this node's blocks (a lookup that may block), then
+/// kept hot.
+fn find_kept(blocks: &NodeBlocks, hot: &Hot, h: BlockHash) -> Result<Option<Bytes>, FsError> {
+    if let Some(b) = hot.get(&h) {
+        return Ok(Some(b));
+    }
+    let found = blocks.find(&h)?;
+    if let Some(b) = &found {
+        hot.put(h, b.clone());
+    }
+    Ok(found)
 }
 
 /// What this node holds is found by hash alone, and its hash is right: a length that differs
