@@ -177,13 +177,23 @@ fn queued_publishes_survive_a_kill_9_of_the_agent() {
     let (c, mut a, b) = nodes("127.0.0.218", "127.0.0.220");
     std::fs::create_dir(a.path("d")).unwrap();
     assert!(std::fs::metadata(a.path("d/f0")).is_err());
+    // Small files are staged in memory and journaled with their bytes; a large one is
+    // staged in a file, which the journal names.
+    let big = |i: usize| -> Vec<u8> {
+        (0..200_000u32)
+            .map(|n| (n as usize * 7 + i) as u8)
+            .collect()
+    };
     {
         let stopped = Stopped::new(&c);
         for i in 0..20 {
             std::fs::write(a.path(&format!("d/f{i}")), format!("queued {i}")).unwrap();
         }
-        assert_eq!(staged(&a.dir).len(), 20);
-        // Killed with all 20 queued. (The publishes it had sent, at most one per flusher, may
+        for i in 0..2 {
+            std::fs::write(a.path(&format!("d/big{i}")), big(i)).unwrap();
+        }
+        assert_eq!(staged(&a.dir).len(), 2, "{:?}", staged(&a.dir));
+        // Killed with all 22 queued. (The publishes it had sent, at most one per flusher, may
         // still land: the stopped server reads them when it continues. The rest cannot.)
         a.crash();
         assert!(!stopped.resume(), "a close waited for the server");
@@ -192,13 +202,16 @@ fn queued_publishes_survive_a_kill_9_of_the_agent() {
     // whatever the new mount's options) publishes them.
     let a2 = start_mount("127.0.0.218", &c.server.addr, &a.dir, &a.node_id, &[]);
     let missing = || -> Vec<String> {
-        (0..20)
+        let small = (0..20)
             .filter(|i| {
                 std::fs::read_to_string(b.path(&format!("d/f{i}")))
                     .map_or(true, |s| s != format!("queued {i}"))
             })
-            .map(|i| format!("f{i}"))
-            .collect()
+            .map(|i| format!("f{i}"));
+        let large = (0..2)
+            .filter(|i| std::fs::read(b.path(&format!("d/big{i}"))).map_or(true, |d| d != big(*i)))
+            .map(|i| format!("big{i}"));
+        small.chain(large).collect()
     };
     let a2_addr = a2.proc.as_ref().unwrap().addr.clone();
     assert!(

@@ -11,6 +11,7 @@
 //! plain structs or an [`FsError`], whose errno [`error`] decides. [`session`] mounts, resumes
 //! and unmounts; it and [`fuse`] are the only files that name fuser.
 
+pub mod body;
 pub mod dir_ops;
 pub mod error;
 pub mod fuse;
@@ -157,6 +158,8 @@ pub struct FsCore {
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
     staged: Mutex<HashMap<String, Arc<Staged>>>,
+    /// What staged bodies hold in memory (see [`body`]).
+    staging_memory: Arc<body::MemoryBudget>,
     /// The queue and journal of closed files still to publish (`--writeback`).
     writeback: Arc<writeback::Writeback>,
     /// The version each inode showed when last opened, to keep the kernel's page cache only
@@ -341,6 +344,7 @@ impl FsCore {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(first_fh),
             staged: Mutex::new(HashMap::new()),
+            staging_memory: body::MemoryBudget::new(body::MEMORY_BUDGET),
             writeback,
             opened_versions: Mutex::new(HashMap::new()),
             seeded: Arc::new(Mutex::new(HashSet::new())),

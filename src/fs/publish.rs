@@ -10,12 +10,12 @@ use std::sync::Arc;
 use indicatif::ProgressBar;
 
 use super::staged::Staged;
-use super::{split, to_unix, FsCore, FsResult};
+use super::{split, to_unix, FsCore, FsError, FsResult};
 use crate::locks::lock;
-use crate::manifest::{self, EntryKind, FileEntry, Manifest};
+use crate::manifest::{self, BlockRef, EntryKind, FileEntry, Manifest};
 use crate::proto::{InlineBlock, ListEntry, LocalFile, Locale, PublishRequest};
 use crate::rpc::MAX_INLINE_FILE;
-use crate::transfer::chunk::Chunking;
+use crate::transfer::chunk::{hash_blocks, Chunking};
 use crate::transfer::publish::{self, Payload};
 use crate::transfer::upload;
 
@@ -48,6 +48,25 @@ impl Prepared {
             payload => Err(Box::new(Prepared { payload, ..self })),
         }
     }
+}
+
+/// The bytes of `blocks`, which lie one after another at the start of `buf`.
+fn inline_blocks(blocks: &[BlockRef], buf: &[u8]) -> FsResult<Vec<InlineBlock>> {
+    let mut at = 0usize;
+    blocks
+        .iter()
+        .map(|b| {
+            let end = at + b.len as usize;
+            let data = buf
+                .get(at..end)
+                .ok_or_else(|| FsError::Invalid("a block lies past what was hashed".into()))?;
+            at = end;
+            Ok(InlineBlock {
+                hash: b.hash.clone(),
+                data: data.to_vec(),
+            })
+        })
+        .collect()
 }
 
 impl FsCore {
@@ -86,20 +105,36 @@ impl FsCore {
         }
         let path = s.path();
         let locale = self.locale_for(&path);
-        let (disk, len, changes) = {
-            let mut f = lock(&s.file);
-            // Writes hold this lock: the count and the length agree.
+        let chunking = Chunking::for_block_size(manifest::DEFAULT_BLOCK_SIZE);
+        let mut buf = Vec::new();
+        // The bytes as one change count saw them: writes hold the body's lock.
+        let (disk, hashed, changes) = {
+            let mut b = lock(&s.body);
             let changes = s.changes.load(Ordering::SeqCst);
             if locale == Locale::Local {
                 // Served in place from now on: it must survive a crash of this node.
-                f.file.sync_data()?;
-                f.in_place = true;
+                let d = b.on_disk(&self.cfg.staging)?;
+                d.file.sync_data()?;
+                d.in_place = true;
             }
-            (f.disk.clone(), f.file.metadata()?.len(), changes)
+            match (b.bytes(), b.disk()) {
+                (Some(bytes), _) => {
+                    buf.resize(chunking.buffer_len(bytes.len() as u64), 0);
+                    let hashed = hash_blocks(&mut &bytes[..], &chunking, &mut buf)?;
+                    (None, Some(hashed), changes)
+                }
+                (None, d) => (d.map(|d| d.disk.clone()), None, changes),
+            }
         };
-        let chunking = Chunking::for_block_size(manifest::DEFAULT_BLOCK_SIZE);
-        let mut buf = Vec::with_capacity(chunking.buffer_len(len));
-        let (size, blocks) = crate::transfer::scan::hash_file(&disk, &chunking, &mut buf)?;
+        let (size, blocks) = match (hashed, &disk) {
+            (Some(h), _) => h,
+            (None, Some(disk)) => crate::transfer::scan::hash_file(disk, &chunking, &mut buf)?,
+            (None, None) => {
+                return Err(FsError::Invalid(format!(
+                    "{path}: a staged body is nowhere"
+                )))
+            }
+        };
         let (mtime_sec, mtime_nsec) = to_unix(*lock(&s.mtime));
         let (uid, gid) = *lock(&s.owner);
         let m = Manifest {
@@ -117,8 +152,8 @@ impl FsCore {
                 ..Default::default()
             }],
         };
-        let payload = match (&m.entries[0].blocks[..], locale) {
-            (_, Locale::Local) => {
+        let payload = match (&m.entries[0].blocks[..], locale, disk) {
+            (_, Locale::Local, Some(disk)) => {
                 let files = [LocalFile {
                     entry_path: String::new(),
                     disk_path: disk.display().to_string(),
@@ -126,17 +161,22 @@ impl FsCore {
                 self.blocks.register(&m, &files)?;
                 Payload::InPlace
             }
+            // A body in memory (at most what goes inline) was hashed from `buf`, whole: its
+            // blocks go inside the publish, one round trip.
+            (blocks, Locale::Store, None) => Payload::Inline(inline_blocks(blocks, &buf)?),
             // Already read whole into `buf`: sent with the publish, one round trip.
-            ([b], Locale::Store)
+            ([b], Locale::Store, Some(_))
                 if size <= u64::from(MAX_INLINE_FILE) && u64::from(b.len) == size =>
             {
-                Payload::Inline(vec![InlineBlock {
-                    hash: b.hash.clone(),
-                    data: buf[..size as usize].to_vec(),
-                }])
+                Payload::Inline(inline_blocks(std::slice::from_ref(b), &buf)?)
             }
-            (blocks, Locale::Store) => {
-                Payload::Upload(upload::jobs_of([(Arc::new(disk.clone()), blocks)]))
+            (blocks, Locale::Store, Some(disk)) => {
+                Payload::Upload(upload::jobs_of([(Arc::new(disk), blocks)]))
+            }
+            (_, Locale::Local, None) => {
+                return Err(FsError::Invalid(format!(
+                    "{path}: a file served in place has no file"
+                )))
             }
         };
         // Named, the watch does not tell this mount of its own publish: the answer carries it.

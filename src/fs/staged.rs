@@ -1,36 +1,28 @@
 //! Files open for writing on this node, staged in local files until published.
 //!
 //! A new file starts empty; an existing one is copied on write from its published blocks. The
-//! staged file belongs to every descriptor that opened the path; the last release publishes it
-//! and removes it (unless it was published in place: then it stays, served to peers, and a
-//! later write copies it first).
+//! staged bytes ([`Body`]: in memory while small, else a staging file) belong to every
+//! descriptor that opened the path; the last release publishes them and removes them (unless
+//! they were published in place: then the file stays, served to peers, and a later write
+//! copies it first).
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
+use super::body::Body;
 use super::{Attr, Caller, FsCore, FsError, FsResult, Handle, Kind, PageCache};
 use crate::locks::lock;
 
-static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
 /// How long an unmount waits for queued publishes; what is left is published by the next
 /// agent on the mount, from the journal.
 const UNMOUNT_DRAIN: std::time::Duration = std::time::Duration::from_secs(30);
 
-pub(super) struct StagedFile {
-    pub file: File,
-    pub disk: PathBuf,
-    /// Published in place: its bytes are being served and must not change.
-    pub in_place: bool,
-}
-
 /// A file open for writing on this node.
 pub struct Staged {
     pub(super) path: Mutex<String>,
-    pub(super) file: Mutex<StagedFile>,
+    pub(super) body: Mutex<Body>,
     pub(crate) opens: AtomicUsize,
     /// Changes made so far, and how many of them the last publish took in. A publish may run
     /// while writes go on (a FLUSH comes whenever any copy of the descriptor is closed, e.g. by
@@ -58,7 +50,7 @@ impl Staged {
     }
 
     pub(crate) fn attr(&self, ino: u64) -> FsResult<Attr> {
-        let size = lock(&self.file).file.metadata()?.len();
+        let size = lock(&self.body).size()?;
         let (uid, gid) = *lock(&self.owner);
         let mtime = *lock(&self.mtime);
         Ok(Attr {
@@ -77,34 +69,7 @@ impl Staged {
     }
 
     pub(crate) fn read(&self, offset: u64, size: u32) -> FsResult<Vec<u8>> {
-        let f = lock(&self.file);
-        let mut buf = vec![0u8; size as usize];
-        let mut n = 0;
-        while n < buf.len() {
-            let k = f.file.read_at(&mut buf[n..], offset + n as u64)?;
-            if k == 0 {
-                break;
-            }
-            n += k;
-        }
-        buf.truncate(n);
-        Ok(buf)
-    }
-
-    /// Makes the staged file writable again after it was published in place.
-    fn unshare(&self, f: &mut StagedFile, staging: &Path) -> FsResult<()> {
-        if !f.in_place {
-            return Ok(());
-        }
-        let (mut file, disk) = new_staging_file(staging)?;
-        let mut src = File::open(&f.disk)?;
-        std::io::copy(&mut src, &mut file)?;
-        *f = StagedFile {
-            file,
-            disk,
-            in_place: false,
-        };
-        Ok(())
+        Ok(lock(&self.body).read_at(offset, size)?)
     }
 
     fn changed(&self) {
@@ -115,9 +80,8 @@ impl Staged {
     }
 
     fn write(&self, offset: u64, data: &[u8], staging: &Path) -> FsResult<u32> {
-        let mut f = lock(&self.file);
-        self.unshare(&mut f, staging)?;
-        f.file.write_all_at(data, offset)?;
+        let mut b = lock(&self.body);
+        b.write_at(offset, data, staging)?;
         self.changed();
         Ok(data.len() as u32)
     }
@@ -128,26 +92,10 @@ impl Staged {
     }
 
     pub(super) fn truncate(&self, size: u64, staging: &Path) -> FsResult<()> {
-        let mut f = lock(&self.file);
-        self.unshare(&mut f, staging)?;
-        f.file.set_len(size)?;
+        lock(&self.body).set_len(size, staging)?;
         self.changed();
         Ok(())
     }
-}
-
-fn new_staging_file(staging: &Path) -> FsResult<(File, PathBuf)> {
-    let n = STAGING_SEQ.fetch_add(1, Ordering::Relaxed);
-    let t = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let disk = staging.join(format!("{}-{t}-{n}", std::process::id()));
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&disk)?;
-    Ok((file, disk))
 }
 
 impl FsCore {
@@ -168,14 +116,10 @@ impl FsCore {
         (mtime, ctime): (SystemTime, SystemTime),
         dirty: bool,
     ) -> FsResult<Arc<Staged>> {
-        let (file, disk) = new_staging_file(&self.cfg.staging)?;
+        let body = Body::new(&self.cfg.staging, &self.staging_memory)?;
         let s = Arc::new(Staged {
             path: Mutex::new(path.to_string()),
-            file: Mutex::new(StagedFile {
-                file,
-                disk,
-                in_place: false,
-            }),
+            body: Mutex::new(body),
             opens: AtomicUsize::new(1),
             changes: AtomicU64::new(u64::from(dirty)),
             published: AtomicU64::new(0),
@@ -237,12 +181,12 @@ impl FsCore {
     /// Copy on write: the published bytes of `path` into the staged file.
     fn copy_published(&self, path: &str, s: &Staged) -> FsResult<()> {
         let f = self.resolve_file(path)?;
-        let staged = lock(&s.file);
+        let mut staged = lock(&s.body);
         for i in 0..f.entry.blocks.len() {
             let job = f.job(i)?;
             let data =
                 self.block_on(self.loader.block(&job, &f.route, self.seed_hook(f.version)))?;
-            crate::blocks::pieces::write_all_at(&staged.file, &data, f.offsets[i])?;
+            staged.write_at(f.offsets[i], &data, &self.cfg.staging)?;
         }
         Ok(())
     }
@@ -263,10 +207,7 @@ impl FsCore {
     pub(super) fn discard(&self, s: &Staged) {
         let _guard = lock(&s.publish_lock);
         super::writeback::Writeback::forget(s);
-        let f = lock(&s.file);
-        if !f.in_place {
-            let _ = std::fs::remove_file(&f.disk);
-        }
+        lock(&s.body).remove();
     }
 
     pub fn create(&self, parent: u64, name: &str, mode: u32, flags: i32) -> FsResult<(Attr, u64)> {

@@ -13,7 +13,8 @@
 //!
 //! The journal: one small record per queued file (its key, the staged bytes' file, mode,
 //! owner, mtime) in the node's RocksDB (column family [`CF_WRITEBACK`], under the mount's
-//! tag), removed once a publish took in every change. A record and the staged bytes outlive a
+//! tag), removed once a publish took in every change. A small file staged in memory (see
+//! [`super::body`]) has its bytes journaled beside its record, in the same write. A record and the staged bytes outlive a
 //! `kill -9` of the agent (the write-ahead log and the file are in the kernel's hands), not a
 //! crash of the machine: a file must be `fsync`ed for that. An agent that starts on the same
 //! mount again, with or without `--writeback`, publishes what its journal holds. A publish the
@@ -29,9 +30,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::staged::{Staged, StagedFile};
+use super::body::Body;
+use super::staged::Staged;
 use super::{time_of, to_unix, FsCore, FsError, FsResult};
-use crate::db::Db;
+use crate::db::{BatchOp, Db};
 use crate::locks::lock;
 use crate::rpc::Fault;
 
@@ -57,8 +59,12 @@ pub const CF_WRITEBACK: &str = "writeback";
 #[derive(Serialize, Deserialize)]
 struct Record {
     key: String,
-    /// The staged bytes: a file name in the staging directory.
+    /// The staged bytes: a file name in the staging directory (or, with `inline`, the name
+    /// the bytes are journaled under).
     data: String,
+    /// The bytes are in the journal (a body in memory), not in a file.
+    #[serde(default)]
+    inline: bool,
     mode: u32,
     uid: u32,
     gid: u32,
@@ -98,20 +104,32 @@ impl Journal {
 
     /// Refused records sort apart: the tag with 0x01 for its NUL.
     fn failed_key(&self, data: &str) -> Vec<u8> {
+        self.key_marked(data, 1)
+    }
+
+    /// Journaled bytes sort apart from the records too: the tag with 0x02 for its NUL.
+    fn bytes_key(&self, data: &str) -> Vec<u8> {
+        self.key_marked(data, 2)
+    }
+
+    fn key_marked(&self, data: &str, mark: u8) -> Vec<u8> {
         let mut k = self.key(data);
         if let Some(last) = k.get_mut(self.tag.len() - 1) {
-            *last = 1;
+            *last = mark;
         }
         k
     }
 }
 
-/// A staged file's record in the journal: the database and its key.
-pub struct Journaled(Db, Vec<u8>);
+/// A staged file's record in the journal: the database, its key, and the key of its bytes
+/// when they are journaled too.
+pub struct Journaled(Db, Vec<u8>, Option<Vec<u8>>);
 
 impl Journaled {
     fn remove(self) {
-        if let Err(e) = self.0.delete(CF_WRITEBACK, &self.1) {
+        let mut ops = vec![BatchOp::Delete(CF_WRITEBACK, self.1)];
+        ops.extend(self.2.map(|k| BatchOp::Delete(CF_WRITEBACK, k)));
+        if let Err(e) = self.0.write(ops) {
             tracing::warn!(error = %e, "could not remove a write-back record");
         }
     }
@@ -152,17 +170,16 @@ impl Writeback {
             .ok_or_else(|| FsError::Invalid("write-back is off".into()))?;
         // First: what is read below is at least this new.
         let changes = s.changes.load(Ordering::SeqCst);
-        let data = lock(&s.file)
-            .disk
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default()
-            .to_string();
+        let (data, bytes) = {
+            let b = lock(&s.body);
+            (b.name(), b.bytes().map(<[u8]>::to_vec))
+        };
         let (mtime_sec, mtime_nsec) = to_unix(*lock(&s.mtime));
         let (uid, gid) = *lock(&s.owner);
         let record = Record {
             key: s.path(),
             data,
+            inline: bytes.is_some(),
             mode: s.mode.load(Ordering::Relaxed),
             uid,
             gid,
@@ -178,9 +195,14 @@ impl Writeback {
             // Journaled as it is (at its close, and now its last release).
             return Ok(());
         }
-        j.db.put(CF_WRITEBACK, &key, &json)?;
+        let bytes_key = bytes.as_ref().map(|_| j.bytes_key(&record.data));
+        let mut ops = vec![BatchOp::Put(CF_WRITEBACK, key.clone(), json)];
+        if let (Some(k), Some(b)) = (&bytes_key, bytes) {
+            ops.push(BatchOp::Put(CF_WRITEBACK, k.clone(), b));
+        }
+        j.db.write(ops)?;
         s.journaled.store(changes, Ordering::SeqCst);
-        if let Some(old) = rec.replace(Journaled(j.db.clone(), key.clone())) {
+        if let Some(old) = rec.replace(Journaled(j.db.clone(), key.clone(), bytes_key)) {
             if old.1 != key {
                 old.remove();
             }
@@ -433,19 +455,38 @@ impl FsCore {
         let mut seen = std::collections::HashSet::new();
         let mut n = 0;
         for (r, key) in records {
-            let record = Journaled(j.db.clone(), key);
+            let bytes_key = r.inline.then(|| j.bytes_key(&r.data));
+            let record = Journaled(j.db.clone(), key, bytes_key.clone());
             let disk = self.wb().staging.join(&r.data);
             let stale = !seen.insert(r.key.clone())
                 || r.data.contains('/')
                 || r.data.is_empty()
                 || Self::check_key(&r.key).is_err();
             if stale {
-                let _ = std::fs::remove_file(&disk);
+                if !r.inline {
+                    let _ = std::fs::remove_file(&disk);
+                }
                 record.remove();
                 continue;
             }
-            let file = match std::fs::File::options().read(true).write(true).open(&disk) {
-                Ok(f) => f,
+            let body = match bytes_key {
+                Some(k) => {
+                    j.db.get(CF_WRITEBACK, &k)
+                        .map_err(FsError::from)
+                        .and_then(|b| {
+                            b.map(|b| Body::of_bytes(b, r.data.clone(), &self.staging_memory))
+                                .ok_or_else(|| FsError::NotFound)
+                        })
+                }
+                None => std::fs::File::options()
+                    .read(true)
+                    .write(true)
+                    .open(&disk)
+                    .map(|f| Body::of_file(f, disk))
+                    .map_err(FsError::from),
+            };
+            let body = match body {
+                Ok(b) => b,
                 Err(e) => {
                     tracing::warn!(key = %r.key, error = %e, "a journaled file's bytes are gone");
                     record.remove();
@@ -454,11 +495,7 @@ impl FsCore {
             };
             let s = Arc::new(Staged {
                 path: Mutex::new(r.key.clone()),
-                file: Mutex::new(StagedFile {
-                    file,
-                    disk,
-                    in_place: false,
-                }),
+                body: Mutex::new(body),
                 opens: AtomicUsize::new(0),
                 changes: AtomicU64::new(1),
                 published: AtomicU64::new(0),
@@ -584,7 +621,7 @@ impl FsCore {
             Err(e) => {
                 crate::metrics::WRITEBACK_FAILED.inc();
                 let kept = self.keep_failed(s);
-                tracing::error!(path = %s.path(), error = %e, kept = %kept.display(),
+                tracing::error!(path = %s.path(), error = %e, kept = %kept,
                     "the store server refused a queued publish; its bytes are kept");
                 self.wb().finished(s, Some(e.to_string()));
                 self.forget_staged(s);
@@ -595,19 +632,39 @@ impl FsCore {
 
     /// Moves a refused file's bytes to the staging directory's `failed/` and its record under
     /// the journal's failed prefix, where an operator finds them.
-    fn keep_failed(&self, s: &Staged) -> PathBuf {
+    fn keep_failed(&self, s: &Staged) -> String {
         let _guard = lock(&s.publish_lock);
-        let disk = lock(&s.file).disk.clone();
         let failed = self.wb().staging.join("failed");
         let _ = std::fs::create_dir_all(&failed);
-        let name = disk.file_name().map(PathBuf::from).unwrap_or_default();
-        let kept = failed.join(&name);
-        if std::fs::rename(&disk, &kept).is_err() {
-            return disk;
-        }
+        let (name, moved) = {
+            let b = lock(&s.body);
+            let name = b.name();
+            let kept = failed.join(&name);
+            let moved = match (b.bytes(), b.disk()) {
+                (Some(bytes), _) => std::fs::write(&kept, bytes)
+                    .map_err(|e| format!("the write-back journal (a file failed: {e})")),
+                (None, Some(d)) => {
+                    std::fs::rename(&d.disk, &kept).map_err(|_| d.disk.display().to_string())
+                }
+                (None, None) => Ok(()),
+            };
+            (name, moved.map(|()| kept.display().to_string()))
+        };
+        let kept = match moved {
+            Ok(kept) => kept,
+            // Where the bytes stay; so does their record.
+            Err(left) => return left,
+        };
         if let (Some(rec), Some(j)) = (lock(&s.record).take(), self.wb().journal.get()) {
             let moved = j.db.get(CF_WRITEBACK, &rec.1).ok().flatten().map(|v| {
-                j.db.put(CF_WRITEBACK, &j.failed_key(&name.to_string_lossy()), &v)
+                // Its bytes are in the file now, wherever they were journaled.
+                let v = match serde_json::from_slice::<Record>(&v) {
+                    Ok(r) if r.inline => {
+                        serde_json::to_vec(&Record { inline: false, ..r }).unwrap_or(v)
+                    }
+                    _ => v,
+                };
+                j.db.put(CF_WRITEBACK, &j.failed_key(&name), &v)
             });
             if let Some(Err(e)) = moved {
                 tracing::warn!(error = %e, "could not keep a refused write-back record");
