@@ -195,6 +195,7 @@ fn a_shared_token_guards_every_call_and_agents_present_it() {
                 .unwrap();
             let r = store
                 .resolve(ktfs::proto::ResolveRequest {
+                    watcher: 0,
                     namespace: "default".into(),
                     key: key.into(),
                     inline_up_to: 0,

@@ -527,6 +527,7 @@ fn publish_with_inline_blocks_checks_and_keeps_them() {
         // A reader that asks gets the small file's blocks with its resolve; one that does not,
         // or asks for less than the file's size, gets none.
         let resolve = |inline_up_to: u32| ktfs::proto::ResolveRequest {
+            watcher: 0,
             namespace: "default".into(),
             key: "inline/good".into(),
             inline_up_to,
@@ -636,6 +637,7 @@ fn publish_refuses_block_lengths_the_store_contradicts() {
         ..Default::default()
     };
     let resolve = |key: &str| ResolveRequest {
+        watcher: 0,
         namespace: "default".into(),
         key: key.into(),
         inline_up_to: 0,
@@ -1065,6 +1067,7 @@ fn a_resolve_of_many_keys_answers_each_as_its_own_resolve_and_inlines_at_most_a_
         assert!(published.results.iter().all(|r| r.published.is_some()));
         let many = store
             .resolve_many(ResolveManyRequest {
+                watcher: 0,
                 namespace: "default".into(),
                 keys: keys.clone(),
                 inline_up_to: 64 << 10,
@@ -1082,6 +1085,7 @@ fn a_resolve_of_many_keys_answers_each_as_its_own_resolve_and_inlines_at_most_a_
                 .unwrap_or_else(|| panic!("{key}: {r:?}"));
             let alone = store
                 .resolve(ResolveRequest {
+                    watcher: 0,
                     namespace: "default".into(),
                     key: key.clone(),
                     inline_up_to: 64 << 10,
@@ -1118,6 +1122,7 @@ fn a_resolve_of_many_keys_answers_each_as_its_own_resolve_and_inlines_at_most_a_
         );
         let too_many = store
             .resolve_many(ResolveManyRequest {
+                watcher: 0,
                 namespace: "default".into(),
                 keys: vec!["many/f00".into(); 257],
                 inline_up_to: 0,

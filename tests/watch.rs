@@ -1,5 +1,6 @@
 //! The mounts' watch of their namespace (the store server's `Watch` stream): a change made on
-//! one node is told to every other mount before its writer is answered, so the next lookup on
+//! one node is told to every other mount that cached what it changes before its writer is
+//! answered, so the next lookup on
 //! another node shows it even while that node's listing of the directory (or a file's
 //! version, for the next open) is cached; a mount
 //! that stops answering holds a change for its lease only, and is dropped. Real processes: a
@@ -73,6 +74,45 @@ fn a_change_on_one_node_is_seen_by_the_next_lookup_on_another() {
         assert_eq!(std::fs::read_to_string(b.path("d/n2")).unwrap(), text);
     }
     assert!(names.contains(&"moved".to_string()) && !names.contains(&"n1".to_string()));
+    assert_eq!(metric(&c.server.addr, "kt_watch_lapsed_total"), 0.0);
+}
+
+#[test]
+fn a_change_is_told_only_to_the_mounts_that_cached_what_it_changes() {
+    let (c, a, b) = two_nodes("127.0.0.251", "127.0.0.252");
+    std::fs::create_dir(a.path("seen")).unwrap();
+    std::fs::create_dir_all(a.path("elsewhere/deeper")).unwrap();
+    // B looks at seen alone (the root's listing and seen's are cached under its lease).
+    assert!(eventually(Duration::from_secs(5), || b
+        .path("seen")
+        .is_dir()));
+    assert_eq!(std::fs::read_dir(b.path("seen")).unwrap().count(), 0);
+    let recalls = || metric(&c.server.addr, "kt_watch_recalls_total");
+    let before = recalls();
+    for i in 0..30 {
+        std::fs::write(a.path(&format!("elsewhere/deeper/f{i}")), format!("v{i}")).unwrap();
+    }
+    assert_eq!(
+        recalls() - before,
+        0.0,
+        "B was told of files below a directory it never looked at"
+    );
+    // A change of what B cached is told to it before A's close returns.
+    std::fs::write(a.path("seen/new"), b"new").unwrap();
+    assert!(recalls() > before);
+    assert_eq!(std::fs::read(b.path("seen/new")).unwrap(), b"new");
+    // Once B has looked at a file there, a change of it is told to B too.
+    assert_eq!(
+        std::fs::read_to_string(b.path("elsewhere/deeper/f3")).unwrap(),
+        "v3"
+    );
+    let before = recalls();
+    std::fs::write(a.path("elsewhere/deeper/f3"), b"changed").unwrap();
+    assert!(recalls() > before);
+    assert_eq!(
+        std::fs::read(b.path("elsewhere/deeper/f3")).unwrap(),
+        b"changed"
+    );
     assert_eq!(metric(&c.server.addr, "kt_watch_lapsed_total"), 0.0);
 }
 

@@ -395,6 +395,7 @@ fn ls(
         let mut store = client::connect_store(&t.server, &t.credential).await?;
         let resp = store
             .list(ListRequest {
+                watcher: 0,
                 namespace: t.namespace.to_string(),
                 prefix: prefix.map(|p| p.to_string()).unwrap_or_default(),
                 recursive,

@@ -359,6 +359,7 @@ pub async fn ls(mut a: LsArgs) -> Result<()> {
     let mut store = client::connect_store(&a.common.server, &reached.credential).await?;
     let resp = store
         .list(ListRequest {
+            watcher: 0,
             namespace: ns.to_string(),
             prefix: prefix.as_ref().map(|p| p.to_string()).unwrap_or_default(),
             recursive: a.recursive,

@@ -514,6 +514,7 @@ impl FsCore {
         let mut store = self.store();
         Ok(self
             .block_on(store.list(ListRequest {
+                watcher: self.listings.watcher(),
                 namespace: self.ns(),
                 prefix: path.to_string(),
                 recursive: false,

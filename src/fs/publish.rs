@@ -246,7 +246,7 @@ impl FsCore {
             ..Default::default()
         };
         let mut store = self.store();
-        let done = self.block_on(publish::publish(
+        self.block_on(publish::publish(
             &mut store,
             &self.cfg.server,
             req,
@@ -255,7 +255,8 @@ impl FsCore {
         ))?;
         self.invalidate(&[split(path).0, path]);
         self.invalidate_links(&[split(path).0, path]);
-        self.take_parent(path, done.parent);
+        // Not the answer's `parent`: this publish names no watcher, so the store server does
+        // not know this mount holds the directory's entry, and would not tell it of changes.
         Ok(())
     }
 }

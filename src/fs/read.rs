@@ -262,6 +262,7 @@ impl FsCore {
             keys.push(path.to_string());
             keys.extend(next);
             let asked = self.block_on(store.resolve_many(ResolveManyRequest {
+                watcher: self.listings.watcher(),
                 namespace: self.ns(),
                 keys: keys.clone(),
                 inline_up_to: MAX_INLINE_FILE,
@@ -275,6 +276,7 @@ impl FsCore {
         }
         let mut r = self
             .block_on(store.resolve(ResolveRequest {
+                watcher: self.listings.watcher(),
                 namespace: self.ns(),
                 key: path.to_string(),
                 inline_up_to: MAX_INLINE_FILE,

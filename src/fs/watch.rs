@@ -1,5 +1,6 @@
-//! The mount's watch of its namespace: the store server sends every change of it (see
-//! `crate::server::watch`), the mount forgets what it cached of the changed paths and then
+//! The mount's watch of its namespace: the store server sends every change of what it answered
+//! this mount about (see `crate::server::watch`; the mount's listings and resolves name its
+//! watcher for that, while the lease holds), the mount forgets what it cached of the changed paths and then
 //! acknowledges, and the writer's call returns only after that. So a lookup or listing on this
 //! node after another node's close returned shows the change, even within the time a listing
 //! is cached. A broken stream is opened again (everything cached is forgotten then: changes

@@ -435,6 +435,7 @@ impl GpuControl {
     fn resolve(&self, key: &KeyPath) -> Result<Option<(GpuKey, Vec<u8>)>, GpuError> {
         let mut store = self.store.clone();
         let r = self.rt.block_on(store.resolve(ResolveRequest {
+            watcher: 0,
             namespace: self.namespace.to_string(),
             key: key.to_string(),
             inline_up_to: 0,
@@ -491,6 +492,7 @@ impl GpuControl {
         let resp = self
             .rt
             .block_on(store.list(ListRequest {
+                watcher: 0,
                 namespace: self.namespace.to_string(),
                 prefix: prefix.map(|p| p.to_string()).unwrap_or_default(),
                 recursive: true,
@@ -773,6 +775,7 @@ impl Commit {
         let mut store = self.store.clone();
         let r = store
             .resolve(ResolveRequest {
+                watcher: 0,
                 namespace: self.namespace.to_string(),
                 key: self.key.to_string(),
                 inline_up_to: 0,
@@ -808,6 +811,7 @@ impl Commit {
             .store
             .clone()
             .resolve(ResolveRequest {
+                watcher: 0,
                 namespace: self.namespace.to_string(),
                 key: self.key.to_string(),
                 inline_up_to: 0,

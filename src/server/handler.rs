@@ -47,6 +47,22 @@ struct Item {
     force: bool,
 }
 
+/// `paths` and the directory of each: what a publish's maker is answered about.
+fn with_parents(paths: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = paths
+        .iter()
+        .flat_map(|p| {
+            [
+                p.clone(),
+                p.rsplit_once('/').map_or("", |(d, _)| d).to_string(),
+            ]
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 fn check_item(r: PublishRequest) -> Result<Item, Status> {
     let key = parse_key(&r.key)?;
     let locale = r.locale();
@@ -555,6 +571,7 @@ impl Store for StoreHandler {
         let r = req.into_inner();
         let key = parse_key(&r.key)?;
         let change = self.change(&ns, vec![key.to_string()]);
+        let since = self.watchers.now();
         let locale = r.locale();
         let inline = checked_inline(r.inline_blocks)?;
         let mut stored = false;
@@ -592,7 +609,9 @@ impl Store for StoreHandler {
         };
         check_inline_lengths(&key, &manifest, &inline)?;
         let meta = self.meta.clone();
+        let at = ns.clone();
         let version = blocking(move || {
+            let ns = at;
             for (hash, data) in inline.iter().filter(|_| !stored) {
                 meta.blocks().put(hash, data)?;
             }
@@ -613,8 +632,12 @@ impl Store for StoreHandler {
         })
         .await?;
         let (version, parent, entry) = version;
+        // The maker keeps the entries it is answered (its listing takes the new one).
+        self.watchers
+            .hold(ns.as_str(), r.watcher, since, with_parents(&change.paths))
+            .await;
         self.tell_except(change, r.watcher).await;
-        tracing::info!(key = %r.key, %version, ?locale, "published");
+        tracing::debug!(key = %r.key, %version, ?locale, "published");
         Ok(Response::new(PublishResponse {
             version: version.0.to_vec(),
             parent,
@@ -653,9 +676,13 @@ impl Store for StoreHandler {
             .map(|i| i.key.to_string())
             .collect();
         let change = self.change(&ns, keys);
+        let since = self.watchers.now();
         let meta = self.meta.clone();
         let nsb = ns.clone();
         let results = blocking(move || Ok(publish_items(&meta, &nsb, checked))).await?;
+        self.watchers
+            .hold(ns.as_str(), r.watcher, since, with_parents(&change.paths))
+            .await;
         self.tell_except(change, r.watcher).await;
         tracing::info!(namespace = %ns, items = results.len(), "published a batch");
         Ok(Response::new(PublishBatchResponse { results }))
@@ -690,7 +717,12 @@ impl Store for StoreHandler {
         let r = req.into_inner();
         let key = parse_key(&r.key)?;
         let meta = self.meta.clone();
-        let mut resp = blocking(move || resolve_key(&meta, &ns, &key, r.inline_up_to)).await?;
+        let since = self.watchers.now();
+        let at = ns.clone();
+        let mut resp = blocking(move || resolve_key(&meta, &at, &key, r.inline_up_to)).await?;
+        self.watchers
+            .hold(ns.as_str(), r.watcher, since, vec![resp.key.clone()])
+            .await;
         self.grant_read(&mut resp);
         Ok(Response::new(resp))
     }
@@ -708,7 +740,10 @@ impl Store for StoreHandler {
             )));
         }
         let meta = self.meta.clone();
+        let (watcher, at) = (r.watcher, ns.clone());
+        let since = self.watchers.now();
         let mut results = blocking(move || {
+            let ns = at;
             let mut inline_left = MAX_INLINE_BYTES;
             let results = r
                 .keys
@@ -736,6 +771,11 @@ impl Store for StoreHandler {
             Ok(results)
         })
         .await?;
+        let held = results
+            .iter()
+            .filter_map(|r| r.resolved.as_ref().map(|f| f.key.clone()))
+            .collect();
+        self.watchers.hold(ns.as_str(), watcher, since, held).await;
         for found in results.iter_mut().filter_map(|r| r.resolved.as_mut()) {
             self.grant_read(found);
         }
@@ -747,7 +787,11 @@ impl Store for StoreHandler {
         let r = req.into_inner();
         let prefix = KeyPath::parse_prefix(&r.prefix).map_err(|e| invalid(e.to_string()))?;
         let meta = self.meta.clone();
+        let (watcher, recursive, at) = (r.watcher, r.recursive, ns.clone());
+        let listed = prefix.as_ref().map_or_else(String::new, |p| p.to_string());
+        let since = self.watchers.now();
         let listing = blocking(move || {
+            let ns = at;
             if r.dir_only {
                 return meta.list_dir_only(&ns, prefix.as_ref());
             }
@@ -760,6 +804,13 @@ impl Store for StoreHandler {
             Ok(l)
         })
         .await?;
+        // A recursive listing is not one a mount keeps.
+        if !recursive {
+            let held = std::iter::once(listed)
+                .chain(listing.ahead.iter().map(|l| l.path.clone()))
+                .collect();
+            self.watchers.hold(ns.as_str(), watcher, since, held).await;
+        }
         Ok(Response::new(listing))
     }
 

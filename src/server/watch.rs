@@ -1,14 +1,15 @@
 //! Watches: the store server's half of the mounts' metadata leases.
 //!
 //! A mount opens one `Watch` stream per namespace. Every change of the namespace (a publish,
-//! removal, rename, exchange, link or attribute change) is sent down every watcher's stream,
-//! and the change's caller is answered only when each watcher acknowledged it, or when the
-//! lease that watcher held as the change was sent ran out; a watcher that let it run out is
+//! removal, rename, exchange, link or attribute change) is sent down the stream of each watcher
+//! that holds something it changes (see [`Holds`]: what the server answered that watcher's
+//! listings and resolves), and the change's caller is answered only when each of them
+//! acknowledged it, or when the lease that watcher held as the change was sent ran out; a watcher that let it run out is
 //! dropped (its stream ends, and its mount trusts nothing cached until it watches again). So a
 //! reader on node B that opens after a writer's close on node A returned meets no entry B
 //! cached before the change. A lease is renewed only while everything sent was acknowledged.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,6 +27,11 @@ pub const LEASE: Duration = Duration::from_secs(3);
 
 /// Changes queued for one watcher before it counts as stuck and is dropped.
 const QUEUE: usize = 1024;
+/// Paths one watcher holds at most before it counts as holding everything.
+const MAX_HELD: usize = 1 << 16;
+/// Changes remembered after they were told, for answers that crossed them (see
+/// [`Watchers::hold`]).
+const RECENT: usize = 4096;
 
 pub type Sink = mpsc::Receiver<Result<WatchDown, Status>>;
 
@@ -50,6 +56,59 @@ struct Inner {
     /// Numbers the changes, in the order they are sent (under this lock).
     seq: u64,
     list: HashMap<u64, Arc<Watcher>>,
+    /// What each watcher was answered (under this lock, so that a change and a registration
+    /// are ordered).
+    holds: HashMap<u64, Holds>,
+    /// The last changes told: `(seq, namespace, paths)`.
+    recent: VecDeque<(u64, String, Vec<String>)>,
+    /// The highest seq no longer in `recent`.
+    forgotten: u64,
+}
+
+/// The paths a watcher was answered about: directories it listed (or whose own entry it
+/// asked for) and files it resolved. A change concerns it if it changed one of them, a
+/// directory's child or grandchild (the listing shows the child directory's times and link
+/// count), or something above one (a removal or rename of a tree).
+#[derive(Default)]
+struct Holds {
+    paths: BTreeSet<String>,
+    /// Too many to keep: every change concerns it.
+    all: bool,
+}
+
+impl Holds {
+    fn add(&mut self, paths: impl IntoIterator<Item = String>) {
+        if !self.all {
+            self.paths.extend(paths);
+        }
+        if self.paths.len() > MAX_HELD {
+            self.all = true;
+            self.paths.clear();
+        }
+    }
+
+    fn concerned(&self, changed: &str) -> bool {
+        if self.all || changed.is_empty() {
+            return true;
+        }
+        let parent = changed.rsplit_once('/').map_or("", |(p, _)| p);
+        let grandparent = parent.rsplit_once('/').map_or("", |(p, _)| p);
+        if self.paths.contains(changed)
+            || self.paths.contains(parent)
+            || (!parent.is_empty() && self.paths.contains(grandparent))
+        {
+            return true;
+        }
+        let below = format!("{changed}/");
+        self.paths
+            .range(below.clone()..)
+            .next()
+            .is_some_and(|p| p.starts_with(&below))
+    }
+
+    fn concerned_by(&self, paths: &[String]) -> bool {
+        paths.iter().any(|p| self.concerned(p))
+    }
 }
 
 struct Watcher {
@@ -109,6 +168,7 @@ impl Watchers {
             st.acked = inner.seq;
         }
         inner.list.insert(id, w);
+        inner.holds.insert(id, Holds::default());
         Some((
             Registration {
                 id,
@@ -128,6 +188,7 @@ impl Watchers {
         let gone: Vec<_> = {
             let mut inner = lock(&self.inner);
             inner.closed = true;
+            inner.holds.clear();
             inner.list.drain().map(|(_, w)| w).collect()
         };
         for w in gone {
@@ -136,7 +197,11 @@ impl Watchers {
     }
 
     fn drop_watcher(&self, id: u64) {
-        let w = lock(&self.inner).list.remove(&id);
+        let w = {
+            let mut inner = lock(&self.inner);
+            inner.holds.remove(&id);
+            inner.list.remove(&id)
+        };
         if let Some(w) = w {
             w.leave();
         }
@@ -145,41 +210,77 @@ impl Watchers {
     /// Sends the change of `paths` in `ns` to its watchers but `except` (the one that made it,
     /// which learns of it from its answer), and returns once each acknowledged it or was dropped.
     pub async fn changed(&self, ns: &str, paths: Vec<String>, except: u64) {
-        let mut waits = Vec::new();
-        let mut stuck = Vec::new();
-        {
+        let waits = {
             let mut inner = lock(&self.inner);
-            let told = |(id, w): &(&u64, &Arc<Watcher>)| w.ns == ns && **id != except;
-            if !inner.list.iter().any(|e| told(&e)) {
+            let told: Vec<u64> = inner
+                .list
+                .iter()
+                .filter(|(id, w)| {
+                    w.ns == ns
+                        && **id != except
+                        && inner.holds.get(id).is_some_and(|h| h.concerned_by(&paths))
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            let watched = inner.list.values().any(|w| w.ns == ns);
+            if !watched {
                 return;
             }
             inner.seq += 1;
             let seq = inner.seq;
-            let msg = WatchDown {
-                seq,
-                paths,
-                ..Default::default()
-            };
-            for (&id, w) in inner.list.iter().filter(told) {
-                // Sent under the lock: each watcher meets the changes in the order of their
-                // numbers, so "everything up to N" is an acknowledgement it can give.
-                if !w.send(msg.clone()) {
-                    stuck.push(id);
-                    continue;
+            // Remembered even when nobody is told: an answer given meanwhile may cross it.
+            inner.recent.push_back((seq, ns.to_string(), paths.clone()));
+            while inner.recent.len() > RECENT {
+                if let Some((s, _, _)) = inner.recent.pop_front() {
+                    inner.forgotten = s;
                 }
-                metrics::WATCH_RECALLS.inc();
-                let deadline = {
-                    let mut st = lock(&w.state);
-                    st.sent = seq;
-                    st.lease_until
-                };
-                waits.push((id, w.clone(), seq, deadline));
             }
+            self.send_locked(&mut inner, &told, seq, paths)
+        };
+        self.wait_for(waits).await;
+    }
+
+    /// Sends change `seq` of `paths` to the watchers `ids` (under the lock, so that each meets
+    /// the changes in the order of their numbers and "everything up to N" is an
+    /// acknowledgement it can give); what to wait for. Stuck watchers are dropped.
+    fn send_locked(
+        &self,
+        inner: &mut Inner,
+        ids: &[u64],
+        seq: u64,
+        paths: Vec<String>,
+    ) -> Vec<(u64, Arc<Watcher>, u64, Instant)> {
+        let msg = WatchDown {
+            seq,
+            paths,
+            ..Default::default()
+        };
+        let mut waits = Vec::new();
+        for id in ids {
+            let Some(w) = inner.list.get(id).cloned() else {
+                continue;
+            };
+            if !w.send(msg.clone()) {
+                tracing::warn!(watcher = id, "a watcher's queue is full: dropped");
+                inner.holds.remove(id);
+                inner.list.remove(id);
+                w.leave();
+                continue;
+            }
+            metrics::WATCH_RECALLS.inc();
+            let deadline = {
+                let mut st = lock(&w.state);
+                st.sent = seq;
+                st.lease_until
+            };
+            waits.push((*id, w, seq, deadline));
         }
-        for id in stuck {
-            tracing::warn!(watcher = id, "a watcher's queue is full: dropped");
-            self.drop_watcher(id);
-        }
+        waits
+    }
+
+    /// Returns once each watcher acknowledged what it was sent, or let its lease run out (then
+    /// it is dropped).
+    async fn wait_for(&self, waits: Vec<(u64, Arc<Watcher>, u64, Instant)>) {
         // One after another: every watcher has the change already and acknowledges it at its
         // own pace, and each deadline is a time, so the wait is the slowest one's, not a sum.
         for (id, w, seq, deadline) in waits {
@@ -192,6 +293,56 @@ impl Watchers {
                 self.drop_watcher(id);
             }
         }
+    }
+
+    /// The number of the last change told: what an answer about to be read is at least as new
+    /// as (for [`Watchers::hold`]).
+    pub fn now(&self) -> u64 {
+        lock(&self.inner).seq
+    }
+
+    /// Watcher `id` of `ns` was answered about `paths`, from a read begun when [`Watchers::now`]
+    /// said `since`: from now on the changes that concern them are told to it. A change told
+    /// since then that concerns them may have crossed the answer without reaching the watcher:
+    /// it is told to it now (everything, where it is no longer remembered), and this returns
+    /// once the watcher acknowledged, before the answer is sent.
+    pub async fn hold(&self, ns: &str, id: u64, since: u64, paths: Vec<String>) {
+        if id == 0 || paths.is_empty() {
+            return;
+        }
+        let waits = {
+            let mut inner = lock(&self.inner);
+            if inner.list.get(&id).is_none_or(|w| w.ns != ns) {
+                return;
+            }
+            let fresh = Holds {
+                paths: paths.iter().cloned().collect(),
+                all: false,
+            };
+            let crossed: Vec<String> = if since < inner.forgotten {
+                vec![String::new()]
+            } else {
+                let mut crossed: Vec<String> = inner
+                    .recent
+                    .iter()
+                    .filter(|(seq, n, _)| *seq > since && n == ns)
+                    .flat_map(|(_, _, ps)| ps.iter().filter(|p| fresh.concerned(p)).cloned())
+                    .collect();
+                crossed.sort();
+                crossed.dedup();
+                crossed
+            };
+            if let Some(h) = inner.holds.get_mut(&id) {
+                h.add(paths);
+            }
+            if crossed.is_empty() {
+                return;
+            }
+            inner.seq += 1;
+            let seq = inner.seq;
+            self.send_locked(&mut inner, &[id], seq, crossed)
+        };
+        self.wait_for(waits).await;
     }
 }
 
@@ -313,7 +464,10 @@ mod tests {
     async fn a_change_waits_for_every_watcher_of_its_namespace_and_no_other() {
         let ws = Arc::new(Watchers::default());
         let (a, mut a_rx) = ws.register("team").unwrap();
-        let (_b, mut b_rx) = ws.register("other").unwrap();
+        let (b, mut b_rx) = ws.register("other").unwrap();
+        ws.hold("team", a.id(), ws.now(), vec!["x".into()]).await;
+        // A watcher of another namespace holds nothing of this one, whatever it names.
+        ws.hold("team", b.id(), ws.now(), vec!["x".into()]).await;
         let changed = tokio::spawn({
             let ws = ws.clone();
             async move { ws.changed("team", vec!["x/y".into()], 0).await }
@@ -335,7 +489,8 @@ mod tests {
     async fn a_watcher_that_does_not_acknowledge_is_dropped_when_its_lease_runs_out() {
         let lease = Duration::from_millis(200);
         let ws = Arc::new(Watchers::with_lease(lease));
-        let (_a, mut a_rx) = ws.register("team").unwrap();
+        let (a, mut a_rx) = ws.register("team").unwrap();
+        ws.hold("team", a.id(), ws.now(), vec!["".into()]).await;
         let started = Instant::now();
         ws.changed("team", vec!["k".into()], 0).await;
         assert!(started.elapsed() >= lease - Duration::from_millis(20));
@@ -353,6 +508,9 @@ mod tests {
         let (a, mut a_rx) = ws.register("team").unwrap();
         let (b, mut b_rx) = ws.register("team").unwrap();
         assert_ne!(a.id(), b.id());
+        for w in [&a, &b] {
+            ws.hold("team", w.id(), ws.now(), vec!["".into()]).await;
+        }
         let changed = tokio::spawn({
             let (ws, except) = (ws.clone(), a.id());
             async move { ws.changed("team", vec!["k".into()], except).await }
@@ -364,6 +522,98 @@ mod tests {
         assert!(a_rx.try_recv().is_err());
         // A's acknowledgement of everything sent to it still renews its lease.
         assert!(a.up(0, 3).is_some_and(|d| d.renewed == 3));
+    }
+
+    #[tokio::test]
+    async fn a_change_is_told_only_to_the_watchers_that_hold_what_it_changes() {
+        let ws = Arc::new(Watchers::default());
+        let (a, mut a_rx) = ws.register("team").unwrap();
+        let (b, mut b_rx) = ws.register("team").unwrap();
+        let (c, mut c_rx) = ws.register("team").unwrap();
+        // A listed x; B resolved y/f; C was answered nothing.
+        ws.hold("team", a.id(), ws.now(), vec!["x".into()]).await;
+        ws.hold("team", b.id(), ws.now(), vec!["y/f".into()]).await;
+        let cases: [(&str, bool, bool); 6] = [
+            ("x/new", true, false),    // a name in A's listing
+            ("x/d/f", true, false),    // x/d's times and link count, in A's listing
+            ("x/d/e/f", false, false), // deeper: nobody's
+            ("y/f", false, true),      // B's file
+            ("y", false, true),        // a tree above B's file (removed, renamed)
+            ("z", false, false),       // nobody's
+        ];
+        for (path, to_a, to_b) in cases {
+            let changed = tokio::spawn({
+                let ws = ws.clone();
+                let path = path.to_string();
+                async move { ws.changed("team", vec![path], 0).await }
+            });
+            for (w, rx, told) in [(&a, &mut a_rx, to_a), (&b, &mut b_rx, to_b)] {
+                if told {
+                    let m = next(rx).await;
+                    assert_eq!(m.paths, [path]);
+                    w.up(m.seq, 0);
+                }
+            }
+            changed.await.unwrap();
+            assert!(
+                a_rx.try_recv().is_err() && b_rx.try_recv().is_err(),
+                "{path}"
+            );
+        }
+        // Everything concerns everyone; C, who holds nothing, was told nothing else.
+        let changed = tokio::spawn({
+            let ws = ws.clone();
+            async move { ws.changed("team", vec![String::new()], 0).await }
+        });
+        for (w, rx) in [(&a, &mut a_rx), (&b, &mut b_rx), (&c, &mut c_rx)] {
+            let m = next(rx).await;
+            assert_eq!(m.paths, [""]);
+            w.up(m.seq, 0);
+        }
+        changed.await.unwrap();
+        assert_eq!(ws.count(), 3, "nobody let a lease run out");
+    }
+
+    #[tokio::test]
+    async fn an_answer_that_crossed_a_change_is_followed_by_it_before_it_is_sent() {
+        let ws = Arc::new(Watchers::default());
+        let (a, mut a_rx) = ws.register("team").unwrap();
+        // A's listing of x is read (before the change), then the change is made and told to
+        // nobody (A did not hold x yet), then A's answer registers x: A is told now, and the
+        // answer waits for A's acknowledgement.
+        let since = ws.now();
+        ws.changed("team", vec!["x/new".into(), "q".into()], 0)
+            .await;
+        assert!(a_rx.try_recv().is_err());
+        let held = tokio::spawn({
+            let (ws, id) = (ws.clone(), a.id());
+            async move { ws.hold("team", id, since, vec!["x".into()]).await }
+        });
+        let got = next(&mut a_rx).await;
+        assert_eq!(got.paths, ["x/new"]);
+        assert!(!held.is_finished());
+        a.up(got.seq, 0);
+        held.await.unwrap();
+        // An answer read after the change registers without a word.
+        ws.hold("team", a.id(), ws.now(), vec!["q".into()]).await;
+        assert!(a_rx.try_recv().is_err());
+        // One read from before what the server still remembers is told everything.
+        for i in 0..RECENT + 1 {
+            ws.changed("team", vec![format!("n{i}")], 0).await;
+        }
+        let held = tokio::spawn({
+            let (ws, id) = (ws.clone(), a.id());
+            async move { ws.hold("team", id, since, vec!["w".into()]).await }
+        });
+        let got = loop {
+            let m = next(&mut a_rx).await;
+            a.up(m.seq, 0);
+            if m.paths == [""] {
+                break m;
+            }
+        };
+        assert_eq!(got.paths, [""]);
+        held.await.unwrap();
     }
 
     #[tokio::test]

@@ -256,6 +256,7 @@ async fn current(
 ) -> Result<Option<(Version, Manifest)>, PutError> {
     let r = store
         .resolve(ResolveRequest {
+            watcher: 0,
             namespace: ns.to_string(),
             key: key.to_string(),
             inline_up_to: 0,

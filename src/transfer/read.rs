@@ -90,6 +90,7 @@ pub async fn read_range(
 ) -> Result<RangeRead, ReadError> {
     let r = store
         .resolve(ResolveRequest {
+            watcher: 0,
             namespace: namespace.to_string(),
             key: key.to_string(),
             inline_up_to: 0,
@@ -170,6 +171,7 @@ pub async fn read_range(
 pub async fn stat(store: &mut Store, namespace: &str, key: &KeyPath) -> Result<Stat, ReadError> {
     let resolved = store
         .resolve(ResolveRequest {
+            watcher: 0,
             namespace: namespace.to_string(),
             key: key.to_string(),
             inline_up_to: 0,
@@ -197,6 +199,7 @@ pub async fn stat(store: &mut Store, namespace: &str, key: &KeyPath) -> Result<S
         Err(e) if e.is_not_found() => {
             let listed = store
                 .list(ListRequest {
+                    watcher: 0,
                     namespace: namespace.to_string(),
                     prefix: key.to_string(),
                     recursive: false,

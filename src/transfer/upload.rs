@@ -280,6 +280,7 @@ async fn previous_bases(
     }
     let prev = match store
         .resolve(ResolveRequest {
+            watcher: 0,
             namespace: req.namespace.clone(),
             key: req.key.clone(),
             inline_up_to: 0,

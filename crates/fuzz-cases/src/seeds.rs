@@ -220,6 +220,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             call(
                 5,
                 &ResolveRequest {
+                    watcher: 0,
                     namespace: n.clone(),
                     key: k.clone(),
                     inline_up_to: 1024,
@@ -314,6 +315,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             call(
                 21,
                 &ResolveManyRequest {
+                    watcher: 0,
                     namespace: "team-a".into(),
                     keys: vec![
                         "many/a".into(),

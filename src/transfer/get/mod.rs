@@ -258,6 +258,7 @@ fn link_name(first: &Path, to: &Path) -> Result<bool, GetError> {
 async fn keys_below(store: &mut Store, opts: &GetOptions) -> Result<Vec<(String, u64)>, GetError> {
     let list = store
         .list(ListRequest {
+            watcher: 0,
             namespace: opts.namespace.to_string(),
             prefix: opts.key.to_string(),
             recursive: true,
@@ -296,6 +297,7 @@ async fn resolve(
 ) -> Result<Option<(ResolveResponse, Manifest)>, GetError> {
     let resolved = store
         .resolve(ResolveRequest {
+            watcher: 0,
             inline_up_to: 0,
             namespace: ns.to_string(),
             key: key.to_string(),
