@@ -515,7 +515,7 @@ R=$RUNS
     echo "### (c) $NFILES small files (1-4 KiB, $NDIRS directories, $(awk -v b="${TREE_BYTES[1]}" 'BEGIN { printf "%.1f", b / 1e6 }') MB)"
     echo
     echo "Each run has its own tree (different contents, so nothing is deduplicated). Create: \`cp -r TREE DIR\`"
-    echo "(into mount A: every file is published on close — staged on A's disk, hashed, uploaded, published;"
+    echo "(into mount A: every file is published on close — staged (in A's memory, each at most 64 KiB), hashed, sent inside its publish;"
     echo "on local disk: into the page cache, not synced). Read: \`find . -type f -print0 | sort -z | xargs -0 cat | md5sum\`."
     echo
     echo "| operation | median s | files/s | vs local | peak RSS | CPU s | runs: s (other CPU-s) |"

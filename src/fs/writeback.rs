@@ -14,13 +14,13 @@
 //! The journal: one small record per queued file (its key, the staged bytes' file, mode,
 //! owner, mtime) in the node's RocksDB (column family [`CF_WRITEBACK`], under the mount's
 //! tag), removed once a publish took in every change. A small file staged in memory (see
-//! [`super::body`]) has its bytes journaled beside its record, in the same write. A record and the staged bytes outlive a
-//! `kill -9` of the agent (the write-ahead log and the file are in the kernel's hands), not a
-//! crash of the machine: a file must be `fsync`ed for that. An agent that starts on the same
-//! mount again, with or without `--writeback`, publishes what its journal holds. A publish the
-//! server refuses for good (the directory was removed by another node, a name became a
-//! directory) keeps its bytes in the staging directory's `failed/` and its record under the
-//! tag's failed prefix, and says where in the log.
+//! [`super::body`]) has its bytes journaled beside its record, in the same write. A record and
+//! the staged bytes outlive a `kill -9` of the agent (the write-ahead log and the file are in
+//! the kernel's hands), not a crash of the machine: a file must be `fsync`ed for that. An agent
+//! that starts on the same mount again, with or without `--writeback`, publishes what its
+//! journal holds. A publish the server refuses for good (the directory was removed by another
+//! node, a name became a directory) keeps its bytes in the staging directory's `failed/` and
+//! its record under the tag's failed prefix, and says where in the log.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};

@@ -718,10 +718,10 @@ impl Store for StoreHandler {
         let key = parse_key(&r.key)?;
         let meta = self.meta.clone();
         let since = self.watchers.now();
-        let at = ns.clone();
+        let (at, asked) = (ns.clone(), key.to_string());
         let mut resp = blocking(move || resolve_key(&meta, &at, &key, r.inline_up_to)).await?;
         self.watchers
-            .hold(ns.as_str(), r.watcher, since, vec![resp.key.clone()])
+            .hold(ns.as_str(), r.watcher, since, vec![asked])
             .await;
         self.grant_read(&mut resp);
         Ok(Response::new(resp))
@@ -741,6 +741,11 @@ impl Store for StoreHandler {
         }
         let meta = self.meta.clone();
         let (watcher, at) = (r.watcher, ns.clone());
+        let asked: Vec<Option<String>> = r
+            .keys
+            .iter()
+            .map(|k| parse_key(k).ok().map(|k| k.to_string()))
+            .collect();
         let since = self.watchers.now();
         let mut results = blocking(move || {
             let ns = at;
@@ -773,7 +778,9 @@ impl Store for StoreHandler {
         .await?;
         let held = results
             .iter()
-            .filter_map(|r| r.resolved.as_ref().map(|f| f.key.clone()))
+            .zip(asked)
+            .filter(|(r, _)| r.resolved.is_some())
+            .filter_map(|(_, k)| k)
             .collect();
         self.watchers.hold(ns.as_str(), watcher, since, held).await;
         for found in results.iter_mut().filter_map(|r| r.resolved.as_mut()) {

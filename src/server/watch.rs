@@ -322,10 +322,13 @@ impl Watchers {
             let crossed: Vec<String> = if since < inner.forgotten {
                 vec![String::new()]
             } else {
+                // Newest first, as far back as `since` only: most answers crossed nothing.
                 let mut crossed: Vec<String> = inner
                     .recent
                     .iter()
-                    .filter(|(seq, n, _)| *seq > since && n == ns)
+                    .rev()
+                    .take_while(|(seq, _, _)| *seq > since)
+                    .filter(|(_, n, _)| n == ns)
                     .flat_map(|(_, _, ps)| ps.iter().filter(|p| fresh.concerned(p)).cloned())
                     .collect();
                 crossed.sort();
