@@ -1,4 +1,4 @@
-//! Files open for writing on this node, staged in local files until published.
+//! Files open for writing on this node, staged here until published.
 //!
 //! A new file starts empty; an existing one is copied on write from its published blocks. The
 //! staged bytes ([`Body`]: in memory while small, else a staging file) belong to every
