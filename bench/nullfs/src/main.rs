@@ -1,0 +1,159 @@
+//! The least a FUSE filesystem can do for `cp -r`: names and sizes in memory, bytes dropped.
+//! bench/fuse.sh times a `cp -r` into it beside the one into a mount: the ceiling of any FUSE
+//! create path on the machine. `nullfs MOUNTPOINT` (8 threads; `NT=n` for others).
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
+    OpenFlags, ReplyAttr, ReplyCreate, ReplyEmpty, ReplyEntry, ReplyWrite, Request, WriteFlags,
+};
+
+const TTL: Duration = Duration::from_secs(1);
+
+struct Null {
+    names: Mutex<HashMap<(u64, String), u64>>,
+    attrs: Mutex<HashMap<u64, FileAttr>>,
+    next: Mutex<u64>,
+}
+
+fn attr(ino: u64, kind: FileType, size: u64) -> FileAttr {
+    let now = SystemTime::now();
+    FileAttr {
+        ino: INodeNo(ino),
+        size,
+        blocks: 0,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        crtime: now,
+        kind,
+        perm: if kind == FileType::Directory {
+            0o755
+        } else {
+            0o644
+        },
+        nlink: 1,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        flags: 0,
+        blksize: 4096,
+    }
+}
+
+impl Null {
+    fn add(&self, parent: u64, name: &OsStr, kind: FileType) -> FileAttr {
+        let mut next = self.next.lock().unwrap();
+        *next += 1;
+        let a = attr(*next, kind, 0);
+        self.names
+            .lock()
+            .unwrap()
+            .insert((parent, name.to_string_lossy().into()), *next);
+        self.attrs.lock().unwrap().insert(*next, a);
+        a
+    }
+}
+
+impl Filesystem for Null {
+    fn lookup(&self, _r: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+        let ino = self
+            .names
+            .lock()
+            .unwrap()
+            .get(&(parent.0, n.to_string_lossy().into()))
+            .copied();
+        match ino.and_then(|i| self.attrs.lock().unwrap().get(&i).copied()) {
+            Some(a) => reply.entry(&TTL, &a, Generation(0)),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+    fn getattr(&self, _r: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.attrs.lock().unwrap().get(&ino.0).copied() {
+            Some(a) => reply.attr(&TTL, &a),
+            None if ino.0 == 1 => reply.attr(&TTL, &attr(1, FileType::Directory, 0)),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+    fn mkdir(&self, _r: &Request, parent: INodeNo, n: &OsStr, _m: u32, _u: u32, reply: ReplyEntry) {
+        reply.entry(
+            &TTL,
+            &self.add(parent.0, n, FileType::Directory),
+            Generation(0),
+        )
+    }
+    fn create(
+        &self,
+        _r: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        _m: u32,
+        _u: u32,
+        _f: i32,
+        reply: ReplyCreate,
+    ) {
+        let a = self.add(parent.0, n, FileType::RegularFile);
+        reply.created(
+            &TTL,
+            &a,
+            Generation(0),
+            FileHandle(a.ino.0),
+            FopenFlags::empty(),
+        )
+    }
+    fn write(
+        &self,
+        _r: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _w: WriteFlags,
+        _f: OpenFlags,
+        _l: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        if let Some(a) = self.attrs.lock().unwrap().get_mut(&ino.0) {
+            a.size = a.size.max(offset + data.len() as u64);
+        }
+        reply.written(data.len() as u32)
+    }
+    fn flush(&self, _r: &Request, _i: INodeNo, _fh: FileHandle, _l: LockOwner, reply: ReplyEmpty) {
+        reply.ok()
+    }
+    fn release(
+        &self,
+        _r: &Request,
+        _i: INodeNo,
+        _fh: FileHandle,
+        _f: OpenFlags,
+        _l: Option<LockOwner>,
+        _fl: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok()
+    }
+}
+
+fn main() {
+    let mnt = std::env::args().nth(1).expect("mountpoint");
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![fuser::MountOption::FSName("null".into())];
+    // As many threads as a mount has.
+    config.n_threads = Some(
+        std::env::var("NT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(8),
+    );
+    let fs = Null {
+        names: Mutex::default(),
+        attrs: Mutex::default(),
+        next: Mutex::new(1),
+    };
+    let session = fuser::Session::new(fs, std::path::Path::new(&mnt), &config).expect("mount");
+    session.run().expect("run");
+}
