@@ -51,12 +51,7 @@ struct Item {
 fn with_parents(paths: &[String]) -> Vec<String> {
     let mut out: Vec<String> = paths
         .iter()
-        .flat_map(|p| {
-            [
-                p.clone(),
-                p.rsplit_once('/').map_or("", |(d, _)| d).to_string(),
-            ]
-        })
+        .flat_map(|p| [p.clone(), super::watch::dir_of(p).to_string()])
         .collect();
     out.sort();
     out.dedup();

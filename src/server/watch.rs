@@ -76,6 +76,11 @@ struct Holds {
     all: bool,
 }
 
+/// The directory of `path` (`""`: the namespace's root).
+pub fn dir_of(path: &str) -> &str {
+    path.rsplit_once('/').map_or("", |(d, _)| d)
+}
+
 impl Holds {
     fn add(&mut self, paths: impl IntoIterator<Item = String>) {
         if !self.all {
@@ -91,8 +96,8 @@ impl Holds {
         if self.all || changed.is_empty() {
             return true;
         }
-        let parent = changed.rsplit_once('/').map_or("", |(p, _)| p);
-        let grandparent = parent.rsplit_once('/').map_or("", |(p, _)| p);
+        let parent = dir_of(changed);
+        let grandparent = dir_of(parent);
         if self.paths.contains(changed)
             || self.paths.contains(parent)
             || (!parent.is_empty() && self.paths.contains(grandparent))
