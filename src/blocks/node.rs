@@ -36,8 +36,10 @@ pub struct NodeBlocks {
     upload_slots: Arc<tokio::sync::Semaphore>,
 }
 
-/// Swarm requests a node serves at once: the swarm's default uploads, repeated here because
-/// this layer may not depend on the swarm's (a test of the transfer layer keeps them equal).
+/// Swarm requests a node serves at once, over every swarm it is in: the board asks it for at
+/// most `crate::swarm::DEFAULT_UPLOADS` per swarm (repeated as a number here because this layer
+/// may not depend on the swarm's; a test of the transfer layer keeps this no smaller), so a node
+/// may serve two swarms at once before it answers busy.
 pub const UPLOAD_SLOTS: usize = 2;
 
 impl NodeBlocks {

@@ -8,7 +8,7 @@ use super::window::WindowState;
 use super::{BroadcastError, Broadcasts, NodeView, Seed};
 use crate::clock::Moment;
 use crate::hash::Version;
-use crate::proto::{Source, SwarmSyncReply, SwarmSyncRequest};
+use crate::proto::{Source, SwarmPeer, SwarmSyncReply, SwarmSyncRequest};
 use crate::swarm::Board;
 
 /// Board ids of holders start here; below are the window's member ids.
@@ -54,6 +54,33 @@ impl Swarm {
 }
 
 impl WindowState {
+    /// Fills in where to reach each member a reply's fetches name.
+    fn swarm_sources(
+        &self,
+        version: &Version,
+        reply: &mut SwarmSyncReply,
+        live: &dyn Fn(&str) -> Option<NodeView>,
+    ) {
+        for f in &reply.fetch {
+            if f.store || reply.peers.iter().any(|p| p.member == f.from) {
+                continue;
+            }
+            let node = self.swarm_node(version, f.from);
+            let source = node.as_deref().and_then(|n| {
+                live(n).map(|v| Source {
+                    node_id: n.to_string(),
+                    data_addr: v.data_addr,
+                    zone: v.zone,
+                    origin: false,
+                })
+            });
+            reply.peers.push(SwarmPeer {
+                member: f.from,
+                source,
+            });
+        }
+    }
+
     /// The node behind a board id.
     fn swarm_node(&self, version: &Version, id: u64) -> Option<String> {
         if id >= HOLDER_IDS {
@@ -107,14 +134,15 @@ impl Broadcasts {
         Ok(s.pieces.clone())
     }
 
-    /// A member's sync. New neighbours come with where to reach them; one whose node is no
-    /// longer alive is reported gone instead.
+    /// A member's sync: what the board answers, with where to reach each member it names (a
+    /// source whose node is no longer alive is left without one: the member counts that fetch
+    /// as broken), and the members that now have mail (their waiting syncs can end).
     pub fn swarm_sync(
         &mut self,
         req: &SwarmSyncRequest,
         live: &dyn Fn(&str) -> Option<NodeView>,
         now: Moment,
-    ) -> Result<SwarmSyncReply, BroadcastError> {
+    ) -> Result<(SwarmSyncReply, Vec<u64>), BroadcastError> {
         let (w, m) = self.member(&req.group_id, req.generation, req.member)?;
         w.touched = now.at;
         let Some(version) = w.members[m].joiner.version else {
@@ -124,33 +152,32 @@ impl Broadcasts {
             return Err(BroadcastError::Bad("this member is in no swarm".into()));
         };
         let mut reply = s.board.sync(req, now.at);
-        let known: Vec<u64> = req.seen.iter().map(|c| c.member).collect();
-        for i in 0..reply.peers.len() {
-            let p = &reply.peers[i];
-            if p.gone || known.contains(&p.member) {
-                continue;
-            }
-            let node = w.swarm_node(&version, p.member);
-            let view = node
-                .as_deref()
-                .and_then(|n| live(n).map(|v| (n.to_string(), v)));
-            let p = &mut reply.peers[i];
-            match view {
-                Some((node_id, v)) => {
-                    p.source = Some(Source {
-                        node_id,
-                        data_addr: v.data_addr,
-                        zone: v.zone,
-                        origin: false,
-                    })
-                }
-                None => {
-                    p.gone = true;
-                    p.pieces.clear();
-                }
-            }
-        }
-        Ok(reply)
+        let woken = s.board.woken();
+        w.swarm_sources(&version, &mut reply, live);
+        Ok((reply, woken))
+    }
+
+    /// What the board chose for a member since its last sync, as [`Self::swarm_sync`] answers
+    /// it; empty if it is no longer in a swarm.
+    pub fn swarm_mail(
+        &mut self,
+        group: &str,
+        generation: u64,
+        member: u64,
+        live: &dyn Fn(&str) -> Option<NodeView>,
+    ) -> SwarmSyncReply {
+        let Ok((w, m)) = self.member(group, generation, member) else {
+            return SwarmSyncReply::default();
+        };
+        let Some(version) = w.members[m].joiner.version else {
+            return SwarmSyncReply::default();
+        };
+        let Some(s) = w.swarms.get_mut(&version) else {
+            return SwarmSyncReply::default();
+        };
+        let mut reply = s.board.take_mail(member);
+        w.swarm_sources(&version, &mut reply, live);
+        reply
     }
 
     /// Takes every swarm member on `node` out of the window's swarms (it was found dead).

@@ -322,28 +322,27 @@ fn serving_getters_of_a_version_of_several_blocks_join_its_swarm_and_learn_where
         group_id: "g".into(),
         generation: j.window.generation,
         member: j.member,
-        want_seed: 2,
-        starving: true,
+        idle: 1,
         ..Default::default()
     };
-    let r = b.swarm_sync(&req, &all_live, now).unwrap();
+    let (r, _) = b.swarm_sync(&req, &all_live, now).unwrap();
+    assert_eq!(r.fetch.len(), 1);
+    assert!(
+        !r.fetch[0].store,
+        "a node holds it all: nothing from the store"
+    );
     let h = r
         .peers
         .iter()
-        .find(|p| p.pieces.len() == 8)
+        .find(|p| p.member == r.fetch[0].from)
         .expect("the holder");
-    let src = h
-        .source
-        .as_ref()
-        .expect("where to reach it, the first time");
+    let src = h.source.as_ref().expect("where to reach it");
     assert_eq!(
         (src.node_id.as_str(), src.data_addr.as_str()),
         ("h", "addr-h")
     );
-    assert!(
-        r.seed.is_empty(),
-        "a node holds it all: nothing from the store"
-    );
+    let mail = b.swarm_mail("g", j.window.generation, j.member, &all_live);
+    assert!(mail.fetch.is_empty(), "all was sent in the answer");
 
     // An explicit fanout, a getter that serves nothing and a version of few blocks keep the tree.
     let t = b

@@ -279,7 +279,15 @@ pub struct StoreHandler {
     pub(super) gpu_changed: Arc<tokio::sync::Notify>,
     /// The mounts watching each namespace; every change waits for them (see [`super::watch`]).
     pub(super) watchers: Arc<Watchers>,
+    /// Swarm members whose syncs wait for fetches, by window, generation and member.
+    pub(super) swarm_waits: Arc<std::sync::Mutex<SwarmWaits>>,
 }
+
+pub(super) type SwarmWaits =
+    std::collections::HashMap<(String, u64, u64), Arc<tokio::sync::Notify>>;
+
+/// The longest a swarm member's sync waits for fetches to be chosen for it.
+const SWARM_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A change that touched more keys than this is sent to watchers as a change of its
 /// namespace's root (everything), not key by key.
@@ -990,11 +998,44 @@ impl Store for StoreHandler {
     ) -> Result<Response<SwarmSyncReply>, Status> {
         window_for(&req, &req.get_ref().group_id)?;
         let r = req.into_inner();
-        let reply = {
+        let key = (r.group_id.clone(), r.generation, r.member);
+        let wait = std::time::Duration::from_millis(u64::from(r.wait_ms)).min(SWARM_WAIT_MAX);
+        let (reply, woken, waiter) = {
             let live = self.live();
-            self.windows().swarm_sync(&r, &live, self.clock.now())?
+            let mut windows = self.windows();
+            let (reply, woken) = windows.swarm_sync(&r, &live, self.clock.now())?;
+            // Registered while the windows are locked, so that fetches chosen for this member
+            // by a sync that follows find it waiting.
+            let waiter = (reply.fetch.is_empty() && r.idle > 0 && !wait.is_zero()).then(|| {
+                let n = Arc::new(tokio::sync::Notify::new());
+                locks::lock(&self.swarm_waits).insert(key.clone(), n.clone());
+                n
+            });
+            (reply, woken, waiter)
         };
-        Ok(Response::new(reply))
+        {
+            let waits = locks::lock(&self.swarm_waits);
+            for m in woken {
+                if let Some(n) = waits.get(&(r.group_id.clone(), r.generation, m)) {
+                    n.notify_one();
+                }
+            }
+        }
+        let Some(waiter) = waiter else {
+            return Ok(Response::new(reply));
+        };
+        let _ = tokio::time::timeout(wait, waiter.notified()).await;
+        {
+            let mut waits = locks::lock(&self.swarm_waits);
+            if waits.get(&key).is_some_and(|n| Arc::ptr_eq(n, &waiter)) {
+                waits.remove(&key);
+            }
+        }
+        let live = self.live();
+        let mail = self
+            .windows()
+            .swarm_mail(&r.group_id, r.generation, r.member, &live);
+        Ok(Response::new(mail))
     }
 
     async fn new_parent(

@@ -236,6 +236,7 @@ impl StoreServerProcess {
             clock: self.clock,
             windows: Default::default(),
             joined: Default::default(),
+            swarm_waits: Default::default(),
             gpu_windows: Default::default(),
             gpu_changed: Default::default(),
             watchers: Default::default(),

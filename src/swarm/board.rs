@@ -1,17 +1,53 @@
-//! The server's view of one swarm: who holds which pieces, who neighbours whom, and which
-//! pieces the store was asked for.
+//! The server's schedule of one swarm: who holds which pieces, who sends to whom, and which
+//! fetch each member starts next.
+//!
+//! Every fetch is the board's choice, so it knows each node's uploads in flight exactly: a
+//! source is asked for no more than [`Board::uploads`] pieces at once, and never answers busy
+//! for this swarm. Two moments start fetches: a member's sync (it has download slots free: the
+//! rarest piece among a sample of sources with an upload slot free), and a source's slot coming
+//! free or the source verifying a piece (the rarest piece it holds, to one of a sample of the
+//! members waiting). Fetches made for a member between its syncs wait in its mailbox;
+//! [`Board::woken`] names the members that have mail, so that the server can answer their
+//! waiting syncs at once.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use super::{PieceSet, Rng, INTRODUCE, MAX_NEIGHBOURS, NEIGHBOURS, SEED_SLOTS};
-use crate::proto::{SwarmPeer, SwarmSyncReply, SwarmSyncRequest};
+use super::{PieceSet, Rng, SEED_SLOTS};
+use crate::proto::{SwarmFetch, SwarmSyncReply, SwarmSyncRequest};
 
-/// A store grant not followed by the piece's announcement within this long is given again: its
-/// member stalled, and the piece must not wait on it.
+/// A store fetch not followed by the piece's verification within this long is given again:
+/// its member stalled, and the piece must not wait on it.
 pub const GRANT_TTL: Duration = Duration::from_secs(30);
-/// Holders remembered per piece, to introduce to members that lack it.
-const RECENT_HOLDERS: usize = 8;
+/// A source that answered busy (it serves other swarms or readers too) is not chosen again for
+/// this long.
+pub const BUSY_BACKOFF: Duration = Duration::from_millis(200);
+/// Members (or waiting members) looked at for one choice beyond a member's links, when none
+/// of its links can help: enough to find a rare piece, few enough that a choice costs the same
+/// at 5,000 members as at 50.
+const SAMPLE: usize = 24;
+/// Links a member gets at its join (both ways, same zone first). A member fetches from and
+/// sends to its links, so each node keeps a bounded set of connections (a new connection per
+/// block pays TCP's slow start, and every pair of nodes a full mesh: measured, 32 nodes on
+/// 400 Mbit links took 8x one transfer with sources chosen from the whole swarm); a member
+/// whose links hold nothing it needs, or a source none of whose links need what it holds, is
+/// linked to one more.
+pub const LINKS: usize = 8;
+/// A member accepts links from joiners, and takes links to free sources when its own are busy,
+/// until it has this many that still fetch.
+const MAX_LINKS: usize = 2 * LINKS;
+
+/// Why a member's fetch gave nothing, as the sync reports it.
+pub const WHY_BUSY: u32 = 1;
+pub const WHY_MISSING: u32 = 2;
+pub const WHY_BROKEN: u32 = 3;
+pub const WHY_DECLINED: u32 = 4;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Src {
+    Member(usize),
+    Store,
+}
 
 #[derive(Debug)]
 struct Slot {
@@ -20,10 +56,24 @@ struct Slot {
     /// Its node serves what it holds: others may fetch from it.
     serves: bool,
     zone: String,
-    /// Announcements in order: what a neighbour's cursor counts.
-    log: Vec<u32>,
+    /// Verified pieces (what it may serve).
     have: PieceSet,
-    neighbours: Vec<usize>,
+    /// Pieces it still needs and is not fetching.
+    need: PieceSet,
+    /// Fetches it runs: piece, source, since when.
+    fetching: Vec<(u32, Src, Instant)>,
+    /// Download slots free, as it said at its last sync, less what was chosen for it since.
+    idle: u32,
+    /// Uploads the board started from it that have not ended.
+    up: u32,
+    busy_until: Option<Instant>,
+    /// Sources that broke for it: not chosen for it again.
+    avoid: Vec<usize>,
+    /// The members it fetches from and sends to.
+    links: Vec<usize>,
+    mail: Vec<SwarmFetch>,
+    /// It sent its first sync (`need` holds what it said it needs).
+    synced: bool,
 }
 
 /// One swarm (a window's members fetching one version), as the server keeps it.
@@ -35,26 +85,32 @@ pub struct Board {
     /// The caller's ids of the members, and back.
     ids: HashMap<u64, usize>,
     ext: Vec<u64>,
-    /// Live members holding each piece.
+    /// Live members holding each piece, and fetches of it running: how rare it is.
     holders: Vec<u32>,
-    /// Some of them, to introduce.
-    recent: Vec<Vec<usize>>,
-    /// Members fetching each piece from the store, and since when.
-    grants: Vec<Vec<(usize, Instant)>>,
-    /// Store fetches allowed at once.
+    copies: Vec<u32>,
+    /// The store's fetch of each piece, and since when.
+    store_grant: Vec<Option<(usize, Instant)>>,
     seed_slots: usize,
-    /// Live members that serve, for random neighbours.
-    live: Vec<usize>,
+    uploads: u32,
+    /// Members that serve, hold something and have an upload slot free (a superset: checked
+    /// when sampled).
+    free: Pool,
+    /// Members with download slots free and nothing chosen for them (a superset likewise).
+    waiting: Pool,
+    /// Live members that serve, to link joiners to.
+    live: Pool,
+    woken: Vec<u64>,
     granted: u64,
     rng: Rng,
 }
 
 impl Board {
     pub fn new(pieces: u32, seed: u64) -> Self {
-        Self::with_seed_slots(pieces, SEED_SLOTS, seed)
+        Self::with_slots(pieces, SEED_SLOTS, super::DEFAULT_UPLOADS, seed)
     }
 
-    pub fn with_seed_slots(pieces: u32, seed_slots: usize, seed: u64) -> Self {
+    /// A board whose store sends `seed_slots` pieces at once and whose members send `uploads`.
+    pub fn with_slots(pieces: u32, seed_slots: usize, uploads: u32, seed: u64) -> Self {
         let n = pieces as usize;
         Board {
             pieces,
@@ -62,16 +118,20 @@ impl Board {
             ids: HashMap::new(),
             ext: Vec::new(),
             holders: vec![0; n],
-            recent: vec![Vec::new(); n],
-            grants: vec![Vec::new(); n],
+            copies: vec![0; n],
+            store_grant: vec![None; n],
             seed_slots: seed_slots.max(1),
-            live: Vec::new(),
+            uploads: uploads.max(1),
+            free: Pool::default(),
+            waiting: Pool::default(),
+            live: Pool::default(),
+            woken: Vec::new(),
             granted: 0,
             rng: Rng::new(seed),
         }
     }
 
-    /// Pieces granted from the store so far: the store's egress in pieces.
+    /// Pieces fetched from the store so far: the store's egress in pieces.
     pub fn granted(&self) -> u64 {
         self.granted
     }
@@ -81,28 +141,25 @@ impl Board {
         self.holders.get(p as usize).copied().unwrap_or(0)
     }
 
-    /// The member's neighbours, as member ids.
-    pub fn neighbours(&self, m: u64) -> Vec<u64> {
-        self.idx(m)
-            .and_then(|i| self.slot(i))
-            .map(|s| s.neighbours.iter().map(|&n| self.ext[n]).collect())
-            .unwrap_or_default()
+    /// Members that got fetches in their mailbox since the last call: their waiting syncs can
+    /// be answered now.
+    pub fn woken(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.woken)
+    }
+
+    /// Whether member `id` has fetches waiting to be sent to it.
+    pub fn has_mail(&self, id: u64) -> bool {
+        self.idx(id)
+            .and_then(|m| self.slots.get(m))
+            .is_some_and(|s| !s.mail.is_empty())
     }
 
     fn idx(&self, m: u64) -> Option<usize> {
         self.ids.get(&m).copied()
     }
 
-    fn slot(&self, m: usize) -> Option<&Slot> {
-        self.slots.get(m)
-    }
-
     fn live_slot(&self, m: usize) -> bool {
-        self.slot(m).is_some_and(|s| s.live)
-    }
-
-    fn serving(&self, m: usize) -> bool {
-        self.slot(m).is_some_and(|s| s.live && s.serves)
+        self.slots.get(m).is_some_and(|s| s.live)
     }
 
     /// Whether `m` is here (live or not).
@@ -111,254 +168,599 @@ impl Board {
     }
 
     /// Adds a node that holds the whole version already (it fetched it before), under id `m`:
-    /// members are introduced to it like to any holder.
+    /// a source like any member that holds a piece.
     pub fn join_holder(&mut self, m: u64, zone: &str) {
         if self.knows(m) {
             return;
         }
         self.join(m, zone, true);
+        let Some(i) = self.idx(m) else { return };
         let all: Vec<u32> = (0..self.pieces).collect();
-        if let Some(i) = self.idx(m) {
-            self.record(i, &all);
+        if let Some(s) = self.slots.get_mut(i) {
+            s.synced = true;
+            s.need = PieceSet::new(self.pieces);
         }
+        self.record(i, &all);
     }
 
-    /// Adds member `m` (an id the caller chooses: the window's member id) and links it to random
-    /// live members that serve, same zone first. A member that does not serve (no agent of its
-    /// own) fetches like any other but is never offered to others. An id already here is left
-    /// as it is.
+    /// Adds member `m` (an id the caller chooses: the window's member id). A member that does
+    /// not serve (no agent of its own) fetches like any other but is never a source. An id
+    /// already here is left as it is.
     pub fn join(&mut self, id: u64, zone: &str, serves: bool) {
         if self.knows(id) {
             return;
         }
-        let m = self.slots.len();
-        let mut picks: Vec<usize> = Vec::new();
-        // Same zone first: a few tries each, so a window of one zone costs nothing extra.
-        for same_zone in [true, false] {
-            let tries = 3 * NEIGHBOURS;
-            for _ in 0..tries {
-                if picks.len() >= NEIGHBOURS || self.live.is_empty() {
-                    break;
-                }
-                let c = self.live[self.rng.below(self.live.len())];
-                let Some(s) = self.slot(c) else { continue };
-                if picks.contains(&c)
-                    || s.neighbours.len() >= MAX_NEIGHBOURS
-                    || (same_zone && (zone.is_empty() || s.zone != zone))
-                {
-                    continue;
-                }
-                picks.push(c);
-            }
+        let mut need = PieceSet::new(self.pieces);
+        for p in 0..self.pieces {
+            need.insert(p);
         }
-        // A small swarm: everyone.
-        if picks.len() < NEIGHBOURS && self.live.len() <= NEIGHBOURS {
-            for &c in &self.live {
-                if !picks.contains(&c) {
-                    picks.push(c);
-                }
-            }
-        }
-        if serves {
-            for &c in &picks {
-                if let Some(s) = self.slots.get_mut(c) {
-                    s.neighbours.push(m);
-                }
-            }
-        }
-        self.ids.insert(id, m);
+        self.ids.insert(id, self.slots.len());
         self.ext.push(id);
         self.slots.push(Slot {
             live: true,
             serves,
             zone: zone.to_string(),
-            log: Vec::new(),
             have: PieceSet::new(self.pieces),
-            neighbours: picks,
+            need,
+            fetching: Vec::new(),
+            idle: 0,
+            up: 0,
+            busy_until: None,
+            avoid: Vec::new(),
+            links: Vec::new(),
+            mail: Vec::new(),
+            synced: false,
         });
+        let m = self.slots.len() - 1;
+        // Random live members, same zone first: a few tries each, so a window of one zone
+        // costs nothing extra.
+        for same_zone in [true, false] {
+            for _ in 0..3 * LINKS {
+                if self.live.list.is_empty() || self.slots[m].links.len() >= LINKS {
+                    break;
+                }
+                let c = self.live.list[self.rng.below(self.live.list.len())];
+                let ok = self.slots.get(c).is_some_and(|s| {
+                    s.links.len() < MAX_LINKS
+                        && (!same_zone || (!zone.is_empty() && s.zone == zone))
+                });
+                if ok {
+                    self.link(m, c);
+                }
+            }
+        }
         if serves {
-            self.live.push(m);
+            self.live.add(m);
         }
     }
 
-    /// Member `m` is finished. With a copy (`done`) on a node that serves, it stays a holder
-    /// others fetch from (its node seeds what it fetched); otherwise it is gone: its neighbours
-    /// are told at their next sync, and what it was fetching from the store may be granted to
-    /// others.
-    pub fn leave(&mut self, id: u64, done: bool) {
-        let Some(m) = self.idx(id) else { return };
-        if (done && self.serving(m)) || !self.live_slot(m) {
+    /// Whether `m` has room for another link: fewer than [`MAX_LINKS`] links that still fetch
+    /// (links to members that are done do not count: they only send).
+    fn roomy(&self, m: usize) -> bool {
+        self.slots.get(m).is_some_and(|s| {
+            s.links
+                .iter()
+                .filter(|&&l| {
+                    self.slots
+                        .get(l)
+                        .is_some_and(|o| o.live && o.need.count() > 0)
+                })
+                .count()
+                < MAX_LINKS
+        })
+    }
+
+    /// Links `a` and `b` both ways (once).
+    fn link(&mut self, a: usize, b: usize) {
+        if a == b || self.slots.get(a).is_none_or(|s| s.links.contains(&b)) {
             return;
         }
+        if let Some(s) = self.slots.get_mut(a) {
+            s.links.push(b);
+        }
+        if let Some(s) = self.slots.get_mut(b) {
+            s.links.push(a);
+        }
+    }
+
+    /// Member `m` is finished. With a copy (`done`) on a node that serves, it stays a source
+    /// (its node seeds what it fetched); otherwise it is gone: what it fetched and sent ends,
+    /// and its pieces count no more.
+    pub fn leave(&mut self, id: u64, done: bool) {
+        let Some(m) = self.idx(id) else { return };
         let Some(s) = self.slots.get_mut(m) else {
             return;
         };
+        if !s.live || (done && s.serves) {
+            return;
+        }
         s.live = false;
+        s.idle = 0;
+        s.mail.clear();
+        self.free.remove(m);
+        self.waiting.remove(m);
+        self.live.remove(m);
+        let links = std::mem::take(&mut s.links);
         let had: Vec<u32> = s.have.iter().collect();
-        let neighbours = std::mem::take(&mut s.neighbours);
+        let fetching = std::mem::take(&mut s.fetching);
+        for l in links {
+            if let Some(o) = self.slots.get_mut(l) {
+                o.links.retain(|&x| x != m);
+            }
+        }
         for p in had {
             let p = p as usize;
             self.holders[p] = self.holders[p].saturating_sub(1);
-            self.recent[p].retain(|&h| h != m);
+            self.copies[p] = self.copies[p].saturating_sub(1);
         }
-        for g in &mut self.grants {
-            g.retain(|&(x, _)| x != m);
+        for (p, src, _) in fetching {
+            self.end_fetch(m, p, src);
         }
-        for n in neighbours {
-            if let Some(s) = self.slots.get_mut(n) {
-                s.neighbours.retain(|&x| x != m);
-            }
-        }
-        self.live.retain(|&x| x != m);
+        // Fetches from it end with a broken connection; their members report them, and until
+        // then the pieces count as being fetched.
     }
 
-    /// One member's sync: records what it verified, answers with what its neighbours announced
-    /// since its cursors, and serves a `want_seed`. Peers appear with `source` unset; the
-    /// caller fills in where to reach the new ones. Bad indices from a member are ignored.
+    /// One member's sync: records what it verified and which fetches failed, chooses fetches
+    /// for its free download slots and for the sources it freed, and answers with its mail.
+    /// Peers appear with `source` unset; the caller fills in where to reach them. Bad indices
+    /// from a member are ignored.
     pub fn sync(&mut self, req: &SwarmSyncRequest, now: Instant) -> SwarmSyncReply {
-        let mut reply = SwarmSyncReply::default();
         let Some(m) = self.idx(req.member).filter(|&m| self.live_slot(m)) else {
-            return reply;
+            return SwarmSyncReply::default();
         };
-        self.record(m, &req.verified);
-        let seen: HashMap<u64, u32> = req.seen.iter().map(|c| (c.member, c.seen)).collect();
-        if req.starving {
-            self.introduce(m);
-        }
-        let Some(me) = self.slot(m) else {
-            return reply;
-        };
-        for &n in &me.neighbours {
-            let Some(ns) = self.slot(n) else { continue };
-            let known = seen.get(&self.ext[n]).copied();
-            let from = known.unwrap_or(0).min(ns.log.len() as u32);
-            let pieces = &ns.log[from as usize..];
-            if known.is_some() && pieces.is_empty() {
-                continue;
-            }
-            reply.peers.push(SwarmPeer {
-                member: self.ext[n],
-                source: None,
-                from,
-                pieces: pieces.to_vec(),
-                gone: false,
-            });
-        }
-        for c in &req.seen {
-            let still = self
-                .idx(c.member)
-                .is_some_and(|n| me.neighbours.contains(&n));
-            if !still {
-                reply.peers.push(SwarmPeer {
-                    member: c.member,
-                    gone: true,
-                    ..Default::default()
-                });
+        if let Some(s) = self.slots.get_mut(m) {
+            if !s.synced {
+                s.synced = true;
+                for &p in &req.skip {
+                    s.need.remove(p);
+                }
             }
         }
-        if req.want_seed > 0 {
-            reply.seed = self.grant(m, req.want_seed, now);
+        let mut freed: Vec<Src> = Vec::new();
+        for f in &req.failed {
+            let src = if f.store {
+                Src::Store
+            } else {
+                match self.idx(f.from) {
+                    Some(x) => Src::Member(x),
+                    None => continue,
+                }
+            };
+            if self.fail(m, f.piece, src, f.why, now) {
+                freed.push(src);
+            }
         }
+        freed.extend(self.record(m, &req.verified));
+        // What was chosen for it since its last sync goes out now; the slots it reports free
+        // do not count those yet.
+        let mail = self
+            .slots
+            .get_mut(m)
+            .map(|s| std::mem::take(&mut s.mail))
+            .unwrap_or_default();
+        if let Some(s) = self.slots.get_mut(m) {
+            s.idle = req.idle.saturating_sub(mail.len() as u32);
+        }
+        self.expire(now);
+        // The store first: it alone has what no member holds, and its uplink is the swarm's
+        // narrowest.
+        self.serve(Src::Store, now);
+        self.fill(m, now);
+        freed.push(Src::Member(m));
+        for src in freed {
+            self.serve(src, now);
+        }
+        let mut reply = SwarmSyncReply::default();
+        if let Some(s) = self.slots.get_mut(m) {
+            reply.fetch = mail;
+            reply.fetch.append(&mut s.mail);
+        }
+        self.woken.retain(|&w| w != req.member);
         reply
     }
 
-    fn record(&mut self, m: usize, verified: &[u32]) {
-        let Some(s) = self.slots.get_mut(m) else {
-            return;
-        };
+    /// Takes what was chosen for `id` since its last sync (after a waiting sync was woken).
+    pub fn take_mail(&mut self, id: u64) -> SwarmSyncReply {
+        let fetch = self
+            .idx(id)
+            .and_then(|m| self.slots.get_mut(m))
+            .map(|s| std::mem::take(&mut s.mail))
+            .unwrap_or_default();
+        SwarmSyncReply {
+            fetch,
+            ..Default::default()
+        }
+    }
+
+    /// Records verified pieces; returns the sources whose uploads they ended.
+    fn record(&mut self, m: usize, verified: &[u32]) -> Vec<Src> {
+        let mut freed = Vec::new();
         for &p in verified {
+            let Some(s) = self.slots.get_mut(m) else {
+                break;
+            };
             if !s.have.insert(p) {
                 continue;
             }
-            s.log.push(p);
+            s.need.remove(p);
             let i = p as usize;
             self.holders[i] += 1;
-            if self.recent[i].len() < RECENT_HOLDERS {
-                self.recent[i].push(m);
+            let at = s.fetching.iter().position(|f| f.0 == p);
+            match at {
+                Some(k) => {
+                    let (_, src, _) = s.fetching.swap_remove(k);
+                    // A fetch's copy was counted when it started.
+                    self.release(src);
+                    freed.push(src);
+                }
+                None => self.copies[i] += 1,
             }
-            self.grants[i].retain(|&(x, _)| x != m);
+            if self.store_grant[i].is_some_and(|(x, _)| x == m) {
+                self.store_grant[i] = None;
+            }
         }
+        if self
+            .slots
+            .get(m)
+            .is_some_and(|s| s.serves && s.have.count() > 0)
+        {
+            self.free.add(m);
+        }
+        freed
     }
 
-    /// Links `m` to holders (or store fetchers) of pieces it lacks that no neighbour of it has
-    /// announced: a member starves only when no one has what it lacks.
-    fn introduce(&mut self, m: usize) {
-        let n = self.pieces as usize;
-        if n == 0 {
-            return;
+    /// A failed fetch of `p` by `m` from `src`; whether it was one the board started.
+    fn fail(&mut self, m: usize, p: u32, src: Src, why: u32, now: Instant) -> bool {
+        let Some(s) = self.slots.get_mut(m) else {
+            return false;
+        };
+        let Some(k) = s.fetching.iter().position(|f| f.0 == p && f.1 == src) else {
+            return false;
+        };
+        s.fetching.swap_remove(k);
+        if why != WHY_DECLINED {
+            s.need.insert(p);
         }
-        let start = self.rng.below(n);
-        let Some(me) = self.slot(m) else { return };
-        if me.have.full() {
-            return;
+        if let (WHY_BROKEN, Src::Member(x)) = (why, src) {
+            s.avoid.push(x);
         }
-        let mut picks: Vec<usize> = Vec::new();
-        for k in 0..n {
-            if picks.len() >= INTRODUCE {
-                break;
-            }
-            let p = (start + k) % n;
-            if me.have.contains(p as u32)
-                || me
-                    .neighbours
-                    .iter()
-                    .any(|&x| self.slot(x).is_some_and(|s| s.have.contains(p as u32)))
-            {
-                continue;
-            }
-            let fetching = self.grants[p].iter().map(|&(x, _)| x);
-            let pick = self.recent[p].iter().copied().chain(fetching).find(|&c| {
-                c != m && self.serving(c) && !me.neighbours.contains(&c) && !picks.contains(&c)
-            });
-            if let Some(c) = pick {
-                picks.push(c);
-            }
-        }
-        let serves = self.serving(m);
-        for c in picks {
-            if serves {
-                if let Some(s) = self.slots.get_mut(c) {
-                    s.neighbours.push(m);
+        self.end_fetch(m, p, src);
+        match (why, src) {
+            (WHY_BUSY, Src::Member(x)) => {
+                if let Some(xs) = self.slots.get_mut(x) {
+                    xs.busy_until = Some(now + BUSY_BACKOFF);
                 }
             }
-            if let Some(s) = self.slots.get_mut(m) {
-                s.neighbours.push(c);
+            (WHY_MISSING, Src::Member(x)) => {
+                if let Some(xs) = self.slots.get_mut(x) {
+                    if xs.have.remove(p) {
+                        self.holders[p as usize] = self.holders[p as usize].saturating_sub(1);
+                        self.copies[p as usize] = self.copies[p as usize].saturating_sub(1);
+                    }
+                }
+            }
+            _ => {}
+        }
+        true
+    }
+
+    /// A fetch ended without its piece: it no longer counts as a copy or an upload.
+    fn end_fetch(&mut self, m: usize, p: u32, src: Src) {
+        let i = p as usize;
+        self.copies[i] = self.copies[i].saturating_sub(1);
+        if src == Src::Store && self.store_grant[i].is_some_and(|(x, _)| x == m) {
+            self.store_grant[i] = None;
+        }
+        self.release(src);
+    }
+
+    fn release(&mut self, src: Src) {
+        if let Src::Member(x) = src {
+            if let Some(xs) = self.slots.get_mut(x) {
+                xs.up = xs.up.saturating_sub(1);
+                if xs.live && xs.serves && xs.have.count() > 0 {
+                    self.free.add(x);
+                }
             }
         }
     }
 
-    /// Up to `want` pieces `m` lacks that no live member holds and none is fetching from the
-    /// store (or whose fetch is older than [`GRANT_TTL`]), from a random place in the version,
-    /// within the store's free slots.
-    fn grant(&mut self, m: usize, want: u32, now: Instant) -> Vec<u32> {
-        let n = self.pieces as usize;
-        let mut out = Vec::new();
+    /// Store fetches older than [`GRANT_TTL`] free their pieces for others.
+    fn expire(&mut self, now: Instant) {
+        for g in &mut self.store_grant {
+            if g.is_some_and(|(_, at)| now.saturating_duration_since(at) >= GRANT_TTL) {
+                *g = None;
+            }
+        }
+    }
+
+    fn store_busy(&self, now: Instant) -> usize {
+        self.store_grant
+            .iter()
+            .filter(|g| g.is_some_and(|(_, at)| now.saturating_duration_since(at) < GRANT_TTL))
+            .count()
+    }
+
+    /// Whether `x` can send one more upload now.
+    fn can_send(&self, x: usize, now: Instant) -> bool {
+        self.slots.get(x).is_some_and(|s| {
+            s.live
+                && s.serves
+                && s.up < self.uploads
+                && s.have.count() > 0
+                && s.busy_until.is_none_or(|t| now >= t)
+        })
+    }
+
+    /// Whether `m` serves and has an upload slot free (for what it receives next).
+    fn can_pass_on(&self, m: usize) -> bool {
+        self.slots
+            .get(m)
+            .is_some_and(|s| s.serves && s.up < self.uploads)
+    }
+
+    fn wants(&self, m: usize) -> bool {
+        self.slots
+            .get(m)
+            .is_some_and(|s| s.live && s.synced && s.idle > 0 && s.need.count() > 0)
+    }
+
+    /// The rarest piece `src` can give `m`, with its rarity; ties broken at random.
+    fn best_piece(&mut self, src: Src, m: usize) -> Option<(u32, u32)> {
+        let me = self.slots.get(m)?;
+        let mut best: Option<(u32, u32)> = None;
+        let mut ties = 0usize;
+        match src {
+            Src::Member(x) => {
+                if me.avoid.contains(&x) || x == m {
+                    return None;
+                }
+                let from = self.slots.get(x)?;
+                for p in from.have.iter_and(&me.need) {
+                    let c = self.copies[p as usize];
+                    match best {
+                        Some((bc, _)) if c > bc => {}
+                        Some((bc, _)) if c == bc => {
+                            ties += 1;
+                            if self.rng.below(ties) == 0 {
+                                best = Some((c, p));
+                            }
+                        }
+                        _ => {
+                            best = Some((c, p));
+                            ties = 1;
+                        }
+                    }
+                }
+            }
+            Src::Store => {
+                // Only what no member holds, and not twice at once.
+                let n = self.pieces as usize;
+                let start = self.rng.below(n.max(1));
+                for k in 0..n {
+                    let p = ((start + k) % n) as u32;
+                    let i = p as usize;
+                    if self.holders[i] == 0 && self.store_grant[i].is_none() && me.need.contains(p)
+                    {
+                        return Some((p, 0));
+                    }
+                }
+            }
+        }
+        best.map(|(c, p)| (p, c))
+    }
+
+    fn start(&mut self, m: usize, p: u32, src: Src, now: Instant) {
+        let i = p as usize;
+        self.copies[i] += 1;
+        let from = match src {
+            Src::Member(x) => {
+                if let Some(xs) = self.slots.get_mut(x) {
+                    xs.up += 1;
+                    if xs.up >= self.uploads {
+                        self.free.remove(x);
+                    }
+                }
+                self.ext[x]
+            }
+            Src::Store => {
+                self.store_grant[i] = Some((m, now));
+                self.granted += 1;
+                0
+            }
+        };
+        let Some(s) = self.slots.get_mut(m) else {
+            return;
+        };
+        s.need.remove(p);
+        s.idle = s.idle.saturating_sub(1);
+        s.fetching.push((p, src, now));
+        s.mail.push(SwarmFetch {
+            piece: p,
+            from,
+            store: src == Src::Store,
+        });
+        let id = self.ext[m];
+        if !self.woken.contains(&id) {
+            self.woken.push(id);
+        }
+    }
+
+    /// Chooses fetches for `m`'s free download slots: the rarest piece among its links with an
+    /// upload slot free (same zone first); if no link holds anything it needs, from a sample of
+    /// all sources with a slot free (then linked to it); else from the store.
+    fn fill(&mut self, m: usize, now: Instant) {
+        while self.wants(m) {
+            let links = self
+                .slots
+                .get(m)
+                .map(|s| s.links.clone())
+                .unwrap_or_default();
+            let (best, any) = self.best_source(m, &links, now);
+            // Its links hold nothing it needs: any source. They are all busy: a source that
+            // has room for one more link, while it has room too.
+            let best = match best {
+                Some(b) => Some(b),
+                None if !any || self.roomy(m) => {
+                    let mut sample = self.free.sample(&mut self.rng, SAMPLE);
+                    if any {
+                        sample.retain(|&x| self.roomy(x));
+                    }
+                    let (b, _) = self.best_source(m, &sample, now);
+                    if let Some((_, x)) = b {
+                        self.link(m, x);
+                    }
+                    b
+                }
+                None => None,
+            };
+            if let Some((p, x)) = best {
+                self.start(m, p, Src::Member(x), now);
+                continue;
+            }
+            if self.store_busy(now) < self.seed_slots {
+                if let Some((p, _)) = self.best_piece(Src::Store, m) {
+                    self.start(m, p, Src::Store, now);
+                    continue;
+                }
+            }
+            self.waiting.add(m);
+            break;
+        }
+    }
+
+    /// The rarest piece `m` can fetch now from one of `sources` (same zone first), and whether
+    /// any of them holds something `m` needs at all (busy or not).
+    fn best_source(
+        &mut self,
+        m: usize,
+        sources: &[usize],
+        now: Instant,
+    ) -> (Option<(u32, usize)>, bool) {
+        let zone = self
+            .slots
+            .get(m)
+            .map(|s| s.zone.clone())
+            .unwrap_or_default();
+        let mut best: Option<(u32, bool, u32, usize)> = None;
+        let mut any = false;
+        for &x in sources {
+            let Some(xs) = self.slots.get(x) else {
+                continue;
+            };
+            if !xs.live || !xs.serves {
+                continue;
+            }
+            let Some((p, c)) = self.best_piece(Src::Member(x), m) else {
+                continue;
+            };
+            any = true;
+            if !self.can_send(x, now) {
+                continue;
+            }
+            let other_zone = !zone.is_empty() && self.slots[x].zone != zone;
+            if best.is_none_or(|(bc, bz, _, _)| (c, other_zone) < (bc, bz)) {
+                best = Some((c, other_zone, p, x));
+            }
+        }
+        (best.map(|(_, _, p, x)| (p, x)), any)
+    }
+
+    /// Gives `src`'s free upload slots to members waiting: the rarest piece it can give, among
+    /// its links that wait; if none of them needs anything it holds, among a sample of all the
+    /// members waiting (then linked to it).
+    fn serve(&mut self, src: Src, now: Instant) {
+        loop {
+            let free = match src {
+                Src::Store => self.store_busy(now) < self.seed_slots,
+                Src::Member(x) => self.can_send(x, now),
+            };
+            if !free {
+                return;
+            }
+            let (best, link) = match src {
+                Src::Member(x) => {
+                    let links = self
+                        .slots
+                        .get(x)
+                        .map(|s| s.links.clone())
+                        .unwrap_or_default();
+                    match self.best_taker(src, &links) {
+                        Some(b) => (Some(b), false),
+                        None if self.roomy(x) => {
+                            let mut sample = self.waiting.sample(&mut self.rng, SAMPLE);
+                            sample.retain(|&w| self.roomy(w));
+                            (self.best_taker(src, &sample), true)
+                        }
+                        None => (None, false),
+                    }
+                }
+                Src::Store => {
+                    let sample = self.waiting.sample(&mut self.rng, SAMPLE);
+                    (self.best_taker(src, &sample), false)
+                }
+            };
+            let Some((p, w)) = best else { return };
+            if let (true, Src::Member(x)) = (link, src) {
+                self.link(x, w);
+            }
+            self.start(w, p, src, now);
+            if !self.wants(w) {
+                self.waiting.remove(w);
+            }
+        }
+    }
+
+    /// Among `members`, the one waiting that `src` can give the rarest piece to (among equals,
+    /// one that can pass it on at once), and the piece.
+    fn best_taker(&mut self, src: Src, members: &[usize]) -> Option<(u32, usize)> {
+        let mut best: Option<((u32, bool), u32, usize)> = None;
+        for &w in members {
+            if !self.wants(w) {
+                continue;
+            }
+            if let Some((p, c)) = self.best_piece(src, w) {
+                let key = (c, !self.can_pass_on(w));
+                if best.is_none_or(|(bk, _, _)| key < bk) {
+                    best = Some((key, p, w));
+                }
+            }
+        }
+        best.map(|(_, p, w)| (p, w))
+    }
+}
+
+/// A set of member places that can be sampled at random and changed in constant time.
+#[derive(Debug, Default)]
+struct Pool {
+    list: Vec<usize>,
+    /// Each member's place in `list`, if it is there.
+    at: HashMap<usize, usize>,
+}
+
+impl Pool {
+    fn add(&mut self, x: usize) {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.at.entry(x) {
+            e.insert(self.list.len());
+            self.list.push(x);
+        }
+    }
+
+    fn remove(&mut self, x: usize) {
+        let Some(i) = self.at.remove(&x) else { return };
+        self.list.swap_remove(i);
+        if let Some(&moved) = self.list.get(i) {
+            self.at.insert(moved, i);
+        }
+    }
+
+    /// Up to `k` members, from a random place on (all of them when there are no more).
+    fn sample(&self, rng: &mut Rng, k: usize) -> Vec<usize> {
+        let n = self.list.len();
         if n == 0 {
-            return out;
+            return Vec::new();
         }
-        for g in &mut self.grants {
-            g.retain(|&(_, at)| now.saturating_duration_since(at) < GRANT_TTL);
-        }
-        let busy: usize = self.grants.iter().map(Vec::len).sum();
-        let want = (want as usize).min(self.seed_slots.saturating_sub(busy));
-        let start = self.rng.below(n);
-        for k in 0..n {
-            if out.len() >= want {
-                break;
-            }
-            let p = (start + k) % n;
-            let lacks = self.slot(m).is_some_and(|s| !s.have.contains(p as u32));
-            if !lacks || self.holders[p] > 0 {
-                continue;
-            }
-            let g = &mut self.grants[p];
-            if !g.is_empty() {
-                continue;
-            }
-            g.push((m, now));
-            out.push(p as u32);
-        }
-        self.granted += out.len() as u64;
-        out
+        let start = rng.below(n);
+        (0..n.min(k)).map(|j| self.list[(start + j) % n]).collect()
     }
 }

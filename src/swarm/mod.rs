@@ -6,46 +6,42 @@
 //! A version's **pieces** are its unique blocks, numbered in manifest order, so that the server
 //! and every member name them alike without sending hashes.
 //!
-//! Availability travels through the server in batches ([`crate::proto::SwarmSyncRequest`]): a
-//! member sends the pieces it verified since its last sync; the server answers with what the
-//! member's neighbours announced since, and with new neighbours. Each member has a bounded set of
-//! neighbours (about [`NEIGHBOURS`], chosen at random, links both ways), so what one sync carries
-//! does not grow with the window. A member fetches each piece from a neighbour that holds it,
-//! rarest first among its neighbours, several neighbours at once, and serves at most `fanout`
-//! downloaders. A member with nothing to fetch from its neighbours says so (`starving`); the
-//! server then introduces it to members holding what it lacks. Only pieces that no member holds
-//! or is fetching are granted from the store, to members with idle slots (`want_seed`), a few
-//! at a time ([`SEED_SLOTS`]): the store sends each piece about once, whatever the number of
-//! members, and each at its full rate, so that members trade it early.
+//! The server schedules the swarm ([`crate::proto::SwarmSyncRequest`]). A member reports the
+//! pieces it verified, the fetches that failed, and its free download slots; the board chooses
+//! each fetch (a piece and its source) and counts every member's uploads, so a source is asked
+//! for at most [`DEFAULT_UPLOADS`] pieces at once and the rarest pieces spread first. A fetch
+//! is chosen at two moments: when a member syncs with a slot free (the rarest piece among a
+//! sample of sources with an upload free, same zone first), and when a source's upload ends or
+//! it verifies a piece (the rarest piece it holds, to one of a sample of the members waiting).
+//! A member waiting for fetches holds its sync open at the server until one is chosen for it,
+//! so a free uplink is used within one round trip. Only pieces that no member holds are fetched
+//! from the store, [`SEED_SLOTS`] at a time: the store sends each piece about once, whatever the
+//! number of members, and each at its full rate, so that members trade it early.
 //!
-//! Why through the server: it already knows the members (the window), so introducing a member
-//! to holders of what it lacks needs no search, and a member that dies is known to everyone at
-//! their next sync. The cost is one small message per member per sync interval while it has
-//! something to say (measured by the simulation at up to 5,000 members, bench/RESULTS.md).
+//! Why the server chooses: the first design let members choose from their neighbours'
+//! announcements, and members crowded the few holders of the newest pieces, which answered most
+//! of them busy: downlinks were idle half the time (2.77x one transfer at 5,000 simulated
+//! members, against 1.33x now; bench/RESULTS.md). The server knows every member and every
+//! upload, so no fetch waits on a busy source or on news that has not arrived. The cost is a
+//! sync per fetch, a few dozen bytes each; the simulation counts them at up to 5,000 members.
 
 mod board;
 mod schedule;
 pub mod sim;
 
-pub use board::Board;
+pub use board::{Board, BUSY_BACKOFF, GRANT_TTL};
 pub use schedule::{Failure, From, Request, Schedule, ScheduleConfig};
 
-/// Neighbours the server gives a member at its join. Links are made both ways, so a member may
-/// end with more (up to [`MAX_NEIGHBOURS`]).
-pub const NEIGHBOURS: usize = 16;
-/// A member accepts new links from joiners until it has this many neighbours.
-pub const MAX_NEIGHBOURS: usize = 2 * NEIGHBOURS;
-/// Holders the server introduces to a member that has nothing to fetch from its neighbours.
-pub const INTRODUCE: usize = 2;
-/// Pieces fetched from the store at once, over the whole swarm. Few, so that each arrives at
-/// the store's full rate and members trade it while the store sends the next: a store that
-/// sent every piece at once would finish none before it had sent them all.
-pub const SEED_SLOTS: usize = 3;
+/// Pieces fetched from the store at once, over the whole swarm. One, so that it arrives at the
+/// store's full rate and members trade it while the store sends the next: a store that sent
+/// every piece at once would finish none before it had sent them all.
+pub const SEED_SLOTS: usize = 1;
 
-/// Downloaders a member sends to at once when the window names no fanout. A sender that
-/// splits its uplink among many finishes none of them early, and a piece is forwarded only once
-/// it is whole and verified: the simulation finished soonest with two (bench/RESULTS.md).
-pub const DEFAULT_UPLOADS: u32 = 2;
+/// Downloaders a member sends to at once. A piece is forwarded only once it is whole and
+/// verified, so a sender that splits its uplink delays every piece it sends: with one upload
+/// each, a piece's holders double once per piece time (the simulation: 1.33x one transfer at
+/// 5,000 members with 64 pieces, against 1.38x with two, and 1.77x against 2.35x with 16).
+pub const DEFAULT_UPLOADS: u32 = 1;
 
 /// A fixed-size set of piece indices.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -100,6 +96,24 @@ impl PieceSet {
 
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         (0..self.len).filter(|&i| self.contains(i))
+    }
+
+    /// The indices in both sets, in order.
+    pub fn iter_and<'a>(&'a self, other: &'a PieceSet) -> impl Iterator<Item = u32> + 'a {
+        self.words
+            .iter()
+            .zip(&other.words)
+            .enumerate()
+            .flat_map(|(w, (&a, &b))| {
+                let mut bits = a & b;
+                std::iter::from_fn(move || {
+                    (bits != 0).then(|| {
+                        let i = bits.trailing_zeros();
+                        bits &= bits - 1;
+                        w as u32 * 64 + i
+                    })
+                })
+            })
     }
 }
 

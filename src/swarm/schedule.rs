@@ -1,33 +1,25 @@
-//! A member's side of the swarm: which piece to fetch next, and from whom.
+//! A member's side of the swarm: the fetches the server chose for it, what it tells the server
+//! back, and how many it runs at once.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::time::{Duration, Instant};
+use std::collections::VecDeque;
 
-use super::{PieceSet, Rng};
-use crate::proto::{SwarmCursor, SwarmSyncReply, SwarmSyncRequest};
+use super::board::{WHY_BROKEN, WHY_BUSY, WHY_DECLINED, WHY_MISSING};
+use super::PieceSet;
+use crate::proto::{SwarmFailure, SwarmSyncReply, SwarmSyncRequest};
 
-/// How many pieces a member fetches at once, and from how many places.
+/// How many pieces a member fetches at once.
 #[derive(Clone, Debug)]
 pub struct ScheduleConfig {
-    /// Pieces in flight in all. Two keep the downlink full when each sender shares its uplink
-    /// between two downloaders; more only waits on busy senders (measured: bench/swarm_sim.rs).
+    /// Pieces in flight in all. One, from a source that sends only to this member, fills the
+    /// downlink; a second would halve both sources' rates into it (measured:
+    /// bench/swarm_sim.rs, 1.89x against 1.33x).
     pub max_inflight: u32,
-    /// Pieces in flight from one neighbour: spreading the fetches spreads the load.
-    pub per_peer: u32,
-    /// A neighbour that answered "busy" (it serves `fanout` downloaders already) is not asked
-    /// again for this long.
-    pub busy_backoff: Duration,
-    /// Rarest piece first among the neighbours; otherwise any piece a usable neighbour holds.
-    pub rarest_first: bool,
 }
 
 impl Default for ScheduleConfig {
     fn default() -> Self {
         ScheduleConfig {
-            max_inflight: 2,
-            per_peer: 1,
-            busy_backoff: Duration::from_millis(200),
-            rarest_first: true,
+            max_inflight: super::DEFAULT_UPLOADS,
         }
     }
 }
@@ -35,9 +27,9 @@ impl Default for ScheduleConfig {
 /// Where a piece is fetched from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum From {
-    /// A neighbour, by member id.
+    /// A member, by member id.
     Peer(u64),
-    /// The store (or the origin), on the server's grant.
+    /// The store (or the origin).
     Seed,
 }
 
@@ -50,12 +42,22 @@ pub struct Request {
 /// Why a fetch gave nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Failure {
-    /// It serves `fanout` downloaders already: ask again later.
+    /// It serves as many downloaders as it may already (other swarms, readers): ask later.
     Busy,
     /// It does not hold the piece (evicted, or announced wrongly).
     Missing,
     /// Its connection broke, it stalled, or it sent bytes that did not match: asked no more.
     Broken,
+}
+
+impl Failure {
+    fn code(self) -> u32 {
+        match self {
+            Failure::Busy => WHY_BUSY,
+            Failure::Missing => WHY_MISSING,
+            Failure::Broken => WHY_BROKEN,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,38 +67,20 @@ enum Piece {
     Have,
 }
 
-#[derive(Debug)]
-struct Peer {
-    have: PieceSet,
-    /// Announcements received: the cursor sent back at each sync.
-    seen: u32,
-    inflight: u32,
-    busy_until: Option<Instant>,
-    gone: bool,
-}
-
-impl Peer {
-    fn usable(&self, now: Instant, per_peer: u32) -> bool {
-        !self.gone && self.inflight < per_peer && self.busy_until.is_none_or(|t| now >= t)
-    }
-}
-
-/// One member's fetch plan over the pieces of a version.
+/// One member's fetches over the pieces of a version.
 #[derive(Debug)]
 pub struct Schedule {
     me: u64,
     cfg: ScheduleConfig,
     state: Vec<Piece>,
     have: PieceSet,
-    /// Neighbours (not gone) holding each piece.
-    avail: Vec<u32>,
-    peers: BTreeMap<u64, Peer>,
-    /// Store grants not yet asked for.
-    seed: VecDeque<u32>,
-    seed_busy_until: Option<Instant>,
+    /// Fetches the server chose, not yet started.
+    ready: VecDeque<Request>,
     inflight: u32,
     unannounced: Vec<u32>,
-    rng: Rng,
+    skipped: Vec<u32>,
+    failed: Vec<SwarmFailure>,
+    synced: bool,
 }
 
 impl Schedule {
@@ -106,13 +90,12 @@ impl Schedule {
             cfg,
             state: vec![Piece::Missing; pieces as usize],
             have: PieceSet::new(pieces),
-            avail: vec![0; pieces as usize],
-            peers: BTreeMap::new(),
-            seed: VecDeque::new(),
-            seed_busy_until: None,
+            ready: VecDeque::new(),
             inflight: 0,
             unannounced: Vec::new(),
-            rng: Rng::new(me.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ u64::from(pieces)),
+            skipped: Vec::new(),
+            failed: Vec::new(),
+            synced: false,
         }
     }
 
@@ -133,6 +116,7 @@ impl Schedule {
     pub fn skip(&mut self, piece: u32) {
         if self.state.get(piece as usize) == Some(&Piece::Missing) && self.have.insert(piece) {
             self.state[piece as usize] = Piece::Have;
+            self.skipped.push(piece);
         }
     }
 
@@ -141,213 +125,93 @@ impl Schedule {
         self.have.contains(piece)
     }
 
-    /// What to tell the server now: the pieces verified since the last sync, the cursors, the
-    /// idle slots, and whether no neighbour holds anything this member lacks.
-    pub fn sync_request(&mut self) -> SwarmSyncRequest {
-        let idle = self
-            .cfg
+    /// Whether there is something to tell the server: verified pieces, failures, or the first
+    /// sync.
+    pub fn news(&self) -> bool {
+        !self.synced || !self.unannounced.is_empty() || !self.failed.is_empty()
+    }
+
+    /// Download slots free beyond the fetches chosen already.
+    pub fn idle(&self) -> u32 {
+        if self.done() {
+            return 0;
+        }
+        self.cfg
             .max_inflight
-            .saturating_sub(self.inflight + self.seed.len() as u32);
-        let wanting = !self.done() && idle > 0;
-        let starving = wanting && !self.fetchable();
+            .saturating_sub(self.inflight + self.ready.len() as u32)
+    }
+
+    /// What to tell the server now: the pieces verified and the fetches failed since the last
+    /// sync, the skipped pieces (once), and the free slots.
+    pub fn sync_request(&mut self) -> SwarmSyncRequest {
+        let skip = if self.synced {
+            Vec::new()
+        } else {
+            std::mem::take(&mut self.skipped)
+        };
+        self.synced = true;
         SwarmSyncRequest {
             member: self.me,
             verified: std::mem::take(&mut self.unannounced),
-            seen: self
-                .peers
-                .iter()
-                .filter(|(_, p)| !p.gone)
-                .map(|(&member, p)| SwarmCursor {
-                    member,
-                    seen: p.seen,
-                })
-                .collect(),
-            want_seed: if wanting { idle } else { 0 },
-            starving,
+            failed: std::mem::take(&mut self.failed),
+            skip,
+            idle: self.idle(),
             ..Default::default()
         }
     }
 
-    /// Whether some missing piece is held by a neighbour (busy or not).
-    fn fetchable(&self) -> bool {
-        self.state
-            .iter()
-            .zip(&self.avail)
-            .any(|(s, &a)| *s == Piece::Missing && a > 0)
-    }
-
-    /// Takes in the server's answer.
+    /// Takes in the fetches the server chose. One for a piece this member holds or fetches
+    /// already is declined at the next sync, so that its source's slot is freed.
     pub fn apply(&mut self, reply: &SwarmSyncReply) {
-        for up in &reply.peers {
-            if up.member == self.me {
-                continue;
-            }
-            let n = self.state.len() as u32;
-            let peer = self.peers.entry(up.member).or_insert_with(|| Peer {
-                have: PieceSet::new(n),
-                seen: 0,
-                inflight: 0,
-                busy_until: None,
-                gone: false,
-            });
-            if up.gone {
-                if !peer.gone {
-                    peer.gone = true;
-                    for p in peer.have.iter() {
-                        self.avail[p as usize] -= 1;
-                    }
-                }
-                continue;
-            }
-            if peer.gone {
-                continue;
-            }
-            // Announcements are a log: skip what this member has seen already, and ignore a
-            // batch that leaves a gap (the next sync's cursor asks for it again).
-            if up.from > peer.seen {
-                continue;
-            }
-            let skip = (peer.seen - up.from) as usize;
-            for &p in up.pieces.iter().skip(skip) {
-                peer.seen += 1;
-                if peer.have.insert(p) {
-                    self.avail[p as usize] += 1;
-                }
-            }
-        }
-        for &p in &reply.seed {
-            if self.state.get(p as usize) == Some(&Piece::Missing) && !self.seed.contains(&p) {
-                self.seed.push_back(p);
+        for f in &reply.fetch {
+            let from = if f.store {
+                From::Seed
+            } else {
+                From::Peer(f.from)
+            };
+            let fresh = self.state.get(f.piece as usize) == Some(&Piece::Missing)
+                && !self.ready.iter().any(|r| r.piece == f.piece);
+            if fresh && (f.store || f.from != self.me) {
+                self.ready.push_back(Request {
+                    piece: f.piece,
+                    from,
+                });
+            } else {
+                self.failed.push(SwarmFailure {
+                    piece: f.piece,
+                    from: f.from,
+                    store: f.store,
+                    why: WHY_DECLINED,
+                });
             }
         }
     }
 
-    /// The fetches to start now, within the slots left: the store's grants first (no member
-    /// holds those), then the rarest piece among the neighbours, from the least loaded holder.
-    pub fn next(&mut self, now: Instant) -> Vec<Request> {
+    /// The fetches to start now.
+    pub fn start(&mut self) -> Vec<Request> {
         let mut out = Vec::new();
-        while self.inflight < self.cfg.max_inflight {
-            let r = self.next_seed(now).or_else(|| self.next_peer(now));
-            let Some(r) = r else { break };
+        while let Some(r) = self.ready.pop_front() {
+            if self.state[r.piece as usize] != Piece::Missing {
+                continue;
+            }
             self.state[r.piece as usize] = Piece::Flight;
             self.inflight += 1;
-            if let From::Peer(p) = r.from {
-                if let Some(peer) = self.peers.get_mut(&p) {
-                    peer.inflight += 1;
-                }
-            }
             out.push(r);
         }
         out
     }
 
-    fn next_seed(&mut self, now: Instant) -> Option<Request> {
-        if self.seed_busy_until.is_some_and(|t| now < t) {
-            return None;
-        }
-        while let Some(p) = self.seed.pop_front() {
-            if self.state[p as usize] == Piece::Missing {
-                return Some(Request {
-                    piece: p,
-                    from: From::Seed,
-                });
-            }
-        }
-        None
-    }
-
-    fn next_peer(&mut self, now: Instant) -> Option<Request> {
-        let n = self.state.len();
-        if n == 0 {
-            return None;
-        }
-        let per_peer = self.cfg.per_peer;
-        let usable: Vec<(u64, &Peer)> = self
-            .peers
-            .iter()
-            .filter(|(_, p)| p.usable(now, per_peer))
-            .map(|(&id, p)| (id, p))
-            .collect();
-        if usable.is_empty() {
-            return None;
-        }
-        // Rarest first; among equals, a random one (reservoir), so members spread.
-        let mut best: Option<(u32, u32)> = None;
-        let mut ties = 0usize;
-        let start = self.rng.below(n);
-        for k in 0..n {
-            let p = ((start + k) % n) as u32;
-            let a = if self.cfg.rarest_first {
-                self.avail[p as usize]
-            } else {
-                1
-            };
-            if self.state[p as usize] != Piece::Missing || self.avail[p as usize] == 0 {
-                continue;
-            }
-            if best.is_some_and(|(ba, _)| a > ba) {
-                continue;
-            }
-            if !usable.iter().any(|(_, peer)| peer.have.contains(p)) {
-                continue;
-            }
-            match best {
-                Some((ba, _)) if a == ba => {
-                    ties += 1;
-                    if self.rng.below(ties) == 0 {
-                        best = Some((a, p));
-                    }
-                }
-                _ => {
-                    best = Some((a, p));
-                    ties = 1;
-                }
-            }
-        }
-        let (_, piece) = best?;
-        let mut pick: Option<(u32, u64)> = None;
-        let mut ties = 0usize;
-        for (id, peer) in &usable {
-            if !peer.have.contains(piece) {
-                continue;
-            }
-            match pick {
-                Some((load, _)) if peer.inflight > load => {}
-                Some((load, _)) if peer.inflight == load => {
-                    ties += 1;
-                    if self.rng.below(ties) == 0 {
-                        pick = Some((peer.inflight, *id));
-                    }
-                }
-                _ => {
-                    pick = Some((peer.inflight, *id));
-                    ties = 1;
-                }
-            }
-        }
-        let (_, id) = pick?;
-        Some(Request {
-            piece,
-            from: From::Peer(id),
-        })
-    }
-
-    fn settle(&mut self, piece: u32, from: From) -> bool {
+    fn settle(&mut self, piece: u32) -> bool {
         if self.state.get(piece as usize) != Some(&Piece::Flight) {
             return false;
         }
         self.inflight = self.inflight.saturating_sub(1);
-        if let From::Peer(p) = from {
-            if let Some(peer) = self.peers.get_mut(&p) {
-                peer.inflight = peer.inflight.saturating_sub(1);
-            }
-        }
         true
     }
 
     /// A piece arrived and matched its hash.
-    pub fn verified(&mut self, piece: u32, from: From) {
-        if !self.settle(piece, from) {
+    pub fn verified(&mut self, piece: u32) {
+        if !self.settle(piece) {
             return;
         }
         self.state[piece as usize] = Piece::Have;
@@ -355,43 +219,21 @@ impl Schedule {
         self.unannounced.push(piece);
     }
 
-    /// A fetch gave nothing; the piece is fetched again, elsewhere if the source is gone.
-    pub fn failed(&mut self, piece: u32, from: From, why: Failure, now: Instant) {
-        if !self.settle(piece, from) {
+    /// A fetch gave nothing: reported at the next sync, and the piece is chosen again.
+    pub fn failed(&mut self, piece: u32, from: From, why: Failure) {
+        if !self.settle(piece) {
             return;
         }
         self.state[piece as usize] = Piece::Missing;
-        match from {
-            From::Seed => {
-                // The store is asked again after a pause; a broken store is the caller's to
-                // report (it falls back to every source it knows).
-                self.seed_busy_until = Some(now + self.cfg.busy_backoff);
-                if why != Failure::Broken {
-                    self.seed.push_back(piece);
-                }
-            }
-            From::Peer(p) => {
-                let Some(peer) = self.peers.get_mut(&p) else {
-                    return;
-                };
-                match why {
-                    Failure::Busy => peer.busy_until = Some(now + self.cfg.busy_backoff),
-                    Failure::Missing => {
-                        if peer.have.contains(piece) && !peer.gone {
-                            peer.have.remove(piece);
-                            self.avail[piece as usize] -= 1;
-                        }
-                    }
-                    Failure::Broken => {
-                        if !peer.gone {
-                            peer.gone = true;
-                            for q in peer.have.iter() {
-                                self.avail[q as usize] -= 1;
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        let (from, store) = match from {
+            From::Peer(p) => (p, false),
+            From::Seed => (0, true),
+        };
+        self.failed.push(SwarmFailure {
+            piece,
+            from,
+            store,
+            why: why.code(),
+        });
     }
 }

@@ -2,9 +2,10 @@
 //! an upload and a download limit, joins at its own time, and some die mid-transfer. Time moves
 //! in steps; a sender sends to `fanout` requesters at once, first come first served, each an
 //! equal share of its uplink (scaled down where the receiver's downlink cannot take the sum),
-//! and keeps a bounded queue of the others. A node asks the board every sync
-//! interval, as a real member does, and the messages are the real protobuf ones, so their
-//! sizes are what the wire would carry.
+//! and keeps a bounded queue of the others. A node syncs with the board as a real member does:
+//! at its join, after each fetch ends, and when the board has fetches for it while it waits;
+//! every sync and every fetch starts one network delay later. The messages are the real
+//! protobuf ones, so their sizes are what the wire would carry.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -34,10 +35,12 @@ pub struct SimConfig {
     pub queue: u32,
     /// Pieces fetched from the store at once ([`super::SEED_SLOTS`] in the real server).
     pub seed_slots: usize,
-    pub sync_interval: Duration,
-    /// A member syncs this soon after it verified a piece, to announce it, even between
-    /// intervals.
-    pub announce_delay: Duration,
+    /// One way between any two parties: a sync's answer, or a fetch's first byte, comes this
+    /// long after it was sent.
+    pub latency: Duration,
+    /// A member waiting for fetches syncs again after this long even if the board has none for
+    /// it (a real member's waiting sync ends then).
+    pub poll: Duration,
     pub schedule: ScheduleConfig,
     pub seed: u64,
 }
@@ -74,6 +77,8 @@ pub struct SimReport {
     pub busy_refusals: u64,
     /// Fetches cut by a dying sender.
     pub broken_fetches: u64,
+    /// Distinct members each node fetched from, on average: the connections it opened.
+    pub sources_per_node: f64,
     /// Simulated seconds until the last node finished.
     pub span_s: f64,
     /// When the store sent its last byte.
@@ -111,8 +116,6 @@ struct Node {
     next_sync: f64,
     sched: Option<Schedule>,
     dirty: bool,
-    /// When a refused member asks again, as a real one does after its backoff.
-    retry_at: f64,
 }
 
 struct Flow {
@@ -121,6 +124,8 @@ struct Flow {
     from: usize,
     piece: u32,
     left: f64,
+    /// Its first byte leaves the sender then.
+    start_at: f64,
 }
 
 /// Runs one simulation to its end: every node done or dead, or ten transfer times past the
@@ -131,8 +136,9 @@ pub fn run(cfg: &SimConfig) -> SimReport {
     let mut rng = Rng::new(cfg.seed);
     let transfer_s = cfg.transfer_s();
     let piece_s = cfg.piece_bytes as f64 / cfg.upload.min(cfg.download);
-    let sync_s = cfg.sync_interval.as_secs_f64();
-    let dt = (piece_s / 20.0).min(sync_s / 4.0).max(1e-4);
+    let lat = cfg.latency.as_secs_f64();
+    let poll = cfg.poll.as_secs_f64();
+    let dt = (piece_s / 40.0).max(1e-4);
     let spread = cfg.join_spread.as_secs_f64();
     let limit = spread + 10.0 * transfer_s;
     let fanout = cfg.fanout.max(1) as usize;
@@ -150,16 +156,16 @@ pub fn run(cfg: &SimConfig) -> SimReport {
                 next_sync: join_at,
                 sched: None,
                 dirty: false,
-                retry_at: f64::INFINITY,
             }
         })
         .collect();
     let store = nodes.len();
-    let mut board = Board::with_seed_slots(cfg.pieces, cfg.seed_slots, cfg.seed);
+    let mut board = Board::with_slots(cfg.pieces, cfg.seed_slots, cfg.fanout, cfg.seed);
     let mut flows: BTreeMap<u64, Flow> = BTreeMap::new();
     // Each sender's requests in arrival order; the first `fanout` are being sent.
     let mut queues: Vec<VecDeque<u64>> = vec![VecDeque::new(); nodes.len() + 1];
     let mut next_flow = 0u64;
+    let mut pairs: std::collections::HashSet<(usize, usize)> = Default::default();
     let mut r = SimReport {
         nodes: cfg.nodes,
         transfer_s,
@@ -203,24 +209,26 @@ pub fn run(cfg: &SimConfig) -> SimReport {
                     r.broken_fetches += 1;
                     let to = &mut nodes[f.to];
                     if let Some(s) = to.sched.as_mut() {
-                        s.failed(f.piece, From::Peer(i as u64), Failure::Broken, now);
+                        s.failed(f.piece, From::Peer(i as u64), Failure::Broken);
                     }
                     to.dirty = true;
+                    to.next_sync = to.next_sync.min(t + lat);
                 }
             }
         }
-        // Syncs: a member that is not done asks every interval; one that is done only to
-        // announce what it has not yet announced.
-        for n in nodes.iter_mut() {
+        // Syncs: at a join, after a fetch ended, when the board has fetches for a member, and
+        // every `poll` while a member waits.
+        for i in 0..nodes.len() {
+            let n = &mut nodes[i];
             if !n.joined || n.dead || n.next_sync > t {
                 continue;
             }
             let Some(s) = n.sched.as_mut() else { continue };
-            let req = s.sync_request();
-            if s.done() && req.verified.is_empty() {
+            if !s.news() && s.idle() == 0 && !board.has_mail(i as u64) {
                 n.next_sync = f64::INFINITY;
                 continue;
             }
+            let req = s.sync_request();
             let reply = board.sync(&req, now);
             s.apply(&reply);
             r.syncs += 1;
@@ -232,15 +240,22 @@ pub fn run(cfg: &SimConfig) -> SimReport {
             }
             syncs_this_second.1 += 1;
             r.peak_syncs_per_s = r.peak_syncs_per_s.max(syncs_this_second.1);
-            n.next_sync = if s.done() { f64::INFINITY } else { t + sync_s };
+            n.next_sync = if s.news() {
+                t + lat
+            } else if s.idle() > 0 {
+                t + poll
+            } else {
+                f64::INFINITY
+            };
             n.dirty = true;
+            for w in board.woken() {
+                if let Some(x) = nodes.get_mut(w as usize) {
+                    x.next_sync = x.next_sync.min(t + lat);
+                }
+            }
         }
         // New fetches.
         for i in 0..nodes.len() {
-            if nodes[i].retry_at <= t {
-                nodes[i].retry_at = f64::INFINITY;
-                nodes[i].dirty = true;
-            }
             if !nodes[i].dirty || nodes[i].dead {
                 continue;
             }
@@ -249,7 +264,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
                 let Some(s) = nodes[i].sched.as_mut() else {
                     break;
                 };
-                let reqs = s.next(now);
+                let reqs = s.start();
                 if reqs.is_empty() {
                     break;
                 }
@@ -269,14 +284,16 @@ pub fn run(cfg: &SimConfig) -> SimReport {
                     };
                     if let Some(why) = why {
                         if let Some(s) = nodes[i].sched.as_mut() {
-                            s.failed(q.piece, q.from, why, now);
+                            s.failed(q.piece, q.from, why);
                         }
-                        let back = t + cfg.schedule.busy_backoff.as_secs_f64();
-                        nodes[i].retry_at = nodes[i].retry_at.min(back);
+                        nodes[i].next_sync = nodes[i].next_sync.min(t + lat);
                         refused = true;
                         continue;
                     }
                     next_flow += 1;
+                    if from != store {
+                        pairs.insert((i, from));
+                    }
                     queues[from].push_back(next_flow);
                     flows.insert(
                         next_flow,
@@ -285,6 +302,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
                             from,
                             piece: q.piece,
                             left: cfg.piece_bytes as f64,
+                            start_at: t + 2.0 * lat,
                         },
                     );
                 }
@@ -309,10 +327,15 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         };
         let mut want = vec![0f64; nodes.len()];
         for (&k, f) in &flows {
-            want[f.to] += share(f.from, k, &queues);
+            if f.start_at <= t {
+                want[f.to] += share(f.from, k, &queues);
+            }
         }
         let mut finished = Vec::new();
         for (&k, f) in flows.iter_mut() {
+            if f.start_at > t {
+                continue;
+            }
             let rate = share(f.from, k, &queues);
             if rate == 0.0 {
                 continue;
@@ -339,14 +362,9 @@ pub fn run(cfg: &SimConfig) -> SimReport {
             queues[f.from].retain(|&x| x != k);
             let n = &mut nodes[f.to];
             n.dirty = true;
-            let from = if f.from == store {
-                From::Seed
-            } else {
-                From::Peer(f.from as u64)
-            };
             if let Some(s) = n.sched.as_mut() {
-                s.verified(f.piece, from);
-                n.next_sync = n.next_sync.min(t + cfg.announce_delay.as_secs_f64());
+                s.verified(f.piece);
+                n.next_sync = n.next_sync.min(t + lat);
                 if s.done() && n.done_at.is_none() {
                     n.done_at = Some(t + dt);
                 }
@@ -380,6 +398,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         }
     }
     r.store_bytes = store_bytes.round() as u64;
+    r.sources_per_node = pairs.len() as f64 / cfg.nodes.max(1) as f64;
     r.uplink_use = peer_bytes / (uplink_s * cfg.upload).max(1.0);
     r.downlink_use = (peer_bytes + store_bytes) / (downlink_s * cfg.download).max(1.0);
     r

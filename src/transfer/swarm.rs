@@ -9,25 +9,28 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use indicatif::ProgressBar;
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 use super::fetch::{self, Ask, BlockJob, BlockSink, Partial};
 use super::sources::{source_addr, SourceAddr};
 use super::tree::Membership;
 use super::TransferError;
+use crate::proto::SwarmSyncReply;
 use crate::swarm::{Failure, From, Request, Schedule, ScheduleConfig};
 
-/// How often a member syncs with the server while it fetches.
-const SYNC_INTERVAL: Duration = Duration::from_millis(200);
-/// How soon after a verified piece it syncs to announce it.
-const ANNOUNCE_DELAY: Duration = Duration::from_millis(50);
+/// How long a member with nothing to fetch lets the server hold its sync until something is
+/// chosen for it.
+const WAIT: Duration = Duration::from_millis(1_000);
+/// A member with a slot free syncs at least this often while its other fetches run.
+const SYNC_INTERVAL: Duration = Duration::from_millis(1_000);
 /// With nothing arriving for this long, the swarm is given up for what is left.
 const STALL: Duration = Duration::from_secs(30);
 /// Failed syncs in a row after which the swarm is given up.
 const SYNC_FAILURES: u32 = 3;
 
 type Fetched = (Request, Result<Partial, TransferError>);
+type Synced = Result<SwarmSyncReply, tonic::Status>;
 
 /// Fetches `jobs` through the swarm of `member`'s version. The store's grants go to the last
 /// of `fallback` (the origin or the store); sources labelled `exclude` (this node) are never
@@ -70,55 +73,28 @@ pub(super) async fn fetch(
     let seed = fallback.last().cloned();
     let mut peers: HashMap<u64, SourceAddr> = HashMap::new();
     let mut tasks: JoinSet<Fetched> = JoinSet::new();
+    let mut syncing: Option<JoinHandle<Synced>> = None;
     let mut part = Partial::default();
     let mut next_sync = Instant::now();
     let mut last_progress = Instant::now();
     let mut sync_failures = 0;
-    let mut store = member.store.clone();
     loop {
         let now = Instant::now();
-        let settled = sched.done() && tasks.is_empty();
-        if settled || now >= next_sync {
-            let mut req = sched.sync_request();
-            req.group_id = place.group_id.clone();
-            req.generation = place.generation;
-            if !(settled && req.verified.is_empty()) {
-                match store.swarm_sync(req).await {
-                    Ok(r) => {
-                        let reply = r.into_inner();
-                        for p in &reply.peers {
-                            if let Some(s) = &p.source {
-                                peers.insert(
-                                    p.member,
-                                    source_addr(s, &member.server, &member.ticket),
-                                );
-                            }
-                        }
-                        sched.apply(&reply);
-                        sync_failures = 0;
-                    }
-                    Err(e) => {
-                        sync_failures += 1;
-                        tracing::warn!(error = %e.message(), "swarm sync failed");
-                    }
-                }
-            }
-            next_sync = now + SYNC_INTERVAL;
-        }
+        let settled = sched.done() && tasks.is_empty() && !sched.news() && syncing.is_none();
         if settled || sync_failures >= SYNC_FAILURES || now.duration_since(last_progress) > STALL {
             break;
         }
-        for r in sched.next(now.into_std()) {
+        for r in sched.start() {
             let src = match r.from {
                 From::Seed => seed.clone(),
                 From::Peer(m) => peers.get(&m).cloned(),
             };
             let (Some(src), Some(job)) = (src, by_piece.get(&r.piece)) else {
-                sched.failed(r.piece, r.from, Failure::Broken, now.into_std());
+                sched.failed(r.piece, r.from, Failure::Broken);
                 continue;
             };
             if src.label == exclude {
-                sched.failed(r.piece, r.from, Failure::Broken, now.into_std());
+                sched.failed(r.piece, r.from, Failure::Broken);
                 continue;
             }
             let (job, sinks, progress) = (job.clone(), sinks.clone(), progress.clone());
@@ -132,8 +108,57 @@ pub(super) async fn fetch(
                 (r, got)
             });
         }
+        // One sync at a time: at once with news, else with a slot free. It waits at the server
+        // for a fetch only while nothing runs here, so no news can wait behind it.
+        let due = sched.news() || (sched.idle() > 0 && (tasks.is_empty() || now >= next_sync));
+        if syncing.is_none() && due {
+            let mut req = sched.sync_request();
+            req.group_id = place.group_id.clone();
+            req.generation = place.generation;
+            if tasks.is_empty() && req.idle > 0 {
+                req.wait_ms = WAIT.as_millis() as u32;
+            }
+            let mut store = member.store.clone();
+            syncing = Some(tokio::spawn(async move {
+                store.swarm_sync(req).await.map(|r| r.into_inner())
+            }));
+            next_sync = now + SYNC_INTERVAL;
+        }
+        let sleeping = syncing.is_none();
+        let sync_done = async {
+            match syncing.as_mut() {
+                Some(h) => h.await,
+                None => std::future::pending().await,
+            }
+        };
         let wait = next_sync.saturating_duration_since(Instant::now());
         tokio::select! {
+            synced = sync_done => {
+                syncing = None;
+                match synced {
+                    Ok(Ok(reply)) => {
+                        for p in &reply.peers {
+                            if let Some(s) = &p.source {
+                                peers.insert(
+                                    p.member,
+                                    source_addr(s, &member.server, &member.ticket),
+                                );
+                            }
+                        }
+                        sched.apply(&reply);
+                        sync_failures = 0;
+                    }
+                    Ok(Err(e)) => {
+                        sync_failures += 1;
+                        tracing::warn!(error = %e.message(), "swarm sync failed");
+                        next_sync = Instant::now() + SYNC_INTERVAL / 4;
+                    }
+                    Err(e) => {
+                        sync_failures += 1;
+                        tracing::warn!(error = %e, "swarm sync failed");
+                    }
+                }
+            }
             Some(done) = tasks.join_next() => {
                 let (r, got) = done.map_err(|e| TransferError::Unavailable {
                     missing: 0,
@@ -142,9 +167,8 @@ pub(super) async fn fetch(
                 let got = got?;
                 let now = Instant::now();
                 if got.pending.is_empty() {
-                    sched.verified(r.piece, r.from);
+                    sched.verified(r.piece);
                     last_progress = now;
-                    next_sync = next_sync.min(now + ANNOUNCE_DELAY);
                     for (src, _) in &got.report.by_source {
                         member.used(&src.label).await;
                     }
@@ -155,21 +179,24 @@ pub(super) async fn fetch(
                         Some(f) if f.lacked && !f.broken => Failure::Missing,
                         _ => Failure::Broken,
                     };
-                    sched.failed(r.piece, r.from, why, now.into_std());
+                    sched.failed(r.piece, r.from, why);
                     if why != Failure::Busy {
                         part.failures.extend(got.failures);
                     }
                 }
             }
-            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::time::sleep(wait), if sleeping => {}
         }
+    }
+    if let Some(h) = syncing.take() {
+        h.abort();
     }
     // Fetches still running when the swarm was given up end with it.
     tasks.abort_all();
     while let Some(done) = tasks.join_next().await {
         if let Ok((r, Ok(got))) = done {
             if got.pending.is_empty() {
-                sched.verified(r.piece, r.from);
+                sched.verified(r.piece);
                 part.report.add(got.report);
             }
         }
@@ -186,10 +213,7 @@ pub(super) async fn fetch(
 #[cfg(all(test, feature = "daemons"))]
 mod tests {
     #[test]
-    fn a_node_serves_as_many_swarm_requests_at_once_as_the_swarm_assumes() {
-        assert_eq!(
-            crate::blocks::node::UPLOAD_SLOTS,
-            crate::swarm::DEFAULT_UPLOADS as usize
-        );
+    fn a_node_serves_at_least_as_many_swarm_requests_at_once_as_the_board_asks_of_it() {
+        assert!(crate::blocks::node::UPLOAD_SLOTS >= crate::swarm::DEFAULT_UPLOADS as usize);
     }
 }
