@@ -168,9 +168,13 @@ fn main() {
          1 + log2(N)/pieces transfers for the earliest joiners (1.77x for 16 pieces at 5,000 \
          nodes, 1.19x for 64, 1.10x for 128). The slowest nodes are those earliest joiners: a \
          holder of a new piece is usually in the middle of another upload, which costs about \
-         half a piece time more per hop. Pieces are whole blocks (content-defined, 4 MiB on \
-         average by default), so a 64 MiB version is about 16 pieces; the target needs pieces \
-         of 512 KiB or less (verified sub-block ranges). Before the server chose every fetch \
+         half a piece time more per hop; and a member fetches from its links (8 at its join, up to \
+         16 while they are busy: sources/node), not from any free source in the swarm, which \
+         costs about 0.08x (without links: 1.31x for 64 pieces, 1.22x for 128, at the price of \
+         a connection to most of the swarm; a real run of 32 nodes on 400 Mbit/s links took 8x \
+         one transfer that way). Pieces are whole blocks (content-defined, 4 MiB on average by \
+         default), so a 64 MiB version is about 16 pieces; the target needs pieces smaller \
+         than 512 KiB (verified sub-block ranges). Before the server chose every fetch \
          (members chose among their neighbours' announcements, which the server relayed), the \
          same runs gave 3.54x / 2.77x at 5,000 nodes for 16 / 64 pieces, with downlinks busy \
          35-57% of the time and about 500 busy answers per node; the syncs carried 205 MB in all \

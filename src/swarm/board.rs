@@ -644,7 +644,10 @@ impl Board {
             .unwrap_or_default();
         let mut best: Option<(u32, bool, u32, usize)> = None;
         let mut any = false;
-        for &x in sources {
+        // From a random place on, so that equal sources share the fetches.
+        let start = self.rng.below(sources.len().max(1));
+        for k in 0..sources.len() {
+            let x = sources[(start + k) % sources.len()];
             let Some(xs) = self.slots.get(x) else {
                 continue;
             };

@@ -370,6 +370,30 @@ fn a_source_in_the_same_zone_comes_first() {
     }
 }
 
+#[test]
+fn a_member_fetches_from_its_links_while_they_have_what_it_needs() {
+    let now = Instant::now();
+    let mut b = Board::new(64, 11);
+    for h in 0..40 {
+        b.join_holder(HOLDER + h, "");
+    }
+    b.join(0, "", true);
+    let mut sources = std::collections::BTreeSet::new();
+    let mut verified = Vec::new();
+    for _ in 0..64 {
+        let f = fetches(&b.sync(&sync(0, &verified, 1), now));
+        assert_eq!(f.len(), 1);
+        sources.insert(f[0].1);
+        verified = vec![f[0].0];
+    }
+    // 40 holders could serve it; a connection to each would be 40.
+    assert!(
+        sources.len() <= super::board::LINKS,
+        "{} sources: {sources:?}",
+        sources.len()
+    );
+}
+
 fn small(nodes: usize, die: f64) -> SimConfig {
     SimConfig {
         nodes,
@@ -403,7 +427,7 @@ fn a_simulated_swarm_finishes_near_one_transfer_with_the_store_sending_about_one
     assert_eq!(r.busy_refusals, 0, "no source is asked beyond its uploads");
     // Each node fetches from its links, not from the whole swarm (a connection per pair).
     assert!(
-        r.sources_per_node <= 2.0 * board::LINKS as f64,
+        r.sources_per_node <= 2.0 * super::board::LINKS as f64,
         "{:.1} sources per node",
         r.sources_per_node
     );
