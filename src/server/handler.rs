@@ -286,6 +286,25 @@ pub struct StoreHandler {
 pub(super) type SwarmWaits =
     std::collections::HashMap<(String, u64, u64), Arc<tokio::sync::Notify>>;
 
+/// A swarm member's sync waiting at the server, registered until dropped.
+struct SwarmWait<'a> {
+    waits: &'a std::sync::Mutex<SwarmWaits>,
+    key: (String, u64, u64),
+    notify: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for SwarmWait<'_> {
+    fn drop(&mut self) {
+        let mut waits = locks::lock(self.waits);
+        if waits
+            .get(&self.key)
+            .is_some_and(|n| Arc::ptr_eq(n, &self.notify))
+        {
+            waits.remove(&self.key);
+        }
+    }
+}
+
 /// The longest a swarm member's sync waits for fetches to be chosen for it.
 const SWARM_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -1024,13 +1043,13 @@ impl Store for StoreHandler {
         let Some(waiter) = waiter else {
             return Ok(Response::new(reply));
         };
+        // Unregistered however the wait ends, a caller that went away included.
+        let _registered = SwarmWait {
+            waits: &self.swarm_waits,
+            key,
+            notify: waiter.clone(),
+        };
         let _ = tokio::time::timeout(wait, waiter.notified()).await;
-        {
-            let mut waits = locks::lock(&self.swarm_waits);
-            if waits.get(&key).is_some_and(|n| Arc::ptr_eq(n, &waiter)) {
-                waits.remove(&key);
-            }
-        }
         let live = self.live();
         let mail = self
             .windows()

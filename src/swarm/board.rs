@@ -60,8 +60,8 @@ struct Slot {
     have: PieceSet,
     /// Pieces it still needs and is not fetching.
     need: PieceSet,
-    /// Fetches it runs: piece, source, since when.
-    fetching: Vec<(u32, Src, Instant)>,
+    /// Fetches it runs: piece and source.
+    fetching: Vec<(u32, Src)>,
     /// Download slots free, as it said at its last sync, less what was chosen for it since.
     idle: u32,
     /// Uploads the board started from it that have not ended.
@@ -293,7 +293,7 @@ impl Board {
             self.holders[p] = self.holders[p].saturating_sub(1);
             self.copies[p] = self.copies[p].saturating_sub(1);
         }
-        for (p, src, _) in fetching {
+        for (p, src) in fetching {
             self.end_fetch(m, p, src);
         }
         // Fetches from it end with a broken connection; their members report them, and until
@@ -301,9 +301,8 @@ impl Board {
     }
 
     /// One member's sync: records what it verified and which fetches failed, chooses fetches
-    /// for its free download slots and for the sources it freed, and answers with its mail.
-    /// Peers appear with `source` unset; the caller fills in where to reach them. Bad indices
-    /// from a member are ignored.
+    /// for its free download slots and for the sources it freed, and answers with its mail
+    /// (the caller adds where to reach each source). Bad indices from a member are ignored.
     pub fn sync(&mut self, req: &SwarmSyncRequest, now: Instant) -> SwarmSyncReply {
         let Some(m) = self.idx(req.member).filter(|&m| self.live_slot(m)) else {
             return SwarmSyncReply::default();
@@ -388,7 +387,7 @@ impl Board {
             let at = s.fetching.iter().position(|f| f.0 == p);
             match at {
                 Some(k) => {
-                    let (_, src, _) = s.fetching.swap_remove(k);
+                    let (_, src) = s.fetching.swap_remove(k);
                     // A fetch's copy was counted when it started.
                     self.release(src);
                     freed.push(src);
@@ -574,7 +573,7 @@ impl Board {
         };
         s.need.remove(p);
         s.idle = s.idle.saturating_sub(1);
-        s.fetching.push((p, src, now));
+        s.fetching.push((p, src));
         s.mail.push(SwarmFetch {
             piece: p,
             from,
