@@ -21,7 +21,7 @@
 //! Why the server chooses: the first design let members choose from their neighbours'
 //! announcements, and members crowded the few holders of the newest pieces, which answered most
 //! of them busy: downlinks were idle half the time (2.77x one transfer at 5,000 simulated
-//! members, against 1.33x now; bench/RESULTS.md). The server knows every member and every
+//! members with 64 pieces, against 1.40x now; bench/RESULTS.md). The server knows every member and every
 //! upload, so no fetch waits on a busy source or on news that has not arrived. The cost is a
 //! sync per fetch, a few dozen bytes each; the simulation counts them at up to 5,000 members.
 
@@ -39,8 +39,9 @@ pub const SEED_SLOTS: usize = 1;
 
 /// Downloaders a member sends to at once. A piece is forwarded only once it is whole and
 /// verified, so a sender that splits its uplink delays every piece it sends: with one upload
-/// each, a piece's holders double once per piece time (the simulation: 1.33x one transfer at
-/// 5,000 members with 64 pieces, against 1.38x with two, and 1.77x against 2.35x with 16).
+/// each, a piece's holders double once per piece time (the simulation, before members had
+/// links: 1.33x one transfer at 5,000 members with 64 pieces, against 1.38x with two, and 1.77x
+/// against 2.35x with 16).
 pub const DEFAULT_UPLOADS: u32 = 1;
 
 /// A fixed-size set of piece indices.
