@@ -160,6 +160,16 @@ impl Schedule {
         }
     }
 
+    /// A sync that did not reach the server: what it reported goes in the next one.
+    pub fn unsent(&mut self, req: SwarmSyncRequest) {
+        self.unannounced.extend(req.verified);
+        self.failed.extend(req.failed);
+        if !req.skip.is_empty() {
+            self.skipped.extend(req.skip);
+            self.synced = false;
+        }
+    }
+
     /// Takes in the fetches the server chose. One for a piece this member holds or fetches
     /// already is declined at the next sync, so that its source's slot is freed.
     pub fn apply(&mut self, reply: &SwarmSyncReply) {

@@ -327,6 +327,11 @@ fn a_member_reports_skipped_pieces_once_and_counts_its_free_slots() {
     assert_eq!(req.failed[0].why, WHY_BUSY);
     assert!(req.failed[0].store);
     assert_eq!(req.idle, 2);
+    // A sync that failed on the way is sent again, news and all.
+    assert!(!s.news());
+    s.unsent(req.clone());
+    assert!(s.news());
+    assert_eq!(s.sync_request().failed, req.failed);
 }
 
 #[test]

@@ -16,7 +16,7 @@ use super::fetch::{self, Ask, BlockJob, BlockSink, Partial};
 use super::sources::{source_addr, SourceAddr};
 use super::tree::Membership;
 use super::TransferError;
-use crate::proto::SwarmSyncReply;
+use crate::proto::{SwarmSyncReply, SwarmSyncRequest};
 use crate::swarm::{Failure, From, Request, Schedule, ScheduleConfig};
 
 /// How long a member with nothing to fetch lets the server hold its sync until something is
@@ -30,7 +30,8 @@ const STALL: Duration = Duration::from_secs(30);
 const SYNC_FAILURES: u32 = 3;
 
 type Fetched = (Request, Result<Partial, TransferError>);
-type Synced = Result<SwarmSyncReply, tonic::Status>;
+/// A sync's answer, or why it failed with the request it carried (its news is sent again).
+type Synced = Result<SwarmSyncReply, (tonic::Status, SwarmSyncRequest)>;
 
 /// Fetches `jobs` through the swarm of `member`'s version. The store's grants go to the last
 /// of `fallback` (the origin or the store); sources labelled `exclude` (this node) are never
@@ -120,7 +121,10 @@ pub(super) async fn fetch(
             }
             let mut store = member.store.clone();
             syncing = Some(tokio::spawn(async move {
-                store.swarm_sync(req).await.map(|r| r.into_inner())
+                match store.swarm_sync(req.clone()).await {
+                    Ok(r) => Ok(r.into_inner()),
+                    Err(e) => Err((e, req)),
+                }
             }));
             next_sync = now + SYNC_INTERVAL;
         }
@@ -148,7 +152,10 @@ pub(super) async fn fetch(
                         sched.apply(&reply);
                         sync_failures = 0;
                     }
-                    Ok(Err(e)) => {
+                    Ok(Err((e, req))) => {
+                        // What it reported must reach the server: its sources' uploads are
+                        // counted until it does.
+                        sched.unsent(req);
                         sync_failures += 1;
                         tracing::warn!(error = %e.message(), "swarm sync failed");
                         next_sync = Instant::now() + SYNC_INTERVAL / 4;
