@@ -2,13 +2,12 @@
 //! fetch each member starts next.
 //!
 //! Every fetch is the board's choice, so it knows each node's uploads in flight exactly: a
-//! source is asked for no more than [`Board::uploads`] pieces at once, and never answers busy
-//! for this swarm. Two moments start fetches: a member's sync (it has download slots free: the
-//! rarest piece among a sample of sources with an upload slot free), and a source's slot coming
-//! free or the source verifying a piece (the rarest piece it holds, to one of a sample of the
-//! members waiting). Fetches made for a member between its syncs wait in its mailbox;
-//! [`Board::woken`] names the members that have mail, so that the server can answer their
-//! waiting syncs at once.
+//! source is asked for no more pieces at once than the board's `uploads`, and never answers
+//! busy for this swarm. Two moments start fetches: a member's sync (it has download slots free:
+//! the rarest piece among its links with an upload slot free), and a source's slot coming free
+//! or the source verifying a piece (the rarest piece it holds, to one of its links that waits).
+//! Fetches made for a member between its syncs wait in its mailbox; [`Board::woken`] names the
+//! members that have mail, so that the server can answer their waiting syncs at once.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -473,11 +472,9 @@ impl Board {
         }
     }
 
-    fn store_busy(&self, now: Instant) -> usize {
-        self.store_grant
-            .iter()
-            .filter(|g| g.is_some_and(|(_, at)| now.saturating_duration_since(at) < GRANT_TTL))
-            .count()
+    /// Store fetches running (those past their time were expired at this sync).
+    fn store_busy(&self) -> usize {
+        self.store_grant.iter().filter(|g| g.is_some()).count()
     }
 
     /// Whether `x` can send one more upload now.
@@ -617,7 +614,7 @@ impl Board {
                 self.start(m, p, Src::Member(x), now);
                 continue;
             }
-            if self.store_busy(now) < self.seed_slots {
+            if self.store_busy() < self.seed_slots {
                 if let Some((p, _)) = self.best_piece(Src::Store, m) {
                     self.start(m, p, Src::Store, now);
                     continue;
@@ -674,7 +671,7 @@ impl Board {
     fn serve(&mut self, src: Src, now: Instant) {
         loop {
             let free = match src {
-                Src::Store => self.store_busy(now) < self.seed_slots,
+                Src::Store => self.store_busy() < self.seed_slots,
                 Src::Member(x) => self.can_send(x, now),
             };
             if !free {
