@@ -119,6 +119,10 @@ fn a_change_is_told_only_to_the_mounts_that_cached_what_it_changes() {
 #[test]
 fn a_mount_that_stops_answering_holds_a_change_for_its_lease_only_and_watches_again() {
     let (c, a, b) = two_nodes("127.0.0.200", "127.0.0.208");
+    // B caches the root's listing under its lease, so a new name there concerns it. (Without
+    // this the test leaned on whatever looked at B's root as it mounted, which CI once did not.)
+    assert_eq!(std::fs::read_dir(&b.mountpoint).unwrap().count(), 0);
+    assert!(std::fs::metadata(b.path("while-stopped")).is_err());
     signal(pid(&b), libc::SIGSTOP);
     let started = Instant::now();
     std::fs::write(a.path("while-stopped"), b"x").unwrap();
