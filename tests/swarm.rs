@@ -138,3 +138,86 @@ fn a_member_killed_mid_transfer_costs_the_others_only_what_it_had_in_flight() {
         assert_eq!(total, data.len() as u64, "{got}");
     }
 }
+
+/// A mount's reader is a member like `kt get`: reading a file that two nodes hold, it takes
+/// blocks from both of them (the swarm's choice, not one parent) and none from the store.
+#[test]
+fn a_mount_reader_takes_blocks_from_every_node_that_holds_them() {
+    let c = Cluster::new("127.0.0.230");
+    let (data, _) = c.publish_random("w", 4 * MIB, 24, "65536");
+    let agents: Vec<AgentProc> = (0..2)
+        .map(|i| c.agent(&format!("127.0.0.{}", 231 + i), &format!("node-{i}")))
+        .collect();
+    for (i, a) in agents.iter().enumerate() {
+        let d = c.path(&format!("d{i}"));
+        c.json(Some(a), &["get", "w", "-d", d.to_str().unwrap()]);
+        assert!(fs::read(&d).unwrap() == data);
+    }
+    let served = |a: &AgentProc| metric(&a.proc.addr, "kt_served_bytes_total");
+    let before: Vec<f64> = agents.iter().map(served).collect();
+    let store_before = metric(&c.server.addr, "kt_served_bytes_total");
+    let m = start_mount("127.0.0.233", &c.server.addr, &c.path("m"), "node-m", &[]);
+    assert!(fs::read(m.path("w")).unwrap() == data);
+    let agent = &m.proc.as_ref().expect("running").addr;
+    assert_eq!(
+        metric(agent, "kt_fetched_bytes_total{source=\"peer\"}"),
+        data.len() as f64
+    );
+    assert_eq!(
+        metric(&c.server.addr, "kt_served_bytes_total"),
+        store_before,
+        "two nodes hold it: the store sent nothing"
+    );
+    for (a, b) in agents.iter().zip(before) {
+        assert!(served(a) > b, "nothing from {}", a.node_id);
+    }
+}
+
+/// Mount readers on two nodes reading a file at once trade its blocks: the store sends about
+/// one copy, not one per reader (each reader fetching from the store, as readers did before
+/// they were members, costs it two).
+#[test]
+fn mount_readers_reading_at_once_trade_blocks_and_cost_the_store_one_copy() {
+    let c = Cluster::new("127.0.0.240");
+    let (data, _) = c.publish_random("w", 32 * MIB, 25, "1048576");
+    let mounts: Vec<MountProc> = (0..2)
+        .map(|i| {
+            let ip = format!("127.0.0.{}", 241 + i);
+            start_mount(
+                &ip,
+                &c.server.addr,
+                &c.path(&format!("m{i}")),
+                &format!("node-m{i}"),
+                &[],
+            )
+        })
+        .collect();
+    let store_before = metric(&c.server.addr, "kt_served_bytes_total");
+    let start = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        for m in &mounts {
+            let (start, data) = (&start, &data);
+            s.spawn(move || {
+                start.wait();
+                assert!(fs::read(m.path("w")).unwrap() == *data);
+            });
+        }
+    });
+    let sent = metric(&c.server.addr, "kt_served_bytes_total") - store_before;
+    assert!(
+        sent <= 1.25 * data.len() as f64,
+        "the store sent {sent} bytes for {} of data",
+        data.len()
+    );
+    let from_peers: f64 = mounts
+        .iter()
+        .map(|m| {
+            let agent = &m.proc.as_ref().expect("running").addr;
+            metric(agent, "kt_fetched_bytes_total{source=\"peer\"}")
+        })
+        .sum();
+    assert!(
+        from_peers >= 0.75 * data.len() as f64,
+        "the readers took {from_peers} bytes from each other"
+    );
+}

@@ -88,6 +88,8 @@ pub struct Joiner {
     pub role: Role,
     pub version: Option<Version>,
     pub serves: bool,
+    /// A mount's reader: it fetches what it reads, as it reads it.
+    pub reads: bool,
 }
 
 /// What a join returns.
@@ -237,9 +239,9 @@ impl Broadcasts {
         let x = &mut w.members[m];
         x.left = true;
         x.done = x.done || done;
-        // A getter that served others and gave up is failed; a reader that serves no one (a
-        // mount's reader closing a file it read in part) just leaves.
-        if !done && x.joiner.serves {
+        // A getter that served others and gave up is failed; a mount's reader closing a file
+        // it read in part just leaves.
+        if !done && x.joiner.serves && !x.joiner.reads {
             x.failed = true;
         }
         Ok(())

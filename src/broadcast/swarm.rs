@@ -115,8 +115,8 @@ impl Broadcasts {
         let (w, m) = self.member(group, generation, member)?;
         let joiner = w.members[m].joiner.clone();
         // A window that names its fanout keeps the pipelined tree, and a getter whose node
-        // serves nothing (no agent, or a mount's reader) fetches from its parent: the swarm is
-        // for members that serve what they receive, of versions of several blocks.
+        // serves nothing (no agent) fetches from its parent: the swarm is for members that
+        // serve what they receive, of versions of several blocks.
         let wanted = w.spec.fanout == 0 && joiner.serves && pieces.len() / 32 >= MIN_SWARM_PIECES;
         let Some(version) = joiner.version.filter(|_| wanted) else {
             return Ok(Vec::new());
@@ -130,7 +130,10 @@ impl Broadcasts {
             return Ok(Vec::new());
         }
         s.add_holders(seeds);
-        s.board.join(member, &joiner.zone, joiner.serves);
+        match joiner.reads {
+            true => s.board.join_reader(member, &joiner.zone),
+            false => s.board.join(member, &joiner.zone, joiner.serves),
+        }
         Ok(s.pieces.clone())
     }
 

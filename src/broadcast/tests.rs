@@ -18,6 +18,7 @@ fn getter(node: &str, zone: &str) -> Joiner {
         role: Role::Getter,
         version: Some(Version([7; 32])),
         serves: true,
+        reads: false,
     }
 }
 

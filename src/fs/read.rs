@@ -218,8 +218,9 @@ impl FsCore {
         })
     }
 
-    /// Joins the implicit window of `version` as a reader that serves no children of its own
-    /// (it holds only what it read); a failure to join only loses the spreading.
+    /// Joins the implicit window of `version` as a reader: in the version's swarm it fetches
+    /// the blocks it reads (lowest first, from any member that holds them) and serves what it
+    /// read; a failure to join only loses the spreading.
     fn join_window(&self, key: &str, version: Version, ticket: bytes::Bytes) -> Option<Membership> {
         let spec = JoinSpec {
             namespace: self.cfg.namespace.as_str(),
@@ -234,7 +235,10 @@ impl FsCore {
                 node_id: self.cfg.node_id.clone(),
                 ip: String::new(),
             }),
-            serves: false,
+            // The agent serves its block cache: what this reader fetched, others may fetch
+            // from it.
+            serves: true,
+            reads: true,
             ticket,
         };
         self.block_on(Membership::join(&self.store, &self.cfg.server, spec))

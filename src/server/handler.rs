@@ -957,6 +957,7 @@ impl Store for StoreHandler {
             role: r.role(),
             version: Some(version),
             serves: r.serves && !r.node_id.is_empty(),
+            reads: r.reads,
         };
         let joined = {
             let live = self.live();

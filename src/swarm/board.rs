@@ -35,6 +35,11 @@ pub const LINKS: usize = 8;
 /// A member accepts links from joiners, and takes links to free sources when its own are busy,
 /// until it has this many that still fetch.
 const MAX_LINKS: usize = 2 * LINKS;
+/// Store fetches at once while the members waiting on the store read (mounts' readers): a
+/// reader waits for the very block it asked for, and readers of different parts of a file
+/// want different blocks, so the store keeps a reader's readahead going as a plain fetch
+/// would, rather than one block per round trip.
+pub const READER_SEED_SLOTS: usize = 4;
 
 /// Why a member's fetch gave nothing, as the sync reports it.
 pub const WHY_BUSY: u32 = 1;
@@ -54,6 +59,9 @@ struct Slot {
     live: bool,
     /// Its node serves what it holds: others may fetch from it.
     serves: bool,
+    /// A mount's reader: it needs what it asks for (`want`), lowest piece first, and the store
+    /// may send it [`READER_SEED_SLOTS`] pieces at once.
+    reads: bool,
     zone: String,
     /// Verified pieces (what it may serve).
     have: PieceSet,
@@ -198,6 +206,7 @@ impl Board {
         self.slots.push(Slot {
             live: true,
             serves,
+            reads: false,
             zone: zone.to_string(),
             have: PieceSet::new(self.pieces),
             need,
@@ -230,6 +239,19 @@ impl Board {
         }
         if serves {
             self.live.add(m);
+        }
+    }
+
+    /// Adds a mount's reader under id `m`: it serves what it reads, needs nothing until its
+    /// syncs say what it wants, and is given the lowest piece it wants first (the reader
+    /// waits for it), not the rarest.
+    pub fn join_reader(&mut self, id: u64, zone: &str) {
+        if self.knows(id) {
+            return;
+        }
+        self.join(id, zone, true);
+        if let Some(s) = self.idx(id).and_then(|i| self.slots.get_mut(i)) {
+            s.reads = true;
         }
     }
 
@@ -311,6 +333,11 @@ impl Board {
                 s.synced = true;
                 for &p in &req.skip {
                     s.need.remove(p);
+                }
+            }
+            for &p in &req.want {
+                if !s.have.contains(p) && !s.fetching.iter().any(|f| f.0 == p) {
+                    s.need.insert(p);
                 }
             }
         }
@@ -420,7 +447,9 @@ impl Board {
             s.need.insert(p);
         }
         if let (WHY_BROKEN, Src::Member(x)) = (why, src) {
-            s.avoid.push(x);
+            if !s.avoid.contains(&x) {
+                s.avoid.push(x);
+            }
         }
         self.end_fetch(m, p, src);
         match (why, src) {
@@ -477,6 +506,14 @@ impl Board {
         self.store_grant.iter().filter(|g| g.is_some()).count()
     }
 
+    /// Store fetches that may run while `m` is given one.
+    fn store_slots(&self, m: usize) -> usize {
+        match self.slots.get(m).is_some_and(|s| s.reads) {
+            true => self.seed_slots.max(READER_SEED_SLOTS),
+            false => self.seed_slots,
+        }
+    }
+
     /// Whether `x` can send one more upload now.
     fn can_send(&self, x: usize, now: Instant) -> bool {
         self.slots.get(x).is_some_and(|s| {
@@ -512,6 +549,10 @@ impl Board {
                     return None;
                 }
                 let from = self.slots.get(x)?;
+                if me.reads {
+                    let p = from.have.iter_and(&me.need).next()?;
+                    return Some((p, self.copies[p as usize]));
+                }
                 for p in from.have.iter_and(&me.need) {
                     let c = self.copies[p as usize];
                     match best {
@@ -530,13 +571,18 @@ impl Board {
                 }
             }
             Src::Store => {
-                // Only what no member holds, and not twice at once.
+                // Only what no member holds, and not twice at once; a reader's lowest first.
                 let n = self.pieces as usize;
-                let start = self.rng.below(n.max(1));
+                let start = match me.reads {
+                    true => 0,
+                    false => self.rng.below(n.max(1)),
+                };
                 for k in 0..n {
                     let p = ((start + k) % n) as u32;
                     let i = p as usize;
-                    if self.holders[i] == 0 && self.store_grant[i].is_none() && me.need.contains(p)
+                    if self.store_grant[i].is_none()
+                        && me.need.contains(p)
+                        && self.holders[i] == self.avoided_holders(m, p)
                     {
                         return Some((p, 0));
                     }
@@ -544,6 +590,22 @@ impl Board {
             }
         }
         best.map(|(c, p)| (p, c))
+    }
+
+    /// Live holders of `p` that broke for `m`: while they are all it has, the store sends it
+    /// `p` (a dead node stays a holder until its lease runs out, and `m` must not wait on it).
+    fn avoided_holders(&self, m: usize, p: u32) -> u32 {
+        let Some(me) = self.slots.get(m) else {
+            return 0;
+        };
+        me.avoid
+            .iter()
+            .filter(|&&x| {
+                self.slots
+                    .get(x)
+                    .is_some_and(|s| s.live && s.have.contains(p))
+            })
+            .count() as u32
     }
 
     fn start(&mut self, m: usize, p: u32, src: Src, now: Instant) {
@@ -614,7 +676,7 @@ impl Board {
                 self.start(m, p, Src::Member(x), now);
                 continue;
             }
-            if self.store_busy() < self.seed_slots {
+            if self.store_busy() < self.store_slots(m) {
                 if let Some((p, _)) = self.best_piece(Src::Store, m) {
                     self.start(m, p, Src::Store, now);
                     continue;
@@ -633,10 +695,10 @@ impl Board {
         sources: &[usize],
         now: Instant,
     ) -> (Option<(u32, usize)>, bool) {
-        let zone = self
+        let (zone, reads) = self
             .slots
             .get(m)
-            .map(|s| s.zone.clone())
+            .map(|s| (s.zone.clone(), s.reads))
             .unwrap_or_default();
         let mut best: Option<(u32, bool, u32, usize)> = None;
         let mut any = false;
@@ -658,8 +720,10 @@ impl Board {
                 continue;
             }
             let other_zone = !zone.is_empty() && self.slots[x].zone != zone;
-            if best.is_none_or(|(bc, bz, _, _)| (c, other_zone) < (bc, bz)) {
-                best = Some((c, other_zone, p, x));
+            // A reader's lowest piece first; anyone else's rarest.
+            let rank = if reads { p } else { c };
+            if best.is_none_or(|(bc, bz, _, _)| (rank, other_zone) < (bc, bz)) {
+                best = Some((rank, other_zone, p, x));
             }
         }
         (best.map(|(_, _, p, x)| (p, x)), any)
@@ -671,7 +735,7 @@ impl Board {
     fn serve(&mut self, src: Src, now: Instant) {
         loop {
             let free = match src {
-                Src::Store => self.store_busy() < self.seed_slots,
+                Src::Store => self.store_busy() < self.seed_slots.max(READER_SEED_SLOTS),
                 Src::Member(x) => self.can_send(x, now),
             };
             if !free {
@@ -715,7 +779,7 @@ impl Board {
     fn best_taker(&mut self, src: Src, members: &[usize]) -> Option<(u32, usize)> {
         let mut best: Option<((u32, bool), u32, usize)> = None;
         for &w in members {
-            if !self.wants(w) {
+            if !self.wants(w) || (src == Src::Store && self.store_busy() >= self.store_slots(w)) {
                 continue;
             }
             if let Some((p, c)) = self.best_piece(src, w) {

@@ -24,6 +24,16 @@ impl Default for ScheduleConfig {
     }
 }
 
+impl ScheduleConfig {
+    /// A mount's reader: the blocks it waits for and its readahead, at once, as a plain
+    /// fetch would run them.
+    pub fn reader() -> Self {
+        ScheduleConfig {
+            max_inflight: super::board::READER_SEED_SLOTS as u32,
+        }
+    }
+}
+
 /// Where a piece is fetched from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum From {
@@ -65,6 +75,8 @@ enum Piece {
     Missing,
     Flight,
     Have,
+    /// Not needed (yet): a reader wants it when it reads it.
+    Skipped,
 }
 
 /// One member's fetches over the pieces of a version.
@@ -73,12 +85,17 @@ pub struct Schedule {
     me: u64,
     cfg: ScheduleConfig,
     state: Vec<Piece>,
+    /// Pieces held, fetched or skipped.
     have: PieceSet,
+    /// Pieces in state `Missing`.
+    missing: u32,
     /// Fetches the server chose, not yet started.
     ready: VecDeque<Request>,
     inflight: u32,
     unannounced: Vec<u32>,
     skipped: Vec<u32>,
+    /// Skipped pieces wanted since the last sync.
+    wanted: Vec<u32>,
     failed: Vec<SwarmFailure>,
     synced: bool,
 }
@@ -90,10 +107,12 @@ impl Schedule {
             cfg,
             state: vec![Piece::Missing; pieces as usize],
             have: PieceSet::new(pieces),
+            missing: pieces,
             ready: VecDeque::new(),
             inflight: 0,
             unannounced: Vec::new(),
             skipped: Vec::new(),
+            wanted: Vec::new(),
             failed: Vec::new(),
             synced: false,
         }
@@ -103,37 +122,71 @@ impl Schedule {
         self.have.full()
     }
 
+    /// Whether every piece was fetched (none skipped): the member holds the whole version.
+    pub fn complete(&self) -> bool {
+        self.state.iter().all(|s| *s == Piece::Have)
+    }
+
     /// A piece this member holds already (its node's cache had it): announced at the next sync.
     pub fn already(&mut self, piece: u32) {
         if self.state.get(piece as usize) == Some(&Piece::Missing) && self.have.insert(piece) {
             self.state[piece as usize] = Piece::Have;
+            self.missing -= 1;
             self.unannounced.push(piece);
         }
     }
 
-    /// A piece this member does not need (its files hold it already): never fetched, and not
-    /// announced, since its node may not serve it.
+    /// A piece this member does not need (its files hold it already, or a reader has not read
+    /// it): not fetched, and not announced, since its node may not serve it.
     pub fn skip(&mut self, piece: u32) {
         if self.state.get(piece as usize) == Some(&Piece::Missing) && self.have.insert(piece) {
-            self.state[piece as usize] = Piece::Have;
+            self.state[piece as usize] = Piece::Skipped;
+            self.missing -= 1;
             self.skipped.push(piece);
         }
     }
 
-    /// Whether `piece` is here (fetched, held or skipped).
+    /// A skipped piece is needed after all (a reader reads it): fetched like any other, and
+    /// told to the server at the next sync. Returns whether it is still to come (false: it is
+    /// here already).
+    pub fn want(&mut self, piece: u32) -> bool {
+        match self.state.get(piece as usize) {
+            Some(Piece::Skipped) => {
+                self.state[piece as usize] = Piece::Missing;
+                self.missing += 1;
+                self.have.remove(piece);
+                // Not told yet that it was skipped: then it simply is not.
+                match self.skipped.iter().position(|&p| p == piece) {
+                    Some(k) if !self.synced => {
+                        self.skipped.swap_remove(k);
+                    }
+                    _ => self.wanted.push(piece),
+                }
+                true
+            }
+            Some(Piece::Missing | Piece::Flight) => true,
+            _ => false,
+        }
+    }
+
+    /// Whether `piece` was fetched or held (not merely skipped).
     pub fn has(&self, piece: u32) -> bool {
-        self.have.contains(piece)
+        self.state.get(piece as usize) == Some(&Piece::Have)
     }
 
-    /// Whether there is something to tell the server: verified pieces, failures, or the first
-    /// sync.
+    /// Whether there is something to tell the server: verified pieces, failures, pieces newly
+    /// wanted, or the first sync.
     pub fn news(&self) -> bool {
-        !self.synced || !self.unannounced.is_empty() || !self.failed.is_empty()
+        !self.synced
+            || !self.unannounced.is_empty()
+            || !self.failed.is_empty()
+            || !self.wanted.is_empty()
     }
 
-    /// Download slots free beyond the fetches chosen already.
+    /// Download slots free beyond the fetches chosen already (none while nothing more is
+    /// needed).
     pub fn idle(&self) -> u32 {
-        if self.done() {
+        if self.missing as usize <= self.ready.len() {
             return 0;
         }
         self.cfg
@@ -155,6 +208,7 @@ impl Schedule {
             verified: std::mem::take(&mut self.unannounced),
             failed: std::mem::take(&mut self.failed),
             skip,
+            want: std::mem::take(&mut self.wanted),
             idle: self.idle(),
             ..Default::default()
         }
@@ -164,6 +218,7 @@ impl Schedule {
     pub fn unsent(&mut self, req: SwarmSyncRequest) {
         self.unannounced.extend(req.verified);
         self.failed.extend(req.failed);
+        self.wanted.extend(req.want);
         if !req.skip.is_empty() {
             self.skipped.extend(req.skip);
             self.synced = false;
@@ -205,6 +260,7 @@ impl Schedule {
                 continue;
             }
             self.state[r.piece as usize] = Piece::Flight;
+            self.missing -= 1;
             self.inflight += 1;
             out.push(r);
         }
@@ -235,6 +291,7 @@ impl Schedule {
             return;
         }
         self.state[piece as usize] = Piece::Missing;
+        self.missing += 1;
         let (from, store) = match from {
             From::Peer(p) => (p, false),
             From::Seed => (0, true),

@@ -446,3 +446,122 @@ fn a_simulated_swarm_survives_members_dying_mid_transfer() {
     assert_eq!(r.unfinished, 0, "every survivor finishes");
     assert!(r.store_ratio() <= 2.0, "store sent {:.2}x", r.store_ratio());
 }
+
+fn skip_all_but(m: u64, pieces: u32, wanted: &[u32], idle: u32) -> SwarmSyncRequest {
+    SwarmSyncRequest {
+        member: m,
+        skip: (0..pieces).filter(|p| !wanted.contains(p)).collect(),
+        idle,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_reader_is_given_only_what_it_wants_and_the_lowest_piece_first() {
+    let now = Instant::now();
+    let mut b = Board::new(16, 1);
+    b.join_holder(HOLDER, "");
+    b.join_reader(0, "");
+    // It reads pieces 5, 9 and 12 (not the rarest first: all are as common).
+    let r = b.sync(&skip_all_but(0, 16, &[12, 9, 5], 4), now);
+    assert_eq!(fetches(&r), vec![(5, Some(HOLDER))], "one upload at a time");
+    let r = b.sync(&sync(0, &[5], 4), now);
+    assert_eq!(fetches(&r), vec![(9, Some(HOLDER))]);
+    // It reads on: piece 2, wanted now, comes before 12, wanted earlier.
+    let mut req = sync(0, &[9], 4);
+    req.want = vec![2];
+    let r = b.sync(&req, now);
+    assert_eq!(fetches(&r), vec![(2, Some(HOLDER))]);
+    let r = b.sync(&sync(0, &[2], 4), now);
+    assert_eq!(fetches(&r), vec![(12, Some(HOLDER))]);
+    // With all it wanted here, nothing more is chosen for it, and nothing came from the store.
+    let r = b.sync(&sync(0, &[12], 4), now);
+    assert!(r.fetch.is_empty(), "{r:?}");
+    assert_eq!(b.granted(), 0);
+    // What it read, it serves: a member that needs piece 9 is given it from the reader or
+    // the holder, never the store.
+    b.join(1, "", true);
+    let r = b.sync(&skip_all_but(1, 16, &[9], 1), now);
+    let f = fetches(&r);
+    assert!(matches!(f[..], [(9, Some(0 | HOLDER))]), "{f:?}");
+}
+
+#[test]
+fn a_reader_takes_several_pieces_from_the_store_at_once_and_none_twice() {
+    let now = Instant::now();
+    let mut b = Board::new(16, 1);
+    b.join_reader(0, "");
+    b.join(1, "", true);
+    let r = b.sync(&sync(0, &[], 4), now);
+    // Its readahead at once, in order: it waits for the first.
+    assert_eq!(
+        fetches(&r),
+        vec![(0, None), (1, None), (2, None), (3, None)],
+        "{r:?}"
+    );
+    // A `kt get` member is given no store fetch beyond the store's one slot, and no piece the
+    // reader fetches.
+    let r = b.sync(&sync(1, &[], 1), now);
+    assert!(r.fetch.is_empty(), "{r:?}");
+    assert_eq!(b.granted(), 4);
+    // Once the reader holds them, the member fetches them from it (and from the store only
+    // what no one holds).
+    let r = b.sync(&sync(0, &[0, 1, 2, 3], 0), now);
+    assert!(r.fetch.is_empty(), "{r:?}");
+    let f = fetches(&b.sync(&sync(1, &[], 2), now));
+    assert!(f.iter().any(|&(p, s)| p <= 3 && s == Some(0)), "{f:?}");
+    assert!(f.iter().all(|&(p, s)| s.is_some() || p > 3), "{f:?}");
+}
+
+#[test]
+fn a_schedule_asks_for_skipped_pieces_when_they_are_wanted() {
+    let mut s = Schedule::new(0, 8, ScheduleConfig::reader());
+    for p in 0..8 {
+        s.skip(p);
+    }
+    assert_eq!(s.idle(), 0, "nothing is needed");
+    // Wanted before the first sync: simply not skipped.
+    assert!(s.want(3));
+    let req = s.sync_request();
+    assert!(!req.skip.contains(&3) && req.skip.len() == 7 && req.want.is_empty());
+    assert_eq!(req.idle, ScheduleConfig::reader().max_inflight);
+    // Wanted after it: told as wanted.
+    assert!(!s.news());
+    assert!(s.want(5));
+    assert!(s.news());
+    let req = s.sync_request();
+    assert_eq!(req.want, vec![5]);
+    assert!(req.skip.is_empty());
+    // A wanted piece fetched and verified is here: wanting it again asks for nothing.
+    s.apply(&SwarmSyncReply {
+        fetch: vec![SwarmFetch {
+            piece: 5,
+            from: 0,
+            store: true,
+        }],
+        ..Default::default()
+    });
+    assert_eq!(s.start().len(), 1);
+    s.verified(5);
+    assert!(s.has(5) && !s.want(5));
+    assert!(!s.complete());
+}
+
+#[test]
+fn a_member_whose_only_holder_broke_for_it_is_sent_the_piece_by_the_store() {
+    let now = Instant::now();
+    let mut b = Board::new(4, 1);
+    b.join_holder(HOLDER, "");
+    b.join_reader(0, "");
+    let r = b.sync(&skip_all_but(0, 4, &[1, 2], 1), now);
+    assert_eq!(fetches(&r), vec![(1, Some(HOLDER))]);
+    assert_eq!(b.granted(), 0, "a member holds it: not from the store");
+    // The holder's node died (its lease has not run out yet): the piece comes from the store,
+    // and so does the next, which only that holder has too.
+    let mut req = failed(0, 1, Some(HOLDER), WHY_BROKEN);
+    req.idle = 1;
+    let r = b.sync(&req, now);
+    assert_eq!(fetches(&r), vec![(1, None)]);
+    let r = b.sync(&sync(0, &[1], 1), now);
+    assert_eq!(fetches(&r), vec![(2, None)]);
+}

@@ -1,14 +1,20 @@
 //! A member's fetch through its version's swarm: the [`Schedule`] of the swarm module says
-//! which piece to fetch from whom; this loop syncs with the server, runs the fetches (each one
-//! block from one source, over the pooled connections of `fetch.rs`, verified as every fetch
-//! is) and tells the schedule how each ended. What the swarm could not give is left pending
-//! for the caller's fallback (every source it knows).
+//! which piece to fetch from whom; one task per membership syncs with the server, runs the
+//! fetches (each one block from one source, over the pooled connections of `fetch.rs`, verified
+//! as every fetch is) and tells the schedule how each ended. Every fetch of the membership goes
+//! through that task: `kt get` asks for all its blocks at once, a mount's reader for the blocks
+//! it reads as it reads them (the rest are skipped until then, so it is a source of what it
+//! read and asks the swarm for nothing else). What the swarm could not give is left pending for
+//! the caller's fallback (every source it knows).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use indicatif::ProgressBar;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
@@ -17,11 +23,15 @@ use super::sources::{source_addr, SourceAddr};
 use super::tree::Membership;
 use super::TransferError;
 use crate::proto::{SwarmSyncReply, SwarmSyncRequest};
+use crate::rpc::Store;
 use crate::swarm::{Failure, From, Request, Schedule, ScheduleConfig};
 
 /// How long a member with nothing to fetch lets the server hold its sync until something is
 /// chosen for it.
 const WAIT: Duration = Duration::from_millis(1_000);
+/// The same for a mount's reader: what it reads next is told in its next sync, which waits
+/// for this one, so a read never waits long behind it.
+const READER_WAIT: Duration = Duration::from_millis(200);
 /// A member with a slot free syncs at least this often while its other fetches run.
 const SYNC_INTERVAL: Duration = Duration::from_millis(1_000);
 /// With nothing arriving for this long, the swarm is given up for what is left.
@@ -30,8 +40,28 @@ const STALL: Duration = Duration::from_secs(30);
 const SYNC_FAILURES: u32 = 3;
 
 type Fetched = (Request, Result<Partial, TransferError>);
-/// A sync's answer, or why it failed with the request it carried (its news is sent again).
-type Synced = Result<SwarmSyncReply, (tonic::Status, SwarmSyncRequest)>;
+/// A sync's answer, with the request it carried (its news is sent again if it failed).
+type Synced = (Result<SwarmSyncReply, tonic::Status>, SwarmSyncRequest);
+type Reply = oneshot::Sender<Result<Partial, TransferError>>;
+
+/// Blocks asked of the swarm by one fetch of the membership.
+struct Want {
+    jobs: Vec<BlockJob>,
+    sinks: Arc<dyn BlockSink>,
+    /// Where the store's grants are fetched from (the origin or the store).
+    seed: Option<SourceAddr>,
+    /// This node: never a source of its own fetches.
+    exclude: String,
+    progress: ProgressBar,
+    reply: Reply,
+}
+
+/// The membership's swarm task, started by its first fetch.
+pub(super) struct SwarmTask {
+    wants: mpsc::UnboundedSender<Want>,
+    /// Every piece was fetched: the member leaves with a copy.
+    pub(super) complete: Arc<AtomicBool>,
+}
 
 /// Fetches `jobs` through the swarm of `member`'s version. The store's grants go to the last
 /// of `fallback` (the origin or the store); sources labelled `exclude` (this node) are never
@@ -44,177 +74,361 @@ pub(super) async fn fetch(
     exclude: &str,
     progress: &ProgressBar,
 ) -> Result<Partial, TransferError> {
-    let index: HashMap<[u8; 32], u32> = member
-        .pieces
-        .iter()
-        .enumerate()
-        .map(|(i, h)| (h.0, i as u32))
-        .collect();
-    let mut by_piece: HashMap<u32, BlockJob> = HashMap::new();
-    let mut outside = Vec::new();
-    for j in jobs {
-        match index.get(&j.hash.0) {
-            Some(&p) => {
-                by_piece.insert(p, j);
-            }
-            None => outside.push(j),
-        }
-    }
-    let place = member.report().await;
-    let mut sched = Schedule::new(
-        place.member,
-        member.pieces.len() as u32,
-        ScheduleConfig::default(),
-    );
-    for p in 0..member.pieces.len() as u32 {
-        if !by_piece.contains_key(&p) {
-            sched.skip(p);
-        }
-    }
-    let seed = fallback.last().cloned();
-    let mut peers: HashMap<u64, SourceAddr> = HashMap::new();
-    let mut tasks: JoinSet<Fetched> = JoinSet::new();
-    let mut syncing: Option<JoinHandle<Synced>> = None;
-    let mut part = Partial::default();
-    let mut next_sync = Instant::now();
-    let mut last_progress = Instant::now();
-    let mut sync_failures = 0;
-    loop {
-        let now = Instant::now();
-        let settled = sched.done() && tasks.is_empty() && !sched.news() && syncing.is_none();
-        if settled || sync_failures >= SYNC_FAILURES || now.duration_since(last_progress) > STALL {
-            break;
-        }
-        for r in sched.start() {
-            let src = match r.from {
-                From::Seed => seed.clone(),
-                From::Peer(m) => peers.get(&m).cloned(),
+    let (reply, answer) = oneshot::channel();
+    let want = Want {
+        jobs: jobs.clone(),
+        sinks,
+        seed: fallback.last().cloned(),
+        exclude: exclude.to_string(),
+        progress: progress.clone(),
+        reply,
+    };
+    let given_up = || Partial {
+        pending: jobs.clone(),
+        ..Default::default()
+    };
+    let sent = {
+        let place = member.report().await;
+        let mut task = crate::locks::lock(&member.swarm);
+        let live = task.as_ref().is_some_and(|t| !t.wants.is_closed());
+        if task.is_none() {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let complete = Arc::new(AtomicBool::new(false));
+            let cfg = match member.reads {
+                true => ScheduleConfig::reader(),
+                false => ScheduleConfig::default(),
             };
-            let (Some(src), Some(job)) = (src, by_piece.get(&r.piece)) else {
-                sched.failed(r.piece, r.from, Failure::Broken);
-                continue;
+            let ctx = Ctx {
+                store: member.store.clone(),
+                server: member.server.clone(),
+                ticket: member.ticket.clone(),
+                group_id: place.group_id,
+                generation: place.generation,
+                pieces: member.pieces.len() as u32,
+                index: member
+                    .pieces
+                    .iter()
+                    .enumerate()
+                    .map(|(i, h)| (h.0, i as u32))
+                    .collect(),
+                reads: member.reads,
+                complete: complete.clone(),
+                sched: Schedule::new(place.member, member.pieces.len() as u32, cfg),
             };
-            if src.label == exclude {
-                sched.failed(r.piece, r.from, Failure::Broken);
-                continue;
-            }
-            let (job, sinks, progress) = (job.clone(), sinks.clone(), progress.clone());
-            // The store's grants are few already; a peer serves swarm requests in its slots.
-            let ask = match r.from {
-                From::Seed => Ask::Plain,
-                From::Peer(_) => Ask::Swarm,
-            };
-            tasks.spawn(async move {
-                let got = fetch::fetch_partial_as(vec![job], sinks, &[src], &progress, ask).await;
-                (r, got)
+            tokio::spawn(ctx.run(rx));
+            *task = Some(SwarmTask {
+                wants: tx,
+                complete,
             });
+        } else if !live {
+            // The swarm was given up: everything goes to the fallback.
+            return Ok(given_up());
         }
-        // One sync at a time: at once with news, else with a slot free. It waits at the server
-        // for a fetch only while nothing runs here, so no news can wait behind it.
-        let due = sched.news() || (sched.idle() > 0 && (tasks.is_empty() || now >= next_sync));
-        if syncing.is_none() && due {
-            let mut req = sched.sync_request();
-            req.group_id = place.group_id.clone();
-            req.generation = place.generation;
-            if tasks.is_empty() && req.idle > 0 {
-                req.wait_ms = WAIT.as_millis() as u32;
+        task.as_ref().map(|t| t.wants.send(want).is_ok())
+    };
+    if sent != Some(true) {
+        return Ok(given_up());
+    }
+    let part = answer.await.unwrap_or_else(|_| Ok(given_up()))?;
+    for (src, _) in &part.report.by_source {
+        member.used(&src.label).await;
+    }
+    Ok(part)
+}
+
+/// A fetch waiting for its pieces.
+struct Open {
+    pieces: Vec<u32>,
+    part: Partial,
+    reply: Reply,
+}
+
+/// A piece wanted, and by whom.
+struct Wanted {
+    job: BlockJob,
+    open: u64,
+    sinks: Arc<dyn BlockSink>,
+    seed: Option<SourceAddr>,
+    exclude: String,
+    progress: ProgressBar,
+}
+
+struct Ctx {
+    store: Store,
+    server: String,
+    ticket: Bytes,
+    group_id: String,
+    generation: u64,
+    pieces: u32,
+    index: HashMap<[u8; 32], u32>,
+    reads: bool,
+    complete: Arc<AtomicBool>,
+    sched: Schedule,
+}
+
+impl Ctx {
+    /// Runs the membership's swarm until its membership is gone (or the swarm is given up).
+    async fn run(mut self, mut wants: mpsc::UnboundedReceiver<Want>) {
+        // Nothing is needed until a fetch asks for it.
+        for p in 0..self.pieces {
+            self.sched.skip(p);
+        }
+        let mut opens: HashMap<u64, Open> = HashMap::new();
+        let mut next_open = 0u64;
+        let mut by_piece: HashMap<u32, Wanted> = HashMap::new();
+        // Verified, and not yet told to the server: a fetch is answered only once its pieces
+        // were told (the board counts its sources' uploads until then).
+        let mut untold: HashSet<u32> = HashSet::new();
+        let mut peers: HashMap<u64, SourceAddr> = HashMap::new();
+        let mut tasks: JoinSet<Fetched> = JoinSet::new();
+        let mut syncing: Option<JoinHandle<Synced>> = None;
+        let mut next_sync = Instant::now();
+        let mut last_progress = Instant::now();
+        let mut sync_failures = 0;
+        let mut closed = false;
+        loop {
+            let now = Instant::now();
+            let quiet = tasks.is_empty() && !self.sched.news() && syncing.is_none();
+            if closed && opens.is_empty() && quiet {
+                return;
             }
-            let mut store = member.store.clone();
-            syncing = Some(tokio::spawn(async move {
-                match store.swarm_sync(req.clone()).await {
-                    Ok(r) => Ok(r.into_inner()),
-                    Err(e) => Err((e, req)),
+            let stalled = !opens.is_empty() && now.duration_since(last_progress) > STALL;
+            if sync_failures >= SYNC_FAILURES || stalled {
+                break;
+            }
+            for r in self.sched.start() {
+                let Some(w) = by_piece.get(&r.piece) else {
+                    self.sched.failed(r.piece, r.from, Failure::Broken);
+                    continue;
+                };
+                let src = match r.from {
+                    From::Seed => w.seed.clone(),
+                    From::Peer(m) => peers.get(&m).cloned(),
+                };
+                let Some(src) = src.filter(|s| s.label != w.exclude) else {
+                    self.sched.failed(r.piece, r.from, Failure::Broken);
+                    continue;
+                };
+                let (job, sinks, progress) = (w.job.clone(), w.sinks.clone(), w.progress.clone());
+                // The store's grants are few already; a peer serves swarm requests in its slots.
+                let ask = match r.from {
+                    From::Seed => Ask::Plain,
+                    From::Peer(_) => Ask::Swarm,
+                };
+                tasks.spawn(async move {
+                    let got =
+                        fetch::fetch_partial_as(vec![job], sinks, &[src], &progress, ask).await;
+                    (r, got)
+                });
+            }
+            // One sync at a time: at once with news, else with a slot free. It waits at the server
+            // for a fetch only while nothing runs here, so no news can wait behind it.
+            let due = self.sched.news()
+                || (self.sched.idle() > 0 && (tasks.is_empty() || now >= next_sync));
+            if syncing.is_none() && due {
+                let mut req = self.sched.sync_request();
+                req.group_id = self.group_id.clone();
+                req.generation = self.generation;
+                if tasks.is_empty() && req.idle > 0 {
+                    req.wait_ms = match self.reads {
+                        true => READER_WAIT,
+                        false => WAIT,
+                    }
+                    .as_millis() as u32;
                 }
-            }));
-            next_sync = now + SYNC_INTERVAL;
-        }
-        let sleeping = syncing.is_none();
-        let sync_done = async {
-            match syncing.as_mut() {
-                Some(h) => h.await,
-                None => std::future::pending().await,
+                let mut store = self.store.clone();
+                syncing = Some(tokio::spawn(async move {
+                    let got = store.swarm_sync(req.clone()).await;
+                    (got.map(|r| r.into_inner()), req)
+                }));
+                next_sync = now + SYNC_INTERVAL;
             }
-        };
-        let wait = next_sync.saturating_duration_since(Instant::now());
-        tokio::select! {
-            synced = sync_done => {
-                syncing = None;
-                match synced {
-                    Ok(Ok(reply)) => {
-                        for p in &reply.peers {
-                            if let Some(s) = &p.source {
-                                peers.insert(
-                                    p.member,
-                                    source_addr(s, &member.server, &member.ticket),
-                                );
+            let sleeping = syncing.is_none();
+            let sync_done = async {
+                match syncing.as_mut() {
+                    Some(h) => h.await,
+                    None => std::future::pending().await,
+                }
+            };
+            let wait = next_sync.saturating_duration_since(Instant::now());
+            tokio::select! {
+                want = wants.recv(), if !closed => match want {
+                    Some(w) => {
+                        if opens.is_empty() {
+                            last_progress = Instant::now();
+                        }
+                        let id = next_open;
+                        next_open += 1;
+                        if let Some(open) = self.take_want(w, id, &mut by_piece) {
+                            opens.insert(id, open);
+                        }
+                    }
+                    None => closed = true,
+                },
+                synced = sync_done => {
+                    syncing = None;
+                    match synced {
+                        Ok((Ok(reply), req)) => {
+                            for p in &reply.peers {
+                                if let Some(s) = &p.source {
+                                    peers.insert(p.member, source_addr(s, &self.server, &self.ticket));
+                                }
+                            }
+                            self.sched.apply(&reply);
+                            for p in &req.verified {
+                                untold.remove(p);
+                            }
+                            sync_failures = 0;
+                        }
+                        Ok((Err(e), req)) => {
+                            // What it reported must reach the server: its sources' uploads are
+                            // counted until it does.
+                            self.sched.unsent(req);
+                            sync_failures += 1;
+                            tracing::warn!(error = %e.message(), "swarm sync failed");
+                            next_sync = Instant::now() + SYNC_INTERVAL / 4;
+                        }
+                        Err(e) => {
+                            sync_failures += 1;
+                            tracing::warn!(error = %e, "swarm sync failed");
+                        }
+                    }
+                }
+                Some(done) = tasks.join_next() => {
+                    let Ok((r, got)) = done else {
+                        tracing::warn!("a swarm fetch panicked; giving the swarm up");
+                        break;
+                    };
+                    let open = by_piece.get(&r.piece).map(|w| w.open);
+                    match got {
+                        Err(e) => {
+                            // The sink failed (the disk, say): that fetch fails with it, and
+                            // the swarm is given up (every piece in it was wanted by someone).
+                            if let Some(o) = open.and_then(|id| opens.remove(&id)) {
+                                for p in &o.pieces {
+                                    by_piece.remove(p);
+                                }
+                                let _ = o.reply.send(Err(e));
+                            }
+                            break;
+                        }
+                        Ok(got) if got.pending.is_empty() => {
+                            self.sched.verified(r.piece);
+                            untold.insert(r.piece);
+                            last_progress = Instant::now();
+                            if let Some(o) = open.and_then(|id| opens.get_mut(&id)) {
+                                o.part.report.add(got.report);
+                            }
+                            if self.sched.complete() {
+                                self.complete.store(true, Ordering::Relaxed);
                             }
                         }
-                        sched.apply(&reply);
-                        sync_failures = 0;
-                    }
-                    Ok(Err((e, req))) => {
-                        // What it reported must reach the server: its sources' uploads are
-                        // counted until it does.
-                        sched.unsent(req);
-                        sync_failures += 1;
-                        tracing::warn!(error = %e.message(), "swarm sync failed");
-                        next_sync = Instant::now() + SYNC_INTERVAL / 4;
-                    }
-                    Err(e) => {
-                        sync_failures += 1;
-                        tracing::warn!(error = %e, "swarm sync failed");
+                        Ok(got) => {
+                            let why = match got.failures.first() {
+                                Some(f) if f.busy && !f.broken => Failure::Busy,
+                                Some(f) if f.lacked && !f.broken => Failure::Missing,
+                                _ => Failure::Broken,
+                            };
+                            self.sched.failed(r.piece, r.from, why);
+                            if why != Failure::Busy {
+                                if let Some(o) = open.and_then(|id| opens.get_mut(&id)) {
+                                    o.part.failures.extend(got.failures);
+                                }
+                            }
+                        }
                     }
                 }
+                _ = tokio::time::sleep(wait), if sleeping => {}
             }
-            Some(done) = tasks.join_next() => {
-                let (r, got) = done.map_err(|e| TransferError::Unavailable {
-                    missing: 0,
-                    reasons: e.to_string(),
-                })?;
-                let got = got?;
-                let now = Instant::now();
+            // Fetches whose pieces all arrived and were told are answered.
+            let finished: Vec<u64> = opens
+                .iter()
+                .filter(|(_, o)| {
+                    o.pieces
+                        .iter()
+                        .all(|p| self.sched.has(*p) && !untold.contains(p))
+                })
+                .map(|(&id, _)| id)
+                .collect();
+            for id in finished {
+                if let Some(o) = opens.remove(&id) {
+                    for p in &o.pieces {
+                        by_piece.remove(p);
+                    }
+                    let _ = o.reply.send(Ok(o.part));
+                }
+            }
+        }
+        // Given up: fetches still running end with it, and what is left goes to the fallback.
+        if let Some(h) = syncing.take() {
+            h.abort();
+        }
+        tasks.abort_all();
+        while let Some(done) = tasks.join_next().await {
+            if let Ok((r, Ok(got))) = done {
                 if got.pending.is_empty() {
-                    sched.verified(r.piece);
-                    last_progress = now;
-                    for (src, _) in &got.report.by_source {
-                        member.used(&src.label).await;
-                    }
-                    part.report.add(got.report);
-                } else {
-                    let why = match got.failures.first() {
-                        Some(f) if f.busy && !f.broken => Failure::Busy,
-                        Some(f) if f.lacked && !f.broken => Failure::Missing,
-                        _ => Failure::Broken,
-                    };
-                    sched.failed(r.piece, r.from, why);
-                    if why != Failure::Busy {
-                        part.failures.extend(got.failures);
+                    self.sched.verified(r.piece);
+                    let open = by_piece.get(&r.piece).map(|w| w.open);
+                    if let Some(o) = open.and_then(|id| opens.get_mut(&id)) {
+                        o.part.report.add(got.report);
                     }
                 }
             }
-            _ = tokio::time::sleep(wait), if sleeping => {}
+        }
+        wants.close();
+        for (_, mut o) in opens {
+            for p in &o.pieces {
+                if let Some(w) = by_piece.remove(p) {
+                    if !self.sched.has(*p) {
+                        o.part.pending.push(w.job);
+                    }
+                }
+            }
+            let _ = o.reply.send(Ok(o.part));
+        }
+        while let Ok(w) = wants.try_recv() {
+            let _ = w.reply.send(Ok(Partial {
+                pending: w.jobs,
+                ..Default::default()
+            }));
         }
     }
-    if let Some(h) = syncing.take() {
-        h.abort();
-    }
-    // Fetches still running when the swarm was given up end with it.
-    tasks.abort_all();
-    while let Some(done) = tasks.join_next().await {
-        if let Ok((r, Ok(got))) = done {
-            if got.pending.is_empty() {
-                sched.verified(r.piece);
-                part.report.add(got.report);
+
+    /// Takes in a fetch: its pieces are wanted; a block that is not one of the version's
+    /// pieces, or that another fetch waits for or this member fetched already, is left to the
+    /// caller's fallback. Returns the fetch to wait for, or `None` when it was answered at once.
+    fn take_want(&mut self, w: Want, id: u64, by_piece: &mut HashMap<u32, Wanted>) -> Option<Open> {
+        let mut open = Open {
+            pieces: Vec::new(),
+            part: Partial::default(),
+            reply: w.reply,
+        };
+        for job in w.jobs {
+            let piece = self.index.get(&job.hash.0).copied();
+            match piece {
+                Some(p) if !by_piece.contains_key(&p) && self.sched.want(p) => {
+                    open.pieces.push(p);
+                    by_piece.insert(
+                        p,
+                        Wanted {
+                            job,
+                            open: id,
+                            sinks: w.sinks.clone(),
+                            seed: w.seed.clone(),
+                            exclude: w.exclude.clone(),
+                            progress: w.progress.clone(),
+                        },
+                    );
+                }
+                _ => open.part.pending.push(job),
             }
         }
+        if open.pieces.is_empty() {
+            let _ = open.reply.send(Ok(open.part));
+            return None;
+        }
+        Some(open)
     }
-    part.pending = by_piece
-        .into_iter()
-        .filter(|(p, _)| !sched.has(*p))
-        .map(|(_, j)| j)
-        .chain(outside)
-        .collect();
-    Ok(part)
 }
 
 #[cfg(all(test, feature = "daemons"))]

@@ -48,6 +48,8 @@ pub struct JoinSpec<'a> {
     pub node: Option<NodeRef>,
     /// The node's agent serves what this getter receives (it can be a parent).
     pub serves: bool,
+    /// A mount's reader: it asks the swarm for the blocks it reads, as it reads them.
+    pub reads: bool,
     /// What to present to parents.
     pub ticket: Bytes,
 }
@@ -67,6 +69,9 @@ pub struct Membership {
     pub(super) ticket: Bytes,
     /// The version's pieces, when the window runs a swarm for it.
     pub(super) pieces: Vec<BlockHash>,
+    pub(super) reads: bool,
+    /// The swarm's task, once a fetch started it.
+    pub(super) swarm: std::sync::Mutex<Option<super::swarm::SwarmTask>>,
     state: tokio::sync::Mutex<State>,
     /// Where a leave on drop runs.
     rt: Option<tokio::runtime::Handle>,
@@ -90,6 +95,7 @@ impl Membership {
                 role: Role::Getter as i32,
                 node_id: node.node_id,
                 serves: spec.serves,
+                reads: spec.reads,
                 ip: node.ip,
                 wait_quorum: false,
             })
@@ -108,6 +114,8 @@ impl Membership {
             server: server.to_string(),
             ticket: spec.ticket.clone(),
             pieces,
+            reads: spec.reads,
+            swarm: std::sync::Mutex::new(None),
             state: tokio::sync::Mutex::new(State {
                 report: TreeReport {
                     group_id: window.group_id.clone(),
@@ -216,11 +224,15 @@ fn leave_request(r: &TreeReport, done: bool) -> LeaveRequest {
 
 impl Drop for Membership {
     fn drop(&mut self) {
+        // A reader that fetched every piece leaves with a copy, and stays a source.
+        let complete = crate::locks::lock(&self.swarm)
+            .as_ref()
+            .is_some_and(|t| t.complete.load(std::sync::atomic::Ordering::Relaxed));
         let st = self.state.get_mut();
         if st.left {
             return;
         }
-        let (Some(rt), req) = (&self.rt, leave_request(&st.report, false)) else {
+        let (Some(rt), req) = (&self.rt, leave_request(&st.report, complete)) else {
             return;
         };
         let mut store = self.store.clone();
@@ -342,6 +354,7 @@ pub async fn join_as_putter(
             role: Role::Putter as i32,
             node_id: node.node_id,
             serves: false,
+            reads: false,
             ip: node.ip,
             wait_quorum: wait,
         })

@@ -399,6 +399,7 @@ async fn fetch_one(
             window,
             node: agent.as_deref().map(LocalAgent::node),
             serves: offer.is_some(),
+            reads: false,
             ticket,
         };
         let (fetched, joined) =
