@@ -37,10 +37,11 @@ pub struct NodeBlocks {
 }
 
 /// Swarm requests a node serves at once, over every swarm it is in: the board asks it for at
-/// most `crate::swarm::DEFAULT_UPLOADS` per swarm (repeated as a number here because this layer
-/// may not depend on the swarm's; a test of the transfer layer keeps this no smaller), so a node
-/// may serve two swarms at once before it answers busy.
-pub const UPLOAD_SLOTS: usize = 2;
+/// most `crate::swarm::DEFAULT_UPLOADS` per swarm, or `crate::swarm::READER_UPLOADS` for a
+/// mount's reader it alone sends to (repeated as a number here because this layer may not
+/// depend on the swarm's; a test of the transfer layer keeps this no smaller), so a node may
+/// serve four swarms at once before it answers busy.
+pub const UPLOAD_SLOTS: usize = 4;
 
 impl NodeBlocks {
     /// The blocks of a node over its database (which holds the cache's and the in-place

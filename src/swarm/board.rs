@@ -525,6 +525,35 @@ impl Board {
         })
     }
 
+    /// Whether `x` can send one more upload to `m` now: within its uploads, or, for a reader,
+    /// [`super::READER_UPLOADS`] at once from a source that sends to that reader alone and
+    /// that no other link of it waits for (a reader waits for each block it reads: one at a
+    /// time, with a round trip between them, halved a lone reader's rate where no one else
+    /// wanted the uplink).
+    fn can_send_to(&self, x: usize, m: usize, now: Instant) -> bool {
+        if self.can_send(x, now) {
+            return true;
+        }
+        let (Some(xs), Some(ms)) = (self.slots.get(x), self.slots.get(m)) else {
+            return false;
+        };
+        let to_m = ms.fetching.iter().filter(|f| f.1 == Src::Member(x)).count();
+        ms.reads
+            && xs.live
+            && xs.serves
+            && xs.busy_until.is_none_or(|t| now >= t)
+            && xs.up < super::READER_UPLOADS
+            && to_m == xs.up as usize
+            && !xs.links.iter().any(|&l| {
+                l != m
+                    && self.wants(l)
+                    && self
+                        .slots
+                        .get(l)
+                        .is_some_and(|o| xs.have.iter_and(&o.need).next().is_some())
+            })
+    }
+
     /// Whether `m` serves and has an upload slot free (for what it receives next).
     fn can_pass_on(&self, m: usize) -> bool {
         self.slots
@@ -716,7 +745,7 @@ impl Board {
                 continue;
             };
             any = true;
-            if !self.can_send(x, now) {
+            if !self.can_send_to(x, m, now) {
                 continue;
             }
             let other_zone = !zone.is_empty() && self.slots[x].zone != zone;

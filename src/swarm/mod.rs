@@ -44,6 +44,13 @@ pub const SEED_SLOTS: usize = 1;
 /// against 2.35x with 16).
 pub const DEFAULT_UPLOADS: u32 = 1;
 
+/// Uploads a source sends at once to a reader (a mount's) that it alone sends to, so that its
+/// uplink stays busy across the round trips between them (measured, 512 MiB from one holder
+/// to a fresh mount over loopback: 0.60 s as the parent's plain fetch did, 0.76 s with two at
+/// once, 1.17 s with one). No more than a node serves at once (`UPLOAD_SLOTS`): a node answers
+/// busy beyond, and the board backs off from it (asked for four with two slots: 11.5 s).
+pub const READER_UPLOADS: u32 = 4;
+
 /// A fixed-size set of piece indices.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PieceSet {

@@ -462,20 +462,20 @@ fn a_reader_is_given_only_what_it_wants_and_the_lowest_piece_first() {
     let mut b = Board::new(16, 1);
     b.join_holder(HOLDER, "");
     b.join_reader(0, "");
-    // It reads pieces 5, 9 and 12 (not the rarest first: all are as common).
-    let r = b.sync(&skip_all_but(0, 16, &[12, 9, 5], 4), now);
-    assert_eq!(fetches(&r), vec![(5, Some(HOLDER))], "one upload at a time");
-    let r = b.sync(&sync(0, &[5], 4), now);
+    // It reads pieces 5, 9 and 12 (not the rarest first: all are as common), one at a time.
+    let r = b.sync(&skip_all_but(0, 16, &[12, 9, 5], 1), now);
+    assert_eq!(fetches(&r), vec![(5, Some(HOLDER))]);
+    let r = b.sync(&sync(0, &[5], 1), now);
     assert_eq!(fetches(&r), vec![(9, Some(HOLDER))]);
     // It reads on: piece 2, wanted now, comes before 12, wanted earlier.
-    let mut req = sync(0, &[9], 4);
+    let mut req = sync(0, &[9], 1);
     req.want = vec![2];
     let r = b.sync(&req, now);
     assert_eq!(fetches(&r), vec![(2, Some(HOLDER))]);
-    let r = b.sync(&sync(0, &[2], 4), now);
+    let r = b.sync(&sync(0, &[2], 1), now);
     assert_eq!(fetches(&r), vec![(12, Some(HOLDER))]);
     // With all it wanted here, nothing more is chosen for it, and nothing came from the store.
-    let r = b.sync(&sync(0, &[12], 4), now);
+    let r = b.sync(&sync(0, &[12], 1), now);
     assert!(r.fetch.is_empty(), "{r:?}");
     assert_eq!(b.granted(), 0);
     // What it read, it serves: a member that needs piece 9 is given it from the reader or
@@ -484,6 +484,31 @@ fn a_reader_is_given_only_what_it_wants_and_the_lowest_piece_first() {
     let r = b.sync(&skip_all_but(1, 16, &[9], 1), now);
     let f = fetches(&r);
     assert!(matches!(f[..], [(9, Some(0 | HOLDER))]), "{f:?}");
+}
+
+#[test]
+fn a_reader_takes_several_pieces_at_once_from_a_source_no_one_else_waits_for() {
+    let now = Instant::now();
+    let mut b = Board::new(16, 1);
+    b.join_holder(HOLDER, "");
+    b.join_reader(0, "");
+    // Its readahead streams from the one holder, as a plain fetch would.
+    let r = b.sync(&sync(0, &[], 4), now);
+    assert_eq!(
+        fetches(&r),
+        (0..READER_UPLOADS)
+            .map(|p| (p, Some(HOLDER)))
+            .collect::<Vec<_>>()
+    );
+    // A member that waits for the holder: the reader takes no more from it, and passes on
+    // what it read.
+    b.join(1, "", true);
+    let r = b.sync(&sync(1, &[], 1), now);
+    assert!(r.fetch.is_empty(), "{r:?}");
+    let r = b.sync(&sync(0, &[0], 1), now);
+    assert!(r.fetch.is_empty(), "{r:?}");
+    assert_eq!(fetches(&b.take_mail(1)), vec![(0, Some(0))]);
+    assert_eq!(b.granted(), 0);
 }
 
 #[test]

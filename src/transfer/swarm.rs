@@ -436,5 +436,6 @@ mod tests {
     #[test]
     fn a_node_serves_at_least_as_many_swarm_requests_at_once_as_the_board_asks_of_it() {
         assert!(crate::blocks::node::UPLOAD_SLOTS >= crate::swarm::DEFAULT_UPLOADS as usize);
+        assert!(crate::blocks::node::UPLOAD_SLOTS >= crate::swarm::READER_UPLOADS as usize);
     }
 }
