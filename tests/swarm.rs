@@ -221,3 +221,76 @@ fn mount_readers_reading_at_once_trade_blocks_and_cost_the_store_one_copy() {
         "the readers took {from_peers} bytes from each other"
     );
 }
+
+/// A member with nothing to fetch holds its sync open at the server, and is answered the
+/// moment a fetch is chosen for it (here: when another member verifies the piece the store
+/// was sending it), not when its wait runs out (2 s at most).
+#[test]
+fn a_waiting_sync_is_answered_as_soon_as_a_fetch_is_chosen_for_it() {
+    use ktfs::proto::{JoinRequest, JoinResponse, Role, SwarmSyncRequest, WindowSpec};
+    let c = Cluster::new("127.0.0.234");
+    let (_, version) = c.publish_random("w", MIB, 26, "65536");
+    let version: Vec<u8> = (0..version.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&version[i..i + 2], 16).unwrap())
+        .collect();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt
+        .block_on(ktfs::rpc::client::connect_store(
+            &c.server.addr,
+            &ktfs::rpc::Credential::none(),
+        ))
+        .unwrap();
+    let join = |node: &str| -> JoinResponse {
+        let req = JoinRequest {
+            namespace: "default".into(),
+            key: "w".into(),
+            version: version.clone(),
+            window: Some(WindowSpec::default()),
+            role: Role::Getter as i32,
+            node_id: node.into(),
+            serves: true,
+            ..Default::default()
+        };
+        rt.block_on(store.clone().join_broadcast(req))
+            .unwrap()
+            .into_inner()
+    };
+    let (a, b) = (join("node-a"), join("node-b"));
+    assert_eq!(a.pieces.len(), 16 * 32, "a swarm of 16 pieces");
+    let w = a.window.clone().unwrap();
+    let sync = |member, verified: Vec<u32>, idle, wait_ms| SwarmSyncRequest {
+        group_id: w.group_id.clone(),
+        generation: w.generation,
+        member,
+        verified,
+        idle,
+        wait_ms,
+        ..Default::default()
+    };
+    // A is given the store's one fetch; B nothing yet, so its sync waits.
+    let first = rt
+        .block_on(store.clone().swarm_sync(sync(a.member, vec![], 1, 0)))
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.fetch.len(), 1, "{first:?}");
+    let mut s = store.clone();
+    let req = sync(b.member, vec![], 1, 60_000);
+    let waiting = rt.spawn(async move { s.swarm_sync(req).await });
+    assert!(eventually(Duration::from_secs(5), || metric(
+        &c.server.addr,
+        "kt_swarm_waiting_syncs"
+    ) == 1.0));
+    // A verifies its piece: the board chooses B's next fetch, and B's sync returns with it.
+    let piece = first.fetch[0].piece;
+    rt.block_on(store.clone().swarm_sync(sync(a.member, vec![piece], 0, 0)))
+        .unwrap();
+    let got = rt
+        .block_on(async { tokio::time::timeout(Duration::from_millis(1500), waiting).await })
+        .expect("B's sync waited on after a fetch was chosen for it")
+        .unwrap()
+        .unwrap()
+        .into_inner();
+    assert!(!got.fetch.is_empty(), "{got:?}");
+    assert_eq!(metric(&c.server.addr, "kt_swarm_waiting_syncs"), 0.0);
+}

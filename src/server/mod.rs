@@ -104,6 +104,12 @@ fn register_gauges(meta: &Arc<MetaStore>, handler: &StoreHandler) {
         "Members of the open broadcast windows.",
         Box::new(move || crate::locks::lock(&w).open().1 as f64),
     );
+    let w = handler.swarm_waits.clone();
+    register_gauge(
+        "kt_swarm_waiting_syncs",
+        "Swarm members' syncs held open until a fetch is chosen for them.",
+        Box::new(move || crate::locks::lock(&w).len() as f64),
+    );
 }
 
 /// How long a node stays a source without a heartbeat.
