@@ -475,10 +475,28 @@ impl MetaStore {
 
     /// Every block of `m` is in the store, with the length the manifest gives it: a manifest
     /// that lies about a block's length would show one size in listings and another in reads.
-    fn check_stored_blocks(&self, key: &KeyPath, m: &Manifest) -> Result<(), MetaError> {
+    /// Blocks of `known` (the version a patch was made against, checked when it was published)
+    /// are not looked up again: a one-file edit of a tree of thousands checks one file's
+    /// blocks, not a lookup per block of the tree (measured: more than half the server's time
+    /// of such a publish).
+    fn check_stored_blocks(
+        &self,
+        key: &KeyPath,
+        m: &Manifest,
+        known: Option<&Manifest>,
+    ) -> Result<(), MetaError> {
+        let known: std::collections::HashSet<(&[u8], u32)> = known
+            .iter()
+            .flat_map(|k| &k.entries)
+            .flat_map(|e| &e.blocks)
+            .map(|b| (b.hash.as_slice(), b.len))
+            .collect();
         let mut missing = 0;
         for e in &m.entries {
             for (i, b) in e.blocks.iter().enumerate() {
+                if known.contains(&(b.hash.as_slice(), b.len)) {
+                    continue;
+                }
                 let hash: BlockHash = manifest::block_hash(b)
                     .ok_or_else(|| ManifestError::BadBlock(e.path.clone()))?;
                 match self.blocks.stored_len(&hash)? {
@@ -516,8 +534,25 @@ impl MetaStore {
         ttl_secs: u64,
         force: bool,
     ) -> Result<Version, MetaError> {
+        self.publish_over(ns, key, manifest, None, locale, origin, ttl_secs, force)
+    }
+
+    /// [`MetaStore::publish`] of a manifest made by patching `base` (the key's current
+    /// version), whose blocks need no check again.
+    #[allow(clippy::too_many_arguments)]
+    pub fn publish_over(
+        &self,
+        ns: &Namespace,
+        key: &KeyPath,
+        manifest: &Manifest,
+        base: Option<&Manifest>,
+        locale: Locale,
+        origin: &str,
+        ttl_secs: u64,
+        force: bool,
+    ) -> Result<Version, MetaError> {
         let (version, ticket) =
-            self.publish_queued(ns, key, manifest, locale, origin, ttl_secs, force)?;
+            self.publish_queued_over(ns, key, manifest, base, locale, origin, ttl_secs, force)?;
         self.wait(ticket)?;
         Ok(version)
     }
@@ -542,6 +577,21 @@ impl MetaStore {
         ttl_secs: u64,
         force: bool,
     ) -> Result<(Version, commit::Ticket), MetaError> {
+        self.publish_queued_over(ns, key, manifest, None, locale, origin, ttl_secs, force)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn publish_queued_over(
+        &self,
+        ns: &Namespace,
+        key: &KeyPath,
+        manifest: &Manifest,
+        base: Option<&Manifest>,
+        locale: Locale,
+        origin: &str,
+        ttl_secs: u64,
+        force: bool,
+    ) -> Result<(Version, commit::Ticket), MetaError> {
         manifest::validate(manifest)?;
         if locale == Locale::Local && !self.node_alive(origin) {
             return Err(MetaError::BadRequest(format!(
@@ -552,7 +602,7 @@ impl MetaStore {
         // cannot be checked against anything the store holds, and every reader checks the
         // length of each block it receives instead (`fetch`, the mount's loader).
         if locale == Locale::Store {
-            self.check_stored_blocks(key, manifest)?;
+            self.check_stored_blocks(key, manifest, base)?;
             // The key must never outlive its blocks in a crash.
             self.blocks.make_durable()?;
         }

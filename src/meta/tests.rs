@@ -875,3 +875,66 @@ fn an_unreadable_key_record_stops_collection_before_anything_goes() {
     assert!(matches!(meta.collect_garbage(), Err(MetaError::Corrupt(_))));
     assert!(meta.blocks().get(&BlockHash::of(&data)).unwrap().is_some());
 }
+
+/// A publish made by patching the key's current version looks up only the blocks the patch
+/// brings: the base's were checked when it was published (here one of them is gone from the
+/// store's index, and only a block of the patch counts as missing).
+#[test]
+fn a_patched_publish_checks_only_the_blocks_its_base_did_not_hold() {
+    let (_d, meta) = store(DEFAULT_TEST_LEASE);
+    let ns = Namespace::default();
+    let key = KeyPath::parse("tree").unwrap();
+    let old = b"old".to_vec();
+    meta.blocks().put(&BlockHash::of(&old), &old).unwrap();
+    let base = one_file(&old);
+    meta.publish(&ns, &key, &base, Locale::Store, "", 0, false)
+        .unwrap();
+    meta.blocks().remove(&BlockHash::of(&old)).unwrap();
+    let with = |data: &[u8]| {
+        let mut m = base.clone();
+        let mut e = one_file(data).entries.remove(0);
+        e.path = "new".into();
+        m.entries[0].path = "old".into();
+        m.entries.insert(0, e);
+        m.entries.insert(
+            0,
+            FileEntry {
+                kind: EntryKind::Directory as i32,
+                ..Default::default()
+            },
+        );
+        m
+    };
+    // A block the patch brings that the store lacks is missing, and the base's is not counted.
+    match meta.publish_over(
+        &ns,
+        &key,
+        &with(b"absent"),
+        Some(&base),
+        Locale::Store,
+        "",
+        0,
+        true,
+    ) {
+        Err(MetaError::MissingBlocks(1)) => {}
+        other => panic!("{:?}", other.map(|v| v.hex())),
+    }
+    let new = b"new".to_vec();
+    meta.blocks().put(&BlockHash::of(&new), &new).unwrap();
+    meta.publish_over(
+        &ns,
+        &key,
+        &with(&new),
+        Some(&base),
+        Locale::Store,
+        "",
+        0,
+        true,
+    )
+    .unwrap();
+    // Without a base every block is looked up.
+    assert!(matches!(
+        meta.publish(&ns, &key, &with(&new), Locale::Store, "", 0, true),
+        Err(MetaError::MissingBlocks(1))
+    ));
+}

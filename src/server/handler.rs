@@ -597,6 +597,7 @@ impl Store for StoreHandler {
         let locale = r.locale();
         let inline = checked_inline(r.inline_blocks)?;
         let mut stored = false;
+        let mut base_manifest = None;
         let manifest = match (r.manifest, r.patch) {
             (Some(m), None) => m,
             (None, Some(p)) if locale == Locale::Store => {
@@ -614,7 +615,10 @@ impl Store for StoreHandler {
                 .await?;
                 stored = true;
                 match patched {
-                    Patched::Publish(m) => m,
+                    Patched::Publish { manifest, base } => {
+                        base_manifest = base;
+                        manifest
+                    }
                     Patched::Unchanged(version) => {
                         tracing::debug!(key = %r.key, %version, "unchanged");
                         return Ok(Response::new(PublishResponse {
@@ -637,10 +641,11 @@ impl Store for StoreHandler {
             for (hash, data) in inline.iter().filter(|_| !stored) {
                 meta.blocks().put(hash, data)?;
             }
-            let version = meta.publish(
+            let version = meta.publish_over(
                 &ns,
                 &key,
                 &manifest,
+                base_manifest.as_ref(),
                 locale,
                 &r.origin_node,
                 r.ttl_secs,

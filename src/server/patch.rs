@@ -11,8 +11,12 @@ use crate::proto::{EntryKind, Locale};
 
 /// What a patch publish comes to.
 pub(super) enum Patched {
-    /// The manifest to publish.
-    Publish(Manifest),
+    /// The manifest to publish, and the version it patched if the store holds its blocks
+    /// (checked when it was published; a `locale=local` version's are on its origin).
+    Publish {
+        manifest: Manifest,
+        base: Option<Manifest>,
+    },
     /// The key already is this version, as the same kind of publication would leave it:
     /// nothing to write (an unchanged tree put again changes nothing, its times included).
     Unchanged(Version),
@@ -58,5 +62,8 @@ pub(super) fn patched(
     if !r.subpath.is_empty() || r.record.version != base || r.record.kind() == EntryKind::Gpu {
         return Err(moved());
     }
-    Ok(Patched::Publish(manifest::apply(&r.manifest, patch)?))
+    Ok(Patched::Publish {
+        manifest: manifest::apply(&r.manifest, patch)?,
+        base: (r.record.locale() == Locale::Store).then_some(r.manifest),
+    })
 }

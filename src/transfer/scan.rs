@@ -378,7 +378,9 @@ fn visit(
     out: &mut Walked,
 ) -> Result<(), ScanError> {
     let path = child.path();
-    let meta = fs::symlink_metadata(&path).map_err(io_err(&path))?;
+    // Not `symlink_metadata(path)`: the entry's own stat is relative to its directory's open
+    // descriptor, where a path makes the kernel look up every component again.
+    let meta = child.metadata().map_err(io_err(&path))?;
     let ft = meta.file_type();
     if filters.skips(&path, ft.is_dir(), gitignores) {
         return Ok(());
