@@ -18,6 +18,11 @@
 //! from the store, [`SEED_SLOTS`] at a time: the store sends each piece about once, whatever the
 //! number of members, and each at its full rate, so that members trade it early.
 //!
+//! A mount's reader is a member too ([`Board::join_reader`]): it needs nothing until it says
+//! what it reads (`want` in its syncs), is given the lowest piece it wants first (it waits for
+//! that one), may take [`READER_UPLOADS`] pieces at once from a source that sends to it alone,
+//! and serves what it read like any member.
+//!
 //! Why the server chooses: the first design let members choose from their neighbours'
 //! announcements, and members crowded the few holders of the newest pieces, which answered most
 //! of them busy: downlinks were idle half the time (2.77x one transfer at 5,000 simulated
