@@ -7,7 +7,8 @@
 #   bash bench/chaos.sh [SECONDS]      (default 300)
 #
 # Operations: `kt put` of a 1-8 MiB random file (key and sha256 recorded once put says it
-# published); `kt get` of a published key through a random agent, alone or as a broadcast window
+# published; half of them in 256 KiB blocks, so that their getters, broadcasts and mount readers
+# fetch through the version's swarm, which needs four blocks or more); `kt get` of a published key through a random agent, alone or as a broadcast window
 # of three getters (one per agent, so a parent exists); a read of a published key through the
 # mount (into sha256sum); a write of a new file through the mount (recorded once `cp`, and so
 # close, returned 0). A kill lands 0-2 s after an operation started; the target is restarted
@@ -237,7 +238,9 @@ while ((SECONDS < END)); do
     put)
         key=cp/p$SEQ
         newfile "$WORK/src/$id"
-        run_op "$id" env KT_AGENT="$WORK/$ag.sock" "$KT" put "$key" --src "$WORK/src/$id"
+        small=()
+        ((RANDOM % 2)) && small=(--block-size 262144)
+        run_op "$id" env KT_AGENT="$WORK/$ag.sock" "$KT" put "$key" --src "$WORK/src/$id" "${small[@]}"
         ;;
     get)
         key=$(pick_key)

@@ -21,6 +21,12 @@ pub const GRANT_TTL: Duration = Duration::from_secs(30);
 /// A source that answered busy (it serves other swarms or readers too) is not chosen again for
 /// this long.
 pub const BUSY_BACKOFF: Duration = Duration::from_millis(200);
+/// A member that still fetches and has not synced for this long is taken for dead (its process
+/// was killed): it leaves, and the uploads to it end. Members sync at least every
+/// [`KEEPALIVE`] while they fetch.
+pub const SILENCE: Duration = Duration::from_secs(10);
+/// How often a member that fetches syncs at least, with nothing else to say.
+pub const KEEPALIVE: Duration = Duration::from_secs(3);
 /// Members (or waiting members) looked at for one choice beyond a member's links, when none
 /// of its links can help: enough to find a rare piece, few enough that a choice costs the same
 /// at 5,000 members as at 50.
@@ -81,6 +87,8 @@ struct Slot {
     mail: Vec<SwarmFetch>,
     /// It sent its first sync (`need` holds what it said it needs).
     synced: bool,
+    /// When it last synced.
+    heard: Option<Instant>,
 }
 
 /// One swarm (a window's members fetching one version), as the server keeps it.
@@ -108,6 +116,8 @@ pub struct Board {
     live: Pool,
     woken: Vec<u64>,
     granted: u64,
+    /// When members were last looked at for silence.
+    swept: Option<Instant>,
     rng: Rng,
 }
 
@@ -134,6 +144,7 @@ impl Board {
             live: Pool::default(),
             woken: Vec::new(),
             granted: 0,
+            swept: None,
             rng: Rng::new(seed),
         }
     }
@@ -218,6 +229,7 @@ impl Board {
             links: Vec::new(),
             mail: Vec::new(),
             synced: false,
+            heard: None,
         });
         let m = self.slots.len() - 1;
         // Random live members, same zone first: a few tries each, so a window of one zone
@@ -329,6 +341,7 @@ impl Board {
             return SwarmSyncReply::default();
         };
         if let Some(s) = self.slots.get_mut(m) {
+            s.heard = Some(now);
             if !s.synced {
                 s.synced = true;
                 for &p in &req.skip {
@@ -492,12 +505,34 @@ impl Board {
         }
     }
 
-    /// Store fetches older than [`GRANT_TTL`] free their pieces for others.
+    /// Store fetches older than [`GRANT_TTL`] free their pieces for others, and members that
+    /// still fetch but went silent for [`SILENCE`] leave (looked for once a second: a sync
+    /// costs the same at 5,000 members as at 50).
     fn expire(&mut self, now: Instant) {
         for g in &mut self.store_grant {
             if g.is_some_and(|(_, at)| now.saturating_duration_since(at) >= GRANT_TTL) {
                 *g = None;
             }
+        }
+        if self
+            .swept
+            .is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.swept = Some(now);
+        let silent: Vec<u64> = (0..self.slots.len())
+            .filter(|&m| {
+                let s = &self.slots[m];
+                s.live
+                    && (!s.fetching.is_empty() || s.need.count() > 0)
+                    && s.heard
+                        .is_some_and(|h| now.saturating_duration_since(h) >= SILENCE)
+            })
+            .map(|m| self.ext[m])
+            .collect();
+        for id in silent {
+            self.leave(id, false);
         }
     }
 

@@ -34,7 +34,7 @@ mod board;
 mod schedule;
 pub mod sim;
 
-pub use board::{Board, BUSY_BACKOFF, GRANT_TTL};
+pub use board::{Board, BUSY_BACKOFF, GRANT_TTL, KEEPALIVE, SILENCE};
 pub use schedule::{Failure, From, Request, Schedule, ScheduleConfig};
 
 /// Pieces fetched from the store at once, over the whole swarm. One, so that it arrives at the

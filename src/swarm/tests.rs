@@ -590,3 +590,28 @@ fn a_member_whose_only_holder_broke_for_it_is_sent_the_piece_by_the_store() {
     let r = b.sync(&sync(0, &[1], 1), now);
     assert_eq!(fetches(&r), vec![(2, None)]);
 }
+
+#[test]
+fn a_member_silent_while_it_fetches_is_taken_for_dead_and_its_source_serves_others() {
+    let now = Instant::now();
+    let mut b = Board::new(8, 1);
+    b.join_holder(HOLDER, "");
+    b.join(0, "", true);
+    b.join(1, "", true);
+    let r = b.sync(&sync(0, &[], 1), now);
+    assert_eq!(fetches(&r)[0].1, Some(HOLDER));
+    // Member 0's process is killed mid-fetch: the holder's one upload is its. Member 1 waits.
+    let r = b.sync(&sync(1, &[], 1), now);
+    assert!(r.fetch.is_empty(), "{r:?}");
+    // A member that keeps syncing is not taken for dead, however long its fetch runs.
+    let later = now + SILENCE - Duration::from_millis(1);
+    let r = b.sync(&sync(1, &[], 1), later);
+    assert!(r.fetch.is_empty(), "{r:?}");
+    // (Members are looked at for silence once a second.)
+    let dead = now + SILENCE + Duration::from_secs(1);
+    let r = b.sync(&sync(1, &[], 1), dead);
+    assert_eq!(fetches(&r).len(), 1, "{r:?}");
+    assert_eq!(fetches(&r)[0].1, Some(HOLDER));
+    // The dead member is out: a sync from it (a process that was only stalled) is given nothing.
+    assert!(b.sync(&sync(0, &[], 1), dead).fetch.is_empty());
+}

@@ -24,7 +24,7 @@ use super::tree::Membership;
 use super::TransferError;
 use crate::proto::{SwarmSyncReply, SwarmSyncRequest};
 use crate::rpc::Store;
-use crate::swarm::{Failure, From, Request, Schedule, ScheduleConfig};
+use crate::swarm::{Failure, From, Request, Schedule, ScheduleConfig, KEEPALIVE};
 
 /// How long a member with nothing to fetch lets the server hold its sync until something is
 /// chosen for it.
@@ -183,6 +183,7 @@ impl Ctx {
         let mut tasks: JoinSet<Fetched> = JoinSet::new();
         let mut syncing: Option<JoinHandle<Synced>> = None;
         let mut next_sync = Instant::now();
+        let mut last_sync = Instant::now();
         let mut last_progress = Instant::now();
         let mut sync_failures = 0;
         let mut closed = false;
@@ -221,10 +222,14 @@ impl Ctx {
                     (r, got)
                 });
             }
-            // One sync at a time: at once with news, else with a slot free. It waits at the server
-            // for a fetch only while nothing runs here, so no news can wait behind it.
+            // One sync at a time: at once with news, else with a slot free, else to say it is
+            // alive while it fetches (the board takes a silent member for dead). It waits at the
+            // server for a fetch only while nothing runs here, so no news can wait behind it.
+            let idle = self.sched.idle() > 0;
+            let keepalive = last_sync + KEEPALIVE;
             let due = self.sched.news()
-                || (self.sched.idle() > 0 && (tasks.is_empty() || now >= next_sync));
+                || (idle && (tasks.is_empty() || now >= next_sync))
+                || (!opens.is_empty() && now >= keepalive);
             if syncing.is_none() && due {
                 let mut req = self.sched.sync_request();
                 req.group_id = self.group_id.clone();
@@ -242,15 +247,22 @@ impl Ctx {
                     (got.map(|r| r.into_inner()), req)
                 }));
                 next_sync = now + SYNC_INTERVAL;
+                last_sync = now;
             }
-            let sleeping = syncing.is_none();
+            // Woken for the next sync that time alone can make due (none while nothing is
+            // wanted: news wakes it then).
+            let sleeping = syncing.is_none() && !opens.is_empty();
             let sync_done = async {
                 match syncing.as_mut() {
                     Some(h) => h.await,
                     None => std::future::pending().await,
                 }
             };
-            let wait = next_sync.saturating_duration_since(Instant::now());
+            let wake = match idle {
+                true => next_sync.min(last_sync + KEEPALIVE),
+                false => last_sync + KEEPALIVE,
+            };
+            let wait = wake.saturating_duration_since(Instant::now());
             tokio::select! {
                 want = wants.recv(), if !closed => match want {
                     Some(w) => {
