@@ -294,3 +294,35 @@ fn a_waiting_sync_is_answered_as_soon_as_a_fetch_is_chosen_for_it() {
     assert!(!got.fetch.is_empty(), "{got:?}");
     assert_eq!(metric(&c.server.addr, "kt_swarm_waiting_syncs"), 0.0);
 }
+
+/// A getter never takes its own node for a peer source: its agent takes what the getter
+/// receives, and would hold a request for a block the getter is still receiving until the
+/// wait for it ran out (10 s a block). Here the node is registered as a holder of the version
+/// (an earlier get seeded it in place) but its copy was removed since.
+#[test]
+fn a_getter_never_asks_its_own_node_for_what_it_is_receiving() {
+    let c = Cluster::new("127.0.0.245");
+    let (data, _) = c.publish_random("w", 4 * MIB, 27, "65536");
+    let agents: Vec<AgentProc> = (0..2)
+        .map(|i| c.agent(&format!("127.0.0.{}", 246 + i), &format!("node-{i}")))
+        .collect();
+    for (i, a) in agents.iter().enumerate() {
+        let d = c.path(&format!("d{i}"));
+        let got = c.json(Some(a), &["get", "w", "-d", d.to_str().unwrap()]);
+        assert_eq!(got["seeded"], true, "{got}");
+    }
+    fs::remove_file(c.path("d0")).unwrap();
+    let again = c.path("again");
+    let started = std::time::Instant::now();
+    let got = c.json(
+        Some(&agents[0]),
+        &["get", "w", "-d", again.to_str().unwrap()],
+    );
+    let took = started.elapsed();
+    assert!(fs::read(&again).unwrap() == data);
+    assert_eq!(bytes_from(&got, "node-0"), 0, "{got}");
+    assert!(
+        took < Duration::from_secs(8),
+        "{took:?}: the getter waited on its own node"
+    );
+}

@@ -112,6 +112,7 @@ pub(super) async fn fetch(
                     .map(|(i, h)| (h.0, i as u32))
                     .collect(),
                 reads: member.reads,
+                own: member.node_id.clone(),
                 complete: complete.clone(),
                 sched: Schedule::new(place.member, member.pieces.len() as u32, cfg),
             };
@@ -162,6 +163,11 @@ struct Ctx {
     pieces: u32,
     index: HashMap<[u8; 32], u32>,
     reads: bool,
+    /// This member's node: never its peer source. Its agent takes what this member receives,
+    /// and a request for a block it is receiving waits for it (the chaos run: a final get
+    /// asked its own node, registered as a holder from an earlier get, and waited 10 s per
+    /// block for itself).
+    own: String,
     complete: Arc<AtomicBool>,
     sched: Schedule,
 }
@@ -204,7 +210,10 @@ impl Ctx {
                 };
                 let src = match r.from {
                     From::Seed => w.seed.clone(),
-                    From::Peer(m) => peers.get(&m).cloned(),
+                    From::Peer(m) => peers
+                        .get(&m)
+                        .filter(|s| self.own.is_empty() || s.label != self.own)
+                        .cloned(),
                 };
                 let Some(src) = src.filter(|s| s.label != w.exclude) else {
                     self.sched.failed(r.piece, r.from, Failure::Broken);

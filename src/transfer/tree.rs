@@ -70,6 +70,8 @@ pub struct Membership {
     /// The version's pieces, when the window runs a swarm for it.
     pub(super) pieces: Vec<BlockHash>,
     pub(super) reads: bool,
+    /// This getter's node (empty without an agent).
+    pub(super) node_id: String,
     /// The swarm's task, once a fetch started it.
     pub(super) swarm: std::sync::Mutex<Option<super::swarm::SwarmTask>>,
     state: tokio::sync::Mutex<State>,
@@ -85,6 +87,7 @@ impl Membership {
         spec: JoinSpec<'_>,
     ) -> Result<Membership, ClientError> {
         let node = spec.node.unwrap_or_default();
+        let node_id = node.node_id.clone();
         let joined = store
             .clone()
             .join_broadcast(JoinRequest {
@@ -115,6 +118,7 @@ impl Membership {
             ticket: spec.ticket.clone(),
             pieces,
             reads: spec.reads,
+            node_id: node_id.clone(),
             swarm: std::sync::Mutex::new(None),
             state: tokio::sync::Mutex::new(State {
                 report: TreeReport {
