@@ -214,6 +214,47 @@ fn a_mount_writing_many_files_into_a_directory_lists_it_about_once() {
     assert_eq!(metric(&c.server.addr, "kt_watch_lapsed_total"), 0.0);
 }
 
+/// A mount's own mkdir is not told back to it (the publish's answer carries the new entry):
+/// a `cp -r` of a tree into a mount makes each directory without a recall of its own listing
+/// or a re-listing of its parent.
+#[test]
+fn a_mount_making_directories_is_not_told_of_its_own_mkdirs() {
+    let (c, a, b) = two_nodes("127.0.0.201", "127.0.0.202");
+    let agent = a.proc.as_ref().expect("running").addr.clone();
+    std::fs::create_dir_all(a.path("top/mid")).unwrap();
+    assert_eq!(std::fs::read_dir(a.path("top/mid")).unwrap().count(), 0);
+    let recalls = || metric(&c.server.addr, "kt_watch_recalls_total");
+    let (told, asked) = (
+        recalls(),
+        metric(&agent, "kt_mount_metadata_requests_total"),
+    );
+    for i in 0..30 {
+        std::fs::create_dir(a.path(&format!("top/mid/d{i}"))).unwrap();
+    }
+    // B never looked below the root: no one else holds what these change.
+    assert_eq!(recalls() - told, 0.0, "A was told of its own mkdirs");
+    let asked = metric(&agent, "kt_mount_metadata_requests_total") - asked;
+    assert!(asked <= 40.0, "{asked} metadata requests for 30 mkdirs");
+    // A lists them from what the answers carried; B, asking, sees the same.
+    let names = |m: &MountProc| {
+        let mut v: Vec<String> = std::fs::read_dir(m.path("top/mid"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&a).len(), 30);
+    assert_eq!(names(&a), names(&b));
+    // The parent's link count counts them.
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(a.path("top/mid")).unwrap().nlink(), 32);
+    // And a mkdir on B, which now holds the directory, still reaches A.
+    std::fs::create_dir(b.path("top/mid/from-b")).unwrap();
+    assert!(a.path("top/mid/from-b").is_dir());
+    assert_eq!(metric(&c.server.addr, "kt_watch_lapsed_total"), 0.0);
+}
+
 /// A mount reading a directory of small files it never opened asks for their versions a
 /// batch at a time (an open resolves, with its own file, the small files after it, their bytes
 /// inline), and a file changed on another node after it was resolved ahead, but before it was

@@ -229,8 +229,11 @@ impl FsCore {
         self.take_parent(path, parent);
     }
 
-    /// Publishes a manifest with no blocks (a directory or a symlink) at `path`.
+    /// Publishes a manifest with no blocks (a directory or a symlink) at `path`. Named, the
+    /// watch does not recall this mount's own listing of the directory: the answer carries the
+    /// new entry and the directory's, as a file's publish does.
     pub(super) fn publish_meta(&self, path: &str, entry: FileEntry) -> FsResult<()> {
+        let watcher = self.listings.watcher();
         let req = PublishRequest {
             namespace: self.ns(),
             key: path.to_string(),
@@ -243,20 +246,28 @@ impl FsCore {
             ttl_secs: 0,
             force: false,
             inline_blocks: Vec::new(),
+            watcher,
             ..Default::default()
         };
         let mut store = self.store();
-        self.block_on(publish::publish(
+        let done = self.block_on(publish::publish(
             &mut store,
             &self.cfg.server,
             req,
             Payload::InPlace,
             &ProgressBar::hidden(),
         ))?;
-        self.invalidate(&[split(path).0, path]);
-        self.invalidate_links(&[split(path).0, path]);
-        // Not the answer's `parent`: this publish names no watcher, so the store server does
-        // not know this mount holds the directory's entry, and would not tell it of changes.
+        let (dir, _) = split(path);
+        match done.entry {
+            Some(e) if watcher != 0 => {
+                self.listings.own_publish(path, e);
+                self.kernel_forget_paths(&[dir, path]);
+                self.take_parent(path, done.parent);
+            }
+            _ => self.invalidate(&[dir, path]),
+        }
+        // A new directory adds a link to its parent.
+        self.invalidate_links(&[dir, path]);
         Ok(())
     }
 }
