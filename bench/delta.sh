@@ -2,6 +2,9 @@
 # Insertions and deltas: a 100 MB pseudo-random file, put, then a one-line insertion in its
 # middle, put again; the second put against `rsync --stats` of the same change to
 # an rsync daemon on loopback, in the same run, on the same files (warm page cache both ways).
+# Then the other way: a getter holding the first version (`kt get` of it earlier) takes the
+# second with `kt get -f` (its blocks from the old copy, the changed one as a delta), against
+# `rsync --stats` pulling the second version from the daemon onto a copy of the first.
 #
 # kt's bytes are counted both ways by a relay in front of the store server, so they are all
 # the bytes on the wire: gRPC (manifests, the questions of which blocks the store lacks) and
@@ -58,12 +61,16 @@ start_rsync_daemon "$IP"
 export KT_SERVER=$RELAY
 ROWS=()
 KT_TOTAL=() RS_TOTAL=() KT_T=() RS_T=()
+GROWS=() KG_TOTAL=() RG_TOTAL=() KG_T=() RG_T=()
 for run in $(seq "$RUNS"); do
     src=$WORK/src/big.bin
     mkdir -p "$WORK/src"
     head -c "$BYTES" /dev/urandom >"$src"
     "$KT" put "big$run" --src "$src" >/dev/null
     rsync -a "$src" "$DST"
+    # The getter's older copy (kt's and rsync's each their own): the first version.
+    "$KT" get "big$run" --dest "$WORK/got$run" >/dev/null
+    cp -p "$WORK/got$run" "$WORK/pulled$run"
     # The edit: one line in the middle, a new mtime.
     half=$((BYTES / 2))
     { head -c "$half" "$src"; echo "a line inserted in the middle, run $run"; tail -c +$((half + 1)) "$src"; } \
@@ -84,9 +91,24 @@ for run in $(seq "$RUNS"); do
     RS_TOTAL+=($((sent + recv))) RS_T+=("$ELAPSED")
     log "run $run: kt $((kt_up + kt_down)) B in ${KT_T[-1]} s; rsync $((sent + recv)) B in $ELAPSED s"
     cmp -s "$src" "$WORK/rsync-dst/big.bin" || die "rsync's copy differs"
-    "$KT" get "big$run" --dest "$WORK/got$run" >/dev/null
+    # The getter's side: the second version onto its copy of the first.
+    read -r up0 down0 < <(relay_bytes)
+    timed "ktget$run" "$KT" get "big$run" --dest "$WORK/got$run" -f --json
+    read -r up1 down1 < <(relay_bytes)
+    kt_up=$((up1 - up0)) kt_down=$((down1 - down0))
     cmp -s "$src" "$WORK/got$run" || die "kt's copy differs"
-    rm -f "$WORK/got$run"
+    payload=$(python3 -c 'import json,sys; r = json.load(open(sys.argv[1])); print(r["bytes_transferred"], r["bytes_reused"], r["delta_blocks"])' "$WORK/ktget$run.out")
+    read -r payload reused deltas <<<"$payload"
+    GROWS+=("| $run | kt get -f | $kt_up | $kt_down | $((kt_up + kt_down)) (payload $payload; $reused B from the old copy, $deltas deltas) | $ELAPSED | $(mib "$RSS_KB") |")
+    KG_TOTAL+=($((kt_up + kt_down))) KG_T+=("$ELAPSED")
+    timed "rsyncget$run" rsync -a --stats "${DST}big.bin" "$WORK/pulled$run"
+    cmp -s "$src" "$WORK/pulled$run" || die "rsync's pulled copy differs"
+    sent=$(awk -F': ' '/^Total bytes sent/ { gsub(/,/, "", $2); print $2 }' "$WORK/rsyncget$run.out")
+    recv=$(awk -F': ' '/^Total bytes received/ { gsub(/,/, "", $2); print $2 }' "$WORK/rsyncget$run.out")
+    GROWS+=("| $run | rsync --stats (pull) | $sent | $recv | $((sent + recv)) | $ELAPSED | $(mib "$RSS_KB") |")
+    RG_TOTAL+=($((sent + recv))) RG_T+=("$ELAPSED")
+    log "run $run, get: kt $((kt_up + kt_down)) B in ${KG_T[-1]} s; rsync $((sent + recv)) B in $ELAPSED s"
+    rm -f "$WORK/got$run" "$WORK/pulled$run"
 done
 
 kt_b=$(median "${KT_TOTAL[@]}") rs_b=$(median "${RS_TOTAL[@]}")
@@ -95,6 +117,10 @@ bytes_ratio=$(awk -v a="$kt_b" -v b="$rs_b" 'BEGIN { printf "%.2f", a / b }')
 time_ratio=$(awk -v a="$kt_t" -v b="$rs_t" 'BEGIN { printf "%.2f", a / b }')
 bytes_ok=$(awk -v r="$bytes_ratio" 'BEGIN { print (r <= 1.2) ? "**met**" : "**NOT met**" }')
 time_ok=$(awk -v r="$time_ratio" 'BEGIN { print (r <= 1.0) ? "**met**" : "**NOT met**" }')
+kg_b=$(median "${KG_TOTAL[@]}") rg_b=$(median "${RG_TOTAL[@]}")
+kg_t=$(median "${KG_T[@]}") rg_t=$(median "${RG_T[@]}")
+gbytes_ratio=$(awk -v a="$kg_b" -v b="$rg_b" 'BEGIN { printf "%.2f", a / b }')
+gtime_ratio=$(awk -v a="$kg_t" -v b="$rg_t" 'BEGIN { printf "%.2f", a / b }')
 
 BEGIN_MARK="<!-- bench/delta.sh: begin -->"
 END_MARK="<!-- bench/delta.sh: end -->"
@@ -114,6 +140,17 @@ END_MARK="<!-- bench/delta.sh: end -->"
     printf '%s\n' "${ROWS[@]}"
     echo
     echo "Medians: kt $kt_b bytes in $kt_t s, rsync $rs_b bytes in $rs_t s."
+    echo
+    echo "### The getter's side: \`kt get -f\` onto the first version vs \`rsync\` pulling onto it"
+    echo
+    echo "The same files: the getter held the first version, and takes the second. kt's bytes as"
+    echo "above (the relay); rsync's \`--stats\` of the pull."
+    echo
+    echo "| run | tool | bytes up | bytes down | total bytes | time s | peak RSS MiB |"
+    echo "|---|---|---:|---:|---:|---:|---:|"
+    printf '%s\n' "${GROWS[@]}"
+    echo
+    echo "Medians: kt $kg_b bytes in $kg_t s, rsync $rg_b bytes in $rg_t s: ${gbytes_ratio}x the bytes, ${gtime_ratio}x the time."
     echo
     echo "### Targets (issue)"
     echo

@@ -109,6 +109,22 @@ fn the_store_refuses_a_delta_that_rebuilds_other_bytes_and_stores_nothing() {
             Response::Block(h, b) => assert!(h == new_h && b[..] == new[..]),
             other => panic!("{other:?}"),
         }
+
+        // A getter's delta request: garbage for a signature is refused; the signature of the
+        // getter's older bytes gets a small delta that rebuilds the block from them.
+        tx.get_delta(&new_h, b"garbage").await.unwrap();
+        match rx.recv().await.unwrap() {
+            Response::Error(m) => assert!(m.contains("signature"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        tx.get_delta(&new_h, &delta::signature(&old)).await.unwrap();
+        match rx.recv().await.unwrap() {
+            Response::Delta(h, d) => {
+                assert!(h == new_h && d.len() < new.len() / 50, "{} bytes", d.len());
+                assert!(delta::apply(&old, &d, new.len()).unwrap() == new);
+            }
+            other => panic!("{other:?}"),
+        }
     });
 }
 
@@ -169,4 +185,57 @@ fn deltas_interoperate_with_librsync_rdiff() {
         .unwrap();
     assert!(st.success(), "rdiff patch failed");
     assert!(std::fs::read(p("patched2")).unwrap() == new);
+}
+
+/// A `kt get -f` onto an older, locally modified copy: the blocks the copy still holds come
+/// from it, the changed one comes as a delta against the copy's bytes, and the file lands as
+/// the version. Through a node's agent, which serves the getter's earlier copy in place (the
+/// very file being replaced): the getter asks the store, not its own node, for deltas.
+#[test]
+fn a_get_onto_a_modified_copy_takes_what_it_holds_and_fetches_a_delta() {
+    let c = Cluster::new("127.0.0.25");
+    let agent = c.agent("127.0.0.26", "getter");
+    let src = c.path("big.bin");
+    let data = pseudo_random(20 << 20, 21);
+    std::fs::write(&src, &data).unwrap();
+    c.ok(None, &["put", "big", "--src", src.to_str().unwrap()]);
+    let out = c.path("out.bin");
+    let out_s = out.to_str().unwrap();
+    let first = c.json(Some(&agent), &["get", "big", "--dest", out_s]);
+    assert_eq!(first["bytes_transferred"], data.len() as u64);
+
+    // Edited here: a line inserted in the middle.
+    std::fs::write(&out, with_line_inserted(&data)).unwrap();
+    let refused = c.kt(Some(&agent), &["get", "big", "--dest", out_s]);
+    assert!(
+        !refused.status.success(),
+        "overwrote a differing file without -f"
+    );
+    let second = c.json(Some(&agent), &["get", "big", "--dest", out_s, "-f"]);
+    assert!(
+        std::fs::read(&out).unwrap() == data,
+        "the get landed other bytes"
+    );
+    let sent = second["bytes_transferred"].as_u64().unwrap();
+    assert!(
+        sent < u64::from(DEFAULT_BLOCK_SIZE) / 16,
+        "{sent} bytes crossed the network for a one-line edit: {second}"
+    );
+    assert!(second["delta_blocks"].as_u64().unwrap() >= 1, "{second}");
+    assert!(
+        second["bytes_reused"].as_u64().unwrap() >= data.len() as u64 / 2,
+        "{second}"
+    );
+
+    // A copy with nothing in common is fetched whole (the store answers each delta request
+    // with the block), and still lands as the version.
+    std::fs::write(&out, pseudo_random(12 << 20, 77)).unwrap();
+    let third = c.json(Some(&agent), &["get", "big", "--dest", out_s, "-f"]);
+    assert!(
+        std::fs::read(&out).unwrap() == data,
+        "the get landed other bytes"
+    );
+    assert_eq!(third["bytes_reused"], 0);
+    assert_eq!(third["delta_blocks"], 0);
+    assert!(third["bytes_transferred"].as_u64().unwrap() >= data.len() as u64);
 }

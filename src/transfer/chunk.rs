@@ -100,6 +100,19 @@ impl Chunking {
         }
     }
 
+    /// How the blocks of a manifest were cut, from its `block_size` (the longest block, see
+    /// [`Chunking::max_block`]): content-defined where it is the default's longest block, fixed
+    /// otherwise. A fixed size equal to that reads as content-defined; a getter that cuts an
+    /// older copy the wrong way only finds fewer of its blocks.
+    pub fn of_manifest(block_size: u32) -> Self {
+        let content = default_content();
+        if block_size == content.max_block() {
+            content
+        } else {
+            Chunking::Fixed(block_size.max(1))
+        }
+    }
+
     /// The longest block it cuts: what a manifest's `block_size` says.
     pub fn max_block(&self) -> u32 {
         match self {
@@ -224,6 +237,14 @@ mod tests {
         v.extend_from_slice(b"a new line in the middle of the file\n");
         v.extend_from_slice(&data[mid..]);
         v
+    }
+
+    #[test]
+    fn a_manifest_tells_how_its_blocks_were_cut() {
+        for size in [DEFAULT_BLOCK_SIZE, 1 << 20, 256 << 10] {
+            let c = Chunking::for_block_size(size);
+            assert_eq!(Chunking::of_manifest(c.max_block()), c, "{size}");
+        }
     }
 
     #[test]

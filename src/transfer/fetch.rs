@@ -481,7 +481,7 @@ async fn run_lane(
                     error.get_or_insert(m);
                     failed.push(job);
                 }
-                Ok(Response::Stored(_) | Response::Signature(..)) => {
+                Ok(Response::Stored(_) | Response::Signature(..) | Response::Delta(..)) => {
                     error = Some(WireError::BadFrame("unexpected reply").to_string());
                     failed.push(job);
                     failed.extend(queue.drain(..));

@@ -19,6 +19,13 @@
 //! hash before storing it, so a lying delta stores nothing. Both need leave to read the old
 //! block (a read ticket of a version that holds it): a signature tells much about the bytes it
 //! describes, and a delta that copies from a block is a way to test guesses of it.
+//!
+//! The other way round, a getter that holds an older copy of a file (a `kt get` onto a locally
+//! modified file) sends `OP_GET_DELTA`: the hash of the block it wants and the rsync signature of
+//! the bytes of its copy that the block replaces. The server answers `OP_DELTA` (a delta against
+//! those bytes), or the block whole where a delta would not be smaller; the getter rebuilds the
+//! block and checks it against its hash, so a lying delta costs a plain fetch, never a wrong
+//! byte. It needs leave to read the block only: the signature describes the getter's own bytes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,6 +51,8 @@ const OP_SIGNATURE: u8 = 4;
 const OP_PUT_DELTA: u8 = 5;
 /// A GET from a swarm member: served within the server's upload slots, else answered busy.
 const OP_GET_SWARM: u8 = 6;
+/// A GET of a block as a delta against the getter's bytes, whose signature the frame carries.
+const OP_GET_DELTA: u8 = 7;
 const OP_BLOCK: u8 = 0x81;
 const OP_NOT_FOUND: u8 = 0x82;
 const OP_STORED: u8 = 0x83;
@@ -54,6 +63,8 @@ const OP_NO_SPACE: u8 = 0x85;
 const OP_SIG: u8 = 0x86;
 /// Every upload slot is taken: ask another holder.
 const OP_BUSY: u8 = 0x87;
+/// A block as an rsync delta against the bytes an `OP_GET_DELTA` described.
+const OP_DELTA: u8 = 0x88;
 
 /// Largest payload: a hash and the largest block.
 pub const MAX_FRAME: usize = MAX_BLOCK_SIZE as usize + 32;
@@ -96,6 +107,8 @@ pub enum Response {
     Signature(BlockHash, Bytes),
     /// A swarm request found every upload slot taken.
     Busy(BlockHash),
+    /// Block `hash` as an rsync delta against the bytes an `OP_GET_DELTA` described.
+    Delta(BlockHash, Bytes),
 }
 
 async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<(u8, Bytes)>, WireError> {
@@ -265,6 +278,25 @@ fn serve_signature(svc: &dyn BlockServe, hash: BlockHash) -> Response {
         Ok(Some(b)) => Response::Signature(hash, Bytes::from(super::delta::signature(&b))),
         Ok(None) => Response::NotFound(hash),
         Err(e) => Response::Error(e),
+    }
+}
+
+/// Block `hash` as a delta against the bytes `sig` describes, or whole where the delta would not
+/// be smaller (the getter's bytes have little in common with it).
+fn serve_get_delta(svc: &dyn BlockServe, hash: BlockHash, sig: &[u8]) -> Response {
+    let block = match block_bytes(svc, &hash) {
+        Ok(Some(b)) => b,
+        Ok(None) => return Response::NotFound(hash),
+        Err(e) => return Response::Error(e),
+    };
+    match super::delta::diff(sig, &block) {
+        Ok(d) if d.len() < block.len() => {
+            metrics::DELTA_BLOCKS.inc();
+            metrics::DELTA_BYTES.add(d.len() as u64);
+            Response::Delta(hash, Bytes::from(d))
+        }
+        Ok(_) => Response::Block(hash, block),
+        Err(e) => Response::Error(format!("delta for block {hash}: {e}")),
     }
 }
 
@@ -441,6 +473,16 @@ async fn serve_inner(
                     .await
                     .unwrap_or_else(failed)
                 }),
+                OP_GET_DELTA => tokio::spawn(async move {
+                    if let Err(why) = permitted(&gate, &grants, Op::Get, hash).await {
+                        return denied(why);
+                    }
+                    tokio::task::spawn_blocking(move || {
+                        Answer::Frame(serve_get_delta(svc.as_ref(), hash, &data))
+                    })
+                    .await
+                    .unwrap_or_else(failed)
+                }),
                 OP_PUT_DELTA if data.len() >= 32 => tokio::spawn(async move {
                     let mut delta = data;
                     let head = delta.split_to(32);
@@ -503,6 +545,11 @@ async fn serve_inner(
                     write_frame(&mut wr, OP_SIG, h.as_bytes(), &sig).await?
                 }
                 Response::Busy(h) => write_frame(&mut wr, OP_BUSY, h.as_bytes(), &[]).await?,
+                Response::Delta(h, d) => {
+                    write_frame(&mut wr, OP_DELTA, h.as_bytes(), &d).await?;
+                    metrics::SERVED_BLOCKS.inc();
+                    metrics::SERVED_BYTES.add(d.len() as u64);
+                }
             }
         }
         wr.shutdown().await.ok();
@@ -561,6 +608,12 @@ impl DataSender {
         write_frame(&mut self.wr, OP_SIGNATURE, hash.as_bytes(), &[]).await
     }
 
+    /// Asks for block `hash` as a delta against the bytes `sig` (their rsync signature)
+    /// describes; the answer is a [`Response::Delta`] or the block whole.
+    pub async fn get_delta(&mut self, hash: &BlockHash, sig: &[u8]) -> Result<(), WireError> {
+        write_frame(&mut self.wr, OP_GET_DELTA, hash.as_bytes(), sig).await
+    }
+
     /// Sends block `hash` as `delta` against block `base`, which the peer holds.
     pub async fn put_delta(
         &mut self,
@@ -603,6 +656,7 @@ impl DataReceiver {
             OP_NO_SPACE => Response::NoSpace(String::from_utf8_lossy(&body).into_owned()),
             OP_SIG => Response::Signature(hash, body),
             OP_BUSY => Response::Busy(hash),
+            OP_DELTA => Response::Delta(hash, body),
             _ => return Err(WireError::BadFrame("unknown op")),
         })
     }

@@ -8,6 +8,7 @@
 //! place: the getter becomes a source.
 
 mod plan;
+mod reuse;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -16,7 +17,8 @@ use std::sync::Arc;
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use super::fetch::{self, FetchReport, Sinks};
+use super::chunk::Chunking;
+use super::fetch::{self, BlockSink, FetchReport, Sinks};
 use super::offer::{Announcing, Offer, RateLimit};
 use super::sources::{local_agent, order_sources, LocalAgent};
 use super::tree::{self, JoinSpec, TreeReport};
@@ -124,6 +126,10 @@ pub struct GetReport {
     pub bytes_transferred: u64,
     pub sources: Vec<SourceReport>,
     pub seeded: bool,
+    /// Bytes taken from older copies at the destination (`--force` onto modified files).
+    pub bytes_reused: u64,
+    /// Blocks that came as rsync deltas against an older copy.
+    pub delta_blocks: u64,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub broadcast: Vec<TreeReport>,
 }
@@ -354,10 +360,22 @@ async fn fetch_one(
     let layout = Layout::plan(entries, root, opts.force)?;
     let mut guard = TempGuard::default();
     let laid = layout.lay_out(&mut guard)?;
-    let jobs = laid.jobs;
+    let mut jobs = laid.jobs;
+    let chunking = Chunking::of_manifest(m.block_size);
+    let dests = laid.dests;
+    let copies = if opts.force {
+        tokio::task::spawn_blocking(move || reuse::old_copies(&dests, chunking))
+            .await
+            .unwrap_or_default()
+    } else {
+        HashMap::new()
+    };
     let (node, zone) = agent
         .as_deref()
-        .map_or(("", ""), |a| (a.node_id.as_str(), a.zone.as_str()));
+        .map_or((String::new(), String::new()), |a| {
+            (a.node_id.clone(), a.zone.clone())
+        });
+    let (node, zone) = (node.as_str(), zone.as_str());
     let ticket = bytes::Bytes::from(r.ticket.clone());
     let mut sources = order_sources(&r.sources, node, zone, &opts.server, &ticket);
     if opts.store_only {
@@ -375,6 +393,26 @@ async fn fetch_one(
         tx: offer.as_ref().map(Offer::announcer),
         limit: opts.bwlimit.map(RateLimit::new),
     });
+    let mut reused = FetchReport::default();
+    if !copies.is_empty() {
+        let copies = Arc::new(copies);
+        let sink: Arc<dyn BlockSink> = sink.clone();
+        let (c, s) = (copies.clone(), sink.clone());
+        let r = tokio::task::spawn_blocking(move || reuse::reuse(jobs, &c, &*s))
+            .await
+            .map_err(|e| io(root)(std::io::Error::other(e.to_string())))??;
+        report.bytes_reused += r.bytes;
+        progress.inc(r.bytes);
+        let d = reuse::fetch_deltas(r.deltas, copies, &sources, node, sink).await;
+        for (src, n) in &d.report.by_source {
+            tracing::debug!(source = %src.label, bytes = n, blocks = d.blocks, "blocks as deltas");
+        }
+        progress.inc(d.block_bytes);
+        report.delta_blocks += d.blocks;
+        reused = d.report;
+        jobs = r.jobs;
+        jobs.extend(d.left);
+    }
     let mut member = None;
     let fetched = if jobs.is_empty() {
         FetchReport::default()
@@ -408,6 +446,8 @@ async fn fetch_one(
         member = joined;
         fetched
     };
+    let mut fetched = fetched;
+    fetched.add(reused);
     layout.finish(&mut guard)?;
 
     let files = layout.seeded()?;

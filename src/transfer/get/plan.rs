@@ -61,6 +61,7 @@ impl<'m> Layout<'m> {
     /// every place it goes (in the order first met).
     pub fn lay_out(&self, guard: &mut TempGuard) -> Result<Laid, GetError> {
         let mut files = Vec::new();
+        let mut dests = Vec::new();
         let mut jobs: HashMap<[u8; 32], BlockJob> = HashMap::new();
         let mut order = Vec::new();
         for (e, path, plan) in self.each() {
@@ -75,6 +76,7 @@ impl<'m> Layout<'m> {
                     f.set_len(e.size).map_err(io(tmp))?;
                     let idx = files.len();
                     files.push((tmp.clone(), f));
+                    dests.push(path.to_path_buf());
                     let mut off = 0u64;
                     for b in &e.blocks {
                         let h = manifest::block_hash(b)
@@ -99,7 +101,7 @@ impl<'m> Layout<'m> {
             }
         }
         let jobs = order.iter().filter_map(|h| jobs.remove(h)).collect();
-        Ok(Laid { files, jobs })
+        Ok(Laid { files, dests, jobs })
     }
 
     /// The temporary files being filled, as the agent serves them while they fill.
@@ -160,6 +162,8 @@ impl<'m> Layout<'m> {
 /// The temporary files and the blocks that fill them.
 pub(super) struct Laid {
     pub files: Vec<(PathBuf, File)>,
+    /// Where each of `files` lands (an older copy may be there).
+    pub dests: Vec<PathBuf>,
     pub jobs: Vec<BlockJob>,
 }
 
