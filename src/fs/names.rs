@@ -30,6 +30,15 @@ pub const LIST_AHEAD: u32 = 4096;
 
 type Entries = Arc<BTreeMap<String, ListEntry>>;
 
+/// How many directories' listings a mount keeps; past it the oldest quarter is forgotten.
+/// Forgetting is always safe (the next look asks the store server again); without a bound a
+/// long-lived mount that walked a large tree kept every listing, entry and resolved version it
+/// ever saw. About 1 KiB per listing of ten names.
+pub const MAX_LISTINGS: usize = 16_384;
+/// The same for entries asked for alone, link counts and resolved versions (a version holds
+/// its manifest: about 100 bytes per block).
+pub const MAX_ENTRIES: usize = 65_536;
+
 /// Directory listings fetched from the store server, by path.
 pub(super) struct Listings {
     clock: SharedClock,
@@ -51,7 +60,7 @@ pub(super) struct Listings {
     epoch: AtomicU64,
     /// Files' resolved versions, kept only while the lease holds (an open asks for its
     /// version otherwise: close-to-open).
-    resolved: Mutex<BTreeMap<String, Arc<crate::proto::ResolveResponse>>>,
+    resolved: Mutex<BTreeMap<String, (Instant, Arc<crate::proto::ResolveResponse>)>>,
     /// Until when the watch's lease holds (real time: the server counts it so). Locked last
     /// and alone: the caches read it under their own locks.
     lease: Mutex<Option<std::time::Instant>>,
@@ -108,7 +117,7 @@ impl Listings {
 
     /// `path`'s resolved version, while the lease holds.
     pub(super) fn resolved(&self, path: &str) -> Option<Arc<crate::proto::ResolveResponse>> {
-        let r = lock(&self.resolved).get(path).cloned()?;
+        let r = lock(&self.resolved).get(path).map(|(_, r)| r.clone())?;
         self.leased().then_some(r)
     }
 
@@ -119,9 +128,11 @@ impl Listings {
         since: u64,
     ) {
         let leased = self.leased();
+        let now = self.clock.now().at;
         let mut resolved = lock(&self.resolved);
         if leased && self.keep(since) {
-            resolved.insert(path.to_string(), r);
+            resolved.insert(path.to_string(), (now, r));
+            bound(&mut resolved, MAX_ENTRIES, |v| v.0);
         }
     }
 
@@ -270,6 +281,7 @@ impl Listings {
         let mut cached = lock(&self.cached);
         if self.keep(since) {
             cached.insert(path.to_string(), (now, entries, expires));
+            bound(&mut cached, MAX_LISTINGS, |v| v.0);
         }
     }
 
@@ -337,6 +349,7 @@ impl Listings {
         if since.is_none_or(|s| self.keep(s)) {
             changed.remove(path);
             own.insert(path.to_string(), (now, e));
+            bound(&mut own, MAX_ENTRIES, |v| v.0);
         }
     }
 
@@ -384,6 +397,27 @@ impl Listings {
         let mut links = lock(&self.links);
         if self.keep(since) {
             links.insert(path.to_string(), (now, n));
+            bound(&mut links, MAX_ENTRIES, |v| v.0);
+        }
+    }
+}
+
+/// Keeps the cache `m` at most `max` long: past it, the oldest quarter (by when each was
+/// taken) is forgotten at once, so the scan that finds them runs once per `max / 4` inserts.
+fn bound<V>(m: &mut BTreeMap<String, V>, max: usize, at: impl Fn(&V) -> Instant) {
+    if m.len() <= max {
+        return;
+    }
+    let mut times: Vec<Instant> = m.values().map(&at).collect();
+    let cut = times.len() - max * 3 / 4;
+    let (_, oldest_kept, _) = times.select_nth_unstable(cut);
+    let oldest_kept = *oldest_kept;
+    m.retain(|_, v| at(v) >= oldest_kept);
+    // Taken at one instant (a coarse clock): any of them go.
+    if m.len() > max {
+        let extra: Vec<String> = m.keys().take(m.len() - max * 3 / 4).cloned().collect();
+        for k in extra {
+            m.remove(&k);
         }
     }
 }
@@ -872,6 +906,48 @@ mod tests {
         remove_tree(&mut m, "a");
         let left: Vec<&str> = m.keys().map(String::as_str).collect();
         assert_eq!(left, ["a-b", "a.b", "a0", "ab", "b"]);
+    }
+
+    #[test]
+    fn a_cache_past_its_bound_forgets_its_oldest_quarter() {
+        let t0 = Instant::now();
+        let mut m: BTreeMap<String, Instant> = (0..10u64)
+            .map(|i| (format!("p{i}"), t0 + Duration::from_millis(10 - i)))
+            .collect();
+        bound(&mut m, 10, |t| *t);
+        assert_eq!(m.len(), 10, "at its bound: kept");
+        m.insert("new".into(), t0 + Duration::from_secs(1));
+        bound(&mut m, 10, |t| *t);
+        let mut left: Vec<&str> = m.keys().map(String::as_str).collect();
+        left.sort();
+        // p9 was taken first, then p8 ..., the new one last: p9 .. p6 go.
+        assert_eq!(left, ["new", "p0", "p1", "p2", "p3", "p4", "p5"]);
+        // One instant for all: still bounded.
+        let mut same: BTreeMap<String, Instant> = (0..100).map(|i| (format!("q{i}"), t0)).collect();
+        bound(&mut same, 40, |t| *t);
+        assert_eq!(same.len(), 30);
+    }
+
+    #[test]
+    fn a_mount_keeps_a_bounded_number_of_listings_entries_and_versions() {
+        let l = Listings::new(crate::clock::system());
+        l.lease_until(std::time::Instant::now() + Duration::from_secs(60));
+        for i in 0..=MAX_LISTINGS {
+            l.put(&format!("d{i}"), Arc::new(BTreeMap::new()), l.epoch());
+        }
+        for i in 0..=MAX_ENTRIES {
+            let p = format!("f{i}");
+            l.put_own(&p, None, Some(l.epoch()));
+            l.put_links(&p, 2, l.epoch());
+            l.put_resolved(&p, Arc::default(), l.epoch());
+        }
+        assert!(lock(&l.cached).len() <= MAX_LISTINGS);
+        assert!(lock(&l.own).len() <= MAX_ENTRIES);
+        assert!(lock(&l.links).len() <= MAX_ENTRIES);
+        assert!(lock(&l.resolved).len() <= MAX_ENTRIES);
+        // The newest stay.
+        assert!(l.fresh(&format!("d{MAX_LISTINGS}")).is_some());
+        assert!(l.resolved(&format!("f{MAX_ENTRIES}")).is_some());
     }
 
     fn file(size: u64) -> ListEntry {
