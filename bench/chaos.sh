@@ -39,6 +39,9 @@
 #   KT_CHAOS_OP_DEADLINE  seconds an operation may take before it counts as hung (default 75)
 #   KT_CHAOS_KILL_PCT     percent of operations during which something is killed (default 30)
 #   KT_CHAOS_SEED         RANDOM seed (default: the time)
+#   KT_CHAOS_SLOW_DIR     keep, for each operation slower than KT_CHAOS_SLOW seconds (default 20),
+#                         its stderr and the logs of every process at that moment (all of them
+#                         run with RUST_LOG=ktfs=debug when this is set), in this directory
 #   KT_BENCH_RESULTS      where to write the results (default bench/RESULTS.md)
 #   KT_BENCH_TMP          parent of the temporary directory (default: $TMPDIR or /tmp)
 #   KT_BENCH_REV          how to name the source revision in the results
@@ -148,6 +151,14 @@ kill9() {
     fi
 }
 
+# Diagnosis: every process and operation logs at debug level, and slow operations keep them.
+SLOW_DIR=${KT_CHAOS_SLOW_DIR:-}
+SLOW_S=${KT_CHAOS_SLOW:-20}
+if [[ -n $SLOW_DIR ]]; then
+    mkdir -p "$SLOW_DIR"
+    export RUST_LOG=${RUST_LOG:-ktfs=debug}
+fi
+
 start server
 for n in "${AGENTS[@]}"; do start "$n"; done
 start m1
@@ -189,6 +200,13 @@ account() {
     shift 3
     read -r rc t <"$WORK/$id.res"
     MAXW[$kind]=$(fmax "${MAXW[$kind]}" "$t")
+    if [[ -n $SLOW_DIR ]] && awk -v t="$t" -v s="$SLOW_S" 'BEGIN { exit !(t > s) }'; then
+        mkdir -p "$SLOW_DIR/$id"
+        cp "$WORK/$id.err" "$SLOW_DIR/$id/cli.err"
+        for n in server "${AGENTS[@]}" m1; do cp "$WORK/$n.err" "$SLOW_DIR/$id/$n.err" 2>/dev/null || true; done
+        echo "$kind $id: ${t}s, rc $rc, killed: ${killed:-nothing}" >"$SLOW_DIR/$id/what"
+        log "  $kind $id took ${t}s: logs kept in $SLOW_DIR/$id"
+    fi
     if ((rc == 124 || rc == 137)); then
         bad "$kind $id still running after ${DEADLINE}s: $(tail -1 "$WORK/$id.err")"
         return 1
