@@ -28,7 +28,9 @@
 #     (IDLE_TIMEOUT) and the blocks are fetched from the next source; a killed process closes its
 #     sockets, so on loopback the failover is immediate.
 #   - a peer asked for a block it expects but does not hold answers "not here" after 10 s
-#     (PENDING_WAIT); a window member is never sent back to a parent that failed it.
+#     (PENDING_WAIT); a window member is never sent back to a parent that failed it. A getter
+#     asks its own node only for what it holds now (no wait), and a node whose getter is
+#     receiving the version is no seed (a holder on the swarm's board) for the others.
 #   - a control-plane call: 300 s (RPC_TIMEOUT); a killed server resets the connection at once.
 #   - a mount read whose sources are all gone: EIO after the same connect/idle bounds, never a
 #     hang; a read on a killed mount: ENOTCONN at once.

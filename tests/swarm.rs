@@ -326,3 +326,28 @@ fn a_getter_never_asks_its_own_node_for_what_it_is_receiving() {
         "{took:?}: the getter waited on its own node"
     );
 }
+
+/// The same for a version too small for a swarm (fewer than four blocks: the window's tree),
+/// where the server may make a getter's own node its parent (a holder on the same node is the
+/// nearest): the getter asks its node only for what it holds now, so a copy removed since is a
+/// "not here" at once, not a wait for the blocks the getter itself is receiving (found by
+/// bench/chaos.sh: a broadcast of three getters, each given its own node, ran past 75 s).
+#[test]
+fn a_getter_whose_parent_is_its_own_node_does_not_wait_for_what_it_is_receiving() {
+    let c = Cluster::new("127.0.0.203");
+    let (data, _) = c.publish_random("t", 3 * MIB, 28, "1048576");
+    let a = c.agent("127.0.0.205", "node-0");
+    let d = c.path("d0");
+    let got = c.json(Some(&a), &["get", "t", "-d", d.to_str().unwrap()]);
+    assert_eq!(got["seeded"], true, "{got}");
+    fs::remove_file(&d).unwrap();
+    let again = c.path("again");
+    let started = std::time::Instant::now();
+    let got = c.json(Some(&a), &["get", "t", "-d", again.to_str().unwrap()]);
+    let took = started.elapsed();
+    assert!(fs::read(&again).unwrap() == data);
+    assert!(
+        took < Duration::from_secs(8),
+        "{took:?}: the getter waited on its own node: {got}"
+    );
+}

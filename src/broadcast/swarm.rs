@@ -39,16 +39,34 @@ impl Swarm {
     }
 
     /// Adds the nodes (not the store, not the origin: those serve the store's grants) that
-    /// hold the whole version now.
-    fn add_holders(&mut self, seeds: &[Seed]) {
+    /// hold the whole version now, but for those with a getter `receiving` it (see
+    /// [`Swarm::drop_holder`]).
+    fn add_holders(&mut self, seeds: &[Seed], receiving: &[String]) {
         for s in seeds {
-            if s.origin || s.node_id.is_empty() || self.holders.contains_key(&s.node_id) {
+            if s.origin
+                || s.node_id.is_empty()
+                || self.holders.contains_key(&s.node_id)
+                || receiving.contains(&s.node_id)
+            {
                 continue;
             }
             let id = HOLDER_IDS + self.holder_nodes.len() as u64;
             self.holders.insert(s.node_id.clone(), id);
             self.holder_nodes.push(s.node_id.clone());
             self.board.join_holder(id, &s.zone);
+        }
+    }
+}
+
+impl Swarm {
+    /// A holder's node has a getter receiving the version: what the node serves of it may be
+    /// what that getter is receiving (a copy seeded earlier and removed since leaves its
+    /// registration), and its agent holds a request for such a block until it arrives, so it is
+    /// a holder no more (its getter becomes a source as it verifies pieces). It stays known, so
+    /// that the seeds of a later join do not add it again.
+    fn drop_holder(&mut self, node: &str) {
+        if let Some(&id) = self.holders.get(node) {
+            self.board.leave(id, false);
         }
     }
 }
@@ -122,6 +140,12 @@ impl Broadcasts {
             return Ok(Vec::new());
         };
         let seed = generation ^ u64::from_le_bytes(version.0[..8].try_into().unwrap_or([0; 8]));
+        let receiving: Vec<String> = w
+            .members
+            .iter()
+            .filter(|x| x.receiving(Some(&version)))
+            .map(|x| x.joiner.node_id.clone())
+            .collect();
         let s = w
             .swarms
             .entry(version)
@@ -129,7 +153,8 @@ impl Broadcasts {
         if s.pieces.is_empty() {
             return Ok(Vec::new());
         }
-        s.add_holders(seeds);
+        s.add_holders(seeds, &receiving);
+        s.drop_holder(&joiner.node_id);
         match joiner.reads {
             true => s.board.join_reader(member, &joiner.zone),
             false => s.board.join(member, &joiner.zone, joiner.serves),

@@ -1,5 +1,6 @@
 //! Tests of windows, quorums and parent choice, on explicit moments of time.
 
+use super::window::ParentRef;
 use super::*;
 use crate::clock::{Clock, SystemClock};
 
@@ -386,4 +387,92 @@ fn serving_getters_of_a_version_of_several_blocks_join_its_swarm_and_learn_where
         ..Default::default()
     };
     assert!(b.swarm_sync(&bad, &all_live, now).is_err());
+}
+
+fn holders(nodes: &[&str]) -> Vec<Seed> {
+    let mut seeds = store();
+    for n in nodes {
+        seeds.push(Seed {
+            node_id: n.to_string(),
+            data_addr: format!("addr-{n}"),
+            zone: String::new(),
+            origin: false,
+        });
+    }
+    seeds
+}
+
+/// Nodes registered as holding the version (earlier getters seeded it) whose getters join a
+/// window for it again: what they hold may be what they are receiving, so none is another's
+/// seed (bench/chaos.sh saw three such getters each given another's node, waiting 10 s per
+/// hop). A getter's own node stays its nearest (it asks it only for what it holds now).
+#[test]
+fn a_holder_whose_node_is_receiving_the_version_again_is_no_seed_for_the_others() {
+    let now = SystemClock.now();
+    let mut b = Broadcasts::default();
+    let seeds = holders(&["a", "b", "c"]);
+    let s = spec("g");
+    // They join at once; each is given its own node, which says "not here" at once (its copy
+    // is gone), and asks again.
+    let mut joined = Vec::new();
+    for n in ["a", "b", "c"] {
+        let j = b
+            .join(s.clone(), getter(n, ""), &seeds, &all_live, now)
+            .unwrap();
+        assert_eq!(parent_of(&j), n, "its own node first");
+        joined.push((n, j));
+    }
+    for (n, j) in &joined {
+        let p = b
+            .new_parent("g", j.window.generation, j.member, n, false, &all_live, now)
+            .unwrap()
+            .map_or(STORE.to_string(), |p| p.node_id);
+        let p = if p.is_empty() { STORE.to_string() } else { p };
+        match &b.windows["g"].members[j.member as usize].parent {
+            Some(ParentRef::Seed(l)) => assert_eq!(l, STORE, "{n} was given {p} as a seed"),
+            Some(ParentRef::Member(_)) => {}
+            None => panic!("{n}: no parent"),
+        }
+    }
+    // And no two of them are each other's parents.
+    let parents: Vec<Option<usize>> = b.windows["g"]
+        .members
+        .iter()
+        .map(|x| match x.parent {
+            Some(ParentRef::Member(i)) => Some(i),
+            _ => None,
+        })
+        .collect();
+    for (i, p) in parents.iter().enumerate() {
+        if let Some(p) = p {
+            assert_ne!(parents[*p], Some(i), "{i} and {p} wait on each other");
+        }
+    }
+
+    // The swarm: holders whose nodes receive the version again are dropped from the board.
+    let mut b = Broadcasts::default();
+    let mut ids = Vec::new();
+    for n in ["a", "b"] {
+        let j = b
+            .join(spec("w"), getter(n, ""), &seeds, &all_live, now)
+            .unwrap();
+        b.swarm_join("w", j.window.generation, j.member, pieces(8), &seeds)
+            .unwrap();
+        ids.push((j.window.generation, j.member));
+    }
+    for (generation, member) in ids {
+        let req = crate::proto::SwarmSyncRequest {
+            group_id: "w".into(),
+            generation,
+            member,
+            idle: 1,
+            ..Default::default()
+        };
+        let (r, _) = b.swarm_sync(&req, &all_live, now).unwrap();
+        for f in r.fetch.iter().filter(|f| !f.store) {
+            let p = r.peers.iter().find(|p| p.member == f.from).unwrap();
+            let node = p.source.as_ref().map_or("", |s| s.node_id.as_str());
+            assert_eq!(node, "c", "member {member} fetches from {node}");
+        }
+    }
 }

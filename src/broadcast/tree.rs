@@ -68,7 +68,23 @@ impl WindowState {
                 best = Some(c);
             }
         };
+        // A seed on the node of another member still receiving the version: what that node
+        // serves of it may be what its getter is receiving (a copy seeded earlier and removed
+        // since leaves the registration), and its agent holds a request for such a block until
+        // it arrives. Taken as seeds, such nodes closed cycles (three getters, each another's
+        // parent, each waiting 10 s per hop: bench/chaos.sh). They are parents as members, with
+        // the tree's checks. The getter's own node stays: it is asked only for what it holds.
+        let receiving: Vec<&str> = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|&(i, x)| i != m && x.receiving(me.version.as_ref()))
+            .map(|(_, x)| x.joiner.node_id.as_str())
+            .collect();
         for s in seeds {
+            if s.node_id != me.node_id && receiving.contains(&s.node_id.as_str()) {
+                continue;
+            }
             let label = s.label().to_string();
             let load = self.seed_load.get(&label).copied().unwrap_or(0);
             if load >= fanout

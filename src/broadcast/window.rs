@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use super::{Joiner, Seed, DEFAULT_FANOUT};
+use super::{Joiner, Role, Seed, DEFAULT_FANOUT};
 use crate::clock::Moment;
 use crate::hash::Version;
 use crate::proto::{Member, Window, WindowSpec};
@@ -26,6 +26,18 @@ pub(super) struct MemberState {
     /// Parents (node ids, or the store's label) that failed this member: never offered to it
     /// again, so two parents that both stall cannot send it back and forth past its deadline.
     pub(super) failed_parents: Vec<String>,
+}
+
+impl MemberState {
+    /// A getter of `version` still receiving it.
+    pub(super) fn receiving(&self, version: Option<&Version>) -> bool {
+        self.joiner.role == Role::Getter
+            && !self.done
+            && !self.left
+            && !self.failed
+            && self.joiner.version.as_ref() == version
+            && !self.joiner.node_id.is_empty()
+    }
 }
 
 #[derive(Debug)]

@@ -175,6 +175,9 @@ pub enum Ask {
     Plain,
     /// A swarm member's request: served within the peer's upload slots, else answered busy.
     Swarm,
+    /// Served from what the peer holds now, without waiting for a block it expects: how a
+    /// fetch asks its own node (see [`SourceAddr::own`]).
+    Now,
 }
 
 /// Fetches what it can from the sources, nearest first, and says what is left.
@@ -315,6 +318,10 @@ async fn fetch_lane(
     progress: ProgressBar,
     ask: Ask,
 ) -> Result<LaneOutcome, TransferError> {
+    let ask = match ask {
+        Ask::Plain if source.own => Ask::Now,
+        ask => ask,
+    };
     let SourceAddr { addr, ticket, .. } = source;
     if let Some(conn) = checkout(&addr) {
         let lane = run_lane(
@@ -406,6 +413,7 @@ async fn run_lane(
                 w.forget();
                 r.forget();
                 let sent = match ask {
+                    Ask::Now => tx.get_now(&j.hash).await,
                     Ask::Plain => tx.get(&j.hash).await,
                     Ask::Swarm => tx.get_swarm(&j.hash).await,
                 };

@@ -20,6 +20,11 @@ pub struct SourceAddr {
     pub addr: String,
     /// Empty where the cluster asks for none.
     pub ticket: Bytes,
+    /// The fetching process's own node. It is asked only for what it holds now
+    /// (`OP_GET_NOW`), never made to wait for a block it expects: the block it expects may be
+    /// one this fetch is receiving and feeding it (a getter whose node was registered as a
+    /// holder by an earlier get, whose files are gone since, waited 10 s per block).
+    pub own: bool,
 }
 
 /// Sources nearest first: this node's agent, then peers in its zone, then other peers, then the
@@ -45,18 +50,20 @@ pub fn order_sources(
     let mut v: Vec<&Source> = sources.iter().collect();
     v.sort_by_key(|s| rank(s));
     v.into_iter()
-        .map(|s| source_addr(s, server, ticket))
+        .map(|s| source_addr(s, server, ticket, node_id))
         .collect()
 }
 
-/// Where to reach a source: the store server (no node id) at `server`, a node at its address.
-pub fn source_addr(s: &Source, server: &str, ticket: &Bytes) -> SourceAddr {
+/// Where to reach a source: the store server (no node id) at `server`, a node at its address;
+/// `own_node` is the fetching process's node (empty: none).
+pub fn source_addr(s: &Source, server: &str, ticket: &Bytes, own_node: &str) -> SourceAddr {
     let (label, addr) = if s.node_id.is_empty() {
         (STORE.to_string(), server.to_string())
     } else {
         (s.node_id.clone(), s.data_addr.clone())
     };
     SourceAddr {
+        own: !own_node.is_empty() && s.node_id == own_node,
         label,
         addr,
         ticket: ticket.clone(),

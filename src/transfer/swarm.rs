@@ -292,7 +292,7 @@ impl Ctx {
                         Ok((Ok(reply), req)) => {
                             for p in &reply.peers {
                                 if let Some(s) = &p.source {
-                                    peers.insert(p.member, source_addr(s, &self.server, &self.ticket));
+                                    peers.insert(p.member, source_addr(s, &self.server, &self.ticket, &self.own));
                                 }
                             }
                             self.sched.apply(&reply);

@@ -105,7 +105,9 @@ impl Membership {
             .await?
             .into_inner();
         let window = joined.window.unwrap_or_default();
-        let parent = joined.parent.map(|p| source_addr(&p, server, &spec.ticket));
+        let parent = joined
+            .parent
+            .map(|p| source_addr(&p, server, &spec.ticket, &node_id));
         let pieces: Vec<BlockHash> = joined
             .pieces
             .chunks_exact(32)
@@ -176,7 +178,7 @@ impl Membership {
                 let parent = r
                     .into_inner()
                     .parent
-                    .map(|p| source_addr(&p, &self.server, &self.ticket));
+                    .map(|p| source_addr(&p, &self.server, &self.ticket, &self.node_id));
                 if let Some(p) = &parent {
                     tracing::info!(parent = %p.label, addr = %p.addr, failed = %f.source.label, "new parent");
                     st.report.parents.push(p.label.clone());

@@ -53,6 +53,9 @@ const OP_PUT_DELTA: u8 = 5;
 const OP_GET_SWARM: u8 = 6;
 /// A GET of a block as a delta against the getter's bytes, whose signature the frame carries.
 const OP_GET_DELTA: u8 = 7;
+/// A GET answered from what the server holds now: a block it expects (one a getter on its node
+/// is receiving) is not waited for. A getter asks its own node so: it may be the one receiving.
+const OP_GET_NOW: u8 = 8;
 const OP_BLOCK: u8 = 0x81;
 const OP_NOT_FOUND: u8 = 0x82;
 const OP_STORED: u8 = 0x83;
@@ -241,13 +244,19 @@ fn failed(e: tokio::task::JoinError) -> Answer {
 }
 
 async fn serve_get(svc: Arc<dyn BlockServe>, hash: BlockHash) -> Answer {
+    serve_get_waiting(svc, hash, true).await
+}
+
+/// A GET; with `wait`, a block the server expects is waited for (up to its bound) before it
+/// is answered "not here".
+async fn serve_get_waiting(svc: Arc<dyn BlockServe>, hash: BlockHash, wait: bool) -> Answer {
     let get = |svc: Arc<dyn BlockServe>| async move {
         tokio::task::spawn_blocking(move || answer(svc.get(&hash), hash))
             .await
             .unwrap_or_else(failed)
     };
     let first = get(svc.clone()).await;
-    if let Answer::Frame(Response::NotFound(_)) = first {
+    if let (true, Answer::Frame(Response::NotFound(_))) = (wait, &first) {
         if let Some(wait) = svc.pending(&hash) {
             wait.await;
             return get(svc).await;
@@ -433,6 +442,12 @@ async fn serve_inner(
                         Err(why) => denied(why),
                     }
                 }),
+                OP_GET_NOW if data.is_empty() => tokio::spawn(async move {
+                    match permitted(&gate, &grants, Op::Get, hash).await {
+                        Ok(()) => serve_get_waiting(svc, hash, false).await,
+                        Err(why) => denied(why),
+                    }
+                }),
                 OP_GET_SWARM if data.is_empty() => tokio::spawn(async move {
                     if let Err(why) = permitted(&gate, &grants, Op::Get, hash).await {
                         return denied(why);
@@ -592,6 +607,12 @@ pub async fn connect(addr: &str) -> Result<(DataSender, DataReceiver), WireError
 impl DataSender {
     pub async fn get(&mut self, hash: &BlockHash) -> Result<(), WireError> {
         write_frame(&mut self.wr, OP_GET, hash.as_bytes(), &[]).await
+    }
+
+    /// A request answered from what the peer holds now, without waiting for a block it
+    /// expects (see `OP_GET_NOW`).
+    pub async fn get_now(&mut self, hash: &BlockHash) -> Result<(), WireError> {
+        write_frame(&mut self.wr, OP_GET_NOW, hash.as_bytes(), &[]).await
     }
 
     /// A swarm member's request: the peer answers it within its upload slots, or busy.

@@ -24,6 +24,8 @@ const OP_TICKET: u8 = 3;
 const OP_SIGNATURE: u8 = 4;
 const OP_PUT_DELTA: u8 = 5;
 const OP_GET_SWARM: u8 = 6;
+const OP_GET_DELTA: u8 = 7;
+const OP_GET_NOW: u8 = 8;
 const OP_BLOCK: u8 = 0x81;
 const OP_NOT_FOUND: u8 = 0x82;
 const OP_STORED: u8 = 0x83;
@@ -31,6 +33,7 @@ const OP_ERROR: u8 = 0x84;
 const OP_NO_SPACE: u8 = 0x85;
 const OP_SIG: u8 = 0x86;
 const OP_BUSY: u8 = 0x87;
+const OP_DELTA: u8 = 0x88;
 
 /// Longer than any answer takes on loopback: reaching it means a side hangs.
 const HANG: Duration = Duration::from_secs(10);
@@ -111,6 +114,10 @@ enum Owed {
     /// A delta upload: "stored" (only a delta that rebuilds its hash), an error, or "not
     /// found" naming the base.
     PutDelta { hash: BlockHash, base: BlockHash },
+    /// A getter's delta request (the body its signature): if a PUT of this run stores the
+    /// block, a delta or the block whole; an error for a body that is no signature; else "not
+    /// found".
+    GetDelta { hash: BlockHash, may_have: bool },
 }
 
 /// The requests a server must answer among `input`: those before the first frame that ends
@@ -130,7 +137,7 @@ fn owed(input: &[u8]) -> Vec<Owed> {
         }
         let (hash, body) = (hash_of(payload), &payload[32..]);
         match op {
-            OP_GET | OP_GET_SWARM if body.is_empty() => out.push(Owed::Get {
+            OP_GET | OP_GET_SWARM | OP_GET_NOW if body.is_empty() => out.push(Owed::Get {
                 hash,
                 may_have: false,
                 swarm: op == OP_GET_SWARM,
@@ -146,6 +153,10 @@ fn owed(input: &[u8]) -> Vec<Owed> {
             OP_PUT_DELTA if body.len() >= 32 => out.push(Owed::PutDelta {
                 hash,
                 base: hash_of(body),
+            }),
+            OP_GET_DELTA => out.push(Owed::GetDelta {
+                hash,
+                may_have: false,
             }),
             _ => break,
         }
@@ -163,7 +174,10 @@ fn owed(input: &[u8]) -> Vec<Owed> {
         })
         .collect();
     for o in &mut out {
-        if let Owed::Get { hash, may_have, .. } | Owed::Signature { hash, may_have } = o {
+        if let Owed::Get { hash, may_have, .. }
+        | Owed::Signature { hash, may_have }
+        | Owed::GetDelta { hash, may_have } = o
+        {
             *may_have = stored.contains(hash);
         }
     }
@@ -295,6 +309,21 @@ fn check_answers(owed: &[Owed], got: &[u8], complete: bool) {
                 assert_eq!(hash, *h, "answer {i}: another block's hash");
             }
             (Owed::PutDelta { .. }, OP_ERROR) => {}
+            (Owed::GetDelta { hash: h, may_have }, OP_DELTA | OP_BLOCK) => {
+                assert!(*may_have, "answer {i}: a block nobody stored");
+                assert_eq!(hash, *h, "answer {i}: another block's hash");
+                if *op == OP_BLOCK {
+                    assert_eq!(
+                        BlockHash::of(body),
+                        *h,
+                        "answer {i}: bytes not of their hash"
+                    );
+                }
+            }
+            (Owed::GetDelta { hash: h, .. }, OP_NOT_FOUND) => {
+                assert_eq!(hash, *h, "answer {i}: another block's hash");
+            }
+            (Owed::GetDelta { may_have: true, .. }, OP_ERROR) => {}
             (o, op) => panic!("answer {i}: op {op:#x} to {o:?}"),
         }
     }
@@ -382,7 +411,10 @@ fn check_client_answer(i: usize, f: &Frame<'_>, got: Result<Response, WireError>
                     assert!(h == hash && b[..] == *body, "{i}: a signature not as sent")
                 }
                 (OP_BUSY, Ok(Response::Busy(h))) => assert_eq!(h, hash, "{i}"),
-                (OP_BLOCK..=OP_BUSY, got) => panic!("{i}: op {op:#x} read as {got:?}"),
+                (OP_DELTA, Ok(Response::Delta(h, b))) => {
+                    assert!(h == hash && b[..] == *body, "{i}: a delta not as sent")
+                }
+                (OP_BLOCK..=OP_DELTA, got) => panic!("{i}: op {op:#x} read as {got:?}"),
                 (_, got) => {
                     assert!(
                         matches!(got, Err(WireError::BadFrame(_))),

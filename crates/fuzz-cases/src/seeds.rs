@@ -104,6 +104,26 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             ]
             .concat(),
         ),
+        ("data_plane_server", "get-now-get-delta", {
+            let block: Vec<u8> = (0..20_000u32).map(|i| (i * 7 % 251) as u8).collect();
+            let h = BlockHash::of(&block);
+            let mut older = block.clone();
+            older[10_000] ^= 1;
+            [
+                frame(2, h.as_bytes(), &block),
+                frame(8, h.as_bytes(), &[]),
+                frame(8, BlockHash::of(b"y").as_bytes(), &[]),
+                frame(7, h.as_bytes(), &ktfs::transfer::delta::signature(&older)),
+                frame(7, h.as_bytes(), b"no signature"),
+                frame(7, BlockHash::of(b"y").as_bytes(), b"no signature"),
+            ]
+            .concat()
+        }),
+        (
+            "data_plane_client",
+            "delta",
+            frame(0x88, x.as_bytes(), b"a delta's bytes"),
+        ),
         (
             "data_plane_client",
             "answers",
