@@ -140,7 +140,9 @@ fn a_member_killed_mid_transfer_costs_the_others_only_what_it_had_in_flight() {
 }
 
 /// A mount's reader is a member like `kt get`: reading a file that two nodes hold, it takes
-/// blocks from both of them (the swarm's choice, not one parent) and none from the store.
+/// blocks from both of them (the swarm's choice, not one parent), and from the store at most
+/// the few that keep its readahead going while both holders' upload slots are taken (the
+/// board's choice for readers: `READER_SEED_SLOTS`; seen once in CI, 64 KiB of 4 MiB).
 #[test]
 fn a_mount_reader_takes_blocks_from_every_node_that_holds_them() {
     let c = Cluster::new("127.0.0.230");
@@ -159,14 +161,13 @@ fn a_mount_reader_takes_blocks_from_every_node_that_holds_them() {
     let m = start_mount("127.0.0.233", &c.server.addr, &c.path("m"), "node-m", &[]);
     assert!(fs::read(m.path("w")).unwrap() == data);
     let agent = &m.proc.as_ref().expect("running").addr;
-    assert_eq!(
-        metric(agent, "kt_fetched_bytes_total{source=\"peer\"}"),
-        data.len() as f64
-    );
-    assert_eq!(
-        metric(&c.server.addr, "kt_served_bytes_total"),
-        store_before,
-        "two nodes hold it: the store sent nothing"
+    // Four pieces of 64 KiB: what the store may send a reader at once.
+    let few = 4.0 * 65536.0;
+    let from_peers = metric(agent, "kt_fetched_bytes_total{source=\"peer\"}");
+    let from_store = metric(&c.server.addr, "kt_served_bytes_total") - store_before;
+    assert!(
+        from_peers >= data.len() as f64 - few && from_store <= few,
+        "two nodes hold it: {from_peers} bytes from them, {from_store} from the store"
     );
     for (a, b) in agents.iter().zip(before) {
         assert!(served(a) > b, "nothing from {}", a.node_id);
@@ -334,9 +335,9 @@ fn a_getter_never_asks_its_own_node_for_what_it_is_receiving() {
 /// bench/chaos.sh: a broadcast of three getters, each given its own node, ran past 75 s).
 #[test]
 fn a_getter_whose_parent_is_its_own_node_does_not_wait_for_what_it_is_receiving() {
-    let c = Cluster::new("127.0.0.203");
+    let c = Cluster::new("127.0.0.6");
     let (data, _) = c.publish_random("t", 3 * MIB, 28, "1048576");
-    let a = c.agent("127.0.0.205", "node-0");
+    let a = c.agent("127.0.0.7", "node-0");
     let d = c.path("d0");
     let got = c.json(Some(&a), &["get", "t", "-d", d.to_str().unwrap()]);
     assert_eq!(got["seeded"], true, "{got}");
