@@ -371,3 +371,69 @@ fn killed_agent_restarts_with_its_publications() {
     assert!(fs::read(&dest).unwrap() == data);
     drop(a);
 }
+
+/// The node ids the store server names as sources of `key`'s version.
+fn sources_of(server: &str, key: &str) -> Vec<String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut store = ktfs::rpc::client::connect_store(server, &ktfs::rpc::Credential::none())
+            .await
+            .unwrap();
+        let r = store
+            .resolve(ktfs::proto::ResolveRequest {
+                namespace: "default".into(),
+                key: key.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        r.sources
+            .into_iter()
+            .map(|s| s.node_id)
+            .filter(|n| !n.is_empty())
+            .collect()
+    })
+}
+
+/// A getter's copy seeds the version from its node; once the copy is removed (or changed),
+/// the node's next heartbeats tell the store server, which stops naming the node as a source,
+/// so later getters are not sent to a node that no longer has it.
+#[test]
+fn a_node_whose_seeded_copy_is_removed_is_no_longer_a_source() {
+    let c = Cluster::new("127.0.0.33");
+    let (data, _) = c.publish_random("s", 2 * MIB, 33, "1048576");
+    let a = c.agent("127.0.0.34", "node-0");
+    let b = c.agent("127.0.0.35", "node-1");
+    let d0 = c.path("d0");
+    let d1 = c.path("d1");
+    for (agent, d) in [(&a, &d0), (&b, &d1)] {
+        let got = c.json(Some(agent), &["get", "s", "-d", d.to_str().unwrap()]);
+        assert_eq!(got["seeded"], true, "{got}");
+    }
+    let mut both = sources_of(&c.server.addr, "s");
+    both.sort();
+    assert_eq!(both, ["node-0", "node-1"]);
+    fs::remove_file(&d0).unwrap();
+    // node-1's copy changes in place: it holds the version no more either.
+    let mut changed = data.clone();
+    changed[10] ^= 1;
+    fs::write(&d1, &changed).unwrap();
+    assert!(
+        eventually(std::time::Duration::from_secs(10), || sources_of(
+            &c.server.addr,
+            "s"
+        )
+        .is_empty()),
+        "still named: {:?}",
+        sources_of(&c.server.addr, "s")
+    );
+    // A later get lands it from the store, and its node seeds it again.
+    let again = c.path("again");
+    let got = c.json(Some(&a), &["get", "s", "-d", again.to_str().unwrap()]);
+    assert!(fs::read(&again).unwrap() == data, "{got}");
+    assert_eq!(sources_of(&c.server.addr, "s"), ["node-0"]);
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::blocks::node::NodeBlocks;
-use crate::hash::BlockHash;
+use crate::hash::{BlockHash, Version};
 use crate::locks;
 use crate::proto::{
     HeartbeatRequest, HeartbeatResponse, NodeInfo, RegisterNodeRequest, RegisterNodeResponse,
@@ -88,6 +88,36 @@ pub(super) struct Lease {
     pub blocks: Arc<NodeBlocks>,
 }
 
+/// The seeded versions whose files are gone or changed since (see [`NodeBlocks::sweep_seeds`]),
+/// off the async threads.
+async fn swept(blocks: &Arc<NodeBlocks>) -> Vec<Version> {
+    let b = blocks.clone();
+    match tokio::task::spawn_blocking(move || b.sweep_seeds()).await {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "checking the seeded copies");
+            Vec::new()
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The server was told these seeded versions are gone: forgotten here.
+async fn forget_seeds(blocks: &Arc<NodeBlocks>, gone: Vec<Version>) {
+    if gone.is_empty() {
+        return;
+    }
+    for version in &gone {
+        tracing::info!(%version, "a seeded copy is gone: no longer a source of it");
+    }
+    let b = blocks.clone();
+    match tokio::task::spawn_blocking(move || b.forget_seeds(&gone)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "forgetting seeded copies that are gone"),
+        Err(_) => {}
+    }
+}
+
 pub(super) async fn heartbeat_loop(lease: Lease) {
     let Lease {
         server,
@@ -105,9 +135,15 @@ pub(super) async fn heartbeat_loop(lease: Lease) {
     loop {
         match client::connect_store(&server, &credential).await {
             Ok(mut store) => loop {
+                // Seeded versions whose files are gone, forgotten once the server was told.
+                let gone = match registered {
+                    true => swept(&blocks).await,
+                    false => Vec::new(),
+                };
                 let ok = if registered {
                     match store
                         .heartbeat(HeartbeatRequest {
+                            gone_versions: gone.iter().map(|v| v.0.to_vec()).collect(),
                             node_id: node.node_id.clone(),
                             open_versions: blocks
                                 .pins()
@@ -127,6 +163,7 @@ pub(super) async fn heartbeat_loop(lease: Lease) {
                                 ticket.set(Bytes::from(r.ticket.clone()));
                             }
                             collected = drop_collected(&blocks, &r, collected).await;
+                            forget_seeds(&blocks, gone).await;
                             true
                         }
                         Err(e) => {

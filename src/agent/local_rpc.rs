@@ -135,7 +135,11 @@ impl Agent for AgentHandler {
         let r = req.into_inner();
         let version = Version::from_slice(&r.version).ok_or_else(|| invalid("bad version"))?;
         let m = checked(r.manifest)?;
-        self.register(m, r.files).await?;
+        let blocks = self.blocks.clone();
+        tokio::task::spawn_blocking(move || blocks.seed(&version, &m, &r.files))
+            .await
+            .map_err(|e| to_status(Fault::Internal, e.to_string()))?
+            .map_err(in_place_status)?;
         let mut store = client::connect_store(&self.cfg.server, &self.cfg.credential)
             .await
             .map_err(client_status)?;

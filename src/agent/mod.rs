@@ -21,7 +21,7 @@ use hosted::HostedMounts;
 use local_rpc::AgentHandler;
 
 use crate::blocks::cache::{BlockCache, CF_CACHE, CF_CACHE_INDEX};
-use crate::blocks::in_place::CF_LOCAL;
+use crate::blocks::in_place::{CF_LOCAL, CF_SEEDS};
 use crate::blocks::node::NodeBlocks;
 use crate::blocks::BlockError;
 use crate::db::{Db, DbError};
@@ -42,6 +42,7 @@ const FAMILIES: &[&str] = &[
     CF_CACHE,
     CF_CACHE_INDEX,
     CF_LOCAL,
+    CF_SEEDS,
     CF_XATTR,
     CF_INODES,
     CF_WRITEBACK,

@@ -13,12 +13,16 @@ use prost::Message;
 
 use super::BlockError;
 use crate::db::{BatchOp, Db, DbError};
-use crate::hash::BlockHash;
+use crate::hash::{BlockHash, Version};
 use crate::manifest::{self, EntryKind, FileEntry, Manifest};
 use crate::proto::{LocalBlock, LocalBlocks, LocalFile};
 
 /// Where each registered block lies on this node.
 pub const CF_LOCAL: &str = "local";
+/// The versions this node seeds (a get handed it the files), each with its files as they were
+/// then (`LocalBlocks`, one place per file: path, size, mtime), so that a version whose files
+/// were removed or changed since is withdrawn from the store server's sources.
+pub const CF_SEEDS: &str = "seeds";
 /// Places kept per block; older places are tried first and dropped first.
 const MAX_PLACES: usize = 8;
 
@@ -115,6 +119,65 @@ impl InPlace {
         }
         self.db.write(ops)?;
         Ok(count)
+    }
+
+    /// Records that this node seeds `version` from `files` (registered already), as they are
+    /// now.
+    pub fn record_seed(&self, version: &Version, files: &[LocalFile]) -> Result<(), InPlaceError> {
+        let mut places = Vec::with_capacity(files.len());
+        for f in files {
+            let meta = std::fs::metadata(&f.disk_path).map_err(|source| InPlaceError::Disk {
+                path: f.disk_path.clone(),
+                source,
+            })?;
+            places.push(LocalBlock {
+                disk_path: f.disk_path.clone(),
+                offset: 0,
+                len: 0,
+                file_size: meta.len(),
+                mtime_sec: meta.mtime(),
+                mtime_nsec: meta.mtime_nsec() as u32,
+            });
+        }
+        self.db.put(
+            CF_SEEDS,
+            &version.0,
+            &LocalBlocks { places }.encode_to_vec(),
+        )?;
+        Ok(())
+    }
+
+    /// The seeded versions one of whose files is gone or changed: what the store server should
+    /// no longer list this node for. A stat per seeded file. They stay recorded until
+    /// [`InPlace::forget_seeds`], once the server was told (a crash before that tells it again).
+    pub fn sweep_seeds(&self) -> Result<Vec<Version>, InPlaceError> {
+        let mut gone = Vec::new();
+        self.db.for_each(CF_SEEDS, |k, v| {
+            let whole = LocalBlocks::decode(v).is_ok_and(|r| {
+                r.places.iter().all(|p| {
+                    std::fs::metadata(&p.disk_path).is_ok_and(|m| {
+                        m.len() == p.file_size
+                            && m.mtime() == p.mtime_sec
+                            && m.mtime_nsec() as u32 == p.mtime_nsec
+                    })
+                })
+            });
+            if !whole {
+                gone.push(k.to_vec());
+            }
+            Ok(())
+        })?;
+        Ok(gone.iter().filter_map(|k| Version::from_slice(k)).collect())
+    }
+
+    /// Forgets seeded versions the store server was told are gone.
+    pub fn forget_seeds(&self, versions: &[Version]) -> Result<(), InPlaceError> {
+        let ops = versions
+            .iter()
+            .map(|v| BatchOp::Delete(CF_SEEDS, v.0.to_vec()))
+            .collect();
+        self.db.write(ops)?;
+        Ok(())
     }
 
     /// Forgets the places of blocks no live version holds any more; how many were here. The

@@ -105,6 +105,30 @@ impl NodeBlocks {
         self.in_place.register(m, files)
     }
 
+    /// Registers files a get handed this node as holding `version` (of manifest `m`), and
+    /// records them so that the version is withdrawn once one of them is gone
+    /// ([`NodeBlocks::sweep_seeds`]).
+    pub fn seed(
+        &self,
+        version: &crate::hash::Version,
+        m: &Manifest,
+        files: &[LocalFile],
+    ) -> Result<usize, InPlaceError> {
+        let n = self.in_place.register(m, files)?;
+        self.in_place.record_seed(version, files)?;
+        Ok(n)
+    }
+
+    /// The seeded versions whose files are gone or changed since.
+    pub fn sweep_seeds(&self) -> Result<Vec<crate::hash::Version>, InPlaceError> {
+        self.in_place.sweep_seeds()
+    }
+
+    /// Forgets seeded versions the store server was told are gone.
+    pub fn forget_seeds(&self, versions: &[crate::hash::Version]) -> Result<(), InPlaceError> {
+        self.in_place.forget_seeds(versions)
+    }
+
     /// The block from the cache, a file served in place or a fetch in flight; not counted as
     /// served.
     pub fn find(&self, hash: &BlockHash) -> Result<Option<Bytes>, BlockError> {

@@ -1198,6 +1198,15 @@ impl MetaStore {
         Ok(())
     }
 
+    /// `node_id` holds `version` no more (its copy was removed): no longer one of its sources.
+    pub fn remove_location(&self, version: &Version, node_id: &str) -> Result<(), MetaError> {
+        self.backend.write(vec![backend::Op::Delete(
+            Table::Locations,
+            location_key(version, node_id),
+        )])?;
+        Ok(())
+    }
+
     /// The live sources of a version: nodes that hold it, then the store server itself for
     /// `locale=store` (an empty address: the caller already knows the server's).
     pub fn sources(&self, version: &Version, record: &KeyRecord) -> Result<Vec<Source>, MetaError> {

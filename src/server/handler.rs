@@ -555,6 +555,21 @@ impl Store for StoreHandler {
             .map(|v| parse_version(v))
             .collect::<Result<_, _>>()?;
         self.meta.set_open_versions(&r.node_id, open);
+        let gone = r
+            .gone_versions
+            .iter()
+            .map(|v| parse_version(v))
+            .collect::<Result<Vec<_>, _>>()?;
+        if !gone.is_empty() {
+            let (meta, node) = (self.meta.clone(), r.node_id.clone());
+            blocking(move || {
+                for v in &gone {
+                    meta.remove_location(v, &node)?;
+                }
+                Ok::<_, crate::meta::MetaError>(())
+            })
+            .await?;
+        }
         let collected = self
             .meta
             .collected_since(r.collected_after, r.collected_epoch);
