@@ -284,6 +284,27 @@ impl Db {
         Ok(())
     }
 
+    /// Calls `f` on the pairs of `family` from the first key at or after `from`, in key order,
+    /// while it returns true.
+    pub fn walk_from(
+        &self,
+        family: &'static str,
+        from: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), DbError> {
+        let db = self.db()?;
+        let mut it = db.raw_iterator_cf(cf(&db, family)?);
+        it.seek(from);
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            if !f(k, v) {
+                break;
+            }
+            it.next();
+        }
+        it.status()?;
+        Ok(())
+    }
+
     /// All `(key, value)` pairs whose key starts with `prefix`, in key order.
     pub fn scan_prefix(
         &self,

@@ -147,27 +147,38 @@ impl InPlace {
         Ok(())
     }
 
-    /// The seeded versions one of whose files is gone or changed: what the store server should
-    /// no longer list this node for. A stat per seeded file. They stay recorded until
-    /// [`InPlace::forget_seeds`], once the server was told (a crash before that tells it again).
-    pub fn sweep_seeds(&self) -> Result<Vec<Version>, InPlaceError> {
-        let mut gone = Vec::new();
-        self.db.for_each(CF_SEEDS, |k, v| {
-            let whole = LocalBlocks::decode(v).is_ok_and(|r| {
-                r.places.iter().all(|p| {
+    /// The seeded versions one of whose files is gone or changed, among those from `cursor` on
+    /// with about `max_files` files in all (a stat each): what the store server should no longer
+    /// list this node for, and where the next sweep begins (the start again after the last).
+    /// They stay recorded until [`InPlace::forget_seeds`], once the server was told (a crash
+    /// before that tells it again).
+    pub fn sweep_seeds(
+        &self,
+        cursor: &[u8],
+        max_files: usize,
+    ) -> Result<(Vec<Version>, Vec<u8>), InPlaceError> {
+        let (mut gone, mut seen, mut next) = (Vec::new(), 0usize, Vec::new());
+        self.db.walk_from(CF_SEEDS, cursor, |k, v| {
+            if seen >= max_files {
+                next = k.to_vec();
+                return false;
+            }
+            let record = LocalBlocks::decode(v).unwrap_or_default();
+            seen += record.places.len().max(1);
+            let whole = !record.places.is_empty()
+                && record.places.iter().all(|p| {
                     std::fs::metadata(&p.disk_path).is_ok_and(|m| {
                         m.len() == p.file_size
                             && m.mtime() == p.mtime_sec
                             && m.mtime_nsec() as u32 == p.mtime_nsec
                     })
-                })
-            });
+                });
             if !whole {
-                gone.push(k.to_vec());
+                gone.extend(Version::from_slice(k));
             }
-            Ok(())
+            true
         })?;
-        Ok(gone.iter().filter_map(|k| Version::from_slice(k)).collect())
+        Ok((gone, next))
     }
 
     /// Forgets seeded versions the store server was told are gone.
@@ -227,4 +238,44 @@ fn read_place(p: &LocalBlock, hash: &BlockHash) -> Option<Bytes> {
         return None;
     }
     Some(Bytes::from(buf))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sweep_of_seeded_copies_goes_a_part_at_a_time_and_finds_those_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("db"), &[CF_LOCAL, CF_SEEDS], &[]).unwrap();
+        let p = InPlace::new(db);
+        let files: Vec<LocalFile> = (0..3)
+            .map(|i| {
+                let path = dir.path().join(format!("f{i}"));
+                std::fs::write(&path, format!("file {i}")).unwrap();
+                LocalFile {
+                    entry_path: String::new(),
+                    disk_path: path.display().to_string(),
+                }
+            })
+            .collect();
+        for (i, f) in files.iter().enumerate() {
+            p.record_seed(&Version([i as u8; 32]), std::slice::from_ref(f))
+                .unwrap();
+        }
+        std::fs::remove_file(&files[0].disk_path).unwrap();
+        std::fs::write(&files[2].disk_path, "changed, longer").unwrap();
+        // Two files a sweep: the first sees versions 0 and 1, the next version 2, then it wraps.
+        let (gone, next) = p.sweep_seeds(&[], 2).unwrap();
+        assert_eq!(gone, [Version([0; 32])]);
+        assert_eq!(next, [2u8; 32]);
+        let (gone, next) = p.sweep_seeds(&next, 2).unwrap();
+        assert_eq!(gone, [Version([2; 32])]);
+        assert!(next.is_empty());
+        // Forgotten once told: a whole sweep finds nothing more.
+        p.forget_seeds(&[Version([0; 32]), Version([2; 32])])
+            .unwrap();
+        let (gone, _) = p.sweep_seeds(&[], 100).unwrap();
+        assert!(gone.is_empty());
+    }
 }

@@ -119,9 +119,14 @@ impl NodeBlocks {
         Ok(n)
     }
 
-    /// The seeded versions whose files are gone or changed since.
-    pub fn sweep_seeds(&self) -> Result<Vec<crate::hash::Version>, InPlaceError> {
-        self.in_place.sweep_seeds()
+    /// The seeded versions whose files are gone or changed since, a part at a time (see
+    /// [`InPlace::sweep_seeds`]).
+    pub fn sweep_seeds(
+        &self,
+        cursor: &[u8],
+        max_files: usize,
+    ) -> Result<(Vec<crate::hash::Version>, Vec<u8>), InPlaceError> {
+        self.in_place.sweep_seeds(cursor, max_files)
     }
 
     /// Forgets seeded versions the store server was told are gone.
