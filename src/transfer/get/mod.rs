@@ -393,7 +393,8 @@ async fn fetch_one(
         tx: offer.as_ref().map(Offer::announcer),
         limit: opts.bwlimit.map(RateLimit::new),
     });
-    let mut reused = FetchReport::default();
+    // What came as deltas, reported with the rest by source.
+    let mut by_delta = FetchReport::default();
     if !copies.is_empty() {
         let copies = Arc::new(copies);
         let sink: Arc<dyn BlockSink> = sink.clone();
@@ -409,12 +410,12 @@ async fn fetch_one(
         }
         progress.inc(d.block_bytes);
         report.delta_blocks += d.blocks;
-        reused = d.report;
+        by_delta = d.report;
         jobs = r.jobs;
         jobs.extend(d.left);
     }
     let mut member = None;
-    let fetched = if jobs.is_empty() {
+    let mut fetched = if jobs.is_empty() {
         FetchReport::default()
     } else if opts.store_only {
         if sources.is_empty() {
@@ -446,8 +447,7 @@ async fn fetch_one(
         member = joined;
         fetched
     };
-    let mut fetched = fetched;
-    fetched.add(reused);
+    fetched.add(by_delta);
     layout.finish(&mut guard)?;
 
     let files = layout.seeded()?;
