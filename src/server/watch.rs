@@ -27,7 +27,12 @@ pub const LEASE: Duration = Duration::from_secs(3);
 
 /// Changes queued for one watcher before it counts as stuck and is dropped.
 const QUEUE: usize = 1024;
-/// Paths one watcher holds at most before it counts as holding everything.
+/// Paths one watcher holds at most. An answer that would take it past this is told to the
+/// watcher as a change of everything (it forgets all it cached, that answer included), and
+/// the watcher holds nothing from then on: a mount forgets what it cached past its own bounds
+/// without saying so (`fs::names`), so what the server records of it only grows, and a watcher
+/// counted as holding everything for the rest of its stream was told every change of its
+/// namespace.
 const MAX_HELD: usize = 1 << 16;
 /// Changes remembered after they were told, for answers that crossed them (see
 /// [`Watchers::hold`]).
@@ -72,8 +77,6 @@ struct Inner {
 #[derive(Default)]
 struct Holds {
     paths: BTreeSet<String>,
-    /// Too many to keep: every change concerns it.
-    all: bool,
 }
 
 /// The directory of `path` (`""`: the namespace's root).
@@ -82,18 +85,18 @@ pub fn dir_of(path: &str) -> &str {
 }
 
 impl Holds {
-    fn add(&mut self, paths: impl IntoIterator<Item = String>) {
-        if !self.all {
-            self.paths.extend(paths);
-        }
+    /// Adds `paths`; false where that took it past [`MAX_HELD`], and then it holds nothing.
+    fn add(&mut self, paths: impl IntoIterator<Item = String>) -> bool {
+        self.paths.extend(paths);
         if self.paths.len() > MAX_HELD {
-            self.all = true;
             self.paths.clear();
+            return false;
         }
+        true
     }
 
     fn concerned(&self, changed: &str) -> bool {
-        if self.all || changed.is_empty() {
+        if changed.is_empty() {
             return true;
         }
         let parent = dir_of(changed);
@@ -322,7 +325,6 @@ impl Watchers {
             }
             let fresh = Holds {
                 paths: paths.iter().cloned().collect(),
-                all: false,
             };
             let crossed: Vec<String> = if since < inner.forgotten {
                 vec![String::new()]
@@ -340,9 +342,12 @@ impl Watchers {
                 crossed.dedup();
                 crossed
             };
-            if let Some(h) = inner.holds.get_mut(&id) {
-                h.add(paths);
-            }
+            let crossed = match inner.holds.get_mut(&id).map(|h| h.add(paths)) {
+                // Past its bound: told everything, it forgets what it cached and this answer,
+                // and holds nothing.
+                Some(false) => vec![String::new()],
+                _ => crossed,
+            };
             if crossed.is_empty() {
                 return;
             }
@@ -622,6 +627,52 @@ mod tests {
         };
         assert_eq!(got.paths, [""]);
         held.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_watcher_past_its_bound_is_told_everything_once_and_then_holds_nothing() {
+        let ws = Arc::new(Watchers::default());
+        let (a, mut a_rx) = ws.register("team").unwrap();
+        let (b, mut b_rx) = ws.register("team").unwrap();
+        ws.hold("team", b.id(), ws.now(), vec!["".into()]).await;
+        let many: Vec<String> = (0..MAX_HELD).map(|i| format!("d/{i}")).collect();
+        ws.hold("team", a.id(), ws.now(), many).await;
+        assert!(a_rx.try_recv().is_err(), "at its bound: nothing told");
+        let held = tokio::spawn({
+            let (ws, id) = (ws.clone(), a.id());
+            async move { ws.hold("team", id, ws.now(), vec!["one/more".into()]).await }
+        });
+        let got = tokio::time::timeout(Duration::from_secs(5), next(&mut a_rx))
+            .await
+            .expect("told nothing past its bound");
+        assert_eq!(got.paths, [""], "told everything");
+        assert!(
+            !held.is_finished(),
+            "the answer waits for the acknowledgement"
+        );
+        a.up(got.seq, 0);
+        held.await.unwrap();
+        // It holds nothing now: a change of what it held before is not told to it.
+        let changed = tokio::spawn({
+            let ws = ws.clone();
+            async move { ws.changed("team", vec!["d/7".into()], 0).await }
+        });
+        let told_b = next(&mut b_rx).await;
+        b.up(told_b.seq, 0);
+        changed.await.unwrap();
+        assert!(a_rx.try_recv().is_err(), "told of what it no longer holds");
+        // What it is answered from now on is held again.
+        ws.hold("team", a.id(), ws.now(), vec!["e".into()]).await;
+        let changed = tokio::spawn({
+            let ws = ws.clone();
+            async move { ws.changed("team", vec!["e/f".into()], 0).await }
+        });
+        let told_b = next(&mut b_rx).await;
+        b.up(told_b.seq, 0);
+        let got = next(&mut a_rx).await;
+        assert_eq!(got.paths, ["e/f"]);
+        a.up(got.seq, 0);
+        changed.await.unwrap();
     }
 
     #[tokio::test]
