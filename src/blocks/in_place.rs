@@ -19,9 +19,11 @@ use crate::proto::{LocalBlock, LocalBlocks, LocalFile};
 
 /// Where each registered block lies on this node.
 pub const CF_LOCAL: &str = "local";
-/// The versions this node seeds (a get handed it the files), each with its files as they were
-/// then (`LocalBlocks`, one place per file: path, size, mtime), so that a version whose files
-/// were removed or changed since is withdrawn from the store server's sources.
+/// The copies this node seeds (a get handed it the files): per version and copy (the key is
+/// the version, then 8 bytes of the hash of the copy's paths, so two gets of one version to
+/// two places are two records), the copy's files as they were then (`LocalBlocks`, one place
+/// per file: path, size, mtime), so that a version none of whose copies is whole any more is
+/// withdrawn from the store server's sources.
 pub const CF_SEEDS: &str = "seeds";
 /// Places kept per block; older places are tried first and dropped first.
 const MAX_PLACES: usize = 8;
@@ -139,54 +141,81 @@ impl InPlace {
                 mtime_nsec: meta.mtime_nsec() as u32,
             });
         }
-        self.db.put(
-            CF_SEEDS,
-            &version.0,
-            &LocalBlocks { places }.encode_to_vec(),
-        )?;
+        let mut paths = blake3::Hasher::new();
+        for p in &places {
+            paths.update(p.disk_path.as_bytes());
+            paths.update(b"\0");
+        }
+        let mut key = version.0.to_vec();
+        key.extend_from_slice(&paths.finalize().as_bytes()[..8]);
+        self.db
+            .put(CF_SEEDS, &key, &LocalBlocks { places }.encode_to_vec())?;
         Ok(())
     }
 
-    /// The seeded versions one of whose files is gone or changed, among those from `cursor` on
-    /// with about `max_files` files in all (a stat each): what the store server should no longer
-    /// list this node for, and where the next sweep begins (the start again after the last).
-    /// They stay recorded until [`InPlace::forget_seeds`], once the server was told (a crash
-    /// before that tells it again).
+    /// Whether the copy a seed record describes is there as it was recorded.
+    fn whole(record: &[u8]) -> bool {
+        let record = LocalBlocks::decode(record).unwrap_or_default();
+        !record.places.is_empty()
+            && record.places.iter().all(|p| {
+                std::fs::metadata(&p.disk_path).is_ok_and(|m| {
+                    m.len() == p.file_size
+                        && m.mtime() == p.mtime_sec
+                        && m.mtime_nsec() as u32 == p.mtime_nsec
+                })
+            })
+    }
+
+    /// The seeded versions none of whose copies is whole any more (a file gone or changed),
+    /// among the records from `cursor` on with about `max_files` files in all (a stat each):
+    /// what the store server should no longer list this node for, and where the next sweep
+    /// begins (the start again after the last). A broken copy of a version that has a whole one
+    /// is forgotten at once; the versions returned stay recorded until
+    /// [`InPlace::forget_seeds`], once the server was told (a crash before that tells it again).
     pub fn sweep_seeds(
         &self,
         cursor: &[u8],
         max_files: usize,
     ) -> Result<(Vec<Version>, Vec<u8>), InPlaceError> {
-        let (mut gone, mut seen, mut next) = (Vec::new(), 0usize, Vec::new());
+        let (mut broken, mut seen, mut next) = (Vec::new(), 0usize, Vec::new());
         self.db.walk_from(CF_SEEDS, cursor, |k, v| {
             if seen >= max_files {
                 next = k.to_vec();
                 return false;
             }
-            let record = LocalBlocks::decode(v).unwrap_or_default();
-            seen += record.places.len().max(1);
-            let whole = !record.places.is_empty()
-                && record.places.iter().all(|p| {
-                    std::fs::metadata(&p.disk_path).is_ok_and(|m| {
-                        m.len() == p.file_size
-                            && m.mtime() == p.mtime_sec
-                            && m.mtime_nsec() as u32 == p.mtime_nsec
-                    })
-                });
-            if !whole {
-                gone.extend(Version::from_slice(k));
+            seen += LocalBlocks::decode(v).map_or(1, |r| r.places.len().max(1));
+            if !Self::whole(v) {
+                broken.push(k.to_vec());
             }
             true
         })?;
+        let mut gone: Vec<Version> = Vec::new();
+        for k in broken {
+            let Some(version) = k.get(..32).and_then(Version::from_slice) else {
+                self.db.delete(CF_SEEDS, &k)?;
+                continue;
+            };
+            if gone.contains(&version) {
+                continue;
+            }
+            let others = self.db.scan_prefix(CF_SEEDS, &version.0)?;
+            if others.iter().any(|(o, v)| *o != k && Self::whole(v)) {
+                self.db.delete(CF_SEEDS, &k)?;
+            } else {
+                gone.push(version);
+            }
+        }
         Ok((gone, next))
     }
 
-    /// Forgets seeded versions the store server was told are gone.
+    /// Forgets seeded versions (every copy of each) the store server was told are gone.
     pub fn forget_seeds(&self, versions: &[Version]) -> Result<(), InPlaceError> {
-        let ops = versions
-            .iter()
-            .map(|v| BatchOp::Delete(CF_SEEDS, v.0.to_vec()))
-            .collect();
+        let mut ops = Vec::new();
+        for v in versions {
+            for (k, _) in self.db.scan_prefix(CF_SEEDS, &v.0)? {
+                ops.push(BatchOp::Delete(CF_SEEDS, k));
+            }
+        }
         self.db.write(ops)?;
         Ok(())
     }
@@ -268,7 +297,7 @@ mod tests {
         // Two files a sweep: the first sees versions 0 and 1, the next version 2, then it wraps.
         let (gone, next) = p.sweep_seeds(&[], 2).unwrap();
         assert_eq!(gone, [Version([0; 32])]);
-        assert_eq!(next, [2u8; 32]);
+        assert_eq!(next[..32], [2u8; 32]);
         let (gone, next) = p.sweep_seeds(&next, 2).unwrap();
         assert_eq!(gone, [Version([2; 32])]);
         assert!(next.is_empty());
@@ -277,5 +306,24 @@ mod tests {
             .unwrap();
         let (gone, _) = p.sweep_seeds(&[], 100).unwrap();
         assert!(gone.is_empty());
+
+        // Two copies of one version (two gets to two places): one removed, the version stays
+        // seeded; both removed, it is gone.
+        let v = Version([9; 32]);
+        let copy = |name: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, "copy").unwrap();
+            LocalFile {
+                entry_path: String::new(),
+                disk_path: path.display().to_string(),
+            }
+        };
+        let (c1, c2) = (copy("c1"), copy("c2"));
+        p.record_seed(&v, std::slice::from_ref(&c1)).unwrap();
+        p.record_seed(&v, std::slice::from_ref(&c2)).unwrap();
+        std::fs::remove_file(&c1.disk_path).unwrap();
+        assert!(p.sweep_seeds(&[], 100).unwrap().0.is_empty());
+        std::fs::remove_file(&c2.disk_path).unwrap();
+        assert_eq!(p.sweep_seeds(&[], 100).unwrap().0, [v]);
     }
 }
