@@ -321,9 +321,10 @@ mod tests {
         let (c1, c2) = (copy("c1"), copy("c2"));
         p.record_seed(&v, std::slice::from_ref(&c1)).unwrap();
         p.record_seed(&v, std::slice::from_ref(&c2)).unwrap();
-        std::fs::remove_file(&c1.disk_path).unwrap();
-        assert!(p.sweep_seeds(&[], 100).unwrap().0.is_empty());
+        // The copy recorded last goes first (one record per version would forget c1).
         std::fs::remove_file(&c2.disk_path).unwrap();
+        assert!(p.sweep_seeds(&[], 100).unwrap().0.is_empty());
+        std::fs::remove_file(&c1.disk_path).unwrap();
         assert_eq!(p.sweep_seeds(&[], 100).unwrap().0, [v]);
     }
 }
