@@ -56,9 +56,7 @@ impl Swarm {
             self.board.join_holder(id, &s.zone);
         }
     }
-}
 
-impl Swarm {
     /// A holder's node has a getter receiving the version: what the node serves of it may be
     /// what that getter is receiving (a copy seeded earlier and removed since leaves its
     /// registration), and its agent holds a request for such a block until it arrives, so it is
@@ -140,12 +138,7 @@ impl Broadcasts {
             return Ok(Vec::new());
         };
         let seed = generation ^ u64::from_le_bytes(version.0[..8].try_into().unwrap_or([0; 8]));
-        let receiving: Vec<String> = w
-            .members
-            .iter()
-            .filter(|x| x.receiving(Some(&version)))
-            .map(|x| x.joiner.node_id.clone())
-            .collect();
+        let receiving = w.receiving_nodes(Some(&version), None);
         let s = w
             .swarms
             .entry(version)

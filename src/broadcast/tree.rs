@@ -74,15 +74,9 @@ impl WindowState {
         // it arrives. Taken as seeds, such nodes closed cycles (three getters, each another's
         // parent, each waiting 10 s per hop: bench/chaos.sh). They are parents as members, with
         // the tree's checks. The getter's own node stays: it is asked only for what it holds.
-        let receiving: Vec<&str> = self
-            .members
-            .iter()
-            .enumerate()
-            .filter(|&(i, x)| i != m && x.receiving(me.version.as_ref()))
-            .map(|(_, x)| x.joiner.node_id.as_str())
-            .collect();
+        let receiving = self.receiving_nodes(me.version.as_ref(), Some(m));
         for s in seeds {
-            if s.node_id != me.node_id && receiving.contains(&s.node_id.as_str()) {
+            if s.node_id != me.node_id && receiving.contains(&s.node_id) {
                 continue;
             }
             let label = s.label().to_string();

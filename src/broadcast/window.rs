@@ -76,6 +76,20 @@ pub(super) fn quorum(spec: &WindowSpec, ips: &[&str], elapsed: Duration) -> Opti
 }
 
 impl WindowState {
+    /// The nodes of the getters still receiving `version`, but for member `except`.
+    pub(super) fn receiving_nodes(
+        &self,
+        version: Option<&Version>,
+        except: Option<usize>,
+    ) -> Vec<String> {
+        self.members
+            .iter()
+            .enumerate()
+            .filter(|&(i, x)| Some(i) != except && x.receiving(version))
+            .map(|(_, x)| x.joiner.node_id.clone())
+            .collect()
+    }
+
     pub(super) fn new(group_id: String, generation: u64, spec: WindowSpec, now: Moment) -> Self {
         WindowState {
             group_id,

@@ -100,9 +100,12 @@ pub(super) fn reuse(
     sink: &dyn BlockSink,
 ) -> Result<Reused, TransferError> {
     let mut held: HashMap<BlockHash, (usize, u64, u32)> = HashMap::new();
+    // Where each block lies in each copy: a block found in its own file's copy anchors it.
+    let mut at: HashMap<(usize, BlockHash), u64> = HashMap::new();
     for (&idx, c) in copies {
         for &(off, len, h) in &c.blocks {
             held.entry(h).or_insert((idx, off, len));
+            at.entry((idx, h)).or_insert(off);
         }
     }
     // Where each file's blocks found their place in its own copy: the shift a block between
@@ -126,10 +129,8 @@ pub(super) fn reuse(
         sink.put(&job, &data)?;
         out.bytes += u64::from(job.len);
         for &(idx, new_off) in &job.targets {
-            if let Some(c) = copies.get(&idx) {
-                if let Some(&(old_off, _, _)) = c.blocks.iter().find(|b| b.2 == job.hash) {
-                    anchors.entry(idx).or_default().push((new_off, old_off));
-                }
+            if let Some(&old_off) = at.get(&(idx, job.hash)) {
+                anchors.entry(idx).or_default().push((new_off, old_off));
             }
         }
     }
