@@ -7,7 +7,8 @@
 //! there are two, else both on one GPU over loopback sockets, NCCL's one way to run two ranks
 //! on one GPU: a different `NCCL_HOSTID` each and no P2P or shared memory); and the init
 //! deadline (a rank whose peer never comes fails by its deadline with a clear error, and the
-//! process can make a working communicator afterwards).
+//! process can make a working communicator afterwards); and the throughput of a large transfer
+//! (`--big-bytes`, 4 GiB) on one GPU, a one-rank NCCL broadcast beside a device-to-device copy.
 //!
 //! Exit status: 0 when every check passed, 1 when one failed, 2 when there is no CUDA here
 //! (the report's `status` is then `not_available`), 64 for bad arguments. Every child process
@@ -25,16 +26,19 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ktfs::gpu::cuda::{self, ipc, probe, Device, Stream, UniqueId};
+use ktfs::gpu::cuda::{self, ipc, probe, Comm, Device, Stream, UniqueId};
 use serde_json::{json, Value};
 
 /// Set in the environment of the check run again with NCCL on `LD_LIBRARY_PATH`: the library.
 const REEXEC_ENV: &str = "KT_GPU_CHECK_NCCL";
 
-const USAGE: &str = "usage: kt-gpu-check [--bytes N] [--device N] [--abort-deadline-ms N]";
+const USAGE: &str =
+    "usage: kt-gpu-check [--bytes N] [--big-bytes N] [--device N] [--abort-deadline-ms N]";
 
 struct Options {
     bytes: usize,
+    /// The size of the throughput check's transfer.
+    big_bytes: usize,
     device: i32,
     abort_deadline: Duration,
 }
@@ -43,6 +47,7 @@ impl Options {
     fn parse(args: &[String]) -> Result<Options, String> {
         let mut o = Options {
             bytes: 64 << 20,
+            big_bytes: 4 << 30,
             device: 0,
             abort_deadline: Duration::from_secs(5),
         };
@@ -58,6 +63,10 @@ impl Options {
                 "--bytes" => {
                     let v = value()?;
                     o.bytes = v.parse().ok().filter(|&b| b > 0).ok_or_else(|| bad(&v))?;
+                }
+                "--big-bytes" => {
+                    let v = value()?;
+                    o.big_bytes = v.parse().ok().filter(|&b| b > 0).ok_or_else(|| bad(&v))?;
                 }
                 "--device" => {
                     let v = value()?;
@@ -203,6 +212,10 @@ fn run_checks(opts: &Options, nccl_library: Value) -> Report {
     record("nccl_init_deadline", &mut || {
         nccl_ready()?;
         init_deadline(opts)
+    });
+    record("throughput", &mut || {
+        nccl_ready()?;
+        throughput(opts)
     });
     Report {
         json: json!({
@@ -364,6 +377,74 @@ fn nccl_broadcast(opts: &Options, devices: u32) -> Result<Value, String> {
     }))
 }
 
+/// `--big-bytes` moved on one GPU twice: a plain device-to-device copy, and a broadcast of a
+/// one-rank communicator from one buffer into another (NCCL's own copy path, its launch and
+/// completion waits included); the second half of each destination is checked against its
+/// source.
+fn throughput(opts: &Options) -> Result<Value, String> {
+    let n = opts.big_bytes;
+    let dev = Device::open(opts.device).map_err(text("opening the device"))?;
+    let stream = Stream::new(&dev).map_err(text("a stream"))?;
+    let src = dev.alloc(n).map_err(text("allocating the source"))?;
+    let dst = dev.alloc(n).map_err(text("allocating the destination"))?;
+    let sample = n.min(64 << 20);
+    let src_tail = src
+        .range()
+        .slice(n - sample, sample)
+        .map_err(text("a slice"))?;
+    let dst_tail = dst
+        .range()
+        .slice(n - sample, sample)
+        .map_err(text("a slice"))?;
+    let data = pattern("throughput", sample);
+    stream.fill(src.range(), 0x5a).map_err(text("filling"))?;
+    stream.upload(src_tail, &data).map_err(text("uploading"))?;
+    let check = |what: &str| -> Result<(), String> {
+        let mut back = vec![0u8; sample];
+        stream
+            .download(dst_tail, &mut back)
+            .map_err(text("downloading"))?;
+        if back != data {
+            return Err(format!("the {what} left other bytes than its source's"));
+        }
+        stream.fill(dst.range(), 0).map_err(text("clearing"))?;
+        stream.synchronize().map_err(text("synchronizing"))
+    };
+    // The first copy warms the path; the second is timed.
+    let mut copy = Duration::ZERO;
+    for _ in 0..2 {
+        let started = Instant::now();
+        stream
+            .copy(dst.range(), src.range())
+            .map_err(text("copying"))?;
+        stream.synchronize().map_err(text("synchronizing"))?;
+        copy = started.elapsed();
+    }
+    check("device-to-device copy")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let id = UniqueId::new().map_err(text("a unique id"))?;
+    let comm = Comm::init(&id, 1, 0, &dev, deadline).map_err(text("a one-rank communicator"))?;
+    let mut bcast = Duration::ZERO;
+    for _ in 0..2 {
+        let started = Instant::now();
+        comm.broadcast(Some(src.range()), dst.range(), 0, &stream, deadline)
+            .map_err(text("broadcasting"))?;
+        comm.wait(&stream, deadline)
+            .map_err(text("waiting for the broadcast"))?;
+        bcast = started.elapsed();
+    }
+    check("one-rank broadcast")?;
+    let rate = |d: Duration| n as f64 / d.as_secs_f64().max(1e-9) / 1e9;
+    Ok(json!({
+        "bytes": n,
+        "d2d_copy_ms": child::ms(copy),
+        "d2d_copy_gb_per_s": rate(copy),
+        "nccl_one_rank_broadcast_ms": child::ms(bcast),
+        "nccl_one_rank_broadcast_gb_per_s": rate(bcast),
+        "broadcast_over_copy": bcast.as_secs_f64() / copy.as_secs_f64().max(1e-9),
+    }))
+}
+
 /// A child joins a communicator of 2 that its peer never joins.
 fn init_deadline(opts: &Options) -> Result<Value, String> {
     let deadline_ms = opts.abort_deadline.as_millis() as u64;
@@ -391,6 +472,8 @@ mod tests {
         assert_eq!((o.bytes, o.device), (64 << 20, 0));
         let o = Options::parse(&args(&["--bytes", "1024", "--device", "1"])).unwrap();
         assert_eq!((o.bytes, o.device), (1024, 1));
+        let o = Options::parse(&args(&["--big-bytes", "4096"])).unwrap();
+        assert_eq!(o.big_bytes, 4096);
         let o = Options::parse(&args(&["--abort-deadline-ms", "250"])).unwrap();
         assert_eq!(o.abort_deadline, Duration::from_millis(250));
         for bad in [

@@ -130,6 +130,14 @@ impl IpcMapping {
         self.size
     }
 
+    /// The whole mapped allocation: tensors carved from one allocation (as torch's caching
+    /// allocator carves them) are ranges of it, and the driver maps a handle once per process.
+    pub fn allocation(&self) -> DeviceRange<'_> {
+        // SAFETY: `base..base + size` is the mapped allocation, device memory on this device
+        // that stays mapped while `self` (which the range borrows) lives.
+        unsafe { DeviceRange::from_raw(self.device.ordinal(), self.base, self.size) }
+    }
+
     /// The range the peer exported.
     pub fn range(&self) -> DeviceRange<'_> {
         // SAFETY: `open` checked that the range lies inside the mapped allocation, which is

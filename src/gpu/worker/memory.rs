@@ -1,7 +1,7 @@
 //! The buffers of a registration, as the worker reaches them: host memory is a file in the
 //! caller's `/dev/shm` (the worker shares the caller's IPC and mount namespaces), read and
-//! written with pread/pwrite at the buffer's offset. CUDA buffers (IPC handles) need the NCCL
-//! transport and a GPU; a worker without them refuses them clearly.
+//! written with pread/pwrite at the buffer's offset. CUDA buffers (IPC handles) are the
+//! caller's device memory, mapped ([`CudaBuffer`]); a worker with no GPU refuses them clearly.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -13,6 +13,7 @@ use std::sync::Mutex;
 
 use tokio::sync::Notify;
 
+use super::cuda_buffer::CudaBuffer;
 use super::host::CHUNK;
 use super::WorkerError;
 use crate::gpu::abi::{self, BUF_CUDA_IPC, BUF_HOST_SHM};
@@ -23,19 +24,56 @@ use crate::proto::WorkerBuffer;
 pub const SHM_DIR: &str = "/dev/shm";
 
 /// One buffer, open.
-pub struct Buffer {
-    file: File,
-    offset: u64,
-    nbytes: u64,
+enum Buffer {
+    Shm(ShmBuffer),
+    Cuda(CudaBuffer),
 }
 
 impl Buffer {
     fn open(dir: &Path, b: &WorkerBuffer) -> Result<Buffer, WorkerError> {
         match b.kind {
-            BUF_HOST_SHM => {}
-            BUF_CUDA_IPC => return Err(WorkerError::NoCuda),
-            k => return Err(WorkerError::Bad(format!("unknown buffer kind {k}"))),
+            BUF_HOST_SHM => ShmBuffer::open(dir, b).map(Buffer::Shm),
+            BUF_CUDA_IPC => {
+                let handle: &[u8; 64] = b.handle.as_slice().try_into().map_err(|_| {
+                    WorkerError::Bad(format!("an IPC handle is 64 bytes, not {}", b.handle.len()))
+                })?;
+                CudaBuffer::open(b.device, handle, b.offset, b.nbytes).map(Buffer::Cuda)
+            }
+            k => Err(WorkerError::Bad(format!("unknown buffer kind {k}"))),
         }
+    }
+
+    fn nbytes(&self) -> u64 {
+        match self {
+            Buffer::Shm(b) => b.nbytes,
+            Buffer::Cuda(b) => b.nbytes(),
+        }
+    }
+
+    fn read(&self, at: u64, len: usize) -> io::Result<Vec<u8>> {
+        match self {
+            Buffer::Shm(b) => b.read(at, len),
+            Buffer::Cuda(b) => b.read(at, len),
+        }
+    }
+
+    fn write(&self, at: u64, data: &[u8]) -> io::Result<()> {
+        match self {
+            Buffer::Shm(b) => b.write(at, data),
+            Buffer::Cuda(b) => b.write(at, data),
+        }
+    }
+}
+
+/// A host buffer: a file in the caller's `/dev/shm`, at an offset.
+struct ShmBuffer {
+    file: File,
+    offset: u64,
+    nbytes: u64,
+}
+
+impl ShmBuffer {
+    fn open(dir: &Path, b: &WorkerBuffer) -> Result<ShmBuffer, WorkerError> {
         let name =
             abi::text(&b.handle, "a shm name").map_err(|e| WorkerError::Bad(e.to_string()))?;
         if name.is_empty() || name.contains('/') || name == "." || name == ".." {
@@ -68,7 +106,7 @@ impl Buffer {
                 b.offset
             )));
         }
-        Ok(Buffer {
+        Ok(ShmBuffer {
             file,
             offset: b.offset,
             nbytes: b.nbytes,
@@ -121,7 +159,7 @@ impl Buffers {
         for (entry, b) in by_entry {
             let start = total;
             total = total
-                .checked_add(b.nbytes)
+                .checked_add(b.nbytes())
                 .ok_or_else(|| WorkerError::Bad("buffers larger than 2^64 bytes".into()))?;
             entries.push((entry, start, b));
         }
@@ -153,7 +191,7 @@ impl Buffers {
             cut(0, self.total);
         } else {
             for (_, start, b) in &self.entries {
-                cut(*start, start + b.nbytes);
+                cut(*start, start + b.nbytes());
             }
         }
         out
@@ -172,7 +210,7 @@ impl Buffers {
             if pos >= end {
                 break;
             }
-            let (s, e) = (*start, start + b.nbytes);
+            let (s, e) = (*start, start + b.nbytes());
             if e <= pos {
                 continue;
             }

@@ -4,6 +4,7 @@
 //! fill buffers from another worker, let go of a registration), serves the bytes of what is
 //! registered on its data port ([`host`]), and exits when its agent closes the control socket.
 
+pub mod cuda_buffer;
 pub mod enter;
 pub mod host;
 pub mod memory;
@@ -36,8 +37,10 @@ pub enum WorkerError {
     },
     #[error("{0}")]
     Bad(String),
-    #[error("CUDA buffers need a GPU and NCCL, and this worker found neither (host buffers work)")]
-    NoCuda,
+    #[error("CUDA buffers need a GPU, and this worker has none (host buffers work): {0}")]
+    NoCuda(String),
+    #[error("CUDA: {0}")]
+    Cuda(String),
     #[error("the peer worker {0}")]
     Peer(String),
     #[error("{1}")]
@@ -53,7 +56,7 @@ impl WorkerError {
     pub fn errno(&self) -> i32 {
         match self {
             WorkerError::Bad(_) => libc::EINVAL,
-            WorkerError::NoCuda => libc::ENODEV,
+            WorkerError::NoCuda(_) => libc::ENODEV,
             WorkerError::Remote(e, _) => *e,
             WorkerError::NoRegistration(_) => libc::ENOENT,
             WorkerError::Buffer { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
