@@ -3,8 +3,11 @@
 # and two `kt mount`s (FUSE) on loopback addresses, and torch in separate processes putting and
 # getting CUDA state dicts through the mounts' /kt/.gpu control files (python/tests/test_cuda.py,
 # then python/tests/test_tensors.py for host buffers on the same machine). Keeps under $OUT:
-# stack.log (pytest's output), stack.xml (its junit report), cuda-rate.jsonl (the 1 GiB get's
-# rate beside a device-to-device copy) and stack-env.txt (FUSE, NCCL and the Python found).
+# stack.log (pytest's output), cuda-rate.jsonl (the rates of the large gets, beside a
+# device-to-device copy) and stack-env.txt (FUSE, the Python found, and the communicators the
+# workers' NCCL formed, from its debug logs). With NCCL found (KT_NCCL_LIBRARY or where pip and
+# distributions put it), the windows of one member per node must go over NCCL: each mount is
+# its own host to NCCL (conftest.py), over sockets, since both ranks share the one GPU.
 #
 #   OUT=/tmp/out KT_BIN=path/to/kt bash scripts/device-stack.sh path/to/ktfs-*.whl
 #
@@ -41,10 +44,19 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$w
 
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" KT_BIN PYTHONUNBUFFERED=1
 export KT_CUDA_REPORT="$OUT/cuda-rate.jsonl"
-timeout --kill-after=15 "${KT_STACK_TIMEOUT:-300}" python3 -m pytest -q -x -p no:cacheprovider \
-    -o addopts= --junitxml="$OUT/stack.xml" python/tests/test_cuda.py python/tests/test_tensors.py \
-    >"$OUT/stack.log" 2>&1
+nccl_logs=$(mktemp -d /tmp/kt-nccl-logs.XXXXXX)
+export NCCL_DEBUG=INFO NCCL_DEBUG_FILE="$nccl_logs/nccl.%h.%p" NCCL_SOCKET_IFNAME=lo
+export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1
+if [[ -n ${KT_NCCL_LIBRARY:-} ]] || compgen -G "/opt/*/.venv/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2" >/dev/null; then
+    export KT_EXPECT_NCCL=1
+fi
+timeout --kill-after=15 "${KT_STACK_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider \
+    -o addopts= python/tests/test_cuda.py python/tests/test_tensors.py >"$OUT/stack.log" 2>&1
 status=$?
+{
+    echo "NCCL debug logs: $(find "$nccl_logs" -type f | wc -l) files"
+    grep -h "Init COMPLETE\|NCCL WARN\|Bootstrap\|Using network" "$nccl_logs"/* 2>/dev/null | head -40
+} >>"$OUT/stack-env.txt"
 tail -n 40 "$OUT/stack.log"
 [[ -s $KT_CUDA_REPORT ]] && cat "$KT_CUDA_REPORT"
 echo "device-stack: pytest exited $status" >&2

@@ -263,6 +263,7 @@ class _Control:
         except OSError as e:
             raise _error(e.errno or 0, f"opening {path}: {e.strerror}") from None
         self.shm: Optional[_Shm] = None
+        self.keep: List[_Tensor] = []
 
     def ioctl(self, cmd: int, arg: ctypes.Structure, what: str) -> int:
         r = _libc.ioctl(self.fd, cmd, ctypes.addressof(arg))
@@ -414,6 +415,9 @@ def put(key: str, src: Any, window: Any = None, pg_mode: Optional[str] = None) -
                 ctypes.memmove(ctl.shm.address(t.offset), t.ptr, t.nbytes)  # type: ignore[union-attr]
         _synchronize(tensors)
         ctl.wait(ctl.commit(abi.PUT, tensors))
+        # The worker reads CUDA tensors where they are: they must outlive the publication,
+        # even when the caller kept no reference (`src=torch.randn(..., device="cuda")`).
+        ctl.keep = tensors
     except BaseException:
         ctl.close()
         raise

@@ -103,7 +103,10 @@ def mounts(cluster, tmp_path_factory):
                 Proc(
                     [kt, "mount", str(point), "--server", cluster["server"].addr, "--listen", f"{ip}:0",
                      "--cache-dir", str(d / "cache"), "--socket", str(d / "agent.sock"),
-                     "--node-id", f"py-mount-{i}", "--heartbeat-secs", "1"]
+                     "--node-id", f"py-mount-{i}", "--heartbeat-secs", "1"],
+                    # Each node its own host to NCCL: on a machine of one GPU, ranks of separate
+                    # nodes would otherwise be refused as one GPU used twice (see GPU.md).
+                    env={"NCCL_HOSTID": f"py-mount-{i}"},
                 )
             )
             points.append(str(point))

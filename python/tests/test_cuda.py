@@ -134,6 +134,108 @@ def test_a_window_fills_every_getters_gpu_buffers(cluster, mounts, monkeypatch, 
     kt.rm("cuda-win/sd" + flag)
 
 
+NCCL_GETTER = textwrap.dedent(
+    """
+    import json, sys, time
+    import torch
+    import ktfs as kt
+    n, pack = int(sys.argv[1]), sys.argv[2] == "1"
+    dest = {"big": torch.zeros(n, dtype=torch.uint8, device="cuda"),
+            "small": torch.zeros(1000, dtype=torch.float32, device="cuda"),
+            "half": torch.zeros(33, dtype=torch.float16, device="cuda")}
+    w = kt.BroadcastWindow(world_size=2, group_id="nccl-" + sys.argv[2], pack=pack, timeout=120)
+    t0 = time.monotonic()
+    kt.get(key="cuda-nccl/sd" + sys.argv[2], dest=dest, broadcast=w)
+    took = time.monotonic() - t0
+    print(json.dumps({"sum": int(dest["big"].sum().item()), "small": dest["small"].sum().item(),
+                      "half": dest["half"].float().sum().item(), "s": took}))
+    """
+)
+
+
+def nccl_inits() -> int:
+    """Communicators NCCL formed so far in this machine's workers, as their debug logs say
+    (the device check sets NCCL_DEBUG_FILE for the mounts; 0 where it does not)."""
+    pattern = os.environ.get("NCCL_DEBUG_FILE")
+    if not pattern:
+        return 0
+    d = os.path.dirname(pattern)
+    n = 0
+    for f in os.listdir(d) if os.path.isdir(d) else []:
+        with open(os.path.join(d, f), errors="replace") as fh:
+            n += sum("Init COMPLETE" in line for line in fh)
+    return n
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_a_window_of_one_member_per_node_goes_over_nccl(cluster, mounts, monkeypatch, pack):
+    """A putter and a getter on two nodes, every buffer in GPU memory: one NCCL broadcast from
+    worker to worker (each node its own host to NCCL, over sockets on one machine)."""
+    a, b = mounts
+    n = 256 << 20
+    flag = "1" if pack else "0"
+    sd = {"big": torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda"),
+          "small": torch.arange(1000, dtype=torch.float32, device="cuda"),
+          "half": torch.full((33,), 0.5, dtype=torch.float16, device="cuda")}
+    before = nccl_inits()
+    getter = subprocess.Popen([sys.executable, "-c", NCCL_GETTER, str(n), flag],
+                              env={**os.environ, "KT_MOUNT": b}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    at(monkeypatch, a)
+    w = kt.BroadcastWindow(world_size=2, group_id="nccl-" + flag, pack=pack, timeout=120)
+    kt.put(key="cuda-nccl/sd" + flag, src=sd, broadcast=w)
+    out, err = getter.communicate(timeout=120)
+    assert getter.returncode == 0, err
+    got = json.loads(out)
+    assert got["sum"] == int(sd["big"].sum().item())
+    assert got["small"] == sd["small"].sum().item() and got["half"] == 33 * 0.5
+    if os.environ.get("KT_EXPECT_NCCL") == "1":
+        # Both workers formed a communicator for this window.
+        assert nccl_inits() - before >= 2, "the window did not go over NCCL"
+    report = os.environ.get("KT_CUDA_REPORT")
+    if report:
+        with open(report, "a") as f:
+            f.write(json.dumps({"window": "nccl", "pack": pack, "bytes": n, "get_s": got["s"],
+                                "get_gib_s": n / got["s"] / 2**30}) + "\n")
+    kt.rm("cuda-nccl/sd" + flag)
+
+
+def test_the_reference_gpu_examples_run_as_written(cluster, mounts, monkeypatch):
+    a, b = mounts
+    at(monkeypatch, a)
+    torch.manual_seed(7)
+    kt.put(key="model/layer1", src=torch.randn(1000, 1000, device="cuda"))
+    # The put holds the tensor: memory the caller let go of is not handed to the next one.
+    junk = torch.zeros(1000, 1000, device="cuda")
+    torch.manual_seed(7)
+    want = torch.randn(1000, 1000, device="cuda")
+    at(monkeypatch, b)
+    assert torch.equal(kt.get(key="model/layer1").cuda(), want)
+    del junk
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.LayerNorm(32)).cuda()
+    getter = textwrap.dedent(
+        """
+        import torch, ktfs as kt, hashlib
+        model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.LayerNorm(32)).cuda()
+        kt.get(key="model/weights", dest=model.state_dict(), broadcast=kt.BroadcastWindow(world_size=4, pack=True))
+        print(hashlib.sha256(b"".join(v.cpu().reshape(-1).view(torch.uint8).numpy().tobytes() for v in model.state_dict().values())).hexdigest())
+        """
+    )
+    getters = [subprocess.Popen([sys.executable, "-c", getter], env={**os.environ, "KT_MOUNT": p},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for p in (b, a, b)]
+    at(monkeypatch, a)
+    kt.put(key="model/weights", src=model.state_dict(), broadcast=kt.BroadcastWindow(world_size=4, pack=True))
+    want = hashlib.sha256(b"".join(v.cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+                                   for v in model.state_dict().values())).hexdigest()
+    for g in getters:
+        out, err = g.communicate(timeout=120)
+        assert g.returncode == 0, err
+        assert out.strip() == want
+    kt.rm("model", prefix=True)
+
+
 def test_a_large_gpu_tensor_round_trips_and_reports_its_rate(cluster, mounts, monkeypatch):
     """1 GiB from one node's GPU memory into another's; the rate goes to the device check's
     report beside a device-to-device copy of the same bytes."""

@@ -14,7 +14,7 @@
 //!
 //! Plain state with an explicit `now`, as [`super::Broadcasts`] is.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use super::window::quorum;
@@ -35,6 +35,8 @@ pub struct GpuJoiner {
     pub table_json: String,
     pub flags: u32,
     pub unique_id: Vec<u8>,
+    /// Its worker can move its buffers over NCCL.
+    pub nccl: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -188,6 +190,7 @@ impl Window {
                         Fate::Failed(e) => e.clone(),
                         _ => String::new(),
                     },
+                    nccl: m.joiner.nccl,
                 })
                 .collect(),
             closed: self.closed_by.is_some(),
@@ -204,7 +207,25 @@ impl Window {
             finished: self.finished(),
             opened_unix_ms: self.opened_unix_ms,
             closed_unix_ms: self.closed_unix_ms,
+            nccl: self.over_nccl(),
         }
+    }
+
+    /// Whether the plan is one NCCL broadcast: decided at the quorum, when the members are
+    /// known; every one must be able to (a host buffer, or a worker without NCCL, takes the
+    /// whole window to the host transport), the putter must have brought a unique id, and no
+    /// two members may be one worker (a rank per process: two callers of one pod in one
+    /// window would be two ranks of one process, on one GPU perhaps, which NCCL refuses).
+    fn over_nccl(&self) -> bool {
+        let mut workers = HashSet::new();
+        self.closed_by.is_some()
+            && self
+                .putter()
+                .is_some_and(|p| !self.members[p].joiner.unique_id.is_empty())
+            && self
+                .members
+                .iter()
+                .all(|m| m.joiner.nccl && workers.insert(m.joiner.worker_addr.as_str()))
     }
 
     fn deadline(&self) -> Option<Instant> {
@@ -370,6 +391,7 @@ mod tests {
             table_json: "{}".into(),
             flags: 0,
             unique_id: Vec::new(),
+            nccl: false,
         }
     }
 
@@ -400,6 +422,65 @@ mod tests {
             v.into_iter().map(|(_, id, p)| (id, p)).collect()
         };
         assert_eq!(by_rank, vec![(2, -1), (0, 2), (1, 0), (3, 1)]);
+    }
+
+    #[test]
+    fn a_window_goes_over_nccl_only_when_every_member_can_and_the_putter_brought_an_id() {
+        let clock = ManualClock::default();
+        let nccl = |node: &str, role: Role, id: bool| GpuJoiner {
+            nccl: true,
+            unique_id: if id { vec![9; 128] } else { Vec::new() },
+            ..joiner(node, role, 1)
+        };
+        let run = |members: Vec<GpuJoiner>| {
+            let mut g = GpuWindows::default();
+            let s = spec(members.len() as u32, 0, 0);
+            let mut last = None;
+            for m in members {
+                last = Some(g.join(s.clone(), m, ALIVE, clock.now()).unwrap().0 .0);
+            }
+            last.unwrap()
+        };
+        let w = run(vec![
+            nccl("a", Role::Putter, true),
+            nccl("b", Role::Getter, false),
+            nccl("c", Role::Getter, false),
+        ]);
+        assert!(w.closed && w.nccl && w.unique_id == vec![9; 128]);
+        let putter = w.members.iter().find(|m| m.role() == Role::Putter).unwrap();
+        assert_eq!(putter.rank, 0, "the putter is the root, rank 0");
+        assert!(w.members.iter().all(|m| m.nccl));
+        // One member with host buffers (or no NCCL) takes the window to the host transport.
+        let w = run(vec![
+            nccl("a", Role::Putter, true),
+            joiner("b", Role::Getter, 1),
+            nccl("c", Role::Getter, false),
+        ]);
+        assert!(w.closed && !w.nccl);
+        // Two members of one worker: the host transport.
+        let w = run(vec![
+            nccl("a", Role::Putter, true),
+            nccl("b", Role::Getter, false),
+            nccl("b", Role::Getter, false),
+        ]);
+        assert!(w.closed && !w.nccl);
+        // No id from the putter: no NCCL either.
+        let w = run(vec![
+            nccl("a", Role::Putter, false),
+            nccl("b", Role::Getter, false),
+        ]);
+        assert!(w.closed && !w.nccl);
+        // Before the quorum nothing is decided.
+        let mut g = GpuWindows::default();
+        let ((w, _), _) = g
+            .join(
+                spec(3, 0, 0),
+                nccl("a", Role::Putter, true),
+                ALIVE,
+                clock.now(),
+            )
+            .unwrap();
+        assert!(!w.closed && !w.nccl);
     }
 
     #[test]

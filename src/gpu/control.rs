@@ -25,10 +25,16 @@ use crate::key::{KeyPath, Namespace};
 use crate::locks::lock;
 use crate::proto::worker_request::Op;
 use crate::proto::{
-    GpuKey, ListRequest, PublishGpuRequest, RemoveRequest, ResolveRequest, Role, WorkerBuffer,
-    WorkerFetch, WorkerProgress, WorkerRegister, WorkerRelease,
+    GpuKey, ListRequest, PublishGpuRequest, RemoveRequest, ResolveRequest, Role, WorkerBroadcast,
+    WorkerBuffer, WorkerFetch, WorkerNcclId, WorkerProgress, WorkerRegister, WorkerRelease,
 };
 use crate::rpc::{ClientError, Store};
+
+/// How long an NCCL communicator may take to form, and a broadcast beyond its bytes' time at
+/// [`NCCL_SLOWEST_BYTES_PER_MS`]: a member that died or hangs fails the others by then.
+const NCCL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+/// 100 MB/s: slower than any link NCCL runs over.
+const NCCL_SLOWEST_BYTES_PER_MS: u64 = 100_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
@@ -653,8 +659,8 @@ impl Commit {
     }
 
     /// Hands the buffers to the caller's worker; a getter's are to be filled (and serve what
-    /// they hold onwards meanwhile).
-    async fn register(&self, publisher: bool) -> Result<Arc<WorkerClient>, GpuError> {
+    /// they hold onwards meanwhile). With whether the worker can move them over NCCL.
+    async fn register(&self, publisher: bool) -> Result<(Arc<WorkerClient>, bool), GpuError> {
         let worker = self.worker().await?;
         let reg = Registration {
             id: random_id(),
@@ -670,9 +676,9 @@ impl Commit {
             }))
             .await;
         *lock(&self.registration) = Some(reg);
-        registered?;
+        let nccl = registered?.nccl;
         self.still_open().await?;
-        Ok(worker)
+        Ok((worker, nccl))
     }
 
     /// Fails, letting go of what was registered, if the control file closed meanwhile.
@@ -705,7 +711,21 @@ impl Commit {
         asked: &Asked,
         role: Role,
         worker: &WorkerClient,
+        nccl: bool,
     ) -> Result<Membership, GpuError> {
+        // The putter's worker makes the communicator's id; one that cannot takes the window to
+        // the host transport (the server sees no id).
+        let unique_id = if nccl && role == Role::Putter {
+            match worker.call(Op::NcclId(WorkerNcclId {})).await {
+                Ok(r) => r.unique_id,
+                Err(e) => {
+                    tracing::warn!(key = %self.key, "no NCCL unique id, so the host transport: {e}");
+                    Vec::new()
+                }
+            }
+        } else {
+            Vec::new()
+        };
         let m = window::join(
             &self.store,
             Joining {
@@ -718,6 +738,8 @@ impl Commit {
                 registration: self.registration(),
                 digest: &self.table.digest().0,
                 table_json: &self.table_json,
+                nccl,
+                unique_id,
             },
         )
         .await?;
@@ -732,7 +754,7 @@ impl Commit {
         if self.window.is_none() {
             t.set(abi::RUNNING);
         }
-        let worker = self.register(true).await?;
+        let (worker, nccl) = self.register(true).await?;
         let mut store = self.store.clone();
         store
             .publish_gpu(PublishGpuRequest {
@@ -756,11 +778,14 @@ impl Commit {
             return Ok(self.table.nbytes());
         };
         // In a window the putter's transfer is the broadcast: it ends when every getter's has.
-        let m = self.join(&asked, Role::Putter, &worker).await?;
+        let m = self.join(&asked, Role::Putter, &worker, nccl).await?;
         let moved = async {
-            m.plan(&self.store, &self.closed).await?;
+            let plan = m.plan(&self.store, &self.closed).await?;
             t.set(abi::RUNNING);
-            m.getters_done(&self.store, &self.closed).await
+            if plan.window.nccl {
+                self.broadcast(&worker, &plan).await?;
+            }
+            Ok::<_, GpuError>(m.getters_done(&self.store, &self.closed).await?)
         }
         .await;
         m.finish(&self.store, "").await;
@@ -789,7 +814,7 @@ impl Commit {
         }
         .ok_or_else(|| GpuError::NotFound(self.key.to_string()))?;
         self.check_table(&gpu.table_json)?;
-        let worker = self.register(false).await?;
+        let (worker, _) = self.register(false).await?;
         t.set(abi::RUNNING);
         let r = worker
             .call(Op::Fetch(WorkerFetch {
@@ -799,6 +824,32 @@ impl Commit {
                 source: format!("the publisher on node {}", gpu.publisher_node),
                 pack: true,
                 serialised: false,
+            }))
+            .await?;
+        Ok(r.bytes)
+    }
+
+    /// This member's part in the window's NCCL broadcast; the bytes moved.
+    async fn broadcast(&self, worker: &WorkerClient, plan: &window::Plan) -> Result<u64, GpuError> {
+        let root = plan
+            .window
+            .members
+            .iter()
+            .find(|m| m.role() == Role::Putter)
+            .map(|m| m.rank)
+            .ok_or_else(|| GpuError::Buffers("the plan has no putter".into()))?;
+        let within =
+            NCCL_DEADLINE.as_millis() as u64 + self.table.nbytes() / NCCL_SLOWEST_BYTES_PER_MS;
+        let r = worker
+            .call(Op::Broadcast(WorkerBroadcast {
+                registration: self.registration(),
+                unique_id: plan.window.unique_id.clone(),
+                nranks: plan.window.members.len() as u32,
+                rank: plan.me.rank,
+                root,
+                pack: plan.pack(),
+                deadline_ms: within,
+                window: plan.window.group_id.clone(),
             }))
             .await?;
         Ok(r.bytes)
@@ -844,8 +895,8 @@ impl Commit {
     /// the plan is out), the quorum awaited, then the bytes pulled from the parent the plan
     /// names while this member's own children pull from it.
     async fn get_in_window(self, asked: &Asked, t: &Transfer) -> Result<u64, GpuError> {
-        let worker = self.register(false).await?;
-        let m = self.join(asked, Role::Getter, &worker).await?;
+        let (worker, nccl) = self.register(false).await?;
+        let m = self.join(asked, Role::Getter, &worker, nccl).await?;
         let moved = async {
             let plan = match m.plan(&self.store, &self.closed).await {
                 Err(WindowError::Failed(libc::EBADMSG, why)) => {
@@ -855,6 +906,9 @@ impl Commit {
             };
             self.check_table(&plan.window.table_json)?;
             t.set(abi::RUNNING);
+            if plan.window.nccl {
+                return self.broadcast(&worker, &plan).await;
+            }
             let parent = plan
                 .parent
                 .clone()

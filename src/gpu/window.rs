@@ -87,6 +87,10 @@ pub struct Joining<'a> {
     pub registration: u64,
     pub digest: &'a [u8],
     pub table_json: &'a str,
+    /// Its worker can move its buffers over NCCL.
+    pub nccl: bool,
+    /// A putter's NCCL unique id (empty: none).
+    pub unique_id: Vec<u8>,
 }
 
 /// Joins the window; a window that refuses the joiner (closed already, a second putter) is a
@@ -110,7 +114,8 @@ pub async fn join(store: &Store, j: Joining<'_>) -> Result<Membership, WindowErr
                 String::new()
             },
             flags: j.asked.flags,
-            unique_id: Vec::new(),
+            unique_id: j.unique_id,
+            nccl: j.nccl,
         })
         .await
         .map_err(ClientError::from);

@@ -1161,6 +1161,7 @@ impl Store for StoreHandler {
             table_json: r.table_json,
             flags: r.flags,
             unique_id: r.unique_id,
+            nccl: r.nccl,
         };
         let ((window, _), member) = {
             let alive = self.alive();

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
-use crate::gpu::cuda::{CudaError, Device, IpcMapping, Stream};
+use crate::gpu::cuda::{CudaError, Device, DeviceRange, IpcMapping, Stream};
 use crate::locks::lock;
 
 use super::WorkerError;
@@ -72,7 +72,21 @@ impl CudaBuffer {
         lock(&self.stream).upload(range, data).map_err(to_io)
     }
 
-    fn range(&self, at: u64, len: usize) -> io::Result<crate::gpu::cuda::DeviceRange<'_>> {
+    /// The device the buffer is on (as this worker numbers it).
+    pub fn device(&self) -> &Arc<Device> {
+        self.mapping.device()
+    }
+
+    /// The whole buffer, for the device's own copies and NCCL.
+    pub fn whole(&self) -> Result<DeviceRange<'_>, CudaError> {
+        let start = usize::try_from(self.offset)
+            .map_err(|_| CudaError::Invalid("an offset past the address space".into()))?;
+        let len = usize::try_from(self.nbytes)
+            .map_err(|_| CudaError::Invalid("a length past the address space".into()))?;
+        self.mapping.allocation().slice(start, len)
+    }
+
+    fn range(&self, at: u64, len: usize) -> io::Result<DeviceRange<'_>> {
         if at
             .checked_add(len as u64)
             .is_none_or(|end| end > self.nbytes)

@@ -9,7 +9,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
@@ -17,6 +17,7 @@ use super::cuda_buffer::CudaBuffer;
 use super::host::CHUNK;
 use super::WorkerError;
 use crate::gpu::abi::{self, BUF_CUDA_IPC, BUF_HOST_SHM};
+use crate::gpu::cuda::{Device, DeviceRange};
 use crate::locks::lock;
 use crate::proto::WorkerBuffer;
 
@@ -174,6 +175,22 @@ impl Buffers {
 
     pub fn nbytes(&self) -> u64 {
         self.total
+    }
+
+    /// Every entry's device memory, in table order, with their one device: `None` unless every
+    /// buffer is a CUDA buffer and all are on one device (what an NCCL broadcast needs).
+    pub fn device_ranges(&self) -> Option<(Arc<Device>, Vec<DeviceRange<'_>>)> {
+        let mut device: Option<&Arc<Device>> = None;
+        let mut ranges = Vec::with_capacity(self.entries.len());
+        for (_, _, b) in &self.entries {
+            let Buffer::Cuda(c) = b else { return None };
+            if device.is_some_and(|d| d.ordinal() != c.device().ordinal()) {
+                return None;
+            }
+            device = Some(c.device());
+            ranges.push(c.whole().ok()?);
+        }
+        Some((device?.clone(), ranges))
     }
 
     /// The requests that move the run, in order: `pack` cuts the run into chunks that may span

@@ -4,6 +4,7 @@
 //! fill buffers from another worker, let go of a registration), serves the bytes of what is
 //! registered on its data port ([`host`]), and exits when its agent closes the control socket.
 
+pub mod collective;
 pub mod cuda_buffer;
 pub mod enter;
 pub mod host;
@@ -103,6 +104,8 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
     // Per registration, the fetch filling it: the request it answers and its task.
     let mut fetches: HashMap<u64, (u64, tokio::task::JoinHandle<()>)> = HashMap::new();
     let serialised = Arc::new(AsyncMutex::new(()));
+    // Per registration in an NCCL broadcast, its communicator once formed, for a Release.
+    let mut aborts: HashMap<u64, collective::AbortSlot> = HashMap::new();
     while let Some(req) = wire::recv::<_, WorkerRequest>(&mut rd).await? {
         let id = req.id;
         let reply = |r: Result<u64, WorkerError>| answer(id, r);
@@ -115,12 +118,17 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
                 .await
                 .map_err(|e| WorkerError::Bad(e.to_string()))
                 .and_then(|x| x);
+                let mut nccl = false;
                 let answer = opened.map(|(reg, b)| {
                     let n = b.nbytes();
+                    nccl =
+                        b.device_ranges().is_some() && crate::gpu::cuda::probe().nccl_transfers();
                     lock(&served).insert(reg, Arc::new(b));
                     n
                 });
-                wire::send(&mut *wr.lock().await, &reply(answer)).await?;
+                let mut r = reply(answer);
+                r.nccl = nccl;
+                wire::send(&mut *wr.lock().await, &r).await?;
             }
             Some(Op::Fetch(f)) => {
                 let dst = lock(&served).get(&f.registration).cloned();
@@ -150,7 +158,52 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
                 });
                 fetches.insert(f.registration, (id, task));
             }
+            Some(Op::NcclId(_)) => {
+                let r = match crate::gpu::cuda::UniqueId::new() {
+                    Ok(made) => WorkerReply {
+                        id,
+                        unique_id: made.as_bytes().to_vec(),
+                        ..Default::default()
+                    },
+                    Err(e) => reply(Err(e.into())),
+                };
+                wire::send(&mut *wr.lock().await, &r).await?;
+            }
+            Some(Op::Broadcast(bc)) => {
+                let bufs = lock(&served).get(&bc.registration).cloned();
+                let slot = collective::AbortSlot::default();
+                aborts.insert(bc.registration, slot.clone());
+                let wr = wr.clone();
+                let one_at_a_time = serialised.clone();
+                let registration = bc.registration;
+                let task = tokio::spawn(async move {
+                    let moved = async {
+                        let bufs = bufs.ok_or(WorkerError::NoRegistration(registration))?;
+                        let b = collective::Broadcast {
+                            unique_id: crate::gpu::cuda::UniqueId::from_bytes(&bc.unique_id)
+                                .map_err(|e| WorkerError::Bad(e.to_string()))?,
+                            nranks: bc.nranks as usize,
+                            rank: bc.rank as usize,
+                            root: bc.root as usize,
+                            pack: bc.pack,
+                            within: std::time::Duration::from_millis(bc.deadline_ms.max(1)),
+                        };
+                        let _turn = one_at_a_time.lock().await;
+                        let window = bc.window;
+                        tokio::task::spawn_blocking(move || collective::run(&bufs, &b, &slot))
+                            .await
+                            .map_err(|e| WorkerError::Bad(e.to_string()))?
+                            .map_err(|e| collective::in_window(e, &window))
+                    }
+                    .await;
+                    let _ = wire::send(&mut *wr.lock().await, &answer(id, moved)).await;
+                });
+                fetches.insert(registration, (id, task));
+            }
             Some(Op::Release(r)) => {
+                if let Some(h) = aborts.remove(&r.registration).and_then(|s| lock(&s).take()) {
+                    h.abort();
+                }
                 if let Some((fetch_id, t)) = fetches.remove(&r.registration) {
                     t.abort();
                     // The aborted fetch still owes its caller an answer.
@@ -177,6 +230,7 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
             }
         }
         fetches.retain(|_, (_, t)| !t.is_finished());
+        aborts.retain(|reg, _| fetches.contains_key(reg));
     }
     tracing::info!("the agent let go of this transfer worker; exiting");
     Ok(())

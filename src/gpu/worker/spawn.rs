@@ -38,6 +38,27 @@ pub struct WorkerClient {
     pid: u32,
 }
 
+/// `LD_LIBRARY_PATH` for a worker to load the NCCL this agent finds (`KT_NCCL_LIBRARY`, pip's,
+/// a distribution's; see [`crate::gpu::cuda::nccl_lib`]), found once.
+fn nccl_loader_path() -> Option<&'static std::ffi::OsString> {
+    static PATH: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let scratch = std::env::temp_dir().join(format!("kt-agent-{}", std::process::id()));
+        match crate::gpu::cuda::loader_path_for_nccl(&scratch) {
+            Ok(Some((lib, path))) => {
+                tracing::info!(library = %lib.display(), "transfer workers load this NCCL");
+                Some(path)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!("linking NCCL for the transfer workers: {e}");
+                None
+            }
+        }
+    })
+    .as_ref()
+}
+
 /// Whether `pid` lives in this process's PID, IPC, mount and network namespaces.
 pub fn shares_namespaces(pid: u32) -> bool {
     ["pid", "ipc", "mnt", "net"].iter().all(|ns| {
@@ -79,6 +100,14 @@ impl WorkerClient {
         cmd.args(&args)
             .stdin(std::process::Stdio::null())
             .kill_on_drop(false);
+        // The loader reads LD_LIBRARY_PATH only at a process's start, and the bindings never ask
+        // for pip's `libnccl.so.2` by that name. A worker that enters a pod loads the pod's
+        // libraries, which this path (the agent's filesystem) does not name.
+        if shares_namespaces(caller) {
+            if let Some(path) = nccl_loader_path() {
+                cmd.env("LD_LIBRARY_PATH", path);
+            }
+        }
         // SAFETY: between fork and exec only async-signal-safe calls: dup2 onto the one
         // descriptor number the worker expects, which clears its close-on-exec flag.
         unsafe {
