@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -198,6 +199,67 @@ def test_a_window_of_one_member_per_node_goes_over_nccl(cluster, mounts, monkeyp
             f.write(json.dumps({"window": "nccl", "pack": pack, "bytes": n, "get_s": got["s"],
                                 "get_gib_s": n / got["s"] / 2**30}) + "\n")
     kt.rm("cuda-nccl/sd" + flag)
+
+
+KILLED_GETTER = textwrap.dedent(
+    """
+    import sys, torch, ktfs as kt
+    dest = {"big": torch.zeros(int(sys.argv[1]), dtype=torch.uint8, device="cuda")}
+    w = kt.BroadcastWindow(world_size=2, group_id="nccl-kill", timeout=120)
+    kt.get(key="cuda-kill/sd", dest=dest, broadcast=w)
+    """
+)
+
+
+def test_a_getter_killed_mid_nccl_broadcast_fails_the_putter_in_time(cluster, mounts, monkeypatch):
+    """kill -9 of a getter once both ranks' communicators formed: the putter fails within
+    seconds (not at the 60 s deadline), naming the member, and the next window works."""
+    if os.environ.get("KT_EXPECT_NCCL") != "1" or not os.environ.get("NCCL_DEBUG_FILE"):
+        pytest.skip("needs NCCL and its debug logs (the device check sets both)")
+    a, b = mounts
+    n = 4 << 30
+    before = nccl_inits()
+    getter = subprocess.Popen([sys.executable, "-c", KILLED_GETTER, str(n)],
+                              env={**os.environ, "KT_MOUNT": b}, stderr=subprocess.PIPE, text=True)
+
+    def kill_once_formed():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and nccl_inits() - before < 2:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        getter.kill()
+
+    killer = threading.Thread(target=kill_once_formed, daemon=True)
+    killer.start()
+    at(monkeypatch, a)
+    sd = {"big": torch.ones(n, dtype=torch.uint8, device="cuda")}
+    t0 = time.monotonic()
+    with pytest.raises(kt.KtError) as failed:
+        kt.put(key="cuda-kill/sd", src=sd, broadcast=kt.BroadcastWindow(world_size=2, group_id="nccl-kill", timeout=120))
+    took = time.monotonic() - t0
+    killer.join()
+    getter.wait()
+    assert nccl_inits() - before >= 2, "the window did not go over NCCL"
+    assert took < 40, f"the putter failed after {took:.1f} s"
+    assert "py-mount-1" in str(failed.value) or "member" in str(failed.value), str(failed.value)
+    report = os.environ.get("KT_CUDA_REPORT")
+    if report:
+        with open(report, "a") as f:
+            f.write(json.dumps({"killed_getter": True, "putter_failed_after_s": took,
+                                "error": str(failed.value)}) + "\n")
+    # Both workers are fine: the next window between the nodes goes through.
+    del sd
+    getter = subprocess.Popen([sys.executable, "-c", NCCL_GETTER, str(1 << 20), "1"],
+                              env={**os.environ, "KT_MOUNT": b}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    small = {"big": torch.full((1 << 20,), 3, dtype=torch.uint8, device="cuda"),
+             "small": torch.ones(1000, dtype=torch.float32, device="cuda"),
+             "half": torch.full((33,), 0.5, dtype=torch.float16, device="cuda")}
+    kt.put(key="cuda-nccl/sd1", src=small, broadcast=kt.BroadcastWindow(world_size=2, group_id="nccl-1", pack=True, timeout=120))
+    out, err = getter.communicate(timeout=120)
+    assert getter.returncode == 0, err
+    assert json.loads(out)["sum"] == 3 << 20
+    kt.rm("cuda-nccl/sd1")
 
 
 def test_the_reference_gpu_examples_run_as_written(cluster, mounts, monkeypatch):

@@ -35,6 +35,9 @@ use crate::rpc::{ClientError, Store};
 const NCCL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 /// 100 MB/s: slower than any link NCCL runs over.
 const NCCL_SLOWEST_BYTES_PER_MS: u64 = 100_000;
+/// How long a putter whose NCCL broadcast failed waits for the getters' reports, to say whose
+/// failure it was.
+const NAME_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
@@ -783,7 +786,19 @@ impl Commit {
             let plan = m.plan(&self.store, &self.closed).await?;
             t.set(abi::RUNNING);
             if plan.window.nccl {
-                self.broadcast(&worker, &plan).await?;
+                if let Err(e) = self.broadcast(&worker, &plan).await {
+                    // A collective fails everywhere at once and NCCL names no one; the window
+                    // knows which member went first, once the getters have reported.
+                    let named =
+                        tokio::time::timeout(NAME_WAIT, m.getters_done(&self.store, &self.closed))
+                            .await;
+                    return Err(match named {
+                        Ok(Err(WindowError::Failed(errno, why))) => GpuError::Window(
+                            WindowError::Failed(errno, format!("{why} (this putter: {e})")),
+                        ),
+                        _ => e,
+                    });
+                }
             }
             Ok::<_, GpuError>(m.getters_done(&self.store, &self.closed).await?)
         }
