@@ -148,6 +148,31 @@ pub fn library_path_with(dir: &Path, current: Option<&OsStr>) -> OsString {
     out
 }
 
+/// The NCCL a process has loaded, from the text of its `/proc/PID/maps`: the file of its first
+/// mapping named `libnccl.so*` (torch maps its own with `import torch`).
+pub fn loaded_nccl(maps: &str) -> Option<PathBuf> {
+    maps.lines().find_map(|line| {
+        // address perms offset dev inode, then the path (which may hold spaces).
+        let mut rest = line;
+        for _ in 0..5 {
+            rest = rest.trim_start().split_once(char::is_whitespace)?.1;
+        }
+        let path = Path::new(rest.trim());
+        let name = path.file_name()?.to_str()?;
+        (path.is_absolute() && name.starts_with("libnccl.so")).then(|| path.to_path_buf())
+    })
+}
+
+/// `LD_LIBRARY_PATH`'s new value for a process about to start to load `lib`, with a
+/// `libnccl.so` link to it in `scratch`.
+pub fn loader_path_for(lib: &Path, scratch: &Path) -> io::Result<OsString> {
+    let dir = nccl_library_dir(lib, scratch)?;
+    Ok(library_path_with(
+        &dir,
+        std::env::var_os("LD_LIBRARY_PATH").as_deref(),
+    ))
+}
+
 /// What a process about to start needs in its environment to load the NCCL that
 /// [`find_nccl_library`] finds: `LD_LIBRARY_PATH`'s new value, with a link in `scratch`; `None`
 /// when no NCCL was found. Both the library and the value are returned, for a report.
@@ -155,8 +180,7 @@ pub fn loader_path_for_nccl(scratch: &Path) -> io::Result<Option<(PathBuf, OsStr
     let Some(lib) = find_nccl_library(|v| std::env::var_os(v), Path::new("/")) else {
         return Ok(None);
     };
-    let dir = nccl_library_dir(&lib, scratch)?;
-    let value = library_path_with(&dir, std::env::var_os("LD_LIBRARY_PATH").as_deref());
+    let value = loader_path_for(&lib, scratch)?;
     Ok(Some((lib, value)))
 }
 
@@ -312,5 +336,32 @@ mod tests {
             dir.as_os_str()
         );
         assert_eq!(library_path_with(&dir, None), dir.as_os_str());
+    }
+
+    #[test]
+    fn the_nccl_a_process_mapped_is_found_in_its_maps() {
+        let maps = "\
+55d0c0a00000-55d0c0a01000 r--p 00000000 fd:01 123 /usr/bin/python3.12
+7f1c00000000-7f1c00200000 r--p 00000000 fd:01 456 /opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2
+7f1c00200000-7f1c00400000 r-xp 00200000 fd:01 456 /opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2
+7f1d00000000-7f1d00021000 rw-p 00000000 00:00 0 
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]
+";
+        assert_eq!(
+            loaded_nccl(maps),
+            Some(PathBuf::from(
+                "/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"
+            ))
+        );
+        let spaced = "7f1c00000000-7f1c00200000 r--p 00000000 fd:01 9 /my libs/libnccl.so.2.28.3\n";
+        assert_eq!(
+            loaded_nccl(spaced),
+            Some(PathBuf::from("/my libs/libnccl.so.2.28.3"))
+        );
+        let none = "7f1c00000000-7f1c00200000 r--p 00000000 fd:01 9 /usr/lib/libc.so.6\n\
+                    7f1c00000000-7f1c00200000 r--p 00000000 00:00 0 [vdso]\n";
+        assert_eq!(loaded_nccl(none), None);
+        assert_eq!(loaded_nccl(""), None);
+        assert_eq!(loaded_nccl("garbage\n1 2\n"), None);
     }
 }

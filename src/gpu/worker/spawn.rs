@@ -38,25 +38,42 @@ pub struct WorkerClient {
     pid: u32,
 }
 
-/// `LD_LIBRARY_PATH` for a worker to load the NCCL this agent finds (`KT_NCCL_LIBRARY`, pip's,
-/// a distribution's; see [`crate::gpu::cuda::nccl_lib`]), found once.
-fn nccl_loader_path() -> Option<&'static std::ffi::OsString> {
-    static PATH: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
-    PATH.get_or_init(|| {
-        let scratch = std::env::temp_dir().join(format!("kt-agent-{}", std::process::id()));
-        match crate::gpu::cuda::loader_path_for_nccl(&scratch) {
-            Ok(Some((lib, path))) => {
-                tracing::info!(library = %lib.display(), "transfer workers load this NCCL");
-                Some(path)
-            }
-            Ok(None) => None,
-            Err(e) => {
-                tracing::warn!("linking NCCL for the transfer workers: {e}");
-                None
-            }
+/// `LD_LIBRARY_PATH` for a worker to load the NCCL its caller uses: the one the caller has
+/// mapped (torch's own, loaded with `import torch`), else the one this agent finds
+/// (`KT_NCCL_LIBRARY`, pip's, a distribution's; see [`crate::gpu::cuda::nccl_lib`]).
+fn nccl_loader_path(caller: u32) -> Option<std::ffi::OsString> {
+    static BY_LIBRARY: std::sync::LazyLock<Mutex<HashMap<std::path::PathBuf, std::ffi::OsString>>> =
+        std::sync::LazyLock::new(Mutex::default);
+    static FOUND: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    let mapped = std::fs::read_to_string(format!("/proc/{caller}/maps"))
+        .ok()
+        .and_then(|maps| crate::gpu::cuda::loaded_nccl(&maps));
+    let lib = mapped.or_else(|| {
+        FOUND
+            .get_or_init(|| {
+                crate::gpu::cuda::find_nccl_library(|v| std::env::var_os(v), Path::new("/"))
+            })
+            .clone()
+    })?;
+    let mut known = lock(&BY_LIBRARY);
+    if let Some(path) = known.get(&lib) {
+        return Some(path.clone());
+    }
+    // A link directory per library (callers may bring different NCCLs), the same one for
+    // every agent of the machine, so none is left behind per run.
+    let digest = blake3::hash(lib.as_os_str().as_encoded_bytes()).to_hex();
+    let scratch = std::env::temp_dir().join(format!("kt-nccl-{}", &digest[..16]));
+    match crate::gpu::cuda::loader_path_for(&lib, &scratch) {
+        Ok(path) => {
+            tracing::info!(library = %lib.display(), caller, "the transfer worker loads this NCCL");
+            known.insert(lib, path.clone());
+            Some(path)
         }
-    })
-    .as_ref()
+        Err(e) => {
+            tracing::warn!(library = %lib.display(), "linking NCCL for a transfer worker: {e}");
+            None
+        }
+    }
 }
 
 /// Whether `pid` lives in this process's PID, IPC, mount and network namespaces.
@@ -104,7 +121,7 @@ impl WorkerClient {
         // for pip's `libnccl.so.2` by that name. A worker that enters a pod loads the pod's
         // libraries, which this path (the agent's filesystem) does not name.
         if shares_namespaces(caller) {
-            if let Some(path) = nccl_loader_path() {
+            if let Some(path) = nccl_loader_path(caller) {
                 cmd.env("LD_LIBRARY_PATH", path);
             }
         }
@@ -179,5 +196,40 @@ impl WorkerClient {
         } else {
             Err(WorkerError::Remote(r.errno, r.error))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn a_worker_is_given_the_nccl_its_caller_mapped() {
+        let dir = tempfile::tempdir().unwrap();
+        let lib = dir.path().join("libnccl.so.2");
+        std::fs::write(&lib, vec![0u8; 4096]).unwrap();
+        let file = std::fs::File::open(&lib).unwrap();
+        // SAFETY: a fresh read-only private mapping of a file this test owns, unmapped below.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(at, libc::MAP_FAILED);
+        let path = nccl_loader_path(std::process::id());
+        // SAFETY: the mapping made above, once.
+        unsafe { libc::munmap(at, 4096) };
+        let path = path.expect("the mapped library was found");
+        let first = std::env::split_paths(&path).next().unwrap();
+        let link = first.join("libnccl.so");
+        let linked = std::fs::canonicalize(&link);
+        let _ = std::fs::remove_dir_all(first.parent().unwrap());
+        assert_eq!(linked.unwrap(), std::fs::canonicalize(&lib).unwrap());
     }
 }
