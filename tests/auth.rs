@@ -312,6 +312,8 @@ fn team_world() -> World {
         "tok-node".into(),
         (sa("kt-system", "kt-csi-node"), ktfs.clone()),
     );
+    // The node agent's token is bound to its pod on node n1.
+    w.token_nodes.insert("tok-node".into(), "n1".into());
     w.tokens.insert("tok-alice".into(), ("alice".into(), ktfs));
     w.tokens.insert(
         "tok-api".into(),
@@ -436,6 +438,52 @@ fn a_service_account_token_reaches_its_own_namespace_only() {
     let ls = ok(kt(&a, &["ls", "svc", "-n", "team-a", "--json"]));
     assert!(ls.contains("\"local\""), "{ls}");
     drop(pod_agent);
+
+    // That token acts for node n1 only: an agent presenting it as node n2 (which could then add
+    // or withdraw n2's copies) is refused at its registration and stops, saying why.
+    let n2_dir = dir.path().join("n2");
+    let mut impostor = Command::new(kt_bin())
+        .args([
+            "agent",
+            "--server",
+            &server.addr,
+            "--listen",
+            "127.0.0.186:0",
+        ])
+        .arg("--cache-dir")
+        .arg(n2_dir.join("cache"))
+        .arg("--socket")
+        .arg(n2_dir.join("agent.sock"))
+        .args(["--node-id", "n2", "--heartbeat-secs", "1"])
+        .env("KT_TOKEN", "tok-node")
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its stderr ends when it exits; one that was let in would run on, so it is killed after
+    // a while and the test fails on what it said.
+    let pid = impostor.id() as i32;
+    let (exited, told) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if told
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .is_err()
+        {
+            // SAFETY: a plain kill(2) of the child this test started, not yet reaped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    });
+    let mut why = String::new();
+    std::io::Read::read_to_string(impostor.stderr.as_mut().unwrap(), &mut why).unwrap();
+    let _ = exited.send(());
+    watchdog.join().unwrap();
+    let status = impostor.wait().unwrap();
+    assert!(!status.success(), "{why}");
+    assert!(
+        why.contains("refused this node") && why.contains("on node n1") && why.contains("\"n2\""),
+        "{why}"
+    );
 
     // Every review asked for ktfs's audience, and a token is reviewed once while it is trusted.
     let seen = api.seen.lock().unwrap();

@@ -134,6 +134,11 @@ async fn start_agent(mut cfg: AgentConfig) -> Result<AgentProcess> {
     }
     let agent = AgentProcess::bind(cfg).await?;
     if let Err(e) = agent.register().await {
+        // A credential that is good but may not act for this node id is this node's
+        // configuration, not a passing fault: say so and stop.
+        if e.fault() == ktfs::rpc::status::Fault::Denied {
+            anyhow::bail!("the store server refused this node: {e}");
+        }
         tracing::warn!(error = %e, "not registered yet; will keep trying");
     }
     Ok(agent)

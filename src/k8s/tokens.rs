@@ -54,12 +54,17 @@ impl std::fmt::Display for ServiceAccountName {
 /// What the API said of a token.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Review {
-    /// A ServiceAccount's token, valid now for one of the audiences.
-    ServiceAccount(ServiceAccountName),
+    /// A ServiceAccount's token, valid now for one of the audiences; with the node its pod
+    /// runs on, where the token is bound to a pod and the API says so (TokenReview's
+    /// `authentication.kubernetes.io/node-name` extra, Kubernetes 1.30 and later).
+    ServiceAccount(ServiceAccountName, Option<String>),
     /// Valid, but not a ServiceAccount's (a user's token): ktfs takes pods' and agents' only.
     OtherUser(String),
     Rejected(String),
 }
+
+/// Where TokenReview names the node of the pod a token is bound to.
+pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 
 /// Asks the API whose `token` is (TokenReview; the caller needs `create` on `tokenreviews`).
 /// `audiences` empty means the API server's own.
@@ -84,10 +89,18 @@ pub async fn review(
         let why = status.error.unwrap_or_else(|| "not authenticated".into());
         return Ok(Review::Rejected(why));
     }
-    let user = status.user.and_then(|u| u.username).unwrap_or_default();
-    Ok(match ServiceAccountName::from_username(&user) {
-        Some(sa) => Review::ServiceAccount(sa),
-        None => Review::OtherUser(user),
+    let user = status.user.unwrap_or_default();
+    let node = user
+        .extra
+        .as_ref()
+        .and_then(|extra| extra.get(NODE_NAME_EXTRA))
+        .and_then(|names| names.first())
+        .filter(|n| !n.is_empty())
+        .cloned();
+    let name = user.username.unwrap_or_default();
+    Ok(match ServiceAccountName::from_username(&name) {
+        Some(sa) => Review::ServiceAccount(sa, node),
+        None => Review::OtherUser(name),
     })
 }
 

@@ -521,11 +521,12 @@ impl Store for StoreHandler {
         &self,
         req: Request<RegisterNodeRequest>,
     ) -> Result<Response<RegisterNodeResponse>, Status> {
-        principal(&req)?.may_be_a_node()?;
+        let caller = principal(&req)?;
         let node = req
             .into_inner()
             .node
             .ok_or_else(|| invalid("node missing"))?;
+        caller.may_act_for_node(&node.node_id)?;
         if node.node_id.is_empty() || node.data_addr.parse::<SocketAddr>().is_err() {
             return Err(invalid("node needs an id and a data address ip:port"));
         }
@@ -546,8 +547,9 @@ impl Store for StoreHandler {
         &self,
         req: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
-        principal(&req)?.may_be_a_node()?;
+        let caller = principal(&req)?;
         let r = req.into_inner();
+        caller.may_act_for_node(&r.node_id)?;
         let known = self.meta.heartbeat(&r.node_id);
         let open = r
             .open_versions
@@ -1237,8 +1239,9 @@ impl Store for StoreHandler {
         &self,
         req: Request<AddLocationRequest>,
     ) -> Result<Response<AddLocationResponse>, Status> {
-        principal(&req)?.may_be_a_node()?;
+        let caller = principal(&req)?;
         let r = req.into_inner();
+        caller.may_act_for_node(&r.node_id)?;
         let version = parse_version(&r.version)?;
         let meta = self.meta.clone();
         blocking(move || meta.add_location(&version, &r.node_id)).await?;

@@ -29,6 +29,9 @@ pub struct World {
     pub pod_target: Option<SocketAddr>,
     /// Tokens TokenReview knows: token -> (user name, the audiences it was issued for).
     pub tokens: BTreeMap<String, (String, Vec<String>)>,
+    /// Tokens bound to a pod: token -> the node the pod runs on (TokenReview says so in the
+    /// user's extra, as Kubernetes 1.30 and later do).
+    pub token_nodes: BTreeMap<String, String>,
     /// ServiceAccounts ("namespace/name") whose tokens the kubeconfig's user may request.
     pub service_accounts: Vec<String>,
 }
@@ -237,8 +240,13 @@ fn post(
                     if (asked.is_empty() && auds.iter().any(|a| a == "api"))
                         || asked.iter().any(|a| auds.contains(a)) =>
                 {
-                    serde_json::json!({"authenticated": true, "user": {"username": user},
-                                       "audiences": asked})
+                    let mut user = serde_json::json!({"username": user});
+                    if let Some(node) = world.token_nodes.get(token) {
+                        user["extra"] = serde_json::json!({
+                            "authentication.kubernetes.io/node-name": [node]
+                        });
+                    }
+                    serde_json::json!({"authenticated": true, "user": user, "audiences": asked})
                 }
                 Some(_) => serde_json::json!({"authenticated": false,
                                               "error": "token audiences do not match"}),

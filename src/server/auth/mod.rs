@@ -6,8 +6,11 @@
 //!   clusters without Kubernetes.
 //! - A ServiceAccount token, checked with the Kubernetes TokenReview API (`--token-review`): a
 //!   node agent's ServiceAccount (`--node-account`) is a node, every namespace (it serves the
-//!   mounts kt-csi checked against the pod's namespace); any other ServiceAccount may use its
-//!   own namespace only, whatever the call names.
+//!   mounts kt-csi checked against the pod's namespace), and, where its token is bound to a pod
+//!   and the API names the pod's node, that node only: the node id it registers, heartbeats and
+//!   announces locations for must be that node's name, so one node cannot add or withdraw
+//!   another's copies; any other ServiceAccount may use its own namespace only, whatever the
+//!   call names.
 //! - Neither configured: anyone may do anything, as before authentication existed (the server
 //!   warns at start).
 
@@ -38,8 +41,11 @@ pub enum Principal {
     Anyone,
     /// The holder of the shared token.
     Operator,
-    /// A node agent.
-    Node(ServiceAccountName),
+    /// A node agent; `node`: the only node it may act for, where its token says.
+    Node {
+        sa: ServiceAccountName,
+        node: Option<String>,
+    },
     /// A pod, or a laptop with a token the API issued for a ServiceAccount.
     Account(ServiceAccountName),
 }
@@ -49,7 +55,8 @@ impl std::fmt::Display for Principal {
         match self {
             Principal::Anyone => f.write_str("anyone"),
             Principal::Operator => f.write_str("the shared token's holder"),
-            Principal::Node(sa) => write!(f, "node agent {sa}"),
+            Principal::Node { sa, node: None } => write!(f, "node agent {sa}"),
+            Principal::Node { sa, node: Some(n) } => write!(f, "node agent {sa} on node {n}"),
             Principal::Account(sa) => write!(f, "ServiceAccount {sa}"),
         }
     }
@@ -67,12 +74,25 @@ impl Principal {
         }
     }
 
-    /// Whether the caller may act as a node: register, heartbeat, announce what it holds.
+    /// Whether the caller may act as a node: ask what a node asks.
     pub fn may_be_a_node(&self) -> Result<(), Status> {
         match self {
             Principal::Account(_) => Err(to_status(
                 Fault::Denied,
                 format!("{self} is not a node agent"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the caller may act as node `node_id`: register it, heartbeat for it, say what
+    /// it holds and no longer holds.
+    pub fn may_act_for_node(&self, node_id: &str) -> Result<(), Status> {
+        self.may_be_a_node()?;
+        match self {
+            Principal::Node { node: Some(n), .. } if n != node_id => Err(to_status(
+                Fault::Denied,
+                format!("{self} may act for its own node only, not node {node_id:?}"),
             )),
             _ => Ok(()),
         }
@@ -171,8 +191,10 @@ impl Authenticator {
             .map_err(|_| AuthError::Unavailable(format!("no answer in {REVIEW_PATIENCE:?}")))?
             .map_err(|e| AuthError::Unavailable(e.to_string()))?;
         let principal = match answer {
-            Review::ServiceAccount(sa) if review.nodes.contains(&sa) => Principal::Node(sa),
-            Review::ServiceAccount(sa) => Principal::Account(sa),
+            Review::ServiceAccount(sa, node) if review.nodes.contains(&sa) => {
+                Principal::Node { sa, node }
+            }
+            Review::ServiceAccount(sa, _) => Principal::Account(sa),
             Review::OtherUser(user) => {
                 return Err(AuthError::Refused(format!(
                     "{user} is not a ServiceAccount; ktfs takes ServiceAccount tokens (from a \
@@ -230,14 +252,36 @@ mod tests {
         assert_eq!(denied.code(), tonic::Code::PermissionDenied);
         assert!(denied.message().contains("team-a only"));
         assert!(p.may_be_a_node().is_err());
+        assert!(p.may_act_for_node("n1").is_err());
         for p in [
             Principal::Anyone,
             Principal::Operator,
-            Principal::Node(sa("kt-system", "kt-node")),
+            Principal::Node {
+                sa: sa("kt-system", "kt-node"),
+                node: None,
+            },
         ] {
             assert!(p.may_use("team-b").is_ok());
             assert!(p.may_be_a_node().is_ok());
+            assert!(p.may_act_for_node("n1").is_ok());
         }
+    }
+
+    #[test]
+    fn a_node_agent_whose_token_names_its_node_acts_for_that_node_only() {
+        let p = Principal::Node {
+            sa: sa("kt-system", "kt-node"),
+            node: Some("n1".into()),
+        };
+        assert!(p.may_use("team-b").is_ok() && p.may_be_a_node().is_ok());
+        assert!(p.may_act_for_node("n1").is_ok());
+        let denied = p.may_act_for_node("n2").unwrap_err();
+        assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+        assert!(
+            denied.message().contains("on node n1") && denied.message().contains("\"n2\""),
+            "{}",
+            denied.message()
+        );
     }
 
     #[tokio::test]
