@@ -607,11 +607,15 @@ impl Store for StoreHandler {
         req: Request<PublishRequest>,
     ) -> Result<Response<PublishResponse>, Status> {
         let ns = namespace_for(&req, &req.get_ref().namespace)?;
+        let caller = principal(&req)?;
         let r = req.into_inner();
         let key = parse_key(&r.key)?;
+        let locale = r.locale();
+        if locale == Locale::Local {
+            caller.may_name_node(&r.origin_node)?;
+        }
         let change = self.change(&ns, vec![key.to_string()]);
         let since = self.watchers.now();
-        let locale = r.locale();
         let inline = checked_inline(r.inline_blocks)?;
         let mut stored = false;
         let mut base_manifest = None;

@@ -89,6 +89,12 @@ impl Principal {
     /// it holds and no longer holds.
     pub fn may_act_for_node(&self, node_id: &str) -> Result<(), Status> {
         self.may_be_a_node()?;
+        self.may_name_node(node_id)
+    }
+
+    /// Whether the caller may say that node `node_id` holds a copy (a local publish's origin):
+    /// a node agent bound to its node names that node only.
+    pub fn may_name_node(&self, node_id: &str) -> Result<(), Status> {
         match self {
             Principal::Node { node: Some(n), .. } if n != node_id => Err(to_status(
                 Fault::Denied,
@@ -274,7 +280,8 @@ mod tests {
             node: Some("n1".into()),
         };
         assert!(p.may_use("team-b").is_ok() && p.may_be_a_node().is_ok());
-        assert!(p.may_act_for_node("n1").is_ok());
+        assert!(p.may_act_for_node("n1").is_ok() && p.may_name_node("n1").is_ok());
+        assert!(p.may_name_node("n2").is_err());
         let denied = p.may_act_for_node("n2").unwrap_err();
         assert_eq!(denied.code(), tonic::Code::PermissionDenied);
         assert!(
