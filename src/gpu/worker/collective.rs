@@ -94,13 +94,12 @@ pub fn run(bufs: &Buffers, b: &Broadcast, abort: &AbortSlot) -> Result<u64, Work
                 }
             }
         }
-        comm.wait(&stream, deadline)?;
     } else {
         for r in ranges.iter().filter(|r| !r.is_empty()) {
             comm.broadcast(None, *r, b.root, &stream, deadline)?;
         }
-        comm.wait(&stream, deadline)?;
     }
+    comm.wait(&stream, deadline)?;
     lock(abort).take();
     if !sender {
         bufs.filled(bufs.nbytes());

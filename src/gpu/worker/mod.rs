@@ -188,6 +188,8 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
                             pack: bc.pack,
                             within: std::time::Duration::from_millis(bc.deadline_ms.max(1)),
                         };
+                        // One NCCL broadcast at a time in a worker, whatever the window's
+                        // nccl_pg_mode: two communicators active at once on one GPU can deadlock.
                         let _turn = one_at_a_time.lock().await;
                         let window = bc.window;
                         tokio::task::spawn_blocking(move || collective::run(&bufs, &b, &slot))
