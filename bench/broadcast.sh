@@ -54,6 +54,10 @@ WORK=
 source "$ROOT/bench/lib.sh"
 # shellcheck source=bench/netns.sh
 source "$ROOT/bench/netns.sh"
+# The herd, store-and-forward and pipelined ways name a fanout to pick the tree; users who name
+# one get the swarm (fanout as each member's uploads), so the store server is started with the
+# benchmarks' switch that keeps the tree for them. The swarm way names none.
+export KT_BENCH_TOPOLOGY=tree
 cleanup_all() {
     netns_cleanup
     cleanup

@@ -207,7 +207,7 @@ fn rolling_joins_get_parents_at_once_within_the_fanout() {
 
 #[test]
 fn a_child_is_fed_block_by_block_and_finishes_before_its_throttled_parent() {
-    let c = Cluster::new("127.0.0.60");
+    let c = Cluster::with_tree("127.0.0.60");
     let (data, _) = c.publish_random("w", 4 * MIB, 3, "1048576");
     let p = c.agent("127.0.0.61", "parent");
     let k = c.agent("127.0.0.62", "child");
@@ -236,7 +236,7 @@ fn a_child_is_fed_block_by_block_and_finishes_before_its_throttled_parent() {
 
 #[test]
 fn killing_a_mid_tree_agent_leaves_every_survivor_with_a_verified_copy() {
-    let c = Cluster::new("127.0.0.70");
+    let c = Cluster::with_tree("127.0.0.70");
     let (data, _) = c.publish_random("w", 6 * MIB, 4, "1048576");
     let a = c.agent("127.0.0.71", "node-a");
     let b = c.agent("127.0.0.72", "node-b");

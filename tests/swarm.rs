@@ -55,6 +55,30 @@ fn a_late_joiner_takes_blocks_from_every_node_that_holds_them_and_none_from_the_
     assert!(used >= 2, "{got}");
 }
 
+/// `fanout` keeps its meaning inside the swarm (how many fetches each member serves at once): a
+/// getter that names one still takes blocks from every holder, not from one parent.
+#[test]
+fn a_late_joiner_that_names_a_fanout_still_takes_blocks_from_every_holder() {
+    let c = Cluster::new("127.0.0.143");
+    let (data, _) = c.publish_random("w", 4 * MIB, 22, "65536");
+    let agents: Vec<AgentProc> = (0..3)
+        .map(|i| c.agent(&format!("127.0.0.{}", 144 + i), &format!("node-{i}")))
+        .collect();
+    for (i, a) in agents[..2].iter().enumerate() {
+        let d = c.path(&format!("d{i}"));
+        c.json(Some(a), &["get", "w", "-d", d.to_str().unwrap()]);
+        assert!(fs::read(&d).unwrap() == data);
+    }
+    let d = c.path("late");
+    let args = ["get", "w", "-d", d.to_str().unwrap(), "--fanout", "1"];
+    let got = c.json(Some(&agents[2]), &args);
+    assert!(fs::read(&d).unwrap() == data);
+    assert_eq!(bytes_from(&got, "store"), 0, "two nodes hold it: {got}");
+    for node in ["node-0", "node-1"] {
+        assert!(bytes_from(&got, node) > 0, "nothing from {node}: {got}");
+    }
+}
+
 #[test]
 fn eight_getters_at_once_cost_the_store_about_one_copy() {
     let c = Cluster::new("127.0.0.219");

@@ -41,8 +41,8 @@ class Locale(str, enum.Enum):
 class BroadcastWindow:
     """A broadcast window: the putters and getters of one distribution join it, and its quorum
     closes when ANY of ``timeout`` (seconds), ``world_size`` (participants) or ``ips`` (all of
-    them joined) is reached. Getters of files start at once and fetch from each other within
-    ``fanout``; a putter with a window waits for the quorum. ``group_id`` names the window
+    them joined) is reached. Getters of files start at once and fetch from each other, each
+    serving ``fanout`` fetches at once (default 1); a putter with a window waits for the quorum. ``group_id`` names the window
     (default: one per key). ``pack`` is for state dicts of tensors (uint8 buckets); files are
     never packed.
     """

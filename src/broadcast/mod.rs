@@ -107,9 +107,27 @@ pub struct Joined {
 pub struct Broadcasts {
     windows: HashMap<String, WindowState>,
     generations: u64,
+    /// Benchmark-only (`KT_BENCH_TOPOLOGY=tree` in the server's environment): a window that
+    /// names its fanout keeps the pipelined tree, so bench/broadcast.sh can run the herd and
+    /// store-and-forward ways beside the swarm. Never a user's choice.
+    tree_for_fanout: bool,
 }
 
 impl Broadcasts {
+    /// Whether an explicit fanout keeps the tree here (the benchmarks' switch).
+    pub fn tree_for_fanout(&self) -> bool {
+        self.tree_for_fanout
+    }
+
+    /// Windows where an explicit fanout keeps the tree (`true`: benchmarks and the tree's
+    /// tests only).
+    pub fn with_tree_for_fanout(tree_for_fanout: bool) -> Self {
+        Broadcasts {
+            tree_for_fanout,
+            ..Default::default()
+        }
+    }
+
     fn sweep(&mut self, now: Moment) {
         self.windows
             .retain(|_, w| now.at.duration_since(w.touched) < WINDOW_IDLE);

@@ -9,7 +9,7 @@ use super::{BroadcastError, Broadcasts, NodeView, Seed};
 use crate::clock::Moment;
 use crate::hash::Version;
 use crate::proto::{Source, SwarmPeer, SwarmSyncReply, SwarmSyncRequest};
-use crate::swarm::Board;
+use crate::swarm::{Board, DEFAULT_UPLOADS, SEED_SLOTS};
 
 /// Board ids of holders start here; below are the window's member ids.
 const HOLDER_IDS: u64 = 1 << 32;
@@ -19,7 +19,7 @@ pub const MIN_SWARM_PIECES: usize = 4;
 
 #[derive(Debug)]
 pub(super) struct Swarm {
-    board: Board,
+    pub(super) board: Board,
     /// The version's pieces as the join response carries them.
     pieces: Vec<u8>,
     /// Holders by node id, and their ids on the board.
@@ -28,10 +28,11 @@ pub(super) struct Swarm {
 }
 
 impl Swarm {
-    fn new(pieces: Vec<u8>, seed: u64) -> Self {
+    /// A swarm of `pieces` whose members each serve `uploads` pieces at once.
+    fn new(pieces: Vec<u8>, seed: u64, uploads: u32) -> Self {
         let n = (pieces.len() / 32) as u32;
         Swarm {
-            board: Board::new(n, seed),
+            board: Board::with_slots(n, SEED_SLOTS, uploads, seed),
             pieces,
             holders: HashMap::new(),
             holder_nodes: Vec::new(),
@@ -128,12 +129,18 @@ impl Broadcasts {
         pieces: Vec<u8>,
         seeds: &[Seed],
     ) -> Result<Vec<u8>, BroadcastError> {
+        let tree_for_fanout = self.tree_for_fanout;
         let (w, m) = self.member(group, generation, member)?;
         let joiner = w.members[m].joiner.clone();
-        // A window that names its fanout keeps the pipelined tree, and a getter whose node
-        // serves nothing (no agent) fetches from its parent: the swarm is for members that
-        // serve what they receive, of versions of several blocks.
-        let wanted = w.spec.fanout == 0 && joiner.serves && pieces.len() / 32 >= MIN_SWARM_PIECES;
+        // A getter whose node serves nothing (no agent) fetches from its parent: the swarm is
+        // for members that serve what they receive, of versions of several blocks. A window's
+        // fanout is how many fetches each member serves at once.
+        let tree = w.spec.fanout > 0 && tree_for_fanout;
+        let wanted = !tree && joiner.serves && pieces.len() / 32 >= MIN_SWARM_PIECES;
+        let uploads = match w.spec.fanout {
+            0 => DEFAULT_UPLOADS,
+            f => f,
+        };
         let Some(version) = joiner.version.filter(|_| wanted) else {
             return Ok(Vec::new());
         };
@@ -142,7 +149,7 @@ impl Broadcasts {
         let s = w
             .swarms
             .entry(version)
-            .or_insert_with(|| Swarm::new(pieces, seed));
+            .or_insert_with(|| Swarm::new(pieces, seed, uploads));
         if s.pieces.is_empty() {
             return Ok(Vec::new());
         }

@@ -346,23 +346,35 @@ fn serving_getters_of_a_version_of_several_blocks_join_its_swarm_and_learn_where
     let mail = b.swarm_mail("g", j.window.generation, j.member, &all_live);
     assert!(mail.fetch.is_empty(), "all was sent in the answer");
 
-    // An explicit fanout, a getter that serves nothing and a version of few blocks keep the tree.
+    // An explicit fanout is the swarm too, each member serving that many fetches at once; only
+    // the benchmarks' switch keeps the tree for it.
+    let fanout3 = || WindowSpec {
+        fanout: 3,
+        ..spec("t")
+    };
     let t = b
-        .join(
-            WindowSpec {
-                fanout: 3,
-                ..spec("t")
-            },
-            getter("a", ""),
-            &seeds,
-            &all_live,
-            now,
-        )
+        .join(fanout3(), getter("a", ""), &seeds, &all_live, now)
         .unwrap();
-    assert!(b
+    assert_eq!(
+        b.swarm_join("t", t.window.generation, t.member, pieces(8), &seeds)
+            .unwrap(),
+        pieces(8)
+    );
+    let swarm = &b.windows["t"].swarms[&Version([7; 32])];
+    assert_eq!(swarm.board.uploads(), 3);
+    assert_eq!(
+        b.windows["g"].swarms[&Version([7; 32])].board.uploads(),
+        crate::swarm::DEFAULT_UPLOADS
+    );
+    let mut bench = Broadcasts::with_tree_for_fanout(true);
+    let t = bench
+        .join(fanout3(), getter("a", ""), &seeds, &all_live, now)
+        .unwrap();
+    assert!(bench
         .swarm_join("t", t.window.generation, t.member, pieces(8), &seeds)
         .unwrap()
         .is_empty());
+    // A getter that serves nothing and a version of few blocks keep the tree.
     let quiet = Joiner {
         serves: false,
         ..getter("c", "")

@@ -258,7 +258,8 @@ pub struct WindowArgs {
     /// The window to join (default: one per key).
     #[arg(long)]
     pub group_id: Option<String>,
-    /// Children per parent in the tree.
+    /// Fetches each member serves at once (in the swarm; where a window is a tree, children
+    /// per parent).
     #[arg(long)]
     pub fanout: Option<u32>,
 }
@@ -454,7 +455,8 @@ pub struct MountArgs {
     /// Refuse every write with EROFS.
     #[arg(long)]
     pub read_only: bool,
-    /// Readers of one version per source (the implicit window's fanout; default the server's).
+    /// Fetches each reader's node serves at once (the implicit window's fanout; default the
+    /// server's).
     #[arg(long, default_value_t = 0)]
     pub fanout: u32,
     /// Write-back: a close returns once the file is journaled on this node, and its publish

@@ -1021,10 +1021,12 @@ impl Store for StoreHandler {
             window = w;
             deadline = d;
         }
-        // Only a getter that serves, in a window that names no fanout, may swarm: the others
-        // cost no manifest read (a mount's reader joins at every open).
-        let explicit_fanout = window.spec.as_ref().is_some_and(|s| s.fanout != 0);
-        let pieces = if r.role() == Role::Getter && r.serves && !explicit_fanout {
+        // Only a getter that serves may swarm (a named fanout is how many fetches each member
+        // serves at once, except under the benchmarks' switch): the others cost no manifest
+        // read (a mount's reader joins at every open).
+        let tree =
+            self.windows().tree_for_fanout() && window.spec.as_ref().is_some_and(|s| s.fanout != 0);
+        let pieces = if r.role() == Role::Getter && r.serves && !tree {
             self.swarm_join(&group, &window, joined.member, version, &seeds)
                 .await
         } else {

@@ -30,6 +30,11 @@ use crate::transfer::ticket::{shared, Gate};
 use auth::{AuthConfig, Authenticator};
 use handler::StoreHandler;
 
+/// Benchmark-only: `tree` makes a window that names its fanout a pipelined tree, as before the
+/// swarm took every window (bench/broadcast.sh's herd and store-and-forward ways, and the tests
+/// of the tree). Users get the swarm, with fanout as each member's uploads.
+pub const BENCH_TOPOLOGY: &str = "KT_BENCH_TOPOLOGY";
+
 /// How often garbage is collected when nothing says otherwise: also the least time a block
 /// uploaded for a publish, or a removed version's unread block, is kept.
 pub const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(600);
@@ -240,7 +245,11 @@ impl StoreServerProcess {
             meta: self.meta.clone(),
             tickets: key,
             clock: self.clock,
-            windows: Default::default(),
+            windows: Arc::new(std::sync::Mutex::new(
+                crate::broadcast::Broadcasts::with_tree_for_fanout(
+                    std::env::var(BENCH_TOPOLOGY).is_ok_and(|v| v == "tree"),
+                ),
+            )),
             joined: Default::default(),
             swarm_waits: Default::default(),
             gpu_windows: Default::default(),

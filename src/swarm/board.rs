@@ -126,6 +126,11 @@ impl Board {
         Self::with_slots(pieces, SEED_SLOTS, super::DEFAULT_UPLOADS, seed)
     }
 
+    /// How many pieces a member sends at once.
+    pub fn uploads(&self) -> u32 {
+        self.uploads
+    }
+
     /// A board whose store sends `seed_slots` pieces at once and whose members send `uploads`.
     pub fn with_slots(pieces: u32, seed_slots: usize, uploads: u32, seed: u64) -> Self {
         let n = pieces as usize;

@@ -113,6 +113,24 @@ impl Cluster {
         }
     }
 
+    /// A cluster whose store server keeps the pipelined tree for a window that names its
+    /// fanout (the benchmarks' switch, `KT_BENCH_TOPOLOGY=tree`), for the tests of the tree
+    /// itself: users get the swarm.
+    pub fn with_tree(ip: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cmd = Command::new(kt_bin());
+        cmd.args(["server", "--listen", &format!("{ip}:0"), "--data-dir"])
+            .arg(dir.path().join("store"))
+            .args(["--lease-secs", "10"])
+            .env("RUST_LOG", "warn")
+            .env("KT_BENCH_TOPOLOGY", "tree");
+        Cluster {
+            server: spawn_ready_cmd(cmd),
+            dir,
+            ip: ip.to_string(),
+        }
+    }
+
     pub fn path(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)
     }
