@@ -172,6 +172,11 @@ pub static MOUNT_METADATA_REQUESTS: Counter = Counter::new(
     "",
     "Listings and resolves a mount asked the store server for (what its caches did not answer).",
 );
+pub static KERNEL_SETTLE_WAITS: Counter = Counter::new(
+    "kt_mount_kernel_forget_waits_total",
+    "",
+    "Changes a mount acknowledged before the kernel forgot their names (a request of its own held the directory).",
+);
 pub static READDIRPLUS_NAMES: Counter = Counter::new(
     "kt_mount_readdirplus_names_total",
     "",
@@ -233,8 +238,9 @@ pub static FUSE_FLUSH_SECONDS: Histogram = Histogram::new(
     "Time of a filesystem operation in the mount's core.",
 );
 
-static COUNTERS: [&Counter; 23] = [
+static COUNTERS: [&Counter; 24] = [
     &MOUNT_METADATA_REQUESTS,
+    &KERNEL_SETTLE_WAITS,
     &READDIRPLUS_NAMES,
     &WRITEBACK_QUEUED,
     &WRITEBACK_PUBLISHED,

@@ -249,6 +249,32 @@ fn a_mount_making_directories_is_not_told_of_its_own_mkdirs() {
     // The parent's link count counts them.
     use std::os::unix::fs::MetadataExt;
     assert_eq!(std::fs::metadata(a.path("top/mid")).unwrap().nlink(), 32);
+    // Nor of its own renames, chmods and removals: the kernel holds the directory for most of
+    // them, and a mount told of one would wait to have the kernel forget its names. (A hard
+    // link's changes are told to everyone as changes of everything: its other names moved.)
+    std::fs::create_dir_all(a.path("own/sub")).unwrap();
+    for i in 0..5 {
+        std::fs::write(a.path(&format!("own/sub/f{i}")), b"x").unwrap();
+    }
+    let told = recalls();
+    for i in 0..5 {
+        let (f, g) = (format!("own/sub/f{i}"), format!("own/sub/g{i}"));
+        std::fs::rename(a.path(&f), a.path(&g)).unwrap();
+        let mode = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+        std::fs::set_permissions(a.path(&g), mode).unwrap();
+        std::fs::remove_file(a.path(&g)).unwrap();
+    }
+    assert_eq!(recalls() - told, 0.0, "A was told of its own changes");
+    // A hard link's change is told to everyone as a change of everything, its maker too,
+    // which does not wait for the kernel to forget its names (its link holds the directory
+    // until the change is acknowledged).
+    for i in 0..10 {
+        std::fs::write(a.path(&format!("own/h{i}")), b"y").unwrap();
+        std::fs::hard_link(a.path(&format!("own/h{i}")), a.path(&format!("own/l{i}"))).unwrap();
+    }
+    std::fs::remove_dir(a.path("own/sub")).unwrap();
+    let waits = metric(&agent, "kt_mount_kernel_forget_waits_total");
+    assert_eq!(waits, 0.0, "A waited on its own requests");
     // And a mkdir on B, which now holds the directory, still reaches A.
     std::fs::create_dir(b.path("top/mid/from-b")).unwrap();
     assert!(a.path("top/mid/from-b").is_dir());
@@ -383,4 +409,38 @@ fn a_listing_brings_its_names_attributes_so_ls_l_looks_none_up() {
     assert_eq!(sizes, want);
     assert_eq!(looked_up() - before, 0.0, "the kernel looked names up");
     assert!(metric(&agent, "kt_mount_readdirplus_names_total") - listed >= 50.0);
+}
+
+/// The kernel keeps names it looked up for as long as the mount's lease holds (not a second), so
+/// a change told by the watch must reach the kernel's names too: a file that becomes a
+/// directory on another node is a directory here at once (a stale name would make it a file
+/// whose attributes say directory, which the kernel answers with EIO), and a name removed there
+/// is gone here, however long ago this node looked it up.
+#[test]
+fn the_kernel_forgets_a_name_another_node_changed_whatever_its_ttl() {
+    let (_c, a, b) = two_nodes("127.0.0.112", "127.0.0.113");
+    std::fs::create_dir(a.path("t")).unwrap();
+    for round in 0..5 {
+        let x = format!("t/x{round}");
+        std::fs::write(a.path(&x), b"a file").unwrap();
+        // B looks it up: the kernel holds the name now.
+        assert!(std::fs::metadata(b.path(&x)).unwrap().is_file());
+        std::fs::remove_file(a.path(&x)).unwrap();
+        std::fs::create_dir(a.path(&x)).unwrap();
+        std::fs::write(a.path(&format!("{x}/y")), b"inside").unwrap();
+        let meta = std::fs::metadata(b.path(&x)).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert!(meta.is_dir(), "round {round}: still a file");
+        assert_eq!(
+            std::fs::read(b.path(&format!("{x}/y"))).unwrap(),
+            b"inside",
+            "round {round}"
+        );
+    }
+    // Looked up long before (past the old one-second TTL), then removed there.
+    std::fs::write(a.path("t/old"), b"old").unwrap();
+    assert!(std::fs::metadata(b.path("t/old")).is_ok());
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(std::fs::metadata(b.path("t/old")).is_ok());
+    std::fs::remove_file(a.path("t/old")).unwrap();
+    assert!(std::fs::metadata(b.path("t/old")).is_err());
 }

@@ -457,6 +457,7 @@ fn rm(
                 recursive,
                 prefix,
                 gpu_registration: 0,
+                watcher: 0,
             })
             .await
             .map_err(ClientError::from)?

@@ -417,6 +417,7 @@ pub async fn rm(mut a: RmArgs) -> Result<()> {
             recursive: a.recursive,
             prefix: a.prefix,
             gpu_registration: 0,
+            watcher: 0,
         })
         .await
         .map_err(ClientError::from)?

@@ -214,6 +214,9 @@ impl FsCore {
                 recursive: false,
                 prefix: false,
                 gpu_registration: 0,
+                // The kernel holds the directory for this call: being told of it would make
+                // the watch wait to have the kernel forget the name (see KernelCache).
+                watcher: self.listings.watcher(),
             }))
             .map_err(ClientError::from);
         self.invalidate(&[split(path).0, path]);
@@ -257,6 +260,7 @@ impl FsCore {
             namespace: self.ns(),
             from: from.clone(),
             to: to.clone(),
+            watcher: self.listings.watcher(),
         }))
         .map_err(ClientError::from)?;
         self.invalidate(&[split(&from).0, split(&to).0, &from, &to]);
@@ -303,6 +307,7 @@ impl FsCore {
             from: from.clone(),
             to: to.clone(),
             no_replace: flags & libc::RENAME_NOREPLACE != 0,
+            watcher: self.listings.watcher(),
         }))
         .map_err(ClientError::from)?;
         self.move_staged(&[(&from, &to)]);
@@ -328,6 +333,7 @@ impl FsCore {
             namespace: self.ns(),
             a: a.clone(),
             b: b.clone(),
+            watcher: self.listings.watcher(),
         }))
         .map_err(ClientError::from)?;
         self.move_staged(&[(&a, &b), (&b, &a)]);
@@ -410,6 +416,7 @@ impl FsCore {
                         mtime_nsec: nsec.unwrap_or(0),
                         uid,
                         gid,
+                        watcher: self.listings.watcher(),
                     }))
                     .map_err(ClientError::from)?;
                     self.invalidate(&[split(&path).0, &path]);

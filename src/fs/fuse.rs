@@ -19,10 +19,6 @@ use crate::gpu::control::Waker;
 use crate::locks::lock;
 use crate::proto::FuseInit;
 
-/// How long the kernel may trust attributes and names. Short, so that keys published elsewhere
-/// show up soon; changes made through this mount are returned fresh in their replies.
-const TTL: Duration = Duration::from_secs(1);
-
 pub struct FuseAdapter {
     core: Arc<FsCore>,
     /// What the kernel offered at FUSE_INIT, kept so that a restarted agent can replay it.
@@ -166,7 +162,7 @@ impl Filesystem for FuseAdapter {
             return reply.error(Errno::ENOENT);
         };
         reply_or!(reply, self.core.lookup(parent.0, n), |a: Attr| reply.entry(
-            &TTL,
+            &self.core.kernel_ttl(a.ino),
             &file_attr(&a),
             Generation(0)
         ))
@@ -180,7 +176,7 @@ impl Filesystem for FuseAdapter {
         reply_or!(
             reply,
             self.core.getattr_open(ino.0, fh.map(|f| f.0)),
-            |a: Attr| reply.attr(&TTL, &file_attr(&a))
+            |a: Attr| reply.attr(&self.core.kernel_ttl(a.ino), &file_attr(&a))
         )
     }
 
@@ -238,7 +234,7 @@ impl Filesystem for FuseAdapter {
         reply_or!(
             reply,
             self.core.mkdir_by(parent.0, n, mode & !umask, caller(req)),
-            |a: Attr| reply.entry(&TTL, &file_attr(&a), Generation(0))
+            |a: Attr| reply.entry(&self.core.kernel_ttl(a.ino), &file_attr(&a), Generation(0))
         )
     }
 
@@ -270,7 +266,7 @@ impl Filesystem for FuseAdapter {
         reply_or!(
             reply,
             self.core.symlink_by(parent.0, n, t, caller(req)),
-            |a: Attr| reply.entry(&TTL, &file_attr(&a), Generation(0))
+            |a: Attr| reply.entry(&self.core.kernel_ttl(a.ino), &file_attr(&a), Generation(0))
         )
     }
 
@@ -311,7 +307,7 @@ impl Filesystem for FuseAdapter {
         reply_or!(
             reply,
             self.core.mknod_by(parent.0, n, mode, rdev, caller(req)),
-            |a: Attr| reply.entry(&TTL, &file_attr(&a), Generation(0))
+            |a: Attr| reply.entry(&self.core.kernel_ttl(a.ino), &file_attr(&a), Generation(0))
         )
     }
 
@@ -327,7 +323,7 @@ impl Filesystem for FuseAdapter {
             return reply.error(Errno::EINVAL);
         };
         reply_or!(reply, self.core.link(ino.0, newparent.0, n), |a: Attr| {
-            reply.entry(&TTL, &file_attr(&a), Generation(0))
+            reply.entry(&self.core.kernel_ttl(a.ino), &file_attr(&a), Generation(0))
         })
     }
 
@@ -500,7 +496,7 @@ impl Filesystem for FuseAdapter {
                         INodeNo(a.ino),
                         next,
                         &e.name,
-                        &TTL,
+                        &self.core.kernel_ttl(a.ino),
                         &file_attr(&a),
                         Generation(0),
                     );
@@ -672,7 +668,7 @@ impl Filesystem for FuseAdapter {
             self.core
                 .create_by(parent.0, n, mode & !umask, flags, caller(req)),
             |(a, fh, cache): (Attr, u64, PageCache)| reply.created(
-                &TTL,
+                &self.core.kernel_ttl(a.ino),
                 &file_attr(&a),
                 Generation(0),
                 FileHandle(fh),

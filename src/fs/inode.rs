@@ -170,6 +170,11 @@ impl Inodes {
         self.by_ino.keys().copied().collect()
     }
 
+    /// Every path the table holds an inode of.
+    pub fn known_paths(&self) -> Vec<String> {
+        self.by_path.keys().cloned().collect()
+    }
+
     /// The inode of `path`, allocated if new, without taking a kernel reference.
     pub fn ino(&mut self, path: &str) -> u64 {
         if let Some(&ino) = self.by_path.get(path) {

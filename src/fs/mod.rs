@@ -178,12 +178,37 @@ pub struct FsCore {
     orphans: Mutex<HashMap<u64, Orphan>>,
     /// Access times of this node's inodes, as `relatime` keeps them (see [`Attr::atime`]).
     atimes: Mutex<HashMap<u64, SystemTime>>,
-    /// Tells the kernel to forget an inode's attributes (set by the mount's session).
-    kernel_forget: std::sync::OnceLock<KernelForget>,
+    /// Tells the kernel to forget what it cached (set by the mount's session).
+    kernel: std::sync::OnceLock<Box<dyn KernelCache>>,
 }
 
-/// Makes the kernel forget the attributes it cached of an inode.
-pub type KernelForget = Box<dyn Fn(u64) + Send + Sync>;
+/// What the kernel cached of the mount, which the mount can make it forget.
+pub trait KernelCache: Send + Sync {
+    /// The attributes of inode `ino` (its size, times, link count).
+    fn forget_attrs(&self, ino: u64);
+    /// The name `name` in directory `parent`, and below it: the next use looks it up again.
+    /// Returns at once: the kernel takes the directory's lock to forget it, which a request in
+    /// flight may hold while it waits for the change being told.
+    fn forget_name(&self, parent: u64, name: &str);
+    /// Waits until the names asked to be forgotten so far are, or `within` passed (a request
+    /// holding a directory's lock may be waiting for the teller: it must go on).
+    fn settle(&self, within: Duration);
+}
+
+/// How long the watch waits for the kernel to forget the names a change touched before it
+/// acknowledges the change (see [`KernelCache::settle`]).
+pub const SETTLE_NAMES: Duration = Duration::from_millis(50);
+
+/// How long the kernel may trust names and attributes while the watch's lease holds: every
+/// change another node makes is told (and forgotten in the kernel) before its writer is
+/// answered, and a lease about to lapse makes the kernel forget everything first.
+pub const LEASED_TTL: Duration = Duration::from_secs(30);
+/// How long before the lease ends the kernel is made to forget, unless it was renewed: no reply
+/// carries [`LEASED_TTL`] from then on.
+pub const LEASE_MARGIN: Duration = Duration::from_millis(500);
+/// Without a lease (no watch, or it broke), and for the GPU control tree (whose keys come and
+/// go with their publishers, untold): short, so that changes elsewhere show up soon.
+pub const UNLEASED_TTL: Duration = Duration::from_secs(1);
 
 /// Who asks: the process, and the ids a new file of its is owned by.
 #[derive(Clone, Copy, Debug)]
@@ -349,35 +374,82 @@ impl FsCore {
             opened_versions: Mutex::new(HashMap::new()),
             seeded: Arc::new(Mutex::new(HashSet::new())),
             started: SystemTime::now(),
-            kernel_forget: std::sync::OnceLock::new(),
+            kernel: std::sync::OnceLock::new(),
         })
     }
 
-    /// How the kernel is told to forget an inode's attributes when another node changed it.
-    pub fn set_kernel_forget(&self, f: KernelForget) {
-        let _ = self.kernel_forget.set(f);
+    /// How the kernel is told to forget what it cached when another node changed it.
+    pub fn set_kernel_cache(&self, k: Box<dyn KernelCache>) {
+        let _ = self.kernel.set(k);
+    }
+
+    /// How long the kernel may trust the name and attributes of `ino`: [`LEASED_TTL`] while
+    /// the watch's lease holds, outside the GPU control tree.
+    pub fn kernel_ttl(&self, ino: u64) -> Duration {
+        if !self.listings.leased_beyond(LEASE_MARGIN) {
+            return UNLEASED_TTL;
+        }
+        match self.inodes().path(ino) {
+            Some(p) if gpu_tree::gpu_rest(&p).is_none() => LEASED_TTL,
+            _ => UNLEASED_TTL,
+        }
     }
 
     /// The store server told of a change at or below `path` (`""`: anywhere): what this mount
-    /// cached is forgotten, and the kernel forgets the attributes of the path and of its
-    /// directory (their sizes, times and link counts moved).
+    /// cached is forgotten, and the kernel forgets the name (and what is below it) and the
+    /// attributes of the path and of its directory (their sizes, times and link counts moved).
+    /// Called from the watch, never while serving a kernel request.
     pub(crate) fn recall(&self, path: &str) {
         self.listings.recall(path);
         match path {
-            "" => {
-                if let Some(forget) = self.kernel_forget.get() {
-                    for ino in self.inodes().known_inodes() {
-                        forget(ino);
-                    }
+            "" => self.kernel_forget_all(),
+            p => {
+                self.kernel_forget_paths(&[p, split(p).0]);
+                let parent = self.inodes().known(split(p).0);
+                if let (Some(k), Some(parent)) = (self.kernel.get(), parent) {
+                    k.forget_name(parent, split(p).1);
                 }
             }
-            p => self.kernel_forget_paths(&[p, split(p).0]),
+        }
+    }
+
+    /// Waits (a moment at most) until the kernel forgot the names recalls asked it to.
+    pub(crate) fn kernel_settle(&self) {
+        if let Some(k) = self.kernel.get() {
+            k.settle(SETTLE_NAMES);
+        }
+    }
+
+    /// Makes the kernel forget every name and attribute of this mount it may hold: the watch
+    /// broke, or its lease is about to lapse, so changes may go untold.
+    pub(crate) fn kernel_forget_all(&self) {
+        let Some(k) = self.kernel.get() else {
+            return;
+        };
+        let (inos, names): (Vec<u64>, Vec<(u64, String)>) = {
+            let inodes = self.inodes();
+            let names = inodes
+                .known_paths()
+                .into_iter()
+                .filter(|p| !p.is_empty())
+                .filter_map(|p| {
+                    let parent = inodes.known(split(&p).0)?;
+                    Some((parent, split(&p).1.to_string()))
+                })
+                .collect();
+            (inodes.known_inodes(), names)
+        };
+        for (parent, name) in names {
+            k.forget_name(parent, &name);
+        }
+        for ino in inos {
+            k.forget_attrs(ino);
         }
     }
 
     /// Tells the kernel to forget the attributes of the inodes of `paths` it knows.
     pub(crate) fn kernel_forget_paths(&self, paths: &[&str]) {
-        let Some(forget) = self.kernel_forget.get() else {
+        let Some(k) = self.kernel.get() else {
             return;
         };
         let inos: Vec<u64> = {
@@ -385,7 +457,7 @@ impl FsCore {
             paths.iter().filter_map(|p| inodes.known(p)).collect()
         };
         for ino in inos {
-            forget(ino);
+            k.forget_attrs(ino);
         }
     }
 

@@ -93,7 +93,12 @@ impl Listings {
 
     /// Whether the watch's lease holds now.
     pub(super) fn leased(&self) -> bool {
-        lock(&self.lease).is_some_and(|until| std::time::Instant::now() < until)
+        self.leased_beyond(std::time::Duration::ZERO)
+    }
+
+    /// Whether the watch's lease holds for `margin` more at least.
+    pub(super) fn leased_beyond(&self, margin: std::time::Duration) -> bool {
+        lock(&self.lease).is_some_and(|until| std::time::Instant::now() + margin < until)
     }
 
     /// The epoch to hand back with an answer asked for now (see [`Listings::keep`]).

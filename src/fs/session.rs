@@ -145,7 +145,7 @@ fn mount_fresh(
     let init = adapter.init_record();
     let mut session =
         fuser::Session::new(adapter, mountpoint, &config).map_err(mount_err(mountpoint))?;
-    core.set_kernel_forget(kernel_forget(&session));
+    core.set_kernel_cache(kernel_cache(&session));
     let keeper = match keep {
         Some((keeper, req)) => {
             let kept = KeptMount {
@@ -204,16 +204,78 @@ fn journal_tag(cfg: &FsConfig, mountpoint: &Path) -> Vec<u8> {
     tag
 }
 
-/// Attributes only (offset -1): pages stay (an open of a new version drops them), and the
-/// call takes no lock a request in flight may hold.
-fn kernel_forget(session: &fuser::Session<FuseAdapter>) -> crate::fs::KernelForget {
-    let notifier = session.notifier();
-    Box::new(move |ino| {
-        if let Err(e) = notifier.inval_inode(fuser::INodeNo(ino), -1, 0) {
+/// The kernel's caches of a session, through its notifications. Names are forgotten by a
+/// thread of their own: the kernel takes the directory's lock to forget a name, and a request
+/// that holds that lock (a create in it, say) may be waiting on the very change being told, so
+/// the teller waits for it a moment only ([`crate::fs::KernelCache::settle`]).
+struct Kernel {
+    notifier: fuser::Notifier,
+    names: std::sync::mpsc::Sender<(u64, String)>,
+    queued: std::sync::atomic::AtomicU64,
+    /// Names forgotten so far, and a wake-up for whoever waits for them.
+    forgotten: Arc<(std::sync::Mutex<u64>, std::sync::Condvar)>,
+}
+
+impl Kernel {
+    fn new(notifier: fuser::Notifier) -> Kernel {
+        let (names, rx) = std::sync::mpsc::channel::<(u64, String)>();
+        let forgotten: Arc<(std::sync::Mutex<u64>, std::sync::Condvar)> = Arc::default();
+        let (n, done) = (notifier.clone(), forgotten.clone());
+        let spawned = std::thread::Builder::new()
+            .name("kt-forget".into())
+            .spawn(move || {
+                // Ends when the session's core (and so this sender) is gone.
+                for (parent, name) in rx {
+                    let name = std::ffi::OsStr::new(&name);
+                    if let Err(e) = n.inval_entry(fuser::INodeNo(parent), name) {
+                        tracing::trace!(parent, ?name, error = %e, "the kernel kept no such name");
+                    }
+                    *lock(&done.0) += 1;
+                    done.1.notify_all();
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("no thread to forget names in the kernel: {e}");
+        }
+        Kernel {
+            notifier,
+            names,
+            queued: Default::default(),
+            forgotten,
+        }
+    }
+}
+
+impl crate::fs::KernelCache for Kernel {
+    /// Attributes only (offset -1): pages stay (an open of a new version drops them), and the
+    /// call takes no lock a request in flight may hold.
+    fn forget_attrs(&self, ino: u64) {
+        if let Err(e) = self.notifier.inval_inode(fuser::INodeNo(ino), -1, 0) {
             // ENOENT: the kernel holds no such inode now.
             tracing::trace!(ino, error = %e, "the kernel kept no attributes to forget");
         }
-    })
+    }
+
+    fn forget_name(&self, parent: u64, name: &str) {
+        if self.names.send((parent, name.to_string())).is_ok() {
+            self.queued
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    fn settle(&self, within: std::time::Duration) {
+        let target = self.queued.load(std::sync::atomic::Ordering::SeqCst);
+        let (done, woken) = &*self.forgotten;
+        let guard = lock(done);
+        let waited = woken.wait_timeout_while(guard, within, |n| *n < target);
+        if waited.is_ok_and(|(_, r)| r.timed_out()) {
+            crate::metrics::KERNEL_SETTLE_WAITS.inc();
+        }
+    }
+}
+
+fn kernel_cache(session: &fuser::Session<FuseAdapter>) -> Box<dyn crate::fs::KernelCache> {
+    Box::new(Kernel::new(session.notifier()))
 }
 
 fn run_session(
@@ -266,7 +328,7 @@ pub fn resume(
         session_config(&cfg, false),
     )
     .map_err(io)?;
-    core.set_kernel_forget(kernel_forget(&session));
+    core.set_kernel_cache(kernel_cache(&session));
     // SAFETY: both are open descriptors; dup3 atomically makes the session's descriptor number
     // refer to the kept device (closing the socket it named), and `fd` is closed after.
     if unsafe { libc::dup3(fd.as_raw_fd(), session.as_fd().as_raw_fd(), libc::O_CLOEXEC) } < 0 {

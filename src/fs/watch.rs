@@ -40,6 +40,7 @@ pub(crate) async fn run(core: Weak<FsCore>) {
                 tracing::debug!(%why, "the watch of the namespace broke; watching again");
                 if let Some(c) = core.upgrade() {
                     c.listings.lease_lost();
+                    c.kernel_forget_all();
                 }
             }
         }
@@ -79,6 +80,9 @@ async fn watch_once(
         Err(e) => return Ended::Broken(e.message().to_string()),
     };
     let mut acked = 0u64;
+    // When the kernel must have forgotten what it holds on the lease's word, unless the lease
+    // is renewed first.
+    let mut lapse_at: Option<Instant> = None;
     let mut tick = tokio::time::interval(RENEW_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -99,7 +103,17 @@ async fn watch_once(
                         c.recall(p);
                     }
                     acked = acked.max(msg.seq);
-                    drop(c);
+                    // The kernel forgets the names before the writer is answered, unless one of
+                    // this mount's own requests holds their directory waiting for it. A change
+                    // of everything (one through a hard link, or a directory's removal, told to
+                    // its own maker too) is not waited for: it may be this mount's own, whose
+                    // request holds a directory until this acknowledges.
+                    if !msg.paths.iter().any(String::is_empty) {
+                        let settled = tokio::task::spawn_blocking(move || c.kernel_settle()).await;
+                        if settled.is_err() {
+                            return Ended::CoreGone;
+                        }
+                    }
                     let ack = WatchUp { acked, ..Default::default() };
                     if up.send(ack).await.is_err() {
                         return Ended::Broken("its request stream closed".into());
@@ -114,10 +128,22 @@ async fn watch_once(
                         if n == msg.renewed {
                             let lease = Duration::from_millis(u64::from(msg.lease_ms));
                             c.listings.lease_until((sent + lease).into_std());
+                            lapse_at = Some(sent + lease.saturating_sub(super::LEASE_MARGIN));
                             break;
                         }
                     }
                 }
+            }
+            _ = async {
+                match lapse_at {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                lapse_at = None;
+                let Some(c) = core.upgrade() else { return Ended::CoreGone };
+                tracing::debug!("the watch's lease is about to lapse unrenewed; the kernel forgets what it held on its word");
+                c.kernel_forget_all();
             }
             _ = tick.tick() => {
                 if core.strong_count() == 0 {

@@ -546,6 +546,7 @@ impl GpuControl {
                 recursive: false,
                 prefix: false,
                 gpu_registration: 0,
+                watcher: 0,
             }))
             .map_err(ClientError::from)?;
         Ok(())
@@ -589,6 +590,7 @@ async fn let_go(
                     recursive: false,
                     prefix: false,
                     gpu_registration: reg.id,
+                    watcher: 0,
                 })
                 .await;
             if let Err(e) = r {

@@ -878,6 +878,7 @@ impl Store for StoreHandler {
         let key = parse_key(&r.key)?;
         let meta = self.meta.clone();
         let mut change = self.change(&ns, Vec::new());
+        let watcher = r.watcher;
         let removed = blocking(move || {
             if r.gpu_registration != 0 {
                 let gone = meta.remove_gpu(&ns, &key, r.gpu_registration)?;
@@ -892,7 +893,7 @@ impl Store for StoreHandler {
         .await?;
         if !removed.is_empty() {
             change.paths = removed.clone();
-            self.tell(change).await;
+            self.tell_except(change, watcher).await;
         }
         tracing::info!(count = removed.len(), "removed keys");
         Ok(Response::new(RemoveResponse { removed }))
@@ -908,7 +909,7 @@ impl Store for StoreHandler {
         let meta = self.meta.clone();
         let change = self.change(&ns, vec![from.to_string(), to.to_string()]);
         blocking(move || meta.rename(&ns, &from, &to, r.no_replace)).await?;
-        self.tell(change).await;
+        self.tell_except(change, r.watcher).await;
         Ok(Response::new(RenameResponse {}))
     }
 
@@ -922,7 +923,7 @@ impl Store for StoreHandler {
         let meta = self.meta.clone();
         let change = self.change(&ns, vec![a.to_string(), b.to_string()]);
         blocking(move || meta.exchange(&ns, &a, &b)).await?;
-        self.tell(change).await;
+        self.tell_except(change, r.watcher).await;
         Ok(Response::new(RenameResponse {}))
     }
 
@@ -933,7 +934,7 @@ impl Store for StoreHandler {
         let meta = self.meta.clone();
         let change = self.change(&ns, vec![from.to_string(), to.to_string()]);
         blocking(move || meta.link(&ns, &from, &to)).await?;
-        self.tell(change).await;
+        self.tell_except(change, r.watcher).await;
         Ok(Response::new(LinkResponse {}))
     }
 
@@ -947,8 +948,9 @@ impl Store for StoreHandler {
         let mtime = r.mtime_sec.map(|s| (s, r.mtime_nsec.min(999_999_999)));
         let meta = self.meta.clone();
         let change = self.change(&ns, vec![key.to_string()]);
+        let watcher = r.watcher;
         blocking(move || meta.set_attr(&ns, &key, r.mode, mtime, (r.uid, r.gid))).await?;
-        self.tell(change).await;
+        self.tell_except(change, watcher).await;
         Ok(Response::new(SetAttrResponse {}))
     }
 

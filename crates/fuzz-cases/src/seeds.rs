@@ -268,6 +268,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                     namespace: n.clone(),
                     from: k.clone(),
                     to: "seed/link".into(),
+                    ..Default::default()
                 },
             ),
             call(
@@ -277,6 +278,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                     from: k.clone(),
                     to: "seed/b".into(),
                     no_replace: false,
+                    ..Default::default()
                 },
             ),
             call(
