@@ -322,6 +322,20 @@ fn team_world() -> World {
     w
 }
 
+/// `kt agent` of node `node_id` on 127.0.0.186, in `dir`, presenting `token`.
+fn node_agent(server: &str, dir: &Path, node_id: &str, token: &str) -> Command {
+    let mut cmd = Command::new(kt_bin());
+    cmd.args(["agent", "--server", server, "--listen", "127.0.0.186:0"])
+        .arg("--cache-dir")
+        .arg(dir.join("cache"))
+        .arg("--socket")
+        .arg(dir.join("agent.sock"))
+        .args(["--node-id", node_id, "--heartbeat-secs", "1"])
+        .env("KT_TOKEN", token)
+        .env("RUST_LOG", "warn");
+    cmd
+}
+
 fn review_server(ip: &str, api: &FakeApi, dir: &Path) -> Proc {
     spawn_ready(&[
         "server",
@@ -402,24 +416,7 @@ fn a_service_account_token_reaches_its_own_namespace_only() {
     // A pod's token may not act as a node; the node agent's may, for every namespace.
     let node_dir = dir.path().join("n1");
     std::fs::create_dir_all(&node_dir).unwrap();
-    let pod_agent = {
-        let mut cmd = Command::new(kt_bin());
-        cmd.args([
-            "agent",
-            "--server",
-            &server.addr,
-            "--listen",
-            "127.0.0.186:0",
-        ])
-        .arg("--cache-dir")
-        .arg(node_dir.join("cache"))
-        .arg("--socket")
-        .arg(node_dir.join("agent.sock"))
-        .args(["--node-id", "n1", "--heartbeat-secs", "1"])
-        .env("KT_TOKEN", "tok-node")
-        .env("RUST_LOG", "warn");
-        spawn_ready_cmd(cmd)
-    };
+    let pod_agent = spawn_ready_cmd(node_agent(&server.addr, &node_dir, "n1", "tok-node"));
     ok(kt_as(
         &server.addr,
         &node_dir.join("agent.sock"),
@@ -442,21 +439,7 @@ fn a_service_account_token_reaches_its_own_namespace_only() {
     // That token acts for node n1 only: an agent presenting it as node n2 (which could then add
     // or withdraw n2's copies) is refused at its registration and stops, saying why.
     let n2_dir = dir.path().join("n2");
-    let mut impostor = Command::new(kt_bin())
-        .args([
-            "agent",
-            "--server",
-            &server.addr,
-            "--listen",
-            "127.0.0.186:0",
-        ])
-        .arg("--cache-dir")
-        .arg(n2_dir.join("cache"))
-        .arg("--socket")
-        .arg(n2_dir.join("agent.sock"))
-        .args(["--node-id", "n2", "--heartbeat-secs", "1"])
-        .env("KT_TOKEN", "tok-node")
-        .env("RUST_LOG", "warn")
+    let mut impostor = node_agent(&server.addr, &n2_dir, "n2", "tok-node")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()

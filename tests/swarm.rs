@@ -27,12 +27,12 @@ fn sources(got: &serde_json::Value) -> Vec<(String, u64)> {
         .collect()
 }
 
-#[test]
-fn a_late_joiner_takes_blocks_from_every_node_that_holds_them_and_none_from_the_store() {
-    let c = Cluster::new("127.0.0.215");
-    let (data, _) = c.publish_random("w", 4 * MIB, 21, "65536");
-    let agents: Vec<AgentProc> = (0..3)
-        .map(|i| c.agent(&format!("127.0.0.{}", 216 + i), &format!("node-{i}")))
+/// Two nodes got the version; a third gets it with `flags`: its report, and the version's bytes.
+fn late_joiner(ip: u8, seed: u64, flags: &[&str]) -> (serde_json::Value, Vec<u8>) {
+    let c = Cluster::new(&format!("127.0.0.{ip}"));
+    let (data, _) = c.publish_random("w", 4 * MIB, seed, "65536");
+    let agents: Vec<AgentProc> = (1..=3)
+        .map(|i| c.agent(&format!("127.0.0.{}", ip + i), &format!("node-{}", i - 1)))
         .collect();
     for (i, a) in agents[..2].iter().enumerate() {
         let d = c.path(&format!("d{i}"));
@@ -41,8 +41,16 @@ fn a_late_joiner_takes_blocks_from_every_node_that_holds_them_and_none_from_the_
         assert_eq!(got["seeded"], true, "{got}");
     }
     let d = c.path("late");
-    let got = c.json(Some(&agents[2]), &["get", "w", "-d", d.to_str().unwrap()]);
+    let mut args = vec!["get", "w", "-d", d.to_str().unwrap()];
+    args.extend(flags);
+    let got = c.json(Some(&agents[2]), &args);
     assert!(fs::read(&d).unwrap() == data);
+    (got, data)
+}
+
+#[test]
+fn a_late_joiner_takes_blocks_from_every_node_that_holds_them_and_none_from_the_store() {
+    let (got, data) = late_joiner(215, 21, &[]);
     let from = sources(&got);
     let total: u64 = from.iter().map(|(_, b)| b).sum();
     assert_eq!(total, data.len() as u64, "{got}");
@@ -59,20 +67,7 @@ fn a_late_joiner_takes_blocks_from_every_node_that_holds_them_and_none_from_the_
 /// getter that names one still takes blocks from every holder, not from one parent.
 #[test]
 fn a_late_joiner_that_names_a_fanout_still_takes_blocks_from_every_holder() {
-    let c = Cluster::new("127.0.0.143");
-    let (data, _) = c.publish_random("w", 4 * MIB, 22, "65536");
-    let agents: Vec<AgentProc> = (0..3)
-        .map(|i| c.agent(&format!("127.0.0.{}", 144 + i), &format!("node-{i}")))
-        .collect();
-    for (i, a) in agents[..2].iter().enumerate() {
-        let d = c.path(&format!("d{i}"));
-        c.json(Some(a), &["get", "w", "-d", d.to_str().unwrap()]);
-        assert!(fs::read(&d).unwrap() == data);
-    }
-    let d = c.path("late");
-    let args = ["get", "w", "-d", d.to_str().unwrap(), "--fanout", "1"];
-    let got = c.json(Some(&agents[2]), &args);
-    assert!(fs::read(&d).unwrap() == data);
+    let (got, _) = late_joiner(143, 22, &["--fanout", "1"]);
     assert_eq!(bytes_from(&got, "store"), 0, "two nodes hold it: {got}");
     for node in ["node-0", "node-1"] {
         assert!(bytes_from(&got, node) > 0, "nothing from {node}: {got}");

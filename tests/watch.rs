@@ -444,3 +444,49 @@ fn the_kernel_forgets_a_name_another_node_changed_whatever_its_ttl() {
     std::fs::remove_file(a.path("t/old")).unwrap();
     assert!(std::fs::metadata(b.path("t/old")).is_err());
 }
+
+/// A name the kernel is told to forget only expires (its next use looks it up again): a
+/// process whose working directory it is keeps finding its path, as git needs, when a change
+/// of everything (a hard link's) makes the mount forget every name.
+#[test]
+fn a_working_directory_survives_the_kernel_forgetting_its_name() {
+    let (_c, a, b) = two_nodes("127.0.0.114", "127.0.0.115");
+    std::fs::create_dir_all(a.path("wd/inner")).unwrap();
+    std::fs::write(a.path("wd/f"), b"f").unwrap();
+    assert!(b.path("wd/inner").is_dir());
+    let mut children: Vec<std::process::Child> = [&a, &b]
+        .iter()
+        .map(|m| {
+            std::process::Command::new("python3")
+                .args([
+                    "-c",
+                    "import os, sys; sys.stdin.readline(); print(os.getcwd())",
+                ])
+                .current_dir(m.path("wd/inner"))
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // A hard link is told to every mount, its maker too, as a change of everything.
+    std::fs::hard_link(a.path("wd/f"), a.path("wd/g")).unwrap();
+    // A change told to each node that holds the directory is acknowledged once the kernel
+    // forgot the names asked before it: all of them, by then.
+    std::fs::write(b.path("wd/h"), b"h").unwrap();
+    assert!(a.path("wd/h").exists());
+    std::fs::write(a.path("wd/k"), b"k").unwrap();
+    assert!(b.path("wd/k").exists());
+    for child in &mut children {
+        use std::io::Write;
+        child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    }
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        let cwd = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && cwd.trim_end().ends_with("/wd/inner"),
+            "{cwd:?}"
+        );
+    }
+}

@@ -217,7 +217,7 @@ struct Kernel {
 }
 
 impl Kernel {
-    fn new(notifier: fuser::Notifier) -> Kernel {
+    fn new(notifier: fuser::Notifier, device: Option<OwnedFd>) -> Kernel {
         let (names, rx) = std::sync::mpsc::channel::<(u64, String)>();
         let forgotten: Arc<(std::sync::Mutex<u64>, std::sync::Condvar)> = Arc::default();
         let (n, done) = (notifier.clone(), forgotten.clone());
@@ -226,9 +226,14 @@ impl Kernel {
             .spawn(move || {
                 // Ends when the session's core (and so this sender) is gone.
                 for (parent, name) in rx {
-                    let name = std::ffi::OsStr::new(&name);
-                    if let Err(e) = n.inval_entry(fuser::INodeNo(parent), name) {
-                        tracing::trace!(parent, ?name, error = %e, "the kernel kept no such name");
+                    let expired = device
+                        .as_ref()
+                        .is_some_and(|d| expire_entry(d.as_fd(), parent, &name).is_ok());
+                    if !expired {
+                        let name = std::ffi::OsStr::new(&name);
+                        if let Err(e) = n.inval_entry(fuser::INodeNo(parent), name) {
+                            tracing::trace!(parent, ?name, error = %e, "the kernel kept no such name");
+                        }
                     }
                     *lock(&done.0) += 1;
                     done.1.notify_all();
@@ -275,7 +280,46 @@ impl crate::fs::KernelCache for Kernel {
 }
 
 fn kernel_cache(session: &fuser::Session<FuseAdapter>) -> Box<dyn crate::fs::KernelCache> {
-    Box::new(Kernel::new(session.notifier()))
+    let device = session.as_fd().try_clone_to_owned().ok();
+    Box::new(Kernel::new(session.notifier(), device))
+}
+
+/// `FUSE_NOTIFY_INVAL_ENTRY` with `FUSE_EXPIRE_ONLY` (Linux 6.2): the name's lifetime ends, so
+/// its next use looks it up again and replaces it only if it changed. A plain invalidation
+/// (what fuser sends) unhashes it at once, and a process whose working directory it is can no
+/// longer find that directory's path (`getcwd` fails: git does not survive it).
+fn expire_entry(dev: BorrowedFd<'_>, parent: u64, name: &str) -> std::io::Result<()> {
+    const FUSE_NOTIFY_INVAL_ENTRY: i32 = 3;
+    const FUSE_EXPIRE_ONLY: u32 = 1;
+    let len = 16 + 16 + name.len() + 1;
+    let mut m = Vec::with_capacity(len);
+    m.extend_from_slice(
+        &u32::try_from(len)
+            .map_err(std::io::Error::other)?
+            .to_ne_bytes(),
+    );
+    m.extend_from_slice(&FUSE_NOTIFY_INVAL_ENTRY.to_ne_bytes());
+    m.extend_from_slice(&0u64.to_ne_bytes()); // unique: a notification
+    m.extend_from_slice(&parent.to_ne_bytes());
+    m.extend_from_slice(
+        &u32::try_from(name.len())
+            .map_err(std::io::Error::other)?
+            .to_ne_bytes(),
+    );
+    m.extend_from_slice(&FUSE_EXPIRE_ONLY.to_ne_bytes());
+    m.extend_from_slice(name.as_bytes());
+    m.push(0);
+    // SAFETY: `dev` is an open descriptor and `m` a valid buffer of its length.
+    let n = unsafe { libc::write(dev.as_raw_fd(), m.as_ptr().cast(), m.len()) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        // ENOENT: the kernel holds no such name, which is what was asked.
+        if e.raw_os_error() == Some(libc::ENOENT) {
+            return Ok(());
+        }
+        return Err(e);
+    }
+    Ok(())
 }
 
 fn run_session(
@@ -328,12 +372,12 @@ pub fn resume(
         session_config(&cfg, false),
     )
     .map_err(io)?;
-    core.set_kernel_cache(kernel_cache(&session));
     // SAFETY: both are open descriptors; dup3 atomically makes the session's descriptor number
     // refer to the kept device (closing the socket it named), and `fd` is closed after.
     if unsafe { libc::dup3(fd.as_raw_fd(), session.as_fd().as_raw_fd(), libc::O_CLOEXEC) } < 0 {
         return Err(io(std::io::Error::last_os_error()));
     }
+    core.set_kernel_cache(kernel_cache(&session));
     drop(fd);
     drop(ours);
     if let Err(e) = resend_pending(session.as_fd()) {
