@@ -114,9 +114,12 @@ pub struct Broadcasts {
 }
 
 impl Broadcasts {
-    /// Whether an explicit fanout keeps the tree here (the benchmarks' switch).
-    pub fn tree_for_fanout(&self) -> bool {
-        self.tree_for_fanout
+    /// Whether a getter of a window of `spec` may join its version's swarm: one whose node
+    /// serves what it receives (a getter without an agent fetches from its parent), and not in
+    /// a window that names its fanout under the benchmarks' switch (a fanout is otherwise how
+    /// many fetches each member serves at once).
+    pub fn may_swarm(&self, spec: &WindowSpec, serves: bool) -> bool {
+        serves && !(self.tree_for_fanout && spec.fanout > 0)
     }
 
     /// Windows where an explicit fanout keeps the tree (`true`: benchmarks and the tree's

@@ -129,14 +129,14 @@ impl Broadcasts {
         pieces: Vec<u8>,
         seeds: &[Seed],
     ) -> Result<Vec<u8>, BroadcastError> {
-        let tree_for_fanout = self.tree_for_fanout;
+        let (spec, serves) = {
+            let (w, m) = self.member(group, generation, member)?;
+            (w.spec.clone(), w.members[m].joiner.serves)
+        };
+        // The swarm is for versions of several blocks, too.
+        let wanted = self.may_swarm(&spec, serves) && pieces.len() / 32 >= MIN_SWARM_PIECES;
         let (w, m) = self.member(group, generation, member)?;
         let joiner = w.members[m].joiner.clone();
-        // A getter whose node serves nothing (no agent) fetches from its parent: the swarm is
-        // for members that serve what they receive, of versions of several blocks. A window's
-        // fanout is how many fetches each member serves at once.
-        let tree = w.spec.fanout > 0 && tree_for_fanout;
-        let wanted = !tree && joiner.serves && pieces.len() / 32 >= MIN_SWARM_PIECES;
         let uploads = match w.spec.fanout {
             0 => DEFAULT_UPLOADS,
             f => f,

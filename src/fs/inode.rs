@@ -157,7 +157,12 @@ impl Inodes {
     }
 
     pub fn path(&self, ino: u64) -> Option<String> {
-        self.by_ino.get(&ino).map(|(p, _)| p.clone())
+        self.path_ref(ino).map(str::to_string)
+    }
+
+    /// The path of `ino`, borrowed from the table.
+    pub fn path_ref(&self, ino: u64) -> Option<&str> {
+        self.by_ino.get(&ino).map(|(p, _)| p.as_str())
     }
 
     /// The inode of `path`, if it has one.

@@ -389,8 +389,9 @@ impl FsCore {
         if !self.listings.leased_beyond(LEASE_MARGIN) {
             return UNLEASED_TTL;
         }
-        match self.inodes().path(ino) {
-            Some(p) if gpu_tree::gpu_rest(&p).is_none() => LEASED_TTL,
+        // Every reply asks: the path is looked at in place, not copied.
+        match self.inodes().path_ref(ino) {
+            Some(p) if gpu_tree::gpu_rest(p).is_none() => LEASED_TTL,
             _ => UNLEASED_TTL,
         }
     }

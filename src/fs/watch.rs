@@ -105,9 +105,9 @@ async fn watch_once(
                     acked = acked.max(msg.seq);
                     // The kernel forgets the names before the writer is answered, unless one of
                     // this mount's own requests holds their directory waiting for it. A change
-                    // of everything (one through a hard link, or a directory's removal, told to
-                    // its own maker too) is not waited for: it may be this mount's own, whose
-                    // request holds a directory until this acknowledges.
+                    // of everything (a hard link's, told to its own maker too) is not waited
+                    // for: it may be this mount's own, whose request holds a directory until
+                    // this acknowledges.
                     if !msg.paths.iter().any(String::is_empty) {
                         let settled = tokio::task::spawn_blocking(move || c.kernel_settle()).await;
                         if settled.is_err() {

@@ -1023,12 +1023,13 @@ impl Store for StoreHandler {
             window = w;
             deadline = d;
         }
-        // Only a getter that serves may swarm (a named fanout is how many fetches each member
-        // serves at once, except under the benchmarks' switch): the others cost no manifest
-        // read (a mount's reader joins at every open).
-        let tree =
-            self.windows().tree_for_fanout() && window.spec.as_ref().is_some_and(|s| s.fanout != 0);
-        let pieces = if r.role() == Role::Getter && r.serves && !tree {
+        // Only a getter that may swarm costs a manifest read (a mount's reader joins at every
+        // open).
+        let may_swarm = window
+            .spec
+            .as_ref()
+            .is_some_and(|s| self.windows().may_swarm(s, r.serves));
+        let pieces = if r.role() == Role::Getter && may_swarm {
             self.swarm_join(&group, &window, joined.member, version, &seeds)
                 .await
         } else {
