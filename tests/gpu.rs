@@ -628,10 +628,12 @@ fn a_window_fails_as_a_whole_and_names_the_member_at_fault() {
 /// network namespace joined to the host by a veth pair, and uid 1000. It publishes the bytes
 /// of `data` under the table, prints `published`, and holds the key until its stdin closes.
 const POD_CALLER: &str = r#"
-import ctypes, importlib.util, os, select, sys
+import ctypes, importlib.util, mmap, os, select, sys
 spec = importlib.util.spec_from_file_location("gpu_abi", sys.argv[1])
 abi = importlib.util.module_from_spec(spec); spec.loader.exec_module(abi)
 control, data_file, table, sizes = sys.argv[2], sys.argv[3], sys.argv[4], [int(s) for s in sys.argv[5].split(",")]
+# The NCCL this caller uses, mapped as torch maps its own: a file only the pod's mounts hold.
+nccl = mmap.mmap(os.open(sys.argv[6], os.O_RDONLY), 0, prot=mmap.PROT_READ)
 data = open(data_file, "rb").read()
 shm = "/dev/shm/pod-src"
 with open(shm, "wb") as f:
@@ -756,15 +758,23 @@ fn a_pods_caller_gets_a_worker_in_its_namespaces_as_its_user_with_no_capability(
         .map(u64::to_string)
         .collect::<Vec<_>>()
         .join(",");
+    // The pod's own NCCL, at a path that is an empty directory outside the pod.
+    let pod_lib_dir = c.path("podlib");
+    std::fs::create_dir_all(&pod_lib_dir).unwrap();
+    let pod_lib = pod_lib_dir.join("libnccl.so.2");
     let inner = format!(
-        "mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec setpriv --reuid 1000 --regid 1000 \
-         --clear-groups /usr/bin/python3 {} {} {} {} '{}' {}",
+        "mount -t tmpfs -o mode=1777 tmpfs /dev/shm && mount -t tmpfs -o mode=755 tmpfs {lib_dir} \
+         && printf 'the pod NCCL' > {lib} && chmod 644 {lib} \
+         && exec setpriv --reuid 1000 --regid 1000 \
+         --clear-groups /usr/bin/python3 {} {} {} {} '{}' {} {lib}",
         script.display(),
         abi_py.display(),
         a.path(".gpu/pod-sd").display(),
         data_file.display(),
         json,
-        sizes_arg
+        sizes_arg,
+        lib_dir = pod_lib_dir.display(),
+        lib = pod_lib.display(),
     );
     let mut pod = std::process::Command::new("ip")
         .args([
@@ -812,6 +822,35 @@ fn a_pods_caller_gets_a_worker_in_its_namespaces_as_its_user_with_no_capability(
     assert_eq!(status_field(worker, "CapEff:").unwrap(), "0000000000000000");
     assert_eq!(status_field(worker, "CapBnd:").unwrap(), "0000000000000000");
     assert_eq!(status_field(worker, "NoNewPrivs:").unwrap(), "1");
+
+    // It loads the NCCL its caller mapped, from the pod: its loader looks first in the
+    // directory it was given open, whose `libnccl.so` names the pod's path, which the loader
+    // resolves inside the pod.
+    let environ = std::fs::read(format!("/proc/{worker}/environ")).unwrap();
+    let ld_path = environ
+        .split(|&b| b == 0)
+        .find_map(|kv| kv.strip_prefix(b"LD_LIBRARY_PATH="))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .expect("the pod's worker has no LD_LIBRARY_PATH");
+    assert!(
+        ld_path.starts_with("/proc/self/fd/4"),
+        "the pod's worker's LD_LIBRARY_PATH: {ld_path}"
+    );
+    let dir = std::fs::read_link(format!("/proc/{worker}/fd/4")).unwrap();
+    assert_eq!(
+        std::fs::read_link(dir.join("libnccl.so")).unwrap(),
+        pod_lib,
+        "the link the pod's worker loads NCCL through"
+    );
+    assert!(
+        std::fs::read(&pod_lib).is_err(),
+        "the pod's library is outside the pod"
+    );
+    assert_eq!(
+        std::fs::read(format!("/proc/{worker}/root{}", pod_lib.display())).unwrap(),
+        b"the pod NCCL",
+        "the pod's worker does not see the pod's library there"
+    );
 
     // A getter on the host receives the pod's bytes, its own worker reaching the pod's.
     let dst = Shm::new("pod-dst", &vec![0u8; total as usize]);

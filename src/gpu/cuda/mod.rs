@@ -35,7 +35,10 @@ use cudarc::driver::sys;
 pub use device::{Device, DeviceBuffer, DeviceRange, Stream};
 pub use ipc::{IpcExport, IpcMapping};
 pub use nccl::{AbortHandle, Comm, Grouped, NcclError, UniqueId};
-pub use nccl_lib::{find_nccl_library, loaded_nccl, loader_path_for, loader_path_for_nccl};
+pub use nccl_lib::{
+    find_nccl_library, foreign_library_dir, loaded_nccl, loader_path_for, loader_path_for_nccl,
+    nccl_named_in,
+};
 pub use probe::{probe, Availability};
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

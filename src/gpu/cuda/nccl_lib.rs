@@ -125,6 +125,22 @@ pub fn nccl_library_dir(lib_path: &Path, scratch: &Path) -> io::Result<PathBuf> 
             format!("{} is not a library file", target.display()),
         ));
     }
+    link_dir(&target, scratch)
+}
+
+/// Makes `scratch/nccl/libnccl.so`, a link to `target` taken as it is: a path in another
+/// mount namespace (a pod's), which only the process that loads it there resolves.
+pub fn foreign_library_dir(target: &Path, scratch: &Path) -> io::Result<PathBuf> {
+    if !target.is_absolute() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not an absolute path", target.display()),
+        ));
+    }
+    link_dir(target, scratch)
+}
+
+fn link_dir(target: &Path, scratch: &Path) -> io::Result<PathBuf> {
     let dir = scratch.join("nccl");
     std::fs::create_dir_all(&dir)?;
     let link = dir.join("libnccl.so");
@@ -133,7 +149,7 @@ pub fn nccl_library_dir(lib_path: &Path, scratch: &Path) -> io::Result<PathBuf> 
     }
     let tmp = dir.join(format!(".libnccl.so.{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(&target, &tmp)?;
+    std::os::unix::fs::symlink(target, &tmp)?;
     std::fs::rename(&tmp, &link)?;
     Ok(dir)
 }
@@ -161,6 +177,18 @@ pub fn loaded_nccl(maps: &str) -> Option<PathBuf> {
         let name = path.file_name()?.to_str()?;
         (path.is_absolute() && name.starts_with("libnccl.so")).then(|| path.to_path_buf())
     })
+}
+
+/// The library [`NCCL_LIBRARY_ENV`] names in `environ`, the text of a process's
+/// `/proc/PID/environ` (NUL-separated `NAME=value` pairs).
+pub fn nccl_named_in(environ: &[u8]) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let prefix = format!("{NCCL_LIBRARY_ENV}=");
+    environ
+        .split(|&b| b == 0)
+        .find_map(|kv| kv.strip_prefix(prefix.as_bytes()))
+        .filter(|v| v.first() == Some(&b'/'))
+        .map(|v| PathBuf::from(OsStr::from_bytes(v)))
 }
 
 /// `LD_LIBRARY_PATH`'s new value for a process about to start to load `lib`, with a
@@ -201,6 +229,30 @@ mod tests {
             .map(|(k, v)| (k.to_string(), OsString::from(v)))
             .collect();
         move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn a_callers_environment_names_its_nccl_by_an_absolute_path_only() {
+        let env = b"HOME=/home/u\0KT_NCCL_LIBRARY=/opt/nccl/lib/libnccl.so.2\0PATH=/bin\0";
+        assert_eq!(
+            nccl_named_in(env),
+            Some(PathBuf::from("/opt/nccl/lib/libnccl.so.2"))
+        );
+        assert_eq!(nccl_named_in(b"KT_NCCL_LIBRARY=libnccl.so.2\0"), None);
+        assert_eq!(nccl_named_in(b"XKT_NCCL_LIBRARY=/x\0"), None);
+        assert_eq!(nccl_named_in(b""), None);
+    }
+
+    #[test]
+    fn a_foreign_library_is_linked_as_named_not_as_found_here() {
+        let scratch = tempfile::tempdir().unwrap();
+        let pod_path = Path::new("/only/in/the/pod/libnccl.so.2");
+        let dir = foreign_library_dir(pod_path, scratch.path()).unwrap();
+        assert_eq!(
+            std::fs::read_link(dir.join("libnccl.so")).unwrap(),
+            pod_path
+        );
+        assert!(foreign_library_dir(Path::new("lib/libnccl.so.2"), scratch.path()).is_err());
     }
 
     #[test]

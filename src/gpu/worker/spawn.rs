@@ -38,17 +38,75 @@ pub struct WorkerClient {
     pid: u32,
 }
 
-/// `LD_LIBRARY_PATH` for a worker to load the NCCL its caller uses: the one the caller has
-/// mapped (torch's own, loaded with `import torch`), else the one this agent finds
-/// (`KT_NCCL_LIBRARY`, pip's, a distribution's; see [`crate::gpu::cuda::nccl_lib`]).
-fn nccl_loader_path(caller: u32) -> Option<std::ffi::OsString> {
+/// The descriptor number, in a worker that enters a pod, of the directory holding its
+/// `libnccl.so` link (see [`NcclSetup::Dir`]).
+pub const NCCL_DIR_FD: i32 = 4;
+
+/// How a worker finds the NCCL its caller uses.
+enum NcclSetup {
+    /// `LD_LIBRARY_PATH` for a worker in the agent's own namespaces.
+    Path(std::ffi::OsString),
+    /// For a worker that enters a pod: a directory of the agent's with a `libnccl.so` link to
+    /// the library's path in the pod, open as [`NCCL_DIR_FD`] in the worker, whose
+    /// `LD_LIBRARY_PATH` is `/proc/self/fd/4`. The loader resolves that when NCCL is loaded,
+    /// after the worker entered the pod: the descriptor reaches the agent's directory from any
+    /// mount namespace, and the link's target is then read in the pod's.
+    Dir(OwnedFd),
+}
+
+/// The NCCL process `caller` uses, as a path in its own mount namespace: the one it has
+/// mapped (torch's own, loaded with `import torch`), else the one its `KT_NCCL_LIBRARY`
+/// names (a C caller's).
+fn callers_nccl(caller: u32) -> Option<std::path::PathBuf> {
+    std::fs::read_to_string(format!("/proc/{caller}/maps"))
+        .ok()
+        .and_then(|maps| crate::gpu::cuda::loaded_nccl(&maps))
+        .or_else(|| {
+            std::fs::read(format!("/proc/{caller}/environ"))
+                .ok()
+                .and_then(|env| crate::gpu::cuda::nccl_named_in(&env))
+        })
+}
+
+/// A link directory per library (callers may bring different NCCLs), the same one for every
+/// agent of the machine, so none is left behind per run; `kind` keeps a pod's paths apart
+/// from the agent's own.
+fn link_scratch(kind: &str, lib: &Path) -> std::path::PathBuf {
+    let digest = blake3::hash(lib.as_os_str().as_encoded_bytes()).to_hex();
+    std::env::temp_dir().join(format!("kt-nccl-{kind}{}", &digest[..16]))
+}
+
+/// How a worker for `caller` loads its NCCL: the caller's (see [`callers_nccl`]); for a worker
+/// in the agent's namespaces, else the one this agent finds (`KT_NCCL_LIBRARY`, pip's, a
+/// distribution's; see [`crate::gpu::cuda::nccl_lib`]). A worker that enters a pod and is
+/// given none loads what the pod's loader finds under NCCL's own names.
+fn nccl_setup(caller: u32, entered: bool) -> Option<NcclSetup> {
     static BY_LIBRARY: std::sync::LazyLock<Mutex<HashMap<std::path::PathBuf, std::ffi::OsString>>> =
         std::sync::LazyLock::new(Mutex::default);
     static FOUND: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
-    let mapped = std::fs::read_to_string(format!("/proc/{caller}/maps"))
-        .ok()
-        .and_then(|maps| crate::gpu::cuda::loaded_nccl(&maps));
-    let lib = mapped.or_else(|| {
+    let callers = callers_nccl(caller);
+    if entered {
+        let lib = callers?;
+        let dir = crate::gpu::cuda::foreign_library_dir(&lib, &link_scratch("pod-", &lib))
+            .and_then(|dir| {
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+                    .open(dir)
+            });
+        return match dir {
+            Ok(dir) => {
+                tracing::info!(library = %lib.display(), caller, "the pod's transfer worker loads the NCCL its caller uses");
+                Some(NcclSetup::Dir(OwnedFd::from(dir)))
+            }
+            Err(e) => {
+                tracing::warn!(library = %lib.display(), "linking a pod's NCCL for its transfer worker: {e}");
+                None
+            }
+        };
+    }
+    let lib = callers.or_else(|| {
         FOUND
             .get_or_init(|| {
                 crate::gpu::cuda::find_nccl_library(|v| std::env::var_os(v), Path::new("/"))
@@ -57,17 +115,13 @@ fn nccl_loader_path(caller: u32) -> Option<std::ffi::OsString> {
     })?;
     let mut known = lock(&BY_LIBRARY);
     if let Some(path) = known.get(&lib) {
-        return Some(path.clone());
+        return Some(NcclSetup::Path(path.clone()));
     }
-    // A link directory per library (callers may bring different NCCLs), the same one for
-    // every agent of the machine, so none is left behind per run.
-    let digest = blake3::hash(lib.as_os_str().as_encoded_bytes()).to_hex();
-    let scratch = std::env::temp_dir().join(format!("kt-nccl-{}", &digest[..16]));
-    match crate::gpu::cuda::loader_path_for(&lib, &scratch) {
+    match crate::gpu::cuda::loader_path_for(&lib, &link_scratch("", &lib)) {
         Ok(path) => {
             tracing::info!(library = %lib.display(), caller, "the transfer worker loads this NCCL");
             known.insert(lib, path.clone());
-            Some(path)
+            Some(NcclSetup::Path(path))
         }
         Err(e) => {
             tracing::warn!(library = %lib.display(), "linking NCCL for a transfer worker: {e}");
@@ -118,19 +172,48 @@ impl WorkerClient {
             .stdin(std::process::Stdio::null())
             .kill_on_drop(false);
         // The loader reads LD_LIBRARY_PATH only at a process's start, and the bindings never ask
-        // for pip's `libnccl.so.2` by that name. A worker that enters a pod loads the pod's
-        // libraries, which this path (the agent's filesystem) does not name.
-        if shares_namespaces(caller) {
-            if let Some(path) = nccl_loader_path(caller) {
+        // for pip's `libnccl.so.2` by that name.
+        let nccl_dir = match nccl_setup(caller, !shares_namespaces(caller)) {
+            Some(NcclSetup::Path(path)) => {
                 cmd.env("LD_LIBRARY_PATH", path);
+                None
             }
-        }
-        // SAFETY: between fork and exec only async-signal-safe calls: dup2 onto the one
-        // descriptor number the worker expects, which clears its close-on-exec flag.
+            Some(NcclSetup::Dir(dir)) => {
+                cmd.env(
+                    "LD_LIBRARY_PATH",
+                    crate::gpu::cuda::nccl_lib::library_path_with(
+                        Path::new(&format!("/proc/self/fd/{NCCL_DIR_FD}")),
+                        std::env::var_os("LD_LIBRARY_PATH").as_deref(),
+                    ),
+                );
+                Some(dir)
+            }
+            None => None,
+        };
+        let dir_raw = nccl_dir.as_ref().map(|d| d.as_raw_fd());
+        // SAFETY: between fork and exec only async-signal-safe calls (fcntl, dup2): each
+        // descriptor is first copied above the numbers it goes to, so neither move overwrites
+        // the other, then put on the number the worker expects, which clears its close-on-exec
+        // flag.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::dup2(raw, CONTROL_FD) < 0 {
+                let high = |fd: i32| {
+                    let n = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
+                    if n < 0 {
+                        Err(std::io::Error::last_os_error())
+                    } else {
+                        Ok(n)
+                    }
+                };
+                let control = high(raw)?;
+                let dir = dir_raw.map(high).transpose()?;
+                if libc::dup2(control, CONTROL_FD) < 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                if let Some(dir) = dir {
+                    if libc::dup2(dir, NCCL_DIR_FD) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });
@@ -139,6 +222,7 @@ impl WorkerClient {
             .spawn()
             .map_err(|e| WorkerError::Spawn(format!("{}: {e}", exe.display())))?;
         drop(theirs);
+        drop(nccl_dir);
         let pid = child.id().unwrap_or(0);
         // Reaped whenever it ends, so it never lingers as a zombie.
         tokio::spawn(async move {
@@ -222,7 +306,10 @@ mod tests {
             )
         };
         assert_ne!(at, libc::MAP_FAILED);
-        let path = nccl_loader_path(std::process::id());
+        let path = match nccl_setup(std::process::id(), false) {
+            Some(NcclSetup::Path(p)) => Some(p),
+            _ => None,
+        };
         // SAFETY: the mapping made above, once.
         unsafe { libc::munmap(at, 4096) };
         let path = path.expect("the mapped library was found");
