@@ -336,6 +336,36 @@ fn node_agent(server: &str, dir: &Path, node_id: &str, token: &str) -> Command {
     cmd
 }
 
+/// What `agent` said on stderr before it stopped, as it must: one that runs on (let in) is
+/// killed after 20 s and the test fails on what it said.
+#[track_caller]
+fn an_agent_that_must_stop(mut agent: Command) -> String {
+    let mut agent = agent
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its stderr ends when it exits.
+    let pid = agent.id() as i32;
+    let (exited, told) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if told
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .is_err()
+        {
+            // SAFETY: a plain kill(2) of the child this test started, not yet reaped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    });
+    let mut why = String::new();
+    std::io::Read::read_to_string(agent.stderr.as_mut().unwrap(), &mut why).unwrap();
+    let _ = exited.send(());
+    watchdog.join().unwrap();
+    let status = agent.wait().unwrap();
+    assert!(!status.success(), "{why}");
+    why
+}
+
 fn review_server(ip: &str, api: &FakeApi, dir: &Path) -> Proc {
     spawn_ready(&[
         "server",
@@ -347,6 +377,100 @@ fn review_server(ip: &str, api: &FakeApi, dir: &Path) -> Proc {
         "--review-kubeconfig",
         api.kubeconfig(dir).to_str().unwrap(),
     ])
+}
+
+#[test]
+fn a_node_token_made_from_the_shared_token_acts_for_its_own_node_only() {
+    let ip = "127.0.0.57";
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("token");
+    std::fs::write(&shared, "s3cret-token\n").unwrap();
+    let shared_s = shared.to_str().unwrap();
+    let server = spawn_ready(&[
+        "server",
+        "--listen",
+        &format!("{ip}:0"),
+        "--data-dir",
+        dir.path().join("store").to_str().unwrap(),
+        "--token-file",
+        shared_s,
+    ]);
+    let none = dir.path().join("no-agent.sock");
+    // The operator makes node n1's token from the shared one; the file is n1's alone.
+    let n1_token = dir.path().join("n1.token");
+    ok(kt_as(
+        &server.addr,
+        &none,
+        &[],
+        &[
+            "node-token",
+            "n1",
+            "--token-file",
+            shared_s,
+            "--out",
+            n1_token.to_str().unwrap(),
+        ],
+    ));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&n1_token).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let n1_s = n1_token.to_str().unwrap();
+
+    // n1's agent presents it: registered, it is the source of what is put in place through it.
+    let n1_dir = dir.path().join("n1");
+    std::fs::create_dir_all(&n1_dir).unwrap();
+    let agent = start_agent_with(
+        "127.0.0.58",
+        &server.addr,
+        &n1_dir,
+        "n1",
+        &["--token-file", n1_s],
+    );
+    let src = dir.path().join("w.bin");
+    std::fs::write(&src, pseudo_random(200_000, 5)).unwrap();
+    let with_shared = [("KT_TOKEN_FILE", shared_s)];
+    ok(kt_as(
+        &server.addr,
+        &agent.socket,
+        &with_shared,
+        &[
+            "put",
+            "local/w",
+            "--src",
+            src.to_str().unwrap(),
+            "--locale",
+            "local",
+        ],
+    ));
+    let ls: serde_json::Value = serde_json::from_str(&ok(kt_as(
+        &server.addr,
+        &none,
+        &with_shared,
+        &["ls", "local", "--json"],
+    )))
+    .unwrap();
+    assert_eq!(ls[0]["locale"], "n1", "{ls}");
+
+    // The same token as node n2 (which could then add or withdraw n2's copies) is refused at
+    // registration, and the agent stops saying why.
+    let n2_dir = dir.path().join("n2");
+    let token = std::fs::read_to_string(&n1_token).unwrap();
+    let why = an_agent_that_must_stop(node_agent(&server.addr, &n2_dir, "n2", token.trim()));
+    assert!(
+        why.contains("refused this node")
+            && why.contains("node token of node n1")
+            && why.contains("\"n2\""),
+        "{why}"
+    );
+
+    // A node token the shared token did not make is refused outright, with one line.
+    let forged = format!("ktnode1.{}.n1", "0".repeat(64));
+    refused(
+        kt_as(&server.addr, &none, &[("KT_TOKEN", &forged)], &["ls"]),
+        "not made from this server's shared token",
+    );
 }
 
 #[test]
@@ -439,30 +563,7 @@ fn a_service_account_token_reaches_its_own_namespace_only() {
     // That token acts for node n1 only: an agent presenting it as node n2 (which could then add
     // or withdraw n2's copies) is refused at its registration and stops, saying why.
     let n2_dir = dir.path().join("n2");
-    let mut impostor = node_agent(&server.addr, &n2_dir, "n2", "tok-node")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Its stderr ends when it exits; one that was let in would run on, so it is killed after
-    // a while and the test fails on what it said.
-    let pid = impostor.id() as i32;
-    let (exited, told) = std::sync::mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        if told
-            .recv_timeout(std::time::Duration::from_secs(20))
-            .is_err()
-        {
-            // SAFETY: a plain kill(2) of the child this test started, not yet reaped.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-    });
-    let mut why = String::new();
-    std::io::Read::read_to_string(impostor.stderr.as_mut().unwrap(), &mut why).unwrap();
-    let _ = exited.send(());
-    watchdog.join().unwrap();
-    let status = impostor.wait().unwrap();
-    assert!(!status.success(), "{why}");
+    let why = an_agent_that_must_stop(node_agent(&server.addr, &n2_dir, "n2", "tok-node"));
     assert!(
         why.contains("refused this node") && why.contains("on node n1") && why.contains("\"n2\""),
         "{why}"

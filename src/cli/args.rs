@@ -80,6 +80,9 @@ pub enum Cmd {
     /// This node's view: its agent, cache use, what it served and fetched (`/metrics` on its
     /// port has the rest).
     Status(StatusArgs),
+    /// Print node NODE's own token, made from the shared token (`kt server --token-file`): an
+    /// agent presenting it (KT_TOKEN or --token-file) may act for node NODE only.
+    NodeToken(NodeTokenArgs),
     /// Run a node agent under a keeper of its FUSE devices: when the agent dies it is started
     /// again on the same mounts, and readers see a pause, not an error.
     #[cfg(feature = "daemons")]
@@ -146,6 +149,18 @@ pub struct AttachArgs {
 pub struct StatusArgs {
     #[command(flatten)]
     pub common: Common,
+}
+
+#[derive(Args)]
+pub struct NodeTokenArgs {
+    /// The node's id, as its agent's --node-id names it.
+    pub node: String,
+    /// The file holding the shared token (the store server's --token-file).
+    #[arg(long, env = "KT_TOKEN_FILE")]
+    pub token_file: PathBuf,
+    /// Write the token to this file (created with mode 0600) instead of printing it.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Args)]

@@ -432,3 +432,34 @@ pub async fn rm(mut a: RmArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// `kt node-token NODE`: node NODE's token, from the shared token in `--token-file`.
+pub fn node_token(a: NodeTokenArgs) -> Result<()> {
+    use anyhow::Context;
+    use std::io::Write;
+    let shared = std::fs::read_to_string(&a.token_file)
+        .with_context(|| format!("token file {}", a.token_file.display()))?;
+    anyhow::ensure!(
+        !shared.trim().is_empty(),
+        "token file {} is empty",
+        a.token_file.display()
+    );
+    let token = ktfs::rpc::node_token::NodeTokens::new(&shared)
+        .token_for(&a.node)
+        .with_context(|| format!("node {:?}", a.node))?;
+    match &a.out {
+        Some(path) => {
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(path)
+                .with_context(|| format!("--out {}", path.display()))?;
+            writeln!(f, "{token}").with_context(|| format!("--out {}", path.display()))?;
+        }
+        None => println!("{token}"),
+    }
+    Ok(())
+}

@@ -29,6 +29,7 @@ pub fn mode(cmd: &Cmd) -> (bool, bool, bool) {
         Cmd::Attach(a) => client(&a.common),
         Cmd::Detach(a) => client(&a.common),
         Cmd::Status(a) => client(&a.common),
+        Cmd::NodeToken(_) => (false, false, false),
     }
 }
 
@@ -65,6 +66,7 @@ pub async fn run(cmd: Cmd, json: bool) -> i32 {
         Cmd::Attach(a) => commands::attach(a).await,
         Cmd::Detach(a) => commands::detach(a).await,
         Cmd::Status(a) => commands::status(a).await,
+        Cmd::NodeToken(a) => commands::node_token(a),
         #[cfg(feature = "daemons")]
         Cmd::Server(a) => daemons::server(a).await,
         #[cfg(feature = "daemons")]

@@ -5,6 +5,7 @@
 pub mod client;
 pub mod credential;
 pub mod gpu_window;
+pub mod node_token;
 pub mod status;
 
 pub use client::{ClientError, Store};

@@ -3,7 +3,8 @@
 //! UNAUTHENTICATED); each handler then asks the principal about the namespace the call names.
 //!
 //! - The shared token (`kt server --token-file`): an operator, every namespace. For `kt up` and
-//!   clusters without Kubernetes.
+//!   clusters without Kubernetes. A node token made from it (`kt node-token NODE`, see
+//!   [`crate::rpc::node_token`]): a node agent of that node only, every namespace.
 //! - A ServiceAccount token, checked with the Kubernetes TokenReview API (`--token-review`): a
 //!   node agent's ServiceAccount (`--node-account`) is a node, every namespace (it serves the
 //!   mounts kt-csi checked against the pod's namespace), and, where its token is bound to a pod
@@ -24,6 +25,7 @@ use tonic::Status;
 
 use crate::k8s::tokens::{self, Review, ServiceAccountName};
 use crate::locks;
+use crate::rpc::node_token::NodeTokens;
 use crate::rpc::status::{to_status, Fault};
 
 /// How long a reviewed token is trusted before it is reviewed again: a deleted ServiceAccount
@@ -48,6 +50,9 @@ pub enum Principal {
     },
     /// A pod, or a laptop with a token the API issued for a ServiceAccount.
     Account(ServiceAccountName),
+    /// The holder of a node token (see [`crate::rpc::node_token`]): a node agent that may act
+    /// for that node only.
+    NodeToken(String),
 }
 
 impl std::fmt::Display for Principal {
@@ -58,6 +63,7 @@ impl std::fmt::Display for Principal {
             Principal::Node { sa, node: None } => write!(f, "node agent {sa}"),
             Principal::Node { sa, node: Some(n) } => write!(f, "node agent {sa} on node {n}"),
             Principal::Account(sa) => write!(f, "ServiceAccount {sa}"),
+            Principal::NodeToken(n) => write!(f, "the node token of node {n}"),
         }
     }
 }
@@ -96,10 +102,12 @@ impl Principal {
     /// a node agent bound to its node names that node only.
     pub fn may_name_node(&self, node_id: &str) -> Result<(), Status> {
         match self {
-            Principal::Node { node: Some(n), .. } if n != node_id => Err(to_status(
-                Fault::Denied,
-                format!("{self} may act for its own node only, not node {node_id:?}"),
-            )),
+            Principal::Node { node: Some(n), .. } | Principal::NodeToken(n) if n != node_id => {
+                Err(to_status(
+                    Fault::Denied,
+                    format!("{self} may act for its own node only, not node {node_id:?}"),
+                ))
+            }
             _ => Ok(()),
         }
     }
@@ -153,6 +161,8 @@ impl From<AuthError> for Status {
 pub struct Authenticator {
     /// The shared token's hash: compared in constant time, and never kept in the clear.
     shared: Option<blake3::Hash>,
+    /// The node tokens the shared token makes.
+    node_tokens: Option<NodeTokens>,
     review: Option<TokenReview>,
     reviewed: Mutex<HashMap<blake3::Hash, (Principal, Instant)>>,
 }
@@ -160,6 +170,7 @@ pub struct Authenticator {
 impl Authenticator {
     pub fn new(cfg: AuthConfig) -> Self {
         Authenticator {
+            node_tokens: cfg.shared_token.as_deref().map(NodeTokens::new),
             shared: cfg.shared_token.map(|t| blake3::hash(t.trim().as_bytes())),
             review: cfg.token_review,
             reviewed: Mutex::new(HashMap::new()),
@@ -182,6 +193,11 @@ impl Authenticator {
         // blake3::Hash compares in constant time.
         if self.shared == Some(hash) {
             return Ok(Principal::Operator);
+        }
+        if let Some(node) = self.node_tokens.as_ref().and_then(|t| t.node_of(token)) {
+            return node
+                .map(|n| Principal::NodeToken(n.to_string()))
+                .map_err(|e| AuthError::Refused(e.to_string()));
         }
         let Some(review) = &self.review else {
             return Err(AuthError::Refused("not the shared token".into()));
@@ -315,6 +331,40 @@ mod tests {
         ));
         let open = Authenticator::new(AuthConfig::default());
         assert_eq!(open.authenticate(None).await.unwrap(), Principal::Anyone);
+    }
+
+    #[tokio::test]
+    async fn a_node_token_of_the_shared_token_is_that_node_alone() {
+        let auth = Authenticator::new(AuthConfig {
+            shared_token: Some("s3cret\n".into()),
+            token_review: None,
+        });
+        let n1 = NodeTokens::new("s3cret").token_for("n1").unwrap();
+        let p = auth
+            .authenticate(Some(format!("Bearer {n1}").as_bytes()))
+            .await
+            .unwrap();
+        assert_eq!(p, Principal::NodeToken("n1".into()));
+        assert!(p.may_use("team-b").is_ok() && p.may_act_for_node("n1").is_ok());
+        let denied = p.may_act_for_node("n2").unwrap_err();
+        assert!(
+            denied.message().contains("node token of node n1"),
+            "{denied:?}"
+        );
+        assert!(p.may_name_node("n2").is_err());
+        // Another shared token's node token, and one whose node was changed, are refused.
+        for forged in [
+            NodeTokens::new("other").token_for("n1").unwrap(),
+            n1.replace(".n1", ".n2"),
+        ] {
+            let refused = auth
+                .authenticate(Some(format!("Bearer {forged}").as_bytes()))
+                .await;
+            assert!(
+                matches!(&refused, Err(AuthError::Refused(why)) if why.contains("not made from")),
+                "{refused:?}"
+            );
+        }
     }
 
     #[test]
