@@ -7,7 +7,9 @@
 # device-to-device copy) and stack-env.txt (FUSE, the Python found, and the communicators the
 # workers' NCCL formed, from its debug logs). With NCCL found (KT_NCCL_LIBRARY or where pip and
 # distributions put it), the windows of one member per node must go over NCCL: each mount is
-# its own host to NCCL (conftest.py), over sockets, since both ranks share the one GPU.
+# its own host to NCCL (conftest.py), over sockets, since both ranks share the one GPU; and so
+# must a window whose getter runs in PID, IPC and mount namespaces of its own (as a pod's
+# process does: its worker enters them and loads the getter's NCCL from there).
 #
 #   OUT=/tmp/out KT_BIN=path/to/kt bash scripts/device-stack.sh path/to/ktfs-*.whl
 #

@@ -201,6 +201,37 @@ def test_a_window_of_one_member_per_node_goes_over_nccl(cluster, mounts, monkeyp
     kt.rm("cuda-nccl/sd" + flag)
 
 
+def test_a_getter_in_namespaces_of_its_own_loads_its_own_nccl(cluster, mounts, monkeypatch):
+    """A getter in PID, IPC and mount namespaces of its own, as a pod's process is: its worker
+    enters them and loads the NCCL the getter mapped (torch's) from there, through the link
+    directory the agent hands it open, so the window still goes over NCCL."""
+    import shutil
+
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare(1) to give the getter namespaces of its own")
+    a, b = mounts
+    n = 64 << 20
+    sd = {"big": torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda"),
+          "small": torch.arange(1000, dtype=torch.float32, device="cuda"),
+          "half": torch.full((33,), 0.5, dtype=torch.float16, device="cuda")}
+    before = nccl_inits()
+    getter = subprocess.Popen(["unshare", "--pid", "--fork", "--ipc", "--mount", "--mount-proc",
+                               sys.executable, "-c", NCCL_GETTER, str(n), "pod"],
+                              env={**os.environ, "KT_MOUNT": b}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    at(monkeypatch, a)
+    w = kt.BroadcastWindow(world_size=2, group_id="nccl-pod", timeout=120)
+    kt.put(key="cuda-nccl/sdpod", src=sd, broadcast=w)
+    out, err = getter.communicate(timeout=120)
+    assert getter.returncode == 0, err
+    got = json.loads(out)
+    assert got["sum"] == int(sd["big"].sum().item())
+    assert got["small"] == sd["small"].sum().item() and got["half"] == 33 * 0.5
+    if os.environ.get("KT_EXPECT_NCCL") == "1":
+        assert nccl_inits() - before >= 2, "the window with the namespaced getter did not go over NCCL"
+    kt.rm("cuda-nccl/sdpod")
+
+
 KILLED_GETTER = textwrap.dedent(
     """
     import sys, torch, ktfs as kt
