@@ -8,7 +8,6 @@
 //! lets the worker go of it and unpublishes a publisher's key.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -277,19 +276,20 @@ pub struct GpuControl {
     workers: Arc<AsyncMutex<Workers>>,
 }
 
-fn random_id() -> u64 {
+/// A registration id: 64 bits from the kernel's random source. It is the capability other
+/// workers present for the registration's bytes on the host transport, so it never falls back
+/// to anything guessable: without randomness there is no registration.
+fn random_id() -> Result<u64, GpuError> {
     let mut b = [0u8; 8];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .is_err()
-    {
-        // Unpredictable enough for an id where /dev/urandom is missing: the clock's nanoseconds.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        b = t.to_le_bytes();
+    // SAFETY: `b` is a valid buffer of its length.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize {
+        return Err(GpuError::Buffers(format!(
+            "no randomness for a registration id: {}",
+            std::io::Error::last_os_error()
+        )));
     }
-    u64::from_le_bytes(b) | 1
+    Ok(u64::from_ne_bytes(b) | 1)
 }
 
 impl GpuControl {
@@ -668,7 +668,7 @@ impl Commit {
     async fn register(&self, publisher: bool) -> Result<(Arc<WorkerClient>, bool), GpuError> {
         let worker = self.worker().await?;
         let reg = Registration {
-            id: random_id(),
+            id: random_id()?,
             publisher,
             worker: worker.clone(),
             window: None,
