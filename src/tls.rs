@@ -8,10 +8,13 @@
 //! plaintext by an address. One port still carries every protocol: a TLS connection names its
 //! protocol by ALPN, where a plaintext one is told apart by its first bytes.
 //!
-//! Certificates are checked against the host part of the address dialled, or against
-//! `KT_TLS_SERVER_NAME` when set: one certificate for the store and every agent (a name such as
-//! `ktfs`), as a cluster without per-pod certificates has, or the Service name behind a
-//! port-forward from a laptop.
+//! Certificates are checked against the host part of the address dialled, or against a name:
+//! the store's against `KT_TLS_SERVER_NAME` (the Service name behind a port-forward from a
+//! laptop, say), a node agent's against `KT_TLS_NODE_NAME`, else `KT_TLS_SERVER_NAME` too. One
+//! certificate for the store and every agent (a name such as `ktfs`, as a cluster without
+//! per-pod certificates has) works with the first alone; with the second, the store and the
+//! nodes hold certificates of different names, and a node's key (on every node) cannot pass
+//! for the store, which receives every caller's token.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -29,8 +32,11 @@ use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
 
 /// The CA bundle (PEM) a client trusts; set, every connection it opens is TLS.
 pub const ENV_CA: &str = "KT_TLS_CA";
-/// The name servers' certificates are checked against instead of the host dialled.
+/// The name the store's certificate is checked against instead of the host dialled (and the
+/// nodes' where [`ENV_NODE_NAME`] is not set).
 pub const ENV_SERVER_NAME: &str = "KT_TLS_SERVER_NAME";
+/// The name node agents' certificates are checked against instead of the host dialled.
+pub const ENV_NODE_NAME: &str = "KT_TLS_NODE_NAME";
 /// How long a TLS handshake may take before the connection is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -68,6 +74,13 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
         return Err(file_error(path, "holds no PEM certificate"));
     }
     Ok(certs)
+}
+
+/// Whom a connection is for: the store server, or a node agent (a peer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    Store,
+    Node,
 }
 
 /// Which protocol a connection carries, as a TLS server learns it from ALPN.
@@ -219,10 +232,26 @@ pub struct ClientTls {
     data: TlsConnector,
     grpc: TlsConnector,
     server_name: Option<ServerName<'static>>,
+    node_name: Option<ServerName<'static>>,
+}
+
+fn name_of(name: Option<&str>) -> Result<Option<ServerName<'static>>, TlsError> {
+    match name.map(str::trim).filter(|n| !n.is_empty()) {
+        None => Ok(None),
+        Some(n) => ServerName::try_from(n.to_string())
+            .map(Some)
+            .map_err(|_| TlsError::ServerName(n.into())),
+    }
 }
 
 impl ClientTls {
-    pub fn from_ca_file(ca: &Path, server_name: Option<&str>) -> Result<Self, TlsError> {
+    /// Trusts the CAs of `ca`; checks the store against `server_name` and nodes against
+    /// `node_name`, else `server_name`, where given (the host dialled otherwise).
+    pub fn from_ca_file(
+        ca: &Path,
+        server_name: Option<&str>,
+        node_name: Option<&str>,
+    ) -> Result<Self, TlsError> {
         let mut roots = rustls::RootCertStore::empty();
         for cert in certificates(ca)? {
             roots.add(cert).map_err(|e| file_error(ca, e))?;
@@ -236,30 +265,33 @@ impl ClientTls {
             config.alpn_protocols = vec![plane.alpn().to_vec()];
             Ok(TlsConnector::from(Arc::new(config)))
         };
-        let server_name = match server_name.map(str::trim).filter(|n| !n.is_empty()) {
-            None => None,
-            Some(n) => Some(
-                ServerName::try_from(n.to_string()).map_err(|_| TlsError::ServerName(n.into()))?,
-            ),
-        };
+        let server_name = name_of(server_name)?;
+        let node_name = name_of(node_name)?.or_else(|| server_name.clone());
         Ok(ClientTls {
             data: connector(Plane::Data)?,
             grpc: connector(Plane::Grpc)?,
             server_name,
+            node_name,
         })
     }
 
-    /// From `KT_TLS_CA` and `KT_TLS_SERVER_NAME`; `None` where no CA is named.
+    /// From `KT_TLS_CA`, `KT_TLS_SERVER_NAME` and `KT_TLS_NODE_NAME`; `None` where no CA is
+    /// named.
     pub fn from_environment() -> Result<Option<Self>, TlsError> {
         let Some(ca) = std::env::var_os(ENV_CA).filter(|v| !v.is_empty()) else {
             return Ok(None);
         };
         let name = std::env::var(ENV_SERVER_NAME).ok();
-        ClientTls::from_ca_file(&PathBuf::from(ca), name.as_deref()).map(Some)
+        let node = std::env::var(ENV_NODE_NAME).ok();
+        ClientTls::from_ca_file(&PathBuf::from(ca), name.as_deref(), node.as_deref()).map(Some)
     }
 
-    fn name_for(&self, addr: &str) -> io::Result<ServerName<'static>> {
-        if let Some(n) = &self.server_name {
+    fn name_for(&self, addr: &str, peer: Peer) -> io::Result<ServerName<'static>> {
+        let named = match peer {
+            Peer::Store => &self.server_name,
+            Peer::Node => &self.node_name,
+        };
+        if let Some(n) = named {
             return Ok(n.clone());
         }
         let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
@@ -272,13 +304,20 @@ impl ClientTls {
         })
     }
 
-    /// The TLS handshake over a connected socket to `addr`, for `plane` (gRPC or data).
-    pub async fn connect(&self, tcp: TcpStream, addr: &str, plane: Plane) -> io::Result<Conn> {
+    /// The TLS handshake over a connected socket to `addr`, `peer`'s, for `plane` (gRPC or
+    /// data).
+    pub async fn connect(
+        &self,
+        tcp: TcpStream,
+        addr: &str,
+        plane: Plane,
+        peer: Peer,
+    ) -> io::Result<Conn> {
         let connector = match plane {
             Plane::Grpc => &self.grpc,
             Plane::Data | Plane::Http => &self.data,
         };
-        let name = self.name_for(addr)?;
+        let name = self.name_for(addr, peer)?;
         let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, connector.connect(name, tcp))
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
@@ -306,15 +345,15 @@ pub fn client() -> io::Result<Option<Arc<ClientTls>>> {
         .map_err(io::Error::other)
 }
 
-/// Connects to `addr` for `plane`, over TLS where this process trusts a CA. The caller bounds
-/// the time it takes.
-pub async fn connect(addr: &str, plane: Plane) -> io::Result<Conn> {
+/// Connects to `addr`, `peer`'s, for `plane`, over TLS where this process trusts a CA. The
+/// caller bounds the time it takes.
+pub async fn connect(addr: &str, plane: Plane, peer: Peer) -> io::Result<Conn> {
     let tls = client()?;
     let tcp = TcpStream::connect(addr).await?;
     tcp.set_nodelay(true)?;
     match tls {
         None => Ok(Conn::Plain(tcp)),
-        Some(tls) => tls.connect(tcp, addr, plane).await,
+        Some(tls) => tls.connect(tcp, addr, plane, peer).await,
     }
 }
 
@@ -452,32 +491,56 @@ mod tests {
         let ca = dir.path().join("ca.pem");
         // Any certificate parses as a trust root; this one is only read, never used.
         std::fs::write(&ca, test_support::tls::Pki::new(&["ktfs"]).ca_pem()).unwrap();
-        let by_host = ClientTls::from_ca_file(&ca, None).unwrap();
+        let by_host = ClientTls::from_ca_file(&ca, None, None).unwrap();
+        for peer in [Peer::Store, Peer::Node] {
+            assert_eq!(
+                by_host.name_for("127.0.0.9:7447", peer).unwrap(),
+                ServerName::try_from("127.0.0.9").unwrap()
+            );
+            assert_eq!(
+                by_host.name_for("[::1]:7447", peer).unwrap(),
+                ServerName::try_from("::1").unwrap()
+            );
+            assert_eq!(
+                by_host.name_for("kt-store.kt-system:7447", peer).unwrap(),
+                ServerName::try_from("kt-store.kt-system").unwrap()
+            );
+        }
+        // One name for every server.
+        let named = ClientTls::from_ca_file(&ca, Some("ktfs"), None).unwrap();
+        for peer in [Peer::Store, Peer::Node] {
+            assert_eq!(
+                named.name_for("10.0.0.1:7448", peer).unwrap(),
+                ServerName::try_from("ktfs").unwrap()
+            );
+        }
+        // The store's name and the nodes' apart; a node name alone leaves the store by host.
+        let apart = ClientTls::from_ca_file(&ca, Some("store.ktfs"), Some("node.ktfs")).unwrap();
         assert_eq!(
-            by_host.name_for("127.0.0.9:7447").unwrap(),
-            ServerName::try_from("127.0.0.9").unwrap()
+            apart.name_for("10.0.0.1:7447", Peer::Store).unwrap(),
+            ServerName::try_from("store.ktfs").unwrap()
         );
         assert_eq!(
-            by_host.name_for("[::1]:7447").unwrap(),
-            ServerName::try_from("::1").unwrap()
+            apart.name_for("10.0.0.2:7448", Peer::Node).unwrap(),
+            ServerName::try_from("node.ktfs").unwrap()
         );
+        let nodes_only = ClientTls::from_ca_file(&ca, None, Some("node.ktfs")).unwrap();
         assert_eq!(
-            by_host.name_for("kt-store.kt-system:7447").unwrap(),
+            nodes_only
+                .name_for("kt-store.kt-system:7447", Peer::Store)
+                .unwrap(),
             ServerName::try_from("kt-store.kt-system").unwrap()
         );
-        let named = ClientTls::from_ca_file(&ca, Some("ktfs")).unwrap();
-        assert_eq!(
-            named.name_for("10.0.0.1:7448").unwrap(),
-            ServerName::try_from("ktfs").unwrap()
-        );
-        assert!(matches!(
-            ClientTls::from_ca_file(&ca, Some("not a name!")),
-            Err(TlsError::ServerName(_))
-        ));
+        for bad in [(Some("not a name!"), None), (None, Some("not a name!"))] {
+            assert!(matches!(
+                ClientTls::from_ca_file(&ca, bad.0, bad.1),
+                Err(TlsError::ServerName(_))
+            ));
+        }
         let empty = dir.path().join("empty.pem");
         std::fs::write(&empty, "").unwrap();
         assert!(matches!(
-            ClientTls::from_ca_file(&empty, None),
+            ClientTls::from_ca_file(&empty, None, None),
             Err(TlsError::File { .. })
         ));
     }

@@ -25,7 +25,7 @@ fn kt_as(server: &str, sock: &Path, env: &[(&str, &str)], args: &[&str]) -> Outp
 fn raw_get(addr: &str, ticket: Option<&[u8]>, block: BlockHash) -> String {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let (mut tx, mut rx) = wire::connect(addr).await.unwrap();
+        let (mut tx, mut rx) = wire::connect(addr, wire::Peer::Store).await.unwrap();
         if let Some(t) = ticket {
             tx.ticket(t).await.unwrap();
         }

@@ -68,7 +68,9 @@ fn the_store_refuses_a_delta_that_rebuilds_other_bytes_and_stores_nothing() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let (mut tx, mut rx) = wire::connect(&c.server.addr).await.unwrap();
+        let (mut tx, mut rx) = wire::connect(&c.server.addr, wire::Peer::Store)
+            .await
+            .unwrap();
         tx.put(&old_h, &old).await.unwrap();
         assert!(matches!(rx.recv().await.unwrap(), Response::Stored(h) if h == old_h));
 

@@ -291,7 +291,7 @@ fn a_full_cache_disk_costs_the_node_its_copies_never_a_reader_its_read() {
 fn node_serves(addr: &str, block: BlockHash) -> bool {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let (mut tx, mut rx) = wire::connect(addr).await.unwrap();
+        let (mut tx, mut rx) = wire::connect(addr, wire::Peer::Store).await.unwrap();
         tx.get(&block).await.unwrap();
         matches!(rx.recv().await.unwrap(), wire::Response::Block(..))
     })

@@ -190,7 +190,7 @@ proptest! {
                 let _ = s.write_all(&junk).await;
                 let _ = s.shutdown().await;
             });
-            let (mut tx, mut rx) = wire::connect(&addr).await.unwrap();
+            let (mut tx, mut rx) = wire::connect(&addr, wire::Peer::Store).await.unwrap();
             let _ = tx.get(&BlockHash::of(b"x")).await;
             // Answers are values or errors until the peer's bytes run out.
             for _ in 0..64 {

@@ -102,7 +102,9 @@ fn both_planes_speak_tls_only_when_given_a_certificate() {
     );
     let rt = tokio::runtime::Runtime::new().unwrap();
     let answer = rt.block_on(async {
-        let (mut tx, mut rx) = wire::connect(&server.addr).await.unwrap();
+        let (mut tx, mut rx) = wire::connect(&server.addr, wire::Peer::Store)
+            .await
+            .unwrap();
         tx.get(&BlockHash::of(&data[..1 << 20])).await.unwrap();
         rx.recv().await.unwrap()
     });
@@ -228,4 +230,93 @@ fn a_renewed_certificate_is_served_without_a_restart() {
     while std::time::Instant::now() < until {
         ok(ls(&new_ca));
     }
+}
+
+/// The store and the nodes hold certificates of different names (`KT_TLS_SERVER_NAME`,
+/// `KT_TLS_NODE_NAME`): clients reach both, each checked against its own name, and a node's
+/// certificate, whose key every node holds, does not pass for the store's.
+#[test]
+fn the_store_and_the_nodes_are_checked_against_names_of_their_own() {
+    let (ip, ip_a) = ("127.0.0.205", "127.0.0.206");
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&["store.ktfs"]);
+    let (ca, store_cert, store_key) = pki.write(dir.path());
+    let (node_cert, node_key) = pki.write_another(&["node.ktfs"], dir.path(), "node");
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let server = tls_store(ip, dir.path(), &store_cert, &store_key, &[]);
+    let node_a = dir.path().join("a");
+    std::fs::create_dir_all(&node_a).unwrap();
+    let (ca_s, node_cert_s, node_key_s) = (s(&ca), s(&node_cert), s(&node_key));
+    let agent = start_agent_with(
+        ip_a,
+        &server.addr,
+        &node_a,
+        "a",
+        &[
+            "--tls-cert",
+            &node_cert_s,
+            "--tls-key",
+            &node_key_s,
+            "--tls-ca",
+            &ca_s,
+            "--tls-server-name",
+            "store.ktfs",
+            "--tls-node-name",
+            "node.ktfs",
+        ],
+    );
+    let trusted = [
+        ("KT_TLS_CA", ca_s.as_str()),
+        ("KT_TLS_SERVER_NAME", "store.ktfs"),
+        ("KT_TLS_NODE_NAME", "node.ktfs"),
+    ];
+    let no_agent = dir.path().join("no-agent.sock");
+
+    // Node A publishes in place (its agent reaches the store by the store's name); a client
+    // fetches it from A's port, checked against the nodes' name.
+    let local = pseudo_random(2 << 20, 21);
+    let src = dir.path().join("l.bin");
+    std::fs::write(&src, &local).unwrap();
+    ok(kt_env(
+        &server.addr,
+        &agent.socket,
+        &trusted,
+        &["put", "l", "--src", &s(&src), "--locale", "local"],
+    ));
+    let got = dir.path().join("got.bin");
+    let out = kt_env(
+        &server.addr,
+        &no_agent,
+        &trusted,
+        &["get", "l", "--dest", &s(&got), "--json"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["sources"][0]["source"], "a", "{report}");
+    assert!(
+        std::fs::read(&got).unwrap() == local,
+        "the node's copy differs"
+    );
+
+    // Checked against the store's name alone, the node's certificate is refused.
+    let store_name_only = [
+        ("KT_TLS_CA", ca_s.as_str()),
+        ("KT_TLS_SERVER_NAME", "store.ktfs"),
+    ];
+    let refused = dir.path().join("refused.bin");
+    fails_with(
+        kt_env(
+            &server.addr,
+            &no_agent,
+            &store_name_only,
+            &["get", "l", "--dest", &s(&refused)],
+        ),
+        "certificate",
+    );
+
+    // A node's port dialled as the store: its certificate is not the store's.
+    fails_with(
+        kt_env(&agent.proc.addr, &no_agent, &trusted, &["ls"]),
+        "certificate",
+    );
 }

@@ -35,6 +35,10 @@ pub struct ClientTlsArgs {
     /// certificate for every node, or the Service behind --kubeconfig's port-forward).
     #[arg(long, env = ktfs::tls::ENV_SERVER_NAME, global = true)]
     pub tls_server_name: Option<String>,
+    /// Check node agents' certificates against this name (default: --tls-server-name, else the
+    /// host dialled): the store and the nodes then hold certificates of different names.
+    #[arg(long, env = ktfs::tls::ENV_NODE_NAME, global = true)]
+    pub tls_node_name: Option<String>,
 }
 
 /// This server's certificate: with it, its port speaks TLS only (`/metrics` excepted).

@@ -144,7 +144,8 @@ fn tls_connector(
     Ok(Some(tower::service_fn(move |_: Uri| {
         let addr = addr.clone();
         async move {
-            let conn = crate::tls::connect(&addr, crate::tls::Plane::Grpc).await?;
+            let conn = crate::tls::connect(&addr, crate::tls::Plane::Grpc, crate::tls::Peer::Store)
+                .await?;
             Ok::<_, std::io::Error>(TokioIo::new(conn))
         }
     })))

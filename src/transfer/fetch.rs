@@ -322,6 +322,7 @@ async fn fetch_lane(
         Ask::Plain if source.own => Ask::Now,
         ask => ask,
     };
+    let peer = source.peer();
     let SourceAddr { addr, ticket, .. } = source;
     if let Some(conn) = checkout(&addr) {
         let lane = run_lane(
@@ -337,7 +338,7 @@ async fn fetch_lane(
             return Ok(finish_lane(&addr, lane, &jobs, &got, &progress));
         }
     }
-    let conn = match wire::connect(&addr).await {
+    let conn = match wire::connect(&addr, peer).await {
         Ok(c) => c,
         Err(e) => {
             return Ok(LaneOutcome {

@@ -27,6 +27,17 @@ pub struct SourceAddr {
     pub own: bool,
 }
 
+impl SourceAddr {
+    /// Whom a connection to this source is for, which names the certificate it must present.
+    pub fn peer(&self) -> crate::tls::Peer {
+        if self.label == STORE {
+            crate::tls::Peer::Store
+        } else {
+            crate::tls::Peer::Node
+        }
+    }
+}
+
 /// Sources nearest first: this node's agent, then peers in its zone, then other peers, then the
 /// origin or the store.
 pub fn order_sources(

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use indicatif::ProgressBar;
 use tokio::sync::Semaphore;
 
-use super::wire::{self, Response};
+use super::wire::{self, Peer, Response};
 use super::{permits, TransferError, CONNS_PER_SOURCE, UNIT, WINDOW_BYTES};
 use crate::hash::BlockHash;
 use crate::manifest::EntryKind;
@@ -76,7 +76,7 @@ async fn upload_lane(
         addr: addr.clone(),
         reason,
     };
-    let (mut tx, mut rx) = wire::connect(&addr)
+    let (mut tx, mut rx) = wire::connect(&addr, Peer::Store)
         .await
         .map_err(|e| fail(e.to_string()))?;
     tx.ticket(&ticket).await.map_err(|e| fail(e.to_string()))?;
@@ -390,7 +390,7 @@ async fn delta_lane(
         addr: addr.clone(),
         reason,
     };
-    let (mut tx, mut rx) = wire::connect(&addr)
+    let (mut tx, mut rx) = wire::connect(&addr, Peer::Store)
         .await
         .map_err(|e| fail(e.to_string()))?;
     for t in &tickets {

@@ -39,6 +39,7 @@ use crate::blocks::{BlockError, BlockServe, Served};
 use crate::hash::BlockHash;
 use crate::manifest::MAX_BLOCK_SIZE;
 use crate::metrics;
+pub use crate::tls::Peer;
 use crate::tls::{self, Conn, ConnRead, ConnWrite, Plane};
 
 pub const MAGIC: [u8; 4] = *b"KTDP";
@@ -584,11 +585,12 @@ pub struct DataReceiver {
     rd: BufReader<ConnRead>,
 }
 
-/// Opens a client connection to a peer's data plane (over TLS where this process trusts a CA).
-pub async fn connect(addr: &str) -> Result<(DataSender, DataReceiver), WireError> {
+/// Opens a client connection to the data plane of `peer` at `addr` (over TLS where this process
+/// trusts a CA).
+pub async fn connect(addr: &str, peer: Peer) -> Result<(DataSender, DataReceiver), WireError> {
     let stream = tokio::time::timeout(
         CONNECT_TIMEOUT + tls::HANDSHAKE_TIMEOUT,
-        tls::connect(addr, Plane::Data),
+        tls::connect(addr, Plane::Data, peer),
     )
     .await
     .map_err(|_| WireError::Timeout)??;
@@ -738,7 +740,7 @@ mod tests {
             other => panic!("{other:?}"),
         };
         // No ticket, a forged one: nothing.
-        let (mut tx, mut rx) = connect(&addr).await.unwrap();
+        let (mut tx, mut rx) = connect(&addr, Peer::Store).await.unwrap();
         tx.get(&BlockHash::of(&mine)).await.unwrap();
         refused(rx.recv().await.unwrap(), "no ticket");
         let forged = TicketKey::from_bytes(&[6; 32])
@@ -762,7 +764,7 @@ mod tests {
             .unwrap();
         tx.put(&BlockHash::of(b"new"), b"new").await.unwrap();
         assert!(matches!(rx.recv().await.unwrap(), Response::Stored(_)));
-        let (mut tx, mut rx) = connect(&addr).await.unwrap();
+        let (mut tx, mut rx) = connect(&addr, Peer::Store).await.unwrap();
         tx.ticket(&key.issue(&Grant::Node, NODE_TTL)).await.unwrap();
         tx.get(&BlockHash::of(&theirs)).await.unwrap();
         assert!(matches!(rx.recv().await.unwrap(), Response::Block(..)));
@@ -803,7 +805,7 @@ mod tests {
         svc.put(&BlockHash::of(&b), Bytes::from(b.clone())).unwrap();
         let svc: Arc<dyn BlockServe> = svc;
         let addr = serving(svc, shared(Gate::Open)).await;
-        let (mut tx, mut rx) = connect(&addr).await.unwrap();
+        let (mut tx, mut rx) = connect(&addr, Peer::Store).await.unwrap();
         tx.get_swarm(&BlockHash::of(&b)).await.unwrap();
         assert!(matches!(rx.recv().await.unwrap(), Response::Block(..)));
         // Every slot taken (by another downloader): busy at once; a plain GET is served.
@@ -829,7 +831,7 @@ mod tests {
     async fn pipelined_puts_and_gets_answer_in_order() {
         let svc: Arc<dyn BlockServe> = Arc::new(Mem::default());
         let addr = serving(svc, shared(Gate::Open)).await;
-        let (mut tx, mut rx) = connect(&addr).await.unwrap();
+        let (mut tx, mut rx) = connect(&addr, Peer::Store).await.unwrap();
         let blocks: Vec<Vec<u8>> = (0..20u8).map(|i| vec![i; 1000 + i as usize]).collect();
         for b in &blocks {
             tx.put(&BlockHash::of(b), b).await.unwrap();
@@ -863,7 +865,7 @@ mod tests {
             .unwrap();
         let mut buf = [0u8; 1];
         assert_eq!(raw.read(&mut buf).await.unwrap(), 0);
-        let (mut tx, mut rx) = connect(&addr).await.unwrap();
+        let (mut tx, mut rx) = connect(&addr, Peer::Store).await.unwrap();
         tx.get(&BlockHash::of(&blocks[0])).await.unwrap();
         assert!(matches!(rx.recv().await.unwrap(), Response::Block(..)));
     }
@@ -905,7 +907,7 @@ mod tests {
                 ));
             }
         });
-        let (mut tx, mut rx) = connect(&addr).await.unwrap();
+        let (mut tx, mut rx) = connect(&addr, Peer::Store).await.unwrap();
         for i in 0..3u8 {
             tx.get(&BlockHash::of(&[i])).await.unwrap();
         }

@@ -341,7 +341,7 @@ pub fn data_plane_client(input: &[u8]) {
     runtime().block_on(async {
         let l = client_listener();
         let Ok(addr) = l.local_addr() else { return };
-        let Ok((mut tx, mut rx)) = wire::connect(&addr.to_string()).await else {
+        let Ok((mut tx, mut rx)) = wire::connect(&addr.to_string(), wire::Peer::Store).await else {
             return;
         };
         let Ok(Ok((mut peer, _))) = tokio::time::timeout(HANG, l.accept()).await else {

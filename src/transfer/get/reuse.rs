@@ -214,7 +214,7 @@ pub(super) async fn fetch_deltas(
     }
     let mut conn = None;
     for s in sources.iter().filter(|s| own.is_empty() || s.label != own) {
-        match wire::connect(&s.addr).await {
+        match wire::connect(&s.addr, s.peer()).await {
             Ok(mut c) => {
                 if c.0.ticket(&s.ticket).await.is_ok() {
                     conn = Some((s, c));
