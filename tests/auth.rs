@@ -57,22 +57,29 @@ fn refused(o: Output, why: &str) {
     assert!(err.contains(why), "{err:?} lacks {why:?}");
 }
 
-#[test]
-fn a_shared_token_guards_every_call_and_agents_present_it() {
-    let ip = "127.0.0.185";
-    let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("token");
+/// A store server on `ip`, its data in `dir`, that demands the shared token `s3cret-token`; and
+/// the token's file.
+fn token_server(ip: &str, dir: &Path) -> (Proc, std::path::PathBuf) {
+    let token = dir.join("token");
     std::fs::write(&token, "s3cret-token\n").unwrap();
-    let token_s = token.to_str().unwrap();
     let server = spawn_ready(&[
         "server",
         "--listen",
         &format!("{ip}:0"),
         "--data-dir",
-        dir.path().join("store").to_str().unwrap(),
+        dir.join("store").to_str().unwrap(),
         "--token-file",
-        token_s,
+        token.to_str().unwrap(),
     ]);
+    (server, token)
+}
+
+#[test]
+fn a_shared_token_guards_every_call_and_agents_present_it() {
+    let ip = "127.0.0.185";
+    let dir = tempfile::tempdir().unwrap();
+    let (server, token) = token_server(ip, dir.path());
+    let token_s = token.to_str().unwrap();
     let node_dir = dir.path().join("n1");
     std::fs::create_dir_all(&node_dir).unwrap();
     let agent = start_agent_with(
@@ -381,20 +388,9 @@ fn review_server(ip: &str, api: &FakeApi, dir: &Path) -> Proc {
 
 #[test]
 fn a_node_token_made_from_the_shared_token_acts_for_its_own_node_only() {
-    let ip = "127.0.0.57";
     let dir = tempfile::tempdir().unwrap();
-    let shared = dir.path().join("token");
-    std::fs::write(&shared, "s3cret-token\n").unwrap();
+    let (server, shared) = token_server("127.0.0.57", dir.path());
     let shared_s = shared.to_str().unwrap();
-    let server = spawn_ready(&[
-        "server",
-        "--listen",
-        &format!("{ip}:0"),
-        "--data-dir",
-        dir.path().join("store").to_str().unwrap(),
-        "--token-file",
-        shared_s,
-    ]);
     let none = dir.path().join("no-agent.sock");
     // The operator makes node n1's token from the shared one; the file is n1's alone.
     let n1_token = dir.path().join("n1.token");

@@ -168,18 +168,15 @@ def nccl_inits() -> int:
     return n
 
 
-@pytest.mark.parametrize("pack", [True, False])
-def test_a_window_of_one_member_per_node_goes_over_nccl(cluster, mounts, monkeypatch, pack):
-    """A putter and a getter on two nodes, every buffer in GPU memory: one NCCL broadcast from
-    worker to worker (each node its own host to NCCL, over sockets on one machine)."""
-    a, b = mounts
-    n = 256 << 20
-    flag = "1" if pack else "0"
+def nccl_window(monkeypatch, a, b, flag, pack, n, wrap=()):
+    """A putter on mount `a` and NCCL_GETTER on mount `b` (its command after `wrap`) in a
+    window of two, every buffer in GPU memory: the getter's report, checked, and how many
+    communicators NCCL formed meanwhile."""
     sd = {"big": torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda"),
           "small": torch.arange(1000, dtype=torch.float32, device="cuda"),
           "half": torch.full((33,), 0.5, dtype=torch.float16, device="cuda")}
     before = nccl_inits()
-    getter = subprocess.Popen([sys.executable, "-c", NCCL_GETTER, str(n), flag],
+    getter = subprocess.Popen([*wrap, sys.executable, "-c", NCCL_GETTER, str(n), flag],
                               env={**os.environ, "KT_MOUNT": b}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     at(monkeypatch, a)
@@ -190,15 +187,25 @@ def test_a_window_of_one_member_per_node_goes_over_nccl(cluster, mounts, monkeyp
     got = json.loads(out)
     assert got["sum"] == int(sd["big"].sum().item())
     assert got["small"] == sd["small"].sum().item() and got["half"] == 33 * 0.5
+    kt.rm("cuda-nccl/sd" + flag)
+    return got, nccl_inits() - before
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_a_window_of_one_member_per_node_goes_over_nccl(cluster, mounts, monkeypatch, pack):
+    """A putter and a getter on two nodes, every buffer in GPU memory: one NCCL broadcast from
+    worker to worker (each node its own host to NCCL, over sockets on one machine)."""
+    a, b = mounts
+    n = 256 << 20
+    got, inits = nccl_window(monkeypatch, a, b, "1" if pack else "0", pack, n)
     if os.environ.get("KT_EXPECT_NCCL") == "1":
         # Both workers formed a communicator for this window.
-        assert nccl_inits() - before >= 2, "the window did not go over NCCL"
+        assert inits >= 2, "the window did not go over NCCL"
     report = os.environ.get("KT_CUDA_REPORT")
     if report:
         with open(report, "a") as f:
             f.write(json.dumps({"window": "nccl", "pack": pack, "bytes": n, "get_s": got["s"],
                                 "get_gib_s": n / got["s"] / 2**30}) + "\n")
-    kt.rm("cuda-nccl/sd" + flag)
 
 
 def test_a_getter_in_namespaces_of_its_own_loads_its_own_nccl(cluster, mounts, monkeypatch):
@@ -210,26 +217,10 @@ def test_a_getter_in_namespaces_of_its_own_loads_its_own_nccl(cluster, mounts, m
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("needs root and unshare(1) to give the getter namespaces of its own")
     a, b = mounts
-    n = 64 << 20
-    sd = {"big": torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda"),
-          "small": torch.arange(1000, dtype=torch.float32, device="cuda"),
-          "half": torch.full((33,), 0.5, dtype=torch.float16, device="cuda")}
-    before = nccl_inits()
-    getter = subprocess.Popen(["unshare", "--pid", "--fork", "--ipc", "--mount", "--mount-proc",
-                               sys.executable, "-c", NCCL_GETTER, str(n), "pod"],
-                              env={**os.environ, "KT_MOUNT": b}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    at(monkeypatch, a)
-    w = kt.BroadcastWindow(world_size=2, group_id="nccl-pod", timeout=120)
-    kt.put(key="cuda-nccl/sdpod", src=sd, broadcast=w)
-    out, err = getter.communicate(timeout=120)
-    assert getter.returncode == 0, err
-    got = json.loads(out)
-    assert got["sum"] == int(sd["big"].sum().item())
-    assert got["small"] == sd["small"].sum().item() and got["half"] == 33 * 0.5
+    wrap = ("unshare", "--pid", "--fork", "--ipc", "--mount", "--mount-proc")
+    _, inits = nccl_window(monkeypatch, a, b, "pod", False, 64 << 20, wrap)
     if os.environ.get("KT_EXPECT_NCCL") == "1":
-        assert nccl_inits() - before >= 2, "the window with the namespaced getter did not go over NCCL"
-    kt.rm("cuda-nccl/sdpod")
+        assert inits >= 2, "the window with the namespaced getter did not go over NCCL"
 
 
 KILLED_GETTER = textwrap.dedent(
