@@ -140,6 +140,9 @@ fn wait(child: libc::pid_t) -> i32 {
 
 /// Becomes `uid`:`gid` with no supplementary group and no capability, for good: the bounding
 /// and ambient sets emptied and `no_new_privs` set, so nothing this process runs regains one.
+/// And not dumpable, whatever the uid: the caller's user (root in a pod too) can neither
+/// trace it nor open its `/proc/PID/fd`, where a descriptor the agent handed it (NCCL's link
+/// directory, in the agent's filesystem) would lead out of the pod.
 pub fn drop_privileges(uid: u32, gid: u32) -> Result<(), WorkerError> {
     // Emptying the bounding set needs CAP_SETPCAP: first, while this process has it. Past the
     // last capability the kernel knows, the call fails with EINVAL, which ends the loop.
@@ -189,6 +192,12 @@ pub fn drop_privileges(uid: u32, gid: u32) -> Result<(), WorkerError> {
         unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) },
         "no_new_privs",
     )?;
+    // A change of uid makes a process undumpable; a uid 0 caller's worker changes none.
+    // SAFETY: prctl with integer arguments.
+    check(
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) },
+        "not dumpable",
+    )?;
     Ok(())
 }
 
@@ -234,6 +243,28 @@ mod tests {
         let want = unsafe { (libc::geteuid(), libc::getegid()) };
         assert_eq!(ids_of(std::process::id()).unwrap(), want);
         assert!(ids_of(u32::MAX).is_err());
+    }
+
+    #[test]
+    fn a_worker_of_a_root_caller_is_not_dumpable_either() {
+        // SAFETY: the child only makes system calls and exits; the parent waits for it.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0);
+        if child == 0 {
+            // uid 0 stays uid 0: only the explicit prctl makes it undumpable.
+            let dropped = drop_privileges(0, 0).is_ok();
+            // SAFETY: prctl with integer arguments.
+            let dumpable = unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) };
+            // SAFETY: _exit(2) ends the forked child without running the test harness's code.
+            unsafe { libc::_exit(if dropped && dumpable == 0 { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child stayed dumpable or could not drop its privileges: {status:#x}"
+        );
     }
 
     #[test]
