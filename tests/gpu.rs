@@ -823,22 +823,24 @@ fn a_pods_caller_gets_a_worker_in_its_namespaces_as_its_user_with_no_capability(
     assert_eq!(status_field(worker, "CapBnd:").unwrap(), "0000000000000000");
     assert_eq!(status_field(worker, "NoNewPrivs:").unwrap(), "1");
 
-    // It loads the NCCL its caller mapped, from the pod: its loader looks first in the
-    // directory it was given open, whose `libnccl.so` names the pod's path, which the loader
-    // resolves inside the pod.
+    // It loads the NCCL its caller mapped, from the pod: the first directory of its loader's
+    // path is one it made in the pod, whose `libnccl.so` names the pod's path, and it holds no
+    // descriptor of a directory outside the pod.
     let environ = std::fs::read(format!("/proc/{worker}/environ")).unwrap();
     let ld_path = environ
         .split(|&b| b == 0)
         .find_map(|kv| kv.strip_prefix(b"LD_LIBRARY_PATH="))
         .map(|v| String::from_utf8_lossy(v).into_owned())
         .expect("the pod's worker has no LD_LIBRARY_PATH");
+    let link_dir = PathBuf::from(ld_path.split(':').next().unwrap());
     assert!(
-        ld_path.starts_with("/proc/self/fd/4"),
+        link_dir.starts_with(std::env::temp_dir())
+            && link_dir.to_string_lossy().contains("kt-nccl-pod-"),
         "the pod's worker's LD_LIBRARY_PATH: {ld_path}"
     );
-    let dir = std::fs::read_link(format!("/proc/{worker}/fd/4")).unwrap();
+    let in_pod = |p: &Path| PathBuf::from(format!("/proc/{worker}/root{}", p.display()));
     assert_eq!(
-        std::fs::read_link(dir.join("libnccl.so")).unwrap(),
+        std::fs::read_link(in_pod(&link_dir.join("libnccl.so"))).unwrap(),
         pod_lib,
         "the link the pod's worker loads NCCL through"
     );
@@ -847,10 +849,17 @@ fn a_pods_caller_gets_a_worker_in_its_namespaces_as_its_user_with_no_capability(
         "the pod's library is outside the pod"
     );
     assert_eq!(
-        std::fs::read(format!("/proc/{worker}/root{}", pod_lib.display())).unwrap(),
+        std::fs::read(in_pod(&pod_lib)).unwrap(),
         b"the pod NCCL",
         "the pod's worker does not see the pod's library there"
     );
+    for fd in std::fs::read_dir(format!("/proc/{worker}/fd")).unwrap() {
+        let target = std::fs::read_link(fd.unwrap().path()).unwrap_or_default();
+        assert!(
+            !target.is_dir() || target.starts_with("/dev"),
+            "the pod's worker holds directory {target:?}"
+        );
+    }
 
     // A getter on the host receives the pod's bytes, its own worker reaching the pod's.
     let dst = Shm::new("pod-dst", &vec![0u8; total as usize]);
@@ -871,6 +880,10 @@ fn a_pods_caller_gets_a_worker_in_its_namespaces_as_its_user_with_no_capability(
         ))
         .exists()),
         "the pod's worker outlived its last registration"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || !link_dir.exists()),
+        "the agent kept the worker's NCCL directory"
     );
     assert!(eventually(Duration::from_secs(10), || {
         c.kt(None, &["ls", "pod-sd"]).status.code() == Some(3)

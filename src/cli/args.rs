@@ -115,6 +115,12 @@ pub struct GpuWorkerArgs {
     /// Run as this gid (the caller's).
     #[arg(long, requires = "uid")]
     pub gid: Option<u32>,
+    /// Once in the pod, make `libnccl.so` in this directory, a link to --nccl-target (the
+    /// NCCL the caller uses, a path in the pod).
+    #[arg(long, requires = "nccl_target")]
+    pub nccl_dir: Option<PathBuf>,
+    #[arg(long, requires = "nccl_dir")]
+    pub nccl_target: Option<PathBuf>,
 }
 
 #[cfg(feature = "daemons")]

@@ -305,6 +305,12 @@ pub fn gpu_worker_prepare(a: &GpuWorkerArgs) -> Result<()> {
     if let Some(uid) = a.uid {
         enter::drop_privileges(uid, a.gid.unwrap_or(uid))?;
     }
+    // As the caller, in its filesystem: the link can lead nowhere it could not go itself.
+    if let (Some(dir), Some(target)) = (&a.nccl_dir, &a.nccl_target) {
+        if let Err(e) = ktfs::gpu::worker::spawn::link_pod_nccl(dir, target) {
+            tracing::warn!(dir = %dir.display(), "no link to the pod's NCCL (windows take the host transport): {e}");
+        }
+    }
     Ok(())
 }
 

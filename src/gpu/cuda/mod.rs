@@ -36,8 +36,7 @@ pub use device::{Device, DeviceBuffer, DeviceRange, Stream};
 pub use ipc::{IpcExport, IpcMapping};
 pub use nccl::{AbortHandle, Comm, Grouped, NcclError, UniqueId};
 pub use nccl_lib::{
-    find_nccl_library, foreign_library_dir, loaded_nccl, loader_path_for, loader_path_for_nccl,
-    nccl_named_in,
+    find_nccl_library, loaded_nccl, loader_path_for, loader_path_for_nccl, nccl_named_in,
 };
 pub use probe::{probe, Availability};
 

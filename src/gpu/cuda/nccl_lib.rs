@@ -125,22 +125,6 @@ pub fn nccl_library_dir(lib_path: &Path, scratch: &Path) -> io::Result<PathBuf> 
             format!("{} is not a library file", target.display()),
         ));
     }
-    link_dir(&target, scratch)
-}
-
-/// Makes `scratch/nccl/libnccl.so`, a link to `target` taken as it is: a path in another
-/// mount namespace (a pod's), which only the process that loads it there resolves.
-pub fn foreign_library_dir(target: &Path, scratch: &Path) -> io::Result<PathBuf> {
-    if !target.is_absolute() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{} is not an absolute path", target.display()),
-        ));
-    }
-    link_dir(target, scratch)
-}
-
-fn link_dir(target: &Path, scratch: &Path) -> io::Result<PathBuf> {
     let dir = scratch.join("nccl");
     std::fs::create_dir_all(&dir)?;
     let link = dir.join("libnccl.so");
@@ -149,7 +133,7 @@ fn link_dir(target: &Path, scratch: &Path) -> io::Result<PathBuf> {
     }
     let tmp = dir.join(format!(".libnccl.so.{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(target, &tmp)?;
+    std::os::unix::fs::symlink(&target, &tmp)?;
     std::fs::rename(&tmp, &link)?;
     Ok(dir)
 }
@@ -241,18 +225,6 @@ mod tests {
         assert_eq!(nccl_named_in(b"KT_NCCL_LIBRARY=libnccl.so.2\0"), None);
         assert_eq!(nccl_named_in(b"XKT_NCCL_LIBRARY=/x\0"), None);
         assert_eq!(nccl_named_in(b""), None);
-    }
-
-    #[test]
-    fn a_foreign_library_is_linked_as_named_not_as_found_here() {
-        let scratch = tempfile::tempdir().unwrap();
-        let pod_path = Path::new("/only/in/the/pod/libnccl.so.2");
-        let dir = foreign_library_dir(pod_path, scratch.path()).unwrap();
-        assert_eq!(
-            std::fs::read_link(dir.join("libnccl.so")).unwrap(),
-            pod_path
-        );
-        assert!(foreign_library_dir(Path::new("lib/libnccl.so.2"), scratch.path()).is_err());
     }
 
     #[test]

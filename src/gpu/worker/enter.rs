@@ -140,9 +140,9 @@ fn wait(child: libc::pid_t) -> i32 {
 
 /// Becomes `uid`:`gid` with no supplementary group and no capability, for good: the bounding
 /// and ambient sets emptied and `no_new_privs` set, so nothing this process runs regains one.
-/// And not dumpable, whatever the uid: the caller's user (root in a pod too) can neither
-/// trace it nor open its `/proc/PID/fd`, where a descriptor the agent handed it (NCCL's link
-/// directory, in the agent's filesystem) would lead out of the pod.
+/// And not dumpable, whatever the uid: the caller's user (root in a pod too) can neither trace
+/// it nor open its `/proc/PID/fd` (its control socket to the agent, the other workers'
+/// connections and buffers).
 pub fn drop_privileges(uid: u32, gid: u32) -> Result<(), WorkerError> {
     // Emptying the bounding set needs CAP_SETPCAP: first, while this process has it. Past the
     // last capability the kernel knows, the call fails with EINVAL, which ends the loop.

@@ -38,20 +38,22 @@ pub struct WorkerClient {
     pid: u32,
 }
 
-/// The descriptor number, in a worker that enters a pod, of the directory holding its
-/// `libnccl.so` link (see [`NcclSetup::Dir`]).
-pub const NCCL_DIR_FD: i32 = 4;
-
 /// How a worker finds the NCCL its caller uses.
 enum NcclSetup {
     /// `LD_LIBRARY_PATH` for a worker in the agent's own namespaces.
     Path(std::ffi::OsString),
-    /// For a worker that enters a pod: a directory of the agent's with a `libnccl.so` link to
-    /// the library's path in the pod, open as [`NCCL_DIR_FD`] in the worker, whose
-    /// `LD_LIBRARY_PATH` is `/proc/self/fd/4`. The loader resolves that when NCCL is loaded,
-    /// after the worker entered the pod: the descriptor reaches the agent's directory from any
-    /// mount namespace, and the link's target is then read in the pod's.
-    Dir(OwnedFd),
+    /// For a worker that enters a pod: the library's path in the pod, and a directory of a
+    /// random name, first on the worker's `LD_LIBRARY_PATH`, where the worker makes its
+    /// `libnccl.so` link inside the pod once it entered it (`kt gpu-worker --nccl-dir
+    /// --nccl-target`). The loader reads the path when NCCL is loaded, in the pod, so the
+    /// worker holds nothing that leads back into the agent's filesystem: what the pod's
+    /// libraries run in it sees the pod's files only. The agent makes the same directory
+    /// (empty, the caller's) in its own filesystem for the worker's start, when the loader
+    /// notes which of its directories exist.
+    InPod {
+        dir: std::path::PathBuf,
+        target: std::path::PathBuf,
+    },
 }
 
 /// The NCCL process `caller` uses, as a path in its own mount namespace: the one it has
@@ -69,11 +71,10 @@ fn callers_nccl(caller: u32) -> Option<std::path::PathBuf> {
 }
 
 /// A link directory per library (callers may bring different NCCLs), the same one for every
-/// agent of the machine, so none is left behind per run; `kind` keeps a pod's paths apart
-/// from the agent's own.
-fn link_scratch(kind: &str, lib: &Path) -> std::path::PathBuf {
+/// agent of the machine, so none is left behind per run.
+fn link_scratch(lib: &Path) -> std::path::PathBuf {
     let digest = blake3::hash(lib.as_os_str().as_encoded_bytes()).to_hex();
-    std::env::temp_dir().join(format!("kt-nccl-{kind}{}", &digest[..16]))
+    std::env::temp_dir().join(format!("kt-nccl-{}", &digest[..16]))
 }
 
 /// How a worker for `caller` loads its NCCL: the caller's (see [`callers_nccl`]); for a worker
@@ -86,25 +87,10 @@ fn nccl_setup(caller: u32, entered: bool) -> Option<NcclSetup> {
     static FOUND: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
     let callers = callers_nccl(caller);
     if entered {
-        let lib = callers?;
-        let dir = crate::gpu::cuda::foreign_library_dir(&lib, &link_scratch("pod-", &lib))
-            .and_then(|dir| {
-                use std::os::unix::fs::OpenOptionsExt;
-                std::fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
-                    .open(dir)
-            });
-        return match dir {
-            Ok(dir) => {
-                tracing::info!(library = %lib.display(), caller, "the pod's transfer worker loads the NCCL its caller uses");
-                Some(NcclSetup::Dir(OwnedFd::from(dir)))
-            }
-            Err(e) => {
-                tracing::warn!(library = %lib.display(), "linking a pod's NCCL for its transfer worker: {e}");
-                None
-            }
-        };
+        let target = callers.filter(|t| t.is_absolute())?;
+        let dir = std::env::temp_dir().join(format!("kt-nccl-pod-{:016x}", random_u64()?));
+        tracing::info!(library = %target.display(), caller, "the pod's transfer worker loads the NCCL its caller uses");
+        return Some(NcclSetup::InPod { dir, target });
     }
     let lib = callers.or_else(|| {
         FOUND
@@ -117,7 +103,7 @@ fn nccl_setup(caller: u32, entered: bool) -> Option<NcclSetup> {
     if let Some(path) = known.get(&lib) {
         return Some(NcclSetup::Path(path.clone()));
     }
-    match crate::gpu::cuda::loader_path_for(&lib, &link_scratch("", &lib)) {
+    match crate::gpu::cuda::loader_path_for(&lib, &link_scratch(&lib)) {
         Ok(path) => {
             tracing::info!(library = %lib.display(), caller, "the transfer worker loads this NCCL");
             known.insert(lib, path.clone());
@@ -128,6 +114,35 @@ fn nccl_setup(caller: u32, entered: bool) -> Option<NcclSetup> {
             None
         }
     }
+}
+
+/// 64 bits from the kernel's random source.
+fn random_u64() -> Option<u64> {
+    let mut b = [0u8; 8];
+    // SAFETY: `b` is a valid buffer of its length.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    (n == b.len() as isize).then(|| u64::from_ne_bytes(b))
+}
+
+/// Makes `dir`, empty and `uid`:`gid`'s (where the pod's /tmp is this one, the worker makes its
+/// link in it).
+fn own_dir(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().mode(0o700).create(dir)?;
+    std::os::unix::fs::chown(dir, Some(uid), Some(gid))
+}
+
+/// In a worker that entered a pod, as the caller: `dir/libnccl.so`, a link to `target`, both
+/// paths in the pod (see [`NcclSetup::InPod`]).
+pub fn link_pod_nccl(dir: &Path, target: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let link = dir.join("libnccl.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(target, link)
 }
 
 /// Whether `pid` lives in this process's PID, IPC, mount and network namespaces.
@@ -173,47 +188,39 @@ impl WorkerClient {
             .kill_on_drop(false);
         // The loader reads LD_LIBRARY_PATH only at a process's start, and the bindings never ask
         // for pip's `libnccl.so.2` by that name.
-        let nccl_dir = match nccl_setup(caller, !shares_namespaces(caller)) {
+        let pod_dir = match nccl_setup(caller, !shares_namespaces(caller)) {
             Some(NcclSetup::Path(path)) => {
                 cmd.env("LD_LIBRARY_PATH", path);
                 None
             }
-            Some(NcclSetup::Dir(dir)) => {
-                cmd.env(
-                    "LD_LIBRARY_PATH",
-                    crate::gpu::cuda::nccl_lib::library_path_with(
-                        Path::new(&format!("/proc/self/fd/{NCCL_DIR_FD}")),
-                        std::env::var_os("LD_LIBRARY_PATH").as_deref(),
-                    ),
-                );
-                Some(dir)
-            }
+            Some(NcclSetup::InPod { dir, target }) => match own_dir(&dir, uid, gid) {
+                Ok(()) => {
+                    cmd.env(
+                        "LD_LIBRARY_PATH",
+                        crate::gpu::cuda::nccl_lib::library_path_with(
+                            &dir,
+                            std::env::var_os("LD_LIBRARY_PATH").as_deref(),
+                        ),
+                    )
+                    .arg("--nccl-dir")
+                    .arg(&dir)
+                    .arg("--nccl-target")
+                    .arg(&target);
+                    Some(dir)
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), "a directory for a pod's NCCL link: {e}");
+                    None
+                }
+            },
             None => None,
         };
-        let dir_raw = nccl_dir.as_ref().map(|d| d.as_raw_fd());
-        // SAFETY: between fork and exec only async-signal-safe calls (fcntl, dup2): each
-        // descriptor is first copied above the numbers it goes to, so neither move overwrites
-        // the other, then put on the number the worker expects, which clears its close-on-exec
-        // flag.
+        // SAFETY: between fork and exec only async-signal-safe calls: dup2 onto the one
+        // descriptor number the worker expects, which clears its close-on-exec flag.
         unsafe {
             cmd.pre_exec(move || {
-                let high = |fd: i32| {
-                    let n = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
-                    if n < 0 {
-                        Err(std::io::Error::last_os_error())
-                    } else {
-                        Ok(n)
-                    }
-                };
-                let control = high(raw)?;
-                let dir = dir_raw.map(high).transpose()?;
-                if libc::dup2(control, CONTROL_FD) < 0 {
+                if libc::dup2(raw, CONTROL_FD) < 0 {
                     return Err(std::io::Error::last_os_error());
-                }
-                if let Some(dir) = dir {
-                    if libc::dup2(dir, NCCL_DIR_FD) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
                 }
                 Ok(())
             });
@@ -222,11 +229,13 @@ impl WorkerClient {
             .spawn()
             .map_err(|e| WorkerError::Spawn(format!("{}: {e}", exe.display())))?;
         drop(theirs);
-        drop(nccl_dir);
         let pid = child.id().unwrap_or(0);
-        // Reaped whenever it ends, so it never lingers as a zombie.
+        // Reaped whenever it ends, so it never lingers as a zombie; its directory goes with it.
         tokio::spawn(async move {
             let _ = child.wait().await;
+            if let Some(dir) = pod_dir {
+                let _ = std::fs::remove_dir_all(dir);
+            }
         });
         ours.set_nonblocking(true)?;
         let (mut rd, wr) = UnixStream::from_std(ours)?.into_split();
