@@ -280,16 +280,9 @@ pub struct GpuControl {
 /// workers present for the registration's bytes on the host transport, so it never falls back
 /// to anything guessable: without randomness there is no registration.
 fn random_id() -> Result<u64, GpuError> {
-    let mut b = [0u8; 8];
-    // SAFETY: `b` is a valid buffer of its length.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != b.len() as isize {
-        return Err(GpuError::Buffers(format!(
-            "no randomness for a registration id: {}",
-            std::io::Error::last_os_error()
-        )));
-    }
-    Ok(u64::from_ne_bytes(b) | 1)
+    super::random_u64()
+        .map(|v| v | 1)
+        .map_err(|e| GpuError::Buffers(format!("no randomness for a registration id: {e}")))
 }
 
 impl GpuControl {

@@ -88,7 +88,10 @@ fn nccl_setup(caller: u32, entered: bool) -> Option<NcclSetup> {
     let callers = callers_nccl(caller);
     if entered {
         let target = callers.filter(|t| t.is_absolute())?;
-        let dir = std::env::temp_dir().join(format!("kt-nccl-pod-{:016x}", random_u64()?));
+        let dir = std::env::temp_dir().join(format!(
+            "kt-nccl-pod-{:016x}",
+            crate::gpu::random_u64().ok()?
+        ));
         tracing::info!(library = %target.display(), caller, "the pod's transfer worker loads the NCCL its caller uses");
         return Some(NcclSetup::InPod { dir, target });
     }
@@ -114,14 +117,6 @@ fn nccl_setup(caller: u32, entered: bool) -> Option<NcclSetup> {
             None
         }
     }
-}
-
-/// 64 bits from the kernel's random source.
-fn random_u64() -> Option<u64> {
-    let mut b = [0u8; 8];
-    // SAFETY: `b` is a valid buffer of its length.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    (n == b.len() as isize).then(|| u64::from_ne_bytes(b))
 }
 
 /// Makes `dir`, empty and `uid`:`gid`'s (where the pod's /tmp is this one, the worker makes its
