@@ -437,13 +437,7 @@ pub async fn rm(mut a: RmArgs) -> Result<()> {
 pub fn node_token(a: NodeTokenArgs) -> Result<()> {
     use anyhow::Context;
     use std::io::Write;
-    let shared = std::fs::read_to_string(&a.token_file)
-        .with_context(|| format!("token file {}", a.token_file.display()))?;
-    anyhow::ensure!(
-        !shared.trim().is_empty(),
-        "token file {} is empty",
-        a.token_file.display()
-    );
+    let shared = ktfs::rpc::credential::read_token_file(&a.token_file)?;
     let token = ktfs::rpc::node_token::NodeTokens::new(&shared)
         .token_for(&a.node)
         .with_context(|| format!("node {:?}", a.node))?;

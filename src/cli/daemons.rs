@@ -37,19 +37,11 @@ pub async fn shutdown_signal() {
 
 /// Whom a store server started with these flags accepts.
 async fn auth_config(a: &ServerAuthArgs) -> Result<AuthConfig> {
-    let shared_token = match &a.token_file {
-        Some(path) => {
-            let token = std::fs::read_to_string(path)
-                .with_context(|| format!("token file {}", path.display()))?;
-            anyhow::ensure!(
-                !token.trim().is_empty(),
-                "token file {} is empty",
-                path.display()
-            );
-            Some(token.trim().to_string())
-        }
-        None => None,
-    };
+    let shared_token = a
+        .token_file
+        .as_deref()
+        .map(ktfs::rpc::credential::read_token_file)
+        .transpose()?;
     let token_review = if a.token_review {
         let client = match &a.kubeconfig {
             Some(path) => api::client_from_kubeconfig(path, None).await?,

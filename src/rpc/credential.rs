@@ -66,16 +66,23 @@ fn header(token: &str, origin: &str) -> Result<MetadataValue<Ascii>, CredentialE
         .map_err(|_| CredentialError::NotAscii(origin.to_string()))
 }
 
-fn read_file(path: &Path) -> Result<MetadataValue<Ascii>, CredentialError> {
-    let shown = path.display().to_string();
+/// The token a file holds, without surrounding whitespace; an empty file is an error. The one
+/// way every reader of a token file (clients, the server's shared token, `kt node-token`)
+/// reads it, so all of them agree on the token.
+pub fn read_token_file(path: &Path) -> Result<String, CredentialError> {
     let text = std::fs::read_to_string(path).map_err(|source| CredentialError::Read {
-        path: shown.clone(),
+        path: path.display().to_string(),
         source,
     })?;
-    if text.trim().is_empty() {
-        return Err(CredentialError::Empty(shown));
+    match text.trim() {
+        "" => Err(CredentialError::Empty(path.display().to_string())),
+        t => Ok(t.to_string()),
     }
-    header(&text, &format!(" in {shown}"))
+}
+
+fn read_file(path: &Path) -> Result<MetadataValue<Ascii>, CredentialError> {
+    let text = read_token_file(path)?;
+    header(&text, &format!(" in {}", path.display()))
 }
 
 impl Credential {
