@@ -220,9 +220,12 @@ impl WorkerClient {
                 Ok(())
             });
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| WorkerError::Spawn(format!("{}: {e}", exe.display())))?;
+        let mut child = cmd.spawn().map_err(|e| {
+            if let Some(dir) = &pod_dir {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            WorkerError::Spawn(format!("{}: {e}", exe.display()))
+        })?;
         drop(theirs);
         let pid = child.id().unwrap_or(0);
         // Reaped whenever it ends, so it never lingers as a zombie; its directory goes with it.
