@@ -951,3 +951,187 @@ fn a_running_get_reports_how_far_it_is() {
     assert_eq!((st.state, st.bytes_done), (DONE, total), "{}", message(&st));
     assert!(std::fs::read(&dst.0).unwrap() == data);
 }
+
+/// Every frame on the loopback interface while it runs (an AF_PACKET socket: the tests run as
+/// root), for what crossed the network between workers.
+struct Sniffer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<u8>>,
+}
+
+impl Sniffer {
+    fn start() -> Sniffer {
+        let all = (libc::ETH_P_ALL as u16).to_be();
+        // SAFETY: plain socket calls on a descriptor owned from here on, with valid arguments.
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(all)) };
+        assert!(fd >= 0, "AF_PACKET: {}", std::io::Error::last_os_error());
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut at: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        at.sll_family = libc::AF_PACKET as u16;
+        at.sll_protocol = all;
+        at.sll_ifindex = unsafe { libc::if_nametoindex(c"lo".as_ptr()) } as i32;
+        let bound = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&at as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        assert_eq!(bound, 0, "bind: {}", std::io::Error::last_os_error());
+        let set = |opt: i32, v: &[u8]| unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                v.as_ptr().cast(),
+                v.len() as u32,
+            )
+        };
+        // Room for everything a test moves, so that nothing is dropped unseen.
+        set(libc::SO_RCVBUFFORCE, &(256i32 << 20).to_ne_bytes());
+        let tick = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 50_000,
+        };
+        // SAFETY: a timeval's bytes, as SO_RCVTIMEO takes them.
+        let tick = unsafe {
+            std::slice::from_raw_parts(
+                (&tick as *const libc::timeval).cast::<u8>(),
+                std::mem::size_of::<libc::timeval>(),
+            )
+        };
+        set(libc::SO_RCVTIMEO, tick);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            let mut buf = vec![0u8; 1 << 18];
+            while !stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                // SAFETY: `buf` is valid for its length.
+                let n =
+                    unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+                if n > 0 {
+                    seen.extend_from_slice(&buf[..n as usize]);
+                }
+            }
+            seen
+        });
+        Sniffer { stop, thread }
+    }
+
+    fn stop(self) -> Vec<u8> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.join().unwrap()
+    }
+}
+
+/// How many of the 64-byte pieces of `data` at every `step` bytes appear whole in `wire`.
+fn pieces_seen(wire: &[u8], data: &[u8], step: usize) -> usize {
+    let mut first: std::collections::HashMap<[u8; 8], Vec<usize>> = Default::default();
+    for at in (0..data.len().saturating_sub(64)).step_by(step) {
+        first
+            .entry(data[at..at + 8].try_into().unwrap())
+            .or_default()
+            .push(at);
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (i, w) in wire.windows(8).enumerate() {
+        if let Some(ats) = first.get(<&[u8; 8]>::try_from(w).unwrap()) {
+            for &at in ats {
+                if wire.get(i..i + 64) == Some(&data[at..at + 64]) {
+                    seen.insert(at);
+                }
+            }
+        }
+    }
+    seen.len()
+}
+
+#[test]
+fn with_tokens_the_host_transport_carries_only_ciphertext_between_holders_of_the_servers_secret() {
+    let ip = "127.0.0.207";
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "gpu-s3cret\n").unwrap();
+    let tok = token.to_str().unwrap();
+    let server = spawn_ready(&[
+        "server",
+        "--listen",
+        &format!("{ip}:0"),
+        "--data-dir",
+        dir.path().join("store").to_str().unwrap(),
+        "--token-file",
+        tok,
+    ]);
+    let with_token = ["--token-file", tok];
+    let a = start_mount(
+        ip,
+        &server.addr,
+        &dir.path().join("a"),
+        "sealed-a",
+        &with_token,
+    );
+    let b = start_mount(
+        "127.0.0.215",
+        &server.addr,
+        &dir.path().join("b"),
+        "sealed-b",
+        &with_token,
+    );
+    let (json, sizes) = table(50);
+    let total: u64 = sizes.iter().sum();
+    let data = pseudo_random(total as usize, 207);
+    let src = Shm::new("sealed-src", &data);
+    std::fs::create_dir_all(a.path(".gpu/model")).unwrap();
+    let put = open(&a.path(".gpu/model/sealed"), true);
+    write_all(&put, json.as_bytes());
+    let t = ioctl(&put, KT_GPU_PUT, &mut buffers(&src, &sizes, BUF_HOST_SHM)).expect("PUT");
+    let st = finished(&put, t);
+    assert_eq!(st.state, DONE, "{}", message(&st));
+
+    let sniffer = Sniffer::start();
+    let dst = Shm::new("sealed-dst", &vec![0u8; total as usize]);
+    let get = open(&b.path(".gpu/model/sealed"), false);
+    write_all(&get, json.as_bytes());
+    let g = ioctl(&get, KT_GPU_GET, &mut buffers(&dst, &sizes, BUF_HOST_SHM)).expect("GET");
+    let st = finished(&get, g);
+    let wire = sniffer.stop();
+    assert_eq!(st.state, DONE, "{}", message(&st));
+    assert!(
+        std::fs::read(&dst.0).unwrap() == data,
+        "the received bytes differ"
+    );
+    // The bytes crossed the loopback, between the two nodes' workers, sealed.
+    assert!(
+        wire.len() as u64 > total,
+        "{} bytes seen on lo for {total} moved",
+        wire.len()
+    );
+    assert_eq!(
+        pieces_seen(&wire, &data, 512),
+        0,
+        "pieces of the state dict crossed the network in the clear"
+    );
+    // Nothing shows the secret: not the key's description.
+    let desc = std::fs::read_to_string(b.path(".gpu/model/sealed")).unwrap();
+    assert!(!desc.contains("secret"), "{desc}");
+
+    // A window's chain: the second getter fetches from the first, whose registration the
+    // server's plan gives it the secret of, as it gives the first the putter's.
+    let sniffer = Sniffer::start();
+    let w = window("sealed", 3, 0, 0, PACK);
+    let getters = [
+        Member::start(&b.path(".gpu/win/sd"), &json, &sizes, &w, None),
+        Member::start(&b.path(".gpu/win/sd"), &json, &sizes, &w, None),
+    ];
+    let putter = Member::start(&a.path(".gpu/win/sd"), &json, &sizes, &w, Some(&data));
+    for g in &getters {
+        let (state, _, msg) = g.outcome();
+        assert_eq!(state, DONE, "{msg}");
+        assert!(g.bytes() == data, "a getter's bytes differ");
+    }
+    assert_eq!(putter.outcome().0, DONE);
+    let wire = sniffer.stop();
+    assert!(wire.len() as u64 > 2 * total);
+    assert_eq!(pieces_seen(&wire, &data, 512), 0, "plaintext in the window");
+}

@@ -7,6 +7,7 @@ use crate::clock;
 use crate::fs::FsConfig;
 use crate::key::Namespace;
 use crate::proto::Locale;
+use crate::rpc::gpu_secret::HostKey;
 use crate::rpc::Credential;
 use crate::tls::ServerTls;
 use crate::transfer::ticket::TicketHolder;
@@ -21,6 +22,9 @@ pub struct AgentConfig {
     pub credential: Credential,
     /// This node's data-plane ticket, as the store server last issued it (shared by clones).
     pub node_ticket: TicketHolder,
+    /// The store server's ticket key, once it gave it, for the secrets of this node's GPU
+    /// registrations (shared by clones).
+    pub gpu_host_key: HostKey,
     pub listen: String,
     /// The address peers reach this agent on; the bound address when `None`.
     pub advertise: Option<String>,
@@ -75,6 +79,7 @@ impl AgentConfig {
             clock: clock::system(),
             worker_exe: std::env::current_exe().unwrap_or_else(|_| "kt".into()),
             worker_host: self.worker_host(),
+            gpu_host_key: self.gpu_host_key.clone(),
             writeback: false,
         }
     }

@@ -14,6 +14,7 @@ use crate::locks;
 use crate::proto::{
     HeartbeatRequest, HeartbeatResponse, NodeInfo, RegisterNodeRequest, RegisterNodeResponse,
 };
+use crate::rpc::gpu_secret::HostKey;
 use crate::rpc::{client, Credential};
 use crate::transfer::ticket::{Gate, SharedGate, TicketHolder, TicketKey, VersionBlocks};
 
@@ -25,9 +26,11 @@ pub(super) fn registered(
     r: &RegisterNodeResponse,
     gate: &SharedGate,
     ticket: &TicketHolder,
+    host_key: &HostKey,
     versions: &Arc<dyn VersionBlocks>,
 ) {
     ticket.set(Bytes::from(r.ticket.clone()));
+    host_key.set(r.ticket_key.as_slice().try_into().ok());
     *locks::write(gate) = match TicketKey::from_bytes(&r.ticket_key) {
         Some(key) => Gate::Tickets {
             key,
@@ -82,6 +85,7 @@ pub(super) struct Lease {
     pub every: Duration,
     pub gate: SharedGate,
     pub ticket: TicketHolder,
+    pub host_key: HostKey,
     pub versions: Arc<dyn VersionBlocks>,
     /// Whose open versions the heartbeat reports, and whose cache drops what the store
     /// collected.
@@ -133,6 +137,7 @@ pub(super) async fn heartbeat_loop(lease: Lease) {
         every,
         gate,
         ticket,
+        host_key,
         versions,
         blocks,
     } = lease;
@@ -188,7 +193,7 @@ pub(super) async fn heartbeat_loop(lease: Lease) {
                         .await
                     {
                         Ok(r) => {
-                            self::registered(r.get_ref(), &gate, &ticket, &versions);
+                            self::registered(r.get_ref(), &gate, &ticket, &host_key, &versions);
                             registered = true;
                             true
                         }

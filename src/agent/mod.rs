@@ -161,6 +161,7 @@ impl AgentProcess {
             r.get_ref(),
             &self.gate,
             &self.cfg.node_ticket,
+            &self.cfg.gpu_host_key,
             &self.versions,
         );
         Ok(())
@@ -199,6 +200,7 @@ impl AgentProcess {
             every: self.cfg.heartbeat,
             gate: self.gate.clone(),
             ticket: self.cfg.node_ticket.clone(),
+            host_key: self.cfg.gpu_host_key.clone(),
             versions: self.versions.clone(),
             blocks: self.blocks.clone(),
         }));

@@ -191,6 +191,8 @@ impl Window {
                         _ => String::new(),
                     },
                     nccl: m.joiner.nccl,
+                    // Issued in the server's answers, to the members only.
+                    secret: Vec::new(),
                 })
                 .collect(),
             closed: self.closed_by.is_some(),

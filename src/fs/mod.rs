@@ -41,6 +41,7 @@ use crate::key::{KeyPath, Namespace};
 use crate::locks::lock;
 use crate::proto::Locale;
 use crate::rpc::client::{self, Store};
+use crate::rpc::gpu_secret::HostKey;
 use crate::rpc::Credential;
 use crate::transfer::ticket::TicketHolder;
 
@@ -143,6 +144,8 @@ pub struct FsConfig {
     pub worker_exe: PathBuf,
     /// The address this node's GPU transfer workers listen on.
     pub worker_host: String,
+    /// Where this node's GPU registrations' secrets come from (see `rpc::gpu_secret`).
+    pub gpu_host_key: HostKey,
     /// Closes return once journaled; publishes follow (see [`writeback`]).
     pub writeback: bool,
 }
@@ -351,6 +354,7 @@ impl FsCore {
             cfg.node_id.clone(),
             cfg.worker_exe.clone(),
             cfg.worker_host.clone(),
+            cfg.gpu_host_key.clone(),
         );
         let writeback = Arc::new(writeback::Writeback::new(&cfg.staging));
         Ok(FsCore {

@@ -27,6 +27,7 @@ use crate::proto::{
     GpuKey, ListRequest, PublishGpuRequest, RemoveRequest, ResolveRequest, Role, WorkerBroadcast,
     WorkerBuffer, WorkerFetch, WorkerNcclId, WorkerProgress, WorkerRegister, WorkerRelease,
 };
+use crate::rpc::gpu_secret::HostKey;
 use crate::rpc::{ClientError, Store};
 
 /// How long an NCCL communicator may take to form, and a broadcast beyond its bytes' time at
@@ -273,6 +274,8 @@ pub struct GpuControl {
     exe: PathBuf,
     /// Where this node's workers listen.
     host: String,
+    /// The key this node's registrations' secrets come from, once the store server gave it.
+    host_key: HostKey,
     workers: Arc<AsyncMutex<Workers>>,
 }
 
@@ -293,6 +296,7 @@ impl GpuControl {
         node_id: String,
         exe: PathBuf,
         host: String,
+        host_key: HostKey,
     ) -> Self {
         GpuControl {
             rt,
@@ -301,6 +305,7 @@ impl GpuControl {
             node_id,
             exe,
             host,
+            host_key,
             workers: Arc::default(),
         }
     }
@@ -400,6 +405,7 @@ impl GpuControl {
             node_id: self.node_id.clone(),
             exe: self.exe.clone(),
             host: self.host.clone(),
+            host_key: self.host_key.clone(),
             workers: self.workers.clone(),
             key: cf.key.clone(),
             caller: cf.caller,
@@ -620,6 +626,7 @@ struct Commit {
     node_id: String,
     exe: PathBuf,
     host: String,
+    host_key: HostKey,
     workers: Arc<AsyncMutex<Workers>>,
     key: KeyPath,
     caller: u32,
@@ -671,6 +678,11 @@ impl Commit {
                 registration: reg.id,
                 buffers: self.buffers.clone(),
                 receiving: !publisher,
+                secret: self
+                    .host_key
+                    .secret(self.namespace.as_str(), &self.node_id, reg.id)
+                    .map(Vec::from)
+                    .unwrap_or_default(),
             }))
             .await;
         *lock(&self.registration) = Some(reg);
@@ -766,6 +778,8 @@ impl Commit {
                     worker_addr: worker.data_addr.clone(),
                     registration: self.registration(),
                     window: self.window.as_ref().map(|w| w.spec.clone()),
+                    // The server's to issue.
+                    secret: Vec::new(),
                 }),
             })
             .await
@@ -831,6 +845,7 @@ impl Commit {
                 registration: self.registration(),
                 source_addr: gpu.worker_addr,
                 source_registration: gpu.registration,
+                source_secret: gpu.secret,
                 source: format!("the publisher on node {}", gpu.publisher_node),
                 pack: true,
                 serialised: false,
@@ -928,6 +943,7 @@ impl Commit {
                     registration: self.registration(),
                     source_addr: parent.worker_addr.clone(),
                     source_registration: parent.registration,
+                    source_secret: parent.secret.clone(),
                     source: window::label(&parent),
                     pack: plan.pack(),
                     serialised: plan.serialised(),

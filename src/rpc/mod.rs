@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod credential;
+pub mod gpu_secret;
 pub mod gpu_window;
 pub mod node_token;
 pub mod status;

@@ -22,7 +22,7 @@ use crate::meta::{MetaError, MetaStore};
 use crate::proto::store_server::Store;
 use crate::proto::*;
 use crate::rpc::status::{to_status, Fault};
-use crate::rpc::{self, MAX_INLINE_BYTES, MAX_INLINE_FILE};
+use crate::rpc::{self, gpu_secret, MAX_INLINE_BYTES, MAX_INLINE_FILE};
 use crate::transfer::ticket::{self, Grant, TicketKey};
 
 /// Items of one `PublishBatch`, at most.
@@ -373,10 +373,34 @@ impl StoreHandler {
     }
 
     /// Fills a resolve's read ticket: what fetches of its version's blocks present.
-    fn grant_read(&self, resp: &mut ResolveResponse) {
+    /// What a resolve that checked the caller's namespace gives: a read ticket of the version,
+    /// and a GPU key's secret.
+    fn grant_read(&self, ns: &Namespace, resp: &mut ResolveResponse) {
         if let Some(v) = Version::from_slice(&resp.version) {
             resp.ticket = self.ticket(&Grant::Read(v), ticket::READ_TTL);
         }
+        if let Some(g) = resp.gpu.as_mut() {
+            g.secret = self.gpu_secret(ns.as_str(), &g.publisher_node, g.registration);
+        }
+    }
+
+    /// The secret of a GPU registration in namespace `ns` (`rpc::gpu_secret`); none where no
+    /// tickets are issued.
+    fn gpu_secret(&self, ns: &str, node: &str, registration: u64) -> Vec<u8> {
+        self.tickets
+            .as_ref()
+            .map(|k| gpu_secret::registration_secret(k.as_bytes(), ns, node, registration).to_vec())
+            .unwrap_or_default()
+    }
+
+    /// A GPU window as its members are told it: with each member's secret, since each fetches
+    /// from another.
+    fn gpu_window_for_members(&self, mut w: GpuWindow) -> GpuWindow {
+        let ns = group_namespace(&w.group_id).unwrap_or_default().to_string();
+        for m in &mut w.members {
+            m.secret = self.gpu_secret(&ns, &m.node_id, m.registration);
+        }
+        w
     }
 
     fn windows(&self) -> std::sync::MutexGuard<'_, Broadcasts> {
@@ -743,7 +767,9 @@ impl Store for StoreHandler {
         let ns = namespace_for(&req, &req.get_ref().namespace)?;
         let r = req.into_inner();
         let key = parse_key(&r.key)?;
-        let gpu = r.gpu.ok_or_else(|| invalid("gpu key missing"))?;
+        let mut gpu = r.gpu.ok_or_else(|| invalid("gpu key missing"))?;
+        // Issued in each answer, never kept (nor taken from a caller).
+        gpu.secret.clear();
         let meta = self.meta.clone();
         let node = gpu.publisher_node.clone();
         let change = self.change(&ns, vec![key.to_string()]);
@@ -771,7 +797,7 @@ impl Store for StoreHandler {
         self.watchers
             .hold(ns.as_str(), r.watcher, since, vec![asked])
             .await;
-        self.grant_read(&mut resp);
+        self.grant_read(&ns, &mut resp);
         Ok(Response::new(resp))
     }
 
@@ -832,7 +858,7 @@ impl Store for StoreHandler {
             .collect();
         self.watchers.hold(ns.as_str(), watcher, since, held).await;
         for found in results.iter_mut().filter_map(|r| r.resolved.as_mut()) {
-            self.grant_read(found);
+            self.grant_read(&ns, found);
         }
         Ok(Response::new(ResolveManyResponse { results }))
     }
@@ -1189,7 +1215,7 @@ impl Store for StoreHandler {
             "joined GPU window"
         );
         Ok(Response::new(GpuJoinResponse {
-            window: Some(window),
+            window: Some(self.gpu_window_for_members(window)),
             member,
         }))
     }
@@ -1216,7 +1242,7 @@ impl Store for StoreHandler {
                 w.closed
             };
             if ready || tokio::time::Instant::now() >= until {
-                return Ok(Response::new(w));
+                return Ok(Response::new(self.gpu_window_for_members(w)));
             }
             let wake = deadline.map_or(until, |d| until.min(d.into()));
             tokio::select! {

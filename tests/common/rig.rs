@@ -48,6 +48,7 @@ impl Rig {
                 server: server.clone(),
                 credential: ktfs::rpc::Credential::none(),
                 node_ticket: Default::default(),
+                gpu_host_key: Default::default(),
                 listen: "127.0.0.1:0".into(),
                 advertise: None,
                 cache_dir: dir.path().join("agent"),

@@ -1,25 +1,44 @@
 //! The host transport: buffer bytes between workers over TCP, for CPU-only clusters, host
-//! buffers and the tests. A connection opens with `KTGH` and a version byte, then carries
-//! pipelined requests `[registration u64][offset u64][len u32]` (little-endian) for bytes of a
-//! registration's run (its buffers in table order, see [`Buffers`]), each answered in order by
-//! `[errno u32][len u32]` and then the bytes, or, for an errno, a message saying why. A request
-//! for bytes a receiving registration does not hold yet waits until they arrive: that is what
-//! lets a chain or tree of workers forward a transfer while it is still coming in. A
-//! registration id is a random 64-bit number only the agent and the workers it told know.
+//! buffers and the tests.
+//!
+//! A connection is for one registration. It opens with a hello, `KTGH` and a version byte, the
+//! registration (u64), whether the connection is sealed (u8) and the client's fresh value (32
+//! bytes), answered by a verdict `[errno u32][len u32]` and, for an errno, a message saying
+//! why; a sealed connection's server then sends its own fresh value. Then it carries pipelined
+//! requests `[offset u64][len u32]` for bytes of the registration's run (its buffers in table
+//! order, see [`Buffers`]), each answered in order by `[errno u32][len u32]` and then the
+//! bytes, or, for an errno, the message. All integers are little-endian. A request for bytes a
+//! receiving registration does not hold yet waits until they arrive: that is what lets a chain
+//! or tree of workers forward a transfer while it is still coming in.
+//!
+//! Where the cluster issues secrets (a store server with authentication, see
+//! `rpc::gpu_secret`), a registration is served only on sealed connections: every request and
+//! answer travels as a frame sealed under keys drawn from the registration's secret and both
+//! fresh values ([`sealed`](super::sealed)), so only a worker its agent gave the secret (from
+//! an answer of the store server that checked the caller's namespace) is served, and what
+//! crosses the network is ciphertext. Elsewhere a registration id is a random 64-bit number
+//! that only the agent and the workers it told know.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use super::memory::Buffers;
+use super::sealed::{self, Direction, TAG};
 use super::WorkerError;
 use crate::locks::lock;
+use crate::rpc::gpu_secret::Secret;
 
-const MAGIC: &[u8; 5] = b"KTGH\x02";
+const MAGIC: &[u8; 5] = b"KTGH\x03";
+const HELLO: usize = 5 + 8 + 1 + 32;
+const REQUEST: usize = 12;
+const HEAD: usize = 8;
+/// The longest message a refusal or a failed request carries.
+const MAX_WHY: u32 = 4096;
 /// Bytes per request.
 pub const CHUNK: u64 = 4 << 20;
 /// Requests in flight on one connection.
@@ -45,68 +64,137 @@ pub async fn serve(listener: TcpListener, served: Served) {
     }
 }
 
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(w)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(w)
+}
+
+fn head(errno: u32, len: u32) -> Vec<u8> {
+    let mut h = Vec::with_capacity(HEAD + TAG);
+    h.extend_from_slice(&errno.to_le_bytes());
+    h.extend_from_slice(&len.to_le_bytes());
+    h
+}
+
+/// The registration a hello asks for, if this connection may have its bytes.
+fn admit(
+    served: &Served,
+    registration: u64,
+    sealed: bool,
+) -> Result<(Arc<Buffers>, Option<Secret>), (i32, String)> {
+    let b = lock(served)
+        .get(&registration)
+        .cloned()
+        .ok_or((libc::ENOENT, format!("no registration {registration} here")))?;
+    let secret = b.secret().copied();
+    match (secret.is_some(), sealed) {
+        (true, false) => Err((
+            libc::EACCES,
+            format!(
+                "registration {registration} is served sealed, to workers given its secret by \
+                 the store server; this one has none"
+            ),
+        )),
+        (false, true) => Err((
+            libc::EPROTO,
+            format!(
+                "registration {registration} has no secret here: its node's agent has no key \
+                 from the store server"
+            ),
+        )),
+        _ => Ok((b, secret)),
+    }
+}
+
 async fn serve_connection(stream: TcpStream, served: Served) -> Result<(), WorkerError> {
     stream.set_nodelay(true)?;
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::new(rd);
-    let mut hello = [0u8; 5];
+    let mut hello = [0u8; HELLO];
     rd.read_exact(&mut hello).await?;
-    if &hello != MAGIC {
+    if &hello[..5] != MAGIC {
         return Err(WorkerError::Bad(
             "not this version of the ktfs host transport".into(),
         ));
     }
-    let mut req = [0u8; 20];
+    let registration = u64_at(&hello, 5);
+    let (b, secret) = match admit(&served, registration, hello[13] != 0) {
+        Ok(x) => x,
+        Err((errno, why)) => {
+            let mut refusal = head(errno as u32, why.len() as u32);
+            refusal.extend_from_slice(why.as_bytes());
+            wr.write_all(&refusal).await?;
+            return Ok(());
+        }
+    };
+    wr.write_all(&head(0, 0)).await?;
+    let mut keys = match secret {
+        Some(secret) => {
+            let mut client = [0u8; 32];
+            client.copy_from_slice(&hello[14..]);
+            let server = sealed::hello()?;
+            wr.write_all(&server).await?;
+            let k = sealed::keys(&secret, &client, &server);
+            Some((k.to_server, k.to_client))
+        }
+        None => None,
+    };
+    let frame = REQUEST + if keys.is_some() { TAG } else { 0 };
     loop {
+        let mut req = vec![0u8; frame];
         match rd.read_exact(&mut req).await {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e.into()),
         }
-        let (registration, offset, len) = decode_request(&req);
-        let answer = answer(&served, registration, offset, len).await;
-        let (errno, body) = match answer {
+        if let Some((opener, sealer)) = keys.as_mut() {
+            if !opener.open(&mut req) {
+                // Answered under this side's keys, which the caller's do not open: it learns
+                // that the secrets differ, not that the connection broke.
+                let why =
+                    format!("a request that registration {registration}'s secret does not open");
+                let (mut h, mut body) = (
+                    head(libc::EACCES as u32, why.len() as u32),
+                    why.clone().into_bytes(),
+                );
+                sealer.seal(&mut h);
+                sealer.seal(&mut body);
+                wr.write_all(&h).await?;
+                wr.write_all(&body).await?;
+                return Err(WorkerError::Bad(why));
+            }
+        }
+        let (offset, len) = (u64_at(&req, 0), u32_at(&req, 8));
+        let (errno, mut body) = match answer(&b, offset, len).await {
             Ok(d) => (0u32, d),
             Err((e, why)) => (e as u32, why.into_bytes()),
         };
-        let mut head = [0u8; 8];
-        head[..4].copy_from_slice(&errno.to_le_bytes());
-        head[4..].copy_from_slice(&(body.len() as u32).to_le_bytes());
-        wr.write_all(&head).await?;
+        let mut h = head(errno, body.len() as u32);
+        if let Some((opener, mut sealer)) = keys.take() {
+            sealer.seal(&mut h);
+            let (sealer, sealed_body) = tokio::task::spawn_blocking(move || {
+                sealer.seal(&mut body);
+                (sealer, body)
+            })
+            .await
+            .map_err(|e| WorkerError::Bad(e.to_string()))?;
+            body = sealed_body;
+            keys = Some((opener, sealer));
+        }
+        wr.write_all(&h).await?;
         wr.write_all(&body).await?;
     }
 }
 
-fn decode_request(req: &[u8; 20]) -> (u64, u64, u32) {
-    let mut w8 = [0u8; 8];
-    let mut w4 = [0u8; 4];
-    w8.copy_from_slice(&req[0..8]);
-    let registration = u64::from_le_bytes(w8);
-    w8.copy_from_slice(&req[8..16]);
-    let offset = u64::from_le_bytes(w8);
-    w4.copy_from_slice(&req[16..20]);
-    (registration, offset, u32::from_le_bytes(w4))
-}
-
-fn encode_request(registration: u64, offset: u64, len: u32) -> [u8; 20] {
-    let mut req = [0u8; 20];
-    req[0..8].copy_from_slice(&registration.to_le_bytes());
-    req[8..16].copy_from_slice(&offset.to_le_bytes());
-    req[16..20].copy_from_slice(&len.to_le_bytes());
-    req
-}
-
 /// The bytes a request asks for, once they are there.
-async fn answer(
-    served: &Served,
-    registration: u64,
-    offset: u64,
-    len: u32,
-) -> Result<Vec<u8>, (i32, String)> {
-    let b = lock(served)
-        .get(&registration)
-        .cloned()
-        .ok_or((libc::ENOENT, format!("no registration {registration} here")))?;
+async fn answer(b: &Arc<Buffers>, offset: u64, len: u32) -> Result<Vec<u8>, (i32, String)> {
     let end = offset
         .checked_add(u64::from(len))
         .filter(|&e| u64::from(len) <= CHUNK && e <= b.nbytes())
@@ -115,6 +203,7 @@ async fn answer(
             format!("{len} bytes at {offset} are not within the registration"),
         ))?;
     b.wait_filled(end).await?;
+    let b = b.clone();
     tokio::task::spawn_blocking(move || b.read(offset, len as usize))
         .await
         .map_err(|e| (libc::EIO, e.to_string()))?
@@ -122,16 +211,18 @@ async fn answer(
 }
 
 /// Fills `dst` from `src_registration` at the worker at `addr` (`source` names it in messages),
-/// several requests in flight, chunks cut as [`Buffers::chunks`] says for `pack`. Returns the
-/// bytes moved. On failure `dst` fails too, so that whoever receives from it learns why.
+/// several requests in flight, chunks cut as [`Buffers::chunks`] says for `pack`; sealed under
+/// `secret` where the cluster issued one. Returns the bytes moved. On failure `dst` fails too,
+/// so that whoever receives from it learns why.
 pub async fn fetch(
     addr: &str,
     src_registration: u64,
+    secret: Option<Secret>,
     source: &str,
     dst: Arc<Buffers>,
     pack: bool,
 ) -> Result<u64, WorkerError> {
-    let r = fetch_into(addr, src_registration, source, &dst, pack).await;
+    let r = fetch_into(addr, src_registration, secret, source, &dst, pack).await;
     if let Err(e) = &r {
         dst.fail(e.errno(), e.to_string());
     }
@@ -141,6 +232,7 @@ pub async fn fetch(
 async fn fetch_into(
     addr: &str,
     src_registration: u64,
+    secret: Option<Secret>,
     source: &str,
     dst: &Arc<Buffers>,
     pack: bool,
@@ -150,19 +242,46 @@ async fn fetch_into(
     stream.set_nodelay(true)?;
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::with_capacity(1 << 20, rd);
+    let client = sealed::hello()?;
+    let mut hello = Vec::with_capacity(HELLO);
+    hello.extend_from_slice(MAGIC);
+    hello.extend_from_slice(&src_registration.to_le_bytes());
+    hello.push(u8::from(secret.is_some()));
+    hello.extend_from_slice(&client);
+    wr.write_all(&hello).await.map_err(peer)?;
+    let mut verdict = [0u8; HEAD];
+    rd.read_exact(&mut verdict).await.map_err(peer)?;
+    let (errno, len) = (u32_at(&verdict, 0), u32_at(&verdict, 4));
+    if errno != 0 {
+        return Err(refusal(&mut rd, errno, len, source, addr).await);
+    }
+    let keys = match secret {
+        Some(secret) => {
+            let mut server = [0u8; 32];
+            rd.read_exact(&mut server).await.map_err(peer)?;
+            let k = sealed::keys(&secret, &client, &server);
+            Some((k.to_server, k.to_client))
+        }
+        None => None,
+    };
+    let (mut sealer, mut opener) = keys.unzip();
     let chunks = dst.chunks(pack);
     let window = Arc::new(Semaphore::new(PIPELINE));
     let send = {
         let (window, chunks) = (window.clone(), chunks.clone());
         async move {
-            wr.write_all(MAGIC).await?;
             for (at, len) in chunks {
                 let Ok(permit) = window.acquire().await else {
                     break;
                 };
                 permit.forget();
-                wr.write_all(&encode_request(src_registration, at, len))
-                    .await?;
+                let mut req = Vec::with_capacity(REQUEST + TAG);
+                req.extend_from_slice(&at.to_le_bytes());
+                req.extend_from_slice(&len.to_le_bytes());
+                if let Some(s) = sealer.as_mut() {
+                    s.seal(&mut req);
+                }
+                wr.write_all(&req).await?;
             }
             Ok::<_, std::io::Error>(wr)
         }
@@ -170,14 +289,17 @@ async fn fetch_into(
     let receive = async {
         let mut moved = 0u64;
         for &(at, len) in &chunks {
-            let got = tokio::time::timeout(STALL, receive_chunk(&mut rd, source, addr, len))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(WorkerError::Remote(
-                        libc::ETIMEDOUT,
-                        format!("{source} ({addr}) sent nothing for {} s", STALL.as_secs()),
-                    ))
-                });
+            let got = tokio::time::timeout(
+                STALL,
+                receive_chunk(&mut rd, opener.as_mut(), source, addr, len),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(WorkerError::Remote(
+                    libc::ETIMEDOUT,
+                    format!("{source} ({addr}) sent nothing for {} s", STALL.as_secs()),
+                ))
+            });
             window.add_permits(1);
             let data = match got {
                 Ok(d) => d,
@@ -186,10 +308,31 @@ async fn fetch_into(
                     return Err(e);
                 }
             };
-            let d = dst.clone();
-            tokio::task::spawn_blocking(move || d.write(at, &data))
-                .await
-                .map_err(|e| WorkerError::Bad(e.to_string()))??;
+            // Opened (when sealed) and written off the runtime's threads.
+            let (d, o) = (dst.clone(), opener.take());
+            let (o, opened, written) = tokio::task::spawn_blocking(move || {
+                let mut data = data;
+                let mut o = o;
+                let opened = o.as_mut().is_none_or(|o| o.open(&mut data));
+                let written = match opened {
+                    true => d.write(at, &data),
+                    false => Ok(()),
+                };
+                (o, opened, written)
+            })
+            .await
+            .map_err(|e| WorkerError::Bad(e.to_string()))?;
+            opener = o;
+            let written = match opened {
+                true => written.map_err(WorkerError::from),
+                false => Err(WorkerError::Peer(format!(
+                    "{source} ({addr}) sent bytes that the registration's secret does not open"
+                ))),
+            };
+            if let Err(e) = written {
+                window.close();
+                return Err(e);
+            }
             dst.filled(at + u64::from(len));
             moved += u64::from(len);
         }
@@ -199,6 +342,24 @@ async fn fetch_into(
     let moved = moved?;
     sent.map_err(peer)?;
     Ok(moved)
+}
+
+/// The reason a refused hello or a failed request carries, as the error it is.
+async fn refusal<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    errno: u32,
+    len: u32,
+    source: &str,
+    addr: &str,
+) -> WorkerError {
+    let mut why = vec![0u8; len.min(MAX_WHY) as usize];
+    if let Err(e) = rd.read_exact(&mut why).await {
+        return peer_failed(source, addr, e);
+    }
+    WorkerError::Remote(
+        errno as i32,
+        format!("{source}: {}", String::from_utf8_lossy(&why)),
+    )
 }
 
 /// A connection to a peer worker that failed: one that ended mid-transfer is a member gone
@@ -214,21 +375,46 @@ fn peer_failed(source: &str, addr: &str, e: std::io::Error) -> WorkerError {
     }
 }
 
-async fn receive_chunk<R: tokio::io::AsyncRead + Unpin>(
+/// The next answer: its bytes as they came (still sealed on a sealed connection), once its
+/// head said it carries the `len` bytes asked for.
+async fn receive_chunk<R: AsyncRead + Unpin>(
     rd: &mut R,
+    opener: Option<&mut Direction>,
     source: &str,
     addr: &str,
     len: u32,
 ) -> Result<Vec<u8>, WorkerError> {
     let peer = |e: std::io::Error| peer_failed(source, addr, e);
-    let mut head = [0u8; 8];
-    rd.read_exact(&mut head).await.map_err(peer)?;
-    let errno = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
-    let got = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+    let tag = if opener.is_some() { TAG } else { 0 };
+    let mut h = vec![0u8; HEAD + tag];
+    rd.read_exact(&mut h).await.map_err(peer)?;
+    let mut opener = opener;
+    if let Some(o) = opener.as_mut() {
+        if !o.open(&mut h) {
+            return Err(WorkerError::Remote(
+                libc::EACCES,
+                format!(
+                    "{source} ({addr}) answered under keys that the registration's secret does \
+                     not open: the secrets differ"
+                ),
+            ));
+        }
+    }
+    let errno = u32_at(&h, 0);
+    let got = u32_at(&h, 4);
     if errno != 0 {
-        // The body is the reason: short text, but bounded all the same.
-        let mut why = vec![0u8; got.min(4096) as usize];
+        if got > MAX_WHY {
+            return Err(WorkerError::Peer(format!(
+                "{source} ({addr}) gave a reason of {got} bytes"
+            )));
+        }
+        let mut why = vec![0u8; got as usize + tag];
         rd.read_exact(&mut why).await.map_err(peer)?;
+        if let Some(o) = opener {
+            if !o.open(&mut why) {
+                why = b"(a reason the registration's secret does not open)".to_vec();
+            }
+        }
         return Err(WorkerError::Remote(
             errno as i32,
             format!("{source}: {}", String::from_utf8_lossy(&why)),
@@ -239,7 +425,136 @@ async fn receive_chunk<R: tokio::io::AsyncRead + Unpin>(
             "{source} ({addr}) sent {got} bytes, {len} were asked for"
         )));
     }
-    let mut data = vec![0u8; got as usize];
+    let mut data = vec![0u8; got as usize + tag];
     rd.read_exact(&mut data).await.map_err(peer)?;
     Ok(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::path::Path;
+
+    use tokio::task::JoinHandle;
+
+    use super::*;
+    use crate::gpu::abi::BUF_HOST_SHM;
+    use crate::proto::WorkerBuffer;
+
+    fn buffers(dir: &Path, name: &str, data: &[u8], receiving: bool) -> Arc<Buffers> {
+        std::fs::write(dir.join(name), data).unwrap();
+        let mut handle = vec![0u8; 64];
+        handle[..name.len()].copy_from_slice(name.as_bytes());
+        let b = WorkerBuffer {
+            kind: BUF_HOST_SHM,
+            nbytes: data.len() as u64,
+            handle,
+            ..Default::default()
+        };
+        Arc::new(Buffers::open(dir, &[b], receiving).unwrap())
+    }
+
+    /// A worker serving `b` as registration 7, reached through a relay that keeps every byte
+    /// the worker sent.
+    async fn served_through_relay(b: Arc<Buffers>) -> (String, JoinHandle<Vec<u8>>) {
+        let worker = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let to: SocketAddr = worker.local_addr().unwrap();
+        let served: Served = Arc::default();
+        lock(&served).insert(7, b);
+        tokio::spawn(serve(worker, served));
+        let relay = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = relay.local_addr().unwrap().to_string();
+        let seen = tokio::spawn(async move {
+            let (mut a, _) = relay.accept().await.unwrap();
+            let mut b = TcpStream::connect(to).await.unwrap();
+            let (mut ar, mut aw) = a.split();
+            let (mut br, mut bw) = b.split();
+            let up = async {
+                let _ = tokio::io::copy(&mut ar, &mut bw).await;
+                let _ = bw.shutdown().await;
+            };
+            let down = async {
+                let mut seen = Vec::new();
+                let mut buf = vec![0u8; 1 << 16];
+                while let Ok(n @ 1..) = br.read(&mut buf).await {
+                    seen.extend_from_slice(&buf[..n]);
+                    if aw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+                let _ = aw.shutdown().await;
+                seen
+            };
+            tokio::join!(up, down).1
+        });
+        (addr, seen)
+    }
+
+    fn pseudo_random(n: usize) -> Vec<u8> {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// Whether any 64 bytes of `data` at a chunk's start appear in `wire`.
+    fn shows(wire: &[u8], data: &[u8]) -> bool {
+        (0..data.len())
+            .step_by(CHUNK as usize)
+            .any(|at| wire.windows(64).any(|w| w == &data[at..at + 64]))
+    }
+
+    #[tokio::test]
+    async fn a_sealed_registration_goes_only_to_its_secrets_holder_and_as_ciphertext() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = pseudo_random(2 * CHUNK as usize + 12345);
+        let secret = [3u8; 32];
+        let src = buffers(dir.path(), "src", &data, false);
+        let src = Arc::new(Arc::into_inner(src).unwrap().sealed_by(Some(secret)));
+
+        let (addr, seen) = served_through_relay(src.clone()).await;
+        let dst = buffers(dir.path(), "dst", &vec![0; data.len()], true);
+        let moved = fetch(&addr, 7, Some(secret), "the source", dst.clone(), true).await;
+        assert_eq!(moved.unwrap(), data.len() as u64);
+        assert!(dst.read(0, data.len()).unwrap() == data, "the bytes differ");
+        let wire = seen.await.unwrap();
+        assert!(wire.len() > data.len(), "{} bytes relayed", wire.len());
+        assert!(!shows(&wire, &data), "plaintext crossed the wire");
+
+        // Another secret is not served a byte, nor is a worker without one.
+        for (given, says) in [(Some([4u8; 32]), "does not open"), (None, "served sealed")] {
+            let (addr, _) = served_through_relay(src.clone()).await;
+            let dst = buffers(dir.path(), "dst2", &vec![0; data.len()], true);
+            let e = fetch(&addr, 7, given, "the source", dst.clone(), true)
+                .await
+                .unwrap_err();
+            assert!(e.to_string().contains(says), "{e}");
+            assert!(dst.read(0, 64).unwrap().iter().all(|&b| b == 0));
+        }
+    }
+
+    #[tokio::test]
+    async fn without_secrets_the_registration_id_reaches_the_bytes_in_the_clear() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = pseudo_random(CHUNK as usize + 999);
+        let (addr, seen) = served_through_relay(buffers(dir.path(), "src", &data, false)).await;
+        let dst = buffers(dir.path(), "dst", &vec![0; data.len()], true);
+        fetch(&addr, 7, None, "the source", dst.clone(), false)
+            .await
+            .unwrap();
+        assert!(dst.read(0, data.len()).unwrap() == data);
+        // What the sealed test's check would have caught.
+        assert!(shows(&seen.await.unwrap(), &data));
+        // A secret for a registration that has none is refused, not ignored.
+        let (addr, _) = served_through_relay(buffers(dir.path(), "src2", &data, false)).await;
+        let e = fetch(&addr, 7, Some([1; 32]), "the source", dst, false)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("has no secret"), "{e}");
+    }
 }

@@ -20,6 +20,7 @@ use crate::gpu::abi::{self, BUF_CUDA_IPC, BUF_HOST_SHM};
 use crate::gpu::cuda::{Device, DeviceRange};
 use crate::locks::lock;
 use crate::proto::WorkerBuffer;
+use crate::rpc::gpu_secret::Secret;
 
 /// Where host buffers live: the caller's shared memory.
 pub const SHM_DIR: &str = "/dev/shm";
@@ -137,6 +138,9 @@ pub struct Buffers {
     filled: AtomicU64,
     failure: Mutex<Option<(i32, String)>>,
     changed: Notify,
+    /// What a worker must prove it holds to be served these bytes, which travel sealed under
+    /// it (`host`); none where the cluster issues no secrets.
+    secret: Option<Secret>,
 }
 
 impl Buffers {
@@ -170,7 +174,18 @@ impl Buffers {
             filled: AtomicU64::new(if receiving { 0 } else { total }),
             failure: Mutex::new(None),
             changed: Notify::new(),
+            secret: None,
         })
+    }
+
+    /// These buffers, served only to workers that hold `secret` (see [`Buffers::secret`]).
+    pub fn sealed_by(mut self, secret: Option<Secret>) -> Self {
+        self.secret = secret;
+        self
+    }
+
+    pub fn secret(&self) -> Option<&Secret> {
+        self.secret.as_ref()
     }
 
     pub fn nbytes(&self) -> u64 {

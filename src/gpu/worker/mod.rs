@@ -9,6 +9,7 @@ pub mod cuda_buffer;
 pub mod enter;
 pub mod host;
 pub mod memory;
+pub mod sealed;
 pub mod spawn;
 
 use std::collections::HashMap;
@@ -22,6 +23,7 @@ use super::wire::{self, WireError};
 use crate::locks::lock;
 use crate::proto::worker_request::Op;
 use crate::proto::{WorkerReply, WorkerRequest};
+use crate::rpc::gpu_secret::Secret;
 use memory::Buffers;
 
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +84,16 @@ fn answer(id: u64, r: Result<u64, WorkerError>) -> WorkerReply {
     }
 }
 
+/// A registration's secret as its agent sent it: none, or 32 bytes.
+fn secret_of(b: &[u8]) -> Result<Option<Secret>, WorkerError> {
+    match b.len() {
+        0 => Ok(None),
+        _ => Secret::try_from(b)
+            .map(Some)
+            .map_err(|_| WorkerError::Bad(format!("a secret of {} bytes, not 32", b.len()))),
+    }
+}
+
 /// Runs a worker on `control` (the socket its agent holds the other end of), with its data
 /// port on `host` (an address other workers reach it at).
 pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
@@ -113,7 +125,9 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
             Some(Op::Register(r)) => {
                 let dir = shm.clone();
                 let opened = tokio::task::spawn_blocking(move || {
-                    Buffers::open(&dir, &r.buffers, r.receiving).map(|b| (r.registration, b))
+                    let secret = secret_of(&r.secret)?;
+                    Buffers::open(&dir, &r.buffers, r.receiving)
+                        .map(|b| (r.registration, b.sealed_by(secret)))
                 })
                 .await
                 .map_err(|e| WorkerError::Bad(e.to_string()))
@@ -141,18 +155,20 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
                     } else {
                         None
                     };
-                    let moved = match dst {
-                        Some(dst) => {
+                    let moved = match (dst, secret_of(&f.source_secret)) {
+                        (Some(dst), Ok(secret)) => {
                             host::fetch(
                                 &f.source_addr,
                                 f.source_registration,
+                                secret,
                                 &f.source,
                                 dst,
                                 f.pack,
                             )
                             .await
                         }
-                        None => Err(WorkerError::NoRegistration(f.registration)),
+                        (Some(_), Err(e)) => Err(e),
+                        (None, _) => Err(WorkerError::NoRegistration(f.registration)),
                     };
                     let _ = wire::send(&mut *wr.lock().await, &answer(id, moved)).await;
                 });
