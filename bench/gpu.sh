@@ -14,6 +14,8 @@
 #   tree, packed         fanout 2 (A -> B, C; B -> D, or as the server plans it), KT_GPU_PACK
 #   chain, unpacked      fanout 0, entry by entry
 #   point to point       one getter (B), no window: A publishes, then B's GET pulls from A's worker
+#   point to point, sealed  the same between nodes E and F of a second store server, one with a
+#                        token file (127.0.0.235-237): the host transport sealed (AES-256-GCM)
 #   plain TCP copy       the baseline: socat -b 1048576 (as bench/e2e.sh) of the same bytes from the
 #                        source /dev/shm file to another over 127.0.0.1
 # A window's time runs from the first KT_GPU_JOIN to the last getter's DONE (seen in poll(2));
@@ -100,11 +102,11 @@ mkdir -p "$WORK/mnt" "$WORK/cache"
 
 # ---- processes ----------------------------------------------------------------------------------
 declare -A MPID MDIR WPID
-start_mount() { # NAME IP
+start_mount() { # NAME IP [SERVER [MORE MOUNT ARGS...]]
     local name=$1 ip=$2 i pid dir=$WORK/mnt/$1
     mkdir -p "$dir" "$WORK/cache/$name"
-    "$KT" mount "$dir" --server "$SERVER_ADDR" --listen "$ip:0" --cache-dir "$WORK/cache/$name" \
-        --socket "$WORK/$name.sock" --node-id "gpu-bench-$name" --heartbeat-secs 1 \
+    "$KT" mount "$dir" --server "${3:-$SERVER_ADDR}" --listen "$ip:0" --cache-dir "$WORK/cache/$name" \
+        --socket "$WORK/$name.sock" --node-id "gpu-bench-$name" --heartbeat-secs 1 "${@:4}" \
         >"$WORK/mount-$name.out" 2>"$WORK/mount-$name.err" &
     pid=$!
     MOUNT_PIDS+=("$pid")
@@ -151,7 +153,7 @@ start_holder() { # NAME: keeps node NAME's worker running
 }
 pids_check() { # every node's worker still the one its holder keeps (or say which changed)
     local n w
-    for n in A B C D; do
+    for n in "${NODES[@]}"; do
         w=$(worker_of "${MPID[$n]}")
         [[ -n $w ]] || die "node $n's worker is gone"
         [[ $w == "${WPID[$n]}" ]] || { log "  node $n's worker changed: ${WPID[$n]} -> $w"; WPID[$n]=$w; SEEN_WORKERS+=("$w"); }
@@ -159,7 +161,7 @@ pids_check() { # every node's worker still the one its holder keeps (or say whic
 }
 pids_arg() { # NAME=PID,... for the driver: mounts and their workers
     local n out=
-    for n in A B C D; do out+="${out:+,}$n=${MPID[$n]},w$n=${WPID[$n]}"; done
+    for n in "${NODES[@]}"; do out+="${out:+,}$n=${MPID[$n]},w$n=${WPID[$n]}"; done
     echo "$out"
 }
 
@@ -167,13 +169,21 @@ log "writing ${MIB} MiB of pseudo-random data to /dev/shm/$SHM-src"
 SRC=/dev/shm/$SHM-src
 head -c "$BYTES" /dev/urandom >"$SRC"
 
+NODES=(A B C D E F)
+# The sealed cluster first (start_server keeps the last server's pid and address).
+echo "gpu-bench-token-$$" >"$WORK/token"
+start_server "$WORK/sealed-server" 127.0.0.235:0 --token-file "$WORK/token"
+SEALED_PID=$SERVER_PID SEALED_ADDR=$SERVER_ADDR
+log "kt server with a token $SEALED_ADDR (pid $SEALED_PID)"
 start_server "$WORK/server" 127.0.0.230:0
 log "kt server $SERVER_ADDR (pid $SERVER_PID)"
 start_mount A 127.0.0.231
 start_mount B 127.0.0.232
 start_mount C 127.0.0.233
 start_mount D 127.0.0.234
-for n in A B C D; do start_holder "$n"; done
+start_mount E 127.0.0.236 "$SEALED_ADDR" --token-file "$WORK/token"
+start_mount F 127.0.0.237 "$SEALED_ADDR" --token-file "$WORK/token"
+for n in "${NODES[@]}"; do start_holder "$n"; done
 
 # Before each run: wait for a quiet machine, then write and delete PRIME_MIB in /dev/shm, so the
 # getters' (and socat's) fresh shm pages do not pay for this VM's balloon (see bench/fuse.sh).
@@ -185,41 +195,44 @@ prime() {
 }
 
 # ---- the runs -----------------------------------------------------------------------------------
-VARIANTS=(chain tree unpacked p2p)
+VARIANTS=(chain tree unpacked p2p sealed)
 declare -A VLABEL=(
     [chain]="window to 3, chain (fanout 0), packed"
     [tree]="window to 3, tree (fanout 2), packed"
     [unpacked]="window to 3, chain (fanout 0), unpacked"
     [p2p]="point to point, 1 getter, no window"
+    [sealed]="point to point, sealed (a store server with a token)"
 )
 declare -A VARGS=(
     [chain]="window --fanout 0 --pack"
     [tree]="window --fanout 2 --pack"
     [unpacked]="window --fanout 0"
     [p2p]="p2p"
+    [sealed]="p2p"
 )
 declare -A T O MC MH WH GT # per VARIANT,RUN: seconds, other CPU-s, machine CPU-s, peak mount, peak worker, getters
 GETTERS="${MDIR[B]},${MDIR[C]},${MDIR[D]}"
 node_of() { # mount point -> node name
     local n
-    for n in A B C D; do [[ ${MDIR[$n]} == "$1" ]] && { echo "$n"; return; }; done
+    for n in "${NODES[@]}"; do [[ ${MDIR[$n]} == "$1" ]] && { echo "$n"; return; }; done
     echo "?"
 }
 
 gpu_round() { # VARIANT RUN
-    local v=$1 run=$2 out=$WORK/$1-$2.json getters=$GETTERS pids
+    local v=$1 run=$2 out=$WORK/$1-$2.json getters=$GETTERS putter=${MDIR[A]} pids
     [[ $v == p2p ]] && getters=${MDIR[B]}
+    [[ $v == sealed ]] && putter=${MDIR[E]} getters=${MDIR[F]}
     prime
     pids_check
     pids=$(pids_arg)
     # shellcheck disable=SC2086
-    python3 "$DRIVER" ${VARGS[$v]} --putter "${MDIR[A]}" --getters "$getters" --src "$SRC" --mib "$MIB" \
+    python3 "$DRIVER" ${VARGS[$v]} --putter "$putter" --getters "$getters" --src "$SRC" --mib "$MIB" \
         --key "bench/$v-$run-$$" --prefix "$SHM" --pids "$pids" >"$out" 2>"$WORK/$v-$run.err" \
         || { cat "$WORK/$v-$run.err" >&2; die "$v run $run"; }
     T[$v,$run]=$(jq -r .seconds "$out")
     MC[$v,$run]=$(jq -r .machine_cpu_s "$out")
     O[$v,$run]=$(jq -r '[.machine_cpu_s - ([.cpu_s[]] | add), 0] | max | . * 10 | round / 10' "$out")
-    MH[$v,$run]=$(jq -r '[.hwm_kb | to_entries[] | select(.key | test("^[A-D]$")) | .value] | max' "$out")
+    MH[$v,$run]=$(jq -r '[.hwm_kb | to_entries[] | select(.key | test("^[A-F]$")) | .value] | max' "$out")
     WH[$v,$run]=$(jq -r '[.hwm_kb | to_entries[] | select(.key | test("^w")) | .value] | max' "$out")
     local g=
     while read -r m f h d; do
@@ -272,11 +285,13 @@ done
 for pid in "${HOLD_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
 for pid in "${HOLD_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
 HOLD_PIDS=()
-for n in A B C D; do
+for n in "${NODES[@]}"; do
     stop_mount_pid "${MPID[$n]}" "${MDIR[$n]}"
     is_mounted "${MDIR[$n]}" && die "${MDIR[$n]} is still mounted"
 done
 MOUNT_PIDS=() MOUNT_DIRS=()
+stop_server
+SERVER_PID=$SEALED_PID
 stop_server
 LOAD_END=$(cut -d' ' -f1-3 /proc/loadavg)
 
@@ -362,6 +377,11 @@ CMD="bash bench/gpu.sh"
     echo "(machine CPU counts whatever else ran meanwhile). kt's own cost per copy, the same way: point to point kept"
     echo "the machine busy for $(median $(col MC p2p)) CPU-s; the packed chain for $(median $(col MC chain)) CPU-s,"
     echo "$(awk -v w="$(median $(col MC chain))" -v p="$(median $(col MC p2p))" 'BEGIN { printf "%.2f", w / (3 * p) }')x three point-to-point copies' worth."
+    echo
+    echo "Sealing's cost (issue 17): where the store server authenticates, the host transport seals every"
+    echo "frame (AES-256-GCM under per-connection keys from the registration's secret). Point to point"
+    echo "between E and F of a second server, one with a token file: $(med sealed) s against $(med p2p) s unsealed,"
+    echo "**$(awk -v a="$(med sealed)" -v b="$(med p2p)" 'BEGIN { printf "%.2f", a / b }')x**; machine CPU $(median $(col MC sealed)) CPU-s against $(median $(col MC p2p))."
     echo "$END_MARK"
 } >"$WORK/section.md"
 put_section "$RESULTS" "$BEGIN_MARK" "$END_MARK" "$WORK/section.md"

@@ -248,9 +248,9 @@ runs_of() {
 # ---- kt server ----------------------------------------------------------------------------------
 SERVER_PID=
 SERVER_ADDR=
-start_server() { # DIR [ADDR]
+start_server() { # DIR [ADDR [MORE SERVER ARGS...]]
     mkdir -p "$1/data"
-    "$KT" server --listen "${2:-127.0.0.1:0}" --data-dir "$1/data" >"$1/server.out" 2>"$1/server.err" &
+    "$KT" server --listen "${2:-127.0.0.1:0}" --data-dir "$1/data" "${@:3}" >"$1/server.out" 2>"$1/server.err" &
     SERVER_PID=$!
     PIDS+=("$SERVER_PID")
     local i
