@@ -435,6 +435,7 @@ mod tests {
     use std::net::SocketAddr;
     use std::path::Path;
 
+    use test_support::pseudo_random;
     use tokio::task::JoinHandle;
 
     use super::*;
@@ -490,18 +491,6 @@ mod tests {
         (addr, seen)
     }
 
-    fn pseudo_random(n: usize) -> Vec<u8> {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
-
     /// Whether any 64 bytes of `data` at a chunk's start appear in `wire`.
     fn shows(wire: &[u8], data: &[u8]) -> bool {
         (0..data.len())
@@ -512,7 +501,7 @@ mod tests {
     #[tokio::test]
     async fn a_sealed_registration_goes_only_to_its_secrets_holder_and_as_ciphertext() {
         let dir = tempfile::tempdir().unwrap();
-        let data = pseudo_random(2 * CHUNK as usize + 12345);
+        let data = pseudo_random(2 * CHUNK as usize + 12345, 1);
         let secret = [3u8; 32];
         let src = buffers(dir.path(), "src", &data, false);
         let src = Arc::new(Arc::into_inner(src).unwrap().sealed_by(Some(secret)));
@@ -541,7 +530,7 @@ mod tests {
     #[tokio::test]
     async fn without_secrets_the_registration_id_reaches_the_bytes_in_the_clear() {
         let dir = tempfile::tempdir().unwrap();
-        let data = pseudo_random(CHUNK as usize + 999);
+        let data = pseudo_random(CHUNK as usize + 999, 2);
         let (addr, seen) = served_through_relay(buffers(dir.path(), "src", &data, false)).await;
         let dst = buffers(dir.path(), "dst", &vec![0; data.len()], true);
         fetch(&addr, 7, None, "the source", dst.clone(), false)
