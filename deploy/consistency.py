@@ -11,12 +11,14 @@ port, and the $(VAR)s containers expand; and that volumes are what kt-csi takes 
 pod info on mount, the PVC's namespace from the provisioner).
 
 `--tls` says what the rendering must be (default `none`): `none`, plaintext throughout (no TLS
-flag, no CA, no cert-manager object); `secret` (the tls component), every server presents a
-certificate from one Secret and every client trusts its CA and checks one name; `cert-manager`
-(tls and tls/cert-manager), that and the Secret is the one a cert-manager Certificate writes,
-whose names cover the store Service and KT_TLS_SERVER_NAME, signed by a CA Issuer whose CA a
-self-signed Issuer signs; cert-manager objects, which no Kubernetes schema covers, are checked
-for their shape here. Prints every mismatch and exits 1 on any.
+flag, no CA, no cert-manager object); `secret` (the tls component), the store server presents a
+certificate from one Secret and the node agents one from another, and every client trusts their
+CA and checks the store against one name and the agents against another; `cert-manager` (tls
+and tls/cert-manager), that and each Secret is the one a cert-manager Certificate writes, the
+store's with the names of the store Service and KT_TLS_SERVER_NAME, the nodes' with
+KT_TLS_NODE_NAME and none of the store's, both signed by one CA Issuer whose CA a self-signed
+Issuer signs; cert-manager objects, which no Kubernetes schema covers, are checked for their
+shape here. Prints every mismatch and exits 1 on any.
 """
 
 import json
@@ -511,28 +513,40 @@ SERVER_CERT = [[("--tls-cert", _flags("--tls-cert"), CERT_KEY)],
                [("--tls-key", _flags("--tls-key"), KEY_KEY)]]
 NODE_CERT = [[("--agent-tls-cert", _flags("--agent-tls-cert"), CERT_KEY)],
              [("--agent-tls-key", _flags("--agent-tls-key"), KEY_KEY)]]
-# kt takes the CA and the name as flags or from its environment; kt-csi only passes its
+# kt takes the CA and the names as flags or from its environment; kt-csi only passes its
 # environment on to the kt processes it starts.
 TRUST_ENV = [("KT_TLS_CA", _env("KT_TLS_CA"), CA_KEY)]
 NAME_ENV = [("KT_TLS_SERVER_NAME", _env("KT_TLS_SERVER_NAME"), None)]
+NODE_NAME_ENV = [("KT_TLS_NODE_NAME", _env("KT_TLS_NODE_NAME"), None)]
 TRUST = TRUST_ENV + [("--tls-ca", _flags("--tls-ca"), CA_KEY)]
 NAME = NAME_ENV + [("--tls-server-name", _flags("--tls-server-name"), None)]
+NODE_NAME = NODE_NAME_ENV + [("--tls-node-name", _flags("--tls-node-name"), None)]
+# What each role needs, and whose each setting is: the store's certificate ("store"), the nodes'
+# ("node"), the CA ("trust"), the name the store is checked against ("store name") or the one
+# node agents are ("node name").
 NEEDS = {
-    "server": SERVER_CERT,
-    "agent": SERVER_CERT + [TRUST, NAME],
-    "node": NODE_CERT + [TRUST_ENV, NAME_ENV],
-    "controller": [TRUST_ENV, NAME_ENV],
-    "client": [TRUST, NAME],
+    "server": [(SERVER_CERT[0], "store"), (SERVER_CERT[1], "store")],
+    "agent": [(SERVER_CERT[0], "node"), (SERVER_CERT[1], "node"), (TRUST, "trust"),
+              (NAME, "store name"), (NODE_NAME, "node name")],
+    "node": [(NODE_CERT[0], "node"), (NODE_CERT[1], "node"), (TRUST_ENV, "trust"),
+             (NAME_ENV, "store name"), (NODE_NAME_ENV, "node name")],
+    "controller": [(TRUST_ENV, "trust"), (NAME_ENV, "store name")],
+    "client": [(TRUST, "trust"), (NAME, "store name"), (NODE_NAME, "node name")],
 }
-ALL_SETTINGS = [a for alts in SERVER_CERT + NODE_CERT + [TRUST, NAME] for a in alts]
+ALL_SETTINGS = [a for alts in SERVER_CERT + NODE_CERT + [TRUST, NAME, NODE_NAME] for a in alts]
 
 
 def check_tls(base, pods, mode):
-    """One Secret, all or nothing: every server presents its certificate, every process that
-    dials trusts its CA and checks one name, and (cert-manager) a Certificate writes it with
-    names that cover the store Service and that name."""
+    """Two certificates of one CA, all or nothing: the store server presents the store's, every
+    node agent the nodes' (of another Secret, so that no node holds a key that passes for the
+    store), every process that dials trusts the CA and checks the store against one name and
+    the node agents against another, which only the nodes' certificate carries; and
+    (cert-manager) a Certificate writes each Secret with those names, both signed by one CA
+    Issuer."""
     c = "tls"
-    secrets, names, namespaces = set(), set(), set()
+    secrets = {"store": set(), "node": set(), "trust": set()}
+    names = {"store name": set(), "node name": set()}
+    namespaces = set()
     roles = list(tls_roles(pods))
     for owner, ns, spec, k, role in roles:
         who = f"{owner}/{k['name']} ({role})"
@@ -543,7 +557,7 @@ def check_tls(base, pods, mode):
                              "(TLS is the tls component's)")
             continue
         namespaces.add(ns)
-        for alternatives in NEEDS[role]:
+        for alternatives, whose in NEEDS[role]:
             found = [(what, vals, key) for what, get, key in alternatives
                      for vals in [get(k)] if vals]
             label = " or ".join(a[0] for a in alternatives)
@@ -557,7 +571,7 @@ def check_tls(base, pods, mode):
             if value is None:
                 error(c, f"{who}: {what} must be a literal value, not a valueFrom")
             elif key is None:
-                names.add(value)
+                names[whose].add(value)
                 if not DNS_NAME.match(value):
                     error(c, f"{who}: {what}={value!r} is not a DNS name to check "
                              "certificates against")
@@ -569,7 +583,7 @@ def check_tls(base, pods, mode):
                     error(c, f"{who}: {what}={value} is key {got!r} of Secret {secret}, it "
                              f"must be {key!r}")
                 else:
-                    secrets.add(secret)
+                    secrets[whose].add(secret)
     cm = [d for d in base if d.get("apiVersion", "").split("/")[0] == CERT_MANAGER_GROUP]
     if mode == "none":
         for d in cm:
@@ -579,51 +593,47 @@ def check_tls(base, pods, mode):
         error(c, "no ktfs process in the rendering")
     if not any(r == "server" for *_, r in roles):
         error(c, "no kt server in the rendering")
-    if len(secrets) > 1:
-        error(c, f"the certificate, key and CA come from different Secrets {sorted(secrets)}: "
-                 "one certificate serves the store and every agent, with the CA beside it")
-    if len(names) > 1:
-        error(c, f"KT_TLS_SERVER_NAME differs between processes: {sorted(names)}")
+    if not any(r in ("agent", "node") for *_, r in roles):
+        error(c, "no node agent in the rendering")
+    for whose in ("store", "node"):
+        if len(secrets[whose]) > 1:
+            error(c, f"the {whose}'s certificate and key come from different Secrets "
+                     f"{sorted(secrets[whose])}")
+    store = next(iter(secrets["store"])) if len(secrets["store"]) == 1 else None
+    node = next(iter(secrets["node"])) if len(secrets["node"]) == 1 else None
+    if store is not None and store == node:
+        error(c, f"the store server and the node agents present the certificate of one Secret "
+                 f"{store}: every node would hold a key that passes for the store")
+    if not secrets["trust"] <= {store, node}:
+        error(c, f"the CA comes from {sorted(secrets['trust'])}, not from the certificates' "
+                 f"Secrets {sorted(s for s in (store, node) if s)}")
+    for whose, found in names.items():
+        if len(found) > 1:
+            error(c, f"the {whose} differs between processes: {sorted(found)}")
+    store_name = next(iter(names["store name"])) if len(names["store name"]) == 1 else None
+    node_name = next(iter(names["node name"])) if len(names["node name"]) == 1 else None
+    if store_name is not None and store_name == node_name:
+        error(c, f"the store and the node agents are checked against one name {store_name}: "
+                 "a node's certificate would pass for the store")
     if len(namespaces) > 1:
         error(c, f"ktfs pods in several namespaces {sorted(namespaces)}, one Secret cannot "
                  "serve them")
-    secret = next(iter(secrets)) if len(secrets) == 1 else None
     ns = next(iter(namespaces)) if len(namespaces) == 1 else None
     for d in base:
-        if d["kind"] == "Secret" and d["metadata"]["name"] == secret:
-            error(c, f"{name_of(d)}: the TLS Secret is in the manifests; its key must be made "
+        if d["kind"] == "Secret" and d["metadata"]["name"] in (store, node):
+            error(c, f"{name_of(d)}: a TLS Secret is in the manifests; its key must be made "
                      "in the cluster (cert-manager, or kubectl create secret)")
     check_cert_manager_shapes(cm)
     if mode == "secret":
         for d in cm:
-            error(c, f"{name_of(d)}: a cert-manager object, but --tls secret means the Secret "
-                     "is made without cert-manager")
+            error(c, f"{name_of(d)}: a cert-manager object, but --tls secret means the Secrets "
+                     "are made without cert-manager")
         return
-    if secret is None or ns is None:
+    if store is None or node is None or ns is None:
         return
 
-    def find(kind, name, namespace):
-        return [d for d in cm if d["kind"] == kind and d["metadata"]["name"] == name
-                and d["metadata"].get("namespace", "") == (namespace if kind != "ClusterIssuer"
-                                                           else "")]
-    certs = [d for d in cm if d["kind"] == "Certificate"
-             and (d.get("spec") or {}).get("secretName") == secret]
-    if len(certs) != 1:
-        error(c, f"the pods mount Secret {secret}: expected one Certificate writing it, found "
-                 f"{[name_of(d) for d in certs]}")
-        return
-    cert = certs[0]
-    spec = cert.get("spec") or {}
-    if cert["metadata"].get("namespace") != ns:
-        error(c, f"{name_of(cert)} writes {secret} in namespace "
-                 f"{cert['metadata'].get('namespace')!r}, the pods mount it from {ns!r}")
-    if spec.get("isCA"):
-        error(c, f"{name_of(cert)}: the servers' certificate must not be a CA")
-    usages = spec.get("usages")
-    if usages is not None and "server auth" not in usages:
-        error(c, f"{name_of(cert)}: usages {usages} lack 'server auth'")
-    dns = set(spec.get("dnsNames") or [])
-    wanted = {n: "KT_TLS_SERVER_NAME" for n in names}
+    # The store's names: the one the pods check, the store Service's, every --server's host.
+    store_names = {n: "KT_TLS_SERVER_NAME" for n in names["store name"]}
     server_pods = [(o, pns, labels) for o, pns, labels, sp in pods
                    for k in sp.get("containers") or []
                    if program(k) == "kt" and argv(k)[1:2] == ["server"]]
@@ -636,13 +646,58 @@ def check_tls(base, pods, mode):
                        for _, pns, labels in server_pods):
             n = svc["metadata"]["name"]
             for name in (f"{n}.{sns}", f"{n}.{sns}.svc"):
-                wanted[name] = f"Service {sns}/{n}"
+                store_names[name] = f"Service {sns}/{n}"
     for _, _, _, k, _ in roles:
         for server in flag(argv(k), "--server"):
-            wanted.setdefault(server.rpartition(":")[0], f"{k['name']} --server {server}")
+            store_names.setdefault(server.rpartition(":")[0], f"{k['name']} --server {server}")
+    node_names = {n: "KT_TLS_NODE_NAME" for n in names["node name"]}
+    issuers = set()
+    for secret, wanted, forbidden, whose in ((store, store_names, node_names, "the nodes'"),
+                                             (node, node_names, store_names, "the store's")):
+        issuer = check_certificate(cm, secret, ns, wanted, forbidden, whose)
+        if issuer is not None:
+            issuers.add(issuer)
+    if len(issuers) > 1:
+        error(c, f"the store's and the nodes' Certificates have different Issuers "
+                 f"{sorted(issuers)}: the processes trust one CA")
+
+
+def check_certificate(cm, secret, ns, wanted, forbidden, other):
+    """The one Certificate that writes `secret` in `ns`: a server's, whose dnsNames hold every
+    name of `wanted` and none of `forbidden` (the `other` certificate's), issued by a CA Issuer
+    whose CA a self-signed Issuer signs. Returns its Issuer's name."""
+    c = "tls"
+
+    def find(kind, name, namespace):
+        return [d for d in cm if d["kind"] == kind and d["metadata"]["name"] == name
+                and d["metadata"].get("namespace", "") == (namespace if kind != "ClusterIssuer"
+                                                           else "")]
+    certs = [d for d in cm if d["kind"] == "Certificate"
+             and (d.get("spec") or {}).get("secretName") == secret]
+    if len(certs) != 1:
+        error(c, f"the pods mount Secret {secret}: expected one Certificate writing it, found "
+                 f"{[name_of(d) for d in certs]}")
+        return None
+    cert = certs[0]
+    spec = cert.get("spec") or {}
+    if cert["metadata"].get("namespace") != ns:
+        error(c, f"{name_of(cert)} writes {secret} in namespace "
+                 f"{cert['metadata'].get('namespace')!r}, the pods mount it from {ns!r}")
+    if spec.get("isCA"):
+        error(c, f"{name_of(cert)}: a server's certificate must not be a CA")
+    usages = spec.get("usages")
+    if usages is not None and "server auth" not in usages:
+        error(c, f"{name_of(cert)}: usages {usages} lack 'server auth'")
+    # Clients check the subjectAltNames (dnsNames) only; a commonName must not name the other
+    # certificate's either.
+    dns = set(spec.get("dnsNames") or [])
     for name, why in sorted(wanted.items()):
         if name not in dns:
             error(c, f"{name_of(cert)}: dnsNames {sorted(dns)} lack {name} ({why})")
+    for name, why in sorted(forbidden.items()):
+        if name in dns | {spec.get("commonName")}:
+            error(c, f"{name_of(cert)}: carries {name}, {other} name ({why}): its key would "
+                     "pass for the other")
     # The chain: the Certificate's Issuer signs with a CA whose certificate cert-manager makes
     # with a self-signed Issuer, all in the manifests.
     ref = spec.get("issuerRef") or {}
@@ -650,19 +705,19 @@ def check_tls(base, pods, mode):
     if not found:
         error(c, f"{name_of(cert)}: issuerRef {ref.get('kind', 'Issuer')}/{ref.get('name')} is "
                  "not in the manifests")
-        return
+        return None
     ca = (found[0].get("spec") or {}).get("ca")
     if not ca:
         error(c, f"{name_of(found[0])}: expected a CA Issuer (spec.ca), signing with the CA "
                  "that the servers' clients trust")
-        return
+        return None
     ca_certs = [d for d in cm if d["kind"] == "Certificate"
                 and d["metadata"].get("namespace") == ns
                 and (d.get("spec") or {}).get("secretName") == ca.get("secretName")]
     if len(ca_certs) != 1:
         error(c, f"{name_of(found[0])}: ca.secretName {ca.get('secretName')!r} is written by "
                  f"{len(ca_certs)} Certificates of {ns}, expected one")
-        return
+        return None
     ca_cert = ca_certs[0]
     if (ca_cert.get("spec") or {}).get("isCA") is not True:
         error(c, f"{name_of(ca_cert)}: the CA's Certificate needs isCA: true")
@@ -676,6 +731,7 @@ def check_tls(base, pods, mode):
                  " is not in the manifests")
     elif "selfSigned" not in (root[0].get("spec") or {}):
         error(c, f"{name_of(root[0])}: expected the self-signed Issuer that signs the CA")
+    return f"{found[0]['kind']}/{found[0]['metadata']['name']}"
 
 
 # The fields of cert-manager.io/v1 objects (cert-manager 1.x), for a strict check of their shape:
