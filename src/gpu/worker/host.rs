@@ -19,13 +19,13 @@
 //! crosses the network is ciphertext. Elsewhere a registration id is a random 64-bit number
 //! that only the agent and the workers it told know.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{mpsc, Semaphore};
 
 use super::memory::Buffers;
 use super::sealed::{self, Direction, TAG};
@@ -43,6 +43,10 @@ const MAX_WHY: u32 = 4096;
 pub const CHUNK: u64 = 4 << 20;
 /// Requests in flight on one connection.
 const PIPELINE: usize = 8;
+/// Chunks being made ready at once on either side of a connection (read and sealed, opened and
+/// written), beyond the one on the wire: enough to keep two cores busy, few enough that a
+/// connection holds little memory.
+const OVERLAP: usize = 2;
 /// A source that sends nothing for this long is taken for dead.
 pub const STALL: Duration = Duration::from_secs(60);
 
@@ -147,50 +151,91 @@ async fn serve_connection(stream: TcpStream, served: Served) -> Result<(), Worke
         None => None,
     };
     let frame = REQUEST + if keys.is_some() { TAG } else { 0 };
-    loop {
-        let mut req = vec![0u8; frame];
-        match rd.read_exact(&mut req).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e.into()),
+    // Answers are made (read, and sealed) OVERLAP at a time on tasks of their own, so that one
+    // chunk's sealing overlaps the next one's read, and written in the order asked.
+    let (tx, mut rx) = mpsc::channel::<Answer>(OVERLAP);
+    let writer = async move {
+        while let Some(answer) = rx.recv().await {
+            let (h, body) = answer
+                .await
+                .map_err(|e| WorkerError::Bad(e.to_string()))??;
+            wr.write_all(&h).await?;
+            wr.write_all(&body).await?;
         }
-        if let Some((opener, sealer)) = keys.as_mut() {
-            if !opener.open(&mut req) {
-                // Answered under this side's keys, which the caller's do not open: it learns
-                // that the secrets differ, not that the connection broke.
-                let why =
-                    format!("a request that registration {registration}'s secret does not open");
-                let (mut h, mut body) = (
-                    head(libc::EACCES as u32, why.len() as u32),
-                    why.clone().into_bytes(),
-                );
-                sealer.seal(&mut h);
-                sealer.seal(&mut body);
-                wr.write_all(&h).await?;
-                wr.write_all(&body).await?;
-                return Err(WorkerError::Bad(why));
+        Ok::<_, WorkerError>(())
+    };
+    let reader = async move {
+        loop {
+            let mut req = vec![0u8; frame];
+            match rd.read_exact(&mut req).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(WorkerError::from(e)),
+            }
+            let sealer = match keys.as_mut() {
+                Some((opener, sealer)) => {
+                    let frames = (sealer.take(), sealer.take());
+                    if !opener.open(&mut req) {
+                        // Answered under this side's keys, which the caller's do not open: it
+                        // learns that the secrets differ, not that the connection broke.
+                        let why = format!(
+                            "a request that registration {registration}'s secret does not open"
+                        );
+                        let refusal = seal(
+                            Some((sealer.clone(), frames)),
+                            head(libc::EACCES as u32, why.len() as u32),
+                            why.clone().into_bytes(),
+                        );
+                        let _ = tx.send(tokio::spawn(async move { Ok(refusal) })).await;
+                        return Err(WorkerError::Bad(why));
+                    }
+                    Some((sealer.clone(), frames))
+                }
+                None => None,
+            };
+            let (offset, len) = (u64_at(&req, 0), u32_at(&req, 8));
+            let b = b.clone();
+            let made = tokio::spawn(async move {
+                let (errno, body) = match answer(&b, offset, len).await {
+                    Ok(d) => (0u32, d),
+                    Err((e, why)) => (e as u32, why.into_bytes()),
+                };
+                let h = head(errno, body.len() as u32);
+                match sealer {
+                    None => Ok((h, body)),
+                    // Off the runtime's threads: a chunk's sealing takes a millisecond or so.
+                    sealer => tokio::task::spawn_blocking(move || seal(sealer, h, body))
+                        .await
+                        .map_err(|e| WorkerError::Bad(e.to_string())),
+                }
+            });
+            if tx.send(made).await.is_err() {
+                return Ok(());
             }
         }
-        let (offset, len) = (u64_at(&req, 0), u32_at(&req, 8));
-        let (errno, mut body) = match answer(&b, offset, len).await {
-            Ok(d) => (0u32, d),
-            Err((e, why)) => (e as u32, why.into_bytes()),
-        };
-        let mut h = head(errno, body.len() as u32);
-        if let Some((opener, mut sealer)) = keys.take() {
-            sealer.seal(&mut h);
-            let (sealer, sealed_body) = tokio::task::spawn_blocking(move || {
-                sealer.seal(&mut body);
-                (sealer, body)
-            })
-            .await
-            .map_err(|e| WorkerError::Bad(e.to_string()))?;
-            body = sealed_body;
-            keys = Some((opener, sealer));
-        }
-        wr.write_all(&h).await?;
-        wr.write_all(&body).await?;
+    };
+    let (read, written) = tokio::join!(reader, writer);
+    written?;
+    read
+}
+
+/// A received chunk being opened and written: whether it opened, and how the write went.
+type Landing = tokio::task::JoinHandle<Result<bool, std::io::Error>>;
+
+/// An answer being made: its head and body, sealed where the connection is.
+type Answer = tokio::task::JoinHandle<Result<(Vec<u8>, Vec<u8>), WorkerError>>;
+
+/// `head` and `body` sealed as the frames given (the head's, the body's), or as they are.
+fn seal(
+    sealer: Option<(Direction, (u64, u64))>,
+    mut h: Vec<u8>,
+    mut body: Vec<u8>,
+) -> (Vec<u8>, Vec<u8>) {
+    if let Some((d, (hf, bf))) = sealer {
+        d.seal_at(hf, &mut h);
+        d.seal_at(bf, &mut body);
     }
+    (h, body)
 }
 
 /// The bytes a request asks for, once they are there.
@@ -288,6 +333,24 @@ async fn fetch_into(
     };
     let receive = async {
         let mut moved = 0u64;
+        // Chunks being opened and written, OVERLAP at most, in order: the buffers count as
+        // filled up to the end of each only once every chunk before it is written.
+        let mut landing: VecDeque<(u64, u32, Landing)> = VecDeque::new();
+        let settle = |(at, len, task): (u64, u32, Landing)| async move {
+            match task.await {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => {
+                    return Err(WorkerError::Peer(format!(
+                        "{source} ({addr}) sent bytes that the registration's secret does not \
+                         open"
+                    )))
+                }
+                Ok(Err(e)) => return Err(WorkerError::from(e)),
+                Err(e) => return Err(WorkerError::Bad(e.to_string())),
+            }
+            dst.filled(at + u64::from(len));
+            Ok(u64::from(len))
+        };
         for &(at, len) in &chunks {
             let got = tokio::time::timeout(
                 STALL,
@@ -301,7 +364,7 @@ async fn fetch_into(
                 ))
             });
             window.add_permits(1);
-            let data = match got {
+            let mut data = match got {
                 Ok(d) => d,
                 Err(e) => {
                     window.close();
@@ -309,32 +372,35 @@ async fn fetch_into(
                 }
             };
             // Opened (when sealed) and written off the runtime's threads.
-            let (d, o) = (dst.clone(), opener.take());
-            let (o, opened, written) = tokio::task::spawn_blocking(move || {
-                let mut data = data;
-                let mut o = o;
-                let opened = o.as_mut().is_none_or(|o| o.open(&mut data));
-                let written = match opened {
-                    true => d.write(at, &data),
-                    false => Ok(()),
+            let o = opener.as_mut().map(|o| (o.take(), o.clone()));
+            let d = dst.clone();
+            landing.push_back((
+                at,
+                len,
+                tokio::task::spawn_blocking(move || {
+                    if let Some((frame, o)) = o {
+                        if !o.open_at(frame, &mut data) {
+                            return Ok(false);
+                        }
+                    }
+                    d.write(at, &data).map(|()| true)
+                }),
+            ));
+            while landing.len() > OVERLAP {
+                let Some(front) = landing.pop_front() else {
+                    break;
                 };
-                (o, opened, written)
-            })
-            .await
-            .map_err(|e| WorkerError::Bad(e.to_string()))?;
-            opener = o;
-            let written = match opened {
-                true => written.map_err(WorkerError::from),
-                false => Err(WorkerError::Peer(format!(
-                    "{source} ({addr}) sent bytes that the registration's secret does not open"
-                ))),
-            };
-            if let Err(e) = written {
-                window.close();
-                return Err(e);
+                match settle(front).await {
+                    Ok(n) => moved += n,
+                    Err(e) => {
+                        window.close();
+                        return Err(e);
+                    }
+                }
             }
-            dst.filled(at + u64::from(len));
-            moved += u64::from(len);
+        }
+        while let Some(front) = landing.pop_front() {
+            moved += settle(front).await?;
         }
         Ok::<u64, WorkerError>(moved)
     };

@@ -255,7 +255,8 @@ impl Buffers {
 
     /// `len` bytes at `at` of the run.
     pub fn read(&self, at: u64, len: usize) -> io::Result<Vec<u8>> {
-        let mut out = Vec::with_capacity(len);
+        // Room for a sealed answer's tag (`host`), so that sealing does not copy it again.
+        let mut out = Vec::with_capacity(len + super::sealed::TAG);
         for (b, off, n) in self.pieces(at, len as u64)? {
             out.extend_from_slice(&b.read(off, n)?);
         }

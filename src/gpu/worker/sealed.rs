@@ -4,6 +4,8 @@
 //! key and numbers its frames; a frame's number is its nonce, so no nonce repeats under a key,
 //! and a frame dropped, reordered or replayed within the connection does not open.
 
+use std::sync::Arc;
+
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
 
@@ -18,9 +20,11 @@ pub type Hello = [u8; 32];
 const TO_SERVER: &str = "ktfs 2026-12 GPU host transport, client to server";
 const TO_CLIENT: &str = "ktfs 2026-12 GPU host transport, server to client";
 
-/// One direction of a connection: its key and the number of its next frame.
+/// One direction of a connection: its key and the number of its next frame. A clone shares
+/// the key, so that frames numbered ahead ([`Direction::seal_at`]) are sealed on other threads.
+#[derive(Clone)]
 pub struct Direction {
-    key: LessSafeKey,
+    key: Arc<LessSafeKey>,
     next: u64,
 }
 
@@ -46,10 +50,10 @@ pub fn keys(secret: &Secret, client: &Hello, server: &Hello) -> Keys {
     material.extend_from_slice(client);
     material.extend_from_slice(server);
     let direction = |context: &str| Direction {
-        key: LessSafeKey::new(
+        key: Arc::new(LessSafeKey::new(
             UnboundKey::new(&AES_256_GCM, &blake3::derive_key(context, &material))
                 .expect("an AES-256 key is 32 bytes"),
-        ),
+        )),
         next: 0,
     };
     Keys {
@@ -58,19 +62,30 @@ pub fn keys(secret: &Secret, client: &Hello, server: &Hello) -> Keys {
     }
 }
 
+fn nonce(frame: u64) -> Nonce {
+    let mut n = [0u8; NONCE_LEN];
+    n[..8].copy_from_slice(&frame.to_le_bytes());
+    Nonce::assume_unique_for_key(n)
+}
+
 impl Direction {
-    fn nonce(&mut self) -> Nonce {
-        let mut n = [0u8; NONCE_LEN];
-        n[..8].copy_from_slice(&self.next.to_le_bytes());
+    /// The number of the next frame, which is then taken: a caller that seals or opens frames
+    /// out of turn ([`Direction::seal_at`], [`Direction::open_at`]) takes their numbers first.
+    pub fn take(&mut self) -> u64 {
         self.next += 1;
-        Nonce::assume_unique_for_key(n)
+        self.next - 1
     }
 
     /// Seals `data` in place as this direction's next frame (its tag appended).
     pub fn seal(&mut self, data: &mut Vec<u8>) {
-        let nonce = self.nonce();
+        let frame = self.take();
+        self.seal_at(frame, data);
+    }
+
+    /// Seals `data` in place as frame `frame` (taken with [`Direction::take`]).
+    pub fn seal_at(&self, frame: u64, data: &mut Vec<u8>) {
         self.key
-            .seal_in_place_append_tag(nonce, Aad::empty(), data)
+            .seal_in_place_append_tag(nonce(frame), Aad::empty(), data)
             .expect("frames are far below AES-GCM's limit");
     }
 
@@ -78,8 +93,14 @@ impl Direction {
     /// was not sealed under this key as that frame.
     #[must_use]
     pub fn open(&mut self, data: &mut Vec<u8>) -> bool {
-        let nonce = self.nonce();
-        match self.key.open_in_place(nonce, Aad::empty(), data) {
+        let frame = self.take();
+        self.open_at(frame, data)
+    }
+
+    /// [`Direction::open`] as frame `frame` (taken with [`Direction::take`]).
+    #[must_use]
+    pub fn open_at(&self, frame: u64, data: &mut Vec<u8>) -> bool {
+        match self.key.open_in_place(nonce(frame), Aad::empty(), data) {
             Ok(plain) => {
                 let n = plain.len();
                 data.truncate(n);
