@@ -466,49 +466,16 @@ pub enum BatchOp {
 mod tests {
     use super::*;
 
-    /// A tmpfs of `mib` MiB at `dir` (the tests run as root), unmounted when dropped.
-    struct Tmpfs(PathBuf);
-
-    impl Tmpfs {
-        fn mount(dir: &Path, mib: u32) -> Tmpfs {
-            std::fs::create_dir_all(dir).unwrap();
-            let ok = std::process::Command::new("mount")
-                .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
-                .arg(dir)
-                .status()
-                .unwrap()
-                .success();
-            assert!(
-                ok,
-                "mounting a tmpfs at {} (the tests run as root)",
-                dir.display()
-            );
-            Tmpfs(dir.to_path_buf())
-        }
-    }
-
-    impl Drop for Tmpfs {
-        fn drop(&mut self) {
-            test_support::lazy_umount(&self.0);
-        }
-    }
-
     #[test]
     fn a_write_on_a_full_disk_is_an_error_not_an_abort_and_the_database_recovers() {
         let dir = tempfile::tempdir().unwrap();
-        let disk = Tmpfs::mount(&dir.path().join("disk"), 16);
+        let disk = test_support::Tmpfs::mount(&dir.path().join("disk"), 16);
         let db = Db::open(&disk.0.join("db"), &["a"], &[]).unwrap();
         // Something only the memtable holds: the reopen below closes a database with work
         // left for a flush.
         db.write_volatile(vec![BatchOp::Put("a", b"v".to_vec(), b"x".to_vec())])
             .unwrap();
-        let filler = disk.0.join("filler");
-        // dd stops, with an error, when the disk is full: that is the point.
-        let _ = std::process::Command::new("dd")
-            .args(["if=/dev/zero", "bs=64k"])
-            .arg(format!("of={}", filler.display()))
-            .stderr(std::process::Stdio::null())
-            .status();
+        let filler = disk.fill("filler");
         let failed = (0..10_000)
             .find_map(|i| db.put("a", format!("k{i}").as_bytes(), &[7u8; 100]).err())
             .expect("a logged write fails on the full disk");

@@ -87,47 +87,6 @@ fn disk_use_returns_to_what_live_keys_need_after_puts_and_removals() {
     assert!(std::fs::read(&got).unwrap() == std::fs::read(&keep).unwrap());
 }
 
-/// A tmpfs of `mib` MiB at `dir`, unmounted on drop.
-struct Tmpfs(std::path::PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &Path, mib: u32) -> Tmpfs {
-        std::fs::create_dir_all(dir).unwrap();
-        let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
-            .arg(dir)
-            .status()
-            .unwrap()
-            .success();
-        assert!(
-            ok,
-            "mounting a tmpfs at {} (the tests run as root)",
-            dir.display()
-        );
-        Tmpfs(dir.to_path_buf())
-    }
-}
-
-impl Tmpfs {
-    /// A file that takes every byte still free; its path.
-    fn fill(&self, name: &str) -> std::path::PathBuf {
-        let path = self.0.join(name);
-        // dd stops, with an error, when the disk is full: that is the point.
-        let _ = std::process::Command::new("dd")
-            .args(["if=/dev/zero", "bs=64k"])
-            .arg(format!("of={}", path.display()))
-            .stderr(std::process::Stdio::null())
-            .status();
-        path
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        lazy_umount(&self.0);
-    }
-}
-
 #[test]
 fn a_full_disk_is_a_clear_error_and_the_store_recovers_when_space_returns() {
     let ip = "127.0.0.192";

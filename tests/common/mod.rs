@@ -13,6 +13,7 @@ use std::time::Duration;
 #[allow(unused_imports)]
 pub use test_support::{
     eventually, is_mounted, lazy_umount, pseudo_random, sh, spawn_ready as spawn_ready_cmd, Proc,
+    Tmpfs,
 };
 
 pub fn kt_bin() -> &'static str {

@@ -182,6 +182,46 @@ pub fn terminate(pid: u32, grace: Duration) -> bool {
     eventually(Duration::from_secs(5), || !alive(pid))
 }
 
+/// A tmpfs of `mib` MiB at its path (the tests run as root), unmounted when dropped: a disk
+/// that fills.
+pub struct Tmpfs(pub PathBuf);
+
+impl Tmpfs {
+    pub fn mount(dir: &Path, mib: u32) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(
+            ok,
+            "mounting a tmpfs at {} (the tests run as root)",
+            dir.display()
+        );
+        Tmpfs(dir.to_path_buf())
+    }
+
+    /// A file that takes every byte still free; its path.
+    pub fn fill(&self, name: &str) -> PathBuf {
+        let path = self.0.join(name);
+        // dd stops, with an error, when the disk is full: that is the point.
+        let _ = Command::new("dd")
+            .args(["if=/dev/zero", "bs=64k"])
+            .arg(format!("of={}", path.display()))
+            .stderr(Stdio::null())
+            .status();
+        path
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        lazy_umount(&self.0);
+    }
+}
+
 /// Detaches the mount at `path` now (`umount2(MNT_DETACH)`, as `umount -l`), even a dead FUSE
 /// mount; errors (nothing mounted there, say) are ignored. Falls back to `umount -l` where the
 /// call itself is refused.
