@@ -19,19 +19,30 @@ use ktfs::tls::ServerTls;
 
 use super::args::*;
 
-/// Completes on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+/// Completes on Ctrl-C or SIGTERM, caught from the moment this is called, not from the
+/// future's first poll: made before a daemon prints its ready line, so that a signal right
+/// after that line (a test's, an orchestrator's) shuts it down as it should, open files
+/// published, instead of killing it outright. Measured: a mount sent SIGTERM just after its
+/// ready line lost a file still open.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (term, int) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    );
+    async move {
+        let wait = |s: std::io::Result<tokio::signal::unix::Signal>| async move {
+            match s {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        tokio::select! {
+            _ = wait(term) => {}
+            _ = wait(int) => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
     }
 }
 
@@ -89,8 +100,9 @@ pub async fn server(a: ServerArgs) -> Result<()> {
         .with_auth(auth)
         .with_tls(server_tls(&a.tls)?)
         .with_gc((a.gc_interval_secs > 0).then(|| Duration::from_secs(a.gc_interval_secs)));
+    let stop = shutdown_signal();
     println!("kt server listening on {}", srv.local_addr()?);
-    Ok(srv.run(shutdown_signal()).await?)
+    Ok(srv.run(stop).await?)
 }
 
 fn hostname() -> String {
@@ -154,8 +166,9 @@ fn print_agent_ready(agent: &AgentProcess) {
 
 pub async fn agent(a: AgentArgs) -> Result<()> {
     let agent = start_agent(agent_config(a)?).await?;
+    let stop = shutdown_signal();
     print_agent_ready(&agent);
-    Ok(agent.run(shutdown_signal()).await?)
+    Ok(agent.run(stop).await?)
 }
 
 fn fs_config(
@@ -173,8 +186,13 @@ fn fs_config(
     ))
 }
 
-/// Runs an agent with its filesystem mounted until signalled or unmounted.
-async fn run_mounted(agent: AgentProcess, mounted: Mounted) -> Result<()> {
+/// Runs an agent with its filesystem mounted until `stop` (see [`shutdown_signal`]) or
+/// unmounted.
+async fn run_mounted(
+    agent: AgentProcess,
+    mounted: Mounted,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let agent_task = tokio::spawn(agent.run(async move {
         let mut rx = stop_rx;
@@ -182,7 +200,7 @@ async fn run_mounted(agent: AgentProcess, mounted: Mounted) -> Result<()> {
     }));
     mounted
         .serve_until(async {
-            shutdown_signal().await;
+            stop.await;
             Stop::Unmount
         })
         .await;
@@ -196,9 +214,10 @@ pub async fn mount(a: MountArgs) -> Result<()> {
     let mut fs = fs_config(&agent, &a.namespace, a.locale, a.read_only, a.fanout)?;
     fs.writeback = a.writeback;
     let mounted = session::mount(agent.blocks(), fs, &a.mountpoint)?;
+    let stop = shutdown_signal();
     print_agent_ready(&agent);
     println!("mounted at {}", a.mountpoint.display());
-    run_mounted(agent, mounted).await
+    run_mounted(agent, mounted, stop).await
 }
 
 pub async fn keeper(a: KeeperArgs) -> Result<()> {
@@ -266,13 +285,11 @@ pub async fn up(a: UpArgs) -> Result<()> {
         println!("kt server listening on {server_addr}");
         print_agent_ready(agent);
     };
+    let stop = shutdown_signal();
     let result = if a.no_mount {
         ready(&agent);
         println!("data in {}; Ctrl-C to stop", data_dir.display());
-        agent
-            .run(shutdown_signal())
-            .await
-            .map_err(anyhow::Error::from)
+        agent.run(stop).await.map_err(anyhow::Error::from)
     } else {
         let fs = fs_config(&agent, Namespace::DEFAULT, LocaleArg::Store, false, 0)?;
         let mounted = session::mount(agent.blocks(), fs, &a.mountpoint)?;
@@ -282,7 +299,7 @@ pub async fn up(a: UpArgs) -> Result<()> {
             a.mountpoint.display(),
             data_dir.display()
         );
-        run_mounted(agent, mounted).await
+        run_mounted(agent, mounted, stop).await
     };
     let _ = stop_tx.send(true);
     server_task.await??;
@@ -325,4 +342,19 @@ pub async fn gpu_worker(a: GpuWorkerArgs) -> Result<()> {
         (None, None) => anyhow::bail!("kt gpu-worker needs --host or --near"),
     };
     Ok(ktfs::gpu::worker::run(control, &host).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    /// A SIGTERM after the handler was made but before anything polled it (a daemon between
+    /// its ready line and its loop) is caught, where the default action would kill the process.
+    #[tokio::test]
+    async fn a_sigterm_before_the_first_poll_is_caught() {
+        let stop = super::shutdown_signal();
+        // SAFETY: signalling this very process, whose handler is installed above.
+        assert_eq!(unsafe { libc::raise(libc::SIGTERM) }, 0);
+        tokio::time::timeout(std::time::Duration::from_secs(10), stop)
+            .await
+            .expect("the SIGTERM was caught");
+    }
 }
