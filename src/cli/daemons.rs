@@ -21,9 +21,8 @@ use super::args::*;
 
 /// Completes on Ctrl-C or SIGTERM, caught from the moment this is called, not from the
 /// future's first poll: made before a daemon prints its ready line, so that a signal right
-/// after that line (a test's, an orchestrator's) shuts it down as it should, open files
-/// published, instead of killing it outright. Measured: a mount sent SIGTERM just after its
-/// ready line lost a file still open.
+/// after that line (a test's, an orchestrator's) shuts it down as it should, a mount's open
+/// files published, where the default action would kill it outright.
 pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let (term, int) = (
