@@ -30,8 +30,11 @@ pub(super) fn registered(
     versions: &Arc<dyn VersionBlocks>,
 ) {
     ticket.set(Bytes::from(r.ticket.clone()));
-    host_key.set(r.ticket_key.as_slice().try_into().ok());
-    *locks::write(gate) = match TicketKey::from_bytes(&r.ticket_key) {
+    let key = TicketKey::from_bytes(&r.ticket_key);
+    // The GPU side keeps its own copy: it may not reach the data plane's gate (see
+    // `rpc::gpu_secret`).
+    host_key.set(key.as_ref().map(|k| *k.as_bytes()));
+    *locks::write(gate) = match key {
         Some(key) => Gate::Tickets {
             key,
             versions: Some(versions.clone()),
