@@ -5,9 +5,10 @@
 //!
 //!   cargo bench --profile dev --bench swarm_sim
 //!
-//! Environment (optional): KT_SIM_NODES ("100 500 1000 2000 5000"), KT_SIM_PIECES ("16 64 128":
-//! a 64 MiB version in 4 MiB blocks, the default content-defined average, and in 1 MiB ones),
-//! KT_BENCH_RESULTS (where to write).
+//! Environment (optional): KT_SIM_NODES ("100 500 1000 2000 5000"), KT_SIM_PIECES ("16 64 128
+//! 256": a 64 MiB version in 4 MiB blocks, the default content-defined average, and in smaller
+//! ones), KT_SIM_PACE (1: members tell fetches about to end; 0: they do not), KT_BENCH_RESULTS
+//! (where to write).
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -47,6 +48,9 @@ fn config(nodes: usize, pieces: u32) -> SimConfig {
         join_spread: Duration::from_secs_f64(transfer / 2.0),
         die_fraction: 0.03,
         fanout: env("KT_SIM_FANOUT", u64::from(ktfs::swarm::DEFAULT_UPLOADS)) as u32,
+        // The real node's data plane (`UPLOAD_SLOTS`).
+        sends: env("KT_SIM_SENDS", 4) as u32,
+        pace: env("KT_SIM_PACE", 1) == 1,
         queue: env("KT_SIM_QUEUE", 0) as u32,
         seed_slots: env("KT_SIM_SEED_SLOTS", ktfs::swarm::SEED_SLOTS as u64) as usize,
         latency: Duration::from_micros(env("KT_SIM_LATENCY_US", 2_000)),
@@ -88,7 +92,7 @@ fn row(out: &mut String, pieces: u32, r: &SimReport, wall: Duration) {
 
 fn main() {
     let nodes = list("KT_SIM_NODES", "100 500 1000 2000 5000");
-    let pieces = list("KT_SIM_PIECES", "16 64 128");
+    let pieces = list("KT_SIM_PIECES", "16 64 128 256");
     let mut table = String::new();
     let mut worst_at_max = Vec::new();
     let max_n = nodes.iter().copied().max().unwrap_or(0) as usize;
@@ -114,7 +118,11 @@ fn main() {
             );
             row(&mut table, p as u32, &r, wall);
             if n as usize == max_n {
-                worst_at_max.push((p, r.quantile(1.0), r.store_ratio()));
+                // The same run with members that do not tell fetches ending, for comparison.
+                let mut off = cfg.clone();
+                off.pace = !cfg.pace;
+                let other = sim::run(&off);
+                worst_at_max.push((p, r.quantile(1.0), r.store_ratio(), other.quantile(1.0)));
             }
         }
     }
@@ -131,14 +139,17 @@ fn main() {
          server's board, each member's schedule, the protobuf sync messages) against simulated \
          nodes. 64 MiB; every node and the store send and receive at most 40 Mbit/s (one \
          transfer: {:.1} s); joins spread uniformly over half a transfer time after the publish; \
-         3% of nodes die at a random moment of their first transfer time; each node sends to {} \
-         member at a time; a member syncs when it joins, when a fetch ends, and when the board \
-         has a fetch for it, each 2 ms (one way) after the event, and every fetch's first byte \
+         3% of nodes die at a random moment of their first transfer time; the board asks each \
+         node for {} upload at a time, and a node's data plane sends to up to four at once; a \
+         member syncs when it joins, when a fetch ends, when the board has a fetch for it, and \
+         (members tell fetches ending: {}) when a fetch is two sync round trips from its \
+         expected end, each 2 ms (one way) after the event, and every fetch's first byte \
          comes 4 ms after it is chosen. Ratios are (verified copy − join) / one transfer, \
          over the nodes that did not die. Targets at 5,000 nodes: every node within 1.3x, the \
          store's egress at most 2x the data.\n",
         DATA as f64 / LINK,
-        ktfs::swarm::DEFAULT_UPLOADS
+        ktfs::swarm::DEFAULT_UPLOADS,
+        if env("KT_SIM_PACE", 1) == 1 { "yes" } else { "no" },
     );
     let _ = writeln!(
         s,
@@ -150,14 +161,16 @@ fn main() {
     );
     s.push_str(&table);
     let _ = writeln!(s);
-    for (p, worst, store) in &worst_at_max {
+    for (p, worst, store, other) in &worst_at_max {
         let _ =
             writeln!(
             s,
             "At {max_n} nodes with {p} pieces: slowest node {worst:.2}x one transfer ({}), store \
-             egress {store:.2}x ({}).",
+             egress {store:.2}x ({}); {other:.2}x in the same run with members that {} tell \
+             fetches ending.",
             if *worst <= 1.3 { "**met**" } else { "**NOT met**" },
             if *store <= 2.0 { "**met**" } else { "**NOT met**" },
+            if env("KT_SIM_PACE", 1) == 1 { "do not" } else { "do" },
         );
     }
     let _ = writeln!(
@@ -172,9 +185,13 @@ fn main() {
          16 while they are busy: sources/node), not from any free source in the swarm, which \
          costs about 0.08x (without links: 1.31x for 64 pieces, 1.22x for 128, at the price of \
          a connection to most of the swarm; a real run of 32 nodes on 400 Mbit/s links took 8x \
-         one transfer that way). Pieces are whole blocks (content-defined, 4 MiB on average by \
-         default), so a 64 MiB version is about 16 pieces; the target needs pieces smaller \
-         than 512 KiB (verified sub-block ranges). Before the server chose every fetch \
+         one transfer that way). Without members telling fetches ending, a source's uplink \
+         idled for about four one-way delays after each piece (the member's sync with the \
+         news, the next member's sync with its fetch, that fetch's request): 8 ms of a 52 ms \
+         piece at 256 pieces, which made 256 pieces slower than 128 (the lines above compare). \
+         Pieces are whole blocks (content-defined, 4 MiB on average by default), so a 64 MiB \
+         version is about 16 pieces; the target needs pieces of 512 KiB or less (verified \
+         sub-block ranges, not built). Before the server chose every fetch \
          (members chose among their neighbours' announcements, which the server relayed), the \
          same runs gave 3.54x / 2.77x at 5,000 nodes for 16 / 64 pieces, with downlinks busy \
          35-57% of the time and about 500 busy answers per node; the syncs carried 205 MB in all \

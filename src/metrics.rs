@@ -162,6 +162,11 @@ pub static WATCH_RECALLS: Counter = Counter::new(
     "",
     "Changes sent to watching mounts (one per change and watcher).",
 );
+pub static SWARM_FREED_EARLY: Counter = Counter::new(
+    "kt_swarm_uploads_freed_early_total",
+    "",
+    "Swarm uploads whose source was given its next before they ended, on their member's word that they were ending.",
+);
 pub static WATCH_LAPSED: Counter = Counter::new(
     "kt_watch_lapsed_total",
     "",
@@ -238,7 +243,7 @@ pub static FUSE_FLUSH_SECONDS: Histogram = Histogram::new(
     "Time of a filesystem operation in the mount's core.",
 );
 
-static COUNTERS: [&Counter; 24] = [
+static COUNTERS: [&Counter; 25] = [
     &MOUNT_METADATA_REQUESTS,
     &KERNEL_SETTLE_WAITS,
     &READDIRPLUS_NAMES,
@@ -248,6 +253,7 @@ static COUNTERS: [&Counter; 24] = [
     &WRITEBACK_FAILED,
     &WATCH_RECALLS,
     &WATCH_LAPSED,
+    &SWARM_FREED_EARLY,
     &SERVED_BYTES,
     &DELTA_BLOCKS,
     &DELTA_BYTES,

@@ -116,6 +116,18 @@ fn eight_getters_at_once_cost_the_store_about_one_copy() {
         "peers sent {from_peers}"
     );
     eprintln!("8 getters: the store sent {from_store} bytes, peers {from_peers}");
+    // Members told the server of fetches about to end, and it gave their sources the next.
+    let metrics = http_get(&c.server.addr, "/metrics");
+    let early: f64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("kt_swarm_uploads_freed_early_total ")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(early >= 8.0, "{early} uploads freed early");
+    eprintln!("8 getters: {early} uploads freed early");
 }
 
 #[test]

@@ -179,7 +179,9 @@ impl Broadcasts {
         let Some(s) = w.swarms.get_mut(&version) else {
             return Err(BroadcastError::Bad("this member is in no swarm".into()));
         };
+        let early = s.board.freed_early();
         let mut reply = s.board.sync(req, now.at);
+        crate::metrics::SWARM_FREED_EARLY.add(s.board.freed_early() - early);
         let woken = s.board.woken();
         w.swarm_sources(&version, &mut reply, live);
         Ok((reply, woken))

@@ -73,12 +73,16 @@ struct Slot {
     have: PieceSet,
     /// Pieces it still needs and is not fetching.
     need: PieceSet,
-    /// Fetches it runs: piece and source.
-    fetching: Vec<(u32, Src)>,
+    /// Fetches it runs: piece, source, and whether the source's upload was freed already (the
+    /// member said the fetch is ending).
+    fetching: Vec<(u32, Src, bool)>,
     /// Download slots free, as it said at its last sync, less what was chosen for it since.
     idle: u32,
     /// Uploads the board started from it that have not ended.
     up: u32,
+    /// Uploads from it that were freed by an ending fetch and still run: at most one, so that
+    /// a fetch slower than its member thought does not heap more uploads on its source.
+    early: u32,
     busy_until: Option<Instant>,
     /// Sources that broke for it: not chosen for it again.
     avoid: Vec<usize>,
@@ -103,8 +107,9 @@ pub struct Board {
     /// Live members holding each piece, and fetches of it running: how rare it is.
     holders: Vec<u32>,
     copies: Vec<u32>,
-    /// The store's fetch of each piece, and since when.
-    store_grant: Vec<Option<(usize, Instant)>>,
+    /// The store's fetch of each piece: by whom, since when, and whether it is ending (then
+    /// it no longer holds one of the store's slots).
+    store_grant: Vec<Option<(usize, Instant, bool)>>,
     seed_slots: usize,
     uploads: u32,
     /// Members that serve, hold something and have an upload slot free (a superset: checked
@@ -116,6 +121,8 @@ pub struct Board {
     live: Pool,
     woken: Vec<u64>,
     granted: u64,
+    /// Uploads freed before they ended ([`Board::ending`]), so far.
+    freed_early: u64,
     /// When members were last looked at for silence.
     swept: Option<Instant>,
     rng: Rng,
@@ -149,6 +156,7 @@ impl Board {
             live: Pool::default(),
             woken: Vec::new(),
             granted: 0,
+            freed_early: 0,
             swept: None,
             rng: Rng::new(seed),
         }
@@ -157,6 +165,11 @@ impl Board {
     /// Pieces fetched from the store so far: the store's egress in pieces.
     pub fn granted(&self) -> u64 {
         self.granted
+    }
+
+    /// Uploads whose source was given its next before they ended, so far.
+    pub fn freed_early(&self) -> u64 {
+        self.freed_early
     }
 
     /// Live members holding piece `p`.
@@ -229,6 +242,7 @@ impl Board {
             fetching: Vec::new(),
             idle: 0,
             up: 0,
+            early: 0,
             busy_until: None,
             avoid: Vec::new(),
             links: Vec::new(),
@@ -331,8 +345,8 @@ impl Board {
             self.holders[p] = self.holders[p].saturating_sub(1);
             self.copies[p] = self.copies[p].saturating_sub(1);
         }
-        for (p, src) in fetching {
-            self.end_fetch(m, p, src);
+        for (p, src, freed) in fetching {
+            self.end_fetch(m, p, src, freed);
         }
         // Fetches from it end with a broken connection; their members report them, and until
         // then the pieces count as being fetched.
@@ -374,6 +388,9 @@ impl Board {
             }
         }
         freed.extend(self.record(m, &req.verified));
+        for &p in &req.ending {
+            freed.extend(self.ending(m, p));
+        }
         // What was chosen for it since its last sync goes out now; the slots it reports free
         // do not count those yet.
         let mail = self
@@ -431,14 +448,14 @@ impl Board {
             let at = s.fetching.iter().position(|f| f.0 == p);
             match at {
                 Some(k) => {
-                    let (_, src) = s.fetching.swap_remove(k);
+                    let (_, src, was_freed) = s.fetching.swap_remove(k);
                     // A fetch's copy was counted when it started.
-                    self.release(src);
+                    self.finish(src, was_freed);
                     freed.push(src);
                 }
                 None => self.copies[i] += 1,
             }
-            if self.store_grant[i].is_some_and(|(x, _)| x == m) {
+            if self.store_grant[i].is_some_and(|(x, _, _)| x == m) {
                 self.store_grant[i] = None;
             }
         }
@@ -460,7 +477,7 @@ impl Board {
         let Some(k) = s.fetching.iter().position(|f| f.0 == p && f.1 == src) else {
             return false;
         };
-        s.fetching.swap_remove(k);
+        let (_, _, was_freed) = s.fetching.swap_remove(k);
         if why != WHY_DECLINED {
             s.need.insert(p);
         }
@@ -469,7 +486,7 @@ impl Board {
                 s.avoid.push(x);
             }
         }
-        self.end_fetch(m, p, src);
+        self.end_fetch(m, p, src, was_freed);
         match (why, src) {
             (WHY_BUSY, Src::Member(x)) => {
                 if let Some(xs) = self.slots.get_mut(x) {
@@ -489,14 +506,62 @@ impl Board {
         true
     }
 
-    /// A fetch ended without its piece: it no longer counts as a copy or an upload.
-    fn end_fetch(&mut self, m: usize, p: u32, src: Src) {
+    /// A fetch ended without its piece: it no longer counts as a copy or an upload (unless
+    /// its upload was freed already).
+    fn end_fetch(&mut self, m: usize, p: u32, src: Src, was_freed: bool) {
         let i = p as usize;
         self.copies[i] = self.copies[i].saturating_sub(1);
-        if src == Src::Store && self.store_grant[i].is_some_and(|(x, _)| x == m) {
+        if src == Src::Store && self.store_grant[i].is_some_and(|(x, _, _)| x == m) {
             self.store_grant[i] = None;
         }
-        self.release(src);
+        self.finish(src, was_freed);
+    }
+
+    /// A fetch from `src` ended: its upload is free, unless it was freed early.
+    fn finish(&mut self, src: Src, was_freed: bool) {
+        match (was_freed, src) {
+            (false, _) => self.release(src),
+            (true, Src::Member(x)) => {
+                if let Some(xs) = self.slots.get_mut(x) {
+                    xs.early = xs.early.saturating_sub(1);
+                }
+            }
+            (true, Src::Store) => {}
+        }
+    }
+
+    /// Member `m` says its fetch of `p` ends within a round trip: the source's upload is free
+    /// for its next from now (the piece still counts as being fetched, and a failure still
+    /// comes back to it). Returns the source freed, to be given its next at once.
+    fn ending(&mut self, m: usize, p: u32) -> Option<Src> {
+        let k = self
+            .slots
+            .get(m)?
+            .fetching
+            .iter()
+            .position(|f| f.0 == p && !f.2)?;
+        let src = self.slots[m].fetching[k].1;
+        match src {
+            Src::Member(x) => {
+                let xs = self.slots.get_mut(x)?;
+                if xs.early > 0 {
+                    return None;
+                }
+                xs.early += 1;
+                self.release(src);
+            }
+            Src::Store => {
+                let early = self.store_grant.iter().any(|g| g.is_some_and(|g| g.2));
+                let g = self.store_grant.get_mut(p as usize)?.as_mut()?;
+                if early || g.0 != m {
+                    return None;
+                }
+                g.2 = true;
+            }
+        }
+        self.slots[m].fetching[k].2 = true;
+        self.freed_early += 1;
+        Some(src)
     }
 
     fn release(&mut self, src: Src) {
@@ -515,7 +580,7 @@ impl Board {
     /// costs the same at 5,000 members as at 50).
     fn expire(&mut self, now: Instant) {
         for g in &mut self.store_grant {
-            if g.is_some_and(|(_, at)| now.saturating_duration_since(at) >= GRANT_TTL) {
+            if g.is_some_and(|(_, at, _)| now.saturating_duration_since(at) >= GRANT_TTL) {
                 *g = None;
             }
         }
@@ -541,9 +606,13 @@ impl Board {
         }
     }
 
-    /// Store fetches running (those past their time were expired at this sync).
+    /// Store fetches running and not about to end (those past their time were expired at this
+    /// sync).
     fn store_busy(&self) -> usize {
-        self.store_grant.iter().filter(|g| g.is_some()).count()
+        self.store_grant
+            .iter()
+            .filter(|g| g.is_some_and(|(_, _, ending)| !ending))
+            .count()
     }
 
     /// Store fetches that may run while `m` is given one.
@@ -577,7 +646,11 @@ impl Board {
         let (Some(xs), Some(ms)) = (self.slots.get(x), self.slots.get(m)) else {
             return false;
         };
-        let to_m = ms.fetching.iter().filter(|f| f.1 == Src::Member(x)).count();
+        let to_m = ms
+            .fetching
+            .iter()
+            .filter(|f| f.1 == Src::Member(x) && !f.2)
+            .count();
         ms.reads
             && xs.live
             && xs.serves
@@ -691,7 +764,7 @@ impl Board {
                 self.ext[x]
             }
             Src::Store => {
-                self.store_grant[i] = Some((m, now));
+                self.store_grant[i] = Some((m, now, false));
                 self.granted += 1;
                 0
             }
@@ -701,7 +774,7 @@ impl Board {
         };
         s.need.remove(p);
         s.idle = s.idle.saturating_sub(1);
-        s.fetching.push((p, src));
+        s.fetching.push((p, src, false));
         s.mail.push(SwarmFetch {
             piece: p,
             from,

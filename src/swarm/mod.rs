@@ -14,7 +14,9 @@
 //! sample of sources with an upload free, same zone first), and when a source's upload ends or
 //! it verifies a piece (the rarest piece it holds, to one of a sample of the members waiting).
 //! A member waiting for fetches holds its sync open at the server until one is chosen for it,
-//! so a free uplink is used within one round trip. Only pieces that no member holds are fetched
+//! so a free uplink is used within one round trip, and a member tells the board of fetches
+//! about to end ([`Pace`]: their expected end, less two round trips), so that their sources'
+//! next uploads are lined up behind them rather than chosen once the news has travelled. Only pieces that no member holds are fetched
 //! from the store, [`SEED_SLOTS`] at a time: the store sends each piece about once, whatever the
 //! number of members, and each at its full rate, so that members trade it early.
 //!
@@ -31,10 +33,12 @@
 //! sync per fetch, a few dozen bytes each; the simulation counts them at up to 5,000 members.
 
 mod board;
+mod pace;
 mod schedule;
 pub mod sim;
 
 pub use board::{Board, BUSY_BACKOFF, GRANT_TTL, KEEPALIVE, SILENCE};
+pub use pace::Pace;
 pub use schedule::{Failure, From, Request, Schedule, ScheduleConfig};
 
 /// Pieces fetched from the store at once, over the whole swarm. One, so that it arrives at the

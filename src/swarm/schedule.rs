@@ -92,6 +92,10 @@ pub struct Schedule {
     /// Fetches the server chose, not yet started.
     ready: VecDeque<Request>,
     inflight: u32,
+    /// Fetches in flight about to end (see [`Schedule::ending`]): their slots count as free.
+    ending: PieceSet,
+    /// Those not yet told to the server.
+    untold_ending: Vec<u32>,
     unannounced: Vec<u32>,
     skipped: Vec<u32>,
     /// Skipped pieces wanted since the last sync.
@@ -110,6 +114,8 @@ impl Schedule {
             missing: pieces,
             ready: VecDeque::new(),
             inflight: 0,
+            ending: PieceSet::new(pieces),
+            untold_ending: Vec::new(),
             unannounced: Vec::new(),
             skipped: Vec::new(),
             wanted: Vec::new(),
@@ -181,6 +187,7 @@ impl Schedule {
             || !self.unannounced.is_empty()
             || !self.failed.is_empty()
             || !self.wanted.is_empty()
+            || !self.untold_ending.is_empty()
     }
 
     /// Download slots free beyond the fetches chosen already (none while nothing more is
@@ -189,9 +196,24 @@ impl Schedule {
         if self.missing as usize <= self.ready.len() {
             return 0;
         }
+        // One fetch lined up behind those ending, whatever their number: a member whose
+        // fetches end later than it thought must not heap more onto its downlink.
+        let running = self.inflight.saturating_sub(self.ending.count().min(1));
         self.cfg
             .max_inflight
-            .saturating_sub(self.inflight + self.ready.len() as u32)
+            .saturating_sub(running + self.ready.len() as u32)
+    }
+
+    /// A fetch in flight will end within about a round trip (the member's [`super::Pace`]
+    /// says so): told to the server at the next sync, which gives its source its next upload
+    /// and this member its next fetch now, so that neither link idles while the news of the
+    /// end travels. While any fetch is ending, one slot more counts as free. Whether it was news.
+    pub fn ending(&mut self, piece: u32) -> bool {
+        if self.state.get(piece as usize) != Some(&Piece::Flight) || !self.ending.insert(piece) {
+            return false;
+        }
+        self.untold_ending.push(piece);
+        true
     }
 
     /// What to tell the server now: the pieces verified and the fetches failed since the last
@@ -209,6 +231,7 @@ impl Schedule {
             failed: std::mem::take(&mut self.failed),
             skip,
             want: std::mem::take(&mut self.wanted),
+            ending: std::mem::take(&mut self.untold_ending),
             idle: self.idle(),
             ..Default::default()
         }
@@ -219,6 +242,8 @@ impl Schedule {
         self.unannounced.extend(req.verified);
         self.failed.extend(req.failed);
         self.wanted.extend(req.want);
+        self.untold_ending
+            .extend(req.ending.into_iter().filter(|&p| self.ending.contains(p)));
         if !req.skip.is_empty() {
             self.skipped.extend(req.skip);
             self.synced = false;
@@ -272,6 +297,10 @@ impl Schedule {
             return false;
         }
         self.inflight = self.inflight.saturating_sub(1);
+        // Ended: its source is freed by the verification or the failure, told or not.
+        if self.ending.remove(piece) {
+            self.untold_ending.retain(|&p| p != piece);
+        }
         true
     }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use prost::Message;
 
-use super::{Board, Failure, From, Rng, Schedule, ScheduleConfig};
+use super::{Board, Failure, From, Pace, Rng, Schedule, ScheduleConfig};
 
 #[derive(Clone, Debug)]
 pub struct SimConfig {
@@ -29,8 +29,15 @@ pub struct SimConfig {
     pub join_spread: Duration,
     /// Nodes that die at a random moment of their first transfer time, of all.
     pub die_fraction: f64,
-    /// Downloaders a node (and the store) sends to at once; later requests wait their turn.
+    /// Downloaders the board asks a node to send to at once ([`super::DEFAULT_UPLOADS`]).
     pub fanout: u32,
+    /// Requests a node (and the store) sends to at once, each an equal share of its uplink;
+    /// later ones wait their turn. The real node's data plane serves four (`UPLOAD_SLOTS`):
+    /// more than the board asks, so a source told free by an ending fetch sends the next
+    /// beside it.
+    pub sends: u32,
+    /// Members tell the board of fetches about to end ([`super::Pace`]).
+    pub pace: bool,
     /// Requests a sender keeps waiting beyond those it serves; more are answered "busy".
     pub queue: u32,
     /// Pieces fetched from the store at once ([`super::SEED_SLOTS`] in the real server).
@@ -115,6 +122,7 @@ struct Node {
     done_at: Option<f64>,
     next_sync: f64,
     sched: Option<Schedule>,
+    pace: Pace,
     dirty: bool,
 }
 
@@ -141,7 +149,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
     let dt = (piece_s / 40.0).max(1e-4);
     let spread = cfg.join_spread.as_secs_f64();
     let limit = spread + 10.0 * transfer_s;
-    let fanout = cfg.fanout.max(1) as usize;
+    let sends = cfg.sends.max(1) as usize;
 
     let mut nodes: Vec<Node> = (0..cfg.nodes)
         .map(|_| {
@@ -155,6 +163,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
                 done_at: None,
                 next_sync: join_at,
                 sched: None,
+                pace: Pace::default(),
                 dirty: false,
             }
         })
@@ -211,8 +220,23 @@ pub fn run(cfg: &SimConfig) -> SimReport {
                     if let Some(s) = to.sched.as_mut() {
                         s.failed(f.piece, From::Peer(i as u64), Failure::Broken);
                     }
+                    to.pace.ended(f.piece, false, now);
                     to.dirty = true;
                     to.next_sync = to.next_sync.min(t + lat);
+                }
+            }
+        }
+        // Fetches about to end.
+        if cfg.pace {
+            for n in nodes.iter_mut() {
+                let Some(s) = n.sched.as_mut() else { continue };
+                if n.dead || n.pace.next_due().is_none_or(|d| d > now) {
+                    continue;
+                }
+                for p in n.pace.due(now) {
+                    if s.ending(p) {
+                        n.next_sync = n.next_sync.min(t + lat);
+                    }
                 }
             }
         }
@@ -230,6 +254,8 @@ pub fn run(cfg: &SimConfig) -> SimReport {
             }
             let req = s.sync_request();
             let reply = board.sync(&req, now);
+            // A sync is answered at once here: its round trip is the two ways' latency.
+            n.pace.round_trip(2 * cfg.latency);
             s.apply(&reply);
             r.syncs += 1;
             r.sync_bytes_in += req.encoded_len() as u64;
@@ -276,7 +302,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
                     };
                     let why = if from != store && nodes.get(from).is_none_or(|x| x.dead) {
                         Some(Failure::Broken)
-                    } else if queues[from].len() >= fanout + cfg.queue as usize {
+                    } else if queues[from].len() >= sends + cfg.queue as usize {
                         r.busy_refusals += 1;
                         Some(Failure::Busy)
                     } else {
@@ -286,11 +312,13 @@ pub fn run(cfg: &SimConfig) -> SimReport {
                         if let Some(s) = nodes[i].sched.as_mut() {
                             s.failed(q.piece, q.from, why);
                         }
+                        nodes[i].pace.ended(q.piece, false, now);
                         nodes[i].next_sync = nodes[i].next_sync.min(t + lat);
                         refused = true;
                         continue;
                     }
                     next_flow += 1;
+                    nodes[i].pace.started(q.piece, cfg.piece_bytes, now);
                     if from != store {
                         pairs.insert((i, from));
                     }
@@ -314,8 +342,8 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         // Rates: an equal share of the sender's uplink among those it sends to, scaled to the
         // receiver's downlink.
         let share = |u: usize, k: u64, q: &[VecDeque<u64>]| -> f64 {
-            let sending = q[u].len().min(fanout);
-            if !q[u].iter().take(fanout).any(|&x| x == k) {
+            let sending = q[u].len().min(sends);
+            if !q[u].iter().take(sends).any(|&x| x == k) {
                 return 0.0;
             }
             let cap = if u == store {
@@ -364,6 +392,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
             n.dirty = true;
             if let Some(s) = n.sched.as_mut() {
                 s.verified(f.piece);
+                n.pace.ended(f.piece, true, now);
                 n.next_sync = n.next_sync.min(t + lat);
                 if s.done() && n.done_at.is_none() {
                     n.done_at = Some(t + dt);

@@ -410,6 +410,8 @@ fn small(nodes: usize, die: f64) -> SimConfig {
         join_spread: Duration::from_secs(2),
         die_fraction: die,
         fanout: DEFAULT_UPLOADS,
+        sends: 4,
+        pace: true,
         queue: 0,
         seed_slots: SEED_SLOTS,
         latency: Duration::from_millis(2),
@@ -614,4 +616,114 @@ fn a_member_silent_while_it_fetches_is_taken_for_dead_and_its_source_serves_othe
     assert_eq!(fetches(&r)[0].1, Some(HOLDER));
     // The dead member is out: a sync from it (a process that was only stalled) is given nothing.
     assert!(b.sync(&sync(0, &[], 1), dead).fetch.is_empty());
+}
+
+#[test]
+fn a_fetch_told_ending_frees_its_source_for_the_next_one_at_a_time() {
+    let now = Instant::now();
+    let mut b = Board::new(4, 2);
+    b.join_holder(HOLDER, "");
+    for m in 0..3 {
+        b.join(m, "", true);
+    }
+    let f0 = fetches(&b.sync(&sync(0, &[], 1), now));
+    assert_eq!(f0.len(), 1);
+    assert_eq!(f0[0].1, Some(HOLDER));
+    let p = f0[0].0;
+    assert!(fetches(&b.sync(&sync(1, &[], 1), now)).is_empty());
+    assert!(fetches(&b.sync(&sync(2, &[], 1), now)).is_empty());
+    // Member 0's fetch is about to end: the holder's next upload is chosen now, before the
+    // piece is verified, for a member waiting, and of a piece no one fetches yet.
+    b.woken();
+    let ending = |m: u64, p: u32| SwarmSyncRequest {
+        member: m,
+        ending: vec![p],
+        ..Default::default()
+    };
+    assert!(fetches(&b.sync(&ending(0, p), now)).is_empty());
+    let woken = b.woken();
+    assert_eq!(woken.len(), 1, "{woken:?}");
+    let w = woken[0];
+    let fw = fetches(&b.take_mail(w));
+    assert_eq!(fw.len(), 1);
+    assert_eq!(fw[0].1, Some(HOLDER));
+    assert_ne!(fw[0].0, p);
+    // That one ending too frees nothing more while the first freed upload still runs: a source
+    // gets one upload ahead, not a heap of them.
+    let other = if w == 1 { 2 } else { 1 };
+    b.sync(&ending(w, fw[0].0), now);
+    assert!(b.woken().is_empty());
+    assert!(fetches(&b.take_mail(other)).is_empty());
+    // The verification of a piece told ending frees nothing twice: the holder still sends to
+    // w, and member 0 (now a holder of p) serves the member waiting.
+    b.sync(&sync(0, &[p], 0), now);
+    assert_eq!(fetches(&b.take_mail(other)), vec![(p, Some(0))]);
+    // A fetch told ending that fails ends like any other.
+    b.sync(&failed(w, fw[0].0, Some(HOLDER), WHY_BROKEN), now);
+    let again = fetches(&b.sync(&sync(w, &[], 1), now));
+    assert!(again.iter().all(|f| f.1 != Some(HOLDER)), "{again:?}");
+}
+
+#[test]
+fn a_schedule_tells_a_fetch_ending_once_and_lines_up_one_more() {
+    let mut s = Schedule::new(1, 4, ScheduleConfig::default());
+    let grant = |p: u32| SwarmSyncReply {
+        fetch: vec![SwarmFetch {
+            piece: p,
+            from: 9,
+            store: false,
+        }],
+        ..Default::default()
+    };
+    s.sync_request();
+    s.apply(&grant(0));
+    assert_eq!(s.start().len(), 1);
+    assert_eq!(s.idle(), 0);
+    assert!(!s.ending(2), "not in flight");
+    assert!(s.ending(0) && !s.ending(0));
+    assert_eq!(s.idle(), 1, "its slot counts as free");
+    let req = s.sync_request();
+    assert_eq!((req.ending.clone(), req.idle), (vec![0], 1));
+    // Lost on the way: told again.
+    s.unsent(req);
+    assert_eq!(s.sync_request().ending, vec![0]);
+    s.apply(&grant(1));
+    assert_eq!(s.start().len(), 1);
+    assert!(s.ending(1));
+    assert_eq!(
+        s.idle(),
+        0,
+        "one lined up behind those ending, not one per ending fetch"
+    );
+    s.verified(0);
+    assert_eq!(s.idle(), 1);
+    assert_eq!(s.sync_request().ending, vec![1]);
+    s.verified(1);
+    assert!(s.sync_request().ending.is_empty());
+}
+
+#[test]
+fn members_telling_fetches_ending_keep_uplinks_busy_and_finish_sooner() {
+    // Small pieces, where the round trips between a source's uploads cost most.
+    let cfg = |pace| SimConfig {
+        pieces: 128,
+        piece_bytes: 128 << 10,
+        pace,
+        ..small(60, 0.0)
+    };
+    let (with, without) = (sim::run(&cfg(true)), sim::run(&cfg(false)));
+    assert_eq!((with.unfinished, without.unfinished), (0, 0));
+    assert_eq!(with.busy_refusals, 0, "no source is asked beyond its slots");
+    assert!(
+        with.uplink_use > without.uplink_use + 0.03,
+        "uplinks busy {:.2} with, {:.2} without",
+        with.uplink_use,
+        without.uplink_use
+    );
+    assert!(
+        with.quantile(1.0) < without.quantile(1.0) - 0.05,
+        "slowest {:.2} with, {:.2} without",
+        with.quantile(1.0),
+        without.quantile(1.0)
+    );
 }

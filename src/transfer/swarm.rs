@@ -24,7 +24,7 @@ use super::tree::Membership;
 use super::TransferError;
 use crate::proto::{SwarmSyncReply, SwarmSyncRequest};
 use crate::rpc::Store;
-use crate::swarm::{Failure, From, Request, Schedule, ScheduleConfig, KEEPALIVE};
+use crate::swarm::{Failure, From, Pace, Request, Schedule, ScheduleConfig, KEEPALIVE};
 
 /// How long a member with nothing to fetch lets the server hold its sync until something is
 /// chosen for it.
@@ -40,8 +40,13 @@ const STALL: Duration = Duration::from_secs(30);
 const SYNC_FAILURES: u32 = 3;
 
 type Fetched = (Request, Result<Partial, TransferError>);
-/// A sync's answer, with the request it carried (its news is sent again if it failed).
-type Synced = (Result<SwarmSyncReply, tonic::Status>, SwarmSyncRequest);
+/// A sync's answer, with the request it carried (its news is sent again if it failed) and how
+/// long it took.
+type Synced = (
+    Result<SwarmSyncReply, tonic::Status>,
+    SwarmSyncRequest,
+    Duration,
+);
 type Reply = oneshot::Sender<Result<Partial, TransferError>>;
 
 /// Blocks asked of the swarm by one fetch of the membership.
@@ -185,6 +190,7 @@ impl Ctx {
         // Verified, and not yet told to the server: a fetch is answered only once its pieces
         // were told (the board counts its sources' uploads until then).
         let mut untold: HashSet<u32> = HashSet::new();
+        let mut pace = Pace::default();
         let mut peers: HashMap<u64, SourceAddr> = HashMap::new();
         let mut tasks: JoinSet<Fetched> = JoinSet::new();
         let mut syncing: Option<JoinHandle<Synced>> = None;
@@ -220,6 +226,7 @@ impl Ctx {
                     continue;
                 };
                 let (job, sinks, progress) = (w.job.clone(), w.sinks.clone(), w.progress.clone());
+                pace.started(r.piece, u64::from(job.len), std::time::Instant::now());
                 // The store's grants are few already; a peer serves swarm requests in its slots.
                 let ask = match r.from {
                     From::Seed => Ask::Plain,
@@ -230,6 +237,9 @@ impl Ctx {
                         fetch::fetch_partial_as(vec![job], sinks, &[src], &progress, ask).await;
                     (r, got)
                 });
+            }
+            for p in pace.due(std::time::Instant::now()) {
+                self.sched.ending(p);
             }
             // One sync at a time: at once with news, else with a slot free, else to say it is
             // alive while it fetches (the board takes a silent member for dead). It waits at the
@@ -252,8 +262,9 @@ impl Ctx {
                 }
                 let mut store = self.store.clone();
                 syncing = Some(tokio::spawn(async move {
+                    let t0 = Instant::now();
                     let got = store.swarm_sync(req.clone()).await;
-                    (got.map(|r| r.into_inner()), req)
+                    (got.map(|r| r.into_inner()), req, t0.elapsed())
                 }));
                 next_sync = now + SYNC_INTERVAL;
                 last_sync = now;
@@ -267,10 +278,13 @@ impl Ctx {
                     None => std::future::pending().await,
                 }
             };
-            let wake = match idle {
+            let mut wake = match idle {
                 true => next_sync.min(last_sync + KEEPALIVE),
                 false => last_sync + KEEPALIVE,
             };
+            if let Some(due) = pace.next_due() {
+                wake = wake.min(Instant::from_std(due));
+            }
             let wait = wake.saturating_duration_since(Instant::now());
             tokio::select! {
                 want = wants.recv(), if !closed => match want {
@@ -289,7 +303,11 @@ impl Ctx {
                 synced = sync_done => {
                     syncing = None;
                     match synced {
-                        Ok((Ok(reply), req)) => {
+                        Ok((Ok(reply), req, took)) => {
+                            // A held sync's time is the server's wait, not the network's.
+                            if req.wait_ms == 0 {
+                                pace.round_trip(took);
+                            }
                             for p in &reply.peers {
                                 if let Some(s) = &p.source {
                                     peers.insert(p.member, source_addr(s, &self.server, &self.ticket, &self.own));
@@ -301,7 +319,7 @@ impl Ctx {
                             }
                             sync_failures = 0;
                         }
-                        Ok((Err(e), req)) => {
+                        Ok((Err(e), req, _)) => {
                             // What it reported must reach the server: its sources' uploads are
                             // counted until it does.
                             self.sched.unsent(req);
@@ -321,6 +339,8 @@ impl Ctx {
                         break;
                     };
                     let open = by_piece.get(&r.piece).map(|w| w.open);
+                    let whole = matches!(&got, Ok(g) if g.pending.is_empty());
+                    pace.ended(r.piece, whole, std::time::Instant::now());
                     match got {
                         Err(e) => {
                             // The sink failed (the disk, say): that fetch fails with it, and
