@@ -133,7 +133,8 @@ fn main() {
     let mut s = String::new();
     let _ = writeln!(s, "{begin}");
     let _ = writeln!(s, "## Swarm scheduling, simulated (100 to 5,000 nodes)\n");
-    let _ = writeln!(
+    let _ =
+        writeln!(
         s,
         "`cargo bench --profile dev --bench swarm_sim`: the real scheduling code (src/swarm: the \
          server's board, each member's schedule, the protobuf sync messages) against simulated \
