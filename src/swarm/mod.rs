@@ -34,11 +34,13 @@
 
 mod board;
 mod pace;
+mod plan;
 mod schedule;
 pub mod sim;
 
 pub use board::{Board, BUSY_BACKOFF, GRANT_TTL, KEEPALIVE, SILENCE};
 pub use pace::Pace;
+pub use plan::{Plan, TARGET_PIECES};
 pub use schedule::{Failure, From, Request, Schedule, ScheduleConfig};
 
 /// Pieces fetched from the store at once, over the whole swarm. One, so that it arrives at the

@@ -490,7 +490,12 @@ async fn run_lane(
                     error.get_or_insert(m);
                     failed.push(job);
                 }
-                Ok(Response::Stored(_) | Response::Signature(..) | Response::Delta(..)) => {
+                Ok(
+                    Response::Stored(_)
+                    | Response::Signature(..)
+                    | Response::Delta(..)
+                    | Response::Piece(..),
+                ) => {
                     error = Some(WireError::BadFrame("unexpected reply").to_string());
                     failed.push(job);
                     failed.extend(queue.drain(..));

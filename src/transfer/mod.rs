@@ -15,6 +15,7 @@ pub mod fetch;
 pub mod get;
 pub mod index;
 pub mod offer;
+pub mod piece;
 pub mod port;
 pub mod publish;
 pub mod put;

@@ -34,6 +34,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+use super::piece::{self, Piece, PieceError};
 use super::ticket::{Grant, Op, SharedGate};
 use crate::blocks::{BlockError, BlockServe, Served};
 use crate::hash::BlockHash;
@@ -57,6 +58,9 @@ const OP_GET_DELTA: u8 = 7;
 /// A GET answered from what the server holds now: a block it expects (one a getter on its node
 /// is receiving) is not waited for. A getter asks its own node so: it may be the one receiving.
 const OP_GET_NOW: u8 = 8;
+/// A swarm member's GET of one piece of a block (`piece.rs`): the hash, then the piece size's
+/// log2 (u8) and the piece's index (u32). Served within the upload slots, as `OP_GET_SWARM`.
+const OP_GET_PIECE: u8 = 9;
 const OP_BLOCK: u8 = 0x81;
 const OP_NOT_FOUND: u8 = 0x82;
 const OP_STORED: u8 = 0x83;
@@ -69,6 +73,8 @@ const OP_SIG: u8 = 0x86;
 const OP_BUSY: u8 = 0x87;
 /// A block as an rsync delta against the bytes an `OP_GET_DELTA` described.
 const OP_DELTA: u8 = 0x88;
+/// A piece of a block with the block's chaining values (`piece.rs`).
+const OP_PIECE: u8 = 0x89;
 
 /// Largest payload: a hash and the largest block.
 pub const MAX_FRAME: usize = MAX_BLOCK_SIZE as usize + 32;
@@ -113,6 +119,8 @@ pub enum Response {
     Busy(BlockHash),
     /// Block `hash` as an rsync delta against the bytes an `OP_GET_DELTA` described.
     Delta(BlockHash, Bytes),
+    /// A piece of block `hash`, as the peer sent it (unchecked).
+    Piece(BlockHash, Piece),
 }
 
 async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<(u8, Bytes)>, WireError> {
@@ -264,6 +272,49 @@ async fn serve_get_waiting(svc: Arc<dyn BlockServe>, hash: BlockHash, wait: bool
         }
     }
     first
+}
+
+/// Piece `index` of block `hash`, cut in pieces of `2^size_log2`; a block the server expects is
+/// waited for as a GET waits for it.
+async fn serve_piece(
+    svc: Arc<dyn BlockServe>,
+    hash: BlockHash,
+    size_log2: u8,
+    index: u32,
+) -> Answer {
+    let get = |svc: Arc<dyn BlockServe>| async move {
+        tokio::task::spawn_blocking(move || {
+            Answer::Frame(match piece::serve(svc.as_ref(), &hash, size_log2, index) {
+                Ok(p) => Response::Piece(hash, p),
+                Err(PieceError::NotHere) => Response::NotFound(hash),
+                Err(PieceError::Bad(m)) => Response::Error(m),
+            })
+        })
+        .await
+        .unwrap_or_else(failed)
+    };
+    let first = get(svc.clone()).await;
+    if let Answer::Frame(Response::NotFound(_)) = &first {
+        if let Some(wait) = svc.pending(&hash) {
+            wait.await;
+            return get(svc).await;
+        }
+    }
+    first
+}
+
+/// A swarm member's request: answered within the server's upload slots, or busy at once.
+async fn within_slots<F>(svc: &Arc<dyn BlockServe>, hash: BlockHash, serve: F) -> Answer
+where
+    F: std::future::Future<Output = Answer>,
+{
+    match svc.upload_slots() {
+        None => serve.await,
+        Some(slots) => match slots.try_acquire_owned() {
+            Ok(slot) => Answer::Slotted(Box::new(serve.await), slot),
+            Err(_) => Answer::Frame(Response::Busy(hash)),
+        },
+    }
 }
 
 /// A block's bytes in memory, for a signature or as the base of a delta.
@@ -453,13 +504,15 @@ async fn serve_inner(
                     if let Err(why) = permitted(&gate, &grants, Op::Get, hash).await {
                         return denied(why);
                     }
-                    match svc.upload_slots() {
-                        None => serve_get(svc, hash).await,
-                        Some(slots) => match slots.try_acquire_owned() {
-                            Ok(slot) => Answer::Slotted(Box::new(serve_get(svc, hash).await), slot),
-                            Err(_) => Answer::Frame(Response::Busy(hash)),
-                        },
+                    within_slots(&svc.clone(), hash, serve_get(svc, hash)).await
+                }),
+                OP_GET_PIECE if data.len() == 5 => tokio::spawn(async move {
+                    if let Err(why) = permitted(&gate, &grants, Op::Get, hash).await {
+                        return denied(why);
                     }
+                    let size_log2 = data[0];
+                    let index = u32::from_be_bytes([data[1], data[2], data[3], data[4]]);
+                    within_slots(&svc.clone(), hash, serve_piece(svc, hash, size_log2, index)).await
                 }),
                 OP_PUT => tokio::spawn(async move {
                     if let Err(why) = permitted(&gate, &grants, Op::Put, hash).await {
@@ -566,6 +619,10 @@ async fn serve_inner(
                     metrics::SERVED_BLOCKS.inc();
                     metrics::SERVED_BYTES.add(d.len() as u64);
                 }
+                Response::Piece(h, p) => {
+                    write_frame(&mut wr, OP_PIECE, h.as_bytes(), &p.encode()).await?;
+                    metrics::SERVED_BYTES.add(p.data.len() as u64);
+                }
             }
         }
         wr.shutdown().await.ok();
@@ -620,6 +677,21 @@ impl DataSender {
     /// A swarm member's request: the peer answers it within its upload slots, or busy.
     pub async fn get_swarm(&mut self, hash: &BlockHash) -> Result<(), WireError> {
         write_frame(&mut self.wr, OP_GET_SWARM, hash.as_bytes(), &[]).await
+    }
+
+    /// A swarm member's request for piece `index` of block `hash` cut in pieces of
+    /// `2^size_log2` bytes: answered with a [`Response::Piece`] within the peer's upload slots,
+    /// or busy.
+    pub async fn get_piece(
+        &mut self,
+        hash: &BlockHash,
+        size_log2: u8,
+        index: u32,
+    ) -> Result<(), WireError> {
+        let mut body = [0u8; 5];
+        body[0] = size_log2;
+        body[1..].copy_from_slice(&index.to_be_bytes());
+        write_frame(&mut self.wr, OP_GET_PIECE, hash.as_bytes(), &body).await
     }
 
     pub async fn put(&mut self, hash: &BlockHash, data: &[u8]) -> Result<(), WireError> {
@@ -680,6 +752,10 @@ impl DataReceiver {
             OP_SIG => Response::Signature(hash, body),
             OP_BUSY => Response::Busy(hash),
             OP_DELTA => Response::Delta(hash, body),
+            OP_PIECE => Response::Piece(
+                hash,
+                Piece::decode(body).ok_or(WireError::BadFrame("piece"))?,
+            ),
             _ => return Err(WireError::BadFrame("unknown op")),
         })
     }
@@ -742,6 +818,8 @@ mod tests {
         // No ticket, a forged one: nothing.
         let (mut tx, mut rx) = connect(&addr, Peer::Store).await.unwrap();
         tx.get(&BlockHash::of(&mine)).await.unwrap();
+        refused(rx.recv().await.unwrap(), "no ticket");
+        tx.get_piece(&BlockHash::of(&mine), 16, 0).await.unwrap();
         refused(rx.recv().await.unwrap(), "no ticket");
         let forged = TicketKey::from_bytes(&[6; 32])
             .unwrap()
@@ -936,5 +1014,67 @@ mod tests {
         assert!(
             matches!(rx.recv().await.unwrap(), Response::Block(_, d) if &d[..] == b"small again")
         );
+    }
+
+    #[tokio::test]
+    async fn pieces_come_with_the_values_that_check_them_from_memory_and_from_files() {
+        // 1 MiB and 5 bytes in 64 KiB pieces: 17, the last of 5 bytes.
+        let data: Vec<u8> = (0..(1u32 << 20) + 5)
+            .map(|i| (i * 31 % 251) as u8)
+            .collect();
+        let hash = BlockHash::of(&data);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("block");
+        std::fs::write(&path, &data).unwrap();
+        let mem = Mem::default();
+        mem.put(&hash, Bytes::from(data.clone())).unwrap();
+        let none = Arc::new(tokio::sync::Semaphore::new(0));
+        for svc in [
+            Arc::new(mem) as Arc<dyn BlockServe>,
+            Arc::new(OneFile(path.clone())),
+            Arc::new(OneFile(path)),
+        ] {
+            let addr = serving(svc, shared(Gate::Open)).await;
+            let (mut tx, mut rx) = connect(&addr, Peer::Store).await.unwrap();
+            for i in [16, 0, 7] {
+                tx.get_piece(&hash, 16, i).await.unwrap();
+            }
+            for i in [16u32, 0, 7] {
+                let Response::Piece(h, p) = rx.recv().await.unwrap() else {
+                    panic!("not a piece");
+                };
+                assert_eq!(h, hash);
+                assert!(p.check(&hash, data.len() as u64, 16, i), "piece {i}");
+                assert!(!p.check(&hash, data.len() as u64, 16, (i + 1) % 17));
+                let start = i as usize * 65536;
+                assert_eq!(&p.data[..], &data[start..(start + 65536).min(data.len())]);
+                let mut bad = p.clone();
+                let last = bad.data.len() - 1;
+                let mut bytes = bad.data.to_vec();
+                bytes[last] ^= 1;
+                bad.data = Bytes::from(bytes);
+                assert!(
+                    !bad.check(&hash, data.len() as u64, 16, i),
+                    "a changed byte"
+                );
+            }
+            let refused = |r: Response, why: &str| match r {
+                Response::Error(m) => assert!(m.contains(why), "{m}"),
+                other => panic!("{other:?}"),
+            };
+            tx.get_piece(&hash, 16, 17).await.unwrap();
+            refused(rx.recv().await.unwrap(), "has 17 pieces");
+            tx.get_piece(&hash, 8, 0).await.unwrap();
+            refused(rx.recv().await.unwrap(), "no pieces of 2^8 bytes");
+        }
+        // Not held; and within the upload slots, as a swarm request is.
+        let addr = serving(Arc::new(Mem::default()), shared(Gate::Open)).await;
+        let (mut tx, mut rx) = connect(&addr, Peer::Store).await.unwrap();
+        tx.get_piece(&hash, 16, 0).await.unwrap();
+        assert!(matches!(rx.recv().await.unwrap(), Response::NotFound(_)));
+        let addr = serving(Arc::new(Slotted(Mem::default(), none)), shared(Gate::Open)).await;
+        let (mut tx, mut rx) = connect(&addr, Peer::Store).await.unwrap();
+        tx.get_piece(&hash, 16, 0).await.unwrap();
+        assert!(matches!(rx.recv().await.unwrap(), Response::Busy(_)));
     }
 }

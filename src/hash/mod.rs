@@ -1,5 +1,7 @@
 //! Content addresses: the blake3 hash of a block, and the version id of a manifest.
 
+pub mod subtree;
+
 use std::fmt;
 
 /// The blake3 hash of one block's bytes.

@@ -1,0 +1,225 @@
+//! Pieces of blocks on the data plane: `OP_GET_PIECE` asks a peer for piece `i` of a block cut
+//! into pieces of `2^k` bytes; the answer carries the block's chaining values (one per piece,
+//! `hash::subtree`) and the piece's bytes, so the asker checks the values against the block's
+//! hash and the bytes against their value before it keeps or forwards a byte. The values come
+//! with every piece (32 bytes a piece of the block: 256 bytes for a 4 MiB block in 512 KiB
+//! pieces) so that any holder can be asked for any piece, in any order, with no state between
+//! requests.
+//!
+//! A peer serves a piece from a block it holds whole. It computes the block's values once and
+//! keeps the latest few ([`CVS_BUDGET`] bytes of them), so that serving every piece of a
+//! block hashes it once, and reads only the piece's range of a block it keeps in a file.
+
+use std::collections::VecDeque;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+use crate::blocks::{BlockServe, Served};
+use crate::hash::subtree::{Cut, Cv};
+use crate::hash::BlockHash;
+use crate::locks::lock;
+use crate::manifest::MAX_BLOCK_SIZE;
+
+/// Smallest piece asked for on the wire.
+pub const MIN_PIECE_LOG2: u8 = crate::hash::subtree::MIN_SWARM_PIECE_LOG2;
+/// Largest piece: half the largest block (a whole block goes as a block).
+pub const MAX_PIECE_LOG2: u8 = MAX_BLOCK_SIZE.trailing_zeros() as u8 - 1;
+/// Bytes of chaining values a peer keeps for the blocks it served pieces of last.
+const CVS_BUDGET: usize = 4 << 20;
+
+/// A piece as it arrived: unchecked until [`Piece::check`] says so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    pub index: u32,
+    pub cvs: Vec<Cv>,
+    pub data: Bytes,
+}
+
+impl Piece {
+    /// The bytes of an `OP_PIECE` frame after the hash.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + 32 * self.cvs.len() + self.data.len());
+        out.extend_from_slice(&self.index.to_be_bytes());
+        out.extend_from_slice(&(self.cvs.len() as u32).to_be_bytes());
+        for cv in &self.cvs {
+            out.extend_from_slice(cv);
+        }
+        out.extend_from_slice(&self.data);
+        out
+    }
+
+    /// Reads what [`Piece::encode`] wrote; `None` for a malformed body (it comes from a peer).
+    pub fn decode(mut body: Bytes) -> Option<Piece> {
+        let head = body.get(..8)?;
+        let index = u32::from_be_bytes(head[..4].try_into().ok()?);
+        let count = u32::from_be_bytes(head[4..8].try_into().ok()?) as usize;
+        let cvs_len = count.checked_mul(32)?;
+        let rest = body.split_off(8);
+        let cvs = rest
+            .get(..cvs_len)?
+            .chunks_exact(32)
+            .map(|c| c.try_into().ok())
+            .collect::<Option<Vec<Cv>>>()?;
+        Some(Piece {
+            index,
+            cvs,
+            data: rest.slice(cvs_len..),
+        })
+    }
+
+    /// Whether this is piece `index` of block `hash` (of `len` bytes, cut in pieces of
+    /// `2^size_log2`), values and bytes both.
+    pub fn check(&self, hash: &BlockHash, len: u64, size_log2: u8, index: u32) -> bool {
+        let Some(cut) = cut(len, size_log2) else {
+            return false;
+        };
+        self.index == index
+            && cut.check_cvs(hash, &self.cvs)
+            && cut.check_piece(&self.cvs, index, &self.data)
+    }
+}
+
+/// The cut of a block of `len` bytes into pieces of `2^size_log2`, within the wire's bounds.
+pub fn cut(len: u64, size_log2: u8) -> Option<Cut> {
+    if !(MIN_PIECE_LOG2..=MAX_PIECE_LOG2).contains(&size_log2) {
+        return None;
+    }
+    Cut::new(len, 1u64 << size_log2)
+}
+
+#[derive(Default)]
+struct Kept {
+    entries: VecDeque<((BlockHash, u8), Arc<Vec<Cv>>)>,
+    bytes: usize,
+}
+
+static KEPT: Mutex<Kept> = Mutex::new(Kept {
+    entries: VecDeque::new(),
+    bytes: 0,
+});
+
+fn kept(hash: &BlockHash, size_log2: u8) -> Option<Arc<Vec<Cv>>> {
+    let k = lock(&KEPT);
+    k.entries
+        .iter()
+        .find(|(key, _)| *key == (*hash, size_log2))
+        .map(|(_, v)| v.clone())
+}
+
+fn keep(hash: BlockHash, size_log2: u8, cvs: Arc<Vec<Cv>>) {
+    let mut k = lock(&KEPT);
+    if k.entries.iter().any(|(key, _)| *key == (hash, size_log2)) {
+        return;
+    }
+    k.bytes += 32 * cvs.len();
+    k.entries.push_back(((hash, size_log2), cvs));
+    while k.bytes > CVS_BUDGET {
+        match k.entries.pop_front() {
+            Some((_, old)) => k.bytes -= 32 * old.len(),
+            None => break,
+        }
+    }
+}
+
+/// Why a piece could not be served.
+#[derive(Debug)]
+pub enum PieceError {
+    /// This peer does not hold the block.
+    NotHere,
+    Bad(String),
+}
+
+/// Piece `index` of block `hash` cut in pieces of `2^size_log2`, from the block as `svc` holds
+/// it. Blocks on the disk: call it off the async threads.
+pub fn serve(
+    svc: &dyn BlockServe,
+    hash: &BlockHash,
+    size_log2: u8,
+    index: u32,
+) -> Result<Piece, PieceError> {
+    let served = svc
+        .get(hash)
+        .map_err(|e| PieceError::Bad(e.to_string()))?
+        .ok_or(PieceError::NotHere)?;
+    let len = match &served {
+        Served::Bytes(b) => b.len() as u64,
+        Served::File(_, len) => *len,
+    };
+    if len > u64::from(MAX_BLOCK_SIZE) {
+        return Err(PieceError::Bad(format!(
+            "block {hash} is stored with {len} bytes, over the limit"
+        )));
+    }
+    let cut = cut(len, size_log2)
+        .ok_or_else(|| PieceError::Bad(format!("no pieces of 2^{size_log2} bytes")))?;
+    let range = cut.range(index).ok_or_else(|| {
+        PieceError::Bad(format!(
+            "block {hash} has {} pieces of 2^{size_log2} bytes, not {}",
+            cut.count(),
+            index + 1
+        ))
+    })?;
+    let whole = |served: &Served| -> Result<Bytes, PieceError> {
+        match served {
+            Served::Bytes(b) => Ok(b.clone()),
+            Served::File(f, len) => {
+                let mut v = vec![0u8; *len as usize];
+                f.read_exact_at(&mut v, 0)
+                    .map_err(|e| PieceError::Bad(format!("reading block {hash}: {e}")))?;
+                Ok(Bytes::from(v))
+            }
+        }
+    };
+    let (start, end) = (range.start as usize, range.end as usize);
+    let (cvs, data) = match kept(hash, size_log2) {
+        Some(cvs) => {
+            let data = match &served {
+                Served::Bytes(b) => b.slice(start..end),
+                Served::File(f, _) => {
+                    let mut v = vec![0u8; end - start];
+                    f.read_exact_at(&mut v, range.start)
+                        .map_err(|e| PieceError::Bad(format!("reading block {hash}: {e}")))?;
+                    Bytes::from(v)
+                }
+            };
+            (cvs, data)
+        }
+        None => {
+            let block = whole(&served)?;
+            let cvs = Arc::new(
+                cut.cvs(&block)
+                    .ok_or_else(|| PieceError::Bad(format!("block {hash} changed length")))?,
+            );
+            keep(*hash, size_log2, cvs.clone());
+            (cvs, block.slice(start..end))
+        }
+    };
+    Ok(Piece {
+        index,
+        cvs: cvs.as_ref().clone(),
+        data,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_piece_survives_its_encoding_and_malformed_bodies_are_refused() {
+        let p = Piece {
+            index: 3,
+            cvs: vec![[1; 32], [2; 32]],
+            data: Bytes::from_static(b"abc"),
+        };
+        assert_eq!(Piece::decode(Bytes::from(p.encode())), Some(p.clone()));
+        let enc = p.encode();
+        assert_eq!(Piece::decode(Bytes::from(enc[..7].to_vec())), None);
+        assert_eq!(Piece::decode(Bytes::from(enc[..8 + 63].to_vec())), None);
+        let mut huge = enc.clone();
+        huge[4..8].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert_eq!(Piece::decode(Bytes::from(huge)), None);
+    }
+}
