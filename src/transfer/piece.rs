@@ -89,9 +89,12 @@ pub fn cut(len: u64, size_log2: u8) -> Option<Cut> {
     Cut::new(len, 1u64 << size_log2)
 }
 
+/// A block's values, by its hash and the piece size they were cut for.
+type KeptCvs = ((BlockHash, u8), Arc<Vec<Cv>>);
+
 #[derive(Default)]
 struct Kept {
-    entries: VecDeque<((BlockHash, u8), Arc<Vec<Cv>>)>,
+    entries: VecDeque<KeptCvs>,
     bytes: usize,
 }
 
