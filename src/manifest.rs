@@ -80,19 +80,21 @@ pub fn block_hash(b: &BlockRef) -> Option<BlockHash> {
     BlockHash::from_slice(&b.hash)
 }
 
-/// The version's pieces for a swarm: its unique blocks in manifest order (first occurrence),
-/// as 32-byte hashes one after another. Malformed references are left out.
-pub fn pieces(m: &Manifest) -> Vec<u8> {
+/// The version's unique blocks in manifest order (first occurrence), as a swarm names them:
+/// their 32-byte hashes one after another, and their lengths. Malformed references are left
+/// out.
+pub fn unique_blocks(m: &Manifest) -> (Vec<u8>, Vec<u32>) {
     let mut seen = std::collections::HashSet::new();
-    let mut out = Vec::new();
+    let (mut hashes, mut lens) = (Vec::new(), Vec::new());
     for b in m.entries.iter().flat_map(|e| &e.blocks) {
         if let Some(h) = block_hash(b) {
             if seen.insert(h.0) {
-                out.extend_from_slice(&h.0);
+                hashes.extend_from_slice(&h.0);
+                lens.push(b.len);
             }
         }
     }
-    out
+    (hashes, lens)
 }
 
 /// A fifo, socket or device node: an entry of metadata alone.

@@ -130,6 +130,52 @@ fn eight_getters_at_once_cost_the_store_about_one_copy() {
     eprintln!("8 getters: {early} uploads freed early");
 }
 
+/// A version of one block, which a swarm of whole blocks could not spread (a getter would take
+/// it from one source), spreads in pieces: each getter takes pieces of it from several members
+/// at once, every piece checked against the block's hash before it is kept or passed on.
+#[test]
+fn a_version_of_one_block_spreads_in_pieces_each_getter_taking_them_from_several_members() {
+    let c = Cluster::new("127.0.0.114");
+    let (data, _) = c.publish_random("one", 4 * MIB, 31, "16777216");
+    let agents: Vec<AgentProc> = (0..4)
+        .map(|i| c.agent(&format!("127.0.0.{}", 115 + i), &format!("node-{i}")))
+        .collect();
+    let store_before = metric(&c.server.addr, "kt_served_bytes_total");
+    let running: Vec<_> = agents
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let d = c.path(&format!("d{i}"));
+            let child = c.spawn(
+                Some(a),
+                &["get", "one", "-d", d.to_str().unwrap(), "--bwlimit", "4M"],
+            );
+            (d, child)
+        })
+        .collect();
+    let mut peers_per_getter = Vec::new();
+    for (d, child) in running {
+        let got = finish_json(child);
+        assert!(fs::read(&d).unwrap() == data);
+        let peers = sources(&got)
+            .iter()
+            .filter(|(s, b)| s != "store" && *b > 0)
+            .count();
+        peers_per_getter.push(peers);
+    }
+    let sent = metric(&c.server.addr, "kt_served_bytes_total") - store_before;
+    assert!(
+        sent <= 2.0 * data.len() as f64,
+        "the store sent {sent} bytes for {} of data",
+        data.len()
+    );
+    assert!(
+        peers_per_getter.iter().filter(|&&n| n >= 2).count() >= 2,
+        "getters took the one block from these many peers: {peers_per_getter:?}"
+    );
+    eprintln!("one block: store sent {sent}, peers per getter {peers_per_getter:?}");
+}
+
 #[test]
 fn a_member_killed_mid_transfer_costs_the_others_only_what_it_had_in_flight() {
     let c = Cluster::new("127.0.0.204");

@@ -214,10 +214,27 @@ impl Agent for AgentHandler {
                 .collect();
             offer.ready(&hashes);
         };
+        let pieces = |ready: &[crate::proto::ReadyPieces]| {
+            for r in ready {
+                let (Some(hash), Ok(log2)) =
+                    (BlockHash::from_slice(&r.block), u8::try_from(r.log2))
+                else {
+                    continue;
+                };
+                let cvs: Vec<[u8; 32]> = r
+                    .cvs
+                    .chunks_exact(32)
+                    .filter_map(|c| c.try_into().ok())
+                    .collect();
+                offer.ready_pieces(&hash, log2, &cvs, &r.pieces);
+            }
+        };
         ready(&first.ready);
+        pieces(&first.pieces);
         // The offer lasts as long as the getter's stream; a getter that dies ends it.
         while let Ok(Some(ev)) = stream.message().await {
             ready(&ev.ready);
+            pieces(&ev.pieces);
         }
         drop(offer);
         Ok(Response::new(ReceiveResponse {}))

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::hash::subtree::{Cut, Cv, Piece};
 use crate::hash::BlockHash;
 use crate::locks::lock;
 
@@ -36,6 +37,17 @@ struct Offer {
     expected: HashMap<BlockHash, Vec<Place>>,
     /// Those written and verified so far.
     ready: HashMap<BlockHash, Vec<Place>>,
+    /// Blocks received in pieces (a swarm's sub-block pieces), not yet whole: the pieces
+    /// written and verified so far, served before the block is whole.
+    pieces: HashMap<BlockHash, Pieces>,
+}
+
+/// The pieces of one block written so far.
+struct Pieces {
+    cut: Cut,
+    log2: u8,
+    cvs: Vec<Cv>,
+    ready: Vec<bool>,
 }
 
 #[derive(Default)]
@@ -70,7 +82,7 @@ impl InFlight {
             id,
             Offer {
                 expected,
-                ready: HashMap::new(),
+                ..Default::default()
             },
         );
         id
@@ -86,6 +98,107 @@ impl InFlight {
             }
         }
         self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Marks pieces of a block of an offer written and verified: `cvs` are the block's
+    /// chaining values for pieces of `2^log2` bytes, checked here against its hash. Unknown
+    /// blocks, values that do not check and pieces out of range are ignored.
+    pub fn ready_pieces(&self, id: u64, hash: &BlockHash, log2: u8, cvs: &[Cv], indices: &[u32]) {
+        {
+            let mut st = lock(&self.state);
+            let Some(o) = st.offers.get_mut(&id) else {
+                return;
+            };
+            let Some(len) = o.expected.get(hash).and_then(|p| p.first()).map(|p| p.len) else {
+                return;
+            };
+            let Some(cut) = Cut::new(u64::from(len), 1u64 << log2.min(63)) else {
+                return;
+            };
+            let fresh = o
+                .pieces
+                .get(hash)
+                .is_none_or(|p| p.log2 != log2 || p.cvs != cvs);
+            if fresh {
+                if !cut.check_cvs(hash, cvs) {
+                    return;
+                }
+                o.pieces.insert(
+                    *hash,
+                    Pieces {
+                        cut,
+                        log2,
+                        cvs: cvs.to_vec(),
+                        ready: vec![false; cut.count() as usize],
+                    },
+                );
+            }
+            if let Some(p) = o.pieces.get_mut(hash) {
+                for &i in indices {
+                    if let Some(r) = p.ready.get_mut(i as usize) {
+                        *r = true;
+                    }
+                }
+            }
+        }
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Piece `index` of a block received in pieces of `2^log2` bytes, if it is written: read
+    /// from the getter's file and checked against its value.
+    pub fn read_piece(&self, hash: &BlockHash, log2: u8, index: u32) -> Option<Piece> {
+        let found: Vec<(Place, Cut, Vec<Cv>)> = {
+            let st = lock(&self.state);
+            st.offers
+                .values()
+                .filter_map(|o| {
+                    let p = o.pieces.get(hash)?;
+                    let ready = p.log2 == log2 && p.ready.get(index as usize) == Some(&true);
+                    let place = o.expected.get(hash)?.first()?.clone();
+                    ready.then(|| (place, p.cut, p.cvs.clone()))
+                })
+                .collect()
+        };
+        found.into_iter().find_map(|(place, cut, cvs)| {
+            let r = cut.range(index)?;
+            let mut buf = vec![0u8; (r.end - r.start) as usize];
+            place
+                .file
+                .read_exact_at(&mut buf, place.offset + r.start)
+                .ok()?;
+            cut.check_piece(&cvs, index, &buf).then(|| Piece {
+                index,
+                cvs,
+                data: Bytes::from(buf),
+            })
+        })
+    }
+
+    /// Whether an offer will hold this piece but does not yet (nor the whole block).
+    fn piece_pending(&self, hash: &BlockHash, log2: u8, index: u32) -> bool {
+        let st = lock(&self.state);
+        let expected = st.offers.values().any(|o| o.expected.contains_key(hash));
+        let here = st.offers.values().any(|o| {
+            o.ready.contains_key(hash)
+                || o.pieces
+                    .get(hash)
+                    .is_some_and(|p| p.log2 == log2 && p.ready.get(index as usize) == Some(&true))
+        });
+        expected && !here
+    }
+
+    /// Waits until piece `index` of `hash` is no longer pending (it or its block is ready, or
+    /// its offer ended), at most `limit`.
+    pub async fn wait_piece(&self, hash: &BlockHash, log2: u8, index: u32, limit: Duration) {
+        let mut rx = self.changed.subscribe();
+        let _ = tokio::time::timeout(limit, async {
+            while self.piece_pending(hash, log2, index) {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
     }
 
     pub fn close(&self, id: u64) {
@@ -209,5 +322,65 @@ mod tests {
             .unwrap();
         assert!(!inf.pending(&other));
         inf.close(id);
+    }
+
+    #[tokio::test]
+    async fn pieces_of_a_block_in_flight_are_served_as_they_are_ready_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let h = BlockHash::of(&data);
+        let cut = Cut::new(200_000, 1 << 16).unwrap();
+        let cvs = cut.cvs(&data).unwrap();
+        // The getter's file, the block 5 bytes in, nothing written yet.
+        std::fs::write(&path, vec![0u8; 200_005]).unwrap();
+        let place = Place {
+            file: Arc::new(File::open(&path).unwrap()),
+            offset: 5,
+            len: 200_000,
+        };
+        let inf = Arc::new(InFlight::default());
+        let id = inf.open(HashMap::from([(h, vec![place])]));
+        assert!(inf.read_piece(&h, 16, 1).is_none());
+        let waiter = {
+            let inf = inf.clone();
+            tokio::spawn(async move {
+                inf.wait_piece(&h, 16, 1, Duration::from_secs(30)).await;
+                inf.read_piece(&h, 16, 1)
+            })
+        };
+        tokio::task::yield_now().await;
+        let r = cut.range(1).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .write_all_at(&data[r.start as usize..r.end as usize], 5 + r.start)
+            .unwrap();
+        // Values that are not the block's are refused; the block's are taken.
+        let mut lying = cvs.clone();
+        lying[0][0] ^= 1;
+        inf.ready_pieces(id, &h, 16, &lying, &[1]);
+        assert!(inf.read_piece(&h, 16, 1).is_none());
+        inf.ready_pieces(id, &h, 16, &cvs, &[1]);
+        let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("woken")
+            .unwrap()
+            .expect("piece 1");
+        assert_eq!(&got.data[..], &data[r.start as usize..r.end as usize]);
+        assert!(got.check(&h, &cut, 1));
+        // Only what was said to be ready, of that cut, and while its bytes still match.
+        assert!(inf.read_piece(&h, 16, 0).is_none());
+        assert!(inf.read_piece(&h, 17, 0).is_none());
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .write_all_at(&[9], 5 + r.start)
+            .unwrap();
+        assert!(inf.read_piece(&h, 16, 1).is_none());
+        inf.close(id);
+        assert!(inf.read_piece(&h, 16, 1).is_none());
     }
 }

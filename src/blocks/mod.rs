@@ -94,6 +94,20 @@ pub trait BlockServe: Send + Sync + 'static {
     fn upload_slots(&self) -> Option<Arc<tokio::sync::Semaphore>> {
         None
     }
+    /// Piece `index` of a block this peer does not hold whole but is receiving in pieces of
+    /// `2^log2` bytes, checked against the block's values, if it is here.
+    fn piece(
+        &self,
+        _hash: &BlockHash,
+        _log2: u8,
+        _index: u32,
+    ) -> Result<Option<crate::hash::subtree::Piece>, BlockError> {
+        Ok(None)
+    }
+    /// For such a piece not here yet: resolves once it may have arrived.
+    fn piece_pending(&self, _hash: &BlockHash, _log2: u8, _index: u32) -> Option<Pending> {
+        None
+    }
 }
 
 /// See [`BlockServe::pending`].

@@ -19,6 +19,7 @@ use super::in_place::{entry_of, InPlace, InPlaceError};
 use super::pins::Pins;
 use super::{BlockError, BlockServe, Pending, Served};
 use crate::db::Db;
+use crate::hash::subtree::Cv;
 use crate::hash::BlockHash;
 use crate::manifest::{self, Manifest};
 use crate::proto::LocalFile;
@@ -190,6 +191,13 @@ impl Offered {
     pub fn ready(&self, hashes: &[BlockHash]) {
         self.in_flight.ready(self.id, hashes);
     }
+
+    /// Marks pieces of a block received in pieces written and verified (see
+    /// [`InFlight::ready_pieces`]).
+    pub fn ready_pieces(&self, hash: &BlockHash, log2: u8, cvs: &[Cv], indices: &[u32]) {
+        self.in_flight
+            .ready_pieces(self.id, hash, log2, cvs, indices);
+    }
 }
 
 impl Drop for Offered {
@@ -225,5 +233,29 @@ impl BlockServe for NodeBlocks {
 
     fn put(&self, _hash: &BlockHash, _data: Bytes) -> Result<(), BlockError> {
         Err(BlockError::NoUploads)
+    }
+
+    fn piece(
+        &self,
+        hash: &BlockHash,
+        log2: u8,
+        index: u32,
+    ) -> Result<Option<crate::hash::subtree::Piece>, BlockError> {
+        let got = self.in_flight.read_piece(hash, log2, index);
+        if let Some(p) = &got {
+            self.bytes_served
+                .fetch_add(p.data.len() as u64, Ordering::Relaxed);
+        }
+        Ok(got)
+    }
+
+    fn piece_pending(&self, hash: &BlockHash, log2: u8, index: u32) -> Option<Pending> {
+        if !self.in_flight.pending(hash) {
+            return None;
+        }
+        let (in_flight, hash) = (self.in_flight.clone(), *hash);
+        Some(Box::pin(async move {
+            in_flight.wait_piece(&hash, log2, index, PENDING_WAIT).await;
+        }))
     }
 }

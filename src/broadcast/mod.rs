@@ -22,6 +22,7 @@
 
 pub mod gpu;
 mod swarm;
+pub use swarm::Pieces as SwarmPieces;
 mod tree;
 mod window;
 

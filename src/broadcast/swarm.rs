@@ -9,30 +9,58 @@ use super::{BroadcastError, Broadcasts, NodeView, Seed};
 use crate::clock::Moment;
 use crate::hash::Version;
 use crate::proto::{Source, SwarmPeer, SwarmSyncReply, SwarmSyncRequest};
-use crate::swarm::{Board, DEFAULT_UPLOADS, SEED_SLOTS};
+use crate::swarm::{Board, Plan, DEFAULT_UPLOADS, SEED_SLOTS};
 
 /// Board ids of holders start here; below are the window's member ids.
 const HOLDER_IDS: u64 = 1 << 32;
-/// A version of fewer blocks fetches from a parent: there is nothing to spread over several
+/// A version of fewer pieces fetches from a parent: there is nothing to spread over several
 /// sources, and a swarm's syncs would cost more round trips than the fetch.
-pub const MIN_SWARM_PIECES: usize = 4;
+pub const MIN_SWARM_PIECES: u32 = 4;
+
+/// A version's unique blocks in manifest order, as a swarm's join answer carries them, and
+/// how the swarm cuts them into pieces ([`Plan`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Pieces {
+    /// 32 bytes a block.
+    pub hashes: Vec<u8>,
+    pub lens: Vec<u32>,
+    /// Pieces of `2^log2` bytes; 0: whole blocks.
+    pub log2: u8,
+}
+
+impl Pieces {
+    /// No swarm: no blocks.
+    pub fn is_empty(&self) -> bool {
+        self.hashes.is_empty()
+    }
+
+    /// The swarm's plan for these blocks (whole blocks where their lengths are not all known).
+    fn plan(&self) -> Plan {
+        let lens: Vec<u64> = self.lens.iter().map(|&l| u64::from(l)).collect();
+        match lens.len() == self.hashes.len() / 32 {
+            true => Plan::new(&lens),
+            false => Plan::with_log2(&vec![0; self.hashes.len() / 32], 0),
+        }
+    }
+}
 
 #[derive(Debug)]
 pub(super) struct Swarm {
     pub(super) board: Board,
     /// The version's pieces as the join response carries them.
-    pieces: Vec<u8>,
+    pieces: Pieces,
     /// Holders by node id, and their ids on the board.
     holders: HashMap<String, u64>,
     holder_nodes: Vec<String>,
 }
 
 impl Swarm {
-    /// A swarm of `pieces` whose members each serve `uploads` pieces at once.
-    fn new(pieces: Vec<u8>, seed: u64, uploads: u32) -> Self {
-        let n = (pieces.len() / 32) as u32;
+    /// A swarm of the blocks of `pieces`, cut as its plan says, whose members each serve
+    /// `uploads` pieces at once.
+    fn new(mut pieces: Pieces, plan: &Plan, seed: u64, uploads: u32) -> Self {
+        pieces.log2 = plan.log2();
         Swarm {
-            board: Board::with_slots(n, SEED_SLOTS, uploads, seed),
+            board: Board::with_slots(plan.pieces(), SEED_SLOTS, uploads, seed),
             pieces,
             holders: HashMap::new(),
             holder_nodes: Vec::new(),
@@ -113,7 +141,7 @@ impl WindowState {
 impl Broadcasts {
     /// The pieces of `version` if the window of `group` runs its swarm already (so the caller
     /// need not read the manifest again).
-    pub fn swarm_pieces(&self, group: &str, version: &Version) -> Option<Vec<u8>> {
+    pub fn swarm_pieces(&self, group: &str, version: &Version) -> Option<Pieces> {
         let w = self.windows.get(group)?;
         w.swarms.get(version).map(|s| s.pieces.clone())
     }
@@ -126,15 +154,23 @@ impl Broadcasts {
         group: &str,
         generation: u64,
         member: u64,
-        pieces: Vec<u8>,
+        pieces: Pieces,
         seeds: &[Seed],
-    ) -> Result<Vec<u8>, BroadcastError> {
-        let (spec, serves) = {
+    ) -> Result<Pieces, BroadcastError> {
+        let (spec, serves, reads) = {
             let (w, m) = self.member(group, generation, member)?;
-            (w.spec.clone(), w.members[m].joiner.serves)
+            let j = &w.members[m].joiner;
+            (w.spec.clone(), j.serves, j.reads)
         };
-        // The swarm is for versions of several blocks, too.
-        let wanted = self.may_swarm(&spec, serves) && pieces.len() / 32 >= MIN_SWARM_PIECES;
+        // A mount's reader keeps a block it fetched in pieces in memory until it is whole, so
+        // it could not serve the pieces it reports: a swarm a reader starts trades whole
+        // blocks (a reader reads a block at a time anyway), and a reader does not join one cut
+        // finer (it fetches from the window's sources instead).
+        let plan = match reads {
+            true => crate::swarm::Plan::with_log2(&vec![0; pieces.hashes.len() / 32], 0),
+            false => pieces.plan(),
+        };
+        let wanted = self.may_swarm(&spec, serves) && plan.pieces() >= MIN_SWARM_PIECES;
         let (w, m) = self.member(group, generation, member)?;
         let joiner = w.members[m].joiner.clone();
         let uploads = match w.spec.fanout {
@@ -142,16 +178,16 @@ impl Broadcasts {
             f => f,
         };
         let Some(version) = joiner.version.filter(|_| wanted) else {
-            return Ok(Vec::new());
+            return Ok(Pieces::default());
         };
         let seed = generation ^ u64::from_le_bytes(version.0[..8].try_into().unwrap_or([0; 8]));
         let receiving = w.receiving_nodes(Some(&version), None);
         let s = w
             .swarms
             .entry(version)
-            .or_insert_with(|| Swarm::new(pieces, seed, uploads));
-        if s.pieces.is_empty() {
-            return Ok(Vec::new());
+            .or_insert_with(|| Swarm::new(pieces, &plan, seed, uploads));
+        if s.pieces.hashes.is_empty() || (joiner.reads && s.pieces.log2 != 0) {
+            return Ok(Pieces::default());
         }
         s.add_holders(seeds, &receiving);
         s.drop_holder(&joiner.node_id);

@@ -297,8 +297,13 @@ fn a_finished_window_starts_a_new_generation_and_idle_ones_are_forgotten() {
     );
 }
 
-fn pieces(n: u8) -> Vec<u8> {
-    (0..n).flat_map(|i| [i; 32]).collect()
+/// `n` blocks, small enough that the swarm does not cut them (pieces are whole blocks).
+fn pieces(n: u8) -> SwarmPieces {
+    SwarmPieces {
+        hashes: (0..n).flat_map(|i| [i; 32]).collect(),
+        lens: vec![1024; n as usize],
+        log2: 0,
+    }
 }
 
 #[test]

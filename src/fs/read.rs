@@ -83,6 +83,7 @@ impl ReadFile {
             hash,
             len: b.len,
             targets: Vec::new(),
+            piece: None,
         })
     }
 

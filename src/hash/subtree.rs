@@ -14,6 +14,7 @@
 use std::ops::Range;
 
 use blake3::hazmat::{self, ChainingValue, HasherExt, Mode};
+use bytes::Bytes;
 
 use super::BlockHash;
 
@@ -120,6 +121,54 @@ impl Cut {
         let mid = start + hazmat::left_subtree_len(end - start);
         let (l, r) = (self.merge(cvs, start, mid), self.merge(cvs, mid, end));
         hazmat::merge_subtrees_non_root(&l, &r, Mode::Hash)
+    }
+}
+
+/// A piece as it arrived: unchecked until [`Piece::check`] says so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    pub index: u32,
+    pub cvs: Vec<Cv>,
+    pub data: Bytes,
+}
+
+impl Piece {
+    /// The bytes of an `OP_PIECE` frame after the hash.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + 32 * self.cvs.len() + self.data.len());
+        out.extend_from_slice(&self.index.to_be_bytes());
+        out.extend_from_slice(&(self.cvs.len() as u32).to_be_bytes());
+        for cv in &self.cvs {
+            out.extend_from_slice(cv);
+        }
+        out.extend_from_slice(&self.data);
+        out
+    }
+
+    /// Reads what [`Piece::encode`] wrote; `None` for a malformed body (it comes from a peer).
+    pub fn decode(mut body: Bytes) -> Option<Piece> {
+        let head = body.get(..8)?;
+        let index = u32::from_be_bytes(head[..4].try_into().ok()?);
+        let count = u32::from_be_bytes(head[4..8].try_into().ok()?) as usize;
+        let cvs_len = count.checked_mul(32)?;
+        let rest = body.split_off(8);
+        let cvs = rest
+            .get(..cvs_len)?
+            .chunks_exact(32)
+            .map(|c| c.try_into().ok())
+            .collect::<Option<Vec<Cv>>>()?;
+        Some(Piece {
+            index,
+            cvs,
+            data: rest.slice(cvs_len..),
+        })
+    }
+
+    /// Whether this is piece `index` of block `hash` cut as `cut` says, values and bytes both.
+    pub fn check(&self, hash: &BlockHash, cut: &Cut, index: u32) -> bool {
+        self.index == index
+            && cut.check_cvs(hash, &self.cvs)
+            && cut.check_piece(&self.cvs, index, &self.data)
     }
 }
 

@@ -13,7 +13,7 @@ use super::watch::Watchers;
 use crate::blocks::store::StoreBlocks;
 use crate::blocks::Served;
 use crate::broadcast::gpu::{GpuJoiner, GpuWindows};
-use crate::broadcast::{Broadcasts, Joiner, NodeView, Seed};
+use crate::broadcast::{Broadcasts, Joiner, NodeView, Seed, SwarmPieces};
 use crate::clock::SharedClock;
 use crate::hash::{BlockHash, Version};
 use crate::key::{KeyPath, Namespace};
@@ -433,7 +433,7 @@ impl StoreHandler {
         member: u64,
         version: Version,
         seeds: &[Seed],
-    ) -> Vec<u8> {
+    ) -> SwarmPieces {
         let cached = self.windows().swarm_pieces(group, &version);
         let pieces = match cached {
             Some(p) => p,
@@ -442,7 +442,14 @@ impl StoreHandler {
                 let read = blocking(move || {
                     Ok(meta
                         .manifest_if_any(&version.0)?
-                        .map(|m| crate::manifest::pieces(&m))
+                        .map(|m| {
+                            let (hashes, lens) = crate::manifest::unique_blocks(&m);
+                            SwarmPieces {
+                                hashes,
+                                lens,
+                                log2: 0,
+                            }
+                        })
                         .unwrap_or_default())
                 })
                 .await;
@@ -450,7 +457,7 @@ impl StoreHandler {
                     Ok(p) => p,
                     Err(e) => {
                         tracing::warn!(error = %e.message(), "no swarm: the manifest could not be read");
-                        return Vec::new();
+                        return SwarmPieces::default();
                     }
                 }
             }
@@ -462,7 +469,7 @@ impl StoreHandler {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(error = %e, "no swarm for this getter");
-                Vec::new()
+                SwarmPieces::default()
             }
         }
     }
@@ -1059,13 +1066,15 @@ impl Store for StoreHandler {
             self.swarm_join(&group, &window, joined.member, version, &seeds)
                 .await
         } else {
-            Vec::new()
+            SwarmPieces::default()
         };
         Ok(Response::new(JoinResponse {
             window: Some(window),
             member: joined.member,
             parent: joined.parent,
-            pieces,
+            pieces: pieces.hashes,
+            block_lens: pieces.lens,
+            piece_log2: u32::from(pieces.log2),
         }))
     }
 

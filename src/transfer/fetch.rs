@@ -19,6 +19,7 @@ use tokio::sync::Semaphore;
 use super::sources::SourceAddr;
 use super::wire::{self, Response, WireError};
 use super::{permits, TransferError, CONNS_PER_SOURCE, UNIT, WINDOW_BYTES};
+use crate::hash::subtree::Cv;
 use crate::hash::BlockHash;
 use crate::locks::lock;
 
@@ -31,6 +32,41 @@ pub struct BlockJob {
     pub hash: BlockHash,
     pub len: u32,
     pub targets: Vec<(usize, u64)>,
+    /// A piece of the block rather than the whole (a swarm's sub-block piece): `len` is then
+    /// the piece's length and `targets` where the piece's bytes go.
+    pub piece: Option<PieceOf>,
+}
+
+/// Which piece of its block a job is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PieceOf {
+    pub log2: u8,
+    pub index: u32,
+    /// The whole block's length.
+    pub block_len: u64,
+}
+
+impl BlockJob {
+    /// Piece `index` of this (whole-block) job, cut in pieces of `2^log2` bytes; `None` past
+    /// the block's pieces or for a cut the data plane does not serve.
+    pub fn piece(&self, log2: u8, index: u32) -> Option<BlockJob> {
+        let block_len = u64::from(self.len);
+        let r = super::piece::cut(block_len, log2)?.range(index)?;
+        Some(BlockJob {
+            hash: self.hash,
+            len: (r.end - r.start) as u32,
+            targets: self
+                .targets
+                .iter()
+                .map(|&(f, off)| (f, off + r.start))
+                .collect(),
+            piece: Some(PieceOf {
+                log2,
+                index,
+                block_len,
+            }),
+        })
+    }
 }
 
 /// Where verified blocks go.
@@ -38,6 +74,20 @@ pub trait BlockSink: Send + Sync + 'static {
     /// Stores a block that matched its hash. Runs on a blocking thread. The block comes as the
     /// buffer it was received into, so a sink that keeps it in memory need not copy it.
     fn put(&self, job: &BlockJob, data: &Bytes) -> Result<(), TransferError>;
+    /// Stores a piece (a piece job, where [`BlockSink::takes_pieces`]) that matched its
+    /// block's values `cvs`, which were checked against the block's hash.
+    fn put_piece(&self, job: &BlockJob, data: &Bytes, _cvs: &[Cv]) -> Result<(), TransferError> {
+        self.put(job, data)
+    }
+    /// Whether pieces of a block may be put one by one (the sink writes them where they go);
+    /// otherwise they are gathered and put as the whole block.
+    fn takes_pieces(&self) -> bool {
+        false
+    }
+    /// Every piece of `job` (a whole-block job) was put: the block is whole and verified.
+    fn pieces_done(&self, _job: &BlockJob) -> Result<(), TransferError> {
+        Ok(())
+    }
 }
 
 /// Files that blocks are written into, at the `(file index, offset)` targets of each job.
@@ -57,6 +107,10 @@ impl Sinks {
 }
 
 impl BlockSink for Sinks {
+    fn takes_pieces(&self) -> bool {
+        true
+    }
+
     fn put(&self, job: &BlockJob, data: &Bytes) -> Result<(), TransferError> {
         for &(idx, off) in &job.targets {
             let Some((path, file, lock)) = self.files.get(idx) else {
@@ -413,10 +467,11 @@ async fn run_lane(
                 };
                 w.forget();
                 r.forget();
-                let sent = match ask {
-                    Ask::Now => tx.get_now(&j.hash).await,
-                    Ask::Plain => tx.get(&j.hash).await,
-                    Ask::Swarm => tx.get_swarm(&j.hash).await,
+                let sent = match (j.piece, ask) {
+                    (Some(p), _) => tx.get_piece(&j.hash, p.log2, p.index).await,
+                    (None, Ask::Now) => tx.get_now(&j.hash).await,
+                    (None, Ask::Plain) => tx.get(&j.hash).await,
+                    (None, Ask::Swarm) => tx.get_swarm(&j.hash).await,
                 };
                 if poisoned.load(Ordering::Relaxed) || sent.is_err() {
                     break;
@@ -447,6 +502,29 @@ async fn run_lane(
                 requests.add_permits(1);
             };
             match resp {
+                Ok(Response::Piece(h, p))
+                    if h == job.hash && job.piece.is_some() && p.data.len() == job.len as usize =>
+                {
+                    let (sinks, window, requests) =
+                        (sinks.clone(), window.clone(), requests.clone());
+                    let n = permits(job.len);
+                    writes.push(tokio::task::spawn_blocking(move || {
+                        let r = verify_and_write_piece(sinks.as_ref(), job, &p);
+                        window.add_permits(n as usize);
+                        requests.add_permits(1);
+                        r
+                    }));
+                }
+                Ok(Response::Piece(..)) => {
+                    error = Some(format!("sent the wrong piece for {}", job.hash));
+                    poisoned.store(true, Ordering::Relaxed);
+                    failed.push(job);
+                }
+                Ok(Response::Block(..)) if job.piece.is_some() => {
+                    error = Some(format!("sent a block for a piece of {}", job.hash));
+                    poisoned.store(true, Ordering::Relaxed);
+                    failed.push(job);
+                }
                 Ok(Response::Block(h, data)) if h == job.hash && data.len() == job.len as usize => {
                     let (sinks, window, requests) =
                         (sinks.clone(), window.clone(), requests.clone());
@@ -490,12 +568,7 @@ async fn run_lane(
                     error.get_or_insert(m);
                     failed.push(job);
                 }
-                Ok(
-                    Response::Stored(_)
-                    | Response::Signature(..)
-                    | Response::Delta(..)
-                    | Response::Piece(..),
-                ) => {
+                Ok(Response::Stored(_) | Response::Signature(..) | Response::Delta(..)) => {
                     error = Some(WireError::BadFrame("unexpected reply").to_string());
                     failed.push(job);
                     failed.extend(queue.drain(..));
@@ -545,6 +618,21 @@ async fn run_lane(
         answered,
         reusable: clean.then_some((tx, rx)),
     })
+}
+
+fn verify_and_write_piece(
+    sinks: &dyn BlockSink,
+    job: BlockJob,
+    p: &crate::hash::subtree::Piece,
+) -> Result<Written, TransferError> {
+    let Some(of) = job.piece else {
+        return Ok(Written::Corrupt(job));
+    };
+    if !super::piece::check(p, &job.hash, of.block_len, of.log2, of.index) {
+        return Ok(Written::Corrupt(job));
+    }
+    sinks.put_piece(&job, &p.data, &p.cvs)?;
+    Ok(Written::Ok)
 }
 
 fn verify_and_write(

@@ -10,10 +10,11 @@ use tokio::sync::mpsc;
 
 use super::fetch::{BlockJob, BlockSink};
 use super::TransferError;
+use crate::hash::subtree::Cv;
 use crate::hash::Version;
 use crate::locks::lock;
 use crate::manifest::Manifest;
-use crate::proto::{LocalFile, ReceiveEvent};
+use crate::proto::{LocalFile, ReadyPieces, ReceiveEvent};
 use crate::rpc::client::Agent;
 
 /// Blocks being received, offered to peers through this node's agent as each is verified.
@@ -35,7 +36,7 @@ impl Offer {
             version: version.0.to_vec(),
             manifest: Some(m.clone()),
             files,
-            ready: Vec::new(),
+            ..Default::default()
         })
         .await
         .ok()?;
@@ -69,19 +70,59 @@ pub struct Announcing {
     pub limit: Option<RateLimit>,
 }
 
+impl Announcing {
+    fn announce(&self, ev: ReceiveEvent) {
+        if let Some(tx) = &self.tx {
+            // The agent may be gone; the get goes on without serving others.
+            let _ = tx.blocking_send(ev);
+        }
+    }
+}
+
 impl BlockSink for Announcing {
+    fn takes_pieces(&self) -> bool {
+        self.inner.takes_pieces()
+    }
+
+    fn put_piece(&self, job: &BlockJob, data: &Bytes, cvs: &[Cv]) -> Result<(), TransferError> {
+        let mut written = self.limit.as_ref().map(|l| lock(&l.written));
+        self.inner.put_piece(job, data, cvs)?;
+        if let Some(p) = job.piece {
+            self.announce(ReceiveEvent {
+                pieces: vec![ReadyPieces {
+                    block: job.hash.0.to_vec(),
+                    log2: u32::from(p.log2),
+                    cvs: cvs.concat(),
+                    pieces: vec![p.index],
+                }],
+                ..Default::default()
+            });
+        }
+        if let (Some(l), Some(n)) = (&self.limit, written.as_deref_mut()) {
+            *n += data.len() as u64;
+            l.pause(*n);
+        }
+        Ok(())
+    }
+
+    fn pieces_done(&self, job: &BlockJob) -> Result<(), TransferError> {
+        self.inner.pieces_done(job)?;
+        self.announce(ReceiveEvent {
+            ready: vec![job.hash.0.to_vec()],
+            ..Default::default()
+        });
+        Ok(())
+    }
+
     fn put(&self, job: &BlockJob, data: &Bytes) -> Result<(), TransferError> {
         // Under a rate limit blocks go out one at a time: the count stays locked from the write
         // to the end of the pause that keeps the average under the limit.
         let mut written = self.limit.as_ref().map(|l| lock(&l.written));
         self.inner.put(job, data)?;
-        if let Some(tx) = &self.tx {
-            // The agent may be gone; the get goes on without serving others.
-            let _ = tx.blocking_send(ReceiveEvent {
-                ready: vec![job.hash.0.to_vec()],
-                ..Default::default()
-            });
-        }
+        self.announce(ReceiveEvent {
+            ready: vec![job.hash.0.to_vec()],
+            ..Default::default()
+        });
         if let (Some(l), Some(n)) = (&self.limit, written.as_deref_mut()) {
             *n += data.len() as u64;
             l.pause(*n);

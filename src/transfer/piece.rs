@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 
 use crate::blocks::{BlockServe, Served};
-use crate::hash::subtree::{Cut, Cv};
+use crate::hash::subtree::{Cut, Cv, Piece};
 use crate::hash::BlockHash;
 use crate::locks::lock;
 use crate::manifest::MAX_BLOCK_SIZE;
@@ -28,58 +28,6 @@ pub const MIN_PIECE_LOG2: u8 = crate::hash::subtree::MIN_SWARM_PIECE_LOG2;
 pub const MAX_PIECE_LOG2: u8 = MAX_BLOCK_SIZE.trailing_zeros() as u8 - 1;
 /// Bytes of chaining values a peer keeps for the blocks it served pieces of last.
 const CVS_BUDGET: usize = 4 << 20;
-
-/// A piece as it arrived: unchecked until [`Piece::check`] says so.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Piece {
-    pub index: u32,
-    pub cvs: Vec<Cv>,
-    pub data: Bytes,
-}
-
-impl Piece {
-    /// The bytes of an `OP_PIECE` frame after the hash.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(8 + 32 * self.cvs.len() + self.data.len());
-        out.extend_from_slice(&self.index.to_be_bytes());
-        out.extend_from_slice(&(self.cvs.len() as u32).to_be_bytes());
-        for cv in &self.cvs {
-            out.extend_from_slice(cv);
-        }
-        out.extend_from_slice(&self.data);
-        out
-    }
-
-    /// Reads what [`Piece::encode`] wrote; `None` for a malformed body (it comes from a peer).
-    pub fn decode(mut body: Bytes) -> Option<Piece> {
-        let head = body.get(..8)?;
-        let index = u32::from_be_bytes(head[..4].try_into().ok()?);
-        let count = u32::from_be_bytes(head[4..8].try_into().ok()?) as usize;
-        let cvs_len = count.checked_mul(32)?;
-        let rest = body.split_off(8);
-        let cvs = rest
-            .get(..cvs_len)?
-            .chunks_exact(32)
-            .map(|c| c.try_into().ok())
-            .collect::<Option<Vec<Cv>>>()?;
-        Some(Piece {
-            index,
-            cvs,
-            data: rest.slice(cvs_len..),
-        })
-    }
-
-    /// Whether this is piece `index` of block `hash` (of `len` bytes, cut in pieces of
-    /// `2^size_log2`), values and bytes both.
-    pub fn check(&self, hash: &BlockHash, len: u64, size_log2: u8, index: u32) -> bool {
-        let Some(cut) = cut(len, size_log2) else {
-            return false;
-        };
-        self.index == index
-            && cut.check_cvs(hash, &self.cvs)
-            && cut.check_piece(&self.cvs, index, &self.data)
-    }
-}
 
 /// The cut of a block of `len` bytes into pieces of `2^size_log2`, within the wire's bounds.
 pub fn cut(len: u64, size_log2: u8) -> Option<Cut> {
@@ -142,10 +90,13 @@ pub fn serve(
     size_log2: u8,
     index: u32,
 ) -> Result<Piece, PieceError> {
-    let served = svc
-        .get(hash)
-        .map_err(|e| PieceError::Bad(e.to_string()))?
-        .ok_or(PieceError::NotHere)?;
+    let Some(served) = svc.get(hash).map_err(|e| PieceError::Bad(e.to_string()))? else {
+        // Not whole here: maybe the piece, of a block received in pieces.
+        return svc
+            .piece(hash, size_log2, index)
+            .map_err(|e| PieceError::Bad(e.to_string()))?
+            .ok_or(PieceError::NotHere);
+    };
     let len = match &served {
         Served::Bytes(b) => b.len() as u64,
         Served::File(_, len) => *len,
@@ -191,10 +142,17 @@ pub fn serve(
         }
         None => {
             let block = whole(&served)?;
-            let cvs = Arc::new(
-                cut.cvs(&block)
-                    .ok_or_else(|| PieceError::Bad(format!("block {hash} changed length")))?,
-            );
+            let cvs = cut
+                .cvs(&block)
+                .ok_or_else(|| PieceError::Bad(format!("block {hash} changed length")))?;
+            // Values of bytes that are not the block's would be kept and served for every
+            // piece of it: a block that does not match its hash here is not served.
+            if !cut.check_cvs(hash, &cvs) {
+                return Err(PieceError::Bad(format!(
+                    "block {hash} here does not match its hash"
+                )));
+            }
+            let cvs = Arc::new(cvs);
             keep(*hash, size_log2, cvs.clone());
             (cvs, block.slice(start..end))
         }
@@ -204,6 +162,12 @@ pub fn serve(
         cvs: cvs.as_ref().clone(),
         data,
     })
+}
+
+/// Whether `p` is piece `index` of block `hash` (of `len` bytes, cut in pieces of
+/// `2^size_log2` within the wire's bounds), values and bytes both.
+pub fn check(p: &Piece, hash: &BlockHash, len: u64, size_log2: u8, index: u32) -> bool {
+    cut(len, size_log2).is_some_and(|c| p.check(hash, &c, index))
 }
 
 #[cfg(test)]

@@ -130,6 +130,7 @@ pub async fn read_range(
                 hash: *hash,
                 len: *len,
                 targets: Vec::new(),
+                piece: None,
             });
         }
     }

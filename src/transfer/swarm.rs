@@ -22,9 +22,10 @@ use super::fetch::{self, Ask, BlockJob, BlockSink, Partial};
 use super::sources::{source_addr, SourceAddr};
 use super::tree::Membership;
 use super::TransferError;
+use crate::hash::subtree::Cv;
 use crate::proto::{SwarmSyncReply, SwarmSyncRequest};
 use crate::rpc::Store;
-use crate::swarm::{Failure, From, Pace, Request, Schedule, ScheduleConfig, KEEPALIVE};
+use crate::swarm::{Failure, From, Pace, Plan, Request, Schedule, ScheduleConfig, KEEPALIVE};
 
 /// How long a member with nothing to fetch lets the server hold its sync until something is
 /// chosen for it.
@@ -109,17 +110,20 @@ pub(super) async fn fetch(
                 ticket: member.ticket.clone(),
                 group_id: place.group_id,
                 generation: place.generation,
-                pieces: member.pieces.len() as u32,
+                pieces: member.plan.pieces(),
                 index: member
                     .pieces
                     .iter()
                     .enumerate()
-                    .map(|(i, h)| (h.0, i as u32))
+                    .map(|(i, h)| (h.0, i))
                     .collect(),
+                plan: member.plan.clone(),
+                gathering: HashMap::new(),
+                whole: HashSet::new(),
                 reads: member.reads,
                 own: member.node_id.clone(),
                 complete: complete.clone(),
-                sched: Schedule::new(place.member, member.pieces.len() as u32, cfg),
+                sched: Schedule::new(place.member, member.plan.pieces(), cfg),
             };
             tokio::spawn(ctx.run(rx));
             *task = Some(SwarmTask {
@@ -149,9 +153,48 @@ struct Open {
     reply: Reply,
 }
 
+/// A block fetched in pieces.
+struct Gathering {
+    /// Its pieces not here yet.
+    left: u32,
+    /// Its bytes, where its sinks take whole blocks only.
+    buf: Option<Arc<Gathered>>,
+}
+
+/// A block's pieces gathered in memory, each where it belongs.
+struct Gathered {
+    buf: std::sync::Mutex<Vec<u8>>,
+}
+
+impl BlockSink for Gathered {
+    fn takes_pieces(&self) -> bool {
+        true
+    }
+
+    fn put(&self, job: &BlockJob, data: &Bytes) -> Result<(), TransferError> {
+        let Some(p) = job.piece else {
+            return Ok(());
+        };
+        let start = (p.index as usize) << p.log2;
+        let mut buf = crate::locks::lock(&self.buf);
+        if let Some(place) = buf.get_mut(start..start + data.len()) {
+            place.copy_from_slice(data);
+        }
+        Ok(())
+    }
+
+    fn put_piece(&self, job: &BlockJob, data: &Bytes, _cvs: &[Cv]) -> Result<(), TransferError> {
+        self.put(job, data)
+    }
+}
+
 /// A piece wanted, and by whom.
 struct Wanted {
+    /// Its block's job (the whole block).
     job: BlockJob,
+    /// Its block, and its place among the block's pieces.
+    block: usize,
+    sub: u32,
     open: u64,
     sinks: Arc<dyn BlockSink>,
     seed: Option<SourceAddr>,
@@ -166,7 +209,13 @@ struct Ctx {
     group_id: String,
     generation: u64,
     pieces: u32,
-    index: HashMap<[u8; 32], u32>,
+    /// Each unique block's place in the version.
+    index: HashMap<[u8; 32], usize>,
+    plan: Plan,
+    /// Blocks fetched in pieces, not yet whole.
+    gathering: HashMap<usize, Gathering>,
+    /// Blocks whole and verified here (all their pieces).
+    whole: HashSet<usize>,
     reads: bool,
     /// This member's node: never its peer source. Its agent takes what this member receives,
     /// and a request for a block it is receiving waits for it (the chaos run: a final get
@@ -214,6 +263,10 @@ impl Ctx {
                     self.sched.failed(r.piece, r.from, Failure::Broken);
                     continue;
                 };
+                let Some((job, sinks)) = self.piece_job(w) else {
+                    self.sched.failed(r.piece, r.from, Failure::Broken);
+                    continue;
+                };
                 let src = match r.from {
                     From::Seed => w.seed.clone(),
                     From::Peer(m) => peers
@@ -225,7 +278,7 @@ impl Ctx {
                     self.sched.failed(r.piece, r.from, Failure::Broken);
                     continue;
                 };
-                let (job, sinks, progress) = (w.job.clone(), w.sinks.clone(), w.progress.clone());
+                let progress = w.progress.clone();
                 pace.started(r.piece, u64::from(job.len), std::time::Instant::now());
                 // The store's grants are few already; a peer serves swarm requests in its slots.
                 let ask = match r.from {
@@ -354,6 +407,15 @@ impl Ctx {
                             break;
                         }
                         Ok(got) if got.pending.is_empty() => {
+                            if let Err(e) = self.landed(r.piece, &by_piece).await {
+                                if let Some(o) = open.and_then(|id| opens.remove(&id)) {
+                                    for p in &o.pieces {
+                                        by_piece.remove(p);
+                                    }
+                                    let _ = o.reply.send(Err(e));
+                                }
+                                break;
+                            }
                             self.sched.verified(r.piece);
                             untold.insert(r.piece);
                             last_progress = Instant::now();
@@ -407,7 +469,7 @@ impl Ctx {
         tasks.abort_all();
         while let Some(done) = tasks.join_next().await {
             if let Ok((r, Ok(got))) = done {
-                if got.pending.is_empty() {
+                if got.pending.is_empty() && self.landed(r.piece, &by_piece).await.is_ok() {
                     self.sched.verified(r.piece);
                     let open = by_piece.get(&r.piece).map(|w| w.open);
                     if let Some(o) = open.and_then(|id| opens.get_mut(&id)) {
@@ -418,9 +480,11 @@ impl Ctx {
         }
         wants.close();
         for (_, mut o) in opens {
+            let mut left = HashSet::new();
             for p in &o.pieces {
                 if let Some(w) = by_piece.remove(p) {
-                    if !self.sched.has(*p) {
+                    // A block is fetched whole by the fallback unless all its pieces came.
+                    if !self.whole.contains(&w.block) && left.insert(w.block) {
                         o.part.pending.push(w.job);
                     }
                 }
@@ -435,6 +499,71 @@ impl Ctx {
         }
     }
 
+    /// Whether `job`'s block cuts into `count` pieces as the plan says (the server's lengths
+    /// and the manifest's agree).
+    fn cut_fits(&self, job: &BlockJob, count: usize) -> bool {
+        match self.plan.log2() {
+            0 => count == 1,
+            log2 => super::piece::cut(u64::from(job.len), log2)
+                .is_some_and(|c| c.count() as usize == count),
+        }
+    }
+
+    /// What to fetch for a wanted piece, and where it goes: the whole block for a block of one
+    /// piece; else the piece, into the block's sinks where they take pieces one by one, or
+    /// gathered here until the block is whole.
+    fn piece_job(&mut self, w: &Wanted) -> Option<(BlockJob, Arc<dyn BlockSink>)> {
+        let Some(g) = self.gathering.get_mut(&w.block) else {
+            return Some((w.job.clone(), w.sinks.clone()));
+        };
+        let job = w.job.piece(self.plan.log2(), w.sub)?;
+        if w.sinks.takes_pieces() {
+            return Some((job, w.sinks.clone()));
+        }
+        let buf = g.buf.get_or_insert_with(|| {
+            Arc::new(Gathered {
+                buf: std::sync::Mutex::new(vec![0; w.job.len as usize]),
+            })
+        });
+        Some((job, buf.clone()))
+    }
+
+    /// Piece `p` arrived and matched: once every piece of its block is here, the block is
+    /// whole (put into its sinks, if its pieces were gathered here).
+    async fn landed(
+        &mut self,
+        p: u32,
+        by_piece: &HashMap<u32, Wanted>,
+    ) -> Result<(), TransferError> {
+        let Some(w) = by_piece.get(&p) else {
+            return Ok(());
+        };
+        let Some(g) = self.gathering.get_mut(&w.block) else {
+            self.whole.insert(w.block);
+            return Ok(());
+        };
+        g.left = g.left.saturating_sub(1);
+        if g.left > 0 {
+            return Ok(());
+        }
+        let buf = self.gathering.remove(&w.block).and_then(|g| g.buf);
+        let (job, sinks) = (w.job.clone(), w.sinks.clone());
+        tokio::task::spawn_blocking(move || match buf {
+            Some(b) => {
+                let data = Bytes::from(std::mem::take(&mut *crate::locks::lock(&b.buf)));
+                sinks.put(&job, &data)
+            }
+            None => sinks.pieces_done(&job),
+        })
+        .await
+        .map_err(|e| TransferError::Write {
+            path: String::new(),
+            source: std::io::Error::other(e.to_string()),
+        })??;
+        self.whole.insert(w.block);
+        Ok(())
+    }
+
     /// Takes in a fetch: its pieces are wanted; a block that is not one of the version's
     /// pieces, or that another fetch waits for or this member fetched already, is left to the
     /// caller's fallback. Returns the fetch to wait for, or `None` when it was answered at once.
@@ -445,23 +574,46 @@ impl Ctx {
             reply: w.reply,
         };
         for job in w.jobs {
-            let piece = self.index.get(&job.hash.0).copied();
-            match piece {
-                Some(p) if !by_piece.contains_key(&p) && self.sched.want(p) => {
-                    open.pieces.push(p);
-                    by_piece.insert(
-                        p,
-                        Wanted {
-                            job,
-                            open: id,
-                            sinks: w.sinks.clone(),
-                            seed: w.seed.clone(),
-                            exclude: w.exclude.clone(),
-                            progress: w.progress.clone(),
-                        },
-                    );
-                }
-                _ => open.part.pending.push(job),
+            let block = self.index.get(&job.hash.0).copied();
+            let pieces = block
+                .and_then(|b| self.plan.pieces_of(b))
+                .filter(|r| self.cut_fits(&job, r.len()));
+            let (Some(b), Some(pieces)) = (block, pieces) else {
+                open.part.pending.push(job);
+                continue;
+            };
+            let free = pieces
+                .clone()
+                .all(|p| !by_piece.contains_key(&p) && !self.sched.has(p));
+            if !free || self.whole.contains(&b) {
+                open.part.pending.push(job);
+                continue;
+            }
+            if pieces.len() > 1 {
+                self.gathering.insert(
+                    b,
+                    Gathering {
+                        left: pieces.len() as u32,
+                        buf: None,
+                    },
+                );
+            }
+            for p in pieces.clone() {
+                self.sched.want(p);
+                open.pieces.push(p);
+                by_piece.insert(
+                    p,
+                    Wanted {
+                        job: job.clone(),
+                        block: b,
+                        sub: p - pieces.start,
+                        open: id,
+                        sinks: w.sinks.clone(),
+                        seed: w.seed.clone(),
+                        exclude: w.exclude.clone(),
+                        progress: w.progress.clone(),
+                    },
+                );
             }
         }
         if open.pieces.is_empty() {

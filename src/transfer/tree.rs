@@ -67,8 +67,10 @@ pub struct Membership {
     pub(super) store: Store,
     pub(super) server: String,
     pub(super) ticket: Bytes,
-    /// The version's pieces, when the window runs a swarm for it.
+    /// The version's unique blocks, when the window runs a swarm for it.
     pub(super) pieces: Vec<BlockHash>,
+    /// How the swarm cuts them into pieces.
+    pub(super) plan: crate::swarm::Plan,
     pub(super) reads: bool,
     /// This getter's node (empty without an agent).
     pub(super) node_id: String,
@@ -108,17 +110,32 @@ impl Membership {
         let parent = joined
             .parent
             .map(|p| source_addr(&p, server, &spec.ticket, &node_id));
-        let pieces: Vec<BlockHash> = joined
+        let mut pieces: Vec<BlockHash> = joined
             .pieces
             .chunks_exact(32)
             .filter_map(BlockHash::from_slice)
             .collect();
+        let lens: Vec<u64> = joined.block_lens.iter().map(|&l| u64::from(l)).collect();
+        let log2 = u8::try_from(joined.piece_log2).unwrap_or(u8::MAX);
+        // Pieces smaller than blocks need every block's length and a cut the data plane
+        // serves; a server that sends less is not followed into a swarm.
+        let plan = match log2 {
+            0 => crate::swarm::Plan::with_log2(&vec![0; pieces.len()], 0),
+            _ if lens.len() == pieces.len() && super::piece::cut(1, log2).is_some() => {
+                crate::swarm::Plan::with_log2(&lens, log2)
+            }
+            _ => {
+                pieces.clear();
+                crate::swarm::Plan::with_log2(&[], 0)
+            }
+        };
         let swarm = !pieces.is_empty();
         Ok(Membership {
             store: store.clone(),
             server: server.to_string(),
             ticket: spec.ticket.clone(),
             pieces,
+            plan,
             reads: spec.reads,
             node_id: node_id.clone(),
             swarm: std::sync::Mutex::new(None),

@@ -34,9 +34,10 @@ use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use super::piece::{self, Piece, PieceError};
+use super::piece::{self, PieceError};
 use super::ticket::{Grant, Op, SharedGate};
 use crate::blocks::{BlockError, BlockServe, Served};
+use crate::hash::subtree::Piece;
 use crate::hash::BlockHash;
 use crate::manifest::MAX_BLOCK_SIZE;
 use crate::metrics;
@@ -274,8 +275,8 @@ async fn serve_get_waiting(svc: Arc<dyn BlockServe>, hash: BlockHash, wait: bool
     first
 }
 
-/// Piece `index` of block `hash`, cut in pieces of `2^size_log2`; a block the server expects is
-/// waited for as a GET waits for it.
+/// Piece `index` of block `hash`, cut in pieces of `2^size_log2`; a piece the server expects
+/// (of a block it is receiving) is waited for as a GET waits for a block.
 async fn serve_piece(
     svc: Arc<dyn BlockServe>,
     hash: BlockHash,
@@ -295,7 +296,7 @@ async fn serve_piece(
     };
     let first = get(svc.clone()).await;
     if let Answer::Frame(Response::NotFound(_)) = &first {
-        if let Some(wait) = svc.pending(&hash) {
+        if let Some(wait) = svc.piece_pending(&hash, size_log2, index) {
             wait.await;
             return get(svc).await;
         }
@@ -1044,8 +1045,17 @@ mod tests {
                     panic!("not a piece");
                 };
                 assert_eq!(h, hash);
-                assert!(p.check(&hash, data.len() as u64, 16, i), "piece {i}");
-                assert!(!p.check(&hash, data.len() as u64, 16, (i + 1) % 17));
+                assert!(
+                    piece::check(&p, &hash, data.len() as u64, 16, i),
+                    "piece {i}"
+                );
+                assert!(!piece::check(
+                    &p,
+                    &hash,
+                    data.len() as u64,
+                    16,
+                    (i + 1) % 17
+                ));
                 let start = i as usize * 65536;
                 assert_eq!(&p.data[..], &data[start..(start + 65536).min(data.len())]);
                 let mut bad = p.clone();
@@ -1054,7 +1064,7 @@ mod tests {
                 bytes[last] ^= 1;
                 bad.data = Bytes::from(bytes);
                 assert!(
-                    !bad.check(&hash, data.len() as u64, 16, i),
+                    !piece::check(&bad, &hash, data.len() as u64, 16, i),
                     "a changed byte"
                 );
             }
@@ -1076,5 +1086,92 @@ mod tests {
         let (mut tx, mut rx) = connect(&addr, Peer::Store).await.unwrap();
         tx.get_piece(&hash, 16, 0).await.unwrap();
         assert!(matches!(rx.recv().await.unwrap(), Response::Busy(_)));
+        // A block whose bytes here do not match its hash gives no piece (nor values to keep).
+        let bad = Mem::default();
+        let other = BlockHash::of(b"another block");
+        bad.0
+            .lock()
+            .unwrap()
+            .insert(other, Bytes::from(data.clone()));
+        let addr = serving(Arc::new(bad), shared(Gate::Open)).await;
+        let (mut tx, mut rx) = connect(&addr, Peer::Store).await.unwrap();
+        tx.get_piece(&other, 16, 0).await.unwrap();
+        match rx.recv().await.unwrap() {
+            Response::Error(m) => assert!(m.contains("does not match its hash"), "{m}"),
+            r => panic!("{r:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_piece_from_a_source_whose_block_lies_is_refused_and_taken_from_the_next() {
+        use crate::transfer::fetch::{fetch_partial_as, Ask, BlockJob, Sinks};
+        use crate::transfer::sources::SourceAddr;
+        let data: Vec<u8> = (0..(300u32 << 10)).map(|i| (i * 13 % 251) as u8).collect();
+        let hash = BlockHash::of(&data);
+        // A liar whose bytes under the block's hash change once it served a piece: the values
+        // it keeps are the block's, the bytes of its next piece are not.
+        let (liar, honest) = (Arc::new(Mem::default()), Mem::default());
+        liar.put(&hash, Bytes::from(data.clone())).unwrap();
+        honest.put(&hash, Bytes::from(data.clone())).unwrap();
+        let source = |label: &str, addr: String| SourceAddr {
+            label: label.into(),
+            addr,
+            ticket: Bytes::new(),
+            own: false,
+        };
+        let liar_addr = serving(liar.clone(), shared(Gate::Open)).await;
+        let (mut tx, mut rx) = connect(&liar_addr, Peer::Store).await.unwrap();
+        tx.get_piece(&hash, 16, 0).await.unwrap();
+        assert!(matches!(rx.recv().await.unwrap(), Response::Piece(..)));
+        let mut other = data.clone();
+        other[70_000] ^= 1;
+        liar.0.lock().unwrap().insert(hash, Bytes::from(other));
+        let sources = [
+            source("liar", liar_addr),
+            source(
+                "honest",
+                serving(Arc::new(honest), shared(Gate::Open)).await,
+            ),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out");
+        let file = std::fs::File::create(&path).unwrap();
+        file.set_len(data.len() as u64 + 10).unwrap();
+        let sinks = Arc::new(Sinks::new(vec![(path.clone(), file)]));
+        let whole = BlockJob {
+            hash,
+            len: data.len() as u32,
+            targets: vec![(0, 10)],
+            piece: None,
+        };
+        // Piece 1 of 64 KiB pieces: the one the liar's change falls in.
+        let job = whole.piece(16, 1).unwrap();
+        assert_eq!(
+            (job.len, job.targets.clone()),
+            (65536, vec![(0, 10 + 65536)])
+        );
+        let progress = indicatif::ProgressBar::hidden();
+        let got = fetch_partial_as(vec![job], sinks, &sources, &progress, Ask::Swarm)
+            .await
+            .unwrap();
+        assert!(got.pending.is_empty(), "{:?}", got.failures);
+        assert!(
+            got.failures
+                .iter()
+                .any(|f| f.source.label == "liar" && f.reason.contains("failed verification")),
+            "{:?}",
+            got.failures
+        );
+        assert_eq!(got.report.by_source.len(), 1);
+        assert_eq!(got.report.by_source[0].0.label, "honest");
+        let written = std::fs::read(&path).unwrap();
+        assert_eq!(&written[10 + 65536..10 + 131072], &data[65536..131072]);
+        assert!(
+            written[..10 + 65536].iter().all(|&b| b == 0),
+            "only the piece was written"
+        );
+        // A piece past the block's end, or of a cut the wire does not serve, is no job.
+        assert!(whole.piece(16, 5).is_none());
+        assert!(whole.piece(12, 0).is_none());
     }
 }

@@ -90,6 +90,7 @@ impl<'m> Layout<'m> {
                                     hash: h,
                                     len: b.len,
                                     targets: Vec::new(),
+                                    piece: None,
                                 }
                             })
                             .targets
