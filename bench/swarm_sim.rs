@@ -190,9 +190,10 @@ fn main() {
          idled for about four one-way delays after each piece (the member's sync with the \
          news, the next member's sync with its fetch, that fetch's request): 8 ms of a 52 ms \
          piece at 256 pieces, which made 256 pieces slower than 128 (the lines above compare). \
-         Pieces are whole blocks (content-defined, 4 MiB on average by default), so a 64 MiB \
-         version is about 16 pieces; the target needs pieces of 512 KiB or less (verified \
-         sub-block ranges, not built). Before the server chose every fetch \
+         A version of fewer than 128 blocks is traded in pieces of about 1/128 of it \
+         (src/swarm/plan.rs, each checked on its own through its block's BLAKE3 chaining \
+         values), so a 64 MiB version in the default 4 MiB blocks trades 128 pieces of 512 KiB: \
+         the 128 rows; the 16 rows are what whole 4 MiB blocks gave. Before the server chose every fetch \
          (members chose among their neighbours' announcements, which the server relayed), the \
          same runs gave 3.54x / 2.77x at 5,000 nodes for 16 / 64 pieces, with downlinks busy \
          35-57% of the time and about 500 busy answers per node; the syncs carried 205 MB in all \

@@ -4,7 +4,8 @@
 //! [`sim`] drives the same code against simulated links and nodes.
 //!
 //! A version's **pieces** are its unique blocks, numbered in manifest order, so that the server
-//! and every member name them alike without sending hashes.
+//! and every member name them alike without sending hashes; a version of few blocks has each
+//! cut into smaller pieces ([`Plan`]), each checked on its own against its block's hash.
 //!
 //! The server schedules the swarm ([`crate::proto::SwarmSyncRequest`]). A member reports the
 //! pieces it verified, the fetches that failed, and its free download slots; the board chooses

@@ -22,7 +22,6 @@ use super::fetch::{self, Ask, BlockJob, BlockSink, Partial};
 use super::sources::{source_addr, SourceAddr};
 use super::tree::Membership;
 use super::TransferError;
-use crate::hash::subtree::Cv;
 use crate::proto::{SwarmSyncReply, SwarmSyncRequest};
 use crate::rpc::Store;
 use crate::swarm::{Failure, From, Pace, Plan, Request, Schedule, ScheduleConfig, KEEPALIVE};
@@ -153,39 +152,9 @@ struct Open {
     reply: Reply,
 }
 
-/// A block fetched in pieces.
+/// A block fetched in pieces: its pieces not here yet.
 struct Gathering {
-    /// Its pieces not here yet.
     left: u32,
-    /// Its bytes, where its sinks take whole blocks only.
-    buf: Option<Arc<Gathered>>,
-}
-
-/// A block's pieces gathered in memory, each where it belongs.
-struct Gathered {
-    buf: std::sync::Mutex<Vec<u8>>,
-}
-
-impl BlockSink for Gathered {
-    fn takes_pieces(&self) -> bool {
-        true
-    }
-
-    fn put(&self, job: &BlockJob, data: &Bytes) -> Result<(), TransferError> {
-        let Some(p) = job.piece else {
-            return Ok(());
-        };
-        let start = (p.index as usize) << p.log2;
-        let mut buf = crate::locks::lock(&self.buf);
-        if let Some(place) = buf.get_mut(start..start + data.len()) {
-            place.copy_from_slice(data);
-        }
-        Ok(())
-    }
-
-    fn put_piece(&self, job: &BlockJob, data: &Bytes, _cvs: &[Cv]) -> Result<(), TransferError> {
-        self.put(job, data)
-    }
 }
 
 /// A piece wanted, and by whom.
@@ -509,27 +478,17 @@ impl Ctx {
         }
     }
 
-    /// What to fetch for a wanted piece, and where it goes: the whole block for a block of one
-    /// piece; else the piece, into the block's sinks where they take pieces one by one, or
-    /// gathered here until the block is whole.
-    fn piece_job(&mut self, w: &Wanted) -> Option<(BlockJob, Arc<dyn BlockSink>)> {
-        let Some(g) = self.gathering.get_mut(&w.block) else {
+    /// What to fetch for a wanted piece: the whole block for a block of one piece, else the
+    /// piece (its sinks take pieces one by one: see [`Ctx::take_want`]).
+    fn piece_job(&self, w: &Wanted) -> Option<(BlockJob, Arc<dyn BlockSink>)> {
+        if !self.gathering.contains_key(&w.block) {
             return Some((w.job.clone(), w.sinks.clone()));
-        };
-        let job = w.job.piece(self.plan.log2(), w.sub)?;
-        if w.sinks.takes_pieces() {
-            return Some((job, w.sinks.clone()));
         }
-        let buf = g.buf.get_or_insert_with(|| {
-            Arc::new(Gathered {
-                buf: std::sync::Mutex::new(vec![0; w.job.len as usize]),
-            })
-        });
-        Some((job, buf.clone()))
+        Some((w.job.piece(self.plan.log2(), w.sub)?, w.sinks.clone()))
     }
 
     /// Piece `p` arrived and matched: once every piece of its block is here, the block is
-    /// whole (put into its sinks, if its pieces were gathered here).
+    /// whole, and its sinks are told.
     async fn landed(
         &mut self,
         p: u32,
@@ -546,20 +505,14 @@ impl Ctx {
         if g.left > 0 {
             return Ok(());
         }
-        let buf = self.gathering.remove(&w.block).and_then(|g| g.buf);
+        self.gathering.remove(&w.block);
         let (job, sinks) = (w.job.clone(), w.sinks.clone());
-        tokio::task::spawn_blocking(move || match buf {
-            Some(b) => {
-                let data = Bytes::from(std::mem::take(&mut *crate::locks::lock(&b.buf)));
-                sinks.put(&job, &data)
-            }
-            None => sinks.pieces_done(&job),
-        })
-        .await
-        .map_err(|e| TransferError::Write {
-            path: String::new(),
-            source: std::io::Error::other(e.to_string()),
-        })??;
+        tokio::task::spawn_blocking(move || sinks.pieces_done(&job))
+            .await
+            .map_err(|e| TransferError::Write {
+                path: String::new(),
+                source: std::io::Error::other(e.to_string()),
+            })??;
         self.whole.insert(w.block);
         Ok(())
     }
@@ -575,9 +528,13 @@ impl Ctx {
         };
         for job in w.jobs {
             let block = self.index.get(&job.hash.0).copied();
+            // Pieces smaller than blocks go only to sinks that write them where they go (a
+            // getter's files, which its agent serves piece by piece); anyone else fetches such
+            // a block whole from the caller's sources, as without a swarm.
             let pieces = block
                 .and_then(|b| self.plan.pieces_of(b))
-                .filter(|r| self.cut_fits(&job, r.len()));
+                .filter(|r| self.cut_fits(&job, r.len()))
+                .filter(|r| r.len() == 1 || w.sinks.takes_pieces());
             let (Some(b), Some(pieces)) = (block, pieces) else {
                 open.part.pending.push(job);
                 continue;
@@ -594,7 +551,6 @@ impl Ctx {
                     b,
                     Gathering {
                         left: pieces.len() as u32,
-                        buf: None,
                     },
                 );
             }
