@@ -30,6 +30,8 @@
 #   KT_BENCH_SECTION  name of this run's section in it (default broadcast; a run with other settings
 #                     can keep its own section beside the default one, e.g. broadcast-slow-links)
 #   KT_BENCH_QUIET_WAIT / KT_BENCH_QUIET_TOTAL  see bench/lib.sh
+#   KT_BENCH_PIECES   "blocks": the store server's swarms trade whole blocks only, never pieces
+#                     smaller than blocks (a switch of this benchmark, to measure what they give)
 #
 # Needs root (network namespaces, tc). Addresses exist only inside the namespaces it creates;
 # everything it starts and creates is removed on exit, failure and Ctrl-C.
@@ -270,7 +272,7 @@ bar() { awk -v t="$1" -v s="$SINGLE" 'BEGIN { n = int(t / s * 4 + 0.5); if (n > 
     echo "## Broadcast: one ${SIZE_MIB} MiB file to N nodes over ${LINK_MBIT} Mbit/s uplinks"
     echo
     echo "Produced by \`KT_BENCH_NODES=\"$NODES\" KT_BENCH_MIB=$SIZE_MIB KT_BENCH_MBIT=$LINK_MBIT KT_BENCH_BLOCK=$BLOCK KT_BENCH_FANOUT=$FANOUT"
-    echo "KT_BENCH_WAYS=\"$WAYS\" KT_BENCH_SECTION=$SECTION bash bench/broadcast.sh\` on $(date -u '+%Y-%m-%d %H:%M') UTC, source revision $REV, $(nproc) cores."
+    echo "KT_BENCH_WAYS=\"$WAYS\" KT_BENCH_SECTION=$SECTION${KT_BENCH_PIECES:+ KT_BENCH_PIECES=$KT_BENCH_PIECES} bash bench/broadcast.sh\` on $(date -u '+%Y-%m-%d %H:%M') UTC, source revision $REV, $(nproc) cores."
     echo "Every node (the store server and each agent with its \`kt get\`) runs in its own network namespace"
     echo "on one bridge; tc (tbf) limits each namespace's egress to ${LINK_MBIT} Mbit/s. Times are until every node"
     echo "has a verified copy (all copies checked with \`cmp\`), from one start. \`x single\` is that time over one"

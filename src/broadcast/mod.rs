@@ -112,6 +112,9 @@ pub struct Broadcasts {
     /// names its fanout keeps the pipelined tree, so bench/broadcast.sh can run the herd and
     /// store-and-forward ways beside the swarm. Never a user's choice.
     tree_for_fanout: bool,
+    /// Benchmark-only (`KT_BENCH_PIECES=blocks`): swarms trade whole blocks, never pieces
+    /// smaller than blocks, so bench/broadcast.sh can measure what the smaller pieces give.
+    whole_blocks: bool,
 }
 
 impl Broadcasts {
@@ -129,6 +132,14 @@ impl Broadcasts {
         Broadcasts {
             tree_for_fanout,
             ..Default::default()
+        }
+    }
+
+    /// Swarms that trade whole blocks only (`true`: benchmarks only).
+    pub fn with_whole_blocks(self, whole_blocks: bool) -> Self {
+        Broadcasts {
+            whole_blocks,
+            ..self
         }
     }
 

@@ -166,7 +166,7 @@ impl Broadcasts {
         // it could not serve the pieces it reports: a swarm a reader starts trades whole
         // blocks (a reader reads a block at a time anyway), and a reader does not join one cut
         // finer (it fetches from the window's sources instead).
-        let plan = match reads {
+        let plan = match reads || self.whole_blocks {
             true => crate::swarm::Plan::with_log2(&vec![0; pieces.hashes.len() / 32], 0),
             false => pieces.plan(),
         };

@@ -493,3 +493,33 @@ fn a_holder_whose_node_is_receiving_the_version_again_is_no_seed_for_the_others(
         }
     }
 }
+
+#[test]
+fn a_swarm_of_few_large_blocks_trades_pieces_readers_keep_to_whole_blocks() {
+    let now = SystemClock.now();
+    // Two blocks of 4 MiB: pieces of 64 KiB, 128 of them.
+    let big = SwarmPieces {
+        hashes: [[1u8; 32], [2u8; 32]].concat(),
+        lens: vec![4 << 20; 2],
+        log2: 0,
+    };
+    let join = |b: &mut Broadcasts, group: &str, who: Joiner| {
+        let j = b.join(spec(group), who, &store(), &all_live, now).unwrap();
+        b.swarm_join(group, j.window.generation, j.member, big.clone(), &store())
+            .unwrap()
+    };
+    let mut b = Broadcasts::default();
+    let got = join(&mut b, "g", getter("a", ""));
+    assert_eq!((got.log2, got.lens.clone()), (16, big.lens.clone()));
+    // A reader could not serve pieces before its block is whole: not in this swarm.
+    let reader = Joiner {
+        reads: true,
+        ..getter("r", "")
+    };
+    assert!(join(&mut b, "g", reader.clone()).is_empty());
+    // A swarm a reader starts trades whole blocks; two are too few for a swarm at all.
+    assert!(join(&mut Broadcasts::default(), "r", reader).is_empty());
+    // The benchmarks' switch: whole blocks.
+    let mut b = Broadcasts::default().with_whole_blocks(true);
+    assert!(join(&mut b, "w", getter("a", "")).is_empty());
+}

@@ -34,6 +34,9 @@ use handler::StoreHandler;
 /// swarm took every window (bench/broadcast.sh's herd and store-and-forward ways, and the tests
 /// of the tree). Users get the swarm, with fanout as each member's uploads.
 pub const BENCH_TOPOLOGY: &str = "KT_BENCH_TOPOLOGY";
+/// Benchmark-only: `blocks` makes every swarm trade whole blocks, as before pieces smaller than
+/// blocks (bench/broadcast.sh measures what those give).
+pub const BENCH_PIECES: &str = "KT_BENCH_PIECES";
 
 /// How often garbage is collected when nothing says otherwise: also the least time a block
 /// uploaded for a publish, or a removed version's unread block, is kept.
@@ -248,7 +251,8 @@ impl StoreServerProcess {
             windows: Arc::new(std::sync::Mutex::new(
                 crate::broadcast::Broadcasts::with_tree_for_fanout(
                     std::env::var(BENCH_TOPOLOGY).is_ok_and(|v| v == "tree"),
-                ),
+                )
+                .with_whole_blocks(std::env::var(BENCH_PIECES).is_ok_and(|v| v == "blocks")),
             )),
             joined: Default::default(),
             swarm_waits: Default::default(),

@@ -90,13 +90,18 @@ pub fn serve(
     size_log2: u8,
     index: u32,
 ) -> Result<Piece, PieceError> {
-    let Some(served) = svc.get(hash).map_err(|e| PieceError::Bad(e.to_string()))? else {
-        // Not whole here: maybe the piece, of a block received in pieces.
-        return svc
-            .piece(hash, size_log2, index)
-            .map_err(|e| PieceError::Bad(e.to_string()))?
-            .ok_or(PieceError::NotHere);
-    };
+    // A block received in pieces here is served piece by piece (whole or not yet), reading and
+    // checking the piece alone; any other, from the block whole.
+    if let Some(p) = svc
+        .piece(hash, size_log2, index)
+        .map_err(|e| PieceError::Bad(e.to_string()))?
+    {
+        return Ok(p);
+    }
+    let served = svc
+        .get(hash)
+        .map_err(|e| PieceError::Bad(e.to_string()))?
+        .ok_or(PieceError::NotHere)?;
     let len = match &served {
         Served::Bytes(b) => b.len() as u64,
         Served::File(_, len) => *len,
