@@ -74,6 +74,27 @@ fn a_late_joiner_that_names_a_fanout_still_takes_blocks_from_every_holder() {
     }
 }
 
+/// A `kt get` of `key` through each agent at once, each writing at 4 MB/s, so that all of them
+/// are fetching at the same time; where each writes, and the running process.
+fn slow_gets(
+    c: &Cluster,
+    agents: &[AgentProc],
+    key: &str,
+) -> Vec<(std::path::PathBuf, std::process::Child)> {
+    agents
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let d = c.path(&format!("d{i}"));
+            let child = c.spawn(
+                Some(a),
+                &["get", key, "-d", d.to_str().unwrap(), "--bwlimit", "4M"],
+            );
+            (d, child)
+        })
+        .collect()
+}
+
 #[test]
 fn eight_getters_at_once_cost_the_store_about_one_copy() {
     let c = Cluster::new("127.0.0.219");
@@ -82,18 +103,7 @@ fn eight_getters_at_once_cost_the_store_about_one_copy() {
         .map(|i| c.agent(&format!("127.0.0.{}", 220 + i), &format!("node-{i}")))
         .collect();
     // Slow writers, so that all eight are fetching at the same time.
-    let running: Vec<_> = agents
-        .iter()
-        .enumerate()
-        .map(|(i, a)| {
-            let d = c.path(&format!("d{i}"));
-            let child = c.spawn(
-                Some(a),
-                &["get", "w", "-d", d.to_str().unwrap(), "--bwlimit", "4M"],
-            );
-            (d, child)
-        })
-        .collect();
+    let running = slow_gets(&c, &agents, "w");
     let mut from_store = 0;
     let mut from_peers = 0;
     for (d, child) in running {
@@ -141,18 +151,7 @@ fn a_version_of_one_block_spreads_in_pieces_each_getter_taking_them_from_several
         .map(|i| c.agent(&format!("127.0.0.{}", 115 + i), &format!("node-{i}")))
         .collect();
     let store_before = metric(&c.server.addr, "kt_served_bytes_total");
-    let running: Vec<_> = agents
-        .iter()
-        .enumerate()
-        .map(|(i, a)| {
-            let d = c.path(&format!("d{i}"));
-            let child = c.spawn(
-                Some(a),
-                &["get", "one", "-d", d.to_str().unwrap(), "--bwlimit", "4M"],
-            );
-            (d, child)
-        })
-        .collect();
+    let running = slow_gets(&c, &agents, "one");
     let mut peers_per_getter = Vec::new();
     for (d, child) in running {
         let got = finish_json(child);

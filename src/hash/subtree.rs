@@ -184,17 +184,7 @@ fn piece_cv(offset: u64, bytes: &[u8]) -> Cv {
 mod tests {
     use super::*;
 
-    fn bytes(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
+    use test_support::pattern as bytes;
 
     #[test]
     fn every_piece_of_blocks_of_any_length_checks_against_the_block_hash() {

@@ -77,6 +77,30 @@ impl Announcing {
             let _ = tx.blocking_send(ev);
         }
     }
+
+    fn announce_block(&self, job: &BlockJob) {
+        self.announce(ReceiveEvent {
+            ready: vec![job.hash.0.to_vec()],
+            ..Default::default()
+        });
+    }
+
+    /// Runs `write` of `len` bytes within the rate limit, if one is set. Under a limit blocks
+    /// go out one at a time: the count stays locked from the write to the end of the pause
+    /// that keeps the average under the limit.
+    fn paced(
+        &self,
+        len: usize,
+        write: impl FnOnce() -> Result<(), TransferError>,
+    ) -> Result<(), TransferError> {
+        let mut written = self.limit.as_ref().map(|l| lock(&l.written));
+        write()?;
+        if let (Some(l), Some(n)) = (&self.limit, written.as_deref_mut()) {
+            *n += len as u64;
+            l.pause(*n);
+        }
+        Ok(())
+    }
 }
 
 impl BlockSink for Announcing {
@@ -85,49 +109,35 @@ impl BlockSink for Announcing {
     }
 
     fn put_piece(&self, job: &BlockJob, data: &Bytes, cvs: &[Cv]) -> Result<(), TransferError> {
-        let mut written = self.limit.as_ref().map(|l| lock(&l.written));
-        self.inner.put_piece(job, data, cvs)?;
-        if let Some(p) = job.piece {
-            self.announce(ReceiveEvent {
-                pieces: vec![ReadyPieces {
-                    block: job.hash.0.to_vec(),
-                    log2: u32::from(p.log2),
-                    cvs: cvs.concat(),
-                    pieces: vec![p.index],
-                }],
-                ..Default::default()
-            });
-        }
-        if let (Some(l), Some(n)) = (&self.limit, written.as_deref_mut()) {
-            *n += data.len() as u64;
-            l.pause(*n);
-        }
-        Ok(())
+        self.paced(data.len(), || {
+            self.inner.put_piece(job, data, cvs)?;
+            if let Some(p) = job.piece {
+                self.announce(ReceiveEvent {
+                    pieces: vec![ReadyPieces {
+                        block: job.hash.0.to_vec(),
+                        log2: u32::from(p.log2),
+                        cvs: cvs.concat(),
+                        pieces: vec![p.index],
+                    }],
+                    ..Default::default()
+                });
+            }
+            Ok(())
+        })
     }
 
     fn pieces_done(&self, job: &BlockJob) -> Result<(), TransferError> {
         self.inner.pieces_done(job)?;
-        self.announce(ReceiveEvent {
-            ready: vec![job.hash.0.to_vec()],
-            ..Default::default()
-        });
+        self.announce_block(job);
         Ok(())
     }
 
     fn put(&self, job: &BlockJob, data: &Bytes) -> Result<(), TransferError> {
-        // Under a rate limit blocks go out one at a time: the count stays locked from the write
-        // to the end of the pause that keeps the average under the limit.
-        let mut written = self.limit.as_ref().map(|l| lock(&l.written));
-        self.inner.put(job, data)?;
-        self.announce(ReceiveEvent {
-            ready: vec![job.hash.0.to_vec()],
-            ..Default::default()
-        });
-        if let (Some(l), Some(n)) = (&self.limit, written.as_deref_mut()) {
-            *n += data.len() as u64;
-            l.pause(*n);
-        }
-        Ok(())
+        self.paced(data.len(), || {
+            self.inner.put(job, data)?;
+            self.announce_block(job);
+            Ok(())
+        })
     }
 }
 
