@@ -248,9 +248,25 @@ impl InPlace {
         };
         Ok(places.iter().find_map(|p| read_place(p, hash)))
     }
+
+    /// `len` bytes from `start` of a block served in place, unchecked: the caller checks them
+    /// (a piece against its chaining value). `None` where no unchanged file holds the block.
+    pub fn read_range(&self, hash: &BlockHash, start: u64, len: usize) -> Option<Bytes> {
+        let places = self.places(hash).ok()?;
+        places.iter().find_map(|p| {
+            if start.checked_add(len as u64)? > u64::from(p.len) {
+                return None;
+            }
+            let f = open_unchanged(p)?;
+            let mut buf = vec![0u8; len];
+            f.read_exact_at(&mut buf, p.offset + start).ok()?;
+            Some(Bytes::from(buf))
+        })
+    }
 }
 
-fn read_place(p: &LocalBlock, hash: &BlockHash) -> Option<Bytes> {
+/// The file of a place, if it is as it was registered (size and modification time).
+fn open_unchanged(p: &LocalBlock) -> Option<std::fs::File> {
     let f = std::fs::File::open(&p.disk_path).ok()?;
     let meta = f.metadata().ok()?;
     if meta.len() != p.file_size
@@ -260,6 +276,11 @@ fn read_place(p: &LocalBlock, hash: &BlockHash) -> Option<Bytes> {
         tracing::warn!(path = %p.disk_path, "published file changed on disk; not serving it");
         return None;
     }
+    Some(f)
+}
+
+fn read_place(p: &LocalBlock, hash: &BlockHash) -> Option<Bytes> {
+    let f = open_unchanged(p)?;
     let mut buf = vec![0u8; p.len as usize];
     f.read_exact_at(&mut buf, p.offset).ok()?;
     if BlockHash::of(&buf) != *hash {
@@ -326,5 +347,47 @@ mod tests {
         assert!(p.sweep_seeds(&[], 100).unwrap().0.is_empty());
         std::fs::remove_file(&c1.disk_path).unwrap();
         assert_eq!(p.sweep_seeds(&[], 100).unwrap().0, [v]);
+    }
+
+    #[test]
+    fn a_range_of_a_block_in_place_is_read_alone_while_its_file_is_unchanged() {
+        use crate::proto::{BlockRef, FileEntry};
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("db"), &[CF_LOCAL, CF_SEEDS], &[]).unwrap();
+        let p = InPlace::new(db);
+        let data: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+        let (first, second) = data.split_at(3000);
+        let path = dir.path().join("f");
+        std::fs::write(&path, &data).unwrap();
+        let m = Manifest {
+            entries: vec![FileEntry {
+                path: "f".into(),
+                size: 5000,
+                blocks: [first, second]
+                    .iter()
+                    .map(|b| BlockRef {
+                        hash: BlockHash::of(b).0.to_vec(),
+                        len: b.len() as u32,
+                    })
+                    .collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let f = LocalFile {
+            entry_path: "f".into(),
+            disk_path: path.display().to_string(),
+        };
+        assert_eq!(p.register(&m, &[f]).unwrap(), 2);
+        let h = BlockHash::of(second);
+        assert_eq!(
+            p.read_range(&h, 100, 50).as_deref(),
+            Some(&second[100..150])
+        );
+        assert_eq!(p.read_range(&h, 1990, 10).as_deref(), Some(&second[1990..]));
+        assert!(p.read_range(&h, 1990, 11).is_none(), "past the block's end");
+        assert!(p.read_range(&BlockHash::of(b"x"), 0, 1).is_none());
+        std::fs::write(&path, [&data[..], b"more"].concat()).unwrap();
+        assert!(p.read_range(&h, 100, 50).is_none(), "the file changed");
     }
 }

@@ -104,6 +104,17 @@ pub trait BlockServe: Send + Sync + 'static {
     ) -> Result<Option<crate::hash::subtree::Piece>, BlockError> {
         Ok(None)
     }
+    /// `len` bytes from `start` of a block this peer holds whole, where it can read them alone
+    /// (`None`: read the block whole). Unchecked: the caller checks them (a piece against its
+    /// chaining value).
+    fn read_range(
+        &self,
+        _hash: &BlockHash,
+        _start: u64,
+        _len: usize,
+    ) -> Result<Option<Bytes>, BlockError> {
+        Ok(None)
+    }
     /// For such a piece not here yet: resolves once it may have arrived.
     fn piece_pending(&self, _hash: &BlockHash, _log2: u8, _index: u32) -> Option<Pending> {
         None

@@ -249,6 +249,20 @@ impl BlockServe for NodeBlocks {
         Ok(got)
     }
 
+    fn read_range(
+        &self,
+        hash: &BlockHash,
+        start: u64,
+        len: usize,
+    ) -> Result<Option<Bytes>, BlockError> {
+        let got = self.in_place.read_range(hash, start, len);
+        if let Some(b) = &got {
+            self.bytes_served
+                .fetch_add(b.len() as u64, Ordering::Relaxed);
+        }
+        Ok(got)
+    }
+
     fn piece_pending(&self, hash: &BlockHash, log2: u8, index: u32) -> Option<Pending> {
         if !self.in_flight.pending(hash) {
             return None;

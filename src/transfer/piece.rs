@@ -37,8 +37,13 @@ pub fn cut(len: u64, size_log2: u8) -> Option<Cut> {
     Cut::new(len, 1u64 << size_log2)
 }
 
-/// A block's values, by its hash and the piece size they were cut for.
-type KeptCvs = ((BlockHash, u8), Arc<Vec<Cv>>);
+/// A block's length and values, by its hash and the piece size they were cut for.
+type KeptCvs = ((BlockHash, u8), Arc<Values>);
+
+struct Values {
+    len: u64,
+    cvs: Vec<Cv>,
+}
 
 #[derive(Default)]
 struct Kept {
@@ -51,7 +56,7 @@ static KEPT: Mutex<Kept> = Mutex::new(Kept {
     bytes: 0,
 });
 
-fn kept(hash: &BlockHash, size_log2: u8) -> Option<Arc<Vec<Cv>>> {
+fn kept(hash: &BlockHash, size_log2: u8) -> Option<Arc<Values>> {
     let k = lock(&KEPT);
     k.entries
         .iter()
@@ -59,16 +64,16 @@ fn kept(hash: &BlockHash, size_log2: u8) -> Option<Arc<Vec<Cv>>> {
         .map(|(_, v)| v.clone())
 }
 
-fn keep(hash: BlockHash, size_log2: u8, cvs: Arc<Vec<Cv>>) {
+fn keep(hash: BlockHash, size_log2: u8, cvs: Arc<Values>) {
     let mut k = lock(&KEPT);
     if k.entries.iter().any(|(key, _)| *key == (hash, size_log2)) {
         return;
     }
-    k.bytes += 32 * cvs.len();
+    k.bytes += 32 * cvs.cvs.len();
     k.entries.push_back(((hash, size_log2), cvs));
     while k.bytes > CVS_BUDGET {
         match k.entries.pop_front() {
-            Some((_, old)) => k.bytes -= 32 * old.len(),
+            Some((_, old)) => k.bytes -= 32 * old.cvs.len(),
             None => break,
         }
     }
@@ -97,6 +102,13 @@ pub fn serve(
         .map_err(|e| PieceError::Bad(e.to_string()))?
     {
         return Ok(p);
+    }
+    // A block held whole whose values are kept: the piece's bytes alone, where they can be
+    // read alone, checked against their value.
+    if let Some(v) = kept(hash, size_log2) {
+        if let Some(p) = from_range(svc, hash, size_log2, index, &v)? {
+            return Ok(p);
+        }
     }
     let served = svc
         .get(hash)
@@ -132,8 +144,8 @@ pub fn serve(
         }
     };
     let (start, end) = (range.start as usize, range.end as usize);
-    let (cvs, data) = match kept(hash, size_log2) {
-        Some(cvs) => {
+    let (cvs, data) = match kept(hash, size_log2).filter(|v| v.len == len) {
+        Some(v) => {
             let data = match &served {
                 Served::Bytes(b) => b.slice(start..end),
                 Served::File(f, _) => {
@@ -143,7 +155,7 @@ pub fn serve(
                     Bytes::from(v)
                 }
             };
-            (cvs, data)
+            (v, data)
         }
         None => {
             let block = whole(&served)?;
@@ -157,16 +169,40 @@ pub fn serve(
                     "block {hash} here does not match its hash"
                 )));
             }
-            let cvs = Arc::new(cvs);
-            keep(*hash, size_log2, cvs.clone());
-            (cvs, block.slice(start..end))
+            let v = Arc::new(Values { len, cvs });
+            keep(*hash, size_log2, v.clone());
+            (v, block.slice(start..end))
         }
     };
     Ok(Piece {
         index,
-        cvs: cvs.as_ref().clone(),
+        cvs: cvs.cvs.clone(),
         data,
     })
+}
+
+/// Piece `index` read alone ([`BlockServe::read_range`]) and checked against the kept values
+/// `v`; `None` where the peer cannot read it alone or the bytes do not match.
+fn from_range(
+    svc: &dyn BlockServe,
+    hash: &BlockHash,
+    size_log2: u8,
+    index: u32,
+    v: &Values,
+) -> Result<Option<Piece>, PieceError> {
+    let Some((cut, r)) = cut(v.len, size_log2).and_then(|c| Some((c, c.range(index)?))) else {
+        return Ok(None);
+    };
+    let data = svc
+        .read_range(hash, r.start, (r.end - r.start) as usize)
+        .map_err(|e| PieceError::Bad(e.to_string()))?;
+    Ok(data
+        .filter(|d| cut.check_piece(&v.cvs, index, d))
+        .map(|data| Piece {
+            index,
+            cvs: v.cvs.clone(),
+            data,
+        }))
 }
 
 /// Whether `p` is piece `index` of block `hash` (of `len` bytes, cut in pieces of
@@ -193,5 +229,62 @@ mod tests {
         let mut huge = enc.clone();
         huge[4..8].copy_from_slice(&u32::MAX.to_be_bytes());
         assert_eq!(Piece::decode(Bytes::from(huge)), None);
+    }
+
+    /// A block in memory that counts how it is read, and whose ranges may lie.
+    struct Ranged {
+        block: Bytes,
+        gets: std::sync::atomic::AtomicUsize,
+        ranges: std::sync::atomic::AtomicUsize,
+        lie: std::sync::atomic::AtomicBool,
+    }
+
+    impl BlockServe for Ranged {
+        fn get(&self, _h: &BlockHash) -> Result<Option<Served>, crate::blocks::BlockError> {
+            self.gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(Some(Served::Bytes(self.block.clone())))
+        }
+        fn put(&self, _h: &BlockHash, _d: Bytes) -> Result<(), crate::blocks::BlockError> {
+            Err(crate::blocks::BlockError::NoUploads)
+        }
+        fn read_range(
+            &self,
+            _h: &BlockHash,
+            start: u64,
+            len: usize,
+        ) -> Result<Option<Bytes>, crate::blocks::BlockError> {
+            self.ranges
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut b = self.block[start as usize..start as usize + len].to_vec();
+            if self.lie.load(std::sync::atomic::Ordering::Relaxed) {
+                b[0] ^= 1;
+            }
+            Ok(Some(Bytes::from(b)))
+        }
+    }
+
+    #[test]
+    fn a_block_held_whole_is_read_once_for_its_values_then_a_piece_at_a_time() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let block: Vec<u8> = (0..(1u32 << 20)).map(|i| (i * 17 % 253) as u8).collect();
+        let hash = BlockHash::of(&block);
+        let svc = Ranged {
+            block: Bytes::from(block.clone()),
+            gets: Default::default(),
+            ranges: Default::default(),
+            lie: Default::default(),
+        };
+        for i in 0..16 {
+            let p = serve(&svc, &hash, 16, i).unwrap();
+            assert!(check(&p, &hash, block.len() as u64, 16, i));
+        }
+        assert_eq!(svc.gets.load(Relaxed), 1, "the block read whole once");
+        assert_eq!(svc.ranges.load(Relaxed), 15);
+        // Bytes read alone that do not match their value are not served: the block is read
+        // whole instead, and the piece is right.
+        svc.lie.store(true, Relaxed);
+        let p = serve(&svc, &hash, 16, 3).unwrap();
+        assert!(check(&p, &hash, block.len() as u64, 16, 3));
+        assert_eq!(svc.gets.load(Relaxed), 2);
     }
 }
