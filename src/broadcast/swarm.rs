@@ -39,7 +39,7 @@ impl Pieces {
         let lens: Vec<u64> = self.lens.iter().map(|&l| u64::from(l)).collect();
         match lens.len() == self.hashes.len() / 32 {
             true => Plan::new(&lens),
-            false => Plan::with_log2(&vec![0; self.hashes.len() / 32], 0),
+            false => Plan::whole(self.hashes.len() / 32),
         }
     }
 }
@@ -167,7 +167,7 @@ impl Broadcasts {
         // blocks (a reader reads a block at a time anyway), and a reader does not join one cut
         // finer (it fetches from the window's sources instead).
         let plan = match reads || self.whole_blocks {
-            true => crate::swarm::Plan::with_log2(&vec![0; pieces.hashes.len() / 32], 0),
+            true => Plan::whole(pieces.hashes.len() / 32),
             false => pieces.plan(),
         };
         let wanted = self.may_swarm(&spec, serves) && plan.pieces() >= MIN_SWARM_PIECES;

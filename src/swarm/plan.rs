@@ -49,6 +49,14 @@ impl Plan {
         Self::with_log2(lens, log2)
     }
 
+    /// `blocks` blocks, each one piece.
+    pub fn whole(blocks: usize) -> Plan {
+        Plan {
+            log2: 0,
+            firsts: (0..=blocks as u32).collect(),
+        }
+    }
+
     /// The plan with pieces of `2^log2` bytes (0: whole blocks).
     pub fn with_log2(lens: &[u64], log2: u8) -> Plan {
         let mut firsts = Vec::with_capacity(lens.len() + 1);
@@ -123,6 +131,8 @@ mod tests {
         assert_eq!(p.block_of(199), Some((199, 0)));
         assert_eq!(Plan::new(&[40 * 1024; 3]).log2(), 0);
         assert_eq!(Plan::new(&[]).pieces(), 0);
+        assert_eq!(Plan::whole(3), Plan::with_log2(&[5, 6, 7], 0));
+        assert_eq!(Plan::whole(0).pieces(), 0);
         // Never below the floor.
         assert_eq!(Plan::new(&[2 * MIB; 2]).log2(), MIN_SWARM_PIECE_LOG2);
     }

@@ -505,15 +505,7 @@ async fn run_lane(
                 Ok(Response::Piece(h, p))
                     if h == job.hash && job.piece.is_some() && p.data.len() == job.len as usize =>
                 {
-                    let (sinks, window, requests) =
-                        (sinks.clone(), window.clone(), requests.clone());
-                    let n = permits(job.len);
-                    writes.push(tokio::task::spawn_blocking(move || {
-                        let r = verify_and_write_piece(sinks.as_ref(), job, &p);
-                        window.add_permits(n as usize);
-                        requests.add_permits(1);
-                        r
-                    }));
+                    writes.push(spawn_write(&sinks, &window, &requests, job, Body::Piece(p)));
                 }
                 Ok(Response::Piece(..)) => {
                     error = Some(format!("sent the wrong piece for {}", job.hash));
@@ -526,15 +518,13 @@ async fn run_lane(
                     failed.push(job);
                 }
                 Ok(Response::Block(h, data)) if h == job.hash && data.len() == job.len as usize => {
-                    let (sinks, window, requests) =
-                        (sinks.clone(), window.clone(), requests.clone());
-                    let n = permits(job.len);
-                    writes.push(tokio::task::spawn_blocking(move || {
-                        let r = verify_and_write(sinks.as_ref(), job, &data);
-                        window.add_permits(n as usize);
-                        requests.add_permits(1);
-                        r
-                    }));
+                    writes.push(spawn_write(
+                        &sinks,
+                        &window,
+                        &requests,
+                        job,
+                        Body::Block(data),
+                    ));
                 }
                 // A block of the right hash but another length than the manifest's is as
                 // bad as bytes that fail their hash: whichever side lies, the bytes cannot fill
@@ -620,29 +610,44 @@ async fn run_lane(
     })
 }
 
-fn verify_and_write_piece(
-    sinks: &dyn BlockSink,
+/// What a peer sent for a job: a block, or a piece of one with its block's values.
+enum Body {
+    Block(Bytes),
+    Piece(crate::hash::subtree::Piece),
+}
+
+/// Verifies and writes `body` off the async threads, then gives back the job's share of the
+/// connection's window.
+fn spawn_write(
+    sinks: &Arc<dyn BlockSink>,
+    window: &Arc<Semaphore>,
+    requests: &Arc<Semaphore>,
     job: BlockJob,
-    p: &crate::hash::subtree::Piece,
-) -> Result<Written, TransferError> {
-    let Some(of) = job.piece else {
-        return Ok(Written::Corrupt(job));
-    };
-    if !super::piece::check(p, &job.hash, of.block_len, of.log2, of.index) {
-        return Ok(Written::Corrupt(job));
-    }
-    sinks.put_piece(&job, &p.data, &p.cvs)?;
-    Ok(Written::Ok)
+    body: Body,
+) -> tokio::task::JoinHandle<Result<Written, TransferError>> {
+    let (sinks, window, requests) = (sinks.clone(), window.clone(), requests.clone());
+    let n = permits(job.len);
+    tokio::task::spawn_blocking(move || {
+        let r = verify_and_write(sinks.as_ref(), job, &body);
+        window.add_permits(n as usize);
+        requests.add_permits(1);
+        r
+    })
 }
 
 fn verify_and_write(
     sinks: &dyn BlockSink,
     job: BlockJob,
-    data: &Bytes,
+    body: &Body,
 ) -> Result<Written, TransferError> {
-    if BlockHash::of(data) != job.hash {
-        return Ok(Written::Corrupt(job));
+    match (body, job.piece) {
+        (Body::Block(data), None) if BlockHash::of(data) == job.hash => sinks.put(&job, data)?,
+        (Body::Piece(p), Some(of))
+            if super::piece::check(p, &job.hash, of.block_len, of.log2, of.index) =>
+        {
+            sinks.put_piece(&job, &p.data, &p.cvs)?
+        }
+        _ => return Ok(Written::Corrupt(job)),
     }
-    sinks.put(&job, data)?;
     Ok(Written::Ok)
 }

@@ -105,8 +105,9 @@ pub fn serve(
     }
     // A block held whole whose values are kept: the piece's bytes alone, where they can be
     // read alone, checked against their value.
-    if let Some(v) = kept(hash, size_log2) {
-        if let Some(p) = from_range(svc, hash, size_log2, index, &v)? {
+    let known = kept(hash, size_log2);
+    if let Some(v) = &known {
+        if let Some(p) = from_range(svc, hash, size_log2, index, v)? {
             return Ok(p);
         }
     }
@@ -144,7 +145,7 @@ pub fn serve(
         }
     };
     let (start, end) = (range.start as usize, range.end as usize);
-    let (cvs, data) = match kept(hash, size_log2).filter(|v| v.len == len) {
+    let (cvs, data) = match known.filter(|v| v.len == len) {
         Some(v) => {
             let data = match &served {
                 Served::Bytes(b) => b.slice(start..end),

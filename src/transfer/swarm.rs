@@ -109,7 +109,6 @@ pub(super) async fn fetch(
                 ticket: member.ticket.clone(),
                 group_id: place.group_id,
                 generation: place.generation,
-                pieces: member.plan.pieces(),
                 index: member
                     .pieces
                     .iter()
@@ -177,7 +176,6 @@ struct Ctx {
     ticket: Bytes,
     group_id: String,
     generation: u64,
-    pieces: u32,
     /// Each unique block's place in the version.
     index: HashMap<[u8; 32], usize>,
     plan: Plan,
@@ -199,7 +197,7 @@ impl Ctx {
     /// Runs the membership's swarm until its membership is gone (or the swarm is given up).
     async fn run(mut self, mut wants: mpsc::UnboundedReceiver<Want>) {
         // Nothing is needed until a fetch asks for it.
-        for p in 0..self.pieces {
+        for p in 0..self.plan.pieces() {
             self.sched.skip(p);
         }
         let mut opens: HashMap<u64, Open> = HashMap::new();

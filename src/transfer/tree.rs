@@ -120,13 +120,13 @@ impl Membership {
         // Pieces smaller than blocks need every block's length and a cut the data plane
         // serves; a server that sends less is not followed into a swarm.
         let plan = match log2 {
-            0 => crate::swarm::Plan::with_log2(&vec![0; pieces.len()], 0),
+            0 => crate::swarm::Plan::whole(pieces.len()),
             _ if lens.len() == pieces.len() && super::piece::cut(1, log2).is_some() => {
                 crate::swarm::Plan::with_log2(&lens, log2)
             }
             _ => {
                 pieces.clear();
-                crate::swarm::Plan::with_log2(&[], 0)
+                crate::swarm::Plan::whole(0)
             }
         };
         let swarm = !pieces.is_empty();
