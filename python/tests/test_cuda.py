@@ -223,6 +223,55 @@ def test_a_getter_in_namespaces_of_its_own_loads_its_own_nccl(cluster, mounts, m
         assert inits >= 2, "the window with the namespaced getter did not go over NCCL"
 
 
+NCCL_SYNCS = textwrap.dedent(
+    """
+    import json, sys, time
+    import torch
+    import ktfs as kt
+    n, rounds = int(sys.argv[1]), int(sys.argv[2])
+    dest = {"w": torch.zeros(n, dtype=torch.float32, device="cuda")}
+    out = []
+    for i in range(rounds):
+        w = kt.BroadcastWindow(world_size=2, group_id="nccl-sync-%d" % i, timeout=120)
+        t0 = time.monotonic()
+        kt.get(key="cuda-sync/w", dest=dest, broadcast=w)
+        out.append({"sum": dest["w"].sum().item(), "s": time.monotonic() - t0})
+    print(json.dumps(out))
+    """
+)
+
+
+def test_weights_synced_again_to_the_same_workers_reuse_their_communicator(cluster, mounts, monkeypatch):
+    """A trainer putting weights into a window of the same inference process, round after
+    round (each round its own window): the first round forms a communicator in each worker,
+    the later ones run on it (the workers keep it, and outlive a round while their callers
+    live), so no later round pays NCCL's set-up again."""
+    a, b = mounts
+    n, rounds = 1 << 20, 3
+    before = nccl_inits()
+    getter = subprocess.Popen([sys.executable, "-c", NCCL_SYNCS, str(n), str(rounds)],
+                              env={**os.environ, "KT_MOUNT": b}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    at(monkeypatch, a)
+    for i in range(rounds):
+        w = kt.BroadcastWindow(world_size=2, group_id="nccl-sync-%d" % i, timeout=120)
+        kt.put(key="cuda-sync/w", src={"w": torch.full((n,), float(i + 1), device="cuda")},
+               broadcast=w)
+    out, err = getter.communicate(timeout=180)
+    assert getter.returncode == 0, err
+    got = json.loads(out)
+    assert [g["sum"] for g in got] == [float(n * (i + 1)) for i in range(rounds)]
+    kt.rm("cuda-sync/w")
+    if os.environ.get("KT_EXPECT_NCCL") == "1":
+        # One communicator in each of the two workers, for the first round only.
+        assert nccl_inits() - before == 2, "a later round formed a communicator again"
+    report = os.environ.get("KT_CUDA_REPORT")
+    if report:
+        with open(report, "a") as f:
+            f.write(json.dumps({"window": "nccl-rounds", "bytes": 4 * n,
+                                "round_s": [g["s"] for g in got]}) + "\n")
+
+
 KILLED_GETTER = textwrap.dedent(
     """
     import sys, torch, ktfs as kt

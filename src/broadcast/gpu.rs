@@ -17,10 +17,12 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
+use super::comms::{CommBook, Ended};
 use super::window::quorum;
 use super::{BroadcastError, WINDOW_IDLE};
 use crate::clock::Moment;
-use crate::proto::{GpuMember, GpuMemberState, GpuWindow, Role, WindowSpec};
+use crate::proto::{GpuMember, GpuMemberState, GpuWindow, HeldComm, Role, WindowSpec};
+use crate::rpc::gpu_window::comm_key;
 
 /// Who joins a GPU window.
 #[derive(Clone, Debug, Default)]
@@ -37,6 +39,8 @@ pub struct GpuJoiner {
     pub unique_id: Vec<u8>,
     /// Its worker can move its buffers over NCCL.
     pub nccl: bool,
+    /// The communicators its worker keeps on its buffers' device.
+    pub comms: Vec<HeldComm>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -73,6 +77,9 @@ struct Window {
     touched: Instant,
     members: Vec<Member>,
     failure: Option<Failure>,
+    /// Over NCCL, once planned: the communicator the broadcast runs on, and whether the members
+    /// kept it from an earlier window (else it is formed from the putter's unique id).
+    comm: Option<(Vec<u8>, bool)>,
 }
 
 impl Window {
@@ -89,6 +96,46 @@ impl Window {
 
     fn finished(&self) -> bool {
         !self.members.is_empty() && self.members.iter().all(|m| m.fate != Fate::Waiting)
+    }
+
+    /// How the window's broadcast ended, for the communicator it ran on.
+    fn ended(&self) -> Ended {
+        if self.failure.is_some()
+            || self
+                .members
+                .iter()
+                .any(|m| matches!(m.fate, Fate::Failed(_)))
+        {
+            // Failed as soon as one member has: the others' fates change nothing.
+            Ended::Failed
+        } else if self.finished() {
+            Ended::Succeeded
+        } else {
+            Ended::Running
+        }
+    }
+
+    /// Once planned over NCCL, picks the communicator: one every member kept, with their
+    /// ranks in it, or a fresh one. Runs once.
+    fn settle_comm(&mut self, book: &mut CommBook) {
+        if self.comm.is_some() || self.failure.is_some() || !self.over_nccl() {
+            return;
+        }
+        let held: Vec<&[HeldComm]> = self.members.iter().map(|m| &m.joiner.comms[..]).collect();
+        let (key, kept) = match book.shared(&held) {
+            Some((key, ranks)) => {
+                for (m, rank) in self.members.iter_mut().zip(ranks) {
+                    m.rank = rank;
+                }
+                (key, true)
+            }
+            None => match self.putter() {
+                Some(p) => (comm_key(&self.members[p].joiner.unique_id), false),
+                None => return,
+            },
+        };
+        book.use_for(key.clone(), &self.group_id, self.generation);
+        self.comm = Some((key, kept));
     }
 
     fn update(&mut self, live: &dyn Fn(&str) -> bool, now: Moment) {
@@ -210,6 +257,10 @@ impl Window {
             opened_unix_ms: self.opened_unix_ms,
             closed_unix_ms: self.closed_unix_ms,
             nccl: self.over_nccl(),
+            comm: match &self.comm {
+                Some((key, true)) => key.clone(),
+                _ => Vec::new(),
+            },
         }
     }
 
@@ -245,9 +296,44 @@ pub type GpuView = (GpuWindow, Option<Instant>);
 pub struct GpuWindows {
     windows: HashMap<String, Window>,
     generations: u64,
+    comms: CommBook,
 }
 
 impl GpuWindows {
+    /// Window `group`'s state brought up to `now`, and its communicator picked if it was just
+    /// planned over NCCL.
+    fn touch(&mut self, group: &str, live: &dyn Fn(&str) -> bool, now: Moment) {
+        let Some(mut w) = self.windows.remove(group) else {
+            return;
+        };
+        w.touched = now.at;
+        w.update(live, now);
+        if w.closed_by.is_some() && w.comm.is_none() && w.over_nccl() {
+            let windows = &self.windows;
+            self.comms.release_finished(&|group, generation| {
+                windows
+                    .get(group)
+                    .filter(|o| o.generation == generation)
+                    // Every window let go of is forgotten first, so this is not seen.
+                    .map_or(Ended::Failed, Window::ended)
+            });
+            w.settle_comm(&mut self.comms);
+        }
+        self.windows.insert(group.to_string(), w);
+    }
+
+    /// `w` is let go of (replaced by a new generation, or idle): so is its communicator, and
+    /// retired unless it is known to have succeeded.
+    fn forget(comms: &mut CommBook, w: &Window) {
+        if let Some((key, _)) = &w.comm {
+            let ended = match w.ended() {
+                Ended::Running => Ended::Failed,
+                e => e,
+            };
+            comms.end(key, &w.group_id, w.generation, ended);
+        }
+    }
+
     /// Adds a participant to the window `spec` names (a new generation once the last one has
     /// finished). Returns the window and the member's id.
     pub fn join(
@@ -265,8 +351,17 @@ impl GpuWindows {
                 "a GPU window needs a quorum: world_size, timeout or ips".into(),
             ));
         }
-        self.windows
-            .retain(|_, w| now.at.duration_since(w.touched) < WINDOW_IDLE);
+        let idle: Vec<String> = self
+            .windows
+            .iter()
+            .filter(|(_, w)| now.at.duration_since(w.touched) >= WINDOW_IDLE)
+            .map(|(g, _)| g.clone())
+            .collect();
+        for g in idle {
+            if let Some(w) = self.windows.remove(&g) {
+                Self::forget(&mut self.comms, &w);
+            }
+        }
         if self
             .windows
             .get(&spec.group_id)
@@ -284,15 +379,17 @@ impl GpuWindows {
                 touched: now.at,
                 members: Vec::new(),
                 failure: None,
+                comm: None,
             };
-            self.windows.insert(spec.group_id.clone(), w);
+            if let Some(old) = self.windows.insert(spec.group_id.clone(), w) {
+                Self::forget(&mut self.comms, &old);
+            }
         }
+        self.touch(&spec.group_id, live, now);
         let w = self
             .windows
             .get_mut(&spec.group_id)
             .ok_or_else(|| BroadcastError::NoWindow(spec.group_id.clone()))?;
-        w.touched = now.at;
-        w.update(live, now);
         if let Some(by) = w.closed_by {
             return Err(BroadcastError::Busy(format!(
                 "window {} closed its quorum (by {by}) before this joined, and is still moving \
@@ -313,7 +410,12 @@ impl GpuWindows {
             fate: Fate::Waiting,
         });
         let member = (w.members.len() - 1) as u64;
-        w.update(live, now);
+        let group = w.group_id.clone();
+        self.touch(&group, live, now);
+        let w = self
+            .windows
+            .get(&group)
+            .ok_or_else(|| BroadcastError::NoWindow(group.clone()))?;
         Ok(((w.to_proto(), w.deadline()), member))
     }
 
@@ -325,13 +427,18 @@ impl GpuWindows {
         live: &dyn Fn(&str) -> bool,
         now: Moment,
     ) -> Result<GpuView, BroadcastError> {
+        if self
+            .windows
+            .get(group)
+            .is_none_or(|w| w.generation != generation)
+        {
+            return Err(BroadcastError::NoWindow(group.to_string()));
+        }
+        self.touch(group, live, now);
         let w = self
             .windows
-            .get_mut(group)
-            .filter(|w| w.generation == generation)
+            .get(group)
             .ok_or_else(|| BroadcastError::NoWindow(group.to_string()))?;
-        w.touched = now.at;
-        w.update(live, now);
         Ok((w.to_proto(), w.deadline()))
     }
 
@@ -394,6 +501,7 @@ mod tests {
             flags: 0,
             unique_id: Vec::new(),
             nccl: false,
+            comms: Vec::new(),
         }
     }
 
@@ -483,6 +591,140 @@ mod tests {
             )
             .unwrap();
         assert!(!w.closed && !w.nccl);
+    }
+
+    #[test]
+    fn a_window_of_the_workers_of_an_earlier_one_runs_on_the_communicator_they_kept() {
+        let clock = ManualClock::default();
+        let mut g = GpuWindows::default();
+        let member = |node: &str, role: Role, id: u8, comms: Vec<HeldComm>| GpuJoiner {
+            nccl: true,
+            unique_id: if role == Role::Putter {
+                vec![id; 128]
+            } else {
+                Vec::new()
+            },
+            comms,
+            ..joiner(node, role, 1)
+        };
+        let run = |g: &mut GpuWindows, group: &str, joiners: Vec<GpuJoiner>| {
+            let s = WindowSpec {
+                group_id: group.into(),
+                ..spec(joiners.len() as u32, 0, 0)
+            };
+            let mut last = None;
+            for j in joiners {
+                last = Some(g.join(s.clone(), j, ALIVE, clock.now()).unwrap().0 .0);
+            }
+            last.unwrap()
+        };
+        let finish = |g: &mut GpuWindows, w: &GpuWindow, error: &str| {
+            for m in &w.members {
+                g.finish(&w.group_id, w.generation, m.id, error, clock.now())
+                    .unwrap();
+            }
+        };
+        // The first window forms a communicator from the putter's id.
+        let w1 = run(
+            &mut g,
+            "g",
+            vec![
+                member("a", Role::Putter, 1, vec![]),
+                member("b", Role::Getter, 0, vec![]),
+                member("c", Role::Getter, 0, vec![]),
+            ],
+        );
+        assert!(w1.nccl && w1.comm.is_empty());
+        finish(&mut g, &w1, "");
+        // What each worker then holds: its rank in that communicator.
+        let key = comm_key(&[1; 128]);
+        let held = |w: &GpuWindow, node: &str| {
+            let m = w.members.iter().find(|m| m.node_id == node).unwrap();
+            vec![HeldComm {
+                key: key.clone(),
+                rank: m.rank,
+                nranks: 3,
+            }]
+        };
+        let (ha, hb, hc) = (held(&w1, "a"), held(&w1, "b"), held(&w1, "c"));
+        // The same workers, joining in another order, with a getter putting this time: the
+        // kept communicator, each member at its rank there, the putter's the root.
+        let w2 = run(
+            &mut g,
+            "g",
+            vec![
+                member("c", Role::Getter, 0, hc.clone()),
+                member("b", Role::Putter, 2, hb.clone()),
+                member("a", Role::Getter, 0, ha.clone()),
+            ],
+        );
+        assert!(w2.nccl && w2.generation > w1.generation);
+        assert_eq!(w2.comm, key);
+        for node in ["a", "b", "c"] {
+            let rank = |w: &GpuWindow| w.members.iter().find(|m| m.node_id == node).unwrap().rank;
+            assert_eq!(rank(&w2), rank(&w1), "{node} keeps its rank");
+        }
+        // While that window runs, another window of the same workers forms a fresh one (NCCL
+        // needs the same collectives in the same order on every rank of a communicator).
+        let other = run(
+            &mut g,
+            "h",
+            vec![
+                member("a", Role::Putter, 3, ha.clone()),
+                member("b", Role::Getter, 0, hb.clone()),
+                member("c", Role::Getter, 0, hc.clone()),
+            ],
+        );
+        assert!(other.nccl && other.comm.is_empty());
+        finish(&mut g, &other, "");
+        // A member that does not hold it (its worker restarted), or one more member: fresh.
+        finish(&mut g, &w2, "");
+        let w3 = run(
+            &mut g,
+            "g",
+            vec![
+                member("a", Role::Putter, 4, ha.clone()),
+                member("b", Role::Getter, 0, vec![]),
+                member("c", Role::Getter, 0, hc.clone()),
+            ],
+        );
+        assert!(w3.nccl && w3.comm.is_empty());
+        finish(&mut g, &w3, "");
+        let w4 = run(
+            &mut g,
+            "g",
+            vec![
+                member("a", Role::Putter, 5, ha.clone()),
+                member("b", Role::Getter, 0, hb.clone()),
+                member("c", Role::Getter, 0, hc.clone()),
+                member("d", Role::Getter, 0, vec![]),
+            ],
+        );
+        assert!(w4.nccl && w4.comm.is_empty());
+        finish(&mut g, &w4, "");
+        // Once more, and this time the window fails: the communicator may be broken on some
+        // member, so no later window runs on it.
+        let w5 = run(
+            &mut g,
+            "g",
+            vec![
+                member("a", Role::Putter, 6, ha.clone()),
+                member("b", Role::Getter, 0, hb.clone()),
+                member("c", Role::Getter, 0, hc.clone()),
+            ],
+        );
+        assert_eq!(w5.comm, key);
+        finish(&mut g, &w5, "NCCL: the communicator was aborted");
+        let w6 = run(
+            &mut g,
+            "g",
+            vec![
+                member("a", Role::Putter, 7, ha),
+                member("b", Role::Getter, 0, hb),
+                member("c", Role::Getter, 0, hc),
+            ],
+        );
+        assert!(w6.nccl && w6.comm.is_empty(), "retired after a failure");
     }
 
     #[test]

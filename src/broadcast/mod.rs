@@ -20,6 +20,7 @@
 //! Getters of files fetch through the swarm when the server gives them the version's pieces at
 //! their join; the parent it gives too is what a getter that does not speak the swarm uses.
 
+pub mod comms;
 pub mod gpu;
 mod swarm;
 pub use swarm::Pieces as SwarmPieces;

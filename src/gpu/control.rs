@@ -25,7 +25,8 @@ use crate::locks::lock;
 use crate::proto::worker_request::Op;
 use crate::proto::{
     GpuKey, ListRequest, PublishGpuRequest, RemoveRequest, ResolveRequest, Role, WorkerBroadcast,
-    WorkerBuffer, WorkerFetch, WorkerNcclId, WorkerProgress, WorkerRegister, WorkerRelease,
+    WorkerBuffer, WorkerFetch, WorkerHeld, WorkerNcclId, WorkerProgress, WorkerRegister,
+    WorkerRelease,
 };
 use crate::rpc::gpu_secret::HostKey;
 use crate::rpc::{ClientError, Store};
@@ -142,6 +143,8 @@ impl Transfer {
 struct Registration {
     id: u64,
     publisher: bool,
+    /// The process that made it.
+    caller: u32,
     worker: Arc<WorkerClient>,
     /// The window it joined, told when the registration ends before its transfer does.
     window: Option<Membership>,
@@ -256,11 +259,19 @@ impl ControlFile {
 }
 
 /// The workers of this agent, one per caller's namespaces and ids (a pod's user), each with
-/// the number of registrations it holds; a worker that holds none is let go.
+/// the number of registrations it holds and how many it ever took; a worker that holds none
+/// is let go (after [`LINGER`], if it keeps communicators).
 #[derive(Default)]
 struct Workers {
-    by_caller: HashMap<WorkerKey, (Arc<WorkerClient>, usize)>,
+    by_caller: HashMap<WorkerKey, (Arc<WorkerClient>, usize, u64)>,
 }
+
+/// How long a worker that kept NCCL communicators outlives its last registration while the
+/// process that made it lives: a trainer or an inference server that syncs weights every few
+/// seconds finds its worker, and the communicators it formed with its peers, still there
+/// (forming them again costs more than a small broadcast). It goes at once when that process
+/// exits, and a worker that kept none goes with its last registration.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(60);
 
 type WorkerKey = (Namespaces, u32, u32);
 
@@ -607,15 +618,63 @@ async fn let_go(
         let mine = w
             .by_caller
             .iter_mut()
-            .find(|(_, (c, _))| Arc::ptr_eq(c, &reg.worker));
-        if let Some((key, (_, n))) = mine {
+            .find(|(_, (c, _, _))| Arc::ptr_eq(c, &reg.worker));
+        if let Some((key, (_, n, taken))) = mine {
             *n = n.saturating_sub(1);
             if *n == 0 {
                 // Its last registration is gone: closing the control socket ends it.
                 let key = key.clone();
-                w.by_caller.remove(&key);
+                if reg.worker.keeps_comms.load(Ordering::SeqCst) {
+                    let taken = *taken;
+                    drop(w);
+                    tokio::spawn(linger(workers.clone(), key, taken, reg.caller));
+                } else {
+                    w.by_caller.remove(&key);
+                }
             }
         }
+    }
+}
+
+/// Lets go of the worker at `key` once its caller `pid` exits or [`LINGER`] has passed,
+/// unless it took a registration since (`taken` counts them).
+async fn linger(workers: Arc<AsyncMutex<Workers>>, key: WorkerKey, taken: u64, pid: u32) {
+    let _ = tokio::time::timeout(LINGER, exited(pid)).await;
+    let mut w = workers.lock().await;
+    if w.by_caller
+        .get(&key)
+        .is_some_and(|(_, n, t)| *n == 0 && *t == taken)
+    {
+        w.by_caller.remove(&key);
+    }
+}
+
+/// Resolves when the process of thread `tid` has exited (at once if it cannot be watched).
+async fn exited(tid: u32) {
+    // The caller the kernel names is a thread; its process is what must be watched.
+    let tgid = std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Tgid:"))
+                .and_then(|v| v.trim().parse::<libc::pid_t>().ok())
+        });
+    let Some(tgid) = tgid else { return };
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, tgid, 0) };
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: a descriptor the call just opened, owned by nothing else.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+    // A pidfd turns readable when its process exits.
+    // SAFETY: the AsyncFd owns the OwnedFd, which stays open on the same descriptor until it
+    // is dropped with it.
+    let watched = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+    };
+    if let Ok(fd) = watched {
+        let _ = fd.readable().await;
     }
 }
 
@@ -654,12 +713,13 @@ impl Commit {
         })?;
         let key = (ns, uid, gid);
         let mut w = self.workers.lock().await;
-        if let Some((c, n)) = w.by_caller.get_mut(&key) {
+        if let Some((c, n, taken)) = w.by_caller.get_mut(&key) {
             *n += 1;
+            *taken += 1;
             return Ok(c.clone());
         }
         let c = WorkerClient::start(&self.exe, &self.host, self.caller).await?;
-        w.by_caller.insert(key, (c.clone(), 1));
+        w.by_caller.insert(key, (c.clone(), 1, 1));
         Ok(c)
     }
 
@@ -670,6 +730,7 @@ impl Commit {
         let reg = Registration {
             id: random_id()?,
             publisher,
+            caller: self.caller,
             worker: worker.clone(),
             window: None,
         };
@@ -736,6 +797,21 @@ impl Commit {
         } else {
             Vec::new()
         };
+        // Which communicators the worker kept, for the server to pick one all members hold.
+        let comms = if nccl {
+            let held = worker.call(Op::Held(WorkerHeld {
+                registration: self.registration(),
+            }));
+            match held.await {
+                Ok(r) => r.comms,
+                Err(e) => {
+                    tracing::warn!(key = %self.key, "the worker's kept communicators: {e}");
+                    Vec::new()
+                }
+            }
+        } else {
+            Vec::new()
+        };
         let m = window::join(
             &self.store,
             Joining {
@@ -750,6 +826,7 @@ impl Commit {
                 table_json: &self.table_json,
                 nccl,
                 unique_id,
+                comms,
             },
         )
         .await?;
@@ -875,8 +952,11 @@ impl Commit {
                 pack: plan.pack(),
                 deadline_ms: within,
                 window: plan.window.group_id.clone(),
+                comm: plan.window.comm.clone(),
             }))
             .await?;
+        // It kept the communicator: worth keeping the worker a while for the next window.
+        worker.keeps_comms.store(true, Ordering::SeqCst);
         Ok(r.bytes)
     }
 
@@ -961,5 +1041,31 @@ impl Commit {
             Err(e) => m.finish(&self.store, &e.to_string()).await,
         }
         moved
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_lingering_worker_learns_when_its_caller_exits() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let watch = tokio::spawn(exited(child.id()));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!watch.is_finished(), "resolved while the caller lives");
+        child.kill().unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(10), watch)
+            .await
+            .expect("not told of the exit")
+            .unwrap();
+        // Reaped, it cannot be watched: at once, not after LINGER.
+        child.wait().unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(1), exited(child.id()))
+            .await
+            .expect("an exited caller is waited for");
     }
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::abi::{self, KtGpuWindow};
 use crate::proto::{GpuAwaitRequest, GpuFinishRequest, GpuJoinRequest, GpuMember, GpuWindow};
-use crate::proto::{Role, WindowSpec};
+use crate::proto::{HeldComm, Role, WindowSpec};
 use crate::rpc::gpu_window::getters_finished;
 use crate::rpc::{ClientError, Store};
 
@@ -91,6 +91,8 @@ pub struct Joining<'a> {
     pub nccl: bool,
     /// A putter's NCCL unique id (empty: none).
     pub unique_id: Vec<u8>,
+    /// The communicators its worker keeps on its buffers' device.
+    pub comms: Vec<HeldComm>,
 }
 
 /// Joins the window; a window that refuses the joiner (closed already, a second putter) is a
@@ -116,6 +118,7 @@ pub async fn join(store: &Store, j: Joining<'_>) -> Result<Membership, WindowErr
             flags: j.asked.flags,
             unique_id: j.unique_id,
             nccl: j.nccl,
+            comms: j.comms,
         })
         .await
         .map_err(ClientError::from);

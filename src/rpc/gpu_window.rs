@@ -3,6 +3,12 @@
 
 use crate::proto::{GpuMemberState, GpuWindow, Role};
 
+/// The key a kept NCCL communicator goes by (`HeldComm.key`, `GpuWindow.comm`): BLAKE3 of the
+/// unique id it was formed from, which every member of it was given.
+pub fn comm_key(unique_id: &[u8]) -> Vec<u8> {
+    blake3::hash(unique_id).as_bytes().to_vec()
+}
+
 /// Whether the quorum has closed and every getter of `w` has finished, one way or the other:
 /// what the putter waits for.
 pub fn getters_finished(w: &GpuWindow) -> bool {

@@ -1208,6 +1208,13 @@ impl Store for StoreHandler {
             flags: r.flags,
             unique_id: r.unique_id,
             nccl: r.nccl,
+            // Compared with other members' keys only; bounded, so a window's plan is too.
+            comms: r
+                .comms
+                .into_iter()
+                .filter(|c| c.key.len() == 32)
+                .take(crate::broadcast::comms::MAX_HELD)
+                .collect(),
         };
         let ((window, _), member) = {
             let alive = self.alive();

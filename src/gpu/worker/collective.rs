@@ -8,7 +8,15 @@
 //! place. So a state dict of many small tensors of mixed dtypes costs a few launches, not one
 //! per tensor, and no second full copy of the model. Everything is queued on one stream, in
 //! order, and waited for once, watched for NCCL errors, by the deadline.
+//!
+//! A communicator that served a window is kept ([`Comms`]) for the next window of the same
+//! workers, which the store server runs on it when every member holds it (see
+//! `crate::broadcast::comms`): forming one costs far more than a small broadcast. The putter's
+//! unique id that such a window did not need is kept too, and handed out for the next window
+//! that does: NCCL's bootstrap thread for an id waits until its ranks have joined, so an id
+//! dropped unused would leave a thread and a socket behind for good.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,6 +24,125 @@ use super::memory::Buffers;
 use super::WorkerError;
 use crate::gpu::cuda::{AbortHandle, Comm, DeviceRange, NcclError, Stream, UniqueId};
 use crate::locks::lock;
+use crate::proto::HeldComm;
+use crate::rpc::gpu_window::comm_key;
+
+/// Communicators a worker keeps, at most: each holds NCCL's buffers on its GPU, and a pod
+/// syncs with a few groups of peers at once, not more.
+pub const KEEP: usize = 4;
+/// Unique ids this worker made and handed out, remembered to take back one a window did not
+/// use (a window that failed before its broadcast never says).
+const MADE: usize = 16;
+
+/// What [`Comms`] needs to know of a communicator.
+pub trait Kept {
+    fn device(&self) -> i32;
+    fn rank(&self) -> usize;
+    fn nranks(&self) -> usize;
+}
+
+impl Kept for Comm {
+    fn device(&self) -> i32 {
+        Comm::device(self).ordinal()
+    }
+    fn rank(&self) -> usize {
+        Comm::rank(self)
+    }
+    fn nranks(&self) -> usize {
+        Comm::nranks(self)
+    }
+}
+
+/// The communicators a worker kept from its windows, least recently used first, and its
+/// spare unique id.
+pub struct Comms<C = Comm> {
+    state: Mutex<KeptState<C>>,
+}
+
+struct KeptState<C> {
+    kept: VecDeque<(Vec<u8>, C)>,
+    made: VecDeque<UniqueId>,
+    spare: Option<UniqueId>,
+}
+
+impl<C> Default for Comms<C> {
+    fn default() -> Self {
+        Comms {
+            state: Mutex::new(KeptState {
+                kept: VecDeque::new(),
+                made: VecDeque::new(),
+                spare: None,
+            }),
+        }
+    }
+}
+
+impl<C: Kept> Comms<C> {
+    /// What is kept on `device`, as a join reports it.
+    pub fn held(&self, device: i32) -> Vec<HeldComm> {
+        lock(&self.state)
+            .kept
+            .iter()
+            .filter(|(_, c)| c.device() == device)
+            .map(|(key, c)| HeldComm {
+                key: key.clone(),
+                rank: c.rank() as u32,
+                nranks: c.nranks() as u32,
+            })
+            .collect()
+    }
+
+    /// Takes `key`'s communicator out for a broadcast (so no other uses it meanwhile).
+    pub fn take(&self, key: &[u8]) -> Option<C> {
+        let mut st = lock(&self.state);
+        let at = st.kept.iter().position(|(k, _)| k == key)?;
+        st.kept.remove(at).map(|(_, c)| c)
+    }
+
+    /// Keeps `c` (after a broadcast that went well) as the most recently used, letting go of
+    /// the least recently used beyond [`KEEP`].
+    pub fn keep(&self, key: Vec<u8>, c: C) {
+        let evicted: Vec<(Vec<u8>, C)> = {
+            let mut st = lock(&self.state);
+            st.kept.push_back((key, c));
+            let over = st.kept.len().saturating_sub(KEEP);
+            st.kept.drain(..over).collect()
+        };
+        // Destroying a communicator may wait for NCCL; not under the lock.
+        drop(evicted);
+    }
+
+    /// A unique id for a putter's join: the spare one if a window left one unused, else
+    /// `make`'s.
+    pub fn unique_id<E>(&self, make: impl FnOnce() -> Result<UniqueId, E>) -> Result<UniqueId, E> {
+        let spare = lock(&self.state).spare.take();
+        let id = match spare {
+            Some(id) => id,
+            None => make()?,
+        };
+        let mut st = lock(&self.state);
+        st.made.push_back(id);
+        while st.made.len() > MADE {
+            st.made.pop_front();
+        }
+        Ok(id)
+    }
+
+    /// A window ran on a kept communicator and did not use `id`: if this worker made it, it is
+    /// the spare for the next.
+    pub fn unused(&self, id: &UniqueId) {
+        let mut st = lock(&self.state);
+        if let Some(at) = st.made.iter().position(|m| m == id) {
+            st.made.remove(at);
+            st.spare = Some(*id);
+        }
+    }
+
+    /// A communicator is being formed from `id`: it is no one's spare.
+    pub fn used(&self, id: &UniqueId) {
+        lock(&self.state).made.retain(|m| m != id);
+    }
+}
 
 /// The size of a packed broadcast's bucket.
 pub const BUCKET: usize = 64 << 20;
@@ -29,6 +156,10 @@ pub struct Broadcast {
     pub pack: bool,
     /// How long forming the communicator, and then moving the bytes, may each take.
     pub within: Duration,
+    /// The kept communicator to run on (the plan's), instead of forming one from `unique_id`.
+    pub comm: Option<Vec<u8>>,
+    /// Which window, for messages.
+    pub window: String,
 }
 
 /// Where a Release finds the communicator to abort, once it is formed.
@@ -52,18 +183,56 @@ pub fn in_window(e: WorkerError, window: &str) -> WorkerError {
 }
 
 /// Runs `b` over `bufs` (blocking: on a thread of its own); the bytes moved.
-pub fn run(bufs: &Buffers, b: &Broadcast, abort: &AbortSlot) -> Result<u64, WorkerError> {
+/// On success the communicator is kept in `comms` for a later window.
+pub fn run(
+    bufs: &Buffers,
+    b: &Broadcast,
+    abort: &AbortSlot,
+    comms: &Comms,
+) -> Result<u64, WorkerError> {
     let (device, ranges) = bufs.device_ranges().ok_or_else(|| {
         WorkerError::Bad("an NCCL broadcast needs every buffer in CUDA memory on one device".into())
     })?;
     let stream = Stream::new(&device)?;
-    let comm = Comm::init(
-        &b.unique_id,
-        b.nranks,
-        b.rank,
-        &device,
-        Instant::now() + b.within,
-    )?;
+    let (key, comm) = match &b.comm {
+        Some(key) => {
+            comms.unused(&b.unique_id);
+            let comm = comms.take(key).ok_or_else(|| {
+                WorkerError::Remote(
+                    libc::ESTALE,
+                    "the communicator the plan names is no longer kept in this worker".into(),
+                )
+            })?;
+            let fits = Kept::device(&comm) == device.ordinal()
+                && comm.rank() == b.rank
+                && comm.nranks() == b.nranks;
+            if !fits {
+                return Err(WorkerError::Bad(format!(
+                    "the kept communicator is rank {} of {} on device {}, the plan's rank {} of \
+                     {} on device {}",
+                    comm.rank(),
+                    comm.nranks(),
+                    Kept::device(&comm),
+                    b.rank,
+                    b.nranks,
+                    device.ordinal()
+                )));
+            }
+            tracing::info!(window = %b.window, "reusing the communicator kept from an earlier window");
+            (key.clone(), comm)
+        }
+        None => {
+            comms.used(&b.unique_id);
+            let comm = Comm::init(
+                &b.unique_id,
+                b.nranks,
+                b.rank,
+                &device,
+                Instant::now() + b.within,
+            )?;
+            (comm_key(b.unique_id.as_bytes()), comm)
+        }
+    };
     *lock(abort) = Some(comm.abort_handle());
     let deadline = Instant::now() + b.within;
     let sender = b.rank == b.root;
@@ -104,6 +273,7 @@ pub fn run(bufs: &Buffers, b: &Broadcast, abort: &AbortSlot) -> Result<u64, Work
     if !sender {
         bufs.filled(bufs.nbytes());
     }
+    comms.keep(key, comm);
     Ok(bufs.nbytes())
 }
 
@@ -166,6 +336,77 @@ mod tests {
                 Run::Packed(v) => v.iter().map(DeviceRange::len).collect(),
             })
             .collect()
+    }
+
+    #[derive(Debug, PartialEq)]
+    struct Fake {
+        device: i32,
+        rank: usize,
+    }
+
+    impl Kept for Fake {
+        fn device(&self) -> i32 {
+            self.device
+        }
+        fn rank(&self) -> usize {
+            self.rank
+        }
+        fn nranks(&self) -> usize {
+            3
+        }
+    }
+
+    #[test]
+    fn a_worker_keeps_its_latest_communicators_and_reports_those_on_a_device() {
+        let comms: Comms<Fake> = Comms::default();
+        for k in 0..KEEP as u8 + 2 {
+            comms.keep(
+                vec![k; 32],
+                Fake {
+                    device: i32::from(k % 2),
+                    rank: 1,
+                },
+            );
+        }
+        // The two least recently used went.
+        let on = |d| -> Vec<u8> { comms.held(d).iter().map(|h| h.key[0]).collect() };
+        assert_eq!(on(0), vec![2, 4]);
+        assert_eq!(on(1), vec![3, 5]);
+        assert!(comms.held(0).iter().all(|h| h.rank == 1 && h.nranks == 3));
+        // Taken out while a broadcast runs on it: neither reported nor taken twice.
+        assert_eq!(comms.take(&[4; 32]).map(|c| c.device), Some(0));
+        assert_eq!(comms.take(&[4; 32]), None);
+        assert_eq!(on(0), vec![2]);
+        assert_eq!(comms.take(&[0; 32]), None, "evicted");
+        // Put back, it is the most recently used: the next eviction takes another.
+        comms.keep(vec![4; 32], Fake { device: 0, rank: 1 });
+        comms.keep(vec![9; 32], Fake { device: 0, rank: 1 });
+        assert_eq!((on(0), on(1)), (vec![4, 9], vec![3, 5]));
+        comms.keep(vec![8; 32], Fake { device: 1, rank: 1 });
+        assert_eq!((on(0), on(1)), (vec![4, 9], vec![5, 8]));
+    }
+
+    #[test]
+    fn a_unique_id_a_window_did_not_use_is_handed_out_for_the_next() {
+        let comms: Comms<Fake> = Comms::default();
+        let id = |n: u8| UniqueId::from_bytes(&[n; 128]).unwrap();
+        let made = std::cell::Cell::new(0u8);
+        let make = || -> Result<UniqueId, ()> {
+            made.set(made.get() + 1);
+            Ok(id(made.get()))
+        };
+        let first = comms.unique_id(make).unwrap();
+        assert!(first == id(1));
+        // A window on a kept communicator left it unused: the next join gets it, not a new one.
+        comms.unused(&first);
+        assert!(comms.unique_id(make).unwrap() == id(1));
+        assert_eq!(made.get(), 1);
+        // That one formed a communicator: the next is new.
+        comms.used(&id(1));
+        assert!(comms.unique_id(make).unwrap() == id(2));
+        // An id another worker made (a getter is told the putter's) is never this one's spare.
+        comms.unused(&id(7));
+        assert!(comms.unique_id(make).unwrap() == id(3));
     }
 
     #[test]

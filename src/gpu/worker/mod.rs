@@ -118,6 +118,7 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
     let serialised = Arc::new(AsyncMutex::new(()));
     // Per registration in an NCCL broadcast, its communicator once formed, for a Release.
     let mut aborts: HashMap<u64, collective::AbortSlot> = HashMap::new();
+    let comms: Arc<collective::Comms> = Arc::default();
     while let Some(req) = wire::recv::<_, WorkerRequest>(&mut rd).await? {
         let id = req.id;
         let reply = |r: Result<u64, WorkerError>| answer(id, r);
@@ -175,7 +176,7 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
                 fetches.insert(f.registration, (id, task));
             }
             Some(Op::NcclId(_)) => {
-                let r = match crate::gpu::cuda::UniqueId::new() {
+                let r = match comms.unique_id(crate::gpu::cuda::UniqueId::new) {
                     Ok(made) => WorkerReply {
                         id,
                         unique_id: made.as_bytes().to_vec(),
@@ -185,8 +186,24 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
                 };
                 wire::send(&mut *wr.lock().await, &r).await?;
             }
+            Some(Op::Held(h)) => {
+                let device = lock(&served)
+                    .get(&h.registration)
+                    .map(|b| b.device_ranges().map(|(d, _)| d.ordinal()));
+                let r = match device {
+                    Some(device) => WorkerReply {
+                        id,
+                        // Host buffers: no communicator fits.
+                        comms: device.map(|d| comms.held(d)).unwrap_or_default(),
+                        ..Default::default()
+                    },
+                    None => reply(Err(WorkerError::NoRegistration(h.registration))),
+                };
+                wire::send(&mut *wr.lock().await, &r).await?;
+            }
             Some(Op::Broadcast(bc)) => {
                 let bufs = lock(&served).get(&bc.registration).cloned();
+                let comms = comms.clone();
                 let slot = collective::AbortSlot::default();
                 aborts.insert(bc.registration, slot.clone());
                 let wr = wr.clone();
@@ -203,15 +220,19 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
                             root: bc.root as usize,
                             pack: bc.pack,
                             within: std::time::Duration::from_millis(bc.deadline_ms.max(1)),
+                            comm: (!bc.comm.is_empty()).then_some(bc.comm),
+                            window: bc.window.clone(),
                         };
                         // One NCCL broadcast at a time in a worker, whatever the window's
                         // nccl_pg_mode: two communicators active at once on one GPU can deadlock.
                         let _turn = one_at_a_time.lock().await;
                         let window = bc.window;
-                        tokio::task::spawn_blocking(move || collective::run(&bufs, &b, &slot))
-                            .await
-                            .map_err(|e| WorkerError::Bad(e.to_string()))?
-                            .map_err(|e| collective::in_window(e, &window))
+                        tokio::task::spawn_blocking(move || {
+                            collective::run(&bufs, &b, &slot, &comms)
+                        })
+                        .await
+                        .map_err(|e| WorkerError::Bad(e.to_string()))?
+                        .map_err(|e| collective::in_window(e, &window))
                     }
                     .await;
                     let _ = wire::send(&mut *wr.lock().await, &answer(id, moved)).await;

@@ -36,6 +36,8 @@ pub struct WorkerClient {
     /// Where other workers reach this one's data port.
     pub data_addr: String,
     pid: u32,
+    /// It kept an NCCL communicator from a window (see `collective::Comms`).
+    pub keeps_comms: std::sync::atomic::AtomicBool,
 }
 
 /// How a worker finds the NCCL its caller uses.
@@ -258,6 +260,7 @@ impl WorkerClient {
             next: AtomicU64::new(1),
             data_addr: hello.data_addr,
             pid,
+            keeps_comms: Default::default(),
         }))
     }
 
