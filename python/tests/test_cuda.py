@@ -140,11 +140,13 @@ NCCL_GETTER = textwrap.dedent(
     import json, sys, time
     import torch
     import ktfs as kt
-    n, pack = int(sys.argv[1]), sys.argv[2] == "1"
+    n, pack = int(sys.argv[1]), sys.argv[2].endswith("1")
     dest = {"big": torch.zeros(n, dtype=torch.uint8, device="cuda"),
             "small": torch.zeros(1000, dtype=torch.float32, device="cuda"),
             "half": torch.zeros(33, dtype=torch.float16, device="cuda")}
-    w = kt.BroadcastWindow(world_size=2, group_id="nccl-" + sys.argv[2], pack=pack, timeout=120)
+    fanout = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    w = kt.BroadcastWindow(world_size=2, group_id="nccl-" + sys.argv[2], pack=pack, timeout=120,
+                           fanout=fanout)
     t0 = time.monotonic()
     kt.get(key="cuda-nccl/sd" + sys.argv[2], dest=dest, broadcast=w)
     took = time.monotonic() - t0
@@ -168,7 +170,7 @@ def nccl_inits() -> int:
     return n
 
 
-def nccl_window(monkeypatch, a, b, flag, pack, n, wrap=()):
+def nccl_window(monkeypatch, a, b, flag, pack, n, wrap=(), fanout=0):
     """A putter on mount `a` and NCCL_GETTER on mount `b` (its command after `wrap`) in a
     window of two, every buffer in GPU memory: the getter's report, checked, and how many
     communicators NCCL formed meanwhile."""
@@ -176,11 +178,12 @@ def nccl_window(monkeypatch, a, b, flag, pack, n, wrap=()):
           "small": torch.arange(1000, dtype=torch.float32, device="cuda"),
           "half": torch.full((33,), 0.5, dtype=torch.float16, device="cuda")}
     before = nccl_inits()
-    getter = subprocess.Popen([*wrap, sys.executable, "-c", NCCL_GETTER, str(n), flag],
+    getter = subprocess.Popen([*wrap, sys.executable, "-c", NCCL_GETTER, str(n), flag, str(fanout)],
                               env={**os.environ, "KT_MOUNT": b}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     at(monkeypatch, a)
-    w = kt.BroadcastWindow(world_size=2, group_id="nccl-" + flag, pack=pack, timeout=120)
+    w = kt.BroadcastWindow(world_size=2, group_id="nccl-" + flag, pack=pack, timeout=120,
+                           fanout=fanout)
     kt.put(key="cuda-nccl/sd" + flag, src=sd, broadcast=w)
     out, err = getter.communicate(timeout=120)
     assert getter.returncode == 0, err
@@ -206,6 +209,18 @@ def test_a_window_of_one_member_per_node_goes_over_nccl(cluster, mounts, monkeyp
         with open(report, "a") as f:
             f.write(json.dumps({"window": "nccl", "pack": pack, "bytes": n, "get_s": got["s"],
                                 "get_gib_s": n / got["s"] / 2**30}) + "\n")
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_a_window_with_a_fanout_goes_down_a_tree_of_nccl_sends(cluster, mounts, monkeypatch, pack):
+    """An explicit fanout over NCCL: the bytes go down a pipelined tree of that degree, chunk by
+    chunk in sends and receives (here one hop, putter to getter), packed or in place, and
+    arrive whole (the big entry is many chunks, the small ones share a bucket)."""
+    a, b = mounts
+    n = (64 << 20) + 12345
+    got, inits = nccl_window(monkeypatch, a, b, "tree" + ("1" if pack else "0"), pack, n, fanout=1)
+    if os.environ.get("KT_EXPECT_NCCL") == "1":
+        assert inits >= 2, "the window with a fanout did not go over NCCL"
 
 
 def test_a_getter_in_namespaces_of_its_own_loads_its_own_nccl(cluster, mounts, monkeypatch):

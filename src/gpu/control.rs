@@ -953,6 +953,7 @@ impl Commit {
                 deadline_ms: within,
                 window: plan.window.group_id.clone(),
                 comm: plan.window.comm.clone(),
+                fanout: plan.window.spec.as_ref().map_or(0, |s| s.fanout),
             }))
             .await?;
         // It kept the communicator: worth keeping the worker a while for the next window.

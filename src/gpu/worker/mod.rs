@@ -222,6 +222,7 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
                             within: std::time::Duration::from_millis(bc.deadline_ms.max(1)),
                             comm: (!bc.comm.is_empty()).then_some(bc.comm),
                             window: bc.window.clone(),
+                            fanout: bc.fanout as usize,
                         };
                         // One NCCL broadcast at a time in a worker, whatever the window's
                         // nccl_pg_mode: two communicators active at once on one GPU can deadlock.
