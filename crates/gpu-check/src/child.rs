@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ktfs::gpu::cuda::{ipc, Comm, Device, IpcMapping, NcclError, Stream, UniqueId};
+use ktfs::gpu::worker::collective;
 use serde_json::{json, Value};
 
 use crate::{digest, pattern};
@@ -104,6 +105,12 @@ fn nccl_rank(args: &[String]) -> Result<Value, String> {
     let len: usize = arg(args, 4, "length")?;
     let seed: String = arg(args, 5, "seed")?;
     let timeout = Duration::from_millis(arg(args, 6, "timeout")?);
+    // 0 or absent: NCCL's broadcast; else the workers' pipelined tree of that degree.
+    let fanout: usize = if args.len() > 7 {
+        arg(args, 7, "fanout")?
+    } else {
+        0
+    };
     let id = UniqueId::from_hex(&id_hex).map_err(text("the unique id"))?;
 
     let dev = Device::open(device).map_err(text("opening the device"))?;
@@ -123,8 +130,14 @@ fn nccl_rank(args: &[String]) -> Result<Value, String> {
     let init_ms = ms(started.elapsed());
     let started = Instant::now();
     let deadline = started + timeout;
-    comm.broadcast(None, buf.range(), 0, &stream, deadline)
-        .map_err(text("broadcasting"))?;
+    if fanout == 0 {
+        comm.broadcast(None, buf.range(), 0, &stream, deadline)
+            .map_err(text("broadcasting"))?;
+    } else {
+        let place = collective::tree_place(rank, 0, nranks, fanout);
+        collective::tree_unit(&comm, buf.range(), &place, &stream, deadline)
+            .map_err(text("sending down the tree"))?;
+    }
     comm.wait(&stream, deadline)
         .map_err(text("waiting for the broadcast"))?;
     let elapsed = started.elapsed();

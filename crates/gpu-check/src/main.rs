@@ -207,7 +207,12 @@ fn run_checks(opts: &Options, nccl_library: Value) -> Report {
     };
     record("nccl_broadcast", &mut || {
         nccl_ready()?;
-        nccl_broadcast(opts, info.devices)
+        nccl_broadcast(opts, info.devices, 2, 0)
+    });
+    // Three ranks in a chain (fanout 1): the middle one receives and passes on at once.
+    record("nccl_tree", &mut || {
+        nccl_ready()?;
+        nccl_broadcast(opts, info.devices, 3, 1)
     });
     record("nccl_init_deadline", &mut || {
         nccl_ready()?;
@@ -326,15 +331,22 @@ fn cuda_ipc(opts: &Options) -> Result<Value, String> {
 }
 
 /// Two ranks in two child processes; rank 0 broadcasts a pattern, both must hold it.
-fn nccl_broadcast(opts: &Options, devices: u32) -> Result<Value, String> {
-    let nranks: usize = 2;
-    let two_gpus = devices >= 2;
+/// `nranks` ranks (each on its own GPU where there are enough, else all on `--device` as
+/// separate NCCL hosts) move `--bytes` from rank 0: by NCCL's broadcast (`fanout` 0) or down
+/// the workers' pipelined tree of degree `fanout`; every rank's bytes are checked.
+fn nccl_broadcast(
+    opts: &Options,
+    devices: u32,
+    nranks: usize,
+    fanout: usize,
+) -> Result<Value, String> {
+    let gpu_each = devices as usize >= nranks;
     let id = UniqueId::new().map_err(text("a unique id"))?;
     let seed = "nccl-broadcast";
     let timeout = Duration::from_secs(90);
     let mut running = Vec::new();
     for rank in 0..nranks {
-        let device = if two_gpus { rank as i32 } else { opts.device };
+        let device = if gpu_each { rank as i32 } else { opts.device };
         let args: Vec<String> = vec![
             rank.to_string(),
             nranks.to_string(),
@@ -343,8 +355,9 @@ fn nccl_broadcast(opts: &Options, devices: u32) -> Result<Value, String> {
             opts.bytes.to_string(),
             seed.to_string(),
             timeout.as_millis().to_string(),
+            fanout.to_string(),
         ];
-        let envs: Vec<(&str, String)> = if two_gpus {
+        let envs: Vec<(&str, String)> = if gpu_each {
             Vec::new()
         } else {
             vec![
@@ -372,7 +385,8 @@ fn nccl_broadcast(opts: &Options, devices: u32) -> Result<Value, String> {
         ranks.push(answer);
     }
     Ok(json!({
-        "mode": if two_gpus { "two_gpus" } else { "one_gpu_over_sockets" },
+        "mode": if gpu_each { "a_gpu_each" } else { "one_gpu_over_sockets" },
+        "fanout": fanout,
         "ranks": ranks,
     }))
 }

@@ -172,7 +172,7 @@ pub const TREE_CHUNK: usize = 4 << 20;
 /// `nranks` ranks: the tree of ranks counted from the root (rank `root + v` has children
 /// `root + fanout*v + 1 ..= root + fanout*v + fanout`, all modulo `nranks`), which with the
 /// root at rank 0 is the tree the server plans.
-fn tree_place(
+pub fn tree_place(
     rank: usize,
     root: usize,
     nranks: usize,
@@ -204,8 +204,9 @@ fn tree_steps(chunks: usize, root: bool) -> Vec<(Option<usize>, Option<usize>)> 
     }
 }
 
-/// Moves `unit` (the root's bytes, every other member's to fill) down the tree, chunk by chunk.
-fn tree_unit(
+/// Moves `unit` (the root's bytes, every other member's to fill) down the tree `place` gives
+/// (from [`tree_place`]), chunk by chunk, enqueued on `stream`.
+pub fn tree_unit(
     comm: &Comm,
     unit: DeviceRange<'_>,
     place: &(Option<usize>, Vec<usize>),
