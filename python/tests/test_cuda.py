@@ -238,6 +238,40 @@ def test_a_getter_in_namespaces_of_its_own_loads_its_own_nccl(cluster, mounts, m
         assert inits >= 2, "the window with the namespaced getter did not go over NCCL"
 
 
+NCCL_MANY = textwrap.dedent(
+    """
+    import json, sys, torch, ktfs as kt
+    dtypes = [torch.float32, torch.bfloat16, torch.int64]
+    dest = {"t%d" % i: torch.zeros((3 << 20) // dtypes[i % 3].itemsize, dtype=dtypes[i % 3],
+                                   device="cuda") for i in range(int(sys.argv[1]))}
+    w = kt.BroadcastWindow(world_size=2, group_id="nccl-many", pack=True, timeout=120)
+    kt.get(key="cuda-many/sd", dest=dest, broadcast=w)
+    print(json.dumps([t.double().sum().item() for t in dest.values()]))
+    """
+)
+
+
+def test_many_packed_entries_go_through_both_buckets_in_turn(cluster, mounts, monkeypatch):
+    """A packed window of 24 entries of 3 MiB in mixed dtypes: ten to a 32 MiB bucket, so
+    the buckets are filled, moved and emptied in turn, a bucket used again only once its last
+    use is over; every entry arrives with its own values."""
+    a, b = mounts
+    n = 24
+    getter = subprocess.Popen([sys.executable, "-c", NCCL_MANY, str(n)],
+                              env={**os.environ, "KT_MOUNT": b}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    dtypes = [torch.float32, torch.bfloat16, torch.int64]
+    sd = {"t%d" % i: torch.full(((3 << 20) // dtypes[i % 3].itemsize,), i + 1, dtype=dtypes[i % 3],
+                                device="cuda") for i in range(n)}
+    at(monkeypatch, a)
+    kt.put(key="cuda-many/sd", src=sd,
+           broadcast=kt.BroadcastWindow(world_size=2, group_id="nccl-many", pack=True, timeout=120))
+    out, err = getter.communicate(timeout=120)
+    assert getter.returncode == 0, err
+    assert json.loads(out) == [t.double().sum().item() for t in sd.values()]
+    kt.rm("cuda-many/sd")
+
+
 NCCL_SYNCS = textwrap.dedent(
     """
     import json, sys, time

@@ -310,6 +310,27 @@ impl Stream {
         )
     }
 
+    /// Marks `e` at this point of the work enqueued on this stream.
+    pub fn record(&self, e: &Event) -> Result<(), CudaError> {
+        self.device.bind()?;
+        // SAFETY: both handles live as long as their owners, borrowed here.
+        check(
+            unsafe { sys::cuEventRecord(e.raw, self.raw) },
+            "cuEventRecord",
+        )
+    }
+
+    /// Makes the work enqueued on this stream from now on wait until the work before `e`'s
+    /// latest mark (on whichever stream) is done; the host does not wait.
+    pub fn wait_for(&self, e: &Event) -> Result<(), CudaError> {
+        self.device.bind()?;
+        // SAFETY: both handles live as long as their owners, borrowed here.
+        check(
+            unsafe { sys::cuStreamWaitEvent(self.raw, e.raw, 0) },
+            "cuStreamWaitEvent",
+        )
+    }
+
     /// Whether everything enqueued so far is done, without waiting.
     pub fn query(&self) -> Result<bool, CudaError> {
         // SAFETY: the stream lives as long as `self`.
@@ -332,6 +353,50 @@ impl Drop for Stream {
         });
         if let Err(e) = r {
             tracing::warn!(device = self.device.ordinal, "destroying a stream: {e}");
+        }
+    }
+}
+
+/// A mark in a stream's work that another stream can wait for ([`Stream::record`],
+/// [`Stream::wait_for`]): how two streams hand a buffer to each other without the host waiting.
+pub struct Event {
+    device: Arc<Device>,
+    raw: sys::CUevent,
+}
+
+// SAFETY: an event may be used from any thread (the driver API is thread-safe); the handle is
+// only passed to the driver.
+unsafe impl Send for Event {}
+
+impl Event {
+    pub fn new(device: &Arc<Device>) -> Result<Event, CudaError> {
+        device.bind()?;
+        let mut raw = std::ptr::null_mut();
+        let flags = sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: the context is current; `raw` outlives the call.
+        check(
+            unsafe { sys::cuEventCreate(&mut raw, flags) },
+            "cuEventCreate",
+        )?;
+        Ok(Event {
+            device: device.clone(),
+            raw,
+        })
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: made by cuEventCreate and destroyed once; the driver keeps what still waits
+        // on it valid.
+        let r = self.device.bind().and_then(|()| {
+            check(
+                unsafe { sys::cuEventDestroy_v2(self.raw) },
+                "cuEventDestroy_v2",
+            )
+        });
+        if let Err(e) = r {
+            tracing::warn!(device = self.device.ordinal, "destroying an event: {e}");
         }
     }
 }

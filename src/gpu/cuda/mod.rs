@@ -32,7 +32,7 @@ pub mod probe;
 
 use cudarc::driver::sys;
 
-pub use device::{Device, DeviceBuffer, DeviceRange, Stream};
+pub use device::{Device, DeviceBuffer, DeviceRange, Event, Stream};
 pub use ipc::{IpcExport, IpcMapping};
 pub use nccl::{AbortHandle, Comm, Grouped, NcclError, UniqueId};
 pub use nccl_lib::{

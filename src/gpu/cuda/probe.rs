@@ -88,6 +88,10 @@ const CUDA_SYMBOLS: &[&str] = &[
     "cuStreamQuery",
     "cuStreamSynchronize",
     "cuStreamDestroy_v2",
+    "cuStreamWaitEvent",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventDestroy_v2",
 ];
 
 /// The NCCL functions this module calls.

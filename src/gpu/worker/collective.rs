@@ -6,8 +6,10 @@
 //! together: the root copies a run of them into a bucket of device memory, the bucket is
 //! broadcast, and each receiver copies the run out again; an entry of a bucket or more goes in
 //! place. So a state dict of many small tensors of mixed dtypes costs a few launches, not one
-//! per tensor, and no second full copy of the model. Everything is queued on one stream, in
-//! order, and waited for once, watched for NCCL errors, by the deadline.
+//! per tensor, and no second full copy of the model. There are two buckets, and the copies run
+//! on a stream of their own: one bucket is filled or emptied while the other's bytes move.
+//! Everything is queued at once, in order (events hand a bucket between the two streams), and
+//! waited for once, watched for NCCL errors, by the deadline.
 //!
 //! A communicator that served a window is kept ([`Comms`]) for the next window of the same
 //! workers, which the store server runs on it when every member holds it (see
@@ -22,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use super::memory::Buffers;
 use super::WorkerError;
-use crate::gpu::cuda::{AbortHandle, Comm, DeviceRange, NcclError, Stream, UniqueId};
+use crate::gpu::cuda::{
+    AbortHandle, Comm, Device, DeviceBuffer, DeviceRange, Event, NcclError, Stream, UniqueId,
+};
 use crate::locks::lock;
 use crate::proto::HeldComm;
 use crate::rpc::gpu_window::comm_key;
@@ -144,8 +148,8 @@ impl<C: Kept> Comms<C> {
     }
 }
 
-/// The size of a packed broadcast's bucket.
-pub const BUCKET: usize = 64 << 20;
+/// The size of each of a packed broadcast's two buckets.
+pub const BUCKET: usize = 32 << 20;
 
 /// One member's part in a window's broadcast.
 pub struct Broadcast {
@@ -322,31 +326,56 @@ pub fn run(
         }
     };
     if b.pack {
-        let bucket = device.alloc(BUCKET)?;
+        // Two buckets, so that one is filled (the root) or emptied (the others) on a stream of
+        // copies while the other's bytes move on the transfer stream; events hand each
+        // bucket from one stream to the other, and the host never waits between them.
+        let copies = Stream::new(&device)?;
+        let mut slots = [Slot::new(&device)?, Slot::new(&device)?];
+        let mut packed = 0;
         for run in runs(&ranges, BUCKET) {
             match run {
                 Run::InPlace(r) => transfer(r)?,
                 Run::Packed(rs) => {
-                    let mut at = 0;
+                    let slot = &mut slots[packed % 2];
+                    packed += 1;
+                    let used: usize = rs.iter().map(DeviceRange::len).sum();
+                    let bucket = slot.bucket.range();
                     if sender {
-                        for r in &rs {
-                            stream.copy(bucket.range().slice(at, r.len())?, *r)?;
-                            at += r.len();
+                        if slot.used {
+                            copies.wait_for(&slot.free)?;
                         }
-                    } else {
-                        at = rs.iter().map(DeviceRange::len).sum();
-                    }
-                    transfer(bucket.range().slice(0, at)?)?;
-                    if !sender {
                         let mut at = 0;
                         for r in &rs {
-                            stream.copy(*r, bucket.range().slice(at, r.len())?)?;
+                            copies.copy(bucket.slice(at, r.len())?, *r)?;
                             at += r.len();
                         }
+                        copies.record(&slot.filled)?;
+                        stream.wait_for(&slot.filled)?;
+                        transfer(bucket.slice(0, used)?)?;
+                        stream.record(&slot.free)?;
+                    } else {
+                        if slot.used {
+                            stream.wait_for(&slot.free)?;
+                        }
+                        transfer(bucket.slice(0, used)?)?;
+                        stream.record(&slot.filled)?;
+                        copies.wait_for(&slot.filled)?;
+                        let mut at = 0;
+                        for r in &rs {
+                            copies.copy(*r, bucket.slice(at, r.len())?)?;
+                            at += r.len();
+                        }
+                        copies.record(&slot.free)?;
                     }
+                    slot.used = true;
                 }
             }
         }
+        // The wait below watches the transfer stream: it covers the copies once it waits for
+        // them.
+        let copied = Event::new(&device)?;
+        copies.record(&copied)?;
+        stream.wait_for(&copied)?;
     } else {
         for r in ranges.iter().filter(|r| !r.is_empty()) {
             transfer(*r)?;
@@ -359,6 +388,28 @@ pub fn run(
     }
     comms.keep(key, comm);
     Ok(bufs.nbytes())
+}
+
+/// One of a packed transfer's two buckets, with the events that pass it between the stream of
+/// copies and the transfer stream.
+struct Slot {
+    bucket: DeviceBuffer,
+    /// Its bytes are in place for the next step: copied in (the root), or received.
+    filled: Event,
+    /// Its last use is over: its bytes sent on (the root), or copied out.
+    free: Event,
+    used: bool,
+}
+
+impl Slot {
+    fn new(device: &Arc<Device>) -> Result<Slot, WorkerError> {
+        Ok(Slot {
+            bucket: device.alloc(BUCKET)?,
+            filled: Event::new(device)?,
+            free: Event::new(device)?,
+            used: false,
+        })
+    }
 }
 
 /// A step of a packed broadcast.
