@@ -325,12 +325,17 @@ pub fn run(
             None => Ok(comm.broadcast(None, unit, b.root, &stream, deadline)?),
         }
     };
+    // The buckets and the stream of copies, kept until the transfer stream has been waited
+    // for: work queued on it uses them.
+    let mut packing: Option<(Stream, [Slot; 2])> = None;
     if b.pack {
         // Two buckets, so that one is filled (the root) or emptied (the others) on a stream of
         // copies while the other's bytes move on the transfer stream; events hand each
         // bucket from one stream to the other, and the host never waits between them.
-        let copies = Stream::new(&device)?;
-        let mut slots = [Slot::new(&device)?, Slot::new(&device)?];
+        let (copies, slots) = packing.insert((
+            Stream::new(&device)?,
+            [Slot::new(&device)?, Slot::new(&device)?],
+        ));
         let mut packed = 0;
         for run in runs(&ranges, BUCKET) {
             match run {
@@ -382,6 +387,7 @@ pub fn run(
         }
     }
     comm.wait(&stream, deadline)?;
+    drop(packing);
     lock(abort).take();
     if !sender {
         bufs.filled(bufs.nbytes());
