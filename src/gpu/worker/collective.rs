@@ -38,11 +38,14 @@ pub const KEEP: usize = 4;
 /// use (a window that failed before its broadcast never says).
 const MADE: usize = 16;
 
-/// What [`Comms`] needs to know of a communicator.
+/// What [`Comms`] needs of a communicator.
 pub trait Kept {
     fn device(&self) -> i32;
     fn rank(&self) -> usize;
     fn nranks(&self) -> usize;
+    /// Ends it at once, for good: it is idle, and its peers may be gone (finalizing it could
+    /// wait on them), so it is aborted rather than finalized.
+    fn let_go(&self);
 }
 
 impl Kept for Comm {
@@ -55,12 +58,28 @@ impl Kept for Comm {
     fn nranks(&self) -> usize {
         Comm::nranks(self)
     }
+    fn let_go(&self) {
+        self.abort();
+    }
 }
 
 /// The communicators a worker kept from its windows, least recently used first, and its
-/// spare unique id.
-pub struct Comms<C = Comm> {
+/// spare unique id. Those it lets go of (the least recently used beyond [`KEEP`], and all of
+/// them when the worker ends) are aborted.
+pub struct Comms<C: Kept = Comm> {
     state: Mutex<KeptState<C>>,
+}
+
+impl<C: Kept> Drop for Comms<C> {
+    fn drop(&mut self) {
+        let st = self
+            .state
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (_, c) in st.kept.drain(..) {
+            c.let_go();
+        }
+    }
 }
 
 struct KeptState<C> {
@@ -69,7 +88,7 @@ struct KeptState<C> {
     spare: Option<UniqueId>,
 }
 
-impl<C> Default for Comms<C> {
+impl<C: Kept> Default for Comms<C> {
     fn default() -> Self {
         Comms {
             state: Mutex::new(KeptState {
@@ -112,8 +131,9 @@ impl<C: Kept> Comms<C> {
             let over = st.kept.len().saturating_sub(KEEP);
             st.kept.drain(..over).collect()
         };
-        // Destroying a communicator may wait for NCCL; not under the lock.
-        drop(evicted);
+        for (_, c) in evicted {
+            c.let_go();
+        }
     }
 
     /// A unique id for a putter's join: the spare one if a window left one unused, else
@@ -495,6 +515,13 @@ mod tests {
         fn nranks(&self) -> usize {
             3
         }
+        fn let_go(&self) {
+            LET_GO.with(|n| n.set(n.get() + 1));
+        }
+    }
+
+    thread_local! {
+        static LET_GO: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     }
 
     #[test]
@@ -525,6 +552,11 @@ mod tests {
         assert_eq!((on(0), on(1)), (vec![4, 9], vec![3, 5]));
         comms.keep(vec![8; 32], Fake { device: 1, rank: 1 });
         assert_eq!((on(0), on(1)), (vec![4, 9], vec![5, 8]));
+        // The four evicted were let go of (aborted), and so are the four kept when the worker
+        // ends.
+        assert_eq!(LET_GO.with(|n| n.get()), 4);
+        drop(comms);
+        assert_eq!(LET_GO.with(|n| n.get()), 8);
     }
 
     #[test]
