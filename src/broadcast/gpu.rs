@@ -302,10 +302,8 @@ pub struct GpuWindows {
 impl GpuWindows {
     /// Window `group`'s state brought up to `now`, and its communicator picked if it was just
     /// planned over NCCL.
-    fn touch(&mut self, group: &str, live: &dyn Fn(&str) -> bool, now: Moment) {
-        let Some(mut w) = self.windows.remove(group) else {
-            return;
-        };
+    fn touch(&mut self, group: &str, live: &dyn Fn(&str) -> bool, now: Moment) -> Option<&Window> {
+        let mut w = self.windows.remove(group)?;
         w.touched = now.at;
         w.update(live, now);
         if w.closed_by.is_some() && w.comm.is_none() && w.over_nccl() {
@@ -319,7 +317,7 @@ impl GpuWindows {
             });
             w.settle_comm(&mut self.comms);
         }
-        self.windows.insert(group.to_string(), w);
+        Some(self.windows.entry(group.to_string()).or_insert(w))
     }
 
     /// `w` is let go of (replaced by a new generation, or idle): so is its communicator, and
@@ -411,10 +409,8 @@ impl GpuWindows {
         });
         let member = (w.members.len() - 1) as u64;
         let group = w.group_id.clone();
-        self.touch(&group, live, now);
         let w = self
-            .windows
-            .get(&group)
+            .touch(&group, live, now)
             .ok_or_else(|| BroadcastError::NoWindow(group.clone()))?;
         Ok(((w.to_proto(), w.deadline()), member))
     }
@@ -434,10 +430,8 @@ impl GpuWindows {
         {
             return Err(BroadcastError::NoWindow(group.to_string()));
         }
-        self.touch(group, live, now);
         let w = self
-            .windows
-            .get(group)
+            .touch(group, live, now)
             .ok_or_else(|| BroadcastError::NoWindow(group.to_string()))?;
         Ok((w.to_proto(), w.deadline()))
     }

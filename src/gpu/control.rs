@@ -26,7 +26,7 @@ use crate::proto::worker_request::Op;
 use crate::proto::{
     GpuKey, ListRequest, PublishGpuRequest, RemoveRequest, ResolveRequest, Role, WorkerBroadcast,
     WorkerBuffer, WorkerFetch, WorkerHeld, WorkerNcclId, WorkerProgress, WorkerRegister,
-    WorkerRelease,
+    WorkerRelease, WorkerReply,
 };
 use crate::rpc::gpu_secret::HostKey;
 use crate::rpc::{ClientError, Store};
@@ -787,28 +787,19 @@ impl Commit {
         // The putter's worker makes the communicator's id; one that cannot takes the window to
         // the host transport (the server sees no id).
         let unique_id = if nccl && role == Role::Putter {
-            match worker.call(Op::NcclId(WorkerNcclId {})).await {
-                Ok(r) => r.unique_id,
-                Err(e) => {
-                    tracing::warn!(key = %self.key, "no NCCL unique id, so the host transport: {e}");
-                    Vec::new()
-                }
-            }
+            let op = Op::NcclId(WorkerNcclId {});
+            let what = "no NCCL unique id, so the host transport";
+            self.ask(worker, op, what, |r| r.unique_id).await
         } else {
             Vec::new()
         };
         // Which communicators the worker kept, for the server to pick one all members hold.
         let comms = if nccl {
-            let held = worker.call(Op::Held(WorkerHeld {
+            let op = Op::Held(WorkerHeld {
                 registration: self.registration(),
-            }));
-            match held.await {
-                Ok(r) => r.comms,
-                Err(e) => {
-                    tracing::warn!(key = %self.key, "the worker's kept communicators: {e}");
-                    Vec::new()
-                }
-            }
+            });
+            self.ask(worker, op, "the worker's kept communicators", |r| r.comms)
+                .await
         } else {
             Vec::new()
         };
@@ -835,6 +826,24 @@ impl Commit {
         }
         self.still_open().await?;
         Ok(m)
+    }
+
+    /// What `pick` takes from the worker's answer to `op`; where it has none, the default (a
+    /// window goes on without it), and `what` went wrong in the log.
+    async fn ask<T: Default>(
+        &self,
+        worker: &WorkerClient,
+        op: Op,
+        what: &str,
+        pick: impl FnOnce(WorkerReply) -> T,
+    ) -> T {
+        match worker.call(op).await {
+            Ok(r) => pick(r),
+            Err(e) => {
+                tracing::warn!(key = %self.key, "{what}: {e}");
+                T::default()
+            }
+        }
     }
 
     async fn put(self, t: &Transfer) -> Result<u64, GpuError> {

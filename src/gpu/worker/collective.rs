@@ -308,6 +308,9 @@ pub fn run(
                 && comm.rank() == b.rank
                 && comm.nranks() == b.nranks;
             if !fits {
+                // Idle, and its peers are as lost as this member: ended at once, as a kept one
+                // let go of is.
+                comm.let_go();
                 return Err(WorkerError::Bad(format!(
                     "the kept communicator is rank {} of {} on device {}, the plan's rank {} of \
                      {} on device {}",
