@@ -18,6 +18,12 @@
 #                        token file (127.0.0.235-237): the host transport sealed (AES-256-GCM)
 #   plain TCP copy       the baseline: socat -b 1048576 (as bench/e2e.sh) of the same bytes from the
 #                        source /dev/shm file to another over 127.0.0.1
+# Then the same nodes with every node's uplink limited (KT_BENCH_GPU_LINK_MBIT, default 2000):
+# an htb qdisc on lo whose classes, one per node, take the packets sent from that node's address
+# (a getter pulls its bytes from its parent's worker, which listens on its node's address, so a
+# node's class holds what it sends on). There the links, not this machine's two cores, are what a
+# transfer waits for, as between the machines of a cluster: chain, tree and point to point, and the
+# TCP copy sent from A's address to B's.
 # A window's time runs from the first KT_GPU_JOIN to the last getter's DONE (seen in poll(2));
 # point to point from the GET to its DONE; the TCP copy from socat's start to the receiver's exit.
 # Every getter's (and socat's) bytes are compared with the source after the clock stopped.
@@ -31,19 +37,22 @@
 #   KT_BENCH_GPU_MIB     state dict size in MiB (default 1024; a multiple of 8, 64 entries)
 #   KT_BENCH_RUNS        runs per variant (default 3)
 #   KT_BENCH_RESULTS     where to write (default bench/RESULTS.md)
+#   KT_BENCH_GPU_LINK_MBIT  each node's uplink in the limited-link runs (default 2000; 0: none)
 #   KT_BENCH_PRIME_MIB   MiB written into and deleted from /dev/shm before each run (default: 3 x
 #                        the state dict: what a window's getters allocate), see bench/fuse.sh
 #   KT_BENCH_REV, KT_BENCH_TMP, KT_BENCH_QUIET_WAIT, KT_BENCH_QUIET_TOTAL: as for bench/e2e.sh
 #   CARGO_TARGET_DIR     honoured as cargo does
 #
-# Needs root and /dev/fuse. All processes, mounts, /dev/shm files and its temporary directory are
-# removed on exit, on failure and on Ctrl-C.
+# Needs root and /dev/fuse (and tc, with lo's root qdisc the default, for the limited links). All
+# processes, mounts, /dev/shm files, lo's qdisc and its temporary directory are removed on exit, on
+# failure and on Ctrl-C.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 MIB=${KT_BENCH_GPU_MIB:-1024}
 RUNS=${KT_BENCH_RUNS:-3}
+LINK_MBIT=${KT_BENCH_GPU_LINK_MBIT:-2000}
 RESULTS=${KT_BENCH_RESULTS:-$ROOT/bench/RESULTS.md}
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 KT=$TARGET/release/kt
@@ -57,6 +66,7 @@ WORK=
 source "$ROOT/bench/lib.sh"
 SHM=kt-bench-gpu-$$
 declare -a HOLD_PIDS=() SEEN_WORKERS=()
+LO_SHAPED=
 
 gpu_cleanup() {
     local rc=$? pid i
@@ -73,6 +83,7 @@ gpu_cleanup() {
         [[ $(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") == *gpu-worker* ]] && kill -TERM "$pid" 2>/dev/null
     done
     rm -f /dev/shm/"$SHM"-* 2>/dev/null
+    [[ -n $LO_SHAPED ]] && tc qdisc del dev lo root 2>/dev/null
     (exit "$rc")
     cleanup
 }
@@ -88,6 +99,12 @@ ensure_tools socat:socat time:/usr/bin/time jq:jq diffutils:cmp util-linux:mount
     || die "missing tools: socat time jq diffutils util-linux procps"
 command -v python3 >/dev/null || die "needs python3 (the driver, bench/gpu_window.py)"
 ((MIB % 8 == 0 && MIB >= 8)) || die "KT_BENCH_GPU_MIB must be a multiple of 8"
+if ((LINK_MBIT > 0)); then
+    ensure_tools iproute2:tc || die "missing tools: iproute2 (tc, for the limited links)"
+    # Someone else's qdisc on lo is theirs: replacing it, or deleting it at the end, would not do.
+    [[ $(tc qdisc show dev lo) == "qdisc noqueue 0: root "* ]] \
+        || die "lo has a qdisc already ($(tc qdisc show dev lo | head -1)); set KT_BENCH_GPU_LINK_MBIT=0 to run without limited links"
+fi
 shm_free=$(df -Pk /dev/shm | awk 'NR == 2 { print $4 }')
 ((shm_free > (5 * MIB + PRIME_MIB) * 1024)) || die "/dev/shm has $((shm_free / 1024)) MiB free; needs $((5 * MIB + PRIME_MIB))"
 
@@ -202,6 +219,9 @@ declare -A VLABEL=(
     [unpacked]="window to 3, chain (fanout 0), unpacked"
     [p2p]="point to point, 1 getter, no window"
     [sealed]="point to point, sealed (a store server with a token)"
+    [link-chain]="window to 3, chain (fanout 0), packed"
+    [link-tree]="window to 3, tree (fanout 2), packed"
+    [link-p2p]="point to point, 1 getter, no window"
 )
 declare -A VARGS=(
     [chain]="window --fanout 0 --pack"
@@ -209,8 +229,12 @@ declare -A VARGS=(
     [unpacked]="window --fanout 0"
     [p2p]="p2p"
     [sealed]="p2p"
+    [link-chain]="window --fanout 0 --pack"
+    [link-tree]="window --fanout 2 --pack"
+    [link-p2p]="p2p"
 )
-declare -A T O MC MH WH GT # per VARIANT,RUN: seconds, other CPU-s, machine CPU-s, peak mount, peak worker, getters
+LINK_VARIANTS=(link-chain link-tree link-p2p)
+declare -A T O MC MH WH GT UP # per VARIANT,RUN: seconds, other CPU-s, machine CPU-s, peak mount, peak worker, getters, uplinks
 GETTERS="${MDIR[B]},${MDIR[C]},${MDIR[D]}"
 node_of() { # mount point -> node name
     local n
@@ -220,7 +244,7 @@ node_of() { # mount point -> node name
 
 gpu_round() { # VARIANT RUN
     local v=$1 run=$2 out=$WORK/$1-$2.json getters=$GETTERS putter=${MDIR[A]} pids
-    [[ $v == p2p ]] && getters=${MDIR[B]}
+    [[ $v == p2p || $v == link-p2p ]] && getters=${MDIR[B]}
     [[ $v == sealed ]] && putter=${MDIR[E]} getters=${MDIR[F]}
     prime
     pids_check
@@ -242,12 +266,14 @@ gpu_round() { # VARIANT RUN
     log "  $v: ${T[$v,$run]}s ($(awk -v b="$BYTES" -v t="${T[$v,$run]}" 'BEGIN { printf "%.0f", b / 1e6 / t }') MB/s); machine ${MC[$v,$run]} CPU-s (other ${O[$v,$run]}); getters first byte/half/done s: $g; peak mount $(mib "${MH[$v,$run]}") MiB, worker $(mib "${WH[$v,$run]}") MiB; cpu $(jq -c .cpu_s "$out")"
 }
 
-tcp_round() { # RUN: socat -b BUF of the source into another /dev/shm file over 127.0.0.1
-    local run=$1 port recv t0 t1 b0 b1 dst=/dev/shm/$SHM-tcpdst send_cpu
+tcp_round() { # RUN [VARIANT]: socat -b BUF of the source into another /dev/shm file over lo
+    # tcp: 127.0.0.1 to itself; link-tcp: from A's address (its class on lo) to B's.
+    local run=$1 v=${2:-tcp} port recv t0 t1 b0 b1 dst=/dev/shm/$SHM-tcpdst send_cpu to=127.0.0.1 from=
+    [[ $v == link-tcp ]] && to=127.0.0.232 from=,bind=127.0.0.231
     rm -f -- "$dst"
     port=$(free_port)
     /usr/bin/time -v -o "$WORK/tcp-recv$run.time" \
-        socat -b "$BUF" -u "TCP-LISTEN:$port,reuseaddr,bind=127.0.0.1" "OPEN:$dst,creat,trunc" \
+        socat -b "$BUF" -u "TCP-LISTEN:$port,reuseaddr,bind=$to" "OPEN:$dst,creat,trunc" \
         2>"$WORK/tcp-recv$run.err" &
     recv=$!
     PIDS+=("$recv")
@@ -255,24 +281,24 @@ tcp_round() { # RUN: socat -b BUF of the source into another /dev/shm file over 
     prime
     b0=$(busy_ticks)
     t0=$EPOCHREALTIME
-    /usr/bin/time -v -o "$WORK/tcp-send$run.time" socat -b "$BUF" -u "OPEN:$SRC" "TCP:127.0.0.1:$port" \
+    /usr/bin/time -v -o "$WORK/tcp-send$run.time" socat -b "$BUF" -u "OPEN:$SRC" "TCP:$to:$port$from" \
         || die "socat sender $run"
     wait "$recv" || die "socat receiver $run"
     t1=$EPOCHREALTIME
     b1=$(busy_ticks)
     forget_pid "$recv"
-    T[tcp,$run]=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
+    T[$v,$run]=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
     read_time_file "$WORK/tcp-send$run.time"
     send_cpu=$CPU_S
     read_time_file "$WORK/tcp-recv$run.time"
-    MC[tcp,$run]=$(busy_s "$b0" "$b1")
-    O[tcp,$run]=$(other_s "${MC[tcp,$run]}" "$CPU_S" "$send_cpu")
-    MH[tcp,$run]=$RSS_KB
-    WH[tcp,$run]=0
-    GT[tcp,$run]=
+    MC[$v,$run]=$(busy_s "$b0" "$b1")
+    O[$v,$run]=$(other_s "${MC[$v,$run]}" "$CPU_S" "$send_cpu")
+    MH[$v,$run]=$RSS_KB
+    WH[$v,$run]=0
+    GT[$v,$run]=
     cmp "$dst" "$SRC" || die "socat's copy $run differs from the source"
     rm -f -- "$dst"
-    log "  tcp: ${T[tcp,$run]}s ($(awk -v b="$BYTES" -v t="${T[tcp,$run]}" 'BEGIN { printf "%.0f", b / 1e6 / t }') MB/s); machine ${MC[tcp,$run]} CPU-s (receiver $CPU_S, sender $send_cpu, other ${O[tcp,$run]})"
+    log "  $v: ${T[$v,$run]}s ($(awk -v b="$BYTES" -v t="${T[$v,$run]}" 'BEGIN { printf "%.0f", b / 1e6 / t }') MB/s); machine ${MC[$v,$run]} CPU-s (receiver $CPU_S, sender $send_cpu, other ${O[$v,$run]})"
 }
 
 for run in $(seq "$RUNS"); do
@@ -280,6 +306,52 @@ for run in $(seq "$RUNS"); do
     tcp_round "$run"
     for v in "${VARIANTS[@]}"; do gpu_round "$v" "$run"; done
 done
+
+# ---- the same with limited links ----------------------------------------------------------------
+# One htb class per node A-D on lo, fed by a u32 filter on the packets' source address; all else
+# (the server, ACKs, the rest of the machine) goes to a class it never fills.
+lo_shape() {
+    local i
+    tc qdisc add dev lo root handle 1: htb default 99 || die "tc qdisc add dev lo"
+    LO_SHAPED=1
+    tc class add dev lo parent 1: classid 1:99 htb rate 100gbit ceil 100gbit burst 4mb cburst 4mb quantum 200000 \
+        || die "tc class 1:99"
+    for i in 1 2 3 4; do
+        tc class add dev lo parent 1: classid "1:1$i" htb rate "${LINK_MBIT}mbit" ceil "${LINK_MBIT}mbit" \
+            burst 1mb cburst 1mb quantum 65536 || die "tc class 1:1$i"
+        tc filter add dev lo parent 1: protocol ip prio 1 u32 match ip src "127.0.0.23$i/32" flowid "1:1$i" \
+            || die "tc filter for 127.0.0.23$i"
+    done
+}
+lo_unshape() {
+    tc qdisc del dev lo root || die "tc qdisc del dev lo root"
+    LO_SHAPED=
+}
+uplinks() { # bytes each of A-D has sent through its class so far
+    local i
+    for i in 1 2 3 4; do
+        tc -s class show dev lo classid "1:1$i" | awk '/ Sent / { print $2; exit }'
+    done | paste -sd' '
+}
+link_round() { # VARIANT RUN: a round, with what each node sent through its uplink
+    local before after
+    before=$(uplinks)
+    if [[ $1 == link-tcp ]]; then tcp_round "$2" link-tcp; else gpu_round "$1" "$2"; fi
+    after=$(uplinks)
+    UP[$1,$2]=$(paste -d' ' <(tr ' ' '\n' <<<"$before") <(tr ' ' '\n' <<<"$after") \
+        | awk '{ printf "%s%.0f", (NR > 1 ? "/" : ""), ($2 - $1) / 1048576 }')
+    log "  $1: MiB sent by A/B/C/D: ${UP[$1,$2]}"
+}
+if ((LINK_MBIT > 0)); then
+    lo_shape
+    log "lo shaped: each of A-D sends at most $LINK_MBIT Mbit/s"
+    for run in $(seq "$RUNS"); do
+        log "limited links, run $run/$RUNS"
+        link_round link-tcp "$run"
+        for v in "${LINK_VARIANTS[@]}"; do link_round "$v" "$run"; done
+    done
+    lo_unshape
+fi
 
 # ---- stop everything before writing (a failure to stop fails the run) ---------------------------
 for pid in "${HOLD_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
@@ -382,6 +454,40 @@ CMD="bash bench/gpu.sh"
     echo "frame (AES-256-GCM under per-connection keys from the registration's secret). Point to point"
     echo "between E and F of a second server, one with a token file: $(med sealed) s against $(med p2p) s unsealed,"
     echo "**$(awk -v a="$(med sealed)" -v b="$(med p2p)" 'BEGIN { printf "%.2f", a / b }')x**; machine CPU $(median $(col MC sealed)) CPU-s against $(median $(col MC p2p))."
+    if ((LINK_MBIT > 0)); then
+        lt=$(med link-tcp)
+        lx() { awk -v t="$1" -v s="$lt" 'BEGIN { printf "%.2f", t / s }'; }
+        echo
+        echo "### The same nodes, each node's uplink limited to $LINK_MBIT Mbit/s"
+        echo
+        echo "An htb qdisc on lo with one class per node, fed by the packets sent from its address: a getter"
+        echo "pulls its bytes from its parent's worker, which listens on its node's address, so what a node passes"
+        echo "on goes through its own class. Here the links are what a transfer waits for, not this machine's"
+        echo "cores, as between the machines of a cluster. The TCP copy: socat from A's address to B's. **x TCP**"
+        echo "against that copy's median; MiB sent by A/B/C/D: what each node's class carried in the run (a chain:"
+        echo "A, B and C each send the state dict once; a tree of degree 2: A twice, B once). Median of $RUNS runs."
+        echo
+        echo "| variant | median s | MB/s | x TCP | machine CPU s | peak RSS mount | peak RSS worker | MiB sent by A/B/C/D | runs: s (machine, other CPU-s) |"
+        echo "|---|---:|---:|---:|---:|---:|---:|---|---|"
+        m=$lt
+        echo "| plain TCP copy A to B (socat -b $BUF), baseline | $m | $(mbs "$m") | 1.00 | $(median $(col MC link-tcp)) | socat $(mib "$(maxof $(col MH link-tcp))") MiB | - | ${UP[link-tcp,$(median_run link-tcp)]} | $(runs_col link-tcp) |"
+        for v in "${LINK_VARIANTS[@]}"; do
+            m=$(med "$v")
+            echo "| ${VLABEL[$v]} | $m | $(mbs "$m") | $(lx "$m") | $(median $(col MC "$v")) | $(mib "$(maxof $(col MH "$v"))") MiB | $(mib "$(maxof $(col WH "$v"))") MiB | ${UP[$v,$(median_run "$v")]} | $(runs_col "$v") |"
+        done
+        echo
+        echo "First/half/done per getter, as above, in each variant's median run:"
+        echo
+        for v in "${LINK_VARIANTS[@]}"; do
+            r=$(median_run "$v")
+            echo "- ${VLABEL[$v]} (run $r, ${T[$v,$r]} s): ${GT[$v,$r]}"
+        done
+        echo
+        echo "Target (issue 14 item 8): all three getters filled within 1.5x of one plain TCP copy's time: the"
+        echo "packed chain over these links took **$(lx "$(med link-chain)")x** one copy over them"
+        echo "($(awk -v r="$(lx "$(med link-chain)")" 'BEGIN { if (r <= 1.5) print "met"; else print "not met" }') where the links are the bottleneck; over bare loopback above, where this machine's two cores are,"
+        echo "$(xof "$c")x against a floor of ${floor}x)."
+    fi
     echo "$END_MARK"
 } >"$WORK/section.md"
 put_section "$RESULTS" "$BEGIN_MARK" "$END_MARK" "$WORK/section.md"
