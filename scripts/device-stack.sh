@@ -9,7 +9,8 @@
 # distributions put it), the windows of one member per node must go over NCCL: each mount is
 # its own host to NCCL (conftest.py), over sockets, since both ranks share the one GPU; and so
 # must a window whose getter runs in PID, IPC and mount namespaces of its own (as a pod's
-# process does: its worker enters them and loads the getter's NCCL from there).
+# process does: its worker enters them and loads the getter's NCCL from there), and a GET without
+# a window between GPU buffers (a communicator of the two workers, formed by the first GET only).
 #
 #   OUT=/tmp/out KT_BIN=path/to/kt bash scripts/device-stack.sh path/to/ktfs-*.whl
 #

@@ -321,6 +321,36 @@ def test_weights_synced_again_to_the_same_workers_reuse_their_communicator(clust
                                 "round_s": [g["s"] for g in got]}) + "\n")
 
 
+def test_a_point_to_point_get_of_gpu_buffers_goes_over_nccl_on_a_kept_communicator(cluster, mounts, monkeypatch):
+    """A GET without a window, both sides' buffers in GPU memory: the bytes go over NCCL
+    between the two nodes' workers (not staged through host memory and TCP), and the next GET
+    between the same workers runs on the communicator the first one formed."""
+    a, b = mounts
+    n = 64 << 20
+    src = {"w": torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda"),
+           "bias": torch.arange(4097, dtype=torch.float32, device="cuda")}
+    at(monkeypatch, a)
+    kt.put(key="cuda-p2p/w", src=src)
+    at(monkeypatch, b)
+    before = nccl_inits()
+    took = []
+    for i in range(3):
+        dest = {k: torch.zeros_like(v) for k, v in src.items()}
+        t0 = time.monotonic()
+        kt.get(key="cuda-p2p/w", dest=dest)
+        took.append(time.monotonic() - t0)
+        assert same(dest, src), f"GET {i}"
+        if os.environ.get("KT_EXPECT_NCCL") == "1":
+            # One communicator in each worker, formed by the first GET only.
+            assert nccl_inits() - before == 2, f"GET {i}: {nccl_inits() - before} formed"
+    at(monkeypatch, a)
+    kt.rm("cuda-p2p/w")
+    report = os.environ.get("KT_CUDA_REPORT")
+    if report:
+        with open(report, "a") as f:
+            f.write(json.dumps({"p2p": "nccl", "bytes": n + 4 * 4097, "get_s": took}) + "\n")
+
+
 KILLED_GETTER = textwrap.dedent(
     """
     import sys, torch, ktfs as kt

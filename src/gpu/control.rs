@@ -935,9 +935,20 @@ impl Commit {
                 source: format!("the publisher on node {}", gpu.publisher_node),
                 pack: true,
                 serialised: false,
+                nccl_deadline_ms: self.nccl_within(),
             }))
             .await?;
+        if r.nccl {
+            // It kept the pair's communicator: worth keeping the worker a while for the next.
+            worker.keeps_comms.store(true, Ordering::SeqCst);
+        }
         Ok(r.bytes)
+    }
+
+    /// How long an NCCL transfer of this table's bytes may take to form its communicator, and
+    /// then to move them.
+    fn nccl_within(&self) -> u64 {
+        NCCL_DEADLINE.as_millis() as u64 + self.table.nbytes() / NCCL_SLOWEST_BYTES_PER_MS
     }
 
     /// This member's part in the window's NCCL broadcast; the bytes moved.
@@ -949,8 +960,7 @@ impl Commit {
             .find(|m| m.role() == Role::Putter)
             .map(|m| m.rank)
             .ok_or_else(|| GpuError::Buffers("the plan has no putter".into()))?;
-        let within =
-            NCCL_DEADLINE.as_millis() as u64 + self.table.nbytes() / NCCL_SLOWEST_BYTES_PER_MS;
+        let within = self.nccl_within();
         let r = worker
             .call(Op::Broadcast(WorkerBroadcast {
                 registration: self.registration(),
@@ -1037,6 +1047,8 @@ impl Commit {
                     source: window::label(&parent),
                     pack: plan.pack(),
                     serialised: plan.serialised(),
+                    // The plan chose the host transport for this window.
+                    nccl_deadline_ms: 0,
                 }))
                 .await?;
             // Filled; but the transfer ends, and the caller may change its buffers, only once

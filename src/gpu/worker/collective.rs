@@ -63,9 +63,14 @@ impl Kept for Comm {
     }
 }
 
-/// The communicators a worker kept from its windows, least recently used first, and its
-/// spare unique id. Those it lets go of (the least recently used beyond [`KEEP`], and all of
-/// them when the worker ends) are aborted.
+/// The communicators a worker kept from its windows and its point-to-point GETs, least recently
+/// used first, and its spare unique id. Those it lets go of (the least recently used beyond
+/// [`KEEP`], and all of them when the worker ends) are aborted.
+///
+/// A window's communicator and a pair's are kept apart: the store server plans windows on the
+/// first kind only (it is told of no other), and the two workers of a pair run their GETs on
+/// the second only, each holding its turn, so that every communicator's members issue its
+/// collectives in one order.
 pub struct Comms<C: Kept = Comm> {
     state: Mutex<KeptState<C>>,
 }
@@ -76,14 +81,23 @@ impl<C: Kept> Drop for Comms<C> {
             .state
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (_, c) in st.kept.drain(..) {
+        for (_, c, _) in st.kept.drain(..) {
             c.let_go();
         }
     }
 }
 
+/// What a kept communicator serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Use {
+    /// Windows the store server plans on it.
+    Window,
+    /// Point-to-point GETs between its two workers, the source rank 0.
+    Pair,
+}
+
 struct KeptState<C> {
-    kept: VecDeque<(Vec<u8>, C)>,
+    kept: VecDeque<(Vec<u8>, C, Use)>,
     made: VecDeque<UniqueId>,
     spare: Option<UniqueId>,
 }
@@ -106,8 +120,8 @@ impl<C: Kept> Comms<C> {
         lock(&self.state)
             .kept
             .iter()
-            .filter(|(_, c)| c.device() == device)
-            .map(|(key, c)| HeldComm {
+            .filter(|(_, c, u)| c.device() == device && *u == Use::Window)
+            .map(|(key, c, _)| HeldComm {
                 key: key.clone(),
                 rank: c.rank() as u32,
                 nranks: c.nranks() as u32,
@@ -115,23 +129,41 @@ impl<C: Kept> Comms<C> {
             .collect()
     }
 
-    /// Takes `key`'s communicator out for a broadcast (so no other uses it meanwhile).
-    pub fn take(&self, key: &[u8]) -> Option<C> {
-        let mut st = lock(&self.state);
-        let at = st.kept.iter().position(|(k, _)| k == key)?;
-        st.kept.remove(at).map(|(_, c)| c)
+    /// The keys of the pair communicators kept on `device` in which this worker is `rank` of
+    /// two, most recently used first.
+    pub fn pairs(&self, rank: usize, device: i32) -> Vec<Vec<u8>> {
+        lock(&self.state)
+            .kept
+            .iter()
+            .rev()
+            .filter(|(_, c, u)| {
+                *u == Use::Pair && c.device() == device && c.rank() == rank && c.nranks() == 2
+            })
+            .map(|(key, _, _)| key.clone())
+            .collect()
     }
 
-    /// Keeps `c` (after a broadcast that went well) as the most recently used, letting go of
-    /// the least recently used beyond [`KEEP`].
-    pub fn keep(&self, key: Vec<u8>, c: C) {
-        let evicted: Vec<(Vec<u8>, C)> = {
+    /// Takes `key`'s communicator, kept for `used`, out for a transfer (so no other uses it
+    /// meanwhile).
+    pub fn take(&self, key: &[u8], used: Use) -> Option<C> {
+        let mut st = lock(&self.state);
+        let at = st
+            .kept
+            .iter()
+            .position(|(k, _, u)| k == key && *u == used)?;
+        st.kept.remove(at).map(|(_, c, _)| c)
+    }
+
+    /// Keeps `c` (after a transfer that went well) for `used`, as the most recently used,
+    /// letting go of the least recently used beyond [`KEEP`].
+    pub fn keep(&self, key: Vec<u8>, c: C, used: Use) {
+        let evicted: Vec<(Vec<u8>, C, Use)> = {
             let mut st = lock(&self.state);
-            st.kept.push_back((key, c));
+            st.kept.push_back((key, c, used));
             let over = st.kept.len().saturating_sub(KEEP);
             st.kept.drain(..over).collect()
         };
-        for (_, c) in evicted {
+        for (_, c, _) in evicted {
             c.let_go();
         }
     }
@@ -291,6 +323,21 @@ pub fn run(
     abort: &AbortSlot,
     comms: &Comms,
 ) -> Result<u64, WorkerError> {
+    let r = run_as(bufs, b, Use::Window, |h| *lock(abort) = Some(h), comms);
+    lock(abort).take();
+    r
+}
+
+/// Runs `b` over `bufs` as [`run`] does, on a communicator kept for `used` (`b.comm`) or one
+/// formed from `b.unique_id`, kept for `used` afterwards; `formed` is told how to abort it
+/// once it is there.
+pub fn run_as(
+    bufs: &Buffers,
+    b: &Broadcast,
+    used: Use,
+    formed: impl FnOnce(AbortHandle),
+    comms: &Comms,
+) -> Result<u64, WorkerError> {
     let (device, ranges) = bufs.device_ranges().ok_or_else(|| {
         WorkerError::Bad("an NCCL broadcast needs every buffer in CUDA memory on one device".into())
     })?;
@@ -298,10 +345,11 @@ pub fn run(
     let (key, comm) = match &b.comm {
         Some(key) => {
             comms.unused(&b.unique_id);
-            let comm = comms.take(key).ok_or_else(|| {
+            let comm = comms.take(key, used).ok_or_else(|| {
                 WorkerError::Remote(
                     libc::ESTALE,
-                    "the communicator the plan names is no longer kept in this worker".into(),
+                    "the communicator named for this transfer is no longer kept in this worker"
+                        .into(),
                 )
             })?;
             let fits = Kept::device(&comm) == device.ordinal()
@@ -312,8 +360,8 @@ pub fn run(
                 // let go of is.
                 comm.let_go();
                 return Err(WorkerError::Bad(format!(
-                    "the kept communicator is rank {} of {} on device {}, the plan's rank {} of \
-                     {} on device {}",
+                    "the kept communicator is rank {} of {} on device {}, the transfer's rank {} \
+                     of {} on device {}",
                     comm.rank(),
                     comm.nranks(),
                     Kept::device(&comm),
@@ -322,7 +370,7 @@ pub fn run(
                     device.ordinal()
                 )));
             }
-            tracing::info!(window = %b.window, "reusing the communicator kept from an earlier window");
+            tracing::info!(window = %b.window, "reusing a kept communicator");
             (key.clone(), comm)
         }
         None => {
@@ -337,7 +385,7 @@ pub fn run(
             (comm_key(b.unique_id.as_bytes()), comm)
         }
     };
-    *lock(abort) = Some(comm.abort_handle());
+    formed(comm.abort_handle());
     let deadline = Instant::now() + b.within;
     let sender = b.rank == b.root;
     let place = (b.fanout > 0).then(|| tree_place(b.rank, b.root, b.nranks, b.fanout));
@@ -411,11 +459,10 @@ pub fn run(
     }
     comm.wait(&stream, deadline)?;
     drop(packing);
-    lock(abort).take();
     if !sender {
         bufs.filled(bufs.nbytes());
     }
-    comms.keep(key, comm);
+    comms.keep(key, comm, used);
     Ok(bufs.nbytes())
 }
 
@@ -508,6 +555,44 @@ mod tests {
         rank: usize,
     }
 
+    /// A communicator of two.
+    #[derive(Debug, PartialEq)]
+    struct Two(i32, usize);
+
+    impl Kept for Two {
+        fn device(&self) -> i32 {
+            self.0
+        }
+        fn rank(&self) -> usize {
+            self.1
+        }
+        fn nranks(&self) -> usize {
+            2
+        }
+        fn let_go(&self) {}
+    }
+
+    #[test]
+    fn a_pairs_communicators_are_neither_reported_for_windows_nor_taken_for_one() {
+        let comms: Comms<Two> = Comms::default();
+        comms.keep(vec![1; 32], Two(0, 0), Use::Pair);
+        comms.keep(vec![2; 32], Two(0, 1), Use::Window);
+        comms.keep(vec![3; 32], Two(0, 0), Use::Pair);
+        comms.keep(vec![4; 32], Two(1, 0), Use::Pair);
+        // A join tells the server of the window's only.
+        let held: Vec<u8> = comms.held(0).iter().map(|h| h.key[0]).collect();
+        assert_eq!(held, vec![2]);
+        // A pair's GET finds its own, most recently used first, by rank and device.
+        assert_eq!(comms.pairs(0, 0), vec![vec![3; 32], vec![1; 32]]);
+        assert!(comms.pairs(1, 0).is_empty(), "the window's is no pair's");
+        assert_eq!(comms.pairs(0, 1), vec![vec![4; 32]]);
+        // Each kind is taken only as itself.
+        assert_eq!(comms.take(&[1; 32], Use::Window), None);
+        assert_eq!(comms.take(&[2; 32], Use::Pair), None);
+        assert_eq!(comms.take(&[1; 32], Use::Pair), Some(Two(0, 0)));
+        assert_eq!(comms.take(&[2; 32], Use::Window), Some(Two(0, 1)));
+    }
+
     impl Kept for Fake {
         fn device(&self) -> i32 {
             self.device
@@ -537,6 +622,7 @@ mod tests {
                     device: i32::from(k % 2),
                     rank: 1,
                 },
+                Use::Window,
             );
         }
         // The two least recently used went.
@@ -545,15 +631,15 @@ mod tests {
         assert_eq!(on(1), vec![3, 5]);
         assert!(comms.held(0).iter().all(|h| h.rank == 1 && h.nranks == 3));
         // Taken out while a broadcast runs on it: neither reported nor taken twice.
-        assert_eq!(comms.take(&[4; 32]).map(|c| c.device), Some(0));
-        assert_eq!(comms.take(&[4; 32]), None);
+        assert_eq!(comms.take(&[4; 32], Use::Window).map(|c| c.device), Some(0));
+        assert_eq!(comms.take(&[4; 32], Use::Window), None);
         assert_eq!(on(0), vec![2]);
-        assert_eq!(comms.take(&[0; 32]), None, "evicted");
+        assert_eq!(comms.take(&[0; 32], Use::Window), None, "evicted");
         // Put back, it is the most recently used: the next eviction takes another.
-        comms.keep(vec![4; 32], Fake { device: 0, rank: 1 });
-        comms.keep(vec![9; 32], Fake { device: 0, rank: 1 });
+        comms.keep(vec![4; 32], Fake { device: 0, rank: 1 }, Use::Window);
+        comms.keep(vec![9; 32], Fake { device: 0, rank: 1 }, Use::Window);
         assert_eq!((on(0), on(1)), (vec![4, 9], vec![3, 5]));
-        comms.keep(vec![8; 32], Fake { device: 1, rank: 1 });
+        comms.keep(vec![8; 32], Fake { device: 1, rank: 1 }, Use::Window);
         assert_eq!((on(0), on(1)), (vec![4, 9], vec![5, 8]));
         // The four evicted were let go of (aborted), and so are the four kept when the worker
         // ends.

@@ -24,10 +24,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
 
 use super::memory::Buffers;
+use super::p2p::{self, Lane};
 use super::sealed::{self, Direction, TAG};
 use super::WorkerError;
 use crate::locks::lock;
@@ -53,15 +55,16 @@ pub const STALL: Duration = Duration::from_secs(60);
 /// Registrations this worker serves, by id.
 pub type Served = Arc<Mutex<HashMap<u64, Arc<Buffers>>>>;
 
-/// Serves `served` on `listener` until the process ends.
-pub async fn serve(listener: TcpListener, served: Served) {
+/// Serves `served` on `listener` until the process ends; `lane`, where this worker can move
+/// CUDA bytes over NCCL, answers a getter's offer to take them that way ([`p2p`]).
+pub async fn serve(listener: TcpListener, served: Served, lane: Option<Arc<dyn Lane>>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
-        let served = served.clone();
+        let (served, lane) = (served.clone(), lane.clone());
         tokio::spawn(async move {
-            if let Err(e) = serve_connection(stream, served).await {
+            if let Err(e) = serve_connection(stream, served, lane).await {
                 tracing::debug!(error = %e, "host transport connection ended");
             }
         });
@@ -80,7 +83,7 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(w)
 }
 
-fn head(errno: u32, len: u32) -> Vec<u8> {
+pub(super) fn head(errno: u32, len: u32) -> Vec<u8> {
     let mut h = Vec::with_capacity(HEAD + TAG);
     h.extend_from_slice(&errno.to_le_bytes());
     h.extend_from_slice(&len.to_le_bytes());
@@ -117,7 +120,11 @@ fn admit(
     }
 }
 
-async fn serve_connection(stream: TcpStream, served: Served) -> Result<(), WorkerError> {
+async fn serve_connection(
+    stream: TcpStream,
+    served: Served,
+    lane: Option<Arc<dyn Lane>>,
+) -> Result<(), WorkerError> {
     stream.set_nodelay(true)?;
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::new(rd);
@@ -156,11 +163,13 @@ async fn serve_connection(stream: TcpStream, served: Served) -> Result<(), Worke
     let (tx, mut rx) = mpsc::channel::<Answer>(OVERLAP);
     let writer = async move {
         while let Some(answer) = rx.recv().await {
-            let (h, body) = answer
+            let made = answer
                 .await
                 .map_err(|e| WorkerError::Bad(e.to_string()))??;
-            wr.write_all(&h).await?;
-            wr.write_all(&body).await?;
+            if let Some((h, body)) = made {
+                wr.write_all(&h).await?;
+                wr.write_all(&body).await?;
+            }
         }
         Ok::<_, WorkerError>(())
     };
@@ -186,7 +195,9 @@ async fn serve_connection(stream: TcpStream, served: Served) -> Result<(), Worke
                             head(libc::EACCES as u32, why.len() as u32),
                             why.clone().into_bytes(),
                         );
-                        let _ = tx.send(tokio::spawn(async move { Ok(refusal) })).await;
+                        let _ = tx
+                            .send(tokio::spawn(async move { Ok(Some(refusal)) }))
+                            .await;
                         return Err(WorkerError::Bad(why));
                     }
                     Some((sealer.clone(), frames))
@@ -194,6 +205,39 @@ async fn serve_connection(stream: TcpStream, served: Served) -> Result<(), Worke
                 None => None,
             };
             let (offset, len) = (u64_at(&req, 0), u32_at(&req, 8));
+            if len == p2p::OFFER {
+                // The last request on this connection: the NCCL transfer that may follow ends
+                // it, and the connection's end (the getter done, or gone) stops that transfer.
+                let body = read_offer(&mut rd, keys.as_mut().map(|k| &mut k.0), offset).await?;
+                // The answer goes out as the frames taken for this request; the verdict after
+                // it.
+                let answer_frames = sealer;
+                let verdict_frames = keys
+                    .as_mut()
+                    .map(|(_, d)| (d.clone(), (d.take(), d.take())));
+                let stop = Arc::new(p2p::Stop::default());
+                let (answer, verdict) =
+                    p2p::answer_offer(b.clone(), body, lane.clone(), stop.clone());
+                let answer = tokio::spawn(async move {
+                    Ok(answer
+                        .await
+                        .ok()
+                        .map(|(h, body)| seal(answer_frames, h, body)))
+                });
+                let verdict = tokio::spawn(async move {
+                    let made = verdict.await.ok().flatten();
+                    Ok(made.map(|(h, body)| seal(verdict_frames, h, body)))
+                });
+                if tx.send(answer).await.is_err() || tx.send(verdict).await.is_err() {
+                    stop.stop();
+                    return Ok(());
+                }
+                drop(tx);
+                let mut rest = [0u8; 64];
+                while let Ok(1..) = rd.read(&mut rest).await {}
+                stop.stop();
+                return Ok(());
+            }
             let b = b.clone();
             let made = tokio::spawn(async move {
                 let (errno, body) = match answer(&b, offset, len).await {
@@ -202,9 +246,9 @@ async fn serve_connection(stream: TcpStream, served: Served) -> Result<(), Worke
                 };
                 let h = head(errno, body.len() as u32);
                 match sealer {
-                    None => Ok((h, body)),
+                    None => Ok(Some((h, body))),
                     // Off the runtime's threads: a chunk's sealing takes a millisecond or so.
-                    sealer => tokio::task::spawn_blocking(move || seal(sealer, h, body))
+                    sealer => tokio::task::spawn_blocking(move || Some(seal(sealer, h, body)))
                         .await
                         .map_err(|e| WorkerError::Bad(e.to_string())),
                 }
@@ -222,8 +266,31 @@ async fn serve_connection(stream: TcpStream, served: Served) -> Result<(), Worke
 /// A received chunk being opened and written: whether it opened, and how the write went.
 type Landing = tokio::task::JoinHandle<Result<bool, std::io::Error>>;
 
-/// An answer being made: its head and body, sealed where the connection is.
-type Answer = tokio::task::JoinHandle<Result<(Vec<u8>, Vec<u8>), WorkerError>>;
+/// An answer being made: its head and body, sealed where the connection is (none: nothing to
+/// send after all).
+type Answer = tokio::task::JoinHandle<Result<Option<(Vec<u8>, Vec<u8>)>, WorkerError>>;
+
+/// An offer's body of `len` bytes, opened where the connection is sealed.
+async fn read_offer<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    opener: Option<&mut Direction>,
+    len: u64,
+) -> Result<Vec<u8>, WorkerError> {
+    if len > p2p::MAX_OFFER {
+        return Err(WorkerError::Bad(format!("an NCCL offer of {len} bytes")));
+    }
+    let tag = if opener.is_some() { TAG } else { 0 };
+    let mut body = vec![0u8; len as usize + tag];
+    rd.read_exact(&mut body).await?;
+    if let Some(o) = opener {
+        if !o.open(&mut body) {
+            return Err(WorkerError::Bad(
+                "an NCCL offer that the registration's secret does not open".into(),
+            ));
+        }
+    }
+    Ok(body)
+}
 
 /// `head` and `body` sealed as the frames given (the head's, the body's), or as they are.
 fn seal(
@@ -255,61 +322,40 @@ async fn answer(b: &Arc<Buffers>, offset: u64, len: u32) -> Result<Vec<u8>, (i32
         .map_err(|e| (e.raw_os_error().unwrap_or(libc::EIO), e.to_string()))
 }
 
-/// Fills `dst` from `src_registration` at the worker at `addr` (`source` names it in messages),
-/// several requests in flight, chunks cut as [`Buffers::chunks`] says for `pack`; sealed under
-/// `secret` where the cluster issued one. Returns the bytes moved. On failure `dst` fails too,
-/// so that whoever receives from it learns why.
-pub async fn fetch(
-    addr: &str,
-    src_registration: u64,
-    secret: Option<Secret>,
-    source: &str,
-    dst: Arc<Buffers>,
-    pack: bool,
-) -> Result<u64, WorkerError> {
-    let r = fetch_into(addr, src_registration, secret, source, &dst, pack).await;
+/// The registration a GET pulls from.
+#[derive(Clone, Copy)]
+pub struct Source<'a> {
+    /// Its worker's data address.
+    pub addr: &'a str,
+    pub registration: u64,
+    /// Its secret, where the cluster issues them.
+    pub secret: Option<Secret>,
+    /// Who that is, for messages.
+    pub name: &'a str,
+}
+
+/// Fills `dst` from `src`, several requests in flight, chunks cut as [`Buffers::chunks`] says
+/// for `pack`; sealed where the cluster issued a secret. Returns the bytes moved. On failure
+/// `dst` fails too, so that whoever receives from it learns why.
+pub async fn fetch(src: Source<'_>, dst: Arc<Buffers>, pack: bool) -> Result<u64, WorkerError> {
+    let r = fetch_into(src, &dst, pack).await;
     if let Err(e) = &r {
         dst.fail(e.errno(), e.to_string());
     }
     r
 }
 
-async fn fetch_into(
-    addr: &str,
-    src_registration: u64,
-    secret: Option<Secret>,
-    source: &str,
-    dst: &Arc<Buffers>,
-    pack: bool,
-) -> Result<u64, WorkerError> {
+async fn fetch_into(src: Source<'_>, dst: &Arc<Buffers>, pack: bool) -> Result<u64, WorkerError> {
+    let Conn {
+        mut rd,
+        mut wr,
+        mut sealer,
+        mut opener,
+    } = connect(src).await?;
+    let Source {
+        addr, name: source, ..
+    } = src;
     let peer = |e: std::io::Error| peer_failed(source, addr, e);
-    let stream = TcpStream::connect(addr).await.map_err(peer)?;
-    stream.set_nodelay(true)?;
-    let (rd, mut wr) = stream.into_split();
-    let mut rd = BufReader::with_capacity(1 << 20, rd);
-    let client = sealed::hello()?;
-    let mut hello = Vec::with_capacity(HELLO);
-    hello.extend_from_slice(MAGIC);
-    hello.extend_from_slice(&src_registration.to_le_bytes());
-    hello.push(u8::from(secret.is_some()));
-    hello.extend_from_slice(&client);
-    wr.write_all(&hello).await.map_err(peer)?;
-    let mut verdict = [0u8; HEAD];
-    rd.read_exact(&mut verdict).await.map_err(peer)?;
-    let (errno, len) = (u32_at(&verdict, 0), u32_at(&verdict, 4));
-    if errno != 0 {
-        return Err(refusal(&mut rd, errno, len, source, addr).await);
-    }
-    let keys = match secret {
-        Some(secret) => {
-            let mut server = [0u8; 32];
-            rd.read_exact(&mut server).await.map_err(peer)?;
-            let k = sealed::keys(&secret, &client, &server);
-            Some((k.to_server, k.to_client))
-        }
-        None => None,
-    };
-    let (mut sealer, mut opener) = keys.unzip();
     let chunks = dst.chunks(pack);
     let window = Arc::new(Semaphore::new(PIPELINE));
     let send = {
@@ -354,7 +400,7 @@ async fn fetch_into(
         for &(at, len) in &chunks {
             let got = tokio::time::timeout(
                 STALL,
-                receive_chunk(&mut rd, opener.as_mut(), source, addr, len),
+                receive_chunk(&mut rd, opener.as_mut(), source, addr, Want::Exactly(len)),
             )
             .await
             .unwrap_or_else(|_| {
@@ -410,6 +456,110 @@ async fn fetch_into(
     Ok(moved)
 }
 
+/// A connection to a peer worker for one registration, past its hello: sealed, where there is a
+/// secret, under keys for each direction.
+pub struct Conn {
+    pub rd: BufReader<OwnedReadHalf>,
+    pub wr: OwnedWriteHalf,
+    pub sealer: Option<Direction>,
+    pub opener: Option<Direction>,
+}
+
+/// Connects to `src`'s worker for its registration.
+pub async fn connect(src: Source<'_>) -> Result<Conn, WorkerError> {
+    let Source {
+        addr,
+        registration,
+        secret,
+        name: source,
+    } = src;
+    let peer = |e: std::io::Error| peer_failed(source, addr, e);
+    let stream = TcpStream::connect(addr).await.map_err(peer)?;
+    stream.set_nodelay(true)?;
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::with_capacity(1 << 20, rd);
+    let client = sealed::hello()?;
+    let mut hello = Vec::with_capacity(HELLO);
+    hello.extend_from_slice(MAGIC);
+    hello.extend_from_slice(&registration.to_le_bytes());
+    hello.push(u8::from(secret.is_some()));
+    hello.extend_from_slice(&client);
+    wr.write_all(&hello).await.map_err(peer)?;
+    let mut verdict = [0u8; HEAD];
+    rd.read_exact(&mut verdict).await.map_err(peer)?;
+    let (errno, len) = (u32_at(&verdict, 0), u32_at(&verdict, 4));
+    if errno != 0 {
+        return Err(refusal(&mut rd, errno, len, source, addr).await);
+    }
+    let keys = match secret {
+        Some(secret) => {
+            let mut server = [0u8; 32];
+            rd.read_exact(&mut server).await.map_err(peer)?;
+            let k = sealed::keys(&secret, &client, &server);
+            Some((k.to_server, k.to_client))
+        }
+        None => None,
+    };
+    let (sealer, opener) = keys.unzip();
+    Ok(Conn {
+        rd,
+        wr,
+        sealer,
+        opener,
+    })
+}
+
+impl Conn {
+    /// Sends an NCCL offer ([`p2p`]): a request of [`p2p::OFFER`] bytes whose offset says the
+    /// body's length, then the body.
+    pub async fn send_offer(&mut self, body: Vec<u8>) -> std::io::Result<()> {
+        let mut req = Vec::with_capacity(REQUEST + TAG);
+        req.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        req.extend_from_slice(&p2p::OFFER.to_le_bytes());
+        let mut body = body;
+        if let Some(s) = self.sealer.as_mut() {
+            s.seal(&mut req);
+            s.seal(&mut body);
+        }
+        self.wr.write_all(&req).await?;
+        self.wr.write_all(&body).await
+    }
+
+    /// The next answer, of at most `max` bytes, opened: an errno it carries is an error.
+    pub async fn receive(
+        &mut self,
+        max: u32,
+        source: &str,
+        addr: &str,
+    ) -> Result<Vec<u8>, WorkerError> {
+        let mut data = receive_chunk(
+            &mut self.rd,
+            self.opener.as_mut(),
+            source,
+            addr,
+            Want::AtMost(max),
+        )
+        .await?;
+        if let Some(o) = self.opener.as_mut() {
+            if !o.open(&mut data) {
+                return Err(WorkerError::Peer(format!(
+                    "{source} ({addr}) answered under keys the registration's secret does not \
+                     open"
+                )));
+            }
+        }
+        Ok(data)
+    }
+}
+
+/// How long an answer must be.
+#[derive(Clone, Copy)]
+enum Want {
+    /// The bytes a request asked for.
+    Exactly(u32),
+    AtMost(u32),
+}
+
 /// The reason a refused hello or a failed request carries, as the error it is.
 async fn refusal<R: AsyncRead + Unpin>(
     rd: &mut R,
@@ -442,13 +592,13 @@ fn peer_failed(source: &str, addr: &str, e: std::io::Error) -> WorkerError {
 }
 
 /// The next answer: its bytes as they came (still sealed on a sealed connection), once its
-/// head said it carries the `len` bytes asked for.
+/// head said it carries as many bytes as `want`.
 async fn receive_chunk<R: AsyncRead + Unpin>(
     rd: &mut R,
     opener: Option<&mut Direction>,
     source: &str,
     addr: &str,
-    len: u32,
+    want: Want,
 ) -> Result<Vec<u8>, WorkerError> {
     let peer = |e: std::io::Error| peer_failed(source, addr, e);
     let tag = if opener.is_some() { TAG } else { 0 };
@@ -486,29 +636,35 @@ async fn receive_chunk<R: AsyncRead + Unpin>(
             format!("{source}: {}", String::from_utf8_lossy(&why)),
         ));
     }
-    if got != len {
-        return Err(WorkerError::Peer(format!(
-            "{source} ({addr}) sent {got} bytes, {len} were asked for"
-        )));
+    match want {
+        Want::Exactly(len) if got != len => {
+            return Err(WorkerError::Peer(format!(
+                "{source} ({addr}) sent {got} bytes, {len} were asked for"
+            )))
+        }
+        Want::AtMost(max) if got > max => {
+            return Err(WorkerError::Peer(format!(
+                "{source} ({addr}) sent an answer of {got} bytes, more than {max}"
+            )))
+        }
+        _ => {}
     }
     let mut data = vec![0u8; got as usize + tag];
     rd.read_exact(&mut data).await.map_err(peer)?;
     Ok(data)
 }
 
+/// What the tests of the host transport, and of NCCL offers on it, share.
 #[cfg(test)]
-mod tests {
+pub(super) mod testing {
     use std::net::SocketAddr;
     use std::path::Path;
-
-    use test_support::pseudo_random;
-    use tokio::task::JoinHandle;
 
     use super::*;
     use crate::gpu::abi::BUF_HOST_SHM;
     use crate::proto::WorkerBuffer;
 
-    fn buffers(dir: &Path, name: &str, data: &[u8], receiving: bool) -> Arc<Buffers> {
+    pub fn buffers(dir: &Path, name: &str, data: &[u8], receiving: bool) -> Arc<Buffers> {
         std::fs::write(dir.join(name), data).unwrap();
         let mut handle = vec![0u8; 64];
         handle[..name.len()].copy_from_slice(name.as_bytes());
@@ -521,48 +677,76 @@ mod tests {
         Arc::new(Buffers::open(dir, &[b], receiving).unwrap())
     }
 
+    /// What a relay saw the worker send, over all the connections through it.
+    pub type Seen = Arc<Mutex<Vec<u8>>>;
+
     /// A worker serving `b` as registration 7, reached through a relay that keeps every byte
-    /// the worker sent.
-    async fn served_through_relay(b: Arc<Buffers>) -> (String, JoinHandle<Vec<u8>>) {
+    /// the worker sent (a byte is kept before it is passed on).
+    pub async fn served_through_relay(
+        b: Arc<Buffers>,
+        lane: Option<Arc<dyn Lane>>,
+    ) -> (String, Seen) {
         let worker = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let to: SocketAddr = worker.local_addr().unwrap();
         let served: Served = Arc::default();
         lock(&served).insert(7, b);
-        tokio::spawn(serve(worker, served));
+        tokio::spawn(serve(worker, served, lane));
         let relay = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = relay.local_addr().unwrap().to_string();
-        let seen = tokio::spawn(async move {
-            let (mut a, _) = relay.accept().await.unwrap();
-            let mut b = TcpStream::connect(to).await.unwrap();
-            let (mut ar, mut aw) = a.split();
-            let (mut br, mut bw) = b.split();
-            let up = async {
-                let _ = tokio::io::copy(&mut ar, &mut bw).await;
-                let _ = bw.shutdown().await;
-            };
-            let down = async {
-                let mut seen = Vec::new();
-                let mut buf = vec![0u8; 1 << 16];
-                while let Ok(n @ 1..) = br.read(&mut buf).await {
-                    seen.extend_from_slice(&buf[..n]);
-                    if aw.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                }
-                let _ = aw.shutdown().await;
-                seen
-            };
-            tokio::join!(up, down).1
+        let seen = Seen::default();
+        let all = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut a, _)) = relay.accept().await {
+                let seen = all.clone();
+                tokio::spawn(async move {
+                    let mut b = TcpStream::connect(to).await.unwrap();
+                    let (mut ar, mut aw) = a.split();
+                    let (mut br, mut bw) = b.split();
+                    let up = async {
+                        let _ = tokio::io::copy(&mut ar, &mut bw).await;
+                        let _ = bw.shutdown().await;
+                    };
+                    let down = async {
+                        let mut buf = vec![0u8; 1 << 16];
+                        while let Ok(n @ 1..) = br.read(&mut buf).await {
+                            lock(&seen).extend_from_slice(&buf[..n]);
+                            if aw.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                        let _ = aw.shutdown().await;
+                    };
+                    tokio::join!(up, down);
+                });
+            }
         });
         (addr, seen)
     }
 
+    /// Registration 7 at `addr`, as [`served_through_relay`] serves it.
+    pub fn at(addr: &str, secret: Option<Secret>) -> Source<'_> {
+        Source {
+            addr,
+            registration: 7,
+            secret,
+            name: "the source",
+        }
+    }
+
     /// Whether any 64 bytes of `data` at a chunk's start appear in `wire`.
-    fn shows(wire: &[u8], data: &[u8]) -> bool {
+    pub fn shows(wire: &[u8], data: &[u8]) -> bool {
         (0..data.len())
             .step_by(CHUNK as usize)
             .any(|at| wire.windows(64).any(|w| w == &data[at..at + 64]))
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use test_support::pseudo_random;
+
+    use super::testing::*;
+    use super::*;
 
     #[tokio::test]
     async fn a_sealed_registration_goes_only_to_its_secrets_holder_and_as_ciphertext() {
@@ -572,20 +756,20 @@ mod tests {
         let src = buffers(dir.path(), "src", &data, false);
         let src = Arc::new(Arc::into_inner(src).unwrap().sealed_by(Some(secret)));
 
-        let (addr, seen) = served_through_relay(src.clone()).await;
+        let (addr, seen) = served_through_relay(src.clone(), None).await;
         let dst = buffers(dir.path(), "dst", &vec![0; data.len()], true);
-        let moved = fetch(&addr, 7, Some(secret), "the source", dst.clone(), true).await;
+        let moved = fetch(at(&addr, Some(secret)), dst.clone(), true).await;
         assert_eq!(moved.unwrap(), data.len() as u64);
         assert!(dst.read(0, data.len()).unwrap() == data, "the bytes differ");
-        let wire = seen.await.unwrap();
+        let wire = lock(&seen).clone();
         assert!(wire.len() > data.len(), "{} bytes relayed", wire.len());
         assert!(!shows(&wire, &data), "plaintext crossed the wire");
 
         // Another secret is not served a byte, nor is a worker without one.
         for (given, says) in [(Some([4u8; 32]), "does not open"), (None, "served sealed")] {
-            let (addr, _) = served_through_relay(src.clone()).await;
+            let (addr, _) = served_through_relay(src.clone(), None).await;
             let dst = buffers(dir.path(), "dst2", &vec![0; data.len()], true);
-            let e = fetch(&addr, 7, given, "the source", dst.clone(), true)
+            let e = fetch(at(&addr, given), dst.clone(), true)
                 .await
                 .unwrap_err();
             assert!(e.to_string().contains(says), "{e}");
@@ -597,17 +781,16 @@ mod tests {
     async fn without_secrets_the_registration_id_reaches_the_bytes_in_the_clear() {
         let dir = tempfile::tempdir().unwrap();
         let data = pseudo_random(CHUNK as usize + 999, 2);
-        let (addr, seen) = served_through_relay(buffers(dir.path(), "src", &data, false)).await;
+        let (addr, seen) =
+            served_through_relay(buffers(dir.path(), "src", &data, false), None).await;
         let dst = buffers(dir.path(), "dst", &vec![0; data.len()], true);
-        fetch(&addr, 7, None, "the source", dst.clone(), false)
-            .await
-            .unwrap();
+        fetch(at(&addr, None), dst.clone(), false).await.unwrap();
         assert!(dst.read(0, data.len()).unwrap() == data);
         // What the sealed test's check would have caught.
-        assert!(shows(&seen.await.unwrap(), &data));
+        assert!(shows(&lock(&seen), &data));
         // A secret for a registration that has none is refused, not ignored.
-        let (addr, _) = served_through_relay(buffers(dir.path(), "src2", &data, false)).await;
-        let e = fetch(&addr, 7, Some([1; 32]), "the source", dst, false)
+        let (addr, _) = served_through_relay(buffers(dir.path(), "src2", &data, false), None).await;
+        let e = fetch(at(&addr, Some([1; 32])), dst, false)
             .await
             .unwrap_err();
         assert!(e.to_string().contains("has no secret"), "{e}");

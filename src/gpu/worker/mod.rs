@@ -9,6 +9,7 @@ pub mod cuda_buffer;
 pub mod enter;
 pub mod host;
 pub mod memory;
+pub mod p2p;
 pub mod sealed;
 pub mod spawn;
 
@@ -100,7 +101,16 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
     let listener = TcpListener::bind((host, 0)).await?;
     let data_addr = listener.local_addr()?.to_string();
     let served: host::Served = Arc::default();
-    tokio::spawn(host::serve(listener, served.clone()));
+    // One NCCL transfer at a time in a worker, whatever a window's nccl_pg_mode (two
+    // communicators active at once on one GPU can deadlock), and host fetches one at a time
+    // under KT_GPU_PG_GLOBAL.
+    let serialised = Arc::new(AsyncMutex::new(()));
+    let comms: Arc<collective::Comms> = Arc::default();
+    let lane: Arc<dyn p2p::Lane> = Arc::new(p2p::WorkerLane {
+        comms: comms.clone(),
+        turn: serialised.clone(),
+    });
+    tokio::spawn(host::serve(listener, served.clone(), Some(lane.clone())));
     let (mut rd, wr) = control.into_split();
     let wr = Arc::new(AsyncMutex::new(wr));
     wire::send(
@@ -115,10 +125,10 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
     let shm = PathBuf::from(memory::SHM_DIR);
     // Per registration, the fetch filling it: the request it answers and its task.
     let mut fetches: HashMap<u64, (u64, tokio::task::JoinHandle<()>)> = HashMap::new();
-    let serialised = Arc::new(AsyncMutex::new(()));
-    // Per registration in an NCCL broadcast, its communicator once formed, for a Release.
+    // Per registration in an NCCL broadcast, its communicator once formed, for a Release; per
+    // registration being fetched, the stop of a point-to-point GET over NCCL.
     let mut aborts: HashMap<u64, collective::AbortSlot> = HashMap::new();
-    let comms: Arc<collective::Comms> = Arc::default();
+    let mut stops: HashMap<u64, Arc<p2p::Stop>> = HashMap::new();
     while let Some(req) = wire::recv::<_, WorkerRequest>(&mut rd).await? {
         let id = req.id;
         let reply = |r: Result<u64, WorkerError>| answer(id, r);
@@ -149,29 +159,39 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
                 let dst = lock(&served).get(&f.registration).cloned();
                 let wr = wr.clone();
                 let one_at_a_time = serialised.clone();
+                let lane = lane.clone();
+                let stop = Arc::new(p2p::Stop::default());
+                stops.insert(f.registration, stop.clone());
+                // NCCL needs the two ends in two processes: a GET from this worker's own
+                // registration goes over the host transport.
+                let nccl = (f.nccl_deadline_ms > 0 && f.source_addr != data_addr)
+                    .then(|| std::time::Duration::from_millis(f.nccl_deadline_ms));
                 let task = tokio::spawn(async move {
-                    // KT_GPU_PG_GLOBAL: in arrival order (tokio's mutex is fair), one at a time.
-                    let _turn = if f.serialised {
-                        Some(one_at_a_time.lock().await)
-                    } else {
-                        None
-                    };
-                    let moved = match (dst, secret_of(&f.source_secret)) {
+                    let (moved, over_nccl) = match (dst, secret_of(&f.source_secret)) {
                         (Some(dst), Ok(secret)) => {
-                            host::fetch(
-                                &f.source_addr,
-                                f.source_registration,
+                            let src = host::Source {
+                                addr: &f.source_addr,
+                                registration: f.source_registration,
                                 secret,
-                                &f.source,
+                                name: &f.source,
+                            };
+                            p2p::fetch_either(
+                                src,
                                 dst,
                                 f.pack,
+                                nccl,
+                                &lane,
+                                f.serialised.then_some(one_at_a_time),
+                                &stop,
                             )
                             .await
                         }
-                        (Some(_), Err(e)) => Err(e),
-                        (None, _) => Err(WorkerError::NoRegistration(f.registration)),
+                        (Some(_), Err(e)) => (Err(e), false),
+                        (None, _) => (Err(WorkerError::NoRegistration(f.registration)), false),
                     };
-                    let _ = wire::send(&mut *wr.lock().await, &answer(id, moved)).await;
+                    let mut r = answer(id, moved);
+                    r.nccl = over_nccl;
+                    let _ = wire::send(&mut *wr.lock().await, &r).await;
                 });
                 fetches.insert(f.registration, (id, task));
             }
@@ -224,8 +244,6 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
                             window: bc.window.clone(),
                             fanout: bc.fanout as usize,
                         };
-                        // One NCCL broadcast at a time in a worker, whatever the window's
-                        // nccl_pg_mode: two communicators active at once on one GPU can deadlock.
                         let _turn = one_at_a_time.lock().await;
                         let window = bc.window;
                         tokio::task::spawn_blocking(move || {
@@ -243,6 +261,9 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
             Some(Op::Release(r)) => {
                 if let Some(h) = aborts.remove(&r.registration).and_then(|s| lock(&s).take()) {
                     h.abort();
+                }
+                if let Some(s) = stops.remove(&r.registration) {
+                    s.stop();
                 }
                 if let Some((fetch_id, t)) = fetches.remove(&r.registration) {
                     t.abort();
@@ -271,6 +292,7 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
         }
         fetches.retain(|_, (_, t)| !t.is_finished());
         aborts.retain(|reg, _| fetches.contains_key(reg));
+        stops.retain(|reg, _| fetches.contains_key(reg));
     }
     tracing::info!("the agent let go of this transfer worker; exiting");
     Ok(())
