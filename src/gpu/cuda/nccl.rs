@@ -356,6 +356,20 @@ impl Comm {
         device: &Arc<Device>,
         deadline: Instant,
     ) -> Result<Comm, NcclError> {
+        Comm::init_then(id, nranks, rank, device, deadline, |_| {})
+    }
+
+    /// [`Comm::init`], handing `created` the communicator's abort while it still forms: an
+    /// abort then (a peer known gone, a caller that let go) ends the wait at once, not at the
+    /// deadline.
+    pub fn init_then(
+        id: &UniqueId,
+        nranks: usize,
+        rank: usize,
+        device: &Arc<Device>,
+        deadline: Instant,
+        created: impl FnOnce(AbortHandle),
+    ) -> Result<Comm, NcclError> {
         require_nccl()?;
         if nranks == 0 || rank >= nranks || nranks > i32::MAX as usize {
             return Err(NcclError::Invalid(format!(
@@ -389,6 +403,7 @@ impl Comm {
             comm.shared.abort();
             return Err(e);
         }
+        created(comm.abort_handle());
         comm.settle("ncclCommInitRankConfig", deadline)?;
         tracing::debug!(
             nranks,

@@ -330,7 +330,7 @@ pub fn run(
 
 /// Runs `b` over `bufs` as [`run`] does, on a communicator kept for `used` (`b.comm`) or one
 /// formed from `b.unique_id`, kept for `used` afterwards; `formed` is told how to abort it
-/// once it is there.
+/// as soon as there is one (while it still forms).
 pub fn run_as(
     bufs: &Buffers,
     b: &Broadcast,
@@ -371,21 +371,23 @@ pub fn run_as(
                 )));
             }
             tracing::info!(window = %b.window, "reusing a kept communicator");
+            formed(comm.abort_handle());
             (key.clone(), comm)
         }
         None => {
             comms.used(&b.unique_id);
-            let comm = Comm::init(
+            // Told while it forms: a stop then need not wait out the deadline.
+            let comm = Comm::init_then(
                 &b.unique_id,
                 b.nranks,
                 b.rank,
                 &device,
                 Instant::now() + b.within,
+                formed,
             )?;
             (comm_key(b.unique_id.as_bytes()), comm)
         }
     };
-    formed(comm.abort_handle());
     let deadline = Instant::now() + b.within;
     let sender = b.rank == b.root;
     let place = (b.fanout > 0).then(|| tree_place(b.rank, b.root, b.nranks, b.fanout));

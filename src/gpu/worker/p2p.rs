@@ -42,6 +42,8 @@ pub const MAX_OFFER: u64 = 16 << 10;
 const MAX_ANSWER: u32 = 4096;
 /// How long a source waits for its turn before it says no.
 pub const TURN_WAIT: Duration = Duration::from_secs(10);
+/// Beyond [`TURN_WAIT`], how long a getter waits for the answer to its offer.
+const ANSWER_SLACK: Duration = Duration::from_secs(20);
 /// The longest a getter may ask a source to spend on each of forming and moving.
 const LONGEST: Duration = Duration::from_secs(3600);
 
@@ -245,7 +247,16 @@ pub async fn fetch(
         deadline_ms: within.as_millis() as u64,
         getter: format!("the worker of pid {}", std::process::id()),
     };
-    let (mut conn, comm) = match agree(src, &offer).await {
+    // A source answers within its wait for its turn; one that does not is taken for gone.
+    let agreed = tokio::time::timeout(TURN_WAIT + ANSWER_SLACK, agree(src, &offer))
+        .await
+        .unwrap_or_else(|_| {
+            Err(WorkerError::Remote(
+                libc::ETIMEDOUT,
+                format!("{} ({}) did not answer an NCCL offer", src.name, src.addr),
+            ))
+        });
+    let (mut conn, comm) = match agreed {
         Ok(Some(agreed)) => agreed,
         Ok(None) => {
             lane.unused(&id);
@@ -415,7 +426,10 @@ async fn decide(
     if UniqueId::from_bytes(&offer.unique_id).is_err() {
         return Err((
             libc::EINVAL,
-            format!("an NCCL offer with an id of {} bytes", offer.unique_id.len()),
+            format!(
+                "an NCCL offer with an id of {} bytes",
+                offer.unique_id.len()
+            ),
         ));
     }
     let lane = lane.ok_or((libc::EOPNOTSUPP, "this worker has no NCCL".to_string()))?;
