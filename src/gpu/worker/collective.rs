@@ -295,8 +295,57 @@ pub fn tree_unit(
     Ok(())
 }
 
-/// Where a Release finds the communicator to abort, once it is formed.
-pub type AbortSlot = Arc<Mutex<Option<AbortHandle>>>;
+/// Stops a transfer from outside (its registration let go of, its peer known gone): the abort
+/// of its communicator once there is one, or at once if it comes after the stop.
+#[derive(Default)]
+pub struct Stop(Mutex<StopState>);
+
+pub type Abort = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
+struct StopState {
+    stopped: bool,
+    done: bool,
+    abort: Option<Abort>,
+}
+
+impl Stop {
+    pub fn stop(&self) {
+        let abort = {
+            let mut st = lock(&self.0);
+            st.stopped = true;
+            st.abort.take()
+        };
+        if let Some(a) = abort {
+            a();
+        }
+    }
+
+    /// How to stop the transfer, now that it runs.
+    pub fn on_stop(&self, abort: Abort) {
+        let mut st = lock(&self.0);
+        if st.done {
+            return;
+        }
+        if st.stopped {
+            drop(st);
+            abort();
+        } else {
+            st.abort = Some(abort);
+        }
+    }
+
+    /// The transfer is over: a later stop must not touch its communicator, which is kept.
+    pub fn done(&self) {
+        let mut st = lock(&self.0);
+        st.done = true;
+        st.abort = None;
+    }
+
+    pub fn stopped(&self) -> bool {
+        lock(&self.0).stopped
+    }
+}
 
 impl From<NcclError> for WorkerError {
     fn from(e: NcclError) -> WorkerError {
@@ -317,27 +366,37 @@ pub fn in_window(e: WorkerError, window: &str) -> WorkerError {
 
 /// Runs `b` over `bufs` (blocking: on a thread of its own); the bytes moved.
 /// On success the communicator is kept in `comms` for a later window.
-pub fn run(
-    bufs: &Buffers,
-    b: &Broadcast,
-    abort: &AbortSlot,
-    comms: &Comms,
-) -> Result<u64, WorkerError> {
-    let r = run_as(bufs, b, Use::Window, |h| *lock(abort) = Some(h), comms);
-    lock(abort).take();
-    r
+pub fn run(bufs: &Buffers, b: &Broadcast, stop: &Stop, comms: &Comms) -> Result<u64, WorkerError> {
+    run_as(bufs, b, Use::Window, stop, comms)
 }
 
 /// Runs `b` over `bufs` as [`run`] does, on a communicator kept for `used` (`b.comm`) or one
-/// formed from `b.unique_id`, kept for `used` afterwards; `formed` is told how to abort it
-/// as soon as there is one (while it still forms).
+/// formed from `b.unique_id`, kept for `used` afterwards; `stop` aborts it from the moment
+/// there is one (while it still forms) until the transfer is over.
 pub fn run_as(
     bufs: &Buffers,
     b: &Broadcast,
     used: Use,
-    formed: impl FnOnce(AbortHandle),
+    stop: &Stop,
     comms: &Comms,
 ) -> Result<u64, WorkerError> {
+    let r = run_stoppable(bufs, b, used, stop, comms);
+    stop.done();
+    r
+}
+
+fn run_stoppable(
+    bufs: &Buffers,
+    b: &Broadcast,
+    used: Use,
+    stop: &Stop,
+    comms: &Comms,
+) -> Result<u64, WorkerError> {
+    let formed = |h: AbortHandle| {
+        stop.on_stop(Box::new(move || {
+            h.abort();
+        }))
+    };
     let (device, ranges) = bufs.device_ranges().ok_or_else(|| {
         WorkerError::Bad("an NCCL broadcast needs every buffer in CUDA memory on one device".into())
     })?;
@@ -464,6 +523,8 @@ pub fn run_as(
     if !sender {
         bufs.filled(bufs.nbytes());
     }
+    // Over: a stop from now on must leave the communicator be, which is kept.
+    stop.done();
     comms.keep(key, comm, used);
     Ok(bufs.nbytes())
 }
@@ -529,6 +590,7 @@ fn runs<'a>(ranges: &[DeviceRange<'a>], bucket: usize) -> Vec<Run<'a>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicU8, Ordering};
 
     fn ranges(lens: &[usize]) -> Vec<DeviceRange<'static>> {
         let mut at = 0x1000;
@@ -648,6 +710,31 @@ mod tests {
         assert_eq!(LET_GO.with(|n| n.get()), 4);
         drop(comms);
         assert_eq!(LET_GO.with(|n| n.get()), 8);
+    }
+
+    #[test]
+    fn a_stop_before_the_communicator_forms_aborts_it_once_it_does_and_none_after_it_is_done() {
+        let aborted = Arc::new(AtomicU8::new(0));
+        let abort = || {
+            let a = aborted.clone();
+            Box::new(move || {
+                a.fetch_add(1, Ordering::SeqCst);
+            }) as Abort
+        };
+        let s = Stop::default();
+        s.stop();
+        s.on_stop(abort());
+        assert_eq!(aborted.load(Ordering::SeqCst), 1);
+        let s = Stop::default();
+        s.on_stop(abort());
+        s.stop();
+        assert_eq!(aborted.load(Ordering::SeqCst), 2);
+        // Done: the communicator is kept, and a late stop leaves it be.
+        let s = Stop::default();
+        s.on_stop(abort());
+        s.done();
+        s.stop();
+        assert_eq!(aborted.load(Ordering::SeqCst), 2);
     }
 
     #[test]

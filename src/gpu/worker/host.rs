@@ -28,6 +28,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
 
+use super::collective;
 use super::memory::Buffers;
 use super::p2p::{self, Lane};
 use super::sealed::{self, Direction, TAG};
@@ -215,7 +216,7 @@ async fn serve_connection(
                 let verdict_frames = keys
                     .as_mut()
                     .map(|(_, d)| (d.clone(), (d.take(), d.take())));
-                let stop = Arc::new(p2p::Stop::default());
+                let stop = Arc::new(collective::Stop::default());
                 let (answer, verdict) =
                     p2p::answer_offer(b.clone(), body, lane.clone(), stop.clone());
                 let answer = tokio::spawn(async move {

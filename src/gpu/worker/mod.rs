@@ -125,10 +125,8 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
     let shm = PathBuf::from(memory::SHM_DIR);
     // Per registration, the fetch filling it: the request it answers and its task.
     let mut fetches: HashMap<u64, (u64, tokio::task::JoinHandle<()>)> = HashMap::new();
-    // Per registration in an NCCL broadcast, its communicator once formed, for a Release; per
-    // registration being fetched, the stop of a point-to-point GET over NCCL.
-    let mut aborts: HashMap<u64, collective::AbortSlot> = HashMap::new();
-    let mut stops: HashMap<u64, Arc<p2p::Stop>> = HashMap::new();
+    // Per registration being filled or broadcast, the stop of its NCCL transfer, for a Release.
+    let mut stops: HashMap<u64, Arc<collective::Stop>> = HashMap::new();
     while let Some(req) = wire::recv::<_, WorkerRequest>(&mut rd).await? {
         let id = req.id;
         let reply = |r: Result<u64, WorkerError>| answer(id, r);
@@ -160,7 +158,7 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
                 let wr = wr.clone();
                 let one_at_a_time = serialised.clone();
                 let lane = lane.clone();
-                let stop = Arc::new(p2p::Stop::default());
+                let stop = Arc::new(collective::Stop::default());
                 stops.insert(f.registration, stop.clone());
                 // NCCL needs the two ends in two processes: a GET from this worker's own
                 // registration goes over the host transport.
@@ -224,8 +222,8 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
             Some(Op::Broadcast(bc)) => {
                 let bufs = lock(&served).get(&bc.registration).cloned();
                 let comms = comms.clone();
-                let slot = collective::AbortSlot::default();
-                aborts.insert(bc.registration, slot.clone());
+                let stop = Arc::new(collective::Stop::default());
+                stops.insert(bc.registration, stop.clone());
                 let wr = wr.clone();
                 let one_at_a_time = serialised.clone();
                 let registration = bc.registration;
@@ -244,10 +242,14 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
                             window: bc.window.clone(),
                             fanout: bc.fanout as usize,
                         };
-                        let _turn = one_at_a_time.lock().await;
+                        // Held on the transfer's thread until its NCCL calls return: a Release
+                        // ends this task, not those calls, which its stop ends.
+                        let turn = one_at_a_time.lock_owned().await;
                         let window = bc.window;
                         tokio::task::spawn_blocking(move || {
-                            collective::run(&bufs, &b, &slot, &comms)
+                            let moved = collective::run(&bufs, &b, &stop, &comms);
+                            drop(turn);
+                            moved
                         })
                         .await
                         .map_err(|e| WorkerError::Bad(e.to_string()))?
@@ -259,9 +261,6 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
                 fetches.insert(registration, (id, task));
             }
             Some(Op::Release(r)) => {
-                if let Some(h) = aborts.remove(&r.registration).and_then(|s| lock(&s).take()) {
-                    h.abort();
-                }
                 if let Some(s) = stops.remove(&r.registration) {
                     s.stop();
                 }
@@ -291,7 +290,6 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
             }
         }
         fetches.retain(|_, (_, t)| !t.is_finished());
-        aborts.retain(|reg, _| fetches.contains_key(reg));
         stops.retain(|reg, _| fetches.contains_key(reg));
     }
     tracing::info!("the agent let go of this transfer worker; exiting");

@@ -19,18 +19,17 @@
 //! store server for windows, see [`Use::Pair`]): a trainer's weights synced to the same
 //! inference pod every step pay for forming it once.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use prost::Message;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
-use super::collective::{self, Broadcast, Comms, Use};
+use super::collective::{self, Broadcast, Comms, Stop, Use};
 use super::host::{self, Source};
 use super::memory::Buffers;
 use super::WorkerError;
 use crate::gpu::cuda::UniqueId;
-use crate::locks::lock;
 use crate::proto::{HostNcclAnswer, HostNcclOffer};
 
 /// The length of a request that carries an offer (a request for bytes asks for at most
@@ -58,58 +57,6 @@ pub struct Pair {
     pub within: Duration,
     /// The other side, for messages.
     pub peer: String,
-}
-
-/// Stops a pair's transfer from outside: the abort of its communicator once it is formed, or
-/// at once if it is formed after the stop.
-#[derive(Default)]
-pub struct Stop(Mutex<StopState>);
-
-type Abort = Box<dyn FnOnce() + Send>;
-
-#[derive(Default)]
-struct StopState {
-    stopped: bool,
-    done: bool,
-    abort: Option<Abort>,
-}
-
-impl Stop {
-    pub fn stop(&self) {
-        let abort = {
-            let mut st = lock(&self.0);
-            st.stopped = true;
-            st.abort.take()
-        };
-        if let Some(a) = abort {
-            a();
-        }
-    }
-
-    /// How to stop the transfer, now that it runs.
-    pub fn on_stop(&self, abort: Abort) {
-        let mut st = lock(&self.0);
-        if st.done {
-            return;
-        }
-        if st.stopped {
-            drop(st);
-            abort();
-        } else {
-            st.abort = Some(abort);
-        }
-    }
-
-    /// The transfer is over: a later stop must not touch its communicator, which is kept.
-    pub fn done(&self) {
-        let mut st = lock(&self.0);
-        st.done = true;
-        st.abort = None;
-    }
-
-    pub fn stopped(&self) -> bool {
-        lock(&self.0).stopped
-    }
 }
 
 /// What a worker's NCCL does for a pair (a seam: the tests stand in for NCCL).
@@ -171,19 +118,7 @@ impl Lane for WorkerLane {
             window: format!("a point-to-point GET with {}", p.peer),
             fanout: 0,
         };
-        let r = collective::run_as(
-            b,
-            &bc,
-            Use::Pair,
-            |h| {
-                stop.on_stop(Box::new(move || {
-                    h.abort();
-                }))
-            },
-            &self.comms,
-        );
-        stop.done();
-        r
+        collective::run_as(b, &bc, Use::Pair, stop, &self.comms)
     }
 
     fn turn(&self) -> Arc<AsyncMutex<()>> {
@@ -481,13 +416,14 @@ async fn decide(
 mod tests {
     use std::collections::HashMap;
     use std::sync::atomic::{AtomicU8, Ordering};
-    use std::sync::Condvar;
+    use std::sync::{Condvar, Mutex};
     use std::time::Instant;
 
     use test_support::pseudo_random;
 
     use super::*;
     use crate::gpu::worker::host::testing::{at, buffers, served_through_relay, shows};
+    use crate::locks::lock;
     use crate::rpc::gpu_secret::Secret;
     use crate::rpc::gpu_window::comm_key;
 
@@ -594,6 +530,15 @@ mod tests {
 
     const WITHIN: Duration = Duration::from_secs(10);
 
+    /// A GET of registration 7 at `addr` into `dst` over NCCL alone: `None` where it cannot be.
+    async fn get_nccl(
+        addr: &str,
+        dst: &Arc<Buffers>,
+        lane: &Arc<dyn Lane>,
+    ) -> Result<Option<u64>, WorkerError> {
+        fetch(at(addr, None), dst, true, WITHIN, lane, &Arc::default()).await
+    }
+
     /// A GET of registration 7 at `addr` into `dst`, over NCCL where it can be.
     async fn get_either(
         addr: &str,
@@ -666,15 +611,7 @@ mod tests {
             let source = source.map(|l| l as Arc<dyn Lane>);
             let (addr, _) = served_through_relay(src.clone(), source.clone()).await;
             let dst = buffers(dir.path(), "dst", &vec![0; data.len()], true);
-            let said = fetch(
-                at(&addr, None),
-                &dst,
-                true,
-                WITHIN,
-                &getter_lane,
-                &Arc::default(),
-            )
-            .await;
+            let said = get_nccl(&addr, &dst, &getter_lane).await;
             assert!(
                 matches!(said, Ok(None)),
                 "lane {had_lane}: {:?}",
@@ -704,16 +641,7 @@ mod tests {
         let dst = buffers(dir.path(), "dst", &vec![0; data.len()], true);
         // The source's failure reaches the getter long before its own deadline.
         let t = Instant::now();
-        let e = fetch(
-            at(&addr, None),
-            &dst,
-            true,
-            WITHIN,
-            &getter_lane,
-            &Arc::default(),
-        )
-        .await
-        .unwrap_err();
+        let e = get_nccl(&addr, &dst, &getter_lane).await.unwrap_err();
         assert!(t.elapsed() < WITHIN / 2, "{:?}", t.elapsed());
         assert!(e.to_string().contains("injected"), "{e}");
         assert_eq!(
@@ -727,30 +655,5 @@ mod tests {
         let (moved, nccl) = get_either(&addr, None, &dst, &getter_lane).await;
         assert_eq!((moved.unwrap(), nccl), (data.len() as u64, false));
         assert!(dst.read(0, data.len()).unwrap() == data);
-    }
-
-    #[test]
-    fn a_stop_before_the_communicator_forms_aborts_it_once_it_does_and_none_after_it_is_done() {
-        let aborted = Arc::new(AtomicU8::new(0));
-        let abort = || {
-            let a = aborted.clone();
-            Box::new(move || {
-                a.fetch_add(1, Ordering::SeqCst);
-            }) as Abort
-        };
-        let s = Stop::default();
-        s.stop();
-        s.on_stop(abort());
-        assert_eq!(aborted.load(Ordering::SeqCst), 1);
-        let s = Stop::default();
-        s.on_stop(abort());
-        s.stop();
-        assert_eq!(aborted.load(Ordering::SeqCst), 2);
-        // Done: the communicator is kept, and a late stop leaves it be.
-        let s = Stop::default();
-        s.on_stop(abort());
-        s.done();
-        s.stop();
-        assert_eq!(aborted.load(Ordering::SeqCst), 2);
     }
 }
