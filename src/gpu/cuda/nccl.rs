@@ -10,7 +10,10 @@
 //!
 //! The raw communicator sits behind a mutex that every call takes for its duration (each call
 //! returns at once), so an [`AbortHandle`] on another thread aborts between two calls, never
-//! during one, and nothing uses the pointer after the abort freed it.
+//! during one, and nothing uses the pointer after the abort freed it. Work is issued by one
+//! thread at a time (a call and the polling that settles it are not one step under the mutex:
+//! a second thread issuing between them would find the communicator busy); only the abort
+//! comes from elsewhere.
 //!
 //! NCCL is loaded by the names `cudarc` knows (`libnccl.so`, `libnccl.so.12`, ...), which pip's
 //! `libnccl.so.2` is not: [`super::nccl_lib`] finds that library and makes it loadable for a

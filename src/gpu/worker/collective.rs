@@ -321,6 +321,13 @@ impl Stop {
         }
     }
 
+    /// [`Stop::stop`] on a thread of its own: an abort waits for NCCL to wind the
+    /// communicator down, which an async task must not.
+    pub fn stop_in_background(self: &Arc<Self>) {
+        let me = self.clone();
+        std::thread::spawn(move || me.stop());
+    }
+
     /// How to stop the transfer, now that it runs.
     pub fn on_stop(&self, abort: Abort) {
         let mut st = lock(&self.0);
@@ -397,6 +404,12 @@ fn run_stoppable(
             h.abort();
         }))
     };
+    if b.rank >= b.nranks || b.root >= b.nranks || b.fanout > b.nranks {
+        return Err(WorkerError::Bad(format!(
+            "rank {} and root {} of {} ranks, fanout {}: not a transfer",
+            b.rank, b.root, b.nranks, b.fanout
+        )));
+    }
     let (device, ranges) = bufs.device_ranges().ok_or_else(|| {
         WorkerError::Bad("an NCCL broadcast needs every buffer in CUDA memory on one device".into())
     })?;
@@ -447,29 +460,61 @@ fn run_stoppable(
             (comm_key(b.unique_id.as_bytes()), comm)
         }
     };
+    let sender = b.rank == b.root;
     let deadline = Instant::now() + b.within;
+    let mut packing = None;
+    let moved = queue(&comm, &device, &stream, &ranges, b, deadline, &mut packing)
+        .and_then(|()| Ok(comm.wait(&stream, deadline)?));
+    if let Err(e) = moved {
+        // Work still queued may wait on peers for good: aborted before the buckets are freed
+        // (a free waits for the device's work), and so that the peers learn it now.
+        comm.abort();
+        return Err(e);
+    }
+    drop(packing);
+    if !sender {
+        bufs.filled(bufs.nbytes());
+    }
+    // Over: a stop from now on must leave the communicator be, which is kept.
+    stop.done();
+    comms.keep(key, comm, used);
+    Ok(bufs.nbytes())
+}
+
+/// The buckets and the stream of copies of a packed transfer, kept until the transfer stream
+/// has been waited for: work queued on it uses them.
+type Packing = Option<(Stream, [Slot; 2])>;
+
+/// Queues `b`'s transfer of `ranges` on `stream` (and, packed, on a stream of copies whose
+/// buckets `packing` keeps), in order, without waiting for it.
+fn queue(
+    comm: &Comm,
+    device: &Arc<Device>,
+    stream: &Stream,
+    ranges: &[DeviceRange<'_>],
+    b: &Broadcast,
+    deadline: Instant,
+    packing: &mut Packing,
+) -> Result<(), WorkerError> {
     let sender = b.rank == b.root;
     let place = (b.fanout > 0).then(|| tree_place(b.rank, b.root, b.nranks, b.fanout));
     // One unit of bytes (an entry in place, or a bucket) to every member.
     let transfer = |unit: DeviceRange<'_>| -> Result<(), WorkerError> {
         match &place {
-            Some(place) => tree_unit(&comm, unit, place, &stream, deadline),
-            None => Ok(comm.broadcast(None, unit, b.root, &stream, deadline)?),
+            Some(place) => tree_unit(comm, unit, place, stream, deadline),
+            None => Ok(comm.broadcast(None, unit, b.root, stream, deadline)?),
         }
     };
-    // The buckets and the stream of copies, kept until the transfer stream has been waited
-    // for: work queued on it uses them.
-    let mut packing: Option<(Stream, [Slot; 2])> = None;
     if b.pack {
         // Two buckets, so that one is filled (the root) or emptied (the others) on a stream of
         // copies while the other's bytes move on the transfer stream; events hand each
         // bucket from one stream to the other, and the host never waits between them.
         let (copies, slots) = packing.insert((
-            Stream::new(&device)?,
-            [Slot::new(&device)?, Slot::new(&device)?],
+            Stream::new(device)?,
+            [Slot::new(device)?, Slot::new(device)?],
         ));
         let mut packed = 0;
-        for run in runs(&ranges, BUCKET) {
+        for run in runs(ranges, BUCKET) {
             match run {
                 Run::InPlace(r) => transfer(r)?,
                 Run::Packed(rs) => {
@@ -508,9 +553,9 @@ fn run_stoppable(
                 }
             }
         }
-        // The wait below watches the transfer stream: it covers the copies once it waits for
-        // them.
-        let copied = Event::new(&device)?;
+        // The caller's wait watches the transfer stream: it covers the copies once that stream
+        // waits for them.
+        let copied = Event::new(device)?;
         copies.record(&copied)?;
         stream.wait_for(&copied)?;
     } else {
@@ -518,15 +563,7 @@ fn run_stoppable(
             transfer(*r)?;
         }
     }
-    comm.wait(&stream, deadline)?;
-    drop(packing);
-    if !sender {
-        bufs.filled(bufs.nbytes());
-    }
-    // Over: a stop from now on must leave the communicator be, which is kept.
-    stop.done();
-    comms.keep(key, comm, used);
-    Ok(bufs.nbytes())
+    Ok(())
 }
 
 /// One of a packed transfer's two buckets, with the events that pass it between the stream of
@@ -735,6 +772,31 @@ mod tests {
         s.done();
         s.stop();
         assert_eq!(aborted.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_transfer_whose_ranks_or_fanout_do_not_fit_is_refused_before_anything_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let bufs = crate::gpu::worker::host::testing::buffers(dir.path(), "b", &[1; 64], false);
+        let comms: Comms = Comms::default();
+        let b = |rank, root, fanout| Broadcast {
+            unique_id: UniqueId::from_bytes(&[0; 128]).unwrap(),
+            nranks: 3,
+            rank,
+            root,
+            pack: true,
+            within: Duration::from_secs(1),
+            comm: None,
+            window: "w".into(),
+            fanout,
+        };
+        for (rank, root, fanout) in [(0, 3, 0), (3, 0, 0), (1, 0, 4), (0, usize::MAX, 1)] {
+            let e = run(&bufs, &b(rank, root, fanout), &Stop::default(), &comms).unwrap_err();
+            assert!(e.to_string().contains("not a transfer"), "{e}");
+        }
+        // What fits goes on to the buffers, which here are not on a GPU.
+        let e = run(&bufs, &b(2, 0, 3), &Stop::default(), &comms).unwrap_err();
+        assert!(e.to_string().contains("CUDA memory"), "{e}");
     }
 
     #[test]

@@ -230,13 +230,13 @@ async fn serve_connection(
                     Ok(made.map(|(h, body)| seal(verdict_frames, h, body)))
                 });
                 if tx.send(answer).await.is_err() || tx.send(verdict).await.is_err() {
-                    stop.stop();
+                    stop.stop_in_background();
                     return Ok(());
                 }
                 drop(tx);
                 let mut rest = [0u8; 64];
                 while let Ok(1..) = rd.read(&mut rest).await {}
-                stop.stop();
+                stop.stop_in_background();
                 return Ok(());
             }
             let b = b.clone();

@@ -262,7 +262,7 @@ pub async fn run(control: UnixStream, host: &str) -> Result<(), WorkerError> {
             }
             Some(Op::Release(r)) => {
                 if let Some(s) = stops.remove(&r.registration) {
-                    s.stop();
+                    s.stop_in_background();
                 }
                 if let Some((fetch_id, t)) = fetches.remove(&r.registration) {
                     t.abort();

@@ -218,7 +218,7 @@ pub async fn fetch(
         tokio::spawn(async move {
             let v = conn.receive(MAX_ANSWER, &source_s, &addr_s).await;
             if v.is_err() {
-                stop.stop();
+                stop.stop_in_background();
             }
             (v, conn)
         })
