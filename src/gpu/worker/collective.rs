@@ -324,6 +324,10 @@ impl Stop {
     /// [`Stop::stop`] on a thread of its own: an abort waits for NCCL to wind the
     /// communicator down, which an async task must not.
     pub fn stop_in_background(self: &Arc<Self>) {
+        if lock(&self.0).done {
+            // Nothing to abort: the usual end of a pair's connection.
+            return;
+        }
         let me = self.clone();
         std::thread::spawn(move || me.stop());
     }
