@@ -383,20 +383,9 @@ pub fn run(bufs: &Buffers, b: &Broadcast, stop: &Stop, comms: &Comms) -> Result<
 
 /// Runs `b` over `bufs` as [`run`] does, on a communicator kept for `used` (`b.comm`) or one
 /// formed from `b.unique_id`, kept for `used` afterwards; `stop` aborts it from the moment
-/// there is one (while it still forms) until the transfer is over.
+/// there is one (while it still forms) until the transfer is over (a stop after a failure finds
+/// it gone: a communicator dropped is nulled under its lock, and an abort then does nothing).
 pub fn run_as(
-    bufs: &Buffers,
-    b: &Broadcast,
-    used: Use,
-    stop: &Stop,
-    comms: &Comms,
-) -> Result<u64, WorkerError> {
-    let r = run_stoppable(bufs, b, used, stop, comms);
-    stop.done();
-    r
-}
-
-fn run_stoppable(
     bufs: &Buffers,
     b: &Broadcast,
     used: Use,
