@@ -6,9 +6,9 @@
 #
 #   sudo bash scripts/test.sh
 #
-# It also checks formatting and the client-only build (`--no-default-features`: no RocksDB, no
-# FUSE), which a laptop's `kt` and the Python package link, and builds, installs and tests the
-# Python package (python/). `.ci/run` runs exactly this.
+# It also checks formatting, clippy's lints and the client-only build (`--no-default-features`:
+# no RocksDB, no FUSE), which a laptop's `kt` and the Python package link, and builds, installs
+# and tests the Python package (python/). `.ci/run` runs exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,6 +41,8 @@ else
 fi
 
 cargo fmt --all -- --check
+# Every crate and target of the workspace, lints as errors (`clippy.toml` holds the thresholds).
+cargo clippy --workspace --all-targets -- -D warnings
 
 # The client-only build holds nothing of RocksDB or FUSE, and compiles (checked, not built:
 # a build would put its `kt` where the tests expect the full one).

@@ -59,38 +59,13 @@ struct Args {
     agent_tls_key: Option<PathBuf>,
 }
 
-/// Completes on Ctrl-C or SIGTERM, caught from the moment this is called (at start), not from
-/// the future's first poll: a signal in between would take the default action and kill the
-/// driver without its shutdown (as kt's daemons do, `kt`'s `shutdown_signal`).
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (term, int) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    );
-    async move {
-        let wait = |s: std::io::Result<tokio::signal::unix::Signal>| async move {
-            match s {
-                Ok(mut s) => {
-                    s.recv().await;
-                }
-                Err(_) => std::future::pending::<()>().await,
-            }
-        };
-        tokio::select! {
-            _ = wait(term) => {}
-            _ = wait(int) => {}
-        }
-    }
-}
-
 #[tokio::main]
 async fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
-    let stop = shutdown_signal();
+    let stop = kt_host::shutdown_signal();
     let a = Args::parse();
     if a.node_id.is_empty() {
         anyhow::bail!("--node-id must not be empty");
@@ -140,18 +115,6 @@ mod tests {
     use super::*;
 
     const BASE: [&str; 5] = ["kt-csi", "--node-id", "n1", "--server", "s:7447"];
-
-    /// A SIGTERM after the handler was made but before anything polled it is caught, where the
-    /// default action would kill the process.
-    #[tokio::test]
-    async fn a_sigterm_before_the_first_poll_is_caught() {
-        let stop = shutdown_signal();
-        // SAFETY: signalling this very process, whose handler is installed above.
-        assert_eq!(unsafe { libc::raise(libc::SIGTERM) }, 0);
-        tokio::time::timeout(Duration::from_secs(10), stop)
-            .await
-            .expect("the SIGTERM was caught");
-    }
 
     #[test]
     fn the_agent_certificate_comes_with_its_key_or_not_at_all() {

@@ -2,11 +2,11 @@
 //! mounts of a namespace mount's subdirectory onto a pod's target path, read-only remounts and
 //! unmounts.
 
-use std::ffi::OsString;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
+use kt_host::mountinfo::unescape;
 use nix::mount::{MntFlags, MsFlags};
 
 #[derive(Debug, thiserror::Error)]
@@ -48,31 +48,6 @@ impl MountEntry {
     pub fn is_ktfs(&self, ns: &str) -> bool {
         self.fstype.starts_with("fuse") && self.source == format!("ktfs:{ns}")
     }
-}
-
-/// Decodes the octal escapes (`\040` for a space, `\011`, `\012`, `\134`) of a mountinfo field.
-fn unescape(field: &str) -> PathBuf {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() {
-            let oct = &b[i + 1..i + 4];
-            if oct.iter().all(|c| (b'0'..=b'7').contains(c)) {
-                let v = oct
-                    .iter()
-                    .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
-                if let Ok(byte) = u8::try_from(v) {
-                    out.push(byte);
-                    i += 4;
-                    continue;
-                }
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    PathBuf::from(OsString::from_vec(out))
 }
 
 /// Parses the text of a mountinfo file; malformed lines are skipped.

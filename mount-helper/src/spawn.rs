@@ -4,11 +4,12 @@
 use std::ffi::OsString;
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::ffi::OsStringExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use kt_host::mountinfo::unescape;
 
 use crate::invocation::Invocation;
 
@@ -97,31 +98,6 @@ pub fn mounted_at(path: &Path) -> Option<(String, String)> {
         let source = unescape(post.next()?).to_string_lossy().into_owned();
         Some((fstype, source))
     })
-}
-
-/// Decodes mountinfo's octal escapes (`\040` is a space).
-pub fn unescape(field: &str) -> PathBuf {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() {
-            let oct = &b[i + 1..i + 4];
-            if oct.iter().all(|c| (b'0'..=b'7').contains(c)) {
-                let v = oct
-                    .iter()
-                    .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
-                if let Ok(byte) = u8::try_from(v) {
-                    out.push(byte);
-                    i += 4;
-                    continue;
-                }
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    PathBuf::from(OsString::from_vec(out))
 }
 
 fn is_kt_mount((fstype, source): &(String, String)) -> bool {
@@ -237,13 +213,6 @@ fn log_tail(path: &Path, from: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn unescapes_mountinfo_fields() {
-        assert_eq!(unescape("/a\\040b\\134c"), PathBuf::from("/a b\\c"));
-        assert_eq!(unescape("/plain"), PathBuf::from("/plain"));
-        assert_eq!(unescape("/trailing\\04"), PathBuf::from("/trailing\\04"));
-    }
 
     #[test]
     fn the_root_is_mounted_and_a_fresh_dir_is_not() {

@@ -17,33 +17,9 @@ use ktfs::server::auth::{AuthConfig, TokenReview};
 use ktfs::server::StoreServerProcess;
 use ktfs::tls::ServerTls;
 
-use super::args::*;
+use kt_host::shutdown_signal;
 
-/// Completes on Ctrl-C or SIGTERM, caught from the moment this is called, not from the
-/// future's first poll: made before a daemon prints its ready line, so that a signal right
-/// after that line (a test's, an orchestrator's) shuts it down as it should, a mount's open
-/// files published, where the default action would kill it outright.
-pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (term, int) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    );
-    async move {
-        let wait = |s: std::io::Result<tokio::signal::unix::Signal>| async move {
-            match s {
-                Ok(mut s) => {
-                    s.recv().await;
-                }
-                Err(_) => std::future::pending::<()>().await,
-            }
-        };
-        tokio::select! {
-            _ = wait(term) => {}
-            _ = wait(int) => {}
-        }
-    }
-}
+use super::args::*;
 
 /// Whom a store server started with these flags accepts.
 async fn auth_config(a: &ServerAuthArgs) -> Result<AuthConfig> {
@@ -185,7 +161,7 @@ fn fs_config(
     ))
 }
 
-/// Runs an agent with its filesystem mounted until `stop` (see [`shutdown_signal`]) or
+/// Runs an agent with its filesystem mounted until `stop` (see [`kt_host::shutdown_signal`]) or
 /// unmounted.
 async fn run_mounted(
     agent: AgentProcess,
@@ -341,19 +317,4 @@ pub async fn gpu_worker(a: GpuWorkerArgs) -> Result<()> {
         (None, None) => anyhow::bail!("kt gpu-worker needs --host or --near"),
     };
     Ok(ktfs::gpu::worker::run(control, &host).await?)
-}
-
-#[cfg(test)]
-mod tests {
-    /// A SIGTERM after the handler was made but before anything polled it (a daemon between
-    /// its ready line and its loop) is caught, where the default action would kill the process.
-    #[tokio::test]
-    async fn a_sigterm_before_the_first_poll_is_caught() {
-        let stop = super::shutdown_signal();
-        // SAFETY: signalling this very process, whose handler is installed above.
-        assert_eq!(unsafe { libc::raise(libc::SIGTERM) }, 0);
-        tokio::time::timeout(std::time::Duration::from_secs(10), stop)
-            .await
-            .expect("the SIGTERM was caught");
-    }
 }

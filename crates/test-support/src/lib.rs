@@ -10,7 +10,7 @@ pub mod tls;
 
 use std::ffi::CString;
 use std::io::{BufRead, BufReader};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -250,7 +250,7 @@ pub fn mount_points() -> Vec<PathBuf> {
         .map(|t| {
             t.lines()
                 .filter_map(|l| l.split(' ').nth(4))
-                .map(unescape)
+                .map(kt_host::mountinfo::unescape)
                 .collect()
         })
         .unwrap_or_default()
@@ -289,31 +289,6 @@ fn normalize(path: &Path) -> PathBuf {
             .unwrap_or(clean.clone()),
         _ => clean,
     }
-}
-
-/// Decodes mountinfo's octal escapes (`\040` is a space).
-fn unescape(field: &str) -> PathBuf {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 4 <= b.len() {
-            let oct = &b[i + 1..i + 4];
-            if oct.iter().all(|c| (b'0'..=b'7').contains(c)) {
-                let v = oct
-                    .iter()
-                    .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
-                if let Ok(byte) = u8::try_from(v) {
-                    out.push(byte);
-                    i += 4;
-                    continue;
-                }
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
 /// A binary of this workspace, `target/PROFILE/NAME`: next to the `deps` directory the test
@@ -493,8 +468,6 @@ mod tests {
             &std::env::temp_dir().join("no-such-mount-here")
         ));
         assert!(mount_points().contains(&PathBuf::from("/proc")));
-        assert_eq!(unescape("/a\\040b\\134c"), PathBuf::from("/a b\\c"));
-        assert_eq!(unescape("/trailing\\04"), PathBuf::from("/trailing\\04"));
         assert!(alive(std::process::id()));
         assert_eq!(sh("echo hi | tr a-z A-Z"), "HI\n");
         assert_eq!(ready_addr("x listening on [::1]:80 (pid 3)"), "[::1]:80");
