@@ -15,8 +15,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use ktfs::hash::BlockHash;
 use ktfs::manifest::DEFAULT_BLOCK_SIZE;
-use ktfs::transfer::chunk::{hash_blocks, Chunking};
-use ktfs::transfer::scan::hash_file;
+use ktfs::transfer::put::chunk::{hash_blocks, Chunking};
+use ktfs::transfer::put::scan::hash_file;
 
 const BLOCK: usize = 4 << 20;
 const FILE: usize = 64 << 20;

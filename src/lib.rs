@@ -29,19 +29,18 @@ pub mod key;
 pub mod locks;
 pub mod manifest;
 pub mod metrics;
-pub mod tls;
 
+pub mod auth;
 pub mod blocks;
+pub mod broadcast;
+pub mod dataplane;
 pub mod gpu;
 pub mod k8s;
 pub mod rpc;
-pub mod swarm;
 pub mod transfer;
 
 #[cfg(feature = "daemons")]
 pub mod agent;
-#[cfg(feature = "daemons")]
-pub mod broadcast;
 #[cfg(feature = "daemons")]
 pub mod db;
 #[cfg(feature = "daemons")]

@@ -12,8 +12,8 @@ use std::process::{Command, Output};
 
 use common::*;
 use ktfs::hash::BlockHash;
-use ktfs::transfer::ticket::{Grant, TicketKey, NODE_TTL};
-use ktfs::transfer::wire;
+use ktfs::auth::ticket::{Grant, TicketKey, NODE_TTL};
+use ktfs::dataplane::wire;
 use kube_api::{FakeApi, World};
 
 fn kt_as(server: &str, sock: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
@@ -196,7 +196,7 @@ fn a_shared_token_guards_every_call_and_agents_present_it() {
     let ticket_of = |key: &str| -> Vec<u8> {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(async {
-            let credential = ktfs::rpc::Credential::token("s3cret-token").unwrap();
+            let credential = ktfs::auth::Credential::token("s3cret-token").unwrap();
             let mut store = ktfs::rpc::client::connect_store(&server.addr, &credential)
                 .await
                 .unwrap();

@@ -512,7 +512,7 @@ fn publish_with_inline_blocks_checks_and_keeps_them() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mut store =
-            ktfs::rpc::client::connect_store(&server.addr, &ktfs::rpc::Credential::none())
+            ktfs::rpc::client::connect_store(&server.addr, &ktfs::auth::Credential::none())
                 .await
                 .unwrap();
         let good = InlineBlock {
@@ -645,7 +645,7 @@ fn publish_refuses_block_lengths_the_store_contradicts() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mut store =
-            ktfs::rpc::client::connect_store(&server.addr, &ktfs::rpc::Credential::none())
+            ktfs::rpc::client::connect_store(&server.addr, &ktfs::auth::Credential::none())
                 .await
                 .unwrap();
         let err = store
@@ -980,7 +980,7 @@ fn a_publish_batch_answers_each_item_and_refuses_only_the_bad_ones() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let results = rt.block_on(async {
         let mut store =
-            ktfs::rpc::client::connect_store(&server.addr, &ktfs::rpc::Credential::none())
+            ktfs::rpc::client::connect_store(&server.addr, &ktfs::auth::Credential::none())
                 .await
                 .unwrap();
         store
@@ -1052,7 +1052,7 @@ fn a_resolve_of_many_keys_answers_each_as_its_own_resolve_and_inlines_at_most_a_
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mut store =
-            ktfs::rpc::client::connect_store(&server.addr, &ktfs::rpc::Credential::none())
+            ktfs::rpc::client::connect_store(&server.addr, &ktfs::auth::Credential::none())
                 .await
                 .unwrap();
         let published = store

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use ktfs::hash::BlockHash;
-use ktfs::transfer::wire;
+use ktfs::dataplane::wire;
 
 /// Bytes of the block files under `dir`.
 fn block_bytes(dir: &Path) -> u64 {

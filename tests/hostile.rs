@@ -16,8 +16,8 @@ use ktfs::hash::BlockHash;
 use ktfs::key::{KeyPath, Namespace, MAX_KEY};
 use ktfs::manifest::{self, Manifest};
 use ktfs::proto::{BlockRef, EntryKind, FileEntry};
-use ktfs::transfer::ticket::{shared, Gate};
-use ktfs::transfer::wire;
+use ktfs::auth::ticket::{shared, Gate};
+use ktfs::dataplane::wire;
 
 fn config(cases: u32) -> ProptestConfig {
     ProptestConfig {
@@ -166,7 +166,7 @@ proptest! {
             let addr = listener.local_addr().unwrap().to_string();
             let served = tokio::spawn(async move {
                 let (s, _) = listener.accept().await.unwrap();
-                wire::serve_connection(ktfs::tls::Conn::Plain(s), std::sync::Arc::new(Few), shared(Gate::Open)).await;
+                wire::serve_connection(ktfs::auth::tls::Conn::Plain(s), std::sync::Arc::new(Few), shared(Gate::Open)).await;
             });
             let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
             c.write_all(b"KTDP\x01").await.unwrap();

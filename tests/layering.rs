@@ -1,49 +1,37 @@
-//! The layering of `src/`: every `crate::…` path in a top-level module (in `use` lines and
-//! inline, grouped `crate::{a, b}` too) must point at a module that module may depend on.
-//! Dependencies only point down:
+//! The shape of `src/`, checked from the code's own paths:
 //!
-//! ```text
-//! cli (the binary) -> agent -> fs -> transfer -> blocks -> data model
-//!                     server -> meta, broadcast, transfer, blocks -> data model
-//! ```
+//! - **layers**: every path from a top-level module into another must point down the order
 //!
-//! with `rpc` (the control plane both ends share) and `keeper` beside the layers that use them.
-//! A new module, or a new kind of edge, is added to [`ALLOWED`] on purpose, never by accident.
+//!   ```text
+//!   cli (the binary) -> agent | server -> fs -> transfer -> broadcast -> dataplane -> rpc
+//!                                                                       -> auth -> blocks -> data model
+//!                       server -> meta
+//!   ```
+//!
+//!   with `gpu` (the GPU control tree and workers) below `fs`, `keeper` below `fs` and `agent`,
+//!   and `k8s` beside `auth`; a new module, or a new kind of edge, is added to [`LAYERS`] on
+//!   purpose, never by accident;
+//! - **no circles**: among the files of `src/`, no file reaches itself through the paths its
+//!   non-test items name (`use`, `pub use`, inline `crate::`/`super::`/`self::` paths, and
+//!   paths through a child module; `mod` declarations do not count), at any length;
+//! - **small files**: no non-test file over [`MAX_LINES`] lines.
+//!
+//! Paths are read as text (comments, strings and `#[cfg(test)]` items blanked out) and resolved
+//! to the file that defines the module they name.
 
-use std::collections::BTreeMap;
+mod paths;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+
+use paths::{code_only, crate_paths, escaping_supers, shown, Source};
+
+/// Longest non-test file of `src/`.
+const MAX_LINES: usize = 800;
 
 /// The data model and the primitives everything may use.
 const DATA_MODEL: &[&str] = &[
-    "proto", "hash", "key", "manifest", "clock", "locks", "metrics", "db", "tls",
-];
-
-/// Each top-level module and what it may import besides the data model (which imports only
-/// itself, downwards: see [`DATA_MODEL_EDGES`]).
-const ALLOWED: &[(&str, &[&str])] = &[
-    ("blocks", &[]),
-    ("rpc", &[]),
-    ("swarm", &[]),
-    ("k8s", &[]),
-    ("keeper", &[]),
-    ("gpu", &["rpc"]),
-    ("broadcast", &["rpc", "swarm"]),
-    ("meta", &["blocks", "gpu"]),
-    ("transfer", &["blocks", "rpc", "swarm"]),
-    ("fs", &["blocks", "rpc", "transfer", "keeper", "gpu"]),
-    ("agent", &["blocks", "rpc", "transfer", "fs", "keeper"]),
-    (
-        "server",
-        &[
-            "blocks",
-            "rpc",
-            "transfer",
-            "meta",
-            "broadcast",
-            "swarm",
-            "k8s",
-        ],
-    ),
+    "proto", "hash", "key", "manifest", "clock", "locks", "metrics", "db",
 ];
 
 /// Within the data model.
@@ -52,212 +40,65 @@ const DATA_MODEL_EDGES: &[(&str, &[&str])] = &[
     ("hash", &[]),
     ("key", &[]),
     ("locks", &[]),
-    ("tls", &[]),
     ("metrics", &["locks"]),
     ("db", &["locks"]),
     ("clock", &["locks"]),
     ("manifest", &["hash", "key", "proto"]),
 ];
 
+/// The layers from the top down: a module may import the data model and any module of a layer
+/// below its own, never one of its own layer or above.
+const LAYERS: &[&[&str]] = &[
+    &["agent", "server"],
+    &["meta", "fs"],
+    &["gpu", "transfer"],
+    &["broadcast", "keeper"],
+    &["dataplane"],
+    &["rpc"],
+    &["auth", "k8s"],
+    &["blocks"],
+];
+
+/// Modules only some layers above may import, whatever the order allows: what the store
+/// server keeps is the server's alone.
+const PRIVATE_TO: &[(&str, &[&str])] = &[("meta", &["server"])];
+
 /// The binary's own modules (`src/main.rs`, `src/cli/`): they use the library as `ktfs::…`,
 /// and `crate::…` there names only themselves.
 const BINARY: &[&str] = &["main", "cli"];
 
-fn allowed(from: &str) -> Option<Vec<&'static str>> {
-    if let Some((_, to)) = DATA_MODEL_EDGES.iter().find(|(m, _)| *m == from) {
-        return Some(to.to_vec());
-    }
-    let (_, to) = ALLOWED.iter().find(|(m, _)| *m == from)?;
-    let mut all = DATA_MODEL.to_vec();
-    all.extend_from_slice(to);
-    Some(all)
+fn layer_of(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|l| l.contains(&module))
 }
 
-/// The source with comments, string and char literals blanked out (lines kept).
-fn code_only(src: &str) -> String {
-    let b: Vec<char> = src.chars().collect();
-    let mut out = String::with_capacity(src.len());
-    let mut i = 0;
-    let blank = |c: char| if c == '\n' { '\n' } else { ' ' };
-    while i < b.len() {
-        let c = b[i];
-        let next = b.get(i + 1).copied();
-        if c == '/' && next == Some('/') {
-            while i < b.len() && b[i] != '\n' {
-                out.push(' ');
-                i += 1;
-            }
-        } else if c == '/' && next == Some('*') {
-            let mut depth = 0;
-            while i < b.len() {
-                if b[i] == '/' && b.get(i + 1) == Some(&'*') {
-                    depth += 1;
-                    out.push_str("  ");
-                    i += 2;
-                } else if b[i] == '*' && b.get(i + 1) == Some(&'/') {
-                    depth -= 1;
-                    out.push_str("  ");
-                    i += 2;
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    out.push(blank(b[i]));
-                    i += 1;
-                }
-            }
-        } else if c == 'r' && (next == Some('"') || next == Some('#')) && !ident_before(&b, i) {
-            let mut j = i + 1;
-            let mut hashes = 0;
-            while b.get(j) == Some(&'#') {
-                hashes += 1;
-                j += 1;
-            }
-            if b.get(j) != Some(&'"') {
-                out.push(c);
-                i += 1;
-                continue;
-            }
-            j += 1;
-            loop {
-                match b.get(j) {
-                    None => break,
-                    Some('"') if (1..=hashes).all(|k| b.get(j + k) == Some(&'#')) => {
-                        j += 1 + hashes;
-                        break;
-                    }
-                    _ => j += 1,
-                }
-            }
-            out.extend(b[i..j.min(b.len())].iter().map(|&c| blank(c)));
-            i = j;
-        } else if c == '"' {
-            out.push(' ');
-            i += 1;
-            while i < b.len() && b[i] != '"' {
-                if b[i] == '\\' {
-                    out.push(' ');
-                    i += 1;
-                }
-                if i < b.len() {
-                    out.push(blank(b[i]));
-                    i += 1;
-                }
-            }
-            out.push(' ');
-            i += 1;
-        } else if c == '\'' && (next == Some('\\') || b.get(i + 2) == Some(&'\'')) {
-            // A char literal ('x', '\n', '\''); a lifetime ('a) has no closing quote.
-            let mut j = i + 1;
-            if b.get(j) == Some(&'\\') {
-                j += 2;
-            } else {
-                j += 1;
-            }
-            while j < b.len() && b[j] != '\'' {
-                j += 1;
-            }
-            out.extend(b[i..(j + 1).min(b.len())].iter().map(|&c| blank(c)));
-            i = j + 1;
+/// Whether top-level module `from` may name `to`.
+fn may_import(from: &str, to: &str) -> Result<(), String> {
+    if from == to {
+        return Ok(());
+    }
+    if let Some((_, edges)) = DATA_MODEL_EDGES.iter().find(|(m, _)| *m == from) {
+        return if edges.contains(&to) {
+            Ok(())
         } else {
-            out.push(c);
-            i += 1;
+            Err(format!("the data model's `{from}` may import only {edges:?}"))
+        };
+    }
+    if DATA_MODEL.contains(&to) {
+        return Ok(());
+    }
+    let Some(own) = layer_of(from) else {
+        return Err(format!("module `{from}` has no place in the layers (tests/layering.rs)"));
+    };
+    if let Some((_, who)) = PRIVATE_TO.iter().find(|(m, _)| *m == to) {
+        if !who.contains(&from) {
+            return Err(format!("`{to}` is private to {who:?}"));
         }
     }
-    out
-}
-
-fn ident_before(b: &[char], i: usize) -> bool {
-    i > 0 && (b[i - 1].is_alphanumeric() || b[i - 1] == '_')
-}
-
-fn ident_at(s: &str) -> String {
-    s.trim_start()
-        .chars()
-        .take_while(|c| c.is_alphanumeric() || *c == '_')
-        .collect()
-}
-
-/// Every top-level module named by a `crate::` path in `code`, with its line.
-fn crate_paths(code: &str) -> Vec<(usize, String)> {
-    let mut out = Vec::new();
-    let bytes = code.as_bytes();
-    let mut from = 0;
-    while let Some(pos) = code[from..].find("crate") {
-        let at = from + pos;
-        from = at + 5;
-        let before_ok =
-            at == 0 || !(bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_');
-        let rest = code[at + 5..].trim_start();
-        if !before_ok || !rest.starts_with("::") {
-            continue;
-        }
-        let line = code[..at].matches('\n').count() + 1;
-        let rest = rest[2..].trim_start();
-        if let Some(group) = rest.strip_prefix('{') {
-            let mut depth = 0;
-            let mut item = String::new();
-            for c in group.chars() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => {
-                        out.push((line, ident_at(&item)));
-                        item.clear();
-                        continue;
-                    }
-                    _ => {}
-                }
-                item.push(c);
-            }
-            if !ident_at(&item).is_empty() {
-                out.push((line, ident_at(&item)));
-            }
-        } else {
-            out.push((line, ident_at(rest)));
-        }
+    match layer_of(to) {
+        Some(l) if l > own => Ok(()),
+        Some(_) => Err(format!("`{to}` is not below `{from}` in the layers")),
+        None => Err(format!("module `{to}` has no place in the layers")),
     }
-    out
-}
-
-/// `super::` paths that climb out of the file's top-level module (to the crate root): they
-/// would name another module without saying `crate::`. `depth` is the file's own depth below
-/// the root; inline modules (`mod tests { ... }`) add theirs.
-fn escaping_supers(code: &str, depth: usize) -> Vec<usize> {
-    let b = code.as_bytes();
-    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
-    let mut out = Vec::new();
-    let (mut braces, mut inline): (usize, Vec<usize>) = (0, Vec::new());
-    let mut i = 0;
-    while i < b.len() {
-        let word_start = i == 0 || !ident(b[i - 1]);
-        if b[i] == b'{' {
-            braces += 1;
-        } else if b[i] == b'}' {
-            if inline.last() == Some(&braces) {
-                inline.pop();
-            }
-            braces = braces.saturating_sub(1);
-        } else if word_start && code[i..].starts_with("mod ") {
-            let rest = &code[i + 4..];
-            let name = ident_at(rest);
-            let after = rest.trim_start()[name.len()..].trim_start();
-            if !name.is_empty() && after.starts_with('{') {
-                inline.push(braces + 1);
-            }
-        } else if word_start && code[i..].starts_with("super") {
-            let climbs = code[i..]
-                .split("::")
-                .take_while(|s| s.trim() == "super")
-                .count();
-            if climbs >= depth + inline.len() && code[i + 5..].trim_start().starts_with("::") {
-                out.push(code[..i].matches('\n').count() + 1);
-            }
-        }
-        i += 1;
-    }
-    out
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -271,89 +112,167 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The top-level module of a file under `src/`, and how deep below the crate root it is.
-fn module_of(rel: &Path) -> (String, usize) {
-    let parts: Vec<String> = rel
-        .iter()
-        .map(|p| p.to_string_lossy().trim_end_matches(".rs").to_string())
-        .collect();
-    let depth = if parts.last().is_some_and(|p| p == "mod") {
-        parts.len() - 1
-    } else {
-        parts.len()
-    };
-    (parts[0].clone(), depth)
-}
-
-fn violations(src_dir: &Path) -> Vec<String> {
+/// Every file of `src_dir`, read and parsed, test-only files left out.
+fn sources(src_dir: &Path) -> Vec<Source> {
     let mut files = Vec::new();
     rust_files(src_dir, &mut files);
     files.sort();
-    let mut bad = Vec::new();
-    let mut seen: BTreeMap<String, ()> = BTreeMap::new();
-    for f in &files {
-        let rel = f.strip_prefix(src_dir).expect("under src");
-        let (module, depth) = module_of(rel);
-        if module == "lib" {
+    let all: Vec<Source> = files
+        .iter()
+        .map(|f| {
+            let rel = f.strip_prefix(src_dir).expect("under src").to_path_buf();
+            Source::parse(rel, &std::fs::read_to_string(f).expect("read"))
+        })
+        .collect();
+    // A file is test-only when its parent declares it under `#[cfg(test)]`, or it lies below
+    // such a file.
+    let test_modules: BTreeSet<Vec<String>> = all
+        .iter()
+        .flat_map(|s| {
+            s.test_children
+                .iter()
+                .map(|c| s.child_path(c))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    all.into_iter()
+        .filter(|s| !test_modules.iter().any(|t| s.module.starts_with(t)))
+        .collect()
+}
+
+/// Import edges between files (indices into `files`), each with a line that makes it.
+fn file_edges(files: &[Source]) -> BTreeMap<(usize, usize), usize> {
+    let by_module: BTreeMap<(bool, &[String]), usize> = files
+        .iter()
+        .enumerate()
+        .map(|(i, s)| ((s.binary, s.module.as_slice()), i))
+        .collect();
+    let mut edges = BTreeMap::new();
+    for (i, s) in files.iter().enumerate() {
+        for (line, binary, path) in s.resolved_paths() {
+            // The longest prefix of the path that is a file's module is where it points.
+            let target = (0..=path.len())
+                .rev()
+                .find_map(|n| by_module.get(&(binary, &path[..n])).copied());
+            if let Some(t) = target.filter(|t| *t != i) {
+                edges.entry((i, t)).or_insert(line);
+            }
+        }
+    }
+    edges
+}
+
+/// The circles of the graph: its strongly connected components of more than one file
+/// (Tarjan's algorithm, iterative).
+fn circles(n: usize, edges: &BTreeMap<(usize, usize), usize>) -> Vec<Vec<usize>> {
+    let mut next: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for &(a, b) in edges.keys() {
+        next[a].push(b);
+    }
+    let (mut index, mut low) = (vec![usize::MAX; n], vec![0; n]);
+    let (mut on_stack, mut stack, mut out) = (vec![false; n], Vec::new(), Vec::new());
+    let mut counter = 0;
+    for root in 0..n {
+        if index[root] != usize::MAX {
             continue;
         }
-        seen.insert(module.clone(), ());
-        let code = code_only(&std::fs::read_to_string(f).expect("read"));
-        let shown = Path::new("src").join(rel);
-        if BINARY.contains(&module.as_str()) {
-            for (line, to) in crate_paths(&code) {
-                if !BINARY.contains(&to.as_str()) {
-                    bad.push(format!(
-                        "{}:{line}: crate::{to} (the binary uses the library as ktfs::{to})",
-                        shown.display()
-                    ));
+        let mut work = vec![(root, 0usize)];
+        while let Some(&mut (v, ref mut k)) = work.last_mut() {
+            if *k == 0 {
+                index[v] = counter;
+                low[v] = counter;
+                counter += 1;
+                stack.push(v);
+                on_stack[v] = true;
+            }
+            if let Some(&w) = next[v].get(*k) {
+                *k += 1;
+                if index[w] == usize::MAX {
+                    work.push((w, 0));
+                } else if on_stack[w] {
+                    low[v] = low[v].min(index[w]);
+                }
+                continue;
+            }
+            work.pop();
+            if let Some(&(parent, _)) = work.last() {
+                low[parent] = low[parent].min(low[v]);
+            }
+            if low[v] == index[v] {
+                let mut comp = Vec::new();
+                while let Some(w) = stack.pop() {
+                    on_stack[w] = false;
+                    comp.push(w);
+                    if w == v {
+                        break;
+                    }
+                }
+                if comp.len() > 1 {
+                    comp.sort();
+                    out.push(comp);
                 }
             }
-            continue;
         }
-        let Some(ok) = allowed(&module) else {
-            bad.push(format!(
-                "{}: module `{module}` has no place in the layering table (tests/layering.rs)",
-                shown.display()
-            ));
-            continue;
-        };
-        for (line, to) in crate_paths(&code) {
-            if to != module && !ok.contains(&to.as_str()) {
+    }
+    out
+}
+
+/// What breaks the layers, the files' circles and the size of files, one line each.
+fn violations(src_dir: &Path) -> Vec<String> {
+    let files = sources(src_dir);
+    let mut bad = Vec::new();
+    let mut seen = BTreeSet::new();
+    for s in &files {
+        let (module, at) = (s.top(), shown(&s.rel));
+        seen.insert(module.to_string());
+        if s.lines > MAX_LINES {
+            bad.push(format!("{at}: {} lines (at most {MAX_LINES})", s.lines));
+        }
+        for (line, to) in crate_paths(&s.code) {
+            if s.binary {
+                if !BINARY.contains(&to.as_str()) {
+                    bad.push(format!(
+                        "{at}:{line}: crate::{to} (the binary uses the library as ktfs::{to})"
+                    ));
+                }
+            } else if let Err(why) = may_import(module, &to) {
+                bad.push(format!("{at}:{line}: crate::{to} ({why})"));
+            }
+        }
+        if !s.binary && module != "lib" {
+            for line in escaping_supers(&s.code, s.depth()) {
                 bad.push(format!(
-                    "{}:{line}: crate::{to} (`{module}` may import only {})",
-                    shown.display(),
-                    ok.join(", ")
+                    "{at}:{line}: a super:: path that leaves `{module}` (write crate::… instead)"
                 ));
             }
         }
-        for line in escaping_supers(&code, depth) {
-            bad.push(format!(
-                "{}:{line}: a super:: path that leaves `{module}` (write crate::… instead)",
-                shown.display()
-            ));
-        }
+    }
+    let edges = file_edges(&files);
+    for circle in circles(files.len(), &edges) {
+        let ties: Vec<String> = circle
+            .iter()
+            .flat_map(|&a| circle.iter().map(move |&b| (a, b)))
+            .filter_map(|(a, b)| {
+                let line = edges.get(&(a, b))?;
+                Some(format!("{}:{line} -> {}", shown(&files[a].rel), shown(&files[b].rel)))
+            })
+            .collect();
+        bad.push(format!("a circle: {}", ties.join(", ")));
     }
     // The table names only modules that exist, so it cannot drift from the tree unnoticed.
-    for (m, _) in ALLOWED.iter().chain(DATA_MODEL_EDGES) {
-        if *m != "proto" && !seen.contains_key(*m) {
-            bad.push(format!(
-                "the layering table names `{m}`, which src/ does not have"
-            ));
+    for m in LAYERS.iter().flat_map(|l| l.iter()).chain(DATA_MODEL) {
+        if *m != "proto" && !seen.contains(*m) {
+            bad.push(format!("the layering table names `{m}`, which src/ does not have"));
         }
     }
     bad
 }
 
 #[test]
-fn dependencies_point_one_way() {
+fn dependencies_point_one_way_without_circles_in_small_files() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let bad = violations(&src);
-    assert!(
-        bad.is_empty(),
-        "imports against the layering:\n  {}",
-        bad.join("\n  ")
-    );
+    assert!(bad.is_empty(), "the shape of src/:\n  {}", bad.join("\n  "));
 }
 
 #[test]
@@ -387,22 +306,75 @@ fn f() { crate::transfer::get::get(); }
     );
 }
 
+/// A tree of files for the checker's own tests.
+fn tree(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (path, text) in files {
+        let p = dir.path().join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+    dir
+}
+
 #[test]
 fn a_forbidden_edge_is_named_with_its_file_and_path() {
-    let dir = tempfile::tempdir().unwrap();
-    let src = dir.path();
-    std::fs::create_dir_all(src.join("blocks")).unwrap();
-    std::fs::write(src.join("blocks/mod.rs"), "use crate::hash::BlockHash;\n").unwrap();
-    std::fs::write(
-        src.join("blocks/cache.rs"),
-        "use crate::hash::BlockHash;\nfn x() { crate::fs::thing(); }\n",
-    )
-    .unwrap();
-    let bad = violations(src);
+    let dir = tree(&[
+        ("lib.rs", "pub mod blocks;\npub mod fs;\npub mod hash;\n"),
+        ("hash.rs", "pub struct BlockHash;\n"),
+        ("blocks/mod.rs", "pub mod cache;\nuse crate::hash::BlockHash;\n"),
+        (
+            "blocks/cache.rs",
+            "use crate::hash::BlockHash;\nfn x() { crate::fs::thing(); }\n",
+        ),
+        ("fs/mod.rs", "pub fn thing() {}\n"),
+    ]);
+    let bad = violations(dir.path());
     assert!(
         bad.iter()
-            .any(|b| b.starts_with("src/blocks/cache.rs:2: crate::fs")),
+            .any(|b| b.starts_with("src/blocks/cache.rs:2: crate::fs (")),
         "{bad:?}"
     );
     assert!(!bad.iter().any(|b| b.contains("blocks/mod.rs")), "{bad:?}");
+}
+
+#[test]
+fn circles_are_found_through_super_self_children_and_reexports_but_not_in_tests() {
+    let dir = tree(&[
+        ("lib.rs", "pub mod blocks;\n"),
+        // mod.rs re-exports a child that names mod.rs back: a circle of two.
+        (
+            "blocks/mod.rs",
+            "pub mod a;\nmod b;\nmod c;\n#[cfg(test)]\nmod tests;\npub use a::A;\npub struct Shared;\n",
+        ),
+        ("blocks/a.rs", "pub struct A;\nfn f() -> super::Shared { todo!() }\n"),
+        // b -> c -> b through a child path and a use of self's sibling; a test module's
+        // paths do not count.
+        (
+            "blocks/b.rs",
+            "use super::c::C;\npub struct B;\n#[cfg(test)]\nmod tests {\n use crate::blocks::a::A;\n}\n",
+        ),
+        ("blocks/c.rs", "pub struct C;\nfn g() { let _ = crate::blocks::b::B; }\n"),
+        ("blocks/tests.rs", "use super::a::A;\nuse super::Shared;\n"),
+    ]);
+    let bad = violations(dir.path());
+    let circles: Vec<&String> = bad.iter().filter(|b| b.starts_with("a circle")).collect();
+    assert_eq!(circles.len(), 2, "{bad:?}");
+    assert!(circles.iter().any(|c| c.contains("src/blocks/a.rs:2 -> src/blocks/mod.rs")
+        && c.contains("src/blocks/mod.rs:6 -> src/blocks/a.rs")));
+    assert!(circles.iter().any(|c| c.contains("src/blocks/b.rs:1 -> src/blocks/c.rs")
+        && c.contains("src/blocks/c.rs:2 -> src/blocks/b.rs")));
+}
+
+#[test]
+fn a_long_file_is_named() {
+    let dir = tree(&[
+        ("lib.rs", "pub mod blocks;\n"),
+        ("blocks/mod.rs", &"// a line\n".repeat(MAX_LINES + 1)),
+    ]);
+    let bad = violations(dir.path());
+    assert!(
+        bad.iter().any(|b| b.starts_with("src/blocks/mod.rs: 801 lines")),
+        "{bad:?}"
+    );
 }

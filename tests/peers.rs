@@ -157,7 +157,7 @@ fn fake_peer(server: &str, ip: &str, node: &str, version_hex: &str, answer: Arc<
     });
     let rt = tokio::runtime::Runtime::new().unwrap();
     let mut store = rt.block_on(async {
-        let mut store = ktfs::rpc::client::connect_store(server, &ktfs::rpc::Credential::none())
+        let mut store = ktfs::rpc::client::connect_store(server, &ktfs::auth::Credential::none())
             .await
             .unwrap();
         store
@@ -379,7 +379,7 @@ fn sources_of(server: &str, key: &str) -> Vec<String> {
         .build()
         .unwrap();
     rt.block_on(async {
-        let mut store = ktfs::rpc::client::connect_store(server, &ktfs::rpc::Credential::none())
+        let mut store = ktfs::rpc::client::connect_store(server, &ktfs::auth::Credential::none())
             .await
             .unwrap();
         let r = store

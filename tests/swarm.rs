@@ -315,7 +315,7 @@ fn a_waiting_sync_is_answered_as_soon_as_a_fetch_is_chosen_for_it() {
     let store = rt
         .block_on(ktfs::rpc::client::connect_store(
             &c.server.addr,
-            &ktfs::rpc::Credential::none(),
+            &ktfs::auth::Credential::none(),
         ))
         .unwrap();
     let join = |node: &str| -> JoinResponse {

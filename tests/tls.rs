@@ -10,7 +10,7 @@ use std::process::Output;
 
 use common::*;
 use ktfs::hash::BlockHash;
-use ktfs::transfer::wire;
+use ktfs::dataplane::wire;
 use test_support::tls::Pki;
 
 fn stderr(o: &Output) -> String {

@@ -21,11 +21,12 @@ use ktfs::key::{KeyPath, Namespace};
 use ktfs::manifest::DEFAULT_BLOCK_SIZE;
 use ktfs::proto::{ListRequest, Locale, RemoveRequest, WindowSpec};
 use ktfs::rpc::client::{self, ClientError, DEFAULT_AGENT_SOCKET};
-use ktfs::rpc::{Credential, Fault};
+use ktfs::auth::Credential;
+use ktfs::rpc::Fault;
 use ktfs::transfer::get::{self as getting, GetOptions};
 use ktfs::transfer::put::{self as putting, PutOptions};
 use ktfs::transfer::read::{self, Stat};
-use ktfs::transfer::scan::ScanOptions;
+use ktfs::transfer::put::scan::ScanOptions;
 
 create_exception!(ktfs, KtError, PyException, "A ktfs call failed.");
 create_exception!(

@@ -7,10 +7,10 @@ use crate::clock;
 use crate::fs::FsConfig;
 use crate::key::Namespace;
 use crate::proto::Locale;
-use crate::rpc::gpu_secret::HostKey;
-use crate::rpc::Credential;
-use crate::tls::ServerTls;
-use crate::transfer::ticket::TicketHolder;
+use crate::auth::gpu_secret::HostKey;
+use crate::auth::Credential;
+use crate::auth::tls::ServerTls;
+use crate::auth::ticket::TicketHolder;
 
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 

@@ -1,7 +1,7 @@
 //! The agent's lease with the store server: registered at start, renewed by heartbeat, and
 //! registered again whenever the server does not know the node (a restarted server). Each
 //! answer brings the node's data-plane ticket, and registration the key that checks the
-//! tickets of whoever fetches from this node (`crate::transfer::ticket`).
+//! tickets of whoever fetches from this node (`crate::auth::ticket`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,9 +14,10 @@ use crate::locks;
 use crate::proto::{
     HeartbeatRequest, HeartbeatResponse, NodeInfo, RegisterNodeRequest, RegisterNodeResponse,
 };
-use crate::rpc::gpu_secret::HostKey;
-use crate::rpc::{client, Credential};
-use crate::transfer::ticket::{Gate, SharedGate, TicketHolder, TicketKey, VersionBlocks};
+use crate::auth::gpu_secret::HostKey;
+use crate::auth::Credential;
+use crate::rpc::client;
+use crate::auth::ticket::{Gate, SharedGate, TicketHolder, TicketKey, VersionBlocks};
 
 /// Keeps this node's lease alive; registers again whenever the server does not know it (first
 /// start, or the server restarted).

@@ -18,7 +18,7 @@ use crate::proto::*;
 use crate::rpc::client::{self, ClientError};
 use crate::rpc::status::{to_status, Fault};
 use crate::transfer::publish::{self, Payload, PublishError};
-use crate::transfer::ticket::{Gate, SharedGate};
+use crate::auth::ticket::{Gate, SharedGate};
 
 pub(super) struct AgentHandler {
     pub cfg: AgentConfig,

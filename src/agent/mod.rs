@@ -34,8 +34,8 @@ use crate::proto::agent_server::AgentServer;
 use crate::proto::{NodeInfo, RegisterNodeRequest};
 use crate::rpc::client::{self, ClientError};
 use crate::rpc::MAX_RPC_MESSAGE;
-use crate::transfer::port;
-use crate::transfer::ticket::{self, Gate, SharedGate, VersionBlocks};
+use crate::dataplane::port;
+use crate::auth::ticket::{self, Gate, SharedGate, VersionBlocks};
 
 /// Every column family of the agent's database, whoever owns it.
 const FAMILIES: &[&str] = &[

@@ -29,15 +29,15 @@ pub struct Cli {
 #[derive(Args)]
 pub struct ClientTlsArgs {
     /// The CA bundle (PEM) that signed the servers' certificates; connect over TLS.
-    #[arg(long, env = ktfs::tls::ENV_CA, global = true)]
+    #[arg(long, env = ktfs::auth::tls::ENV_CA, global = true)]
     pub tls_ca: Option<PathBuf>,
     /// Check the servers' certificates against this name instead of the host dialled (one
     /// certificate for every node, or the Service behind --kubeconfig's port-forward).
-    #[arg(long, env = ktfs::tls::ENV_SERVER_NAME, global = true)]
+    #[arg(long, env = ktfs::auth::tls::ENV_SERVER_NAME, global = true)]
     pub tls_server_name: Option<String>,
     /// Check node agents' certificates against this name (default: --tls-server-name, else the
     /// host dialled): the store and the nodes then hold certificates of different names.
-    #[arg(long, env = ktfs::tls::ENV_NODE_NAME, global = true)]
+    #[arg(long, env = ktfs::auth::tls::ENV_NODE_NAME, global = true)]
     pub tls_node_name: Option<String>,
 }
 

@@ -10,11 +10,11 @@ use ktfs::proto::{
     UnmountRequest,
 };
 use ktfs::rpc::client::{self, ClientError};
-use ktfs::rpc::Credential;
+use ktfs::auth::Credential;
 use ktfs::transfer::get::{self, GetOptions};
 use ktfs::transfer::put::{self, PutOptions};
-use ktfs::transfer::scan::ScanOptions;
-use ktfs::transfer::tree;
+use ktfs::transfer::put::scan::ScanOptions;
+use ktfs::broadcast::member::membership;
 
 use super::args::*;
 use super::output::{human, print_json, progress_bar, CliError};
@@ -305,7 +305,7 @@ pub async fn window(mut a: WindowCmdArgs) -> Result<()> {
         .map_err(ClientError::from)?
         .into_inner();
     if a.common.json {
-        return print_json(&tree::window_json(&w));
+        return print_json(&membership::window_json(&w));
     }
     println!(
         "window {} generation {}: {}{}",
@@ -437,8 +437,8 @@ pub async fn rm(mut a: RmArgs) -> Result<()> {
 pub fn node_token(a: NodeTokenArgs) -> Result<()> {
     use anyhow::Context;
     use std::io::Write;
-    let shared = ktfs::rpc::credential::read_token_file(&a.token_file)?;
-    let token = ktfs::rpc::node_token::NodeTokens::new(&shared)
+    let shared = ktfs::auth::credential::read_token_file(&a.token_file)?;
+    let token = ktfs::auth::node_token::NodeTokens::new(&shared)
         .token_for(&a.node)
         .with_context(|| format!("node {:?}", a.node))?;
     match &a.out {

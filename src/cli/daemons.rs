@@ -12,10 +12,10 @@ use ktfs::fs::FsConfig;
 use ktfs::k8s::api;
 use ktfs::k8s::tokens::ServiceAccountName;
 use ktfs::key::Namespace;
-use ktfs::rpc::Credential;
+use ktfs::auth::Credential;
 use ktfs::server::auth::{AuthConfig, TokenReview};
 use ktfs::server::StoreServerProcess;
-use ktfs::tls::ServerTls;
+use ktfs::auth::tls::ServerTls;
 
 use kt_host::shutdown_signal;
 
@@ -26,7 +26,7 @@ async fn auth_config(a: &ServerAuthArgs) -> Result<AuthConfig> {
     let shared_token = a
         .token_file
         .as_deref()
-        .map(ktfs::rpc::credential::read_token_file)
+        .map(ktfs::auth::credential::read_token_file)
         .transpose()?;
     let token_review = if a.token_review {
         let client = match &a.kubeconfig {

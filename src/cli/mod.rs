@@ -41,13 +41,13 @@ pub fn trust(a: &args::ClientTlsArgs) -> anyhow::Result<()> {
     let Some(ca) = &a.tls_ca else {
         return Ok(());
     };
-    let tls = ktfs::tls::ClientTls::from_ca_file(
+    let tls = ktfs::auth::tls::ClientTls::from_ca_file(
         ca,
         a.tls_server_name.as_deref(),
         a.tls_node_name.as_deref(),
     )
     .with_context(|| format!("--tls-ca {}", ca.display()))?;
-    ktfs::tls::configure_client(Some(tls));
+    ktfs::auth::tls::configure_client(Some(tls));
     Ok(())
 }
 

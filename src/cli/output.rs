@@ -10,7 +10,7 @@ use ktfs::transfer::get::GetError;
 pub use ktfs::transfer::progress_bar;
 use ktfs::transfer::publish::PublishError;
 use ktfs::transfer::put::PutError;
-use ktfs::transfer::scan::ScanError;
+use ktfs::transfer::put::scan::ScanError;
 use ktfs::transfer::TransferError;
 
 /// The exit codes, as `kt --help` shows them.

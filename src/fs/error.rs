@@ -12,7 +12,7 @@ use crate::hash::BlockHash;
 use crate::key::KeyError;
 use crate::rpc::ClientError;
 use crate::transfer::publish::PublishError;
-use crate::transfer::scan::ScanError;
+use crate::transfer::put::scan::ScanError;
 use crate::transfer::TransferError;
 
 #[derive(Debug, thiserror::Error)]

@@ -20,9 +20,9 @@ use super::FsError;
 use crate::blocks::node::NodeBlocks;
 use crate::hash::BlockHash;
 use crate::locks::lock;
-use crate::transfer::fetch::{self, BlockJob, BlockSink};
-use crate::transfer::tree::{self, Membership};
-use crate::transfer::{SourceAddr, TransferError};
+use crate::dataplane::fetch::{self, BlockJob, BlockSink};
+use crate::broadcast::member::membership::{self, Membership};
+use crate::dataplane::{SourceAddr, TransferError};
 
 /// Blocks kept in memory for reads that land in the same block again.
 const HOT_BLOCKS: usize = 16;
@@ -48,7 +48,7 @@ impl Route {
     ) -> Result<fetch::FetchReport, TransferError> {
         let progress = ProgressBar::hidden();
         match &self.member {
-            Some(m) => tree::fetch_through(m, jobs, sink, &self.fallback, &self.own, &progress)
+            Some(m) => membership::fetch_through(m, jobs, sink, &self.fallback, &self.own, &progress)
                 .await?
                 .complete(self.fallback.is_empty()),
             None => fetch::fetch(jobs, sink, &self.fallback, &progress).await,

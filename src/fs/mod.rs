@@ -41,9 +41,9 @@ use crate::key::{KeyPath, Namespace};
 use crate::locks::lock;
 use crate::proto::Locale;
 use crate::rpc::client::{self, Store};
-use crate::rpc::gpu_secret::HostKey;
-use crate::rpc::Credential;
-use crate::transfer::ticket::TicketHolder;
+use crate::auth::gpu_secret::HostKey;
+use crate::auth::Credential;
+use crate::auth::ticket::TicketHolder;
 
 pub use error::{FsError, FsResult};
 use inode::Inodes;

@@ -15,9 +15,9 @@ use crate::locks::lock;
 use crate::manifest::{self, BlockRef, EntryKind, FileEntry, Manifest};
 use crate::proto::{InlineBlock, ListEntry, LocalFile, Locale, PublishRequest};
 use crate::rpc::MAX_INLINE_FILE;
-use crate::transfer::chunk::{hash_blocks, Chunking};
+use crate::transfer::put::chunk::{hash_blocks, Chunking};
 use crate::transfer::publish::{self, Payload};
-use crate::transfer::upload;
+use crate::dataplane::upload;
 
 /// A staged file's publish, prepared under its publish lock: what to send, and what the
 /// answer settles.
@@ -128,7 +128,7 @@ impl FsCore {
         };
         let (size, blocks) = match (hashed, &disk) {
             (Some(h), _) => h,
-            (None, Some(disk)) => crate::transfer::scan::hash_file(disk, &chunking, &mut buf)?,
+            (None, Some(disk)) => crate::transfer::put::scan::hash_file(disk, &chunking, &mut buf)?,
             (None, None) => {
                 return Err(FsError::Invalid(format!(
                     "{path}: a staged body is nowhere"

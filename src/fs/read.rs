@@ -21,9 +21,9 @@ use crate::proto::{
     ResolveResult, WindowSpec,
 };
 use crate::rpc::{implicit_group, ClientError, MAX_INLINE_FILE};
-use crate::transfer::fetch::BlockJob;
-use crate::transfer::sources::{order_sources, NodeRef};
-use crate::transfer::tree::{JoinSpec, Membership};
+use crate::dataplane::fetch::BlockJob;
+use crate::dataplane::sources::{order_sources, NodeRef};
+use crate::broadcast::member::membership::{JoinSpec, Membership};
 
 /// Small files of a directory resolved with the one being opened, at most, and their bytes.
 const RESOLVE_AHEAD: usize = 63;

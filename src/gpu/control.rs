@@ -28,7 +28,7 @@ use crate::proto::{
     WorkerBuffer, WorkerFetch, WorkerHeld, WorkerNcclId, WorkerProgress, WorkerRegister,
     WorkerRelease, WorkerReply,
 };
-use crate::rpc::gpu_secret::HostKey;
+use crate::auth::gpu_secret::HostKey;
 use crate::rpc::{ClientError, Store};
 
 /// How long an NCCL communicator may take to form, and a broadcast beyond its bytes' time at

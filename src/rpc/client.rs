@@ -9,7 +9,7 @@ use tokio::net::UnixStream;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use super::credential::Credential;
+use crate::auth::credential::Credential;
 use super::status::{Fault, RemoteError};
 use super::MAX_RPC_MESSAGE;
 use crate::proto::agent_client::AgentClient;
@@ -81,7 +81,7 @@ pub async fn connect_store(addr: &str, credential: &Credential) -> Result<Store,
         .map_err(|e| unreachable(reason(&e)))
     };
     let channel = tokio::time::timeout(
-        CONNECT_TIMEOUT * 2 + crate::tls::HANDSHAKE_TIMEOUT,
+        CONNECT_TIMEOUT * 2 + crate::auth::tls::HANDSHAKE_TIMEOUT,
         connecting,
     )
     .await
@@ -129,7 +129,7 @@ fn tls_connector(
     Option<
         impl tower::Service<
                 Uri,
-                Response = TokioIo<crate::tls::Conn>,
+                Response = TokioIo<crate::auth::tls::Conn>,
                 Error = std::io::Error,
                 Future = impl Send,
             > + Clone
@@ -137,14 +137,14 @@ fn tls_connector(
             + 'static,
     >,
 > {
-    if crate::tls::client()?.is_none() {
+    if crate::auth::tls::client()?.is_none() {
         return Ok(None);
     }
     let addr = addr.to_string();
     Ok(Some(tower::service_fn(move |_: Uri| {
         let addr = addr.clone();
         async move {
-            let conn = crate::tls::connect(&addr, crate::tls::Plane::Grpc, crate::tls::Peer::Store)
+            let conn = crate::auth::tls::connect(&addr, crate::auth::tls::Plane::Grpc, crate::auth::tls::Peer::Store)
                 .await?;
             Ok::<_, std::io::Error>(TokioIo::new(conn))
         }

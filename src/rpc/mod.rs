@@ -3,14 +3,10 @@
 //! and names both sides must agree on.
 
 pub mod client;
-pub mod credential;
-pub mod gpu_secret;
 pub mod gpu_window;
-pub mod node_token;
 pub mod status;
 
 pub use client::{ClientError, Store};
-pub use credential::Credential;
 pub use status::{Fault, RemoteError};
 
 use crate::hash::Version;

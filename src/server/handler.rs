@@ -12,8 +12,8 @@ use super::status::{blocking, invalid, parse_key, parse_ns, parse_version};
 use super::watch::Watchers;
 use crate::blocks::store::StoreBlocks;
 use crate::blocks::Served;
-use crate::broadcast::gpu::{GpuJoiner, GpuWindows};
-use crate::broadcast::{Broadcasts, Joiner, NodeView, Seed, SwarmPieces};
+use crate::broadcast::windows::gpu::{GpuJoiner, GpuWindows};
+use crate::broadcast::windows::{Broadcasts, Joiner, NodeView, Seed, SwarmPieces};
 use crate::clock::SharedClock;
 use crate::hash::{BlockHash, Version};
 use crate::key::{KeyPath, Namespace};
@@ -22,8 +22,9 @@ use crate::meta::{MetaError, MetaStore};
 use crate::proto::store_server::Store;
 use crate::proto::*;
 use crate::rpc::status::{to_status, Fault};
-use crate::rpc::{self, gpu_secret, MAX_INLINE_BYTES, MAX_INLINE_FILE};
-use crate::transfer::ticket::{self, Grant, TicketKey};
+use crate::auth::gpu_secret;
+use crate::rpc::{self, MAX_INLINE_BYTES, MAX_INLINE_FILE};
+use crate::auth::ticket::{self, Grant, TicketKey};
 
 /// Items of one `PublishBatch`, at most.
 const MAX_BATCH_ITEMS: usize = 256;
@@ -1213,7 +1214,7 @@ impl Store for StoreHandler {
                 .comms
                 .into_iter()
                 .filter(|c| c.key.len() == 32)
-                .take(crate::broadcast::comms::MAX_HELD)
+                .take(crate::broadcast::windows::comms::MAX_HELD)
                 .collect(),
         };
         let ((window, _), member) = {

@@ -1,4 +1,4 @@
-//! The store server: metadata ([`crate::meta`]), broadcast windows ([`crate::broadcast`]) and
+//! The store server: metadata ([`crate::meta`]), broadcast windows ([`crate::broadcast::windows`]) and
 //! the central block store ([`crate::blocks::store`]), behind the gRPC control plane
 //! ([`handler`], its errors in [`status`], its callers checked by [`auth`]) and the data plane,
 //! on one port.
@@ -25,8 +25,8 @@ use crate::db::{Db, DbError};
 use crate::meta::{self, MetaError, MetaStore};
 use crate::proto::store_server::StoreServer;
 use crate::rpc::MAX_RPC_MESSAGE;
-use crate::tls::ServerTls;
-use crate::transfer::ticket::{shared, Gate};
+use crate::auth::tls::ServerTls;
+use crate::auth::ticket::{shared, Gate};
 use auth::{AuthConfig, Authenticator};
 use handler::StoreHandler;
 
@@ -249,7 +249,7 @@ impl StoreServerProcess {
             tickets: key,
             clock: self.clock,
             windows: Arc::new(std::sync::Mutex::new(
-                crate::broadcast::Broadcasts::with_tree_for_fanout(
+                crate::broadcast::windows::Broadcasts::with_tree_for_fanout(
                     std::env::var(BENCH_TOPOLOGY).is_ok_and(|v| v == "tree"),
                 )
                 .with_whole_blocks(std::env::var(BENCH_PIECES).is_ok_and(|v| v == "blocks")),
@@ -290,7 +290,7 @@ impl StoreServerProcess {
         let router = tonic::transport::Server::builder().add_service(svc);
         let blocks = self.meta.blocks().clone();
         let gate = shared(gate);
-        crate::transfer::port::serve(
+        crate::dataplane::port::serve(
             self.listener,
             Some(router),
             blocks,

@@ -3,7 +3,7 @@
 
 use tonic::Status;
 
-use crate::broadcast::BroadcastError;
+use crate::broadcast::windows::BroadcastError;
 use crate::hash::Version;
 use crate::key::{KeyPath, Namespace};
 use crate::meta::MetaError;

@@ -1,4 +1,4 @@
-//! The store server's side of data-plane tickets (`crate::transfer::ticket`): its ticket key,
+//! The store server's side of data-plane tickets (`crate::auth::ticket`): its ticket key,
 //! kept in the data directory so that tickets outlive a restart, and the check that a block
 //! served under a read ticket is one of that version's.
 
@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use crate::hash::{BlockHash, Version};
 use crate::locks;
 use crate::meta::{MetaError, MetaStore};
-use crate::transfer::ticket::{TicketKey, VersionBlocks};
+use crate::auth::ticket::{TicketKey, VersionBlocks};
 
 const KEY_FILE: &str = "ticket.key";
 /// Versions whose block sets are kept: the versions being fetched now.

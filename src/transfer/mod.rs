@@ -1,41 +1,23 @@
-//! Moving data: the block protocol on the wire ([`wire`], and [`port`], one port for both
-//! planes), fetching from ordered sources with failover ([`fetch`]), uploading what the store
-//! lacks ([`upload`]), the one publish path ([`publish`]), where sources are and how near
-//! ([`sources`]), membership of a broadcast window ([`tree`]) and pipelining to peers
-//! ([`offer`]); and on top of them the two jobs every caller shares: [`put`] (with [`scan`],
-//! building a manifest from local files cut into blocks by [`chunk`]) and [`get`]. What the data plane asks of its callers
-//! is in [`ticket`].
+//! The jobs every caller shares, on top of the data plane ([`crate::dataplane`]) and broadcast
+//! membership ([`crate::broadcast::member`]): [`put`] (scanning local files into a manifest,
+//! cut into blocks, with the put index that spares unchanged files), [`get`] (planning where
+//! each file's blocks come from, reusing what a local copy holds), [`read`] (a key's bytes in
+//! memory, for ranges and small files) and [`publish`] (the one path by which a manifest and
+//! its missing blocks reach the store).
 //!
-//! Everything here is client-side (it compiles without RocksDB or FUSE), but the server half of
-//! the wire protocol, which the store and the agents run over [`crate::blocks`].
+//! Everything here is client-side: it compiles without RocksDB or FUSE, as a laptop's `kt` and
+//! the Python package link it.
 
-pub mod chunk;
-pub mod delta;
-pub mod fetch;
 pub mod get;
-pub mod index;
-pub mod offer;
-pub mod piece;
-pub mod port;
 pub mod publish;
 pub mod put;
 pub mod read;
-pub mod scan;
-pub mod sources;
-mod swarm;
-pub mod ticket;
-pub mod tree;
-pub mod upload;
-pub mod wire;
 
-pub use fetch::{BlockJob, BlockSink, FetchReport};
-pub use sources::SourceAddr;
+pub use crate::dataplane::TransferError;
 
 use std::io::IsTerminal;
 
 use indicatif::{ProgressBar, ProgressStyle};
-
-use crate::rpc::{ClientError, Fault};
 
 /// A progress bar on stderr for a transfer someone watches (`verbose` and a terminal), else one
 /// that draws nothing.
@@ -49,59 +31,4 @@ pub fn progress_bar(verbose: bool) -> ProgressBar {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     pb
-}
-
-/// Connections opened to one source at a time.
-const CONNS_PER_SOURCE: usize = 2;
-/// Bytes in flight on one connection: requested and not yet written to disk.
-const WINDOW_BYTES: u32 = 16 << 20;
-/// Semaphore unit for the byte budget.
-const UNIT: u32 = 64 << 10;
-
-fn permits(len: u32) -> u32 {
-    len.div_ceil(UNIT).clamp(1, WINDOW_BYTES / UNIT)
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum TransferError {
-    #[error("could not fetch {missing} blocks from any source ({reasons})")]
-    Unavailable { missing: usize, reasons: String },
-    #[error("no source holds this version")]
-    NoSource,
-    #[error("writing {path}: {source}")]
-    Write {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("reading {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("{0} changed while it was being published; run the put again")]
-    Changed(String),
-    #[error("upload to {addr} failed: {reason}")]
-    Upload { addr: String, reason: String },
-    #[error("the store at {addr} is out of space: {reason}")]
-    NoSpace { addr: String, reason: String },
-    #[error(transparent)]
-    Rpc(#[from] ClientError),
-}
-
-impl TransferError {
-    pub fn fault(&self) -> Fault {
-        match self {
-            TransferError::Unavailable { .. } | TransferError::NoSource => Fault::Unavailable,
-            TransferError::Write { source, .. } | TransferError::Read { source, .. }
-                if source.raw_os_error() == Some(libc::ENOSPC) =>
-            {
-                Fault::NoSpace
-            }
-            TransferError::Changed(_) => Fault::Conflict,
-            TransferError::Upload { .. } => Fault::Unreachable,
-            TransferError::NoSpace { .. } => Fault::NoSpace,
-            TransferError::Rpc(e) => e.fault(),
-            TransferError::Write { .. } | TransferError::Read { .. } => Fault::Internal,
-        }
-    }
 }

@@ -7,7 +7,7 @@
 
 use indicatif::ProgressBar;
 
-use super::upload::{self, UploadJob};
+use crate::dataplane::upload::{self, UploadJob};
 use super::TransferError;
 use crate::hash::Version;
 use crate::proto::{InlineBlock, PublishRequest};

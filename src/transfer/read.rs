@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use bytes::{Bytes, BytesMut};
 use indicatif::ProgressBar;
 
-use super::fetch::{self, BlockJob, BlockSink};
-use super::sources::order_sources;
+use crate::dataplane::fetch::{self, BlockJob, BlockSink};
+use crate::dataplane::sources::order_sources;
 use super::TransferError;
 use crate::key::KeyPath;
 use crate::locks::lock;

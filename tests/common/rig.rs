@@ -46,7 +46,7 @@ impl Rig {
             tokio::spawn(srv.run(until(stopped.clone())));
             let agent = AgentProcess::bind(AgentConfig {
                 server: server.clone(),
-                credential: ktfs::rpc::Credential::none(),
+                credential: ktfs::auth::Credential::none(),
                 node_ticket: Default::default(),
                 gpu_host_key: Default::default(),
                 listen: "127.0.0.1:0".into(),

@@ -1,6 +1,6 @@
 //! The data plane's frame decoders, a server's and a client's, over real loopback sockets (the
 //! decoders read a `Conn`, which is TCP). Each side is checked against a model of the protocol
-//! written here from its description in `ktfs::transfer::wire`: frames `[op][len u32 BE]
+//! written here from its description in `ktfs::dataplane::wire`: frames `[op][len u32 BE]
 //! [payload]`, a payload a 32-byte hash and a body (for a delta upload, the base's hash first).
 
 use std::collections::{HashMap, HashSet};
@@ -13,8 +13,8 @@ use tokio::net::{TcpListener, TcpStream};
 
 use ktfs::blocks::{BlockError, BlockServe, Served};
 use ktfs::hash::BlockHash;
-use ktfs::transfer::ticket::{shared, Gate};
-use ktfs::transfer::wire::{self, Response, WireError, MAX_FRAME};
+use ktfs::auth::ticket::{shared, Gate};
+use ktfs::dataplane::wire::{self, Response, WireError, MAX_FRAME};
 
 use crate::rt::{listener, runtime};
 
@@ -204,7 +204,7 @@ pub fn data_plane_server(input: &[u8]) {
             return;
         };
         let served = tokio::spawn(wire::serve_connection(
-            ktfs::tls::Conn::Plain(s),
+            ktfs::auth::tls::Conn::Plain(s),
             Arc::new(Mem::default()),
             shared(Gate::Open),
         ));

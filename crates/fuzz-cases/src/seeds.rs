@@ -113,7 +113,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                 frame(2, h.as_bytes(), &block),
                 frame(8, h.as_bytes(), &[]),
                 frame(8, BlockHash::of(b"y").as_bytes(), &[]),
-                frame(7, h.as_bytes(), &ktfs::transfer::delta::signature(&older)),
+                frame(7, h.as_bytes(), &ktfs::dataplane::delta::signature(&older)),
                 frame(7, h.as_bytes(), b"no signature"),
                 frame(7, BlockHash::of(b"y").as_bytes(), b"no signature"),
             ]

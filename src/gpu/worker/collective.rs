@@ -13,7 +13,7 @@
 //!
 //! A communicator that served a window is kept ([`Comms`]) for the next window of the same
 //! workers, which the store server runs on it when every member holds it (see
-//! `crate::broadcast::comms`): forming one costs far more than a small broadcast. The putter's
+//! `crate::broadcast::windows::comms`): forming one costs far more than a small broadcast. The putter's
 //! unique id that such a window did not need is kept too, and handed out for the next window
 //! that does: NCCL's bootstrap thread for an id waits until its ranks have joined, so an id
 //! dropped unused would leave a thread and a socket behind for good.

@@ -31,10 +31,10 @@ use tokio::sync::{mpsc, Semaphore};
 use super::collective;
 use super::memory::Buffers;
 use super::p2p::{self, Lane};
-use super::sealed::{self, Direction, TAG};
+use crate::auth::sealed::{self, Direction, TAG};
 use super::WorkerError;
 use crate::locks::lock;
-use crate::rpc::gpu_secret::Secret;
+use crate::auth::gpu_secret::Secret;
 
 const MAGIC: &[u8; 5] = b"KTGH\x03";
 const HELLO: usize = 5 + 8 + 1 + 32;

@@ -20,7 +20,7 @@ use crate::gpu::abi::{self, BUF_CUDA_IPC, BUF_HOST_SHM};
 use crate::gpu::cuda::{Device, DeviceRange};
 use crate::locks::lock;
 use crate::proto::WorkerBuffer;
-use crate::rpc::gpu_secret::Secret;
+use crate::auth::gpu_secret::Secret;
 
 /// Where host buffers live: the caller's shared memory.
 pub const SHM_DIR: &str = "/dev/shm";
@@ -256,7 +256,7 @@ impl Buffers {
     /// `len` bytes at `at` of the run.
     pub fn read(&self, at: u64, len: usize) -> io::Result<Vec<u8>> {
         // Room for a sealed answer's tag (`host`), so that sealing does not copy it again.
-        let mut out = Vec::with_capacity(len + super::sealed::TAG);
+        let mut out = Vec::with_capacity(len + crate::auth::sealed::TAG);
         for (b, off, n) in self.pieces(at, len as u64)? {
             out.extend_from_slice(&b.read(off, n)?);
         }

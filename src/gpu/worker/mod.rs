@@ -10,7 +10,6 @@ pub mod enter;
 pub mod host;
 pub mod memory;
 pub mod p2p;
-pub mod sealed;
 pub mod spawn;
 
 use std::collections::HashMap;
@@ -24,7 +23,7 @@ use super::wire::{self, WireError};
 use crate::locks::lock;
 use crate::proto::worker_request::Op;
 use crate::proto::{WorkerReply, WorkerRequest};
-use crate::rpc::gpu_secret::Secret;
+use crate::auth::gpu_secret::Secret;
 use memory::Buffers;
 
 #[derive(Debug, thiserror::Error)]

@@ -424,7 +424,7 @@ mod tests {
     use super::*;
     use crate::gpu::worker::host::testing::{at, buffers, served_through_relay, shows};
     use crate::locks::lock;
-    use crate::rpc::gpu_secret::Secret;
+    use crate::auth::gpu_secret::Secret;
     use crate::rpc::gpu_window::comm_key;
 
     /// Bytes "broadcast" between two fake lanes of one process, by communicator.

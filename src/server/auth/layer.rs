@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use tonic::codegen::http;
 
 use super::{Authenticator, Principal};
-use crate::rpc::credential::AUTHORIZATION;
+use crate::auth::credential::AUTHORIZATION;
 
 /// `inner`, behind `auth`.
 pub fn authenticated<S>(inner: S, auth: Arc<Authenticator>) -> Authenticated<S> {

@@ -4,7 +4,7 @@
 //!
 //! - The shared token (`kt server --token-file`): an operator, every namespace. For `kt up` and
 //!   clusters without Kubernetes. A node token made from it (`kt node-token NODE`, see
-//!   [`crate::rpc::node_token`]): a node agent of that node only, every namespace.
+//!   [`crate::auth::node_token`]): a node agent of that node only, every namespace.
 //! - A ServiceAccount token, checked with the Kubernetes TokenReview API (`--token-review`): a
 //!   node agent's ServiceAccount (`--node-account`) is a node, every namespace (it serves the
 //!   mounts kt-csi checked against the pod's namespace), and, where its token is bound to a pod
@@ -25,7 +25,7 @@ use tonic::Status;
 
 use crate::k8s::tokens::{self, Review, ServiceAccountName};
 use crate::locks;
-use crate::rpc::node_token::NodeTokens;
+use crate::auth::node_token::NodeTokens;
 use crate::rpc::status::{to_status, Fault};
 
 /// How long a reviewed token is trusted before it is reviewed again: a deleted ServiceAccount
@@ -50,7 +50,7 @@ pub enum Principal {
     },
     /// A pod, or a laptop with a token the API issued for a ServiceAccount.
     Account(ServiceAccountName),
-    /// The holder of a node token (see [`crate::rpc::node_token`]): a node agent that may act
+    /// The holder of a node token (see [`crate::auth::node_token`]): a node agent that may act
     /// for that node only.
     NodeToken(String),
 }

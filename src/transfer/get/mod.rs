@@ -17,18 +17,19 @@ use std::sync::Arc;
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use super::chunk::Chunking;
-use super::fetch::{self, BlockSink, FetchReport, Sinks};
-use super::offer::{Announcing, Offer, RateLimit};
-use super::sources::{local_agent, order_sources, LocalAgent};
-use super::tree::{self, JoinSpec, TreeReport};
+use super::put::chunk::Chunking;
+use crate::dataplane::fetch::{self, BlockSink, FetchReport, Sinks};
+use crate::broadcast::member::offer::{Announcing, Offer, RateLimit};
+use crate::dataplane::sources::{local_agent, order_sources, LocalAgent};
+use crate::broadcast::member::membership::{self, JoinSpec, TreeReport};
 use super::TransferError;
 use crate::hash::Version;
 use crate::key::{KeyPath, Namespace};
 use crate::manifest::{self, EntryKind, FileEntry, Manifest, ManifestError};
 use crate::proto::{AddSourceRequest, ListRequest, ResolveRequest, ResolveResponse, WindowSpec};
 use crate::rpc::client::{self, ClientError, Store};
-use crate::rpc::{implicit_group, Credential, Fault, STORE};
+use crate::auth::Credential;
+use crate::rpc::{implicit_group, Fault, STORE};
 use plan::{Filter, Layout, TempGuard};
 
 #[derive(Debug, thiserror::Error)]
@@ -442,7 +443,7 @@ async fn fetch_one(
             ticket,
         };
         let (fetched, joined) =
-            tree::fetch_in_window(store, &opts.server, spec, jobs, sink, &sources, progress)
+            membership::fetch_in_window(store, &opts.server, spec, jobs, sink, &sources, progress)
                 .await?;
         member = joined;
         fetched

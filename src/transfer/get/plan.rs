@@ -13,7 +13,7 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use super::{io, GetError};
 use crate::manifest::{self, EntryKind, FileEntry, ManifestError};
 use crate::proto::LocalFile;
-use crate::transfer::fetch::BlockJob;
+use crate::dataplane::fetch::BlockJob;
 
 /// What to do with one manifest entry at the destination.
 pub(super) enum Plan {

@@ -17,11 +17,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::hash::BlockHash;
-use crate::transfer::chunk::{hash_blocks, Chunking};
-use crate::transfer::delta;
-use crate::transfer::fetch::{BlockJob, BlockSink, FetchReport};
-use crate::transfer::sources::SourceAddr;
-use crate::transfer::wire::{self, Response};
+use crate::transfer::put::chunk::{hash_blocks, Chunking};
+use crate::dataplane::delta;
+use crate::dataplane::fetch::{BlockJob, BlockSink, FetchReport};
+use crate::dataplane::sources::SourceAddr;
+use crate::dataplane::wire::{self, Response};
 use crate::transfer::TransferError;
 
 /// Blocks shorter than this are fetched whole: their signature and round trip cost about

@@ -58,7 +58,7 @@ pub(super) struct WindowState {
     /// The holders of each version, as of the latest join for it.
     pub(super) seeds: HashMap<Version, Vec<Seed>>,
     /// The swarm of each version its getters fetch.
-    pub(super) swarms: HashMap<Version, super::swarm::Swarm>,
+    pub(super) swarms: HashMap<Version, super::pieces::Swarm>,
 }
 
 /// Which criterion of `spec`, if any, closes a quorum of members at `ips` (one per member, in

@@ -4,12 +4,12 @@
 
 use std::collections::HashMap;
 
-use super::window::WindowState;
+use super::members::WindowState;
 use super::{BroadcastError, Broadcasts, NodeView, Seed};
 use crate::clock::Moment;
 use crate::hash::Version;
 use crate::proto::{Source, SwarmPeer, SwarmSyncReply, SwarmSyncRequest};
-use crate::swarm::{Board, Plan, DEFAULT_UPLOADS, SEED_SLOTS};
+use crate::broadcast::swarm::{Board, Plan, DEFAULT_UPLOADS, SEED_SLOTS};
 
 /// Board ids of holders start here; below are the window's member ids.
 const HOLDER_IDS: u64 = 1 << 32;

@@ -5,6 +5,10 @@
 //! that fails midway leaves the old version in place. For `locale=local`, this node's agent
 //! registers the files as in-place sources and publishes with itself as the origin: no bytes move.
 
+pub mod chunk;
+pub mod index;
+pub mod scan;
+
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,12 +16,12 @@ use std::sync::Arc;
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use super::index::{self, Index};
+use self::index::Index;
 use super::publish::{self, Payload, PublishError};
-use super::scan::{self, Known, ScanError, ScanOptions, Scanned};
-use super::sources::local_agent;
-use super::tree;
-use super::upload::{self, UploadJob};
+use self::scan::{Known, ScanError, ScanOptions, Scanned};
+use crate::dataplane::sources::local_agent;
+use crate::broadcast::member::membership;
+use crate::dataplane::upload::{self, UploadJob};
 use crate::hash::Version;
 use crate::key::{KeyPath, Namespace};
 use crate::manifest::{self, EntryKind, Manifest};
@@ -26,7 +30,8 @@ use crate::proto::{
     WindowSpec,
 };
 use crate::rpc::client::{self, ClientError, Store};
-use crate::rpc::{Credential, Fault, MAX_INLINE_BYTES};
+use crate::auth::Credential;
+use crate::rpc::{Fault, MAX_INLINE_BYTES};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PutError {
@@ -86,7 +91,7 @@ pub struct PutReport {
     pub sent_as: &'static str,
     #[serde(
         skip_serializing_if = "Option::is_none",
-        serialize_with = "tree::serialize_window"
+        serialize_with = "membership::serialize_window"
     )]
     pub broadcast: Option<Window>,
 }
@@ -220,7 +225,7 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
             };
             let mut store = client::connect_store(&opts.server, &opts.credential).await?;
             Some(
-                tree::join_as_putter(
+                membership::join_as_putter(
                     &mut store,
                     opts.namespace.as_str(),
                     opts.key.as_str(),

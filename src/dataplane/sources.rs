@@ -29,11 +29,11 @@ pub struct SourceAddr {
 
 impl SourceAddr {
     /// Whom a connection to this source is for, which names the certificate it must present.
-    pub fn peer(&self) -> crate::tls::Peer {
+    pub fn peer(&self) -> crate::auth::tls::Peer {
         if self.label == STORE {
-            crate::tls::Peer::Store
+            crate::auth::tls::Peer::Store
         } else {
-            crate::tls::Peer::Node
+            crate::auth::tls::Peer::Node
         }
     }
 }

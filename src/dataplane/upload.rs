@@ -18,7 +18,8 @@ use indicatif::ProgressBar;
 use tokio::sync::Semaphore;
 
 use super::wire::{self, Peer, Response};
-use super::{permits, TransferError, CONNS_PER_SOURCE, UNIT, WINDOW_BYTES};
+use super::budget::{permits, CONNS_PER_SOURCE, UNIT, WINDOW_BYTES};
+use super::error::TransferError;
 use crate::hash::BlockHash;
 use crate::manifest::EntryKind;
 use crate::proto::{Locale, Manifest, MissingBlocksRequest, PublishRequest, ResolveRequest};

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
 
-use crate::rpc::gpu_secret::Secret;
+use crate::auth::gpu_secret::Secret;
 
 /// Bytes a sealed frame carries beyond its plaintext.
 pub const TAG: usize = 16;

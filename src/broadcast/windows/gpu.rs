@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use super::comms::{CommBook, Ended};
-use super::window::quorum;
+use super::members::quorum;
 use super::{BroadcastError, WINDOW_IDLE};
 use crate::clock::Moment;
 use crate::proto::{GpuMember, GpuMemberState, GpuWindow, HeldComm, Role, WindowSpec};

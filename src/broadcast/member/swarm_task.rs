@@ -18,13 +18,13 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
-use super::fetch::{self, Ask, BlockJob, BlockSink, Partial};
-use super::sources::{source_addr, SourceAddr};
-use super::tree::Membership;
-use super::TransferError;
+use crate::dataplane::fetch::{self, Ask, BlockJob, BlockSink, Partial};
+use crate::dataplane::sources::{source_addr, SourceAddr};
+use super::membership::Membership;
+use crate::dataplane::TransferError;
 use crate::proto::{SwarmSyncReply, SwarmSyncRequest};
 use crate::rpc::Store;
-use crate::swarm::{Failure, From, Pace, Plan, Request, Schedule, ScheduleConfig, KEEPALIVE};
+use crate::broadcast::swarm::{Failure, From, Pace, Plan, Request, Schedule, ScheduleConfig, KEEPALIVE};
 
 /// How long a member with nothing to fetch lets the server hold its sync until something is
 /// chosen for it.
@@ -471,7 +471,7 @@ impl Ctx {
     fn cut_fits(&self, job: &BlockJob, count: usize) -> bool {
         match self.plan.log2() {
             0 => count == 1,
-            log2 => super::piece::cut(u64::from(job.len), log2)
+            log2 => crate::dataplane::piece::cut(u64::from(job.len), log2)
                 .is_some_and(|c| c.count() as usize == count),
         }
     }
@@ -582,7 +582,7 @@ impl Ctx {
 mod tests {
     #[test]
     fn a_node_serves_at_least_as_many_swarm_requests_at_once_as_the_board_asks_of_it() {
-        assert!(crate::blocks::node::UPLOAD_SLOTS >= crate::swarm::DEFAULT_UPLOADS as usize);
-        assert!(crate::blocks::node::UPLOAD_SLOTS >= crate::swarm::READER_UPLOADS as usize);
+        assert!(crate::blocks::node::UPLOAD_SLOTS >= crate::broadcast::swarm::DEFAULT_UPLOADS as usize);
+        assert!(crate::blocks::node::UPLOAD_SLOTS >= crate::broadcast::swarm::READER_UPLOADS as usize);
     }
 }

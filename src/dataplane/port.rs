@@ -10,10 +10,10 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::ticket::SharedGate;
+use crate::auth::ticket::SharedGate;
 use super::wire;
 use crate::blocks::BlockServe;
-use crate::tls::{Conn, Plane, ServerTls};
+use crate::auth::tls::{Conn, Plane, ServerTls};
 
 #[derive(PartialEq)]
 enum Protocol {
@@ -214,7 +214,7 @@ impl<B> tower::Service<tonic::codegen::http::Request<B>> for TlsRequired {
     fn call(&mut self, _: tonic::codegen::http::Request<B>) -> Self::Future {
         let why = format!(
             "this server speaks TLS only: trust its CA with {}",
-            crate::tls::ENV_CA
+            crate::auth::tls::ENV_CA
         );
         std::future::ready(Ok(tonic::Status::unavailable(why).into_http()))
     }

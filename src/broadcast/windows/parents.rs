@@ -1,7 +1,7 @@
 //! Parent choice: who a getter receives from, nearest first, then shallowest, then least
 //! loaded, never from inside its own subtree.
 
-use super::window::{ParentRef, WindowState};
+use super::members::{ParentRef, WindowState};
 use super::{NodeView, STORE};
 use crate::proto::Source;
 

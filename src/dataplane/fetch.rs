@@ -18,7 +18,8 @@ use tokio::sync::Semaphore;
 
 use super::sources::SourceAddr;
 use super::wire::{self, Response, WireError};
-use super::{permits, TransferError, CONNS_PER_SOURCE, UNIT, WINDOW_BYTES};
+use super::budget::{permits, CONNS_PER_SOURCE, UNIT, WINDOW_BYTES};
+use super::error::TransferError;
 use crate::hash::subtree::Cv;
 use crate::hash::BlockHash;
 use crate::locks::lock;

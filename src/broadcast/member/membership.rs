@@ -15,9 +15,9 @@ use bytes::Bytes;
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use super::fetch::{self, BlockJob, BlockSink, FetchReport, Partial, SourceFailure};
-use super::sources::{source_addr, NodeRef, SourceAddr};
-use super::TransferError;
+use crate::dataplane::fetch::{self, BlockJob, BlockSink, FetchReport, Partial, SourceFailure};
+use crate::dataplane::sources::{source_addr, NodeRef, SourceAddr};
+use crate::dataplane::TransferError;
 use crate::hash::{BlockHash, Version};
 use crate::proto::{JoinRequest, LeaveRequest, NewParentRequest, Role, Window, WindowSpec};
 use crate::rpc::{ClientError, Store, DEFAULT_FANOUT};
@@ -70,12 +70,12 @@ pub struct Membership {
     /// The version's unique blocks, when the window runs a swarm for it.
     pub(super) pieces: Vec<BlockHash>,
     /// How the swarm cuts them into pieces.
-    pub(super) plan: crate::swarm::Plan,
+    pub(super) plan: crate::broadcast::swarm::Plan,
     pub(super) reads: bool,
     /// This getter's node (empty without an agent).
     pub(super) node_id: String,
     /// The swarm's task, once a fetch started it.
-    pub(super) swarm: std::sync::Mutex<Option<super::swarm::SwarmTask>>,
+    pub(super) swarm: std::sync::Mutex<Option<super::swarm_task::SwarmTask>>,
     state: tokio::sync::Mutex<State>,
     /// Where a leave on drop runs.
     rt: Option<tokio::runtime::Handle>,
@@ -120,13 +120,13 @@ impl Membership {
         // Pieces smaller than blocks need every block's length and a cut the data plane
         // serves; a server that sends less is not followed into a swarm.
         let plan = match log2 {
-            0 => crate::swarm::Plan::whole(pieces.len()),
-            _ if lens.len() == pieces.len() && super::piece::cut(1, log2).is_some() => {
-                crate::swarm::Plan::with_log2(&lens, log2)
+            0 => crate::broadcast::swarm::Plan::whole(pieces.len()),
+            _ if lens.len() == pieces.len() && crate::dataplane::piece::cut(1, log2).is_some() => {
+                crate::broadcast::swarm::Plan::with_log2(&lens, log2)
             }
             _ => {
                 pieces.clear();
-                crate::swarm::Plan::whole(0)
+                crate::broadcast::swarm::Plan::whole(0)
             }
         };
         let swarm = !pieces.is_empty();
@@ -285,7 +285,7 @@ pub async fn fetch_through(
             ..Default::default()
         }
     } else {
-        super::swarm::fetch(member, jobs, sinks.clone(), fallback, exclude, progress).await?
+        super::swarm_task::fetch(member, jobs, sinks.clone(), fallback, exclude, progress).await?
     };
     while !part.pending.is_empty() && member.pieces.is_empty() {
         let sources: Vec<SourceAddr> = member

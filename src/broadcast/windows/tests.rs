@@ -1,6 +1,6 @@
 //! Tests of windows, quorums and parent choice, on explicit moments of time.
 
-use super::window::ParentRef;
+use super::members::ParentRef;
 use super::*;
 use crate::clock::{Clock, SystemClock};
 
@@ -369,7 +369,7 @@ fn serving_getters_of_a_version_of_several_blocks_join_its_swarm_and_learn_where
     assert_eq!(swarm.board.uploads(), 3);
     assert_eq!(
         b.windows["g"].swarms[&Version([7; 32])].board.uploads(),
-        crate::swarm::DEFAULT_UPLOADS
+        crate::broadcast::swarm::DEFAULT_UPLOADS
     );
     let mut bench = Broadcasts::with_tree_for_fanout(true);
     let t = bench

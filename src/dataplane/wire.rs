@@ -35,14 +35,14 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use super::piece::{self, PieceError};
-use super::ticket::{Grant, Op, SharedGate};
+use crate::auth::ticket::{Grant, Op, SharedGate};
 use crate::blocks::{BlockError, BlockServe, Served};
 use crate::hash::subtree::Piece;
 use crate::hash::BlockHash;
 use crate::manifest::MAX_BLOCK_SIZE;
 use crate::metrics;
-pub use crate::tls::Peer;
-use crate::tls::{self, Conn, ConnRead, ConnWrite, Plane};
+pub use crate::auth::tls::Peer;
+use crate::auth::tls::{self, Conn, ConnRead, ConnWrite, Plane};
 
 pub const MAGIC: [u8; 4] = *b"KTDP";
 const PROTO_VERSION: u8 = 1;
@@ -766,7 +766,7 @@ impl DataReceiver {
 mod tests {
     use super::*;
     use crate::hash::Version;
-    use crate::transfer::ticket::{
+    use crate::auth::ticket::{
         shared, Gate, TicketKey, VersionBlocks, NODE_TTL, READ_TTL, WRITE_TTL,
     };
     use std::collections::HashMap;
@@ -1104,8 +1104,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_piece_from_a_source_whose_block_lies_is_refused_and_taken_from_the_next() {
-        use crate::transfer::fetch::{fetch_partial_as, Ask, BlockJob, Sinks};
-        use crate::transfer::sources::SourceAddr;
+        use crate::dataplane::fetch::{fetch_partial_as, Ask, BlockJob, Sinks};
+        use crate::dataplane::sources::SourceAddr;
         let data: Vec<u8> = (0..(300u32 << 10)).map(|i| (i * 13 % 251) as u8).collect();
         let hash = BlockHash::of(&data);
         // A liar whose bytes under the block's hash change once it served a piece: the values

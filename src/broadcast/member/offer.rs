@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::fetch::{BlockJob, BlockSink};
-use super::TransferError;
+use crate::dataplane::fetch::{BlockJob, BlockSink};
+use crate::dataplane::TransferError;
 use crate::hash::subtree::Cv;
 use crate::hash::Version;
 use crate::locks::lock;
