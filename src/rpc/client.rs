@@ -11,7 +11,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::auth::credential::Credential;
 use super::status::{Fault, RemoteError};
-use super::MAX_RPC_MESSAGE;
+use super::limits::MAX_RPC_MESSAGE;
 use crate::proto::agent_client::AgentClient;
 use crate::proto::store_client::StoreClient;
 

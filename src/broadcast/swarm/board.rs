@@ -12,7 +12,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use super::{PieceSet, Rng, SEED_SLOTS};
+use super::limits::{DEFAULT_UPLOADS, READER_UPLOADS, SEED_SLOTS};
+use super::pieceset::PieceSet;
+use super::rng::Rng;
 use crate::proto::{SwarmFetch, SwarmSyncReply, SwarmSyncRequest};
 
 /// A store fetch not followed by the piece's verification within this long is given again:
@@ -130,7 +132,7 @@ pub struct Board {
 
 impl Board {
     pub fn new(pieces: u32, seed: u64) -> Self {
-        Self::with_slots(pieces, SEED_SLOTS, super::DEFAULT_UPLOADS, seed)
+        Self::with_slots(pieces, SEED_SLOTS, DEFAULT_UPLOADS, seed)
     }
 
     /// How many pieces a member sends at once.
@@ -655,7 +657,7 @@ impl Board {
             && xs.live
             && xs.serves
             && xs.busy_until.is_none_or(|t| now >= t)
-            && xs.up < super::READER_UPLOADS
+            && xs.up < READER_UPLOADS
             && to_m == xs.up as usize
             && !xs.links.iter().any(|&l| {
                 l != m

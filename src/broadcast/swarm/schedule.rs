@@ -4,7 +4,8 @@
 use std::collections::VecDeque;
 
 use super::board::{WHY_BROKEN, WHY_BUSY, WHY_DECLINED, WHY_MISSING};
-use super::PieceSet;
+use super::limits::DEFAULT_UPLOADS;
+use super::pieceset::PieceSet;
 use crate::proto::{SwarmFailure, SwarmSyncReply, SwarmSyncRequest};
 
 /// How many pieces a member fetches at once.
@@ -19,7 +20,7 @@ pub struct ScheduleConfig {
 impl Default for ScheduleConfig {
     fn default() -> Self {
         ScheduleConfig {
-            max_inflight: super::DEFAULT_UPLOADS,
+            max_inflight: DEFAULT_UPLOADS,
         }
     }
 }

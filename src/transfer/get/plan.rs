@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
-use super::{io, GetError};
+use super::error::{io, GetError};
 use crate::manifest::{self, EntryKind, FileEntry, ManifestError};
 use crate::proto::LocalFile;
 use crate::dataplane::fetch::BlockJob;

@@ -176,7 +176,7 @@ pub fn hash_blocks(
             buf.copy_within(start..filled, 0);
             filled -= start;
             start = 0;
-            let n = super::scan::read_full(r, &mut buf[filled..])?;
+            let n = read_full(r, &mut buf[filled..])?;
             filled += n;
             eof = filled < buf.len();
             continue;
@@ -193,6 +193,20 @@ pub fn hash_blocks(
         start += cut;
     }
     Ok((size, blocks))
+}
+
+/// Reads until `buf` is full or the file ends.
+pub fn read_full(f: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 #[cfg(test)]

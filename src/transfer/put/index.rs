@@ -15,7 +15,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prost::Message;
 
-use super::scan::Known;
 use crate::hash::Version;
 use crate::manifest::{BlockRef, EntryKind, Manifest};
 use crate::proto::{FileStat, PutIndex};
@@ -127,6 +126,23 @@ impl Index {
         // Not synced: an index lost or torn in a crash only costs the next put its hashing.
         fs::File::create(&tmp)?.write_all(&ix.encode_to_vec())?;
         fs::rename(&tmp, &path)
+    }
+}
+
+/// What a scan may know of a file's blocks without reading it: a previous put's index, or the
+/// key's published manifest.
+pub trait Known: Sync {
+    /// The blocks of the file whose identity on disk is `stat` (its `path` is the entry path),
+    /// if they are known.
+    fn blocks(&self, stat: &FileStat) -> Option<Vec<BlockRef>>;
+}
+
+/// Knows nothing: every file is hashed.
+pub struct Nothing;
+
+impl Known for Nothing {
+    fn blocks(&self, _: &FileStat) -> Option<Vec<BlockRef>> {
+        None
     }
 }
 

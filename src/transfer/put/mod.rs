@@ -16,9 +16,9 @@ use std::sync::Arc;
 use indicatif::ProgressBar;
 use serde::Serialize;
 
-use self::index::Index;
+use self::index::{Index, Known};
 use super::publish::{self, Payload, PublishError};
-use self::scan::{Known, ScanError, ScanOptions, Scanned};
+use self::scan::{ScanError, ScanOptions, Scanned};
 use crate::dataplane::sources::local_agent;
 use crate::broadcast::member::membership;
 use crate::dataplane::upload::{self, UploadJob};
@@ -122,10 +122,10 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
             base = current(s, &ns, &key).await?;
             match (&base, opts.force) {
                 (Some((_, m)), false) => Box::new(index::Published(m.clone())),
-                _ => Box::new(scan::Nothing),
+                _ => Box::new(index::Nothing),
             }
         }
-        None => Box::new(scan::Nothing),
+        None => Box::new(index::Nothing),
     };
     let scan_opts = opts.scan.clone();
     let srcs = opts.srcs.clone();

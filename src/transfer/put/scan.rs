@@ -7,7 +7,6 @@
 //! files in the tree are honoured, and an `--include` overrides both.
 
 use std::fs::{self, File};
-use std::io::Read;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,7 +16,7 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use ignore::Match;
 
 use super::chunk::{hash_blocks, Chunking};
-use super::index;
+use super::index::{self, Known, Nothing};
 use crate::manifest::{BlockRef, EntryKind, FileEntry, Manifest};
 use crate::proto::FileStat;
 
@@ -77,23 +76,6 @@ pub struct Scanned {
     pub stats: Vec<FileStat>,
     /// Files whose blocks were read and hashed (the rest were known).
     pub hashed: usize,
-}
-
-/// What a scan may know of a file's blocks without reading it: a previous put's index, or the
-/// key's published manifest.
-pub trait Known: Sync {
-    /// The blocks of the file whose identity on disk is `stat` (its `path` is the entry path),
-    /// if they are known.
-    fn blocks(&self, stat: &FileStat) -> Option<Vec<BlockRef>>;
-}
-
-/// Knows nothing: every file is hashed.
-pub struct Nothing;
-
-impl Known for Nothing {
-    fn blocks(&self, _: &FileStat) -> Option<Vec<BlockRef>> {
-        None
-    }
 }
 
 impl Scanned {
@@ -511,20 +493,6 @@ pub fn hash_file(
         buf.resize(want, 0);
     }
     hash_blocks(&mut f, chunking, buf).map_err(io_err(path))
-}
-
-/// Reads until `buf` is full or the file ends.
-pub fn read_full(f: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match f.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 #[cfg(test)]
