@@ -8,7 +8,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use common::rig::Rig;
 use ktfs::fs::inode::ROOT;
-use ktfs::fs::{FsCore, FsError, Kind, LISTING_TTL};
+use common::rig::Core;
+use ktfs::fs::{FsError, Kind, LISTING_TTL};
 use ktfs::rpc::client::connect_store;
 
 fn errno<T: std::fmt::Debug>(r: Result<T, FsError>) -> i32 {
@@ -16,7 +17,7 @@ fn errno<T: std::fmt::Debug>(r: Result<T, FsError>) -> i32 {
 }
 
 /// Writes `data` to a new file `name` below `parent` and closes it (publishing it).
-fn write_file(core: &FsCore, parent: u64, name: &str, data: &[u8]) -> u64 {
+fn write_file(core: &Core, parent: u64, name: &str, data: &[u8]) -> u64 {
     let (attr, fh) = core.create(parent, name, 0o644, libc::O_WRONLY).unwrap();
     assert_eq!(core.write(fh, 0, data).unwrap() as usize, data.len());
     core.flush(fh).unwrap();
@@ -24,7 +25,7 @@ fn write_file(core: &FsCore, parent: u64, name: &str, data: &[u8]) -> u64 {
     attr.ino
 }
 
-fn read_all(core: &FsCore, ino: u64) -> Vec<u8> {
+fn read_all(core: &Core, ino: u64) -> Vec<u8> {
     let (fh, _) = core.open(ino, libc::O_RDONLY).unwrap();
     let mut out = Vec::new();
     loop {
@@ -38,7 +39,7 @@ fn read_all(core: &FsCore, ino: u64) -> Vec<u8> {
     out
 }
 
-fn names(core: &FsCore, ino: u64) -> Vec<String> {
+fn names(core: &Core, ino: u64) -> Vec<String> {
     let fh = core.opendir(ino).unwrap();
     let entries = core.readdir(ino, fh, 0).unwrap();
     core.release(fh).unwrap();

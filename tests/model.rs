@@ -28,11 +28,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ktfs::fs::inode::ROOT;
-use ktfs::fs::{FsCore, FsError, Kind};
+use ktfs::fs::{FsError, Kind};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 
-use common::rig::Rig;
+use common::rig::{Core as SyncCore, Rig};
 
 type Errno = i32;
 
@@ -671,7 +671,7 @@ impl Fs for Model {
 // The core, called as the FUSE adapter calls it, behind the kernel's walk and checks.
 
 struct Core<'a> {
-    core: &'a FsCore,
+    core: &'a SyncCore,
     clock: &'a ktfs::clock::ManualClock,
 }
 

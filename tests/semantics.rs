@@ -11,13 +11,14 @@ use std::time::Duration;
 use common::rig::Rig;
 use common::*;
 use ktfs::fs::inode::ROOT;
-use ktfs::fs::{FsCore, LISTING_TTL};
+use common::rig::Core;
+use ktfs::fs::LISTING_TTL;
 
 /// What a reader on another node may wait for: its listing cache and the kernel's attribute
 /// cache each live a second.
 const SETTLE: Duration = Duration::from_secs(10);
 
-fn read_fh(core: &FsCore, ino: u64, fh: u64) -> Vec<u8> {
+fn read_fh(core: &Core, ino: u64, fh: u64) -> Vec<u8> {
     let mut out = Vec::new();
     loop {
         let chunk = core.read(ino, fh, out.len() as u64, 1 << 20).unwrap();
@@ -28,7 +29,7 @@ fn read_fh(core: &FsCore, ino: u64, fh: u64) -> Vec<u8> {
     }
 }
 
-fn read_path(core: &FsCore, parent: u64, name: &str) -> Vec<u8> {
+fn read_path(core: &Core, parent: u64, name: &str) -> Vec<u8> {
     let ino = core.lookup(parent, name).unwrap().ino;
     let (fh, _) = core.open(ino, libc::O_RDONLY).unwrap();
     let out = read_fh(core, ino, fh);
@@ -84,7 +85,7 @@ fn a_rename_moves_names_not_bytes_and_other_nodes_see_the_whole_move() {
         a.flush(fh).unwrap();
         a.release(fh).unwrap();
     }
-    let version = |core: &FsCore, path: &[&str]| {
+    let version = |core: &Core, path: &[&str]| {
         let mut ino = ROOT;
         for name in path {
             ino = core.lookup(ino, name).unwrap().ino;

@@ -20,47 +20,47 @@ impl FsCore {
         }
     }
 
-    fn new_entry_path(&self, parent: u64, name: &str) -> FsResult<String> {
+    async fn new_entry_path(&self, parent: u64, name: &str) -> FsResult<String> {
         self.writable()?;
-        let path = self.child(parent, name)?;
+        let path = self.child(parent, name).await?;
         Self::check_key(&path)?;
-        match self.stat_path(&path) {
+        match self.stat_path(&path).await {
             Ok(_) => Err(FsError::Exists),
             Err(e) if e.is_not_found() => Ok(path),
             Err(e) => Err(e),
         }
     }
 
-    fn lookup_new(&self, path: &str) -> FsResult<Attr> {
-        let mut a = self.stat_path(path)?;
+    async fn lookup_new(&self, path: &str) -> FsResult<Attr> {
+        let mut a = self.stat_path(path).await?;
         a.ino = self.inodes().lookup(path);
         Ok(a)
     }
 
-    pub fn mkdir(&self, parent: u64, name: &str, mode: u32) -> FsResult<Attr> {
+    pub async fn mkdir(&self, parent: u64, name: &str, mode: u32) -> FsResult<Attr> {
         let me = super::Caller {
             pid: std::process::id(),
             uid: self.cfg.uid,
             gid: self.cfg.gid,
         };
-        self.mkdir_by(parent, name, mode, me)
+        self.mkdir_by(parent, name, mode, me).await
     }
 
     /// [`FsCore::mkdir`] for `caller`, who owns the new directory.
-    pub fn mkdir_by(
+    pub async fn mkdir_by(
         &self,
         parent: u64,
         name: &str,
         mode: u32,
         caller: super::Caller,
     ) -> FsResult<Attr> {
-        let gpu = self.child(parent, name)?;
+        let gpu = self.child(parent, name).await?;
         if let Some(rest) = super::gpu_tree::gpu_rest(&gpu) {
             self.writable()?;
             return self.gpu_mkdir(&gpu, rest);
         }
-        let path = self.new_entry_path(parent, name)?;
-        let ((uid, gid), sgid) = self.owner_for(parent, caller)?;
+        let path = self.new_entry_path(parent, name).await?;
+        let ((uid, gid), sgid) = self.owner_for(parent, caller).await?;
         let (mtime_sec, mtime_nsec) = to_unix(SystemTime::now());
         self.publish_meta(
             &path,
@@ -73,29 +73,29 @@ impl FsCore {
                 gid: Some(gid),
                 ..Default::default()
             },
-        )?;
-        self.lookup_new(&path)
+        ).await?;
+        self.lookup_new(&path).await
     }
 
-    pub fn symlink(&self, parent: u64, name: &str, target: &str) -> FsResult<Attr> {
+    pub async fn symlink(&self, parent: u64, name: &str, target: &str) -> FsResult<Attr> {
         let me = super::Caller {
             pid: std::process::id(),
             uid: self.cfg.uid,
             gid: self.cfg.gid,
         };
-        self.symlink_by(parent, name, target, me)
+        self.symlink_by(parent, name, target, me).await
     }
 
     /// [`FsCore::symlink`] for `caller`, who owns the link.
-    pub fn symlink_by(
+    pub async fn symlink_by(
         &self,
         parent: u64,
         name: &str,
         target: &str,
         caller: super::Caller,
     ) -> FsResult<Attr> {
-        let path = self.new_entry_path(parent, name)?;
-        let ((uid, gid), _) = self.owner_for(parent, caller)?;
+        let path = self.new_entry_path(parent, name).await?;
+        let ((uid, gid), _) = self.owner_for(parent, caller).await?;
         let (mtime_sec, mtime_nsec) = to_unix(SystemTime::now());
         self.publish_meta(
             &path,
@@ -109,14 +109,14 @@ impl FsCore {
                 gid: Some(gid),
                 ..Default::default()
             },
-        )?;
-        self.lookup_new(&path)
+        ).await?;
+        self.lookup_new(&path).await
     }
 
     /// A special file (fifo, socket, character or block node) for `caller`: an entry of
     /// metadata alone, which lists, stats, renames and unlinks as a file does. A regular
     /// `mode` makes an empty file.
-    pub fn mknod_by(
+    pub async fn mknod_by(
         &self,
         parent: u64,
         name: &str,
@@ -132,8 +132,8 @@ impl FsCore {
                     mode & 0o7777,
                     libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
                     caller,
-                )?;
-                self.release(fh)?;
+                ).await?;
+                self.release(fh).await?;
                 return Ok(attr);
             }
             libc::S_IFIFO => EntryKind::Fifo,
@@ -147,11 +147,11 @@ impl FsCore {
                 )))
             }
         };
-        let path = self.new_entry_path(parent, name)?;
+        let path = self.new_entry_path(parent, name).await?;
         if super::gpu_tree::gpu_rest(&path).is_some() {
             return Err(FsError::NotPermitted);
         }
-        let ((uid, gid), _) = self.owner_for(parent, caller)?;
+        let ((uid, gid), _) = self.owner_for(parent, caller).await?;
         let (mtime_sec, mtime_nsec) = to_unix(SystemTime::now());
         let device = matches!(kind, EntryKind::CharDevice | EntryKind::BlockDevice);
         self.publish_meta(
@@ -166,11 +166,11 @@ impl FsCore {
                 gid: Some(gid),
                 ..Default::default()
             },
-        )?;
-        self.lookup_new(&path)
+        ).await?;
+        self.lookup_new(&path).await
     }
 
-    fn remove(&self, path: &str, want_dir: bool) -> FsResult<()> {
+    async fn remove(&self, path: &str, want_dir: bool) -> FsResult<()> {
         self.writable()?;
         if let Some(rest) = super::gpu_tree::gpu_rest(path) {
             return match (want_dir, rest.is_empty()) {
@@ -181,10 +181,10 @@ impl FsCore {
         }
         if want_dir {
             // Files queued below it are on the server first, which then finds it not empty.
-            self.publish_below(path)?;
+            self.publish_below(path).await?;
         }
         let staged = self.staged_at(path);
-        let attr = self.stat_path(path)?;
+        let attr = self.stat_path(path).await?;
         match (want_dir, attr.kind == Kind::Dir) {
             (true, false) => return Err(FsError::NotDir),
             (false, true) => return Err(FsError::IsDir),
@@ -193,11 +193,11 @@ impl FsCore {
         if let Some(s) = &staged {
             {
                 // After a publish in flight, never before: the removal below must follow it.
-                let _guard = lock(&s.publish_lock);
+                let _guard = s.publish_lock.lock().await;
                 s.unlinked.store(true, Ordering::SeqCst);
             }
             lock(&self.staged).remove(path);
-            self.retire(s);
+            self.retire(s).await;
         }
         if !want_dir {
             let orphan = match &staged {
@@ -207,8 +207,7 @@ impl FsCore {
             lock(&self.orphans).insert(self.ino_of(path), orphan);
         }
         let mut store = self.store();
-        let r = self
-            .block_on(store.remove(RemoveRequest {
+        let r = store.remove(RemoveRequest {
                 namespace: self.ns(),
                 key: path.to_string(),
                 recursive: false,
@@ -217,7 +216,7 @@ impl FsCore {
                 // The kernel holds the directory for this call: being told of it would make
                 // the watch wait to have the kernel forget the name (see KernelCache).
                 watcher: self.listings.watcher(),
-            }))
+            }).await
             .map_err(ClientError::from);
         self.invalidate(&[split(path).0, path]);
         if want_dir {
@@ -231,9 +230,9 @@ impl FsCore {
         }
     }
 
-    pub fn unlink(&self, parent: u64, name: &str) -> FsResult<()> {
-        let path = self.child(parent, name)?;
-        self.remove(&path, false)?;
+    pub async fn unlink(&self, parent: u64, name: &str) -> FsResult<()> {
+        let path = self.child(parent, name).await?;
+        self.remove(&path, false).await?;
         self.invalidate_other_names(&path);
         self.inodes().unlinked(&path);
         Ok(())
@@ -241,42 +240,42 @@ impl FsCore {
 
     /// A second name `newname` in `newparent` for the file `ino` (a hard link): one file that
     /// both names show on every node, with the kernel's inode shared too.
-    pub fn link(&self, ino: u64, newparent: u64, newname: &str) -> FsResult<Attr> {
+    pub async fn link(&self, ino: u64, newparent: u64, newname: &str) -> FsResult<Attr> {
         self.writable()?;
-        let from = self.path_of(ino)?;
-        let to = self.new_entry_path(newparent, newname)?;
+        let from = self.path_of(ino).await?;
+        let to = self.new_entry_path(newparent, newname).await?;
         if super::gpu_tree::gpu_rest(&from).is_some() || super::gpu_tree::gpu_rest(&to).is_some() {
             return Err(FsError::NotPermitted);
         }
-        if self.stat_path(&from)?.kind == Kind::Dir {
+        if self.stat_path(&from).await?.kind == Kind::Dir {
             return Err(FsError::NotPermitted);
         }
         // A file still being written is published first, so both names hold its bytes.
         if let Some(s) = self.staged_at(&from) {
-            self.publish_staged(&s)?;
+            self.publish_staged(&s).await?;
         }
         let mut store = self.store();
-        self.block_on(store.link(LinkRequest {
+        store.link(LinkRequest {
             namespace: self.ns(),
             from: from.clone(),
             to: to.clone(),
             watcher: self.listings.watcher(),
-        }))
+        }).await
         .map_err(ClientError::from)?;
         self.invalidate(&[split(&from).0, split(&to).0, &from, &to]);
         // Every name's link count moved.
         self.invalidate_other_names(&from);
         self.inodes().link(ino, &to);
-        let mut a = self.stat_path(&to)?;
+        let mut a = self.stat_path(&to).await?;
         a.ino = ino;
         Ok(a)
     }
 
-    pub fn rmdir(&self, parent: u64, name: &str) -> FsResult<()> {
-        self.remove(&self.child(parent, name)?, true)
+    pub async fn rmdir(&self, parent: u64, name: &str) -> FsResult<()> {
+        self.remove(&self.child(parent, name).await?, true).await
     }
 
-    pub fn rename(
+    pub async fn rename(
         &self,
         parent: u64,
         name: &str,
@@ -288,29 +287,29 @@ impl FsCore {
         if flags & libc::RENAME_WHITEOUT != 0 {
             return Err(FsError::Invalid("RENAME_WHITEOUT is not supported".into()));
         }
-        let from = self.child(parent, name)?;
-        let to = self.child(newparent, newname)?;
+        let from = self.child(parent, name).await?;
+        let to = self.child(newparent, newname).await?;
         if super::gpu_tree::gpu_rest(&from).is_some() || super::gpu_tree::gpu_rest(&to).is_some() {
             return Err(FsError::NotPermitted);
         }
         if flags & libc::RENAME_EXCHANGE != 0 {
-            return self.exchange(from, to);
+            return self.exchange(from, to).await;
         }
         Self::check_key(&to)?;
         // Files still being written or queued are published first, so the move carries their
         // bytes (and what it replaces is replaced on the server, not after).
-        self.publish_below(&from)?;
-        self.publish_below(&to)?;
+        self.publish_below(&from).await?;
+        self.publish_below(&to).await?;
         let mut store = self.store();
-        self.block_on(store.rename(RenameRequest {
+        store.rename(RenameRequest {
             namespace: self.ns(),
             from: from.clone(),
             to: to.clone(),
             no_replace: flags & libc::RENAME_NOREPLACE != 0,
             watcher: self.listings.watcher(),
-        }))
+        }).await
         .map_err(ClientError::from)?;
-        self.move_staged(&[(&from, &to)]);
+        self.move_staged(&[(&from, &to)]).await;
         self.inodes().rename(&from, &to);
         self.invalidate_below(&from);
         self.invalidate_below(&to);
@@ -321,22 +320,22 @@ impl FsCore {
 
     /// `renameat2(RENAME_EXCHANGE)`: both names stay, each naming what the other did, in one
     /// change on the store server.
-    fn exchange(&self, a: String, b: String) -> FsResult<()> {
+    async fn exchange(&self, a: String, b: String) -> FsResult<()> {
         Self::check_key(&a)?;
         Self::check_key(&b)?;
         // Files still being written are published first, so that each name carries its bytes.
         for p in [&a, &b] {
-            self.publish_below(p)?;
+            self.publish_below(p).await?;
         }
         let mut store = self.store();
-        self.block_on(store.exchange(ExchangeRequest {
+        store.exchange(ExchangeRequest {
             namespace: self.ns(),
             a: a.clone(),
             b: b.clone(),
             watcher: self.listings.watcher(),
-        }))
+        }).await
         .map_err(ClientError::from)?;
-        self.move_staged(&[(&a, &b), (&b, &a)]);
+        self.move_staged(&[(&a, &b), (&b, &a)]).await;
         self.inodes().exchange(&a, &b);
         for p in [&a, &b] {
             self.invalidate_below(p);
@@ -348,7 +347,7 @@ impl FsCore {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn setattr(
+    pub async fn setattr(
         &self,
         ino: u64,
         mode: Option<u32>,
@@ -358,7 +357,7 @@ impl FsCore {
         mtime: Option<SystemTime>,
         fh: Option<u64>,
     ) -> FsResult<Attr> {
-        let path = self.path_of(ino)?;
+        let path = self.path_of(ino).await?;
         // A control file has no bytes to truncate (open(O_TRUNC) asks) nor mode to change.
         if super::gpu_tree::gpu_rest(&path).is_some()
             || (mode.is_none()
@@ -367,7 +366,7 @@ impl FsCore {
                 && size.is_none()
                 && mtime.is_none())
         {
-            return self.getattr(ino);
+            return self.getattr(ino).await;
         }
         self.writable()?;
         // Who may change an owner is the kernel's to check (default_permissions: CAP_CHOWN for
@@ -380,10 +379,11 @@ impl FsCore {
             match &staged {
                 Some(s) => s.truncate(size, &self.cfg.staging)?,
                 None => {
-                    let s = self.open_staged(&path, size == 0)?;
-                    let r = s
-                        .truncate(size, &self.cfg.staging)
-                        .and_then(|_| self.release_staged(&s));
+                    let s = self.open_staged(&path, size == 0).await?;
+                    let r = match s.truncate(size, &self.cfg.staging) {
+                        Ok(()) => self.release_staged(&s).await,
+                        Err(e) => Err(e),
+                    };
                     r?;
                 }
             }
@@ -408,7 +408,7 @@ impl FsCore {
                     // (A file closed under write-back is still staged: the arm above.)
                     let (sec, nsec) = mtime.map(to_unix).unzip();
                     let mut store = self.store();
-                    self.block_on(store.set_attr(SetAttrRequest {
+                    store.set_attr(SetAttrRequest {
                         namespace: self.ns(),
                         key: path.clone(),
                         mode,
@@ -417,7 +417,7 @@ impl FsCore {
                         uid,
                         gid,
                         watcher: self.listings.watcher(),
-                    }))
+                    }).await
                     .map_err(ClientError::from)?;
                     self.invalidate(&[split(&path).0, &path]);
                     self.invalidate_other_names(&path);
@@ -426,15 +426,15 @@ impl FsCore {
         }
         if let Some(s) = &staged {
             // Closed and queued under write-back: the change is journaled and queued too.
-            self.requeue(s)?;
+            self.requeue(s).await?;
         }
-        self.getattr(ino)
+        self.getattr(ino).await
     }
 
     /// After the server moved each `from` to its `to` (all at once: an exchange swaps), the
     /// files staged at or below each `from` follow; a staged file at a `to` the move replaced
     /// is gone.
-    fn move_staged(&self, moves: &[(&str, &str)]) {
+    async fn move_staged(&self, moves: &[(&str, &str)]) {
         let replaced = {
             let mut m = lock(&self.staged);
             let mut moved = Vec::new();
@@ -459,7 +459,7 @@ impl FsCore {
         };
         for s in replaced {
             s.unlinked.store(true, Ordering::SeqCst);
-            self.retire(&s);
+            self.retire(&s).await;
         }
     }
 }

@@ -1,5 +1,11 @@
 //! The fuser adapter: each kernel request becomes one call on [`FsCore`], its `Ok` a reply and
 //! its `Err` an errno. Nothing else happens here.
+//!
+//! The core is async; fuser calls its callbacks on the mount's threads. A callback waits for
+//! the core on its thread ([`FuseAdapter::wait`], the one place the mount blocks on the
+//! runtime), except a read that has to wait for the network: that one runs as a task of the
+//! runtime and replies from it (fuser's replies are `Send`), so a read stalled on a dead peer
+//! holds no thread of the mount, and the reads behind it go on.
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -21,6 +27,7 @@ use crate::proto::FuseInit;
 
 pub struct FuseAdapter {
     core: Arc<FsCore>,
+    rt: tokio::runtime::Handle,
     /// What the kernel offered at FUSE_INIT, kept so that a restarted agent can replay it.
     init: Arc<Mutex<Option<FuseInit>>>,
     /// Whether the kernel lets a file opened past the page cache be mmapped.
@@ -30,6 +37,7 @@ pub struct FuseAdapter {
 impl FuseAdapter {
     pub fn new(core: Arc<FsCore>) -> Self {
         FuseAdapter {
+            rt: core.runtime().clone(),
             core,
             init: Arc::default(),
             bypass_mmap: AtomicBool::new(false),
@@ -46,6 +54,13 @@ impl FuseAdapter {
             }
             PageCache::Bypass | PageCache::Fresh => FopenFlags::empty(),
         }
+    }
+
+    /// Runs a call of the core to its end on this thread (a mount's thread, outside the runtime).
+    /// `Send`, though it runs here: every call could run as a task, so none holds a lock of a
+    /// thread across a wait.
+    fn wait<F: std::future::Future + Send>(&self, call: F) -> F::Output {
+        self.rt.block_on(call)
     }
 
     /// Where the kernel's FUSE_INIT offer is recorded once the session's handshake is done.
@@ -161,7 +176,7 @@ impl Filesystem for FuseAdapter {
         let Ok(n) = name(n) else {
             return reply.error(Errno::ENOENT);
         };
-        reply_or!(reply, self.core.lookup(parent.0, n), |a: Attr| reply.entry(
+        reply_or!(reply, self.wait(self.core.lookup(parent.0, n)), |a: Attr| reply.entry(
             &self.core.kernel_ttl(a.ino),
             &file_attr(&a),
             Generation(0)
@@ -175,7 +190,7 @@ impl Filesystem for FuseAdapter {
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         reply_or!(
             reply,
-            self.core.getattr_open(ino.0, fh.map(|f| f.0)),
+            self.wait(self.core.getattr_open(ino.0, fh.map(|f| f.0))),
             |a: Attr| reply.attr(&self.core.kernel_ttl(a.ino), &file_attr(&a))
         )
     }
@@ -201,7 +216,7 @@ impl Filesystem for FuseAdapter {
         if let Some(t) = atime {
             self.core.set_atime(ino.0, time(t));
         }
-        let r = self.core.setattr(
+        let r = self.wait(self.core.setattr(
             ino.0,
             mode,
             uid,
@@ -209,13 +224,13 @@ impl Filesystem for FuseAdapter {
             size,
             mtime.map(time),
             fh.map(|f| f.0),
-        );
+        ));
         reply_or!(reply, r, |a: Attr| reply
             .attr(&Duration::ZERO, &file_attr(&a)))
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        reply_or!(reply, self.core.readlink(ino.0), |t: String| reply
+        reply_or!(reply, self.wait(self.core.readlink(ino.0)), |t: String| reply
             .data(t.as_bytes()))
     }
 
@@ -233,7 +248,7 @@ impl Filesystem for FuseAdapter {
         };
         reply_or!(
             reply,
-            self.core.mkdir_by(parent.0, n, mode & !umask, caller(req)),
+            self.wait(self.core.mkdir_by(parent.0, n, mode & !umask, caller(req))),
             |a: Attr| reply.entry(&self.core.kernel_ttl(a.ino), &file_attr(&a), Generation(0))
         )
     }
@@ -242,14 +257,14 @@ impl Filesystem for FuseAdapter {
         let Ok(n) = name(n) else {
             return reply.error(Errno::ENOENT);
         };
-        reply_or!(reply, self.core.unlink(parent.0, n), |()| reply.ok())
+        reply_or!(reply, self.wait(self.core.unlink(parent.0, n)), |()| reply.ok())
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         let Ok(n) = name(n) else {
             return reply.error(Errno::ENOENT);
         };
-        reply_or!(reply, self.core.rmdir(parent.0, n), |()| reply.ok())
+        reply_or!(reply, self.wait(self.core.rmdir(parent.0, n)), |()| reply.ok())
     }
 
     fn symlink(
@@ -265,7 +280,7 @@ impl Filesystem for FuseAdapter {
         };
         reply_or!(
             reply,
-            self.core.symlink_by(parent.0, n, t, caller(req)),
+            self.wait(self.core.symlink_by(parent.0, n, t, caller(req))),
             |a: Attr| reply.entry(&self.core.kernel_ttl(a.ino), &file_attr(&a), Generation(0))
         )
     }
@@ -285,7 +300,7 @@ impl Filesystem for FuseAdapter {
         };
         reply_or!(
             reply,
-            self.core.rename(parent.0, n, newparent.0, nn, flags.bits()),
+            self.wait(self.core.rename(parent.0, n, newparent.0, nn, flags.bits())),
             |()| reply.ok()
         )
     }
@@ -306,7 +321,7 @@ impl Filesystem for FuseAdapter {
         let mode = (mode & libc::S_IFMT) | (mode & 0o7777 & !umask);
         reply_or!(
             reply,
-            self.core.mknod_by(parent.0, n, mode, rdev, caller(req)),
+            self.wait(self.core.mknod_by(parent.0, n, mode, rdev, caller(req))),
             |a: Attr| reply.entry(&self.core.kernel_ttl(a.ino), &file_attr(&a), Generation(0))
         )
     }
@@ -322,7 +337,7 @@ impl Filesystem for FuseAdapter {
         let Ok(n) = name(newname) else {
             return reply.error(Errno::EINVAL);
         };
-        reply_or!(reply, self.core.link(ino.0, newparent.0, n), |a: Attr| {
+        reply_or!(reply, self.wait(self.core.link(ino.0, newparent.0, n)), |a: Attr| {
             reply.entry(&self.core.kernel_ttl(a.ino), &file_attr(&a), Generation(0))
         })
     }
@@ -330,7 +345,7 @@ impl Filesystem for FuseAdapter {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         reply_or!(
             reply,
-            self.core.open_by(ino.0, flags.0, req.pid()),
+            self.wait(self.core.open_by(ino.0, flags.0, req.pid())),
             |(fh, cache): (u64, PageCache)| {
                 let mut flags = self.open_flags(cache);
                 if !FsCore::flushes(fh) {
@@ -352,11 +367,15 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        reply_or!(
-            reply,
-            self.core.read(ino.0, fh.0, offset, size),
-            |d: bytes::Bytes| { reply.data(&d) }
-        )
+        // What this node holds is answered here; what must be fetched is answered by a task.
+        if let Some(r) = self.core.read_ready(ino.0, fh.0, offset, size) {
+            return reply_or!(reply, r, |d: bytes::Bytes| reply.data(&d));
+        }
+        let core = self.core.clone();
+        self.rt.spawn(async move {
+            let r = core.read(ino.0, fh.0, offset, size).await;
+            reply_or!(reply, r, |d: bytes::Bytes| reply.data(&d))
+        });
     }
 
     fn write(
@@ -408,8 +427,8 @@ impl Filesystem for FuseAdapter {
     ) {
         reply_or!(
             reply,
-            self.core
-                .copy_range(ino_in.0, fh_in.0, offset_in, fh_out.0, offset_out, len),
+            self.wait(self.core
+                .copy_range(ino_in.0, fh_in.0, offset_in, fh_out.0, offset_out, len)),
             |n: u32| reply.written(n)
         )
     }
@@ -422,7 +441,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply_or!(reply, self.core.flush(fh.0), |()| reply.ok())
+        reply_or!(reply, self.wait(self.core.flush(fh.0)), |()| reply.ok())
     }
 
     fn release(
@@ -435,7 +454,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        reply_or!(reply, self.core.release(fh.0), |()| reply.ok())
+        reply_or!(reply, self.wait(self.core.release(fh.0)), |()| reply.ok())
     }
 
     fn fsync(
@@ -446,11 +465,11 @@ impl Filesystem for FuseAdapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply_or!(reply, self.core.fsync(fh.0), |()| reply.ok())
+        reply_or!(reply, self.wait(self.core.fsync(fh.0)), |()| reply.ok())
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        reply_or!(reply, self.core.opendir(ino.0), |fh: u64| reply
+        reply_or!(reply, self.wait(self.core.opendir(ino.0)), |fh: u64| reply
             .opened(FileHandle(fh), FopenFlags::empty()))
     }
 
@@ -462,7 +481,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        match self.core.readdir(ino.0, fh.0, offset) {
+        match self.wait(self.core.readdir(ino.0, fh.0, offset)) {
             Ok(entries) => {
                 for (next, e) in entries {
                     if reply.add(INodeNo(e.ino), next, file_type(e.kind), &e.name) {
@@ -485,11 +504,11 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        match self.core.readdir(ino.0, fh.0, offset) {
+        match self.wait(self.core.readdir(ino.0, fh.0, offset)) {
             Ok(entries) => {
                 for (next, e) in entries {
                     // A name gone since the listing was taken is left out.
-                    let Ok(a) = self.core.readdirplus_attr(ino.0, &e) else {
+                    let Ok(a) = self.wait(self.core.readdirplus_attr(ino.0, &e)) else {
                         continue;
                     };
                     let full = reply.add(
@@ -522,7 +541,7 @@ impl Filesystem for FuseAdapter {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        reply_or!(reply, self.core.release(fh.0), |()| reply.ok())
+        reply_or!(reply, self.wait(self.core.release(fh.0)), |()| reply.ok())
     }
 
     fn fsyncdir(
@@ -535,7 +554,7 @@ impl Filesystem for FuseAdapter {
     ) {
         // Directory changes are published when they are made; files queued below it by
         // write-back are waited for.
-        reply_or!(reply, self.core.fsyncdir(ino.0), |()| reply.ok())
+        reply_or!(reply, self.wait(self.core.fsyncdir(ino.0)), |()| reply.ok())
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -564,20 +583,20 @@ impl Filesystem for FuseAdapter {
         let Ok(n) = name(n) else {
             return reply.error(Errno::ENOTSUP);
         };
-        reply_or!(reply, self.core.setxattr(ino.0, n, value), |()| reply.ok())
+        reply_or!(reply, self.wait(self.core.setxattr(ino.0, n, value)), |()| reply.ok())
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
         let Ok(n) = name(n) else {
             return reply.error(Errno::ENODATA);
         };
-        reply_or!(reply, self.core.getxattr(ino.0, n), |v: Vec<u8>| {
+        reply_or!(reply, self.wait(self.core.getxattr(ino.0, n)), |v: Vec<u8>| {
             xattr_reply(reply, size, &v)
         })
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        reply_or!(reply, self.core.listxattr(ino.0), |v: Vec<u8>| xattr_reply(
+        reply_or!(reply, self.wait(self.core.listxattr(ino.0)), |v: Vec<u8>| xattr_reply(
             reply, size, &v
         ))
     }
@@ -586,7 +605,7 @@ impl Filesystem for FuseAdapter {
         let Ok(n) = name(n) else {
             return reply.error(Errno::ENODATA);
         };
-        reply_or!(reply, self.core.removexattr(ino.0, n), |()| reply.ok())
+        reply_or!(reply, self.wait(self.core.removexattr(ino.0, n)), |()| reply.ok())
     }
 
     fn ioctl(
@@ -665,8 +684,8 @@ impl Filesystem for FuseAdapter {
         };
         reply_or!(
             reply,
-            self.core
-                .create_by(parent.0, n, mode & !umask, flags, caller(req)),
+            self.wait(self.core
+                .create_by(parent.0, n, mode & !umask, flags, caller(req))),
             |(a, fh, cache): (Attr, u64, PageCache)| reply.created(
                 &self.core.kernel_ttl(a.ino),
                 &file_attr(&a),

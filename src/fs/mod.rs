@@ -224,8 +224,8 @@ pub struct Caller {
 impl FsCore {
     /// The owner of a new entry in directory `parent` made by `caller`, and whether the
     /// directory is set-group-ID (its gid, and for a directory the bit too, are inherited).
-    pub(crate) fn owner_for(&self, parent: u64, caller: Caller) -> FsResult<((u32, u32), bool)> {
-        let dir = self.getattr(parent)?;
+    pub(crate) async fn owner_for(&self, parent: u64, caller: Caller) -> FsResult<((u32, u32), bool)> {
+        let dir = self.getattr(parent).await?;
         if dir.perm & 0o2000 != 0 {
             return Ok(((caller.uid, dir.gid), true));
         }
@@ -269,13 +269,13 @@ enum Orphan {
 impl FsCore {
     /// The path of `name` in directory `parent`. Every call that takes a name checks it here:
     /// the kernel leaves NAME_MAX to the filesystem.
-    pub(crate) fn child(&self, parent: u64, name: &str) -> FsResult<String> {
+    pub(crate) async fn child(&self, parent: u64, name: &str) -> FsResult<String> {
         if name.len() > crate::key::MAX_SEGMENT {
             return Err(FsError::Name(crate::key::KeyError::SegmentTooLong(
                 name.chars().take(32).collect::<String>() + "...",
             )));
         }
-        Ok(join(&self.path_of(parent)?, name))
+        Ok(join(&self.path_of(parent).await?, name))
     }
 }
 
@@ -382,6 +382,11 @@ impl FsCore {
         })
     }
 
+    /// The runtime the core's calls run on (the FUSE adapter waits for them there).
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.rt
+    }
+
     /// How the kernel is told to forget what it cached when another node changed it.
     pub fn set_kernel_cache(&self, k: Box<dyn KernelCache>) {
         let _ = self.kernel.set(k);
@@ -466,10 +471,6 @@ impl FsCore {
         }
     }
 
-    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
-        self.rt.block_on(f)
-    }
-
     /// Watches the namespace for changes (see [`watch`]) while the core lives; a mount
     /// starts this, an in-process core used alone need not.
     pub fn watch(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
@@ -498,7 +499,7 @@ impl FsCore {
         KeyPath::parse(path).map(|_| ()).map_err(FsError::Name)
     }
 
-    pub(crate) fn path_of(&self, ino: u64) -> FsResult<String> {
+    pub(crate) async fn path_of(&self, ino: u64) -> FsResult<String> {
         let (path, names) = {
             let t = self.inodes();
             (t.path(ino).ok_or(FsError::Stale)?, t.names(ino))
@@ -507,11 +508,13 @@ impl FsCore {
         // name it still has, as a local unlink of the name passes it on.
         if let Some(names) = names {
             if self.staged_at(&path).is_none()
-                && matches!(self.entry(&path), Err(FsError::NotFound))
+                && matches!(self.entry(&path).await, Err(FsError::NotFound))
             {
-                if let Some(other) = names.iter().find(|n| **n != path && self.entry(n).is_ok()) {
-                    self.inodes().pass_on(ino, &path, other);
-                    return Ok(other.clone());
+                for other in names.iter().filter(|n| **n != path) {
+                    if self.entry(other).await.is_ok() {
+                        self.inodes().pass_on(ino, &path, other);
+                        return Ok(other.clone());
+                    }
                 }
             }
         }
@@ -548,29 +551,29 @@ impl FsCore {
     /// A handle from an agent that ran before on this mount (a kept mount, see
     /// `crate::keeper`). A reader's is opened again, on the version the key has now; a
     /// writer's staged bytes died with that agent.
-    fn reopen(&self, ino: u64, fh: u64, dir: bool) -> FsResult<Handle> {
+    async fn reopen(&self, ino: u64, fh: u64, dir: bool) -> FsResult<Handle> {
         let h = if dir {
-            Handle::Dir(self.snapshot_dir(ino)?)
+            Handle::Dir(self.snapshot_dir(ino).await?)
         } else {
-            Handle::Read(Arc::new(self.resolve_file(&self.path_of(ino)?)?))
+            Handle::Read(Arc::new(self.resolve_file(&self.path_of(ino).await?).await?))
         };
         lock(&self.handles).insert(fh, h.share());
         tracing::debug!(ino, fh, "reopened a handle of an earlier agent");
         Ok(h)
     }
 
-    fn handle_or_reopen(&self, ino: u64, fh: u64, dir: bool) -> FsResult<Handle> {
+    async fn handle_or_reopen(&self, ino: u64, fh: u64, dir: bool) -> FsResult<Handle> {
         match self.handle(fh) {
-            Err(FsError::BadHandle) => self.reopen(ino, fh, dir),
+            Err(FsError::BadHandle) => self.reopen(ino, fh, dir).await,
             other => other,
         }
     }
 
-    pub fn release(&self, fh: u64) -> FsResult<()> {
+    pub async fn release(&self, fh: u64) -> FsResult<()> {
         let _t = crate::metrics::Timer::start(&crate::metrics::FUSE_RELEASE_SECONDS);
         let h = lock(&self.handles).remove(&fh);
         match h {
-            Some(Handle::Write(s)) => self.release_staged(&s),
+            Some(Handle::Write(s)) => self.release_staged(&s).await,
             Some(Handle::Gpu(cf)) => {
                 self.gpu_release(&cf);
                 Ok(())

@@ -514,9 +514,9 @@ impl FsCore {
         self.listings.forget_links(paths);
     }
 
-    fn fetch_listing(&self, path: &str) -> FsResult<Entries> {
+    async fn fetch_listing(&self, path: &str) -> FsResult<Entries> {
         let since = self.listings.epoch();
-        let entries = self.fetch_listing_uncached(path)?;
+        let entries = self.fetch_listing_uncached(path).await?;
         self.listings.put(path, entries.clone(), since);
         Ok(entries)
     }
@@ -524,12 +524,12 @@ impl FsCore {
     /// `path`'s listing for a reader of the directory, with the listings a walk of the tree
     /// reads next (see [`LIST_AHEAD`]), all kept under the lease alone: without it each
     /// opendir asks anew, and they would go unused.
-    fn fetch_listing_ahead(&self, path: &str) -> FsResult<Entries> {
+    async fn fetch_listing_ahead(&self, path: &str) -> FsResult<Entries> {
         if !self.listings.leased() {
-            return self.fetch_listing(path);
+            return self.fetch_listing(path).await;
         }
         let since = self.listings.epoch();
-        let resp = self.list_rpc(path, false, LIST_AHEAD)?;
+        let resp = self.list_rpc(path, false, LIST_AHEAD).await?;
         if !resp.exists && !path.is_empty() {
             return Err(FsError::NotFound);
         }
@@ -543,7 +543,7 @@ impl FsCore {
 
     /// One directory's listing from the store server, or with `dir_only` its own entry alone;
     /// with `ahead`, the listings a walk reads after it, up to about that many entries.
-    fn list_rpc(
+    async fn list_rpc(
         &self,
         path: &str,
         dir_only: bool,
@@ -551,21 +551,20 @@ impl FsCore {
     ) -> FsResult<crate::proto::ListResponse> {
         crate::metrics::MOUNT_METADATA_REQUESTS.inc();
         let mut store = self.store();
-        Ok(self
-            .block_on(store.list(ListRequest {
+        Ok(store.list(ListRequest {
                 watcher: self.listings.watcher(),
                 namespace: self.ns(),
                 prefix: path.to_string(),
                 recursive: false,
                 dir_only,
                 ahead,
-            }))
+            }).await
             .map_err(crate::rpc::ClientError::from)?
             .into_inner())
     }
 
-    fn fetch_listing_uncached(&self, path: &str) -> FsResult<Entries> {
-        let resp = self.list_rpc(path, false, 0)?;
+    async fn fetch_listing_uncached(&self, path: &str) -> FsResult<Entries> {
+        let resp = self.list_rpc(path, false, 0).await?;
         if !resp.exists && !path.is_empty() {
             return Err(FsError::NotFound);
         }
@@ -573,8 +572,8 @@ impl FsCore {
     }
 
     /// `path`'s own entry from the store server, or `None` for nothing there.
-    fn fetch_own(&self, path: &str) -> FsResult<Option<ListEntry>> {
-        let resp = self.list_rpc(path, true, 0)?;
+    async fn fetch_own(&self, path: &str) -> FsResult<Option<ListEntry>> {
+        let resp = self.list_rpc(path, true, 0).await?;
         Ok(resp
             .exists
             .then_some(resp.dir)
@@ -584,13 +583,18 @@ impl FsCore {
 
     /// The root's attributes: its own record on the store server (owner, mode, and times that
     /// move as top-level entries come and go), or the mount's where the server has none.
-    fn root_attr(&self) -> Attr {
-        let entry = self.listings.root().or_else(|| {
-            let since = self.listings.epoch();
-            let e = self.fetch_own("").ok().flatten()?;
-            self.listings.put_root(e.clone(), Some(since));
-            Some(e)
-        });
+    async fn root_attr(&self) -> Attr {
+        let entry = match self.listings.root() {
+            Some(e) => Some(e),
+            None => {
+                let since = self.listings.epoch();
+                let e = self.fetch_own("").await.ok().flatten();
+                if let Some(e) = &e {
+                    self.listings.put_root(e.clone(), Some(since));
+                }
+                e
+            }
+        };
         if let Some(e) = entry {
             return self.attr_from_entry(inode::ROOT, &e);
         }
@@ -650,7 +654,7 @@ impl FsCore {
 
     /// The listing entry of `path`, from its parent's listing (or asked for alone after this
     /// mount changed it).
-    pub(super) fn entry(&self, path: &str) -> FsResult<ListEntry> {
+    pub(super) async fn entry(&self, path: &str) -> FsResult<ListEntry> {
         if let Some(e) = self.listings.own(path) {
             return e.ok_or(FsError::NotFound);
         }
@@ -661,20 +665,20 @@ impl FsCore {
         ) {
             (Some((taken, _)), Some(changed)) if taken <= changed => {
                 let since = self.listings.epoch();
-                let e = self.fetch_own(path)?;
+                let e = self.fetch_own(path).await?;
                 self.listings.put_own(path, e.clone(), Some(since));
                 return e.ok_or(FsError::NotFound);
             }
             (Some((_, l)), _) => l,
             // A listing taken now shows the change, and serves the siblings too.
-            (None, _) => self.fetch_listing(parent)?,
+            (None, _) => self.fetch_listing(parent).await?,
         };
         listing.get(name).cloned().ok_or(FsError::NotFound)
     }
 
     /// A directory's link count as a local filesystem keeps it: its name, its `.`, and each
     /// subdirectory's `..`.
-    fn dir_links(&self, path: &str) -> u32 {
+    async fn dir_links(&self, path: &str) -> u32 {
         // A stat must not fill the listing cache: a lookup right after it would trust a listing
         // older than another node's close, and close-to-open would be lost. The count is kept
         // on its own, so a directory's stats (one per create under it, for the kernel's
@@ -685,7 +689,7 @@ impl FsCore {
         let since = self.listings.epoch();
         let listing = match self.listings.fresh(path) {
             Some(l) => Ok(l),
-            None => self.fetch_listing_uncached(path),
+            None => self.fetch_listing_uncached(path).await,
         };
         let Ok(l) = listing else { return 2 };
         let n = 2 + l.values().filter(|e| e.is_directory).count() as u32;
@@ -694,17 +698,17 @@ impl FsCore {
     }
 
     /// The attributes of `path`: an open staged write if there is one, else what the store shows.
-    pub fn stat_path(&self, path: &str) -> FsResult<Attr> {
-        let mut a = self.stat_path_links(path)?;
+    pub async fn stat_path(&self, path: &str) -> FsResult<Attr> {
+        let mut a = self.stat_path_links(path).await?;
         if a.kind == Kind::Dir && gpu_rest(path).is_none() {
-            a.nlink = self.dir_links(path);
+            a.nlink = self.dir_links(path).await;
         }
         Ok(a)
     }
 
-    fn stat_path_links(&self, path: &str) -> FsResult<Attr> {
+    async fn stat_path_links(&self, path: &str) -> FsResult<Attr> {
         if path.is_empty() {
-            return Ok(self.root_attr());
+            return Ok(self.root_attr().await);
         }
         if let Some(rest) = gpu_rest(path) {
             return self.gpu_stat(path, rest);
@@ -712,21 +716,21 @@ impl FsCore {
         if let Some(s) = self.staged_at(path) {
             return s.attr(self.ino_of(path));
         }
-        let e = self.entry(path)?;
+        let e = self.entry(path).await?;
         Ok(self.attr_from_entry(self.ino_of(path), &e))
     }
 
-    pub fn lookup(&self, parent: u64, name: &str) -> FsResult<Attr> {
+    pub async fn lookup(&self, parent: u64, name: &str) -> FsResult<Attr> {
         let _t = crate::metrics::Timer::start(&crate::metrics::FUSE_LOOKUP_SECONDS);
-        self.look_up(parent, name)
+        self.look_up(parent, name).await
     }
 
-    fn look_up(&self, parent: u64, name: &str) -> FsResult<Attr> {
-        let path = self.child(parent, name)?;
-        let mut attr = self.stat_path(&path)?;
+    async fn look_up(&self, parent: u64, name: &str) -> FsResult<Attr> {
+        let path = self.child(parent, name).await?;
+        let mut attr = self.stat_path(&path).await?;
         // A file of several names: the number its other names show.
         let record = match (attr.kind, attr.nlink) {
-            (Kind::File, n) if n > 1 => self.entry(&path).map_or(0, |e| e.inode),
+            (Kind::File, n) if n > 1 => self.entry(&path).await.map_or(0, |e| e.inode),
             _ => 0,
         };
         attr.ino = self.inodes().lookup_record(&path, record);
@@ -741,17 +745,17 @@ impl FsCore {
         }
     }
 
-    pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
-        let path = self.path_of(ino)?;
-        let mut a = self.stat_path(&path)?;
+    pub async fn getattr(&self, ino: u64) -> FsResult<Attr> {
+        let path = self.path_of(ino).await?;
+        let mut a = self.stat_path(&path).await?;
         a.ino = ino;
         Ok(self.with_atime(a))
     }
 
     /// `getattr` through an open file (fstat, and the kernel's look before a read): a file
     /// unlinked while open keeps its attributes, with no link left, until its last close.
-    pub fn getattr_open(&self, ino: u64, fh: Option<u64>) -> FsResult<Attr> {
-        let err = match self.getattr(ino) {
+    pub async fn getattr_open(&self, ino: u64, fh: Option<u64>) -> FsResult<Attr> {
+        let err = match self.getattr(ino).await {
             Err(e) if e.is_not_found() => e,
             r => return r,
         };
@@ -788,12 +792,12 @@ impl FsCore {
         )
     }
 
-    pub fn readlink(&self, ino: u64) -> FsResult<String> {
-        let path = self.path_of(ino)?;
+    pub async fn readlink(&self, ino: u64) -> FsResult<String> {
+        let path = self.path_of(ino).await?;
         if gpu_rest(&path).is_some() {
             return Err(FsError::NotSymlink);
         }
-        let e = self.entry(&path)?;
+        let e = self.entry(&path).await?;
         if e.kind() != EntryKind::Symlink {
             return Err(FsError::NotSymlink);
         }
@@ -801,27 +805,27 @@ impl FsCore {
     }
 
     /// Snapshots a directory for a sequence of `readdir` calls.
-    pub fn opendir(&self, ino: u64) -> FsResult<u64> {
-        let entries = self.snapshot_dir(ino)?;
+    pub async fn opendir(&self, ino: u64) -> FsResult<u64> {
+        let entries = self.snapshot_dir(ino).await?;
         Ok(self.insert_handle(Handle::Dir(entries)))
     }
 
-    pub(super) fn snapshot_dir(&self, ino: u64) -> FsResult<Arc<Vec<DirEntry>>> {
-        let path = self.path_of(ino)?;
+    pub(super) async fn snapshot_dir(&self, ino: u64) -> FsResult<Arc<Vec<DirEntry>>> {
+        let path = self.path_of(ino).await?;
         if let Some(rest) = gpu_rest(&path) {
-            if self.stat_path(&path)?.kind != Kind::Dir {
+            if self.stat_path(&path).await?.kind != Kind::Dir {
                 return Err(FsError::NotDir);
             }
             return self.gpu_snapshot(&path, rest);
         }
-        if !path.is_empty() && self.stat_path(&path)?.kind != Kind::Dir {
+        if !path.is_empty() && self.stat_path(&path).await?.kind != Kind::Dir {
             return Err(FsError::NotDir);
         }
         // Without the lease a listing is asked for at every opendir: a name another node made
         // shows in the next `ls` after its writer's close.
         let listing = match self.listings.leased_listing(&path) {
             Some(l) => l,
-            None => self.fetch_listing_ahead(&path)?,
+            None => self.fetch_listing_ahead(&path).await?,
         };
         let mut entries: BTreeMap<String, DirEntry> = listing
             .iter()
@@ -855,21 +859,21 @@ impl FsCore {
     /// The attributes READDIRPLUS gives with an entry of directory `dir`: a name's as its
     /// lookup gives them, and counted as a lookup (the kernel counts it as one, and forgets it
     /// later); the dot entries' uncounted (the kernel takes no reference for them).
-    pub fn readdirplus_attr(&self, dir: u64, e: &DirEntry) -> FsResult<Attr> {
+    pub async fn readdirplus_attr(&self, dir: u64, e: &DirEntry) -> FsResult<Attr> {
         match e.name.as_str() {
-            "." | ".." => self.getattr(e.ino),
+            "." | ".." => self.getattr(e.ino).await,
             name => {
                 crate::metrics::READDIRPLUS_NAMES.inc();
-                self.look_up(dir, name)
+                self.look_up(dir, name).await
             }
         }
     }
 
-    pub fn readdir(&self, ino: u64, fh: u64, offset: u64) -> FsResult<Vec<(u64, DirEntry)>> {
-        let Handle::Dir(entries) = self.handle_or_reopen(ino, fh, true)? else {
+    pub async fn readdir(&self, ino: u64, fh: u64, offset: u64) -> FsResult<Vec<(u64, DirEntry)>> {
+        let Handle::Dir(entries) = self.handle_or_reopen(ino, fh, true).await? else {
             return Err(FsError::BadHandle);
         };
-        let path = self.path_of(ino)?;
+        let path = self.path_of(ino).await?;
         let parent_ino = if path.is_empty() {
             inode::ROOT
         } else {

@@ -70,24 +70,25 @@ fn inline_blocks(blocks: &[BlockRef], buf: &[u8]) -> FsResult<Vec<InlineBlock>> 
 }
 
 impl FsCore {
-    pub(super) fn publish_staged(&self, s: &Arc<Staged>) -> FsResult<()> {
-        let _guard = lock(&s.publish_lock);
+    pub(super) async fn publish_staged(&self, s: &Arc<Staged>) -> FsResult<()> {
+        s.until_filled().await;
+        let _guard = s.publish_lock.lock().await;
         match self.prepare_publish(s)? {
-            Some(p) => self.send_publish(s, p),
+            Some(p) => self.send_publish(s, p).await,
             None => Ok(()),
         }
     }
 
     /// Sends a prepared publish of `s` on its own, and settles it.
-    pub(super) fn send_publish(&self, s: &Staged, p: Prepared) -> FsResult<()> {
+    pub(super) async fn send_publish(&self, s: &Staged, p: Prepared) -> FsResult<()> {
         let mut store = self.store();
-        let done = self.block_on(publish::publish(
+        let done = publish::publish(
             &mut store,
             &self.cfg.server,
             p.req,
             p.payload,
             &ProgressBar::hidden(),
-        ))?;
+        ).await?;
         self.settle_publish(s, &p.settle, done.entry, done.parent);
         Ok(())
     }
@@ -232,7 +233,7 @@ impl FsCore {
     /// Publishes a manifest with no blocks (a directory or a symlink) at `path`. Named, the
     /// watch does not recall this mount's own listing of the directory: the answer carries the
     /// new entry and the directory's, as a file's publish does.
-    pub(super) fn publish_meta(&self, path: &str, entry: FileEntry) -> FsResult<()> {
+    pub(super) async fn publish_meta(&self, path: &str, entry: FileEntry) -> FsResult<()> {
         let watcher = self.listings.watcher();
         let req = PublishRequest {
             namespace: self.ns(),
@@ -250,13 +251,13 @@ impl FsCore {
             ..Default::default()
         };
         let mut store = self.store();
-        let done = self.block_on(publish::publish(
+        let done = publish::publish(
             &mut store,
             &self.cfg.server,
             req,
             Payload::InPlace,
             &ProgressBar::hidden(),
-        ))?;
+        ).await?;
         let (dir, _) = split(path);
         match done.entry {
             Some(e) if watcher != 0 => {

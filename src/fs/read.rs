@@ -115,14 +115,14 @@ impl ReadFile {
 impl FsCore {
     /// Opens a file. Reads resolve the version now (close-to-open); writes stage.
     /// Returns the handle and what the kernel should do with its cached pages of the file.
-    pub fn open(&self, ino: u64, flags: i32) -> FsResult<(u64, PageCache)> {
-        self.open_by(ino, flags, std::process::id())
+    pub async fn open(&self, ino: u64, flags: i32) -> FsResult<(u64, PageCache)> {
+        self.open_by(ino, flags, std::process::id()).await
     }
 
     /// [`FsCore::open`] for the process `caller` (whose GPU buffers a control file reaches).
-    pub fn open_by(&self, ino: u64, flags: i32, caller: u32) -> FsResult<(u64, PageCache)> {
+    pub async fn open_by(&self, ino: u64, flags: i32, caller: u32) -> FsResult<(u64, PageCache)> {
         let _t = crate::metrics::Timer::start(&crate::metrics::FUSE_OPEN_SECONDS);
-        let path = self.path_of(ino)?;
+        let path = self.path_of(ino).await?;
         if let Some(rest) = super::gpu_tree::gpu_rest(&path) {
             if rest.is_empty() {
                 return Err(FsError::IsDir);
@@ -133,15 +133,15 @@ impl FsCore {
         let acc = flags & libc::O_ACCMODE;
         if acc != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
             self.writable()?;
-            let s = self.open_staged(&path, flags & libc::O_TRUNC != 0)?;
+            let s = self.open_staged(&path, flags & libc::O_TRUNC != 0).await?;
             return Ok((self.insert_handle(Handle::Write(s)), PageCache::Fresh));
         }
         if let Some(s) = self.staged_at(&path) {
             s.opens.fetch_add(1, Ordering::SeqCst);
             return Ok((self.insert_handle(Handle::Write(s)), PageCache::Fresh));
         }
-        let file = self.resolve_file(&path)?;
-        if let Ok(a) = self.stat_path(&path) {
+        let file = self.resolve_file(&path).await?;
+        if let Ok(a) = self.stat_path(&path).await {
             self.accessed(ino, &a);
         }
         let keep = lock(&self.opened_versions).insert(ino, file.version) == Some(file.version);
@@ -163,13 +163,13 @@ impl FsCore {
         }
     }
 
-    pub(super) fn resolve_file(&self, path: &str) -> FsResult<ReadFile> {
+    pub(super) async fn resolve_file(&self, path: &str) -> FsResult<ReadFile> {
         // Under the watch's lease an unchanged file opens with no request: a change of it is
         // told (and forgets this) before its writer is answered.
         let since = self.listings.epoch();
         let (r, inline) = match self.listings.resolved(path) {
             Some(r) => (r, Vec::new()),
-            None => self.ask_resolve(path, since)?,
+            None => self.ask_resolve(path, since).await?,
         };
         let entry = file_entry(&r)?;
         let version = Version::from_slice(&r.version)
@@ -195,7 +195,7 @@ impl FsCore {
         .collect();
         // A one-block file is one request, not worth joining a window for.
         let member = if entry.blocks.len() > 1 {
-            self.join_window(&r.key, version, ticket).map(Arc::new)
+            self.join_window(&r.key, version, ticket).await.map(Arc::new)
         } else {
             None
         };
@@ -222,7 +222,7 @@ impl FsCore {
     /// Joins the implicit window of `version` as a reader: in the version's swarm it fetches
     /// the blocks it reads (lowest first, from any member that holds them) and serves what it
     /// read; a failure to join only loses the spreading.
-    fn join_window(&self, key: &str, version: Version, ticket: bytes::Bytes) -> Option<Membership> {
+    async fn join_window(&self, key: &str, version: Version, ticket: bytes::Bytes) -> Option<Membership> {
         let spec = JoinSpec {
             namespace: self.cfg.namespace.as_str(),
             key,
@@ -242,7 +242,7 @@ impl FsCore {
             reads: true,
             ticket,
         };
-        self.block_on(Membership::join(&self.store, &self.cfg.server, spec))
+        Membership::join(&self.store, &self.cfg.server, spec).await
             .map_err(|e| tracing::debug!(error = %e, "no window for this read"))
             .ok()
     }
@@ -252,7 +252,7 @@ impl FsCore {
     /// inline: a reader going through a directory of small files then opens most of them with
     /// no request of its own. Measured in bench/fuse.sh (c), first read of 10,000 files on
     /// another node.
-    fn ask_resolve(
+    async fn ask_resolve(
         &self,
         path: &str,
         since: u64,
@@ -266,12 +266,12 @@ impl FsCore {
             let mut keys = Vec::with_capacity(next.len() + 1);
             keys.push(path.to_string());
             keys.extend(next);
-            let asked = self.block_on(store.resolve_many(ResolveManyRequest {
+            let asked = store.resolve_many(ResolveManyRequest {
                 watcher: self.listings.watcher(),
                 namespace: self.ns(),
                 keys: keys.clone(),
                 inline_up_to: MAX_INLINE_FILE,
-            }));
+            }).await;
             match asked {
                 Ok(resp) => return self.took_many(&keys, resp.into_inner().results, since),
                 // A server older than the call: one at a time, as before it.
@@ -279,13 +279,12 @@ impl FsCore {
                 Err(s) => return Err(ClientError::from(s).into()),
             }
         }
-        let mut r = self
-            .block_on(store.resolve(ResolveRequest {
+        let mut r = store.resolve(ResolveRequest {
                 watcher: self.listings.watcher(),
                 namespace: self.ns(),
                 key: path.to_string(),
                 inline_up_to: MAX_INLINE_FILE,
-            }))
+            }).await
             .map_err(ClientError::from)?
             .into_inner();
         let inline = std::mem::take(&mut r.inline_blocks);
@@ -396,69 +395,117 @@ impl FsCore {
         }
     }
 
-    pub fn read(&self, ino: u64, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
+    /// A read answered at once, on the caller's thread, where it needs no wait: a file being
+    /// written here, or blocks this node holds (a cached small file's read is one lookup,
+    /// without a hop to the runtime and back). `None`: it needs [`FsCore::read`].
+    pub fn read_ready(&self, _ino: u64, fh: u64, offset: u64, size: u32) -> Option<FsResult<Bytes>> {
+        let f = match self.handle(fh) {
+            Ok(Handle::Read(f)) => f,
+            Ok(Handle::Write(s)) => return Some(s.read(offset, size).map(Bytes::from)),
+            Ok(Handle::Dir(_)) => return Some(Err(FsError::IsDir)),
+            // A control file's contents, and a handle of an earlier agent, are made anew.
+            Ok(Handle::Gpu(_)) | Err(FsError::BadHandle) => return None,
+            Err(e) => return Some(Err(e)),
+        };
+        let span = match f.span(offset, size) {
+            Ok(Some(span)) if !span.read_ahead => span,
+            Ok(Some(_)) => return None,
+            Ok(None) => return Some(Ok(Bytes::new())),
+            Err(e) => return Some(Err(e)),
+        };
+        let held: Option<Vec<Bytes>> = match (span.first..=span.last)
+            .map(|i| self.loader.held(&f.job(i)?))
+            .collect::<FsResult<_>>()
+        {
+            Ok(held) => held,
+            Err(e) => return Some(Err(e)),
+        };
         let _t = crate::metrics::Timer::start(&crate::metrics::FUSE_READ_SECONDS);
-        let f = match self.handle_or_reopen(ino, fh, false)? {
+        f.read_to(span.end);
+        let parts = (span.first..=span.last)
+            .zip(held?)
+            .map(|(i, b)| f.slice(i, b, offset, span.end));
+        Some(joined(parts, span.end - offset))
+    }
+
+    pub async fn read(&self, ino: u64, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
+        let _t = crate::metrics::Timer::start(&crate::metrics::FUSE_READ_SECONDS);
+        let f = match self.handle_or_reopen(ino, fh, false).await? {
             Handle::Read(f) => f,
             Handle::Write(s) => return s.read(offset, size).map(Bytes::from),
             Handle::Dir(_) => return Err(FsError::IsDir),
             Handle::Gpu(cf) => return Ok(Bytes::from(self.gpu.read(&cf, offset, size)?)),
         };
-        let file_size = f.entry.size;
-        if offset >= file_size || size == 0 {
+        let Some(span) = f.span(offset, size)? else {
             return Ok(Bytes::new());
+        };
+        f.read_to(span.end);
+        if span.read_ahead {
+            let ahead: Vec<BlockJob> = (span.last + 1
+                ..(span.last + 1 + READAHEAD_BLOCKS).min(f.offsets.len()))
+                .map(|i| f.job(i))
+                .collect::<FsResult<_>>()?;
+            self.loader
+                .prefetch(ahead, &f.route, self.seed_hook(f.version));
+        }
+        let mut parts = Vec::with_capacity(span.last - span.first + 1);
+        for i in span.first..=span.last {
+            let data = self
+                .loader
+                .block(&f.job(i)?, &f.route, self.seed_hook(f.version))
+                .await?;
+            parts.push(f.slice(i, data, offset, span.end));
+        }
+        joined(parts.into_iter(), span.end - offset)
+    }
+}
+
+/// The blocks a read covers, `first..=last`, up to `end` (the read's end within the file), and
+/// whether the blocks after them are to be fetched ahead.
+struct Span {
+    first: usize,
+    last: usize,
+    end: u64,
+    read_ahead: bool,
+}
+
+impl ReadFile {
+    /// The span of a read of `size` bytes at `offset` (`None`: past the end, or empty).
+    fn span(&self, offset: u64, size: u32) -> FsResult<Option<Span>> {
+        let file_size = self.entry.size;
+        if offset >= file_size || size == 0 {
+            return Ok(None);
         }
         let end = offset.saturating_add(u64::from(size)).min(file_size);
         // The manifest was validated (its blocks add up to its size), so some block covers
         // every offset below the size; checked all the same, since the manifest came from afar.
         let uncovered = || FsError::BadManifest(format!("no block covers offset {offset}"));
-        let first = f
+        let first = self
             .offsets
             .partition_point(|&o| o <= offset)
             .checked_sub(1)
             .ok_or_else(uncovered)?;
-        let last = f
+        let last = self
             .offsets
             .partition_point(|&o| o < end)
             .checked_sub(1)
             .ok_or_else(uncovered)?;
         // The kernel's readahead sends neighbouring requests on several threads, so they arrive
         // slightly out of order: near the previous end still counts as sequential.
-        let prev_end = f.next_offset.swap(end, Ordering::Relaxed);
+        let prev_end = self.next_offset.load(Ordering::Relaxed);
         let sequential = offset.abs_diff(prev_end) <= SEQUENTIAL_SLACK;
-        let read_ahead = (sequential || offset == 0) && last + 1 < f.offsets.len();
-        // Blocks this node holds are read here, on the FUSE thread, without entering the
-        // runtime: a cached small file's read is one lookup.
-        if !read_ahead {
-            let held: Option<Vec<Bytes>> = (first..=last)
-                .map(|i| self.loader.held(&f.job(i)?))
-                .collect::<FsResult<_>>()?;
-            if let Some(held) = held {
-                let parts = (first..=last)
-                    .zip(held)
-                    .map(|(i, b)| f.slice(i, b, offset, end));
-                return joined(parts, end - offset);
-            }
-        }
-        self.block_on(async {
-            if read_ahead {
-                let ahead: Vec<BlockJob> = (last + 1
-                    ..(last + 1 + READAHEAD_BLOCKS).min(f.offsets.len()))
-                    .map(|i| f.job(i))
-                    .collect::<FsResult<_>>()?;
-                self.loader
-                    .prefetch(ahead, &f.route, self.seed_hook(f.version));
-            }
-            let mut parts = Vec::with_capacity(last - first + 1);
-            for i in first..=last {
-                let data = self
-                    .loader
-                    .block(&f.job(i)?, &f.route, self.seed_hook(f.version))
-                    .await?;
-                parts.push(f.slice(i, data, offset, end));
-            }
-            joined(parts.into_iter(), end - offset)
-        })
+        let read_ahead = (sequential || offset == 0) && last + 1 < self.offsets.len();
+        Ok(Some(Span {
+            first,
+            last,
+            end,
+            read_ahead,
+        }))
+    }
+
+    /// A read up to `end` was answered: where the next sequential one starts.
+    fn read_to(&self, end: u64) {
+        self.next_offset.store(end, Ordering::Relaxed);
     }
 }
 

@@ -456,8 +456,7 @@ impl Mounted {
             stop = shutdown => {
                 // Publish first: a process may keep a file open past the unmount, and the data
                 // it wrote must not wait for it.
-                let core = self.core.clone();
-                let _ = tokio::task::spawn_blocking(move || core.flush_all()).await;
+                self.core.flush_all().await;
                 if stop == Stop::Handover {
                     return;
                 }
@@ -480,8 +479,7 @@ impl Mounted {
                 }
             }
             _ = &mut self.done => {
-                let core = self.core.clone();
-                let _ = tokio::task::spawn_blocking(move || core.flush_all()).await;
+                self.core.flush_all().await;
                 if let Some(k) = &self.keeper {
                     let _ = k.release(&self.mountpoint.to_string_lossy());
                 }

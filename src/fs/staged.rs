@@ -36,7 +36,10 @@ pub struct Staged {
     pub(super) mtime: Mutex<SystemTime>,
     /// When this node last changed it (a write, a chmod), until its publish stamps it anew.
     pub(super) ctime: Mutex<SystemTime>,
-    pub(super) publish_lock: Mutex<()>,
+    pub(super) publish_lock: tokio::sync::Mutex<()>,
+    /// Whether its bytes are all here: a file opened to be rewritten is filled from its
+    /// published blocks first, and whoever else opens or publishes it meanwhile waits.
+    pub(super) filled: tokio::sync::watch::Sender<bool>,
     /// In the write-back queue (see [`super::writeback`]), not yet taken by a flusher.
     pub(super) queued: AtomicBool,
     /// Its write-back journal record, while it has one, and the count of changes it holds.
@@ -91,6 +94,13 @@ impl Staged {
         self.changes.load(Ordering::SeqCst) != self.published.load(Ordering::SeqCst)
     }
 
+    /// Waits until its bytes are all here (see [`Staged::filled`]).
+    pub(super) async fn until_filled(&self) {
+        let mut rx = self.filled.subscribe();
+        // The sender lives as long as `self`: the wait ends.
+        let _ = rx.wait_for(|filled| *filled).await;
+    }
+
     pub(super) fn truncate(&self, size: u64, staging: &Path) -> FsResult<()> {
         lock(&self.body).set_len(size, staging)?;
         self.changed();
@@ -115,6 +125,7 @@ impl FsCore {
         owner: (u32, u32),
         (mtime, ctime): (SystemTime, SystemTime),
         dirty: bool,
+        filled: bool,
     ) -> FsResult<Arc<Staged>> {
         let body = Body::new(&self.cfg.staging, &self.staging_memory)?;
         let s = Arc::new(Staged {
@@ -128,7 +139,8 @@ impl FsCore {
             owner: Mutex::new(owner),
             mtime: Mutex::new(mtime),
             ctime: Mutex::new(ctime),
-            publish_lock: Mutex::new(()),
+            publish_lock: tokio::sync::Mutex::new(()),
+            filled: tokio::sync::watch::Sender::new(filled),
             queued: AtomicBool::new(false),
             record: Mutex::new(None),
             journaled: AtomicU64::new(0),
@@ -138,7 +150,7 @@ impl FsCore {
     }
 
     /// Stages an existing file for writing: empty for `O_TRUNC`, else a copy of its published bytes.
-    pub(crate) fn open_staged(&self, path: &str, trunc: bool) -> FsResult<Arc<Staged>> {
+    pub(crate) async fn open_staged(&self, path: &str, trunc: bool) -> FsResult<Arc<Staged>> {
         // Counted under the map's lock: a flusher retires only what no one opened.
         let open = {
             let m = lock(&self.staged);
@@ -149,12 +161,13 @@ impl FsCore {
             .cloned()
         };
         if let Some(s) = open {
+            s.until_filled().await;
             if trunc {
                 s.truncate(0, &self.cfg.staging)?;
             }
             return Ok(s);
         }
-        let attr = self.stat_path(path)?;
+        let attr = self.stat_path(path).await?;
         match attr.kind {
             Kind::File => {}
             Kind::Dir => return Err(FsError::IsDir),
@@ -168,30 +181,37 @@ impl FsCore {
             (attr.uid, attr.gid),
             (attr.mtime, attr.ctime),
             trunc,
+            trunc || attr.size == 0,
         )?;
         if !trunc && attr.size > 0 {
-            if let Err(e) = self.copy_published(path, &s) {
-                self.drop_staged(&s);
+            let copied = self.copy_published(path, &s).await;
+            s.filled.send_replace(true);
+            if let Err(e) = copied {
+                self.drop_staged(&s).await;
                 return Err(e);
             }
         }
         Ok(s)
     }
 
-    /// Copy on write: the published bytes of `path` into the staged file.
-    fn copy_published(&self, path: &str, s: &Staged) -> FsResult<()> {
-        let f = self.resolve_file(path)?;
-        let mut staged = lock(&s.body);
+    /// Copy on write: the published bytes of `path` into the staged file, which no one else
+    /// reads or writes until it is [`Staged::filled`]. Its length is set first, so a stat
+    /// meanwhile shows the file's size.
+    async fn copy_published(&self, path: &str, s: &Staged) -> FsResult<()> {
+        let f = self.resolve_file(path).await?;
+        lock(&s.body).set_len(f.entry.size, &self.cfg.staging)?;
         for i in 0..f.entry.blocks.len() {
             let job = f.job(i)?;
-            let data =
-                self.block_on(self.loader.block(&job, &f.route, self.seed_hook(f.version)))?;
-            staged.write_at(f.offsets[i], &data, &self.cfg.staging)?;
+            let data = self
+                .loader
+                .block(&job, &f.route, self.seed_hook(f.version))
+                .await?;
+            lock(&s.body).write_at(f.offsets[i], &data, &self.cfg.staging)?;
         }
         Ok(())
     }
 
-    pub(super) fn drop_staged(&self, s: &Arc<Staged>) {
+    pub(super) async fn drop_staged(&self, s: &Arc<Staged>) {
         let path = s.path();
         {
             let mut m = lock(&self.staged);
@@ -199,30 +219,30 @@ impl FsCore {
                 m.remove(&path);
             }
         }
-        self.discard(s);
+        self.discard(s).await;
     }
 
     /// Removes the staged bytes (unless served in place) and the journal record of `s`, gone
     /// from the map. Under its publish lock: a publish in flight reads them.
-    pub(super) fn discard(&self, s: &Staged) {
-        let _guard = lock(&s.publish_lock);
+    pub(super) async fn discard(&self, s: &Staged) {
+        let _guard = s.publish_lock.lock().await;
         super::writeback::Writeback::forget(s);
         lock(&s.body).remove();
     }
 
-    pub fn create(&self, parent: u64, name: &str, mode: u32, flags: i32) -> FsResult<(Attr, u64)> {
+    pub async fn create(&self, parent: u64, name: &str, mode: u32, flags: i32) -> FsResult<(Attr, u64)> {
         let me = Caller {
             pid: std::process::id(),
             uid: self.cfg.uid,
             gid: self.cfg.gid,
         };
         self.create_by(parent, name, mode, flags, me)
-            .map(|(a, fh, _)| (a, fh))
+            .await.map(|(a, fh, _)| (a, fh))
     }
 
     /// [`FsCore::create`] for the process `caller`: a new file is its uid's, and its gid's (or
     /// the directory's, under a set-group-ID directory); a control file reaches its buffers.
-    pub fn create_by(
+    pub async fn create_by(
         &self,
         parent: u64,
         name: &str,
@@ -231,24 +251,24 @@ impl FsCore {
         caller: Caller,
     ) -> FsResult<(Attr, u64, PageCache)> {
         self.writable()?;
-        let path = self.child(parent, name)?;
+        let path = self.child(parent, name).await?;
         if let Some(rest) = super::gpu_tree::gpu_rest(&path) {
             if rest.is_empty() {
                 return Err(FsError::Exists);
             }
             let (fh, cache) = self.gpu_open(rest, caller.pid, true)?;
-            let mut attr = self.stat_path(&path)?;
+            let mut attr = self.stat_path(&path).await?;
             attr.ino = self.inodes().lookup(&path);
             return Ok((attr, fh, cache));
         }
         Self::check_key(&path)?;
-        let s = match self.stat_path(&path) {
+        let s = match self.stat_path(&path).await {
             Ok(_) if flags & libc::O_EXCL != 0 => return Err(FsError::Exists),
-            Ok(_) => self.open_staged(&path, flags & libc::O_TRUNC != 0)?,
+            Ok(_) => self.open_staged(&path, flags & libc::O_TRUNC != 0).await?,
             Err(e) if e.is_not_found() => {
-                let (owner, _) = self.owner_for(parent, caller)?;
+                let (owner, _) = self.owner_for(parent, caller).await?;
                 let now = SystemTime::now();
-                self.new_staged(&path, mode, owner, (now, now), true)?
+                self.new_staged(&path, mode, owner, (now, now), true, true)?
             }
             Err(e) => return Err(e),
         };
@@ -293,7 +313,7 @@ impl FsCore {
     /// `copy_file_range(2)` within the mount: `len` bytes from `fh_in` at `offset_in` into the
     /// file open for writing `fh_out`, a block at a time; what was copied (short at the end of
     /// the source).
-    pub fn copy_range(
+    pub async fn copy_range(
         &self,
         ino_in: u64,
         fh_in: u64,
@@ -308,7 +328,7 @@ impl FsCore {
         let mut done = 0u64;
         while done < len {
             let want = (len - done).min(STEP) as u32;
-            let data = self.read(ino_in, fh_in, offset_in + done, want)?;
+            let data = self.read(ino_in, fh_in, offset_in + done, want).await?;
             if data.is_empty() {
                 break;
             }
@@ -323,21 +343,21 @@ impl FsCore {
 
     /// `close`: publish what was written; under write-back, journal and queue it (here, not
     /// at the last release: the kernel sends that after `close` returned).
-    pub fn flush(&self, fh: u64) -> FsResult<()> {
+    pub async fn flush(&self, fh: u64) -> FsResult<()> {
         let _t = crate::metrics::Timer::start(&crate::metrics::FUSE_FLUSH_SECONDS);
         if self.writeback.on() {
             if let Ok(Handle::Write(s)) = self.handle(fh) {
-                self.queue_publish(&s)?;
+                self.queue_publish(&s).await?;
             }
             return Ok(());
         }
-        self.fsync(fh)
+        self.fsync(fh).await
     }
 
     /// `fsync`: publish what was written, write-back or not.
-    pub fn fsync(&self, fh: u64) -> FsResult<()> {
+    pub async fn fsync(&self, fh: u64) -> FsResult<()> {
         match self.handle(fh) {
-            Ok(Handle::Write(s)) => self.publish_staged(&s),
+            Ok(Handle::Write(s)) => self.publish_staged(&s).await,
             // A reader's handle from an earlier agent: closing it is fine.
             Err(FsError::BadHandle) => Ok(()),
             Err(e) => Err(e),
@@ -345,32 +365,32 @@ impl FsCore {
         }
     }
 
-    pub(crate) fn release_staged(&self, s: &Arc<Staged>) -> FsResult<()> {
+    pub(crate) async fn release_staged(&self, s: &Arc<Staged>) -> FsResult<()> {
         if s.opens.fetch_sub(1, Ordering::SeqCst) > 1 {
             return Ok(());
         }
-        if self.queue_publish(s)? {
+        if self.queue_publish(s).await? {
             return Ok(());
         }
-        let r = self.publish_staged(s);
+        let r = self.publish_staged(s).await;
         // A file the journal of an earlier agent held may still be queued: its flusher drops it.
         if !s.queued.load(Ordering::SeqCst) {
-            self.drop_staged(s);
+            self.drop_staged(s).await;
         }
         r
     }
 
     /// Publishes every file still open for writing, and lets the write-back queue drain
     /// (at unmount).
-    pub fn flush_all(&self) {
+    pub async fn flush_all(&self) {
         let all: Vec<Arc<Staged>> = lock(&self.staged)
             .values()
             .filter(|s| s.opens.load(Ordering::SeqCst) > 0)
             .cloned()
             .collect();
-        self.drain_writeback(UNMOUNT_DRAIN);
+        self.drain_writeback(UNMOUNT_DRAIN).await;
         for s in all {
-            if let Err(e) = self.publish_staged(&s) {
+            if let Err(e) = self.publish_staged(&s).await {
                 tracing::error!(path = %s.path(), error = %e, "could not publish a file open at unmount");
             }
         }

@@ -25,10 +25,11 @@
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
 
 use super::body::Body;
 use super::staged::Staged;
@@ -141,7 +142,9 @@ pub struct Writeback {
     journal: std::sync::OnceLock<Journal>,
     staging: PathBuf,
     state: Mutex<State>,
-    changed: Condvar,
+    /// Wakes whoever waits for the queue to change: flushers for files, closes for room,
+    /// drains for an empty queue.
+    changed: Notify,
     seq: AtomicU64,
 }
 
@@ -151,7 +154,7 @@ impl Writeback {
             journal: std::sync::OnceLock::new(),
             staging: staging.to_path_buf(),
             state: Mutex::default(),
-            changed: Condvar::new(),
+            changed: Notify::new(),
             seq: AtomicU64::new(0),
         }
     }
@@ -247,108 +250,130 @@ impl Writeback {
     }
 
     /// Queues `s` unless it is queued or being published, waiting while the queue is full.
-    fn push(&self, s: &Arc<Staged>) {
-        self.push_with(s, true);
-    }
-
-    /// [`Writeback::push`]; a flusher putting back what failed does not wait for room (only
-    /// flushers make room).
-    fn push_with(&self, s: &Arc<Staged>, wait_for_room: bool) {
-        let mut st = lock(&self.state);
+    async fn push(&self, s: &Arc<Staged>) {
         if s.queued.swap(true, Ordering::SeqCst) {
             return;
         }
-        while wait_for_room && st.queue.len() >= MAX_QUEUED {
-            st = self
-                .changed
-                .wait(st)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if lock(&self.state).queue.len() < MAX_QUEUED {
+                break;
+            }
+            changed.await;
         }
-        st.queue.push_back((s.clone(), Instant::now()));
+        self.push_now(s);
+    }
+
+    /// Queues `s` without waiting for room: a flusher putting back what failed (only flushers
+    /// make room).
+    fn push_again(&self, s: &Arc<Staged>) {
+        if !s.queued.swap(true, Ordering::SeqCst) {
+            self.push_now(s);
+        }
+    }
+
+    fn push_now(&self, s: &Arc<Staged>) {
+        let n = {
+            let mut st = lock(&self.state);
+            st.queue.push_back((s.clone(), Instant::now()));
+            st.queue.len()
+        };
         crate::metrics::WRITEBACK_QUEUED.inc();
         // Flushers need waking only for a first file (to start gathering) or a full batch: a
         // flusher gathering wakes by itself when the front file's time is up. (Woken at every
         // file, the four of them cost a `cp -r` of small files more CPU than its publishes.)
-        let n = st.queue.len();
         if n == 1 || n.is_multiple_of(BATCH) {
-            self.changed.notify_all();
+            self.changed.notify_waiters();
         }
     }
 
     /// The next files to publish (at most `max`), or `None` once the core is gone.
-    fn pop(&self, core: &Weak<FsCore>, max: usize) -> Option<Vec<Arc<Staged>>> {
-        let mut st = lock(&self.state);
+    async fn pop(&self, core: &Weak<FsCore>, max: usize) -> Option<Vec<Arc<Staged>>> {
         loop {
-            let gathered = match st.queue.front() {
-                None => None,
-                Some(_) if st.queue.len() >= max || st.draining > 0 => Some(Duration::ZERO),
-                Some((_, at)) => Some(GATHER.saturating_sub(at.elapsed())),
-            };
-            if gathered == Some(Duration::ZERO) {
-                let n = st.queue.len().min(max);
-                let batch: Vec<Arc<Staged>> = st.queue.drain(..n).map(|(s, _)| s).collect();
-                for s in &batch {
-                    // A change from now on queues it again.
-                    s.queued.store(false, Ordering::SeqCst);
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let gathered = {
+                let mut st = lock(&self.state);
+                let gathered = match st.queue.front() {
+                    None => None,
+                    Some(_) if st.queue.len() >= max || st.draining > 0 => Some(Duration::ZERO),
+                    Some((_, at)) => Some(GATHER.saturating_sub(at.elapsed())),
+                };
+                if gathered == Some(Duration::ZERO) {
+                    let n = st.queue.len().min(max);
+                    let batch: Vec<Arc<Staged>> = st.queue.drain(..n).map(|(s, _)| s).collect();
+                    for s in &batch {
+                        // A change from now on queues it again.
+                        s.queued.store(false, Ordering::SeqCst);
+                    }
+                    st.in_flight.extend(batch.iter().cloned());
+                    drop(st);
+                    self.changed.notify_waiters();
+                    return Some(batch);
                 }
-                st.in_flight.extend(batch.iter().cloned());
-                self.changed.notify_all();
-                return Some(batch);
-            }
+                gathered
+            };
             if core.strong_count() == 0 {
                 return None;
             }
             // Woken by a push; the timeout fills a batch, or notices a core that went away.
-            st = self
-                .changed
-                .wait_timeout(st, gathered.unwrap_or(Duration::from_secs(1)))
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .0;
+            let wait = gathered.unwrap_or(Duration::from_secs(1));
+            let _ = tokio::time::timeout(wait, changed).await;
         }
     }
 
     fn finished(&self, s: &Arc<Staged>, failed: Option<String>) {
-        let mut st = lock(&self.state);
-        st.in_flight.retain(|x| !Arc::ptr_eq(x, s));
-        let path = s.path();
-        st.failed.retain(|(p, _)| *p != path);
-        if let Some(why) = failed {
-            st.failed.push((path, why));
+        {
+            let mut st = lock(&self.state);
+            st.in_flight.retain(|x| !Arc::ptr_eq(x, s));
+            let path = s.path();
+            st.failed.retain(|(p, _)| *p != path);
+            if let Some(why) = failed {
+                st.failed.push((path, why));
+            }
         }
-        self.changed.notify_all();
+        self.changed.notify_waiters();
     }
 
     /// Waits until nothing at or below `prefix` (`""`: anything) is queued or in flight, and
     /// says which of them the server refused since the last time this was asked.
-    pub(super) fn drain(
+    pub(super) async fn drain(
         &self,
         prefix: &str,
-        until: Option<std::time::Instant>,
+        until: Option<tokio::time::Instant>,
     ) -> Vec<(String, String)> {
         let below = |s: &Arc<Staged>| under(&s.path(), prefix);
-        let mut st = lock(&self.state);
-        st.draining += 1;
-        self.changed.notify_all();
-        while st
-            .queue
-            .iter()
-            .map(|(s, _)| s)
-            .chain(&st.in_flight)
-            .any(below)
-        {
-            let wait = match until {
-                None => Duration::from_secs(1),
-                Some(t) => match t.checked_duration_since(std::time::Instant::now()) {
-                    Some(d) => d,
-                    None => break,
-                },
+        lock(&self.state).draining += 1;
+        self.changed.notify_waiters();
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let busy = {
+                let st = lock(&self.state);
+                st.queue
+                    .iter()
+                    .map(|(s, _)| s)
+                    .chain(&st.in_flight)
+                    .any(below)
             };
-            st = self
-                .changed
-                .wait_timeout(st, wait)
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .0;
+            if !busy {
+                break;
+            }
+            match until {
+                None => {
+                    let _ = tokio::time::timeout(Duration::from_secs(1), changed).await;
+                }
+                Some(t) if t <= tokio::time::Instant::now() => break,
+                Some(t) => {
+                    let _ = tokio::time::timeout_at(t, changed).await;
+                }
+            }
         }
+        let mut st = lock(&self.state);
         st.draining -= 1;
         let (hit, kept) = std::mem::take(&mut st.failed)
             .into_iter()
@@ -399,26 +424,26 @@ impl FsCore {
     /// The last close of a written file: under write-back, journaled and queued (`true`); a
     /// file with nothing to publish is dropped unless a queued publish still holds it.
     /// Without the journal (`false`), the caller publishes.
-    pub(super) fn queue_publish(&self, s: &Arc<Staged>) -> FsResult<bool> {
+    pub(super) async fn queue_publish(&self, s: &Arc<Staged>) -> FsResult<bool> {
         if !self.wb().on() {
             return Ok(false);
         }
         // Not under the publish lock: a publish in flight holds it while the server answers.
         if s.unlinked.load(Ordering::SeqCst) || !s.dirty() {
-            self.retire(s);
+            self.retire(s).await;
             return Ok(true);
         }
         self.wb().journal(s)?;
-        self.wb().push(s);
+        self.wb().push(s).await;
         Ok(true)
     }
 
     /// A change to a file closed and queued (a chmod, `cp -p`'s utimens after its close):
     /// journaled again and queued again.
-    pub(super) fn requeue(&self, s: &Arc<Staged>) -> FsResult<()> {
-        if s.opens.load(Ordering::SeqCst) == 0 && !self.queue_publish(s)? {
-            self.publish_staged(s)?;
-            self.retire(s);
+    pub(super) async fn requeue(&self, s: &Arc<Staged>) -> FsResult<()> {
+        if s.opens.load(Ordering::SeqCst) == 0 && !self.queue_publish(s).await? {
+            self.publish_staged(s).await?;
+            self.retire(s).await;
         }
         Ok(())
     }
@@ -439,9 +464,7 @@ impl FsCore {
         while st.flushers < FLUSHERS {
             st.flushers += 1;
             let (wb, core) = (self.writeback.clone(), Arc::downgrade(self));
-            std::thread::Builder::new()
-                .name("kt-writeback".into())
-                .spawn(move || flusher(&wb, &core))?;
+            self.rt.spawn(async move { flusher(&wb, &core).await });
         }
         Ok(())
     }
@@ -510,14 +533,15 @@ impl FsCore {
                 owner: Mutex::new((r.uid, r.gid)),
                 mtime: Mutex::new(time_of(r.mtime_sec, r.mtime_nsec)),
                 ctime: Mutex::new(SystemTime::now()),
-                publish_lock: Mutex::new(()),
+                publish_lock: tokio::sync::Mutex::new(()),
+                filled: tokio::sync::watch::Sender::new(true),
                 queued: AtomicBool::new(false),
                 record: Mutex::new(Some(record)),
                 journaled: AtomicU64::new(1),
             });
             lock(&self.staged).insert(r.key.clone(), s.clone());
             // No flusher runs yet to make room.
-            self.wb().push_with(&s, false);
+            self.wb().push_again(&s);
             n += 1;
         }
         if n > 0 {
@@ -528,37 +552,40 @@ impl FsCore {
 
     /// Publishes queued files: the small ones in one `PublishBatch`, others each on its own.
     /// Whether to wait before the next (the server is away).
-    fn flush_queued(&self, batch: &[Arc<Staged>]) -> bool {
+    async fn flush_queued(&self, batch: &[Arc<Staged>]) -> bool {
         let mut errors: Vec<Option<FsError>> = (0..batch.len()).map(|_| None).collect();
         {
-            let _guards: Vec<_> = batch.iter().map(|s| lock(&s.publish_lock)).collect();
+            let mut _guards = Vec::with_capacity(batch.len());
+            for s in batch {
+                _guards.push(s.publish_lock.lock().await);
+            }
             let mut items = Vec::new();
             for (i, s) in batch.iter().enumerate() {
                 match self.prepare_publish(s) {
                     Ok(None) => {}
                     Ok(Some(p)) => match p.into_batch_item() {
                         Ok((req, settle)) => items.push((i, req, settle)),
-                        Err(p) => errors[i] = self.send_publish(s, *p).err(),
+                        Err(p) => errors[i] = self.send_publish(s, *p).await.err(),
                     },
                     Err(e) => errors[i] = Some(e),
                 }
             }
             if !items.is_empty() {
-                for (i, e) in self.send_batch(batch, items) {
+                for (i, e) in self.send_batch(batch, items).await {
                     errors[i] = Some(e);
                 }
             }
         }
         let mut wait = false;
         for (s, e) in batch.iter().zip(errors) {
-            wait |= self.flushed(s, e);
+            wait |= self.flushed(s, e).await;
         }
         wait
     }
 
     /// One `PublishBatch` of prepared items (`(index in batch, request, settle)`); the errors
     /// of those that failed, by index.
-    fn send_batch(
+    async fn send_batch(
         &self,
         batch: &[Arc<Staged>],
         items: Vec<(usize, crate::proto::PublishRequest, super::publish::Settle)>,
@@ -568,11 +595,11 @@ impl FsCore {
         let (reqs, settles): (Vec<_>, Vec<_>) =
             items.into_iter().map(|(i, r, s)| (r, (i, s))).unzip();
         let mut store = self.store();
-        let sent = self.block_on(store.publish_batch(crate::proto::PublishBatchRequest {
+        let sent = store.publish_batch(crate::proto::PublishBatchRequest {
             namespace: self.ns(),
             items: reqs,
             watcher,
-        }));
+        }).await;
         let remote = |st: tonic::Status| FsError::Remote(crate::rpc::ClientError::from(st));
         let results = match sent {
             Ok(r) => r.into_inner().results,
@@ -609,24 +636,24 @@ impl FsCore {
 
     /// What a publish of queued `s` came to: published, tried again later, or refused for
     /// good. Whether to wait before the next.
-    fn flushed(&self, s: &Arc<Staged>, error: Option<FsError>) -> bool {
+    async fn flushed(&self, s: &Arc<Staged>, error: Option<FsError>) -> bool {
         match error.map_or(Ok(()), Err) {
             Ok(()) => {
                 crate::metrics::WRITEBACK_PUBLISHED.inc();
                 self.wb().finished(s, None);
-                self.retire(s);
+                self.retire(s).await;
                 false
             }
             Err(e) if transient(&e) => {
                 crate::metrics::WRITEBACK_RETRIES.inc();
                 tracing::warn!(path = %s.path(), error = %e, "a queued publish failed; trying again");
-                self.wb().push_with(s, false);
+                self.wb().push_again(s);
                 self.wb().finished(s, None);
                 true
             }
             Err(e) => {
                 crate::metrics::WRITEBACK_FAILED.inc();
-                let kept = self.keep_failed(s);
+                let kept = self.keep_failed(s).await;
                 tracing::error!(path = %s.path(), error = %e, kept = %kept,
                     "the store server refused a queued publish; its bytes are kept");
                 self.wb().finished(s, Some(e.to_string()));
@@ -638,8 +665,8 @@ impl FsCore {
 
     /// Moves a refused file's bytes to the staging directory's `failed/` and its record under
     /// the journal's failed prefix, where an operator finds them.
-    fn keep_failed(&self, s: &Staged) -> String {
-        let _guard = lock(&s.publish_lock);
+    async fn keep_failed(&self, s: &Staged) -> String {
+        let _guard = s.publish_lock.lock().await;
         let failed = self.wb().staging.join("failed");
         let _ = std::fs::create_dir_all(&failed);
         let (name, moved) = {
@@ -682,7 +709,7 @@ impl FsCore {
 
     /// Drops `s` once nothing holds it: no descriptor, and (unless unlinked, when nothing is
     /// left to publish) no change to publish and no queued publish.
-    pub(super) fn retire(&self, s: &Arc<Staged>) {
+    pub(super) async fn retire(&self, s: &Arc<Staged>) {
         if s.opens.load(Ordering::SeqCst) > 0 {
             return;
         }
@@ -697,7 +724,7 @@ impl FsCore {
             }
             m.remove(&path);
         }
-        self.discard(s);
+        self.discard(s).await;
     }
 
     /// Forgets `s` from the map whatever holds it (its bytes were moved away).
@@ -711,9 +738,9 @@ impl FsCore {
 
     /// `fsync` of a directory: every queued publish at or below it has landed, or the error
     /// of one the server refused.
-    pub fn fsyncdir(&self, ino: u64) -> FsResult<()> {
-        let path = self.path_of(ino)?;
-        match self.wb().drain(&path, None).into_iter().next() {
+    pub async fn fsyncdir(&self, ino: u64) -> FsResult<()> {
+        let path = self.path_of(ino).await?;
+        match self.wb().drain(&path, None).await.into_iter().next() {
             None => Ok(()),
             Some((p, why)) => Err(FsError::Io(std::io::Error::other(format!(
                 "the store server refused the publish of {p}: {why}"
@@ -723,8 +750,11 @@ impl FsCore {
 
     /// At unmount: the queued publishes land, for `wait` at most (what is left stays in the
     /// journal for the next agent).
-    pub(super) fn drain_writeback(&self, wait: Duration) {
-        let left = self.wb().drain("", Some(std::time::Instant::now() + wait));
+    pub(super) async fn drain_writeback(&self, wait: Duration) {
+        let left = self
+            .wb()
+            .drain("", Some(tokio::time::Instant::now() + wait))
+            .await;
         for (p, why) in left {
             tracing::error!(path = %p, error = %why, "a queued publish was refused");
         }
@@ -732,27 +762,27 @@ impl FsCore {
 
     /// Publishes now, in this thread, every staged file at or below `prefix` (a namespace
     /// change is about to involve them).
-    pub(super) fn publish_below(&self, prefix: &str) -> FsResult<()> {
+    pub(super) async fn publish_below(&self, prefix: &str) -> FsResult<()> {
         let below: Vec<Arc<Staged>> = lock(&self.staged)
             .iter()
             .filter(|(p, _)| under(p, prefix))
             .map(|(_, s)| s.clone())
             .collect();
         for s in below {
-            self.publish_staged(&s)?;
+            self.publish_staged(&s).await?;
         }
         Ok(())
     }
 }
 
-fn flusher(wb: &Writeback, core: &Weak<FsCore>) {
+async fn flusher(wb: &Writeback, core: &Weak<FsCore>) {
     let mut backoff = RETRY_FIRST;
-    while let Some(batch) = wb.pop(core, BATCH) {
+    while let Some(batch) = wb.pop(core, BATCH).await {
         let Some(c) = core.upgrade() else { return };
-        let wait = c.flush_queued(&batch);
+        let wait = c.flush_queued(&batch).await;
         drop(c);
         if wait {
-            std::thread::sleep(backoff);
+            tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(RETRY_MAX);
         } else {
             backoff = RETRY_FIRST;

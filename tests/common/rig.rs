@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ktfs::agent::{AgentConfig, AgentProcess};
 use ktfs::clock::ManualClock;
-use ktfs::fs::FsCore;
+use ktfs::fs::{Attr, DirEntry, FsCore, PageCache};
 use ktfs::key::Namespace;
 use ktfs::proto::Locale;
 use ktfs::server::StoreServerProcess;
@@ -79,26 +79,28 @@ impl Rig {
         }
     }
 
-    pub fn core_with(&self, read_only: bool) -> FsCore {
+    pub fn core_with(&self, read_only: bool) -> Core {
         self.core_in("default", read_only)
     }
 
     /// A core over namespace `ns`.
-    pub fn core_in(&self, ns: &str, read_only: bool) -> FsCore {
+    pub fn core_in(&self, ns: &str, read_only: bool) -> Core {
         let mut cfg =
             self.agent
                 .fs_config(Namespace::parse(ns).unwrap(), Locale::Store, read_only, 0);
         cfg.clock = self.clock.shared();
-        FsCore::new(cfg, self.rt.handle().clone(), self.blocks.clone()).unwrap()
+        Core::new(Arc::new(
+            FsCore::new(cfg, self.rt.handle().clone(), self.blocks.clone()).unwrap(),
+        ))
     }
 
-    pub fn core(&self) -> FsCore {
+    pub fn core(&self) -> Core {
         self.core_with(false)
     }
 
     /// A core whose closes are queued and published in the background (`--writeback`), with
     /// its journal in the agent's database under `tag`.
-    pub fn writeback_core(&self, tag: &[u8]) -> Arc<FsCore> {
+    pub fn writeback_core(&self, tag: &[u8]) -> Core {
         let mut cfg = self.agent.fs_config(
             Namespace::parse("default").unwrap(),
             Locale::Store,
@@ -111,7 +113,7 @@ impl Rig {
             Arc::new(FsCore::new(cfg, self.rt.handle().clone(), self.blocks.clone()).unwrap());
         core.start_writeback(self.blocks.db().clone(), tag.to_vec())
             .unwrap();
-        core
+        Core::new(core)
     }
 
     /// `kt ARGS` against this rig's store server.
@@ -135,5 +137,127 @@ impl Rig {
 impl Drop for Rig {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
+    }
+}
+
+/// A filesystem core called as the FUSE adapter calls it: each call of the async core run to
+/// its end on the caller's thread, outside the runtime. Calls that do not wait (`write`,
+/// `fallocate`, `forget`...) are the core's own, through `Deref`.
+pub struct Core {
+    pub core: Arc<FsCore>,
+    rt: tokio::runtime::Handle,
+}
+
+impl std::ops::Deref for Core {
+    type Target = FsCore;
+    fn deref(&self) -> &FsCore {
+        &self.core
+    }
+}
+
+type R<T> = Result<T, ktfs::fs::FsError>;
+
+impl Core {
+    pub fn new(core: Arc<FsCore>) -> Core {
+        let rt = core.runtime().clone();
+        Core { core, rt }
+    }
+
+    fn wait<F: std::future::Future>(&self, call: F) -> F::Output {
+        self.rt.block_on(call)
+    }
+
+    pub fn lookup(&self, parent: u64, name: &str) -> R<Attr> {
+        self.wait(self.core.lookup(parent, name))
+    }
+    pub fn getattr(&self, ino: u64) -> R<Attr> {
+        self.wait(self.core.getattr(ino))
+    }
+    pub fn getattr_open(&self, ino: u64, fh: Option<u64>) -> R<Attr> {
+        self.wait(self.core.getattr_open(ino, fh))
+    }
+    pub fn readlink(&self, ino: u64) -> R<String> {
+        self.wait(self.core.readlink(ino))
+    }
+    pub fn open(&self, ino: u64, flags: i32) -> R<(u64, PageCache)> {
+        self.wait(self.core.open(ino, flags))
+    }
+    pub fn read(&self, ino: u64, fh: u64, offset: u64, size: u32) -> R<bytes::Bytes> {
+        self.wait(self.core.read(ino, fh, offset, size))
+    }
+    pub fn create(&self, parent: u64, name: &str, mode: u32, flags: i32) -> R<(Attr, u64)> {
+        self.wait(self.core.create(parent, name, mode, flags))
+    }
+    pub fn flush(&self, fh: u64) -> R<()> {
+        self.wait(self.core.flush(fh))
+    }
+    pub fn fsync(&self, fh: u64) -> R<()> {
+        self.wait(self.core.fsync(fh))
+    }
+    pub fn release(&self, fh: u64) -> R<()> {
+        self.wait(self.core.release(fh))
+    }
+    pub fn mkdir(&self, parent: u64, name: &str, mode: u32) -> R<Attr> {
+        self.wait(self.core.mkdir(parent, name, mode))
+    }
+    pub fn symlink(&self, parent: u64, name: &str, target: &str) -> R<Attr> {
+        self.wait(self.core.symlink(parent, name, target))
+    }
+    pub fn unlink(&self, parent: u64, name: &str) -> R<()> {
+        self.wait(self.core.unlink(parent, name))
+    }
+    pub fn rmdir(&self, parent: u64, name: &str) -> R<()> {
+        self.wait(self.core.rmdir(parent, name))
+    }
+    pub fn rename(&self, parent: u64, name: &str, to: u64, to_name: &str, flags: u32) -> R<()> {
+        self.wait(self.core.rename(parent, name, to, to_name, flags))
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub fn setattr(
+        &self,
+        ino: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        mtime: Option<std::time::SystemTime>,
+        fh: Option<u64>,
+    ) -> R<Attr> {
+        self.wait(self.core.setattr(ino, mode, uid, gid, size, mtime, fh))
+    }
+    pub fn opendir(&self, ino: u64) -> R<u64> {
+        self.wait(self.core.opendir(ino))
+    }
+    pub fn readdir(&self, ino: u64, fh: u64, offset: u64) -> R<Vec<(u64, DirEntry)>> {
+        self.wait(self.core.readdir(ino, fh, offset))
+    }
+    pub fn copy_range(
+        &self,
+        ino_in: u64,
+        fh_in: u64,
+        offset_in: u64,
+        fh_out: u64,
+        offset_out: u64,
+        len: u64,
+    ) -> R<u32> {
+        self.wait(
+            self.core
+                .copy_range(ino_in, fh_in, offset_in, fh_out, offset_out, len),
+        )
+    }
+    pub fn fsyncdir(&self, ino: u64) -> R<()> {
+        self.wait(self.core.fsyncdir(ino))
+    }
+    pub fn setxattr(&self, ino: u64, name: &str, value: &[u8]) -> R<()> {
+        self.wait(self.core.setxattr(ino, name, value))
+    }
+    pub fn getxattr(&self, ino: u64, name: &str) -> R<Vec<u8>> {
+        self.wait(self.core.getxattr(ino, name))
+    }
+    pub fn listxattr(&self, ino: u64) -> R<Vec<u8>> {
+        self.wait(self.core.listxattr(ino))
+    }
+    pub fn removexattr(&self, ino: u64, name: &str) -> R<()> {
+        self.wait(self.core.removexattr(ino, name))
     }
 }
