@@ -16,10 +16,10 @@ use bytes::Bytes;
 use indicatif::ProgressBar;
 use tokio::sync::Semaphore;
 
-use super::sources::SourceAddr;
-use super::wire::{self, Response, WireError};
 use super::budget::{permits, CONNS_PER_SOURCE, UNIT, WINDOW_BYTES};
 use super::error::TransferError;
+use super::sources::SourceAddr;
+use super::wire::{self, Response, WireError};
 use crate::hash::subtree::Cv;
 use crate::hash::BlockHash;
 use crate::locks::lock;
@@ -433,6 +433,48 @@ struct Lane {
     reusable: Option<Conn>,
 }
 
+/// What a connection may have in flight: request bytes not yet written to disk, and requests.
+/// A request takes its share as it is sent and gives it back once its answer is dealt with;
+/// closing it stops the sender.
+struct Window {
+    bytes: Arc<Semaphore>,
+    requests: Arc<Semaphore>,
+}
+
+impl Window {
+    fn new() -> Self {
+        Window {
+            bytes: Arc::new(Semaphore::new((WINDOW_BYTES / UNIT) as usize)),
+            requests: Arc::new(Semaphore::new(WINDOW_REQUESTS)),
+        }
+    }
+
+    /// Waits for room for a request of `len` bytes and takes it; `false` once the window is
+    /// closed.
+    async fn take(&self, len: u32) -> bool {
+        let (Ok(w), Ok(r)) = (
+            self.bytes.acquire_many(permits(len)).await,
+            self.requests.acquire().await,
+        ) else {
+            return false;
+        };
+        w.forget();
+        r.forget();
+        true
+    }
+
+    /// Gives back what a request of `len` bytes took.
+    fn give_back(&self, len: u32) {
+        self.bytes.add_permits(permits(len) as usize);
+        self.requests.add_permits(1);
+    }
+
+    fn close(&self) {
+        self.bytes.close();
+        self.requests.close();
+    }
+}
+
 /// Pipelined requests on one connection, in-order responses.
 async fn run_lane(
     conn: Conn,
@@ -444,144 +486,196 @@ async fn run_lane(
 ) -> Result<Lane, TransferError> {
     let (mut tx, mut rx) = conn;
     // A pooled connection may have shown it before; the server keeps one copy.
-    let presented = tx.ticket(ticket).await;
-    let window = Arc::new(Semaphore::new((WINDOW_BYTES / UNIT) as usize));
-    let requests = Arc::new(Semaphore::new(WINDOW_REQUESTS));
-    let jobs = Arc::new(jobs);
-    let sender = {
-        let (jobs, window, requests, poisoned) = (
-            jobs.clone(),
-            window.clone(),
-            requests.clone(),
-            poisoned.clone(),
-        );
-        async move {
-            if presented.is_err() {
-                return tx;
-            }
-            for j in jobs.iter() {
-                let (Ok(w), Ok(r)) = (
-                    window.acquire_many(permits(j.len)).await,
-                    requests.acquire().await,
-                ) else {
-                    break;
-                };
-                w.forget();
-                r.forget();
-                let sent = match (j.piece, ask) {
-                    (Some(p), _) => tx.get_piece(&j.hash, p.log2, p.index).await,
-                    (None, Ask::Now) => tx.get_now(&j.hash).await,
-                    (None, Ask::Plain) => tx.get(&j.hash).await,
-                    (None, Ask::Swarm) => tx.get_swarm(&j.hash).await,
-                };
-                if poisoned.load(Ordering::Relaxed) || sent.is_err() {
-                    break;
-                }
-            }
-            tx
+    let presented = tx.ticket(ticket).await.is_ok();
+    let window = Arc::new(Window::new());
+    let (tx, (got, fatal)) = tokio::join!(
+        send_requests(tx, presented, &jobs, &window, &poisoned, ask),
+        receive_answers(&mut rx, &jobs, &sinks, &window, &poisoned),
+    );
+    if let Some(e) = fatal {
+        return Err(e);
+    }
+    let clean = got.answered == jobs.len() && got.error.is_none();
+    Ok(Lane {
+        answered: got.answered,
+        outcome: LaneOutcome {
+            failed: got.failed,
+            error: got.error,
+            broken: got.broken,
+            busy: got.busy,
+        },
+        reusable: clean.then_some((tx, rx)),
+    })
+}
+
+/// Sends a request for each job as the window makes room for it, until the jobs are all asked
+/// for, the source is poisoned or the connection fails; hands the sending half back.
+async fn send_requests(
+    mut tx: wire::DataSender,
+    presented: bool,
+    jobs: &[BlockJob],
+    window: &Window,
+    poisoned: &AtomicBool,
+    ask: Ask,
+) -> wire::DataSender {
+    if !presented {
+        return tx;
+    }
+    for j in jobs {
+        if !window.take(j.len).await {
+            break;
         }
-    };
-    let receiver = async {
-        let mut answered = 0usize;
-        let mut broken = false;
-        let mut busy = false;
-        let mut failed = Vec::new();
-        let mut error = None;
-        let mut writes = Vec::new();
-        let mut queue: VecDeque<BlockJob> = jobs.iter().cloned().collect();
-        while let Some(job) = queue.pop_front() {
-            if poisoned.load(Ordering::Relaxed) {
-                failed.push(job);
-                continue;
+        let sent = match (j.piece, ask) {
+            (Some(p), _) => tx.get_piece(&j.hash, p.log2, p.index).await,
+            (None, Ask::Now) => tx.get_now(&j.hash).await,
+            (None, Ask::Plain) => tx.get(&j.hash).await,
+            (None, Ask::Swarm) => tx.get_swarm(&j.hash).await,
+        };
+        if poisoned.load(Ordering::Relaxed) || sent.is_err() {
+            break;
+        }
+    }
+    tx
+}
+
+/// What the answers on one connection came to.
+#[derive(Default)]
+struct Answers {
+    /// Responses read.
+    answered: usize,
+    failed: Vec<BlockJob>,
+    /// Why the source stopped being used, if it did.
+    error: Option<String>,
+    broken: bool,
+    busy: bool,
+    /// Blocks being verified and written.
+    writes: Vec<tokio::task::JoinHandle<Result<Written, TransferError>>>,
+}
+
+/// Reads an answer for each job in request order and deals with it; once the source is
+/// poisoned, what is left is not waited for. Then closes the window, which stops the sender,
+/// and waits for the writes: an error of theirs is the fetch's.
+async fn receive_answers(
+    rx: &mut wire::DataReceiver,
+    jobs: &[BlockJob],
+    sinks: &Arc<dyn BlockSink>,
+    window: &Arc<Window>,
+    poisoned: &AtomicBool,
+) -> (Answers, Option<TransferError>) {
+    let mut got = Answers::default();
+    let mut queue: VecDeque<BlockJob> = jobs.iter().cloned().collect();
+    while let Some(job) = queue.pop_front() {
+        if poisoned.load(Ordering::Relaxed) {
+            got.failed.push(job);
+            continue;
+        }
+        match rx.recv().await {
+            Ok(resp) => {
+                got.answered += 1;
+                got.take(resp, job, &mut queue, sinks, window, poisoned);
             }
-            let resp = rx.recv().await;
-            if resp.is_ok() {
-                answered += 1;
-            }
-            let release = |n: u32| {
-                window.add_permits(n as usize);
-                requests.add_permits(1);
-            };
-            match resp {
-                Ok(Response::Piece(h, p))
-                    if h == job.hash && job.piece.is_some() && p.data.len() == job.len as usize =>
-                {
-                    writes.push(spawn_write(&sinks, &window, &requests, job, Body::Piece(p)));
-                }
-                Ok(Response::Piece(..)) => {
-                    error = Some(format!("sent the wrong piece for {}", job.hash));
-                    poisoned.store(true, Ordering::Relaxed);
-                    failed.push(job);
-                }
-                Ok(Response::Block(..)) if job.piece.is_some() => {
-                    error = Some(format!("sent a block for a piece of {}", job.hash));
-                    poisoned.store(true, Ordering::Relaxed);
-                    failed.push(job);
-                }
-                Ok(Response::Block(h, data)) if h == job.hash && data.len() == job.len as usize => {
-                    writes.push(spawn_write(
-                        &sinks,
-                        &window,
-                        &requests,
-                        job,
-                        Body::Block(data),
-                    ));
-                }
-                // A block of the right hash but another length than the manifest's is as
-                // bad as bytes that fail their hash: whichever side lies, the bytes cannot fill
-                // the place the manifest gives them.
-                Ok(Response::Block(h, data)) if h == job.hash => {
-                    error = Some(format!(
-                        "sent {} bytes for block {}, which the manifest says is {} bytes",
-                        data.len(),
-                        job.hash,
-                        job.len
-                    ));
-                    poisoned.store(true, Ordering::Relaxed);
-                    failed.push(job);
-                }
-                Ok(Response::Block(..)) => {
-                    error = Some(format!("sent the wrong block for {}", job.hash));
-                    poisoned.store(true, Ordering::Relaxed);
-                    failed.push(job);
-                }
-                Ok(Response::NotFound(_)) => {
-                    release(permits(job.len));
-                    failed.push(job);
-                }
-                Ok(Response::Busy(_)) => {
-                    release(permits(job.len));
-                    busy = true;
-                    failed.push(job);
-                }
-                Ok(Response::Error(m) | Response::NoSpace(m)) => {
-                    release(permits(job.len));
-                    error.get_or_insert(m);
-                    failed.push(job);
-                }
-                Ok(Response::Stored(_) | Response::Signature(..) | Response::Delta(..)) => {
-                    error = Some(WireError::BadFrame("unexpected reply").to_string());
-                    failed.push(job);
-                    failed.extend(queue.drain(..));
-                }
-                Err(e) => {
-                    error = Some(e.to_string());
-                    broken = true;
-                    failed.push(job);
-                    failed.extend(queue.drain(..));
-                }
+            Err(e) => {
+                got.error = Some(e.to_string());
+                got.broken = true;
+                got.failed.push(job);
+                got.failed.extend(queue.drain(..));
             }
         }
-        window.close();
-        requests.close();
+    }
+    window.close();
+    let fatal = got.settle_writes(poisoned).await;
+    (got, fatal)
+}
+
+impl Answers {
+    /// Deals with the answer to `job`: what matches it is verified and written off the async
+    /// threads; what the source lacks fails over to the next; a wrong answer poisons the
+    /// source; one that makes no sense for a GET ends the connection's use (what is `left` with
+    /// it).
+    fn take(
+        &mut self,
+        resp: Response,
+        job: BlockJob,
+        left: &mut VecDeque<BlockJob>,
+        sinks: &Arc<dyn BlockSink>,
+        window: &Arc<Window>,
+        poisoned: &AtomicBool,
+    ) {
+        match resp {
+            Response::Piece(h, p)
+                if h == job.hash && job.piece.is_some() && p.data.len() == job.len as usize =>
+            {
+                let write = spawn_write(sinks, window, job, Body::Piece(p));
+                self.writes.push(write);
+            }
+            Response::Piece(..) => {
+                let why = format!("sent the wrong piece for {}", job.hash);
+                self.lied(job, why, poisoned);
+            }
+            Response::Block(..) if job.piece.is_some() => {
+                let why = format!("sent a block for a piece of {}", job.hash);
+                self.lied(job, why, poisoned);
+            }
+            Response::Block(h, data) if h == job.hash && data.len() == job.len as usize => {
+                let write = spawn_write(sinks, window, job, Body::Block(data));
+                self.writes.push(write);
+            }
+            // A block of the right hash but another length than the manifest's is as bad as
+            // bytes that fail their hash: whichever side lies, the bytes cannot fill the place
+            // the manifest gives them.
+            Response::Block(h, data) if h == job.hash => {
+                let why = format!(
+                    "sent {} bytes for block {}, which the manifest says is {} bytes",
+                    data.len(),
+                    job.hash,
+                    job.len
+                );
+                self.lied(job, why, poisoned);
+            }
+            Response::Block(..) => {
+                let why = format!("sent the wrong block for {}", job.hash);
+                self.lied(job, why, poisoned);
+            }
+            Response::NotFound(_) => {
+                window.give_back(job.len);
+                self.failed.push(job);
+            }
+            Response::Busy(_) => {
+                window.give_back(job.len);
+                self.busy = true;
+                self.failed.push(job);
+            }
+            Response::Error(m) | Response::NoSpace(m) => {
+                window.give_back(job.len);
+                self.error.get_or_insert(m);
+                self.failed.push(job);
+            }
+            Response::Stored(_) | Response::Signature(..) | Response::Delta(..) => {
+                self.error = Some(WireError::BadFrame("unexpected reply").to_string());
+                self.failed.push(job);
+                self.failed.extend(left.drain(..));
+            }
+        }
+    }
+
+    /// The source answered `job` with what it was not asked for: it is not asked again.
+    fn lied(&mut self, job: BlockJob, why: String, poisoned: &AtomicBool) {
+        self.error = Some(why);
+        poisoned.store(true, Ordering::Relaxed);
+        self.failed.push(job);
+    }
+
+    /// Waits for the writes: a block that failed verification poisons the source and fails
+    /// over; a write that failed is the fetch's error.
+    async fn settle_writes(&mut self, poisoned: &AtomicBool) -> Option<TransferError> {
         let mut fatal = None;
-        for w in writes {
+        for w in std::mem::take(&mut self.writes) {
             match w.await {
                 Ok(Ok(Written::Ok)) => {}
                 Ok(Ok(Written::Corrupt(job))) => {
                     poisoned.store(true, Ordering::Relaxed);
-                    error = Some(format!("block {} failed verification", job.hash));
-                    failed.push(job);
+                    self.error = Some(format!("block {} failed verification", job.hash));
+                    self.failed.push(job);
                 }
                 Ok(Err(e)) => fatal = Some(e),
                 Err(e) => {
@@ -592,23 +686,8 @@ async fn run_lane(
                 }
             }
         }
-        (failed, error, fatal, answered, broken, busy)
-    };
-    let (tx, (failed, error, fatal, answered, broken, busy)) = tokio::join!(sender, receiver);
-    if let Some(e) = fatal {
-        return Err(e);
+        fatal
     }
-    let clean = answered == jobs.len() && error.is_none();
-    Ok(Lane {
-        outcome: LaneOutcome {
-            failed,
-            error,
-            broken,
-            busy,
-        },
-        answered,
-        reusable: clean.then_some((tx, rx)),
-    })
 }
 
 /// What a peer sent for a job: a block, or a piece of one with its block's values.
@@ -621,17 +700,15 @@ enum Body {
 /// connection's window.
 fn spawn_write(
     sinks: &Arc<dyn BlockSink>,
-    window: &Arc<Semaphore>,
-    requests: &Arc<Semaphore>,
+    window: &Arc<Window>,
     job: BlockJob,
     body: Body,
 ) -> tokio::task::JoinHandle<Result<Written, TransferError>> {
-    let (sinks, window, requests) = (sinks.clone(), window.clone(), requests.clone());
-    let n = permits(job.len);
+    let (sinks, window) = (sinks.clone(), window.clone());
+    let len = job.len;
     tokio::task::spawn_blocking(move || {
         let r = verify_and_write(sinks.as_ref(), job, &body);
-        window.add_permits(n as usize);
-        requests.add_permits(1);
+        window.give_back(len);
         r
     })
 }

@@ -10,10 +10,10 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::auth::ticket::SharedGate;
 use super::wire;
-use crate::blocks::BlockServe;
+use crate::auth::ticket::SharedGate;
 use crate::auth::tls::{Conn, Plane, ServerTls};
+use crate::blocks::BlockServe;
 
 #[derive(PartialEq)]
 enum Protocol {

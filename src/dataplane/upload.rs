@@ -17,9 +17,9 @@ use bytes::Bytes;
 use indicatif::ProgressBar;
 use tokio::sync::Semaphore;
 
-use super::wire::{self, Peer, Response};
 use super::budget::{permits, CONNS_PER_SOURCE, UNIT, WINDOW_BYTES};
 use super::error::TransferError;
+use super::wire::{self, Peer, Response};
 use crate::hash::BlockHash;
 use crate::manifest::EntryKind;
 use crate::proto::{Locale, Manifest, MissingBlocksRequest, PublishRequest, ResolveRequest};

@@ -21,16 +21,18 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use super::put::chunk::Chunking;
-use crate::dataplane::fetch::{self, BlockSink, FetchReport, Sinks};
-use crate::broadcast::member::offer::{Announcing, Offer, RateLimit};
-use crate::dataplane::sources::{local_agent, order_sources, LocalAgent};
+use crate::auth::Credential;
 use crate::broadcast::member::membership::{self, JoinSpec, TreeReport};
+use crate::broadcast::member::offer::{Announcing, Offer, RateLimit};
+use crate::dataplane::fetch::{self, BlockSink, FetchReport, Sinks};
+use crate::dataplane::sources::{local_agent, order_sources, LocalAgent, NodeRef, SourceAddr};
 use crate::hash::Version;
 use crate::key::{KeyPath, Namespace};
 use crate::manifest::{self, EntryKind, FileEntry, Manifest, ManifestError};
-use crate::proto::{AddSourceRequest, ListRequest, ResolveRequest, ResolveResponse, WindowSpec};
+use crate::proto::{
+    AddSourceRequest, ListRequest, LocalFile, ResolveRequest, ResolveResponse, WindowSpec,
+};
 use crate::rpc::client::{self, ClientError, Store};
-use crate::auth::Credential;
 use crate::rpc::{implicit_group, STORE};
 use error::io;
 use plan::{Filter, Layout, TempGuard};
@@ -291,19 +293,7 @@ async fn fetch_one(
     report: &mut GetReport,
 ) -> Result<(), GetError> {
     let version = Version::from_slice(&r.version).ok_or(GetError::BadVersion)?;
-    let from_root = |p: &str| match (at.rel, p) {
-        (r, "") => r.to_string(),
-        ("", p) => p.to_string(),
-        (r, p) => format!("{r}/{p}"),
-    };
-    let entries: Vec<&FileEntry> = m
-        .entries
-        .iter()
-        .filter(|e| {
-            let rel = from_root(&e.path);
-            rel.is_empty() || !filter.skips(&rel, e.kind() == EntryKind::Directory)
-        })
-        .collect();
+    let entries = entries_in(&m, at, filter);
     if entries.is_empty() {
         return Ok(());
     }
@@ -311,13 +301,8 @@ async fn fetch_one(
     let layout = Layout::plan(entries, root, opts.force)?;
     let mut guard = TempGuard::default();
     let laid = layout.lay_out(&mut guard)?;
-    let mut jobs = laid.jobs;
-    let chunking = Chunking::of_manifest(m.block_size);
-    let dests = laid.dests;
     let copies = if opts.force {
-        tokio::task::spawn_blocking(move || reuse::old_copies(&dests, chunking))
-            .await
-            .unwrap_or_default()
+        older_copies(laid.dests, Chunking::of_manifest(m.block_size)).await
     } else {
         HashMap::new()
     };
@@ -326,12 +311,12 @@ async fn fetch_one(
         .map_or((String::new(), String::new()), |a| {
             (a.node_id.clone(), a.zone.clone())
         });
-    let (node, zone) = (node.as_str(), zone.as_str());
     let ticket = bytes::Bytes::from(r.ticket.clone());
-    let mut sources = order_sources(&r.sources, node, zone, &opts.server, &ticket);
+    let mut sources = order_sources(&r.sources, &node, &zone, &opts.server, &ticket);
     if opts.store_only {
         sources.retain(|s| s.label == STORE);
     }
+    let mut jobs = laid.jobs;
     progress.inc_length(jobs.iter().map(|j| u64::from(j.len)).sum());
 
     // While it fetches, the agent serves what has arrived: children in a tree need not wait.
@@ -347,93 +332,35 @@ async fn fetch_one(
     // What came as deltas, reported with the rest by source.
     let mut by_delta = FetchReport::default();
     if !copies.is_empty() {
-        let copies = Arc::new(copies);
-        let sink: Arc<dyn BlockSink> = sink.clone();
-        let (c, s) = (copies.clone(), sink.clone());
-        let r = tokio::task::spawn_blocking(move || reuse::reuse(jobs, &c, &*s))
-            .await
-            .map_err(|e| io(root)(std::io::Error::other(e.to_string())))??;
-        report.bytes_reused += r.bytes;
-        progress.inc(r.bytes);
-        let d = reuse::fetch_deltas(r.deltas, copies, &sources, node, sink).await;
-        for (src, n) in &d.report.by_source {
-            tracing::debug!(source = %src.label, bytes = n, blocks = d.blocks, "blocks as deltas");
-        }
-        progress.inc(d.block_bytes);
-        report.delta_blocks += d.blocks;
-        by_delta = d.report;
-        jobs = r.jobs;
-        jobs.extend(d.left);
+        let taken =
+            take_from_copies(jobs, copies, sink.clone(), &sources, &node, root, progress).await?;
+        report.bytes_reused += taken.bytes_reused;
+        report.delta_blocks += taken.delta_blocks;
+        by_delta = taken.by_delta;
+        jobs = taken.left;
     }
-    let mut member = None;
-    let mut fetched = if jobs.is_empty() {
-        FetchReport::default()
+    let (mut fetched, member) = if jobs.is_empty() {
+        (FetchReport::default(), None)
     } else if opts.store_only {
         if sources.is_empty() {
             return Err(GetError::OutsideCluster(r.key.clone()));
         }
-        fetch::fetch(jobs, sink, &sources, progress).await?
+        (fetch::fetch(jobs, sink, &sources, progress).await?, None)
     } else {
-        let mut window = opts.window.clone();
-        if window.group_id.is_empty()
-            && window.world_size == 0
-            && window.timeout_ms == 0
-            && window.ips.is_empty()
-        {
-            window.group_id = implicit_group(&version);
-        }
-        let spec = JoinSpec {
-            namespace: opts.namespace.as_str(),
-            key: &r.key,
-            version,
-            window,
-            node: agent.as_deref().map(LocalAgent::node),
-            serves: offer.is_some(),
-            reads: false,
-            ticket,
-        };
-        let (fetched, joined) =
-            membership::fetch_in_window(store, &opts.server, spec, jobs, sink, &sources, progress)
-                .await?;
-        member = joined;
-        fetched
+        let node = agent.as_deref().map(LocalAgent::node);
+        let spec = join_spec(opts, r, version, node, offer.is_some(), ticket);
+        membership::fetch_in_window(store, &opts.server, spec, jobs, sink, &sources, progress)
+            .await?
     };
     fetched.add(by_delta);
     layout.finish(&mut guard)?;
 
     let files = layout.seeded()?;
-    for (src, bytes) in fetched.by_source.iter() {
-        report.sources.push(SourceReport {
-            source: src.label.clone(),
-            addr: src.addr.clone(),
-            bytes: *bytes,
-        });
-    }
-    report.bytes_transferred += fetched.bytes();
-    report.files += files.len() as u64;
-    report.bytes += layout
-        .entries
-        .iter()
-        .filter(|e| e.kind() == EntryKind::File)
-        .map(|e| e.size)
-        .sum::<u64>();
-    report.versions.push(version.hex());
-
+    record(report, &fetched, &layout, files.len(), version);
     if opts.seed {
         if let Some(a) = agent {
-            let seeded = a
-                .client
-                .add_source(AddSourceRequest {
-                    version: version.0.to_vec(),
-                    manifest: Some(m.clone()),
-                    files,
-                })
-                .await;
-            match seeded {
-                Ok(_) => report.seeded = true,
-                Err(e) => {
-                    tracing::warn!(error = %e.message(), "could not seed through the local agent")
-                }
+            if seed(a, version, &m, files).await {
+                report.seeded = true;
             }
         }
     }
@@ -447,4 +374,152 @@ async fn fetch_one(
         o.close().await;
     }
     Ok(())
+}
+
+/// The entries of `m` the filter keeps, matched by their path from the get's root; the entry
+/// of the version's own root is always kept.
+fn entries_in<'m>(m: &'m Manifest, at: Place<'_>, filter: &Filter) -> Vec<&'m FileEntry> {
+    let from_root = |p: &str| match (at.rel, p) {
+        (r, "") => r.to_string(),
+        ("", p) => p.to_string(),
+        (r, p) => format!("{r}/{p}"),
+    };
+    m.entries
+        .iter()
+        .filter(|e| {
+            let rel = from_root(&e.path);
+            rel.is_empty() || !filter.skips(&rel, e.kind() == EntryKind::Directory)
+        })
+        .collect()
+}
+
+/// The older copies at the destinations (`--force` onto files that are there), each cut into
+/// blocks as the version's were; none where they cannot be read.
+async fn older_copies(dests: Vec<PathBuf>, chunking: Chunking) -> HashMap<usize, reuse::OldCopy> {
+    tokio::task::spawn_blocking(move || reuse::old_copies(&dests, chunking))
+        .await
+        .unwrap_or_default()
+}
+
+/// What a get took from older copies at its destination.
+struct FromCopies {
+    /// The jobs left for a plain fetch.
+    left: Vec<fetch::BlockJob>,
+    bytes_reused: u64,
+    delta_blocks: u64,
+    /// What came as deltas, by source.
+    by_delta: FetchReport,
+}
+
+/// Writes the blocks the older copies hold from them, then asks for blocks that replace
+/// bytes of a copy as deltas against those bytes; what neither gives is left.
+async fn take_from_copies(
+    jobs: Vec<fetch::BlockJob>,
+    copies: HashMap<usize, reuse::OldCopy>,
+    sink: Arc<dyn BlockSink>,
+    sources: &[SourceAddr],
+    node: &str,
+    root: &Path,
+    progress: &ProgressBar,
+) -> Result<FromCopies, GetError> {
+    let copies = Arc::new(copies);
+    let (c, s) = (copies.clone(), sink.clone());
+    let r = tokio::task::spawn_blocking(move || reuse::reuse(jobs, &c, &*s))
+        .await
+        .map_err(|e| io(root)(std::io::Error::other(e.to_string())))??;
+    progress.inc(r.bytes);
+    let d = reuse::fetch_deltas(r.deltas, copies, sources, node, sink).await;
+    for (src, n) in &d.report.by_source {
+        tracing::debug!(source = %src.label, bytes = n, blocks = d.blocks, "blocks as deltas");
+    }
+    progress.inc(d.block_bytes);
+    let mut left = r.jobs;
+    left.extend(d.left);
+    Ok(FromCopies {
+        left,
+        bytes_reused: r.bytes,
+        delta_blocks: d.blocks,
+        by_delta: d.report,
+    })
+}
+
+/// How this getter joins the version's broadcast window: the window asked for, or without a
+/// group id or quorum criteria the implicit window of the version (only its fanout counts).
+fn join_spec<'a>(
+    opts: &'a GetOptions,
+    r: &'a ResolveResponse,
+    version: Version,
+    node: Option<NodeRef>,
+    serves: bool,
+    ticket: bytes::Bytes,
+) -> JoinSpec<'a> {
+    let mut window = opts.window.clone();
+    if window.group_id.is_empty()
+        && window.world_size == 0
+        && window.timeout_ms == 0
+        && window.ips.is_empty()
+    {
+        window.group_id = implicit_group(&version);
+    }
+    JoinSpec {
+        namespace: opts.namespace.as_str(),
+        key: &r.key,
+        version,
+        window,
+        node,
+        serves,
+        reads: false,
+        ticket,
+    }
+}
+
+/// Adds one fetched version to the report: its sources, files and bytes.
+fn record(
+    report: &mut GetReport,
+    fetched: &FetchReport,
+    layout: &Layout<'_>,
+    files: usize,
+    version: Version,
+) {
+    for (src, bytes) in fetched.by_source.iter() {
+        report.sources.push(SourceReport {
+            source: src.label.clone(),
+            addr: src.addr.clone(),
+            bytes: *bytes,
+        });
+    }
+    report.bytes_transferred += fetched.bytes();
+    report.files += files as u64;
+    report.bytes += layout
+        .entries
+        .iter()
+        .filter(|e| e.kind() == EntryKind::File)
+        .map(|e| e.size)
+        .sum::<u64>();
+    report.versions.push(version.hex());
+}
+
+/// Hands the fetched files to the node's agent, which serves them in place from now on;
+/// whether it took them.
+async fn seed(
+    agent: &mut LocalAgent,
+    version: Version,
+    m: &Manifest,
+    files: Vec<LocalFile>,
+) -> bool {
+    let seeded = agent
+        .client
+        .add_source(AddSourceRequest {
+            version: version.0.to_vec(),
+            manifest: Some(m.clone()),
+            files,
+        })
+        .await;
+    match seeded {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(error = %e.message(), "could not seed through the local agent");
+            false
+        }
+    }
 }
