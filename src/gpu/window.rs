@@ -1,6 +1,6 @@
 //! A control file's part in a GPU window, as its agent plays it: join with the caller's
 //! registration, wait for the quorum and the plan, report how it finished. The server side is
-//! [`crate::broadcast::windows::gpu`]; what the bytes do is the worker's.
+//! [`crate::broadcast::windows::GpuWindows`]; what the bytes do is the worker's.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

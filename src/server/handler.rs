@@ -12,8 +12,9 @@ use super::status::{blocking, invalid, parse_key, parse_ns, parse_version};
 use super::watch::Watchers;
 use crate::blocks::store::StoreBlocks;
 use crate::blocks::Served;
-use crate::broadcast::windows::gpu::{GpuJoiner, GpuWindows};
-use crate::broadcast::windows::{Broadcasts, Joiner, NodeView, Seed, SwarmPieces};
+use crate::broadcast::windows::{
+    Broadcasts, GpuJoiner, GpuWindows, Joiner, NodeView, Seed, SwarmPieces,
+};
 use crate::clock::SharedClock;
 use crate::hash::{BlockHash, Version};
 use crate::key::{KeyPath, Namespace};

@@ -3,7 +3,8 @@
 //! leave.
 //!
 //! Where the server gives the version's pieces at the join, the member fetches through the
-//! version's swarm (`swarm.rs`: each piece from any member that holds it, several at once).
+//! version's swarm (`swarm_fetch.rs`: each piece from any member that holds it, several at
+//! once).
 //! Otherwise callers see sources, not parents: [`Membership::sources`] says where to fetch from
 //! now and [`Membership::failed`] reports a source that failed; the window decides what comes
 //! next: one parent at a time, within the fanout (a new one outside the member's own subtree
@@ -15,6 +16,8 @@ use bytes::Bytes;
 use indicatif::ProgressBar;
 use serde::Serialize;
 
+use super::swarm_fetch::{SwarmSetup, SwarmTask};
+use crate::broadcast::swarm::Plan;
 use crate::dataplane::fetch::{self, BlockJob, BlockSink, FetchReport, Partial, SourceFailure};
 use crate::dataplane::sources::{source_addr, NodeRef, SourceAddr};
 use crate::dataplane::TransferError;
@@ -64,18 +67,18 @@ struct State {
 /// A getter's place in a window. Shared by the threads that fetch for it (a mount's reads);
 /// leaves the window when dropped, if it has not left already.
 pub struct Membership {
-    pub(super) store: Store,
-    pub(super) server: String,
-    pub(super) ticket: Bytes,
+    store: Store,
+    server: String,
+    ticket: Bytes,
     /// The version's unique blocks, when the window runs a swarm for it.
-    pub(super) pieces: Vec<BlockHash>,
+    pieces: Vec<BlockHash>,
     /// How the swarm cuts them into pieces.
-    pub(super) plan: crate::broadcast::swarm::Plan,
-    pub(super) reads: bool,
+    plan: Plan,
+    reads: bool,
     /// This getter's node (empty without an agent).
-    pub(super) node_id: String,
+    node_id: String,
     /// The swarm's task, once a fetch started it.
-    pub(super) swarm: std::sync::Mutex<Option<super::swarm_task::SwarmTask>>,
+    swarm: std::sync::Mutex<Option<SwarmTask>>,
     state: tokio::sync::Mutex<State>,
     /// Where a leave on drop runs.
     rt: Option<tokio::runtime::Handle>,
@@ -120,13 +123,13 @@ impl Membership {
         // Pieces smaller than blocks need every block's length and a cut the data plane
         // serves; a server that sends less is not followed into a swarm.
         let plan = match log2 {
-            0 => crate::broadcast::swarm::Plan::whole(pieces.len()),
+            0 => Plan::whole(pieces.len()),
             _ if lens.len() == pieces.len() && crate::dataplane::piece::cut(1, log2).is_some() => {
-                crate::broadcast::swarm::Plan::with_log2(&lens, log2)
+                Plan::with_log2(&lens, log2)
             }
             _ => {
                 pieces.clear();
-                crate::broadcast::swarm::Plan::whole(0)
+                Plan::whole(0)
             }
         };
         let swarm = !pieces.is_empty();
@@ -213,11 +216,63 @@ impl Membership {
     }
 
     /// Notes a source the swarm fetched from, for the report.
-    pub(super) async fn used(&self, label: &str) {
+    async fn used(&self, label: &str) {
         let mut st = self.state.lock().await;
         if !st.report.parents.iter().any(|p| p == label) {
             st.report.parents.push(label.to_string());
         }
+    }
+
+    /// Fetches `jobs` through the swarm of this member's version, starting its task at the
+    /// first fetch. The store's grants go to the last of `fallback` (the origin or the store);
+    /// sources labelled `exclude` (this node) are never used. Returns what was fetched, from
+    /// whom, and what is left (everything, once the swarm was given up).
+    async fn fetch_in_swarm(
+        &self,
+        jobs: Vec<BlockJob>,
+        sinks: Arc<dyn BlockSink>,
+        fallback: &[SourceAddr],
+        exclude: &str,
+        progress: &ProgressBar,
+    ) -> Result<Partial, TransferError> {
+        let given_up = || Partial {
+            pending: jobs.clone(),
+            ..Default::default()
+        };
+        let answer = {
+            let place = self.report().await;
+            let mut task = crate::locks::lock(&self.swarm);
+            match task.as_ref() {
+                None => {
+                    *task = Some(SwarmTask::start(SwarmSetup {
+                        store: self.store.clone(),
+                        server: &self.server,
+                        ticket: self.ticket.clone(),
+                        group_id: place.group_id,
+                        generation: place.generation,
+                        member: place.member,
+                        pieces: &self.pieces,
+                        plan: self.plan.clone(),
+                        reads: self.reads,
+                        node_id: &self.node_id,
+                    }));
+                }
+                // The swarm was given up: everything goes to the fallback.
+                Some(t) if !t.live() => return Ok(given_up()),
+                Some(_) => {}
+            }
+            let seed = fallback.last().cloned();
+            task.as_ref()
+                .and_then(|t| t.ask(jobs.clone(), sinks, seed, exclude, progress))
+        };
+        let Some(answer) = answer else {
+            return Ok(given_up());
+        };
+        let part = answer.await.unwrap_or_else(|_| Ok(given_up()))?;
+        for (src, _) in &part.report.by_source {
+            self.used(&src.label).await;
+        }
+        Ok(part)
     }
 
     /// Leaves the window: with a verified copy (`done`), or giving the slot back.
@@ -250,7 +305,7 @@ impl Drop for Membership {
         // A reader that fetched every piece leaves with a copy, and stays a source.
         let complete = crate::locks::lock(&self.swarm)
             .as_ref()
-            .is_some_and(|t| t.complete.load(std::sync::atomic::Ordering::Relaxed));
+            .is_some_and(SwarmTask::complete);
         let st = self.state.get_mut();
         if st.left {
             return;
@@ -285,7 +340,9 @@ pub async fn fetch_through(
             ..Default::default()
         }
     } else {
-        super::swarm_task::fetch(member, jobs, sinks.clone(), fallback, exclude, progress).await?
+        member
+            .fetch_in_swarm(jobs, sinks.clone(), fallback, exclude, progress)
+            .await?
     };
     while !part.pending.is_empty() && member.pieces.is_empty() {
         let sources: Vec<SourceAddr> = member

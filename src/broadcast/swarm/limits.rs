@@ -1,4 +1,5 @@
-//! How much of the swarm moves at once: the store's seed slots and each member's uploads.
+//! How much of the swarm moves at once: the store's seed slots (a reader's among them) and each
+//! member's uploads.
 
 /// Pieces fetched from the store at once, over the whole swarm. One, so that it arrives at the
 /// store's full rate and members trade it while the store sends the next: a store that sent
@@ -18,3 +19,9 @@ pub const DEFAULT_UPLOADS: u32 = 1;
 /// once, 1.17 s with one). No more than a node serves at once (`UPLOAD_SLOTS`): a node answers
 /// busy beyond, and the board backs off from it (asked for four with two slots: 11.5 s).
 pub const READER_UPLOADS: u32 = 4;
+
+/// Store fetches at once while the members waiting on the store read (mounts' readers): a
+/// reader waits for the very block it asked for, and readers of different parts of a file
+/// want different blocks, so the store keeps a reader's readahead going as a plain fetch
+/// would, rather than one block per round trip.
+pub const READER_SEED_SLOTS: usize = 4;

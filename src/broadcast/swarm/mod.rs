@@ -41,6 +41,7 @@ mod plan;
 mod rng;
 mod schedule;
 pub mod sim;
+mod why;
 
 pub use board::{Board, BUSY_BACKOFF, GRANT_TTL, KEEPALIVE, SILENCE};
 pub use limits::{DEFAULT_UPLOADS, READER_UPLOADS, SEED_SLOTS};

@@ -3,9 +3,9 @@
 
 use std::collections::VecDeque;
 
-use super::board::{WHY_BROKEN, WHY_BUSY, WHY_DECLINED, WHY_MISSING};
-use super::limits::DEFAULT_UPLOADS;
+use super::limits::{DEFAULT_UPLOADS, READER_SEED_SLOTS};
 use super::pieceset::PieceSet;
+use super::why::{WHY_BROKEN, WHY_BUSY, WHY_DECLINED, WHY_MISSING};
 use crate::proto::{SwarmFailure, SwarmSyncReply, SwarmSyncRequest};
 
 /// How many pieces a member fetches at once.
@@ -30,7 +30,7 @@ impl ScheduleConfig {
     /// fetch would run them.
     pub fn reader() -> Self {
         ScheduleConfig {
-            max_inflight: super::board::READER_SEED_SLOTS as u32,
+            max_inflight: READER_SEED_SLOTS as u32,
         }
     }
 }

@@ -7,12 +7,15 @@
 //! every sync and every fetch starts one network delay later. The messages are the real
 //! protobuf ones, so their sizes are what the wire would carry.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use prost::Message;
 
-use super::{Board, Failure, From, Pace, Rng, Schedule, ScheduleConfig};
+use super::board::Board;
+use super::pace::Pace;
+use super::rng::Rng;
+use super::schedule::{Failure, From, Schedule, ScheduleConfig};
 
 #[derive(Clone, Debug)]
 pub struct SimConfig {
@@ -139,84 +142,156 @@ struct Flow {
 /// Runs one simulation to its end: every node done or dead, or ten transfer times past the
 /// last join.
 pub fn run(cfg: &SimConfig) -> SimReport {
-    let base = Instant::now();
-    let at = |t: f64| base + Duration::from_secs_f64(t);
-    let mut rng = Rng::new(cfg.seed);
-    let transfer_s = cfg.transfer_s();
-    let piece_s = cfg.piece_bytes as f64 / cfg.upload.min(cfg.download);
-    let lat = cfg.latency.as_secs_f64();
-    let poll = cfg.poll.as_secs_f64();
-    let dt = (piece_s / 40.0).max(1e-4);
-    let spread = cfg.join_spread.as_secs_f64();
-    let limit = spread + 10.0 * transfer_s;
-    let sends = cfg.sends.max(1) as usize;
-
-    let mut nodes: Vec<Node> = (0..cfg.nodes)
-        .map(|_| {
-            let join_at = rng.unit() * spread;
-            let die_at = (rng.unit() < cfg.die_fraction).then(|| join_at + rng.unit() * transfer_s);
-            Node {
-                join_at,
-                die_at,
-                joined: false,
-                dead: false,
-                done_at: None,
-                next_sync: join_at,
-                sched: None,
-                pace: Pace::default(),
-                dirty: false,
-            }
-        })
-        .collect();
-    let store = nodes.len();
-    let mut board = Board::with_slots(cfg.pieces, cfg.seed_slots, cfg.fanout, cfg.seed);
-    let mut flows: BTreeMap<u64, Flow> = BTreeMap::new();
-    // Each sender's requests in arrival order; the first `fanout` are being sent.
-    let mut queues: Vec<VecDeque<u64>> = vec![VecDeque::new(); nodes.len() + 1];
-    let mut next_flow = 0u64;
-    let mut pairs: std::collections::HashSet<(usize, usize)> = Default::default();
-    let mut r = SimReport {
-        nodes: cfg.nodes,
-        transfer_s,
-        data_bytes: cfg.data_bytes(),
-        ..Default::default()
-    };
-    let mut store_bytes = 0f64;
-    let mut peer_bytes = 0f64;
-    let mut uplink_s = 0f64;
-    let mut downlink_s = 0f64;
-    let mut syncs_this_second = (0i64, 0u64);
-    let mut t = 0.0;
+    let mut sim = Sim::new(cfg);
     loop {
-        let now = at(t);
-        // Joins and deaths.
-        for (i, n) in nodes.iter_mut().enumerate() {
+        let now = sim.at(sim.t);
+        sim.join_and_die(now);
+        if cfg.pace {
+            sim.tell_endings(now);
+        }
+        sim.sync(now);
+        sim.start_fetches(now);
+        let finished = sim.send();
+        sim.land(finished, now);
+        if sim.tick() {
+            break;
+        }
+    }
+    sim.report()
+}
+
+/// One simulation's state, moved one step of `dt` at a time.
+struct Sim<'a> {
+    cfg: &'a SimConfig,
+    base: Instant,
+    transfer_s: f64,
+    /// One way's latency, the poll of a waiting member and the step, in seconds.
+    lat: f64,
+    poll: f64,
+    dt: f64,
+    limit: f64,
+    /// Requests a sender sends to at once.
+    sends: usize,
+    nodes: Vec<Node>,
+    /// The store's place among the senders (after every node).
+    store: usize,
+    board: Board,
+    flows: BTreeMap<u64, Flow>,
+    /// Each sender's requests in arrival order; the first `sends` are being sent.
+    queues: Vec<VecDeque<u64>>,
+    next_flow: u64,
+    /// (receiver, sender) pairs that ever had a fetch between them.
+    pairs: HashSet<(usize, usize)>,
+    r: SimReport,
+    store_bytes: f64,
+    peer_bytes: f64,
+    /// Seconds of uplink of the nodes alive, and of downlink of those still fetching.
+    uplink_s: f64,
+    downlink_s: f64,
+    /// Syncs in the current second: (the second, how many).
+    syncs_this_second: (i64, u64),
+    t: f64,
+}
+
+impl<'a> Sim<'a> {
+    /// Every node's join time and death drawn, none joined yet.
+    fn new(cfg: &'a SimConfig) -> Self {
+        let mut rng = Rng::new(cfg.seed);
+        let transfer_s = cfg.transfer_s();
+        let piece_s = cfg.piece_bytes as f64 / cfg.upload.min(cfg.download);
+        let spread = cfg.join_spread.as_secs_f64();
+        let nodes: Vec<Node> = (0..cfg.nodes)
+            .map(|_| {
+                let join_at = rng.unit() * spread;
+                let die_at =
+                    (rng.unit() < cfg.die_fraction).then(|| join_at + rng.unit() * transfer_s);
+                Node {
+                    join_at,
+                    die_at,
+                    joined: false,
+                    dead: false,
+                    done_at: None,
+                    next_sync: join_at,
+                    sched: None,
+                    pace: Pace::default(),
+                    dirty: false,
+                }
+            })
+            .collect();
+        Sim {
+            cfg,
+            base: Instant::now(),
+            transfer_s,
+            lat: cfg.latency.as_secs_f64(),
+            poll: cfg.poll.as_secs_f64(),
+            dt: (piece_s / 40.0).max(1e-4),
+            limit: spread + 10.0 * transfer_s,
+            sends: cfg.sends.max(1) as usize,
+            store: nodes.len(),
+            board: Board::with_slots(cfg.pieces, cfg.seed_slots, cfg.fanout, cfg.seed),
+            flows: BTreeMap::new(),
+            queues: vec![VecDeque::new(); nodes.len() + 1],
+            next_flow: 0,
+            pairs: HashSet::new(),
+            r: SimReport {
+                nodes: cfg.nodes,
+                transfer_s,
+                data_bytes: cfg.data_bytes(),
+                ..Default::default()
+            },
+            store_bytes: 0.0,
+            peer_bytes: 0.0,
+            uplink_s: 0.0,
+            downlink_s: 0.0,
+            syncs_this_second: (0, 0),
+            t: 0.0,
+            nodes,
+        }
+    }
+
+    /// The instant of simulated time `t`.
+    fn at(&self, t: f64) -> Instant {
+        self.base + Duration::from_secs_f64(t)
+    }
+
+    /// Nodes whose time has come join; those whose time has come die, and the fetches to and
+    /// from them are cut (their receivers count them broken).
+    fn join_and_die(&mut self, now: Instant) {
+        let (t, lat) = (self.t, self.lat);
+        for (i, n) in self.nodes.iter_mut().enumerate() {
             if !n.joined && n.join_at <= t {
                 n.joined = true;
-                board.join(i as u64, "", true);
-                n.sched = Some(Schedule::new(i as u64, cfg.pieces, cfg.schedule.clone()));
+                self.board.join(i as u64, "", true);
+                n.sched = Some(Schedule::new(
+                    i as u64,
+                    self.cfg.pieces,
+                    self.cfg.schedule.clone(),
+                ));
             }
         }
-        for i in 0..nodes.len() {
-            let n = &mut nodes[i];
+        for i in 0..self.nodes.len() {
+            let n = &mut self.nodes[i];
             if n.dead || n.done_at.is_some() || n.die_at.is_none_or(|d| d > t) {
                 continue;
             }
             n.dead = true;
             n.sched = None;
-            r.died += 1;
-            board.leave(i as u64, false);
-            let cut: Vec<u64> = flows
+            self.r.died += 1;
+            self.board.leave(i as u64, false);
+            let cut: Vec<u64> = self
+                .flows
                 .iter()
                 .filter(|(_, f)| f.to == i || f.from == i)
                 .map(|(&k, _)| k)
                 .collect();
             for k in cut {
-                let Some(f) = flows.remove(&k) else { continue };
-                queues[f.from].retain(|&x| x != k);
+                let Some(f) = self.flows.remove(&k) else {
+                    continue;
+                };
+                self.queues[f.from].retain(|&x| x != k);
                 if f.to != i {
-                    r.broken_fetches += 1;
-                    let to = &mut nodes[f.to];
+                    self.r.broken_fetches += 1;
+                    let to = &mut self.nodes[f.to];
                     if let Some(s) = to.sched.as_mut() {
                         s.failed(f.piece, From::Peer(i as u64), Failure::Broken);
                     }
@@ -226,46 +301,52 @@ pub fn run(cfg: &SimConfig) -> SimReport {
                 }
             }
         }
-        // Fetches about to end.
-        if cfg.pace {
-            for n in nodes.iter_mut() {
-                let Some(s) = n.sched.as_mut() else { continue };
-                if n.dead || n.pace.next_due().is_none_or(|d| d > now) {
-                    continue;
-                }
-                for p in n.pace.due(now) {
-                    if s.ending(p) {
-                        n.next_sync = n.next_sync.min(t + lat);
-                    }
+    }
+
+    /// Members tell their schedules of fetches about to end, and sync soon to tell the board.
+    fn tell_endings(&mut self, now: Instant) {
+        let (t, lat) = (self.t, self.lat);
+        for n in self.nodes.iter_mut() {
+            let Some(s) = n.sched.as_mut() else { continue };
+            if n.dead || n.pace.next_due().is_none_or(|d| d > now) {
+                continue;
+            }
+            for p in n.pace.due(now) {
+                if s.ending(p) {
+                    n.next_sync = n.next_sync.min(t + lat);
                 }
             }
         }
-        // Syncs: at a join, after a fetch ended, when the board has fetches for a member, and
-        // every `poll` while a member waits.
-        for i in 0..nodes.len() {
-            let n = &mut nodes[i];
+    }
+
+    /// Syncs: at a join, after a fetch ended, when the board has fetches for a member, and
+    /// every `poll` while a member waits.
+    fn sync(&mut self, now: Instant) {
+        let (t, lat, poll) = (self.t, self.lat, self.poll);
+        for i in 0..self.nodes.len() {
+            let n = &mut self.nodes[i];
             if !n.joined || n.dead || n.next_sync > t {
                 continue;
             }
             let Some(s) = n.sched.as_mut() else { continue };
-            if !s.news() && s.idle() == 0 && !board.has_mail(i as u64) {
+            if !s.news() && s.idle() == 0 && !self.board.has_mail(i as u64) {
                 n.next_sync = f64::INFINITY;
                 continue;
             }
             let req = s.sync_request();
-            let reply = board.sync(&req, now);
+            let reply = self.board.sync(&req, now);
             // A sync is answered at once here: its round trip is the two ways' latency.
-            n.pace.round_trip(2 * cfg.latency);
+            n.pace.round_trip(2 * self.cfg.latency);
             s.apply(&reply);
-            r.syncs += 1;
-            r.sync_bytes_in += req.encoded_len() as u64;
-            r.sync_bytes_out += reply.encoded_len() as u64;
+            self.r.syncs += 1;
+            self.r.sync_bytes_in += req.encoded_len() as u64;
+            self.r.sync_bytes_out += reply.encoded_len() as u64;
             let sec = t.floor() as i64;
-            if syncs_this_second.0 != sec {
-                syncs_this_second = (sec, 0);
+            if self.syncs_this_second.0 != sec {
+                self.syncs_this_second = (sec, 0);
             }
-            syncs_this_second.1 += 1;
-            r.peak_syncs_per_s = r.peak_syncs_per_s.max(syncs_this_second.1);
+            self.syncs_this_second.1 += 1;
+            self.r.peak_syncs_per_s = self.r.peak_syncs_per_s.max(self.syncs_this_second.1);
             n.next_sync = if s.news() {
                 t + lat
             } else if s.idle() > 0 {
@@ -274,20 +355,25 @@ pub fn run(cfg: &SimConfig) -> SimReport {
                 f64::INFINITY
             };
             n.dirty = true;
-            for w in board.woken() {
-                if let Some(x) = nodes.get_mut(w as usize) {
+            for w in self.board.woken() {
+                if let Some(x) = self.nodes.get_mut(w as usize) {
                     x.next_sync = x.next_sync.min(t + lat);
                 }
             }
         }
-        // New fetches.
-        for i in 0..nodes.len() {
-            if !nodes[i].dirty || nodes[i].dead {
+    }
+
+    /// Members whose schedules changed start the fetches they say: a request to a dead
+    /// sender is broken, one to a sender whose queue is full is answered busy (and the
+    /// schedule asked again, a few rounds at most).
+    fn start_fetches(&mut self, now: Instant) {
+        for i in 0..self.nodes.len() {
+            if !self.nodes[i].dirty || self.nodes[i].dead {
                 continue;
             }
-            nodes[i].dirty = false;
+            self.nodes[i].dirty = false;
             for _round in 0..4 {
-                let Some(s) = nodes[i].sched.as_mut() else {
+                let Some(s) = self.nodes[i].sched.as_mut() else {
                     break;
                 };
                 let reqs = s.start();
@@ -296,139 +382,177 @@ pub fn run(cfg: &SimConfig) -> SimReport {
                 }
                 let mut refused = false;
                 for q in reqs {
-                    let from = match q.from {
-                        From::Seed => store,
-                        From::Peer(p) => p as usize,
-                    };
-                    let why = if from != store && nodes.get(from).is_none_or(|x| x.dead) {
-                        Some(Failure::Broken)
-                    } else if queues[from].len() >= sends + cfg.queue as usize {
-                        r.busy_refusals += 1;
-                        Some(Failure::Busy)
-                    } else {
-                        None
-                    };
-                    if let Some(why) = why {
-                        if let Some(s) = nodes[i].sched.as_mut() {
-                            s.failed(q.piece, q.from, why);
-                        }
-                        nodes[i].pace.ended(q.piece, false, now);
-                        nodes[i].next_sync = nodes[i].next_sync.min(t + lat);
-                        refused = true;
-                        continue;
-                    }
-                    next_flow += 1;
-                    nodes[i].pace.started(q.piece, cfg.piece_bytes, now);
-                    if from != store {
-                        pairs.insert((i, from));
-                    }
-                    queues[from].push_back(next_flow);
-                    flows.insert(
-                        next_flow,
-                        Flow {
-                            to: i,
-                            from,
-                            piece: q.piece,
-                            left: cfg.piece_bytes as f64,
-                            start_at: t + 2.0 * lat,
-                        },
-                    );
+                    refused |= !self.start_fetch(i, q.piece, q.from, now);
                 }
                 if !refused {
                     break;
                 }
             }
         }
-        // Rates: an equal share of the sender's uplink among those it sends to, scaled to the
-        // receiver's downlink.
-        let share = |u: usize, k: u64, q: &[VecDeque<u64>]| -> f64 {
-            let sending = q[u].len().min(sends);
-            if !q[u].iter().take(sends).any(|&x| x == k) {
-                return 0.0;
-            }
-            let cap = if u == store {
-                cfg.store_upload
-            } else {
-                cfg.upload
-            };
-            cap / sending as f64
+    }
+
+    /// Node `i` starts fetching `piece` from `from`; false if it was refused at once.
+    fn start_fetch(&mut self, i: usize, piece: u32, from: From, now: Instant) -> bool {
+        let (store, t, lat) = (self.store, self.t, self.lat);
+        let sender = match from {
+            From::Seed => store,
+            From::Peer(p) => p as usize,
         };
-        let mut want = vec![0f64; nodes.len()];
-        for (&k, f) in &flows {
+        let why = if sender != store && self.nodes.get(sender).is_none_or(|x| x.dead) {
+            Some(Failure::Broken)
+        } else if self.queues[sender].len() >= self.sends + self.cfg.queue as usize {
+            self.r.busy_refusals += 1;
+            Some(Failure::Busy)
+        } else {
+            None
+        };
+        let n = &mut self.nodes[i];
+        if let Some(why) = why {
+            if let Some(s) = n.sched.as_mut() {
+                s.failed(piece, from, why);
+            }
+            n.pace.ended(piece, false, now);
+            n.next_sync = n.next_sync.min(t + lat);
+            return false;
+        }
+        self.next_flow += 1;
+        n.pace.started(piece, self.cfg.piece_bytes, now);
+        if sender != store {
+            self.pairs.insert((i, sender));
+        }
+        self.queues[sender].push_back(self.next_flow);
+        self.flows.insert(
+            self.next_flow,
+            Flow {
+                to: i,
+                from: sender,
+                piece,
+                left: self.cfg.piece_bytes as f64,
+                start_at: t + 2.0 * lat,
+            },
+        );
+        true
+    }
+
+    /// Rate of flow `k` from `u`: an equal share of the sender's uplink among those it sends
+    /// to (0 if `k` waits in its queue).
+    fn share(&self, u: usize, k: u64) -> f64 {
+        let q = &self.queues[u];
+        let sending = q.len().min(self.sends);
+        if !q.iter().take(self.sends).any(|&x| x == k) {
+            return 0.0;
+        }
+        let cap = if u == self.store {
+            self.cfg.store_upload
+        } else {
+            self.cfg.upload
+        };
+        cap / sending as f64
+    }
+
+    /// One step of sending: each flow at its share of its sender's uplink, scaled to its
+    /// receiver's downlink. Returns the flows whose piece arrived whole.
+    fn send(&mut self) -> Vec<u64> {
+        let t = self.t;
+        let mut want = vec![0f64; self.nodes.len()];
+        for (&k, f) in &self.flows {
             if f.start_at <= t {
-                want[f.to] += share(f.from, k, &queues);
+                want[f.to] += self.share(f.from, k);
             }
         }
+        let rates: Vec<(u64, f64)> = self
+            .flows
+            .iter()
+            .filter(|(_, f)| f.start_at <= t)
+            .map(|(&k, f)| (k, self.share(f.from, k)))
+            .collect();
         let mut finished = Vec::new();
-        for (&k, f) in flows.iter_mut() {
-            if f.start_at > t {
-                continue;
-            }
-            let rate = share(f.from, k, &queues);
+        for (k, rate) in rates {
             if rate == 0.0 {
                 continue;
             }
-            let scale = if want[f.to] > cfg.download {
-                cfg.download / want[f.to]
+            let Some(f) = self.flows.get_mut(&k) else {
+                continue;
+            };
+            let scale = if want[f.to] > self.cfg.download {
+                self.cfg.download / want[f.to]
             } else {
                 1.0
             };
-            let sent = (rate * scale * dt).min(f.left);
+            let sent = (rate * scale * self.dt).min(f.left);
             f.left -= sent;
-            if f.from == store {
-                store_bytes += sent;
-                r.store_last_s = t;
+            if f.from == self.store {
+                self.store_bytes += sent;
+                self.r.store_last_s = t;
             } else {
-                peer_bytes += sent;
+                self.peer_bytes += sent;
             }
             if f.left <= 1e-6 {
                 finished.push(k);
             }
         }
+        finished
+    }
+
+    /// The pieces of `finished` flows arrive: verified, and their members sync soon.
+    fn land(&mut self, finished: Vec<u64>, now: Instant) {
         for k in finished {
-            let Some(f) = flows.remove(&k) else { continue };
-            queues[f.from].retain(|&x| x != k);
-            let n = &mut nodes[f.to];
+            let Some(f) = self.flows.remove(&k) else {
+                continue;
+            };
+            self.queues[f.from].retain(|&x| x != k);
+            let n = &mut self.nodes[f.to];
             n.dirty = true;
             if let Some(s) = n.sched.as_mut() {
                 s.verified(f.piece);
                 n.pace.ended(f.piece, true, now);
-                n.next_sync = n.next_sync.min(t + lat);
+                n.next_sync = n.next_sync.min(self.t + self.lat);
                 if s.done() && n.done_at.is_none() {
-                    n.done_at = Some(t + dt);
+                    n.done_at = Some(self.t + self.dt);
                 }
             }
         }
-        let uplinks = nodes.iter().filter(|n| n.joined && !n.dead).count();
-        let fetching = nodes
+    }
+
+    /// Counts the step's link time and moves time on; true once every node is settled or
+    /// the time limit is past.
+    fn tick(&mut self) -> bool {
+        let uplinks = self.nodes.iter().filter(|n| n.joined && !n.dead).count();
+        let fetching = self
+            .nodes
             .iter()
             .filter(|n| n.joined && !n.dead && n.done_at.is_none())
             .count();
-        uplink_s += uplinks as f64 * dt;
-        downlink_s += fetching as f64 * dt;
-        t += dt;
-        let settled = nodes
+        self.uplink_s += uplinks as f64 * self.dt;
+        self.downlink_s += fetching as f64 * self.dt;
+        self.t += self.dt;
+        let settled = self
+            .nodes
             .iter()
             .all(|n| n.joined && (n.dead || n.done_at.is_some()));
-        if settled || t > limit {
-            break;
-        }
+        settled || self.t > self.limit
     }
-    for n in &nodes {
-        if n.dead {
-            continue;
-        }
-        match n.done_at {
-            Some(d) => {
-                r.ratios.push((d - n.join_at) / transfer_s);
-                r.span_s = r.span_s.max(d);
+
+    fn report(mut self) -> SimReport {
+        let cfg = self.cfg;
+        let r = &mut self.r;
+        for n in &self.nodes {
+            if n.dead {
+                continue;
             }
-            None => r.unfinished += 1,
+            match n.done_at {
+                Some(d) => {
+                    r.ratios.push((d - n.join_at) / self.transfer_s);
+                    r.span_s = r.span_s.max(d);
+                }
+                None => r.unfinished += 1,
+            }
         }
+        r.store_bytes = self.store_bytes.round() as u64;
+        r.sources_per_node = self.pairs.len() as f64 / cfg.nodes.max(1) as f64;
+        r.uplink_use = self.peer_bytes / (self.uplink_s * cfg.upload).max(1.0);
+        r.downlink_use =
+            (self.peer_bytes + self.store_bytes) / (self.downlink_s * cfg.download).max(1.0);
+        self.r
     }
-    r.store_bytes = store_bytes.round() as u64;
-    r.sources_per_node = pairs.len() as f64 / cfg.nodes.max(1) as f64;
-    r.uplink_use = peer_bytes / (uplink_s * cfg.upload).max(1.0);
-    r.downlink_use = (peer_bytes + store_bytes) / (downlink_s * cfg.download).max(1.0);
-    r
 }

@@ -1,7 +1,7 @@
 use std::time::{Duration, Instant};
 
-use super::board::{WHY_BROKEN, WHY_BUSY, WHY_DECLINED, WHY_MISSING};
 use super::sim::{self, SimConfig};
+use super::why::{WHY_BROKEN, WHY_BUSY, WHY_DECLINED, WHY_MISSING};
 use super::*;
 use crate::proto::{SwarmFailure, SwarmFetch, SwarmSyncReply, SwarmSyncRequest};
 

@@ -3,10 +3,13 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use super::{Joiner, Role, Seed, DEFAULT_FANOUT};
+use super::nodes::{Joiner, Seed};
+use super::quorum::quorum;
+use super::version_swarm::Swarm;
 use crate::clock::Moment;
 use crate::hash::Version;
-use crate::proto::{Member, Window, WindowSpec};
+use crate::proto::{Member, Role, Window, WindowSpec};
+use crate::rpc::DEFAULT_FANOUT;
 
 #[derive(Clone, Debug, PartialEq)]
 pub(super) enum ParentRef {
@@ -58,21 +61,7 @@ pub(super) struct WindowState {
     /// The holders of each version, as of the latest join for it.
     pub(super) seeds: HashMap<Version, Vec<Seed>>,
     /// The swarm of each version its getters fetch.
-    pub(super) swarms: HashMap<Version, super::pieces::Swarm>,
-}
-
-/// Which criterion of `spec`, if any, closes a quorum of members at `ips` (one per member, in
-/// join order) `elapsed` after the window opened. File and GPU windows close alike.
-pub(super) fn quorum(spec: &WindowSpec, ips: &[&str], elapsed: Duration) -> Option<&'static str> {
-    if spec.world_size > 0 && ips.len() >= spec.world_size as usize {
-        Some("world_size")
-    } else if !spec.ips.is_empty() && spec.ips.iter().all(|ip| ips.contains(&ip.as_str())) {
-        Some("ips")
-    } else if spec.timeout_ms > 0 && elapsed >= Duration::from_millis(spec.timeout_ms) {
-        Some("timeout")
-    } else {
-        None
-    }
+    pub(super) swarms: HashMap<Version, Swarm>,
 }
 
 impl WindowState {
@@ -143,6 +132,30 @@ impl WindowState {
         !self.members.is_empty()
             && self.members.iter().all(|m| m.left)
             && (self.closed_by.is_some() || !self.has_criteria())
+    }
+
+    /// Takes every swarm member on `node` out of the window's swarms (it was found dead).
+    pub(super) fn swarm_node_dead(&mut self, node: &str) {
+        let ids: Vec<u64> = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.joiner.node_id == node)
+            .map(|(i, _)| i as u64)
+            .collect();
+        for s in self.swarms.values_mut() {
+            s.node_dead(&ids, node);
+        }
+    }
+
+    /// Member `m` left: out of its swarm, unless it holds a copy its node serves.
+    pub(super) fn swarm_leave(&mut self, m: usize, done: bool) {
+        let Some(version) = self.members[m].joiner.version else {
+            return;
+        };
+        if let Some(s) = self.swarms.get_mut(&version) {
+            s.board.leave(m as u64, done);
+        }
     }
 
     pub(super) fn parent_label(&self, p: &ParentRef) -> String {

@@ -2,8 +2,9 @@
 //! loaded, never from inside its own subtree.
 
 use super::members::{ParentRef, WindowState};
-use super::{NodeView, STORE};
+use super::nodes::NodeView;
 use crate::proto::Source;
+use crate::rpc::STORE;
 
 impl WindowState {
     /// `m` and every member below it.

@@ -1,8 +1,12 @@
 //! Tests of windows, quorums and parent choice, on explicit moments of time.
 
+use std::time::Duration;
+
 use super::members::ParentRef;
 use super::*;
 use crate::clock::{Clock, SystemClock};
+use crate::hash::Version;
+use crate::proto::{Role, WindowSpec};
 
 fn spec(group: &str) -> WindowSpec {
     WindowSpec {

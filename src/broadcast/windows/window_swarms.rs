@@ -1,102 +1,16 @@
-//! The swarm of each version a window's getters fetch: a [`Board`] per version, keyed by the
-//! window's member ids, with the nodes that already hold the whole version (earlier getters)
-//! added as holders under ids of their own.
+//! The swarms of a window's versions as the server's requests drive them: a getter's join into
+//! its version's swarm, its syncs, and the fetches chosen for it between syncs (its mail), each
+//! answered with where to reach the members it names.
 
-use std::collections::HashMap;
-
+use super::broadcasts::Broadcasts;
+use super::error::BroadcastError;
 use super::members::WindowState;
-use super::{BroadcastError, Broadcasts, NodeView, Seed};
+use super::nodes::{NodeView, Seed};
+use super::version_swarm::{Pieces, Swarm, MIN_SWARM_PIECES};
+use crate::broadcast::swarm::{Plan, DEFAULT_UPLOADS};
 use crate::clock::Moment;
 use crate::hash::Version;
 use crate::proto::{Source, SwarmPeer, SwarmSyncReply, SwarmSyncRequest};
-use crate::broadcast::swarm::{Board, Plan, DEFAULT_UPLOADS, SEED_SLOTS};
-
-/// Board ids of holders start here; below are the window's member ids.
-const HOLDER_IDS: u64 = 1 << 32;
-/// A version of fewer pieces fetches from a parent: there is nothing to spread over several
-/// sources, and a swarm's syncs would cost more round trips than the fetch.
-pub const MIN_SWARM_PIECES: u32 = 4;
-
-/// A version's unique blocks in manifest order, as a swarm's join answer carries them, and
-/// how the swarm cuts them into pieces ([`Plan`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Pieces {
-    /// 32 bytes a block.
-    pub hashes: Vec<u8>,
-    pub lens: Vec<u32>,
-    /// Pieces of `2^log2` bytes; 0: whole blocks.
-    pub log2: u8,
-}
-
-impl Pieces {
-    /// No swarm: no blocks.
-    pub fn is_empty(&self) -> bool {
-        self.hashes.is_empty()
-    }
-
-    /// The swarm's plan for these blocks (whole blocks where their lengths are not all known).
-    fn plan(&self) -> Plan {
-        let lens: Vec<u64> = self.lens.iter().map(|&l| u64::from(l)).collect();
-        match lens.len() == self.hashes.len() / 32 {
-            true => Plan::new(&lens),
-            false => Plan::whole(self.hashes.len() / 32),
-        }
-    }
-}
-
-#[derive(Debug)]
-pub(super) struct Swarm {
-    pub(super) board: Board,
-    /// The version's pieces as the join response carries them.
-    pieces: Pieces,
-    /// Holders by node id, and their ids on the board.
-    holders: HashMap<String, u64>,
-    holder_nodes: Vec<String>,
-}
-
-impl Swarm {
-    /// A swarm of the blocks of `pieces`, cut as its plan says, whose members each serve
-    /// `uploads` pieces at once.
-    fn new(mut pieces: Pieces, plan: &Plan, seed: u64, uploads: u32) -> Self {
-        pieces.log2 = plan.log2();
-        Swarm {
-            board: Board::with_slots(plan.pieces(), SEED_SLOTS, uploads, seed),
-            pieces,
-            holders: HashMap::new(),
-            holder_nodes: Vec::new(),
-        }
-    }
-
-    /// Adds the nodes (not the store, not the origin: those serve the store's grants) that
-    /// hold the whole version now, but for those with a getter `receiving` it (see
-    /// [`Swarm::drop_holder`]).
-    fn add_holders(&mut self, seeds: &[Seed], receiving: &[String]) {
-        for s in seeds {
-            if s.origin
-                || s.node_id.is_empty()
-                || self.holders.contains_key(&s.node_id)
-                || receiving.contains(&s.node_id)
-            {
-                continue;
-            }
-            let id = HOLDER_IDS + self.holder_nodes.len() as u64;
-            self.holders.insert(s.node_id.clone(), id);
-            self.holder_nodes.push(s.node_id.clone());
-            self.board.join_holder(id, &s.zone);
-        }
-    }
-
-    /// A holder's node has a getter receiving the version: what the node serves of it may be
-    /// what that getter is receiving (a copy seeded earlier and removed since leaves its
-    /// registration), and its agent holds a request for such a block until it arrives, so it is
-    /// a holder no more (its getter becomes a source as it verifies pieces). It stays known, so
-    /// that the seeds of a later join do not add it again.
-    fn drop_holder(&mut self, node: &str) {
-        if let Some(&id) = self.holders.get(node) {
-            self.board.leave(id, false);
-        }
-    }
-}
 
 impl WindowState {
     /// Fills in where to reach each member a reply's fetches name.
@@ -128,9 +42,9 @@ impl WindowState {
 
     /// The node behind a board id.
     fn swarm_node(&self, version: &Version, id: u64) -> Option<String> {
-        if id >= HOLDER_IDS {
+        if Swarm::is_holder(id) {
             let s = self.swarms.get(version)?;
-            return s.holder_nodes.get((id - HOLDER_IDS) as usize).cloned();
+            return s.holder_node(id).map(str::to_string);
         }
         self.members
             .get(id as usize)
@@ -244,34 +158,5 @@ impl Broadcasts {
         let mut reply = s.board.take_mail(member);
         w.swarm_sources(&version, &mut reply, live);
         reply
-    }
-
-    /// Takes every swarm member on `node` out of the window's swarms (it was found dead).
-    pub(super) fn swarm_node_dead(w: &mut WindowState, node: &str) {
-        let ids: Vec<u64> = w
-            .members
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| m.joiner.node_id == node)
-            .map(|(i, _)| i as u64)
-            .collect();
-        for s in w.swarms.values_mut() {
-            for &id in &ids {
-                s.board.leave(id, false);
-            }
-            if let Some(&id) = s.holders.get(node) {
-                s.board.leave(id, false);
-            }
-        }
-    }
-
-    /// A member left: out of its swarm, unless it holds a copy its node serves.
-    pub(super) fn swarm_leave(w: &mut WindowState, m: usize, done: bool) {
-        let Some(version) = w.members[m].joiner.version else {
-            return;
-        };
-        if let Some(s) = w.swarms.get_mut(&version) {
-            s.board.leave(m as u64, done);
-        }
     }
 }

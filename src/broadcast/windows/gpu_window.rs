@@ -1,0 +1,318 @@
+//! One GPU window: the quorum and the plan of a coordinated transfer of one GPU key.
+//!
+//! Unlike a file window, whose getters each get a parent the moment they join and fetch at
+//! their own pace, a GPU window moves every participant's buffers in one transfer: NCCL needs
+//! every rank of a communicator present, and a receiver must know the whole tree before the
+//! first byte moves. So everyone waits for the quorum (the same criteria as files: ANY of
+//! world_size, ips, timeout), and when it closes the window is checked and planned once:
+//! exactly one putter, every getter's tensor table the putter's (by digest: a mismatch fails the
+//! whole window, so that no rank waits for one that will never send), ranks in an order that
+//! keeps the members of one node next to each other, and each getter's parent: a chain (what
+//! NCCL's pipelined broadcast does over its ring) or, with an explicit fanout, a tree of that
+//! degree. Then members report how they finished; the putter's transfer ends when every getter's
+//! has, and fails naming each getter that failed or whose node stopped answering.
+//!
+//! Plain state with an explicit `now`, as [`super::Broadcasts`] is; [`super::GpuWindows`] keeps
+//! every such window.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use super::comms::{CommBook, Ended};
+use super::quorum::quorum;
+use crate::clock::Moment;
+use crate::proto::{GpuMember, GpuMemberState, GpuWindow, HeldComm, Role, WindowSpec};
+use crate::rpc::gpu_window::comm_key;
+
+/// Who joins a GPU window.
+#[derive(Clone, Debug, Default)]
+pub struct GpuJoiner {
+    pub node_id: String,
+    pub ip: String,
+    pub role: Role,
+    pub worker_addr: String,
+    pub registration: u64,
+    pub digest: Vec<u8>,
+    /// A putter's table (JSON), its flags and NCCL unique id.
+    pub table_json: String,
+    pub flags: u32,
+    pub unique_id: Vec<u8>,
+    /// Its worker can move its buffers over NCCL.
+    pub nccl: bool,
+    /// The communicators its worker keeps on its buffers' device.
+    pub comms: Vec<HeldComm>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Fate {
+    Waiting,
+    Done,
+    Failed(String),
+}
+
+#[derive(Debug)]
+pub(super) struct Member {
+    pub(super) joiner: GpuJoiner,
+    rank: u32,
+    parent: Option<usize>,
+    pub(super) fate: Fate,
+}
+
+impl Member {
+    /// A joiner, before the plan gives it a rank and a parent.
+    pub(super) fn waiting(joiner: GpuJoiner) -> Self {
+        Member {
+            joiner,
+            rank: 0,
+            parent: None,
+            fate: Fate::Waiting,
+        }
+    }
+}
+
+/// Why a window failed as a whole, and the errno its participants see.
+#[derive(Clone, Debug)]
+struct Failure {
+    errno: i32,
+    message: String,
+}
+
+/// One GPU window as the server keeps it.
+#[derive(Debug)]
+pub(super) struct GpuWindowState {
+    pub(super) group_id: String,
+    pub(super) generation: u64,
+    spec: WindowSpec,
+    opened: Instant,
+    opened_unix_ms: i64,
+    pub(super) closed_by: Option<&'static str>,
+    closed_unix_ms: i64,
+    pub(super) touched: Instant,
+    pub(super) members: Vec<Member>,
+    failure: Option<Failure>,
+    /// Over NCCL, once planned: the communicator the broadcast runs on, and whether the members
+    /// kept it from an earlier window (else it is formed from the putter's unique id).
+    pub(super) comm: Option<(Vec<u8>, bool)>,
+}
+
+impl GpuWindowState {
+    /// Window `spec` of `generation`, opened `now`, no one in it yet.
+    pub(super) fn new(spec: WindowSpec, generation: u64, now: Moment) -> Self {
+        GpuWindowState {
+            group_id: spec.group_id.clone(),
+            generation,
+            spec,
+            opened: now.at,
+            opened_unix_ms: now.unix_ms,
+            closed_by: None,
+            closed_unix_ms: 0,
+            touched: now.at,
+            members: Vec::new(),
+            failure: None,
+            comm: None,
+        }
+    }
+
+    pub(super) fn putter(&self) -> Option<usize> {
+        self.members
+            .iter()
+            .position(|m| m.joiner.role == Role::Putter)
+    }
+
+    fn label(&self, i: usize) -> String {
+        let m = &self.members[i];
+        format!("member {i} on node {}", m.joiner.node_id)
+    }
+
+    pub(super) fn finished(&self) -> bool {
+        !self.members.is_empty() && self.members.iter().all(|m| m.fate != Fate::Waiting)
+    }
+
+    /// How the window's broadcast ended, for the communicator it ran on.
+    pub(super) fn ended(&self) -> Ended {
+        if self.failure.is_some()
+            || self
+                .members
+                .iter()
+                .any(|m| matches!(m.fate, Fate::Failed(_)))
+        {
+            // Failed as soon as one member has: the others' fates change nothing.
+            Ended::Failed
+        } else if self.finished() {
+            Ended::Succeeded
+        } else {
+            Ended::Running
+        }
+    }
+
+    /// Once planned over NCCL, picks the communicator: one every member kept, with their
+    /// ranks in it, or a fresh one. Runs once.
+    pub(super) fn settle_comm(&mut self, book: &mut CommBook) {
+        if self.comm.is_some() || self.failure.is_some() || !self.over_nccl() {
+            return;
+        }
+        let held: Vec<&[HeldComm]> = self.members.iter().map(|m| &m.joiner.comms[..]).collect();
+        let (key, kept) = match book.shared(&held) {
+            Some((key, ranks)) => {
+                for (m, rank) in self.members.iter_mut().zip(ranks) {
+                    m.rank = rank;
+                }
+                (key, true)
+            }
+            None => match self.putter() {
+                Some(p) => (comm_key(&self.members[p].joiner.unique_id), false),
+                None => return,
+            },
+        };
+        book.use_for(key.clone(), &self.group_id, self.generation);
+        self.comm = Some((key, kept));
+    }
+
+    pub(super) fn update(&mut self, live: &dyn Fn(&str) -> bool, now: Moment) {
+        if self.closed_by.is_none() {
+            let ips: Vec<&str> = self.members.iter().map(|m| m.joiner.ip.as_str()).collect();
+            if let Some(by) = quorum(&self.spec, &ips, now.at.duration_since(self.opened)) {
+                self.closed_by = Some(by);
+                self.closed_unix_ms = now.unix_ms;
+                self.plan();
+            }
+        }
+        for m in &mut self.members {
+            if m.fate == Fate::Waiting && !live(&m.joiner.node_id) {
+                m.fate = Fate::Failed(format!(
+                    "node {} stopped answering (its lease lapsed)",
+                    m.joiner.node_id
+                ));
+            }
+        }
+    }
+
+    /// Checks the window at its quorum and gives every member its rank and parent.
+    fn plan(&mut self) {
+        let Some(root) = self.putter() else {
+            let by = self.closed_by.unwrap_or_default();
+            self.failure = Some(Failure {
+                errno: if by == "timeout" {
+                    libc::ETIMEDOUT
+                } else {
+                    libc::ENOENT
+                },
+                message: format!(
+                    "no one put into window {} before its quorum closed (by {by})",
+                    self.group_id
+                ),
+            });
+            return;
+        };
+        let digest = self.members[root].joiner.digest.clone();
+        let differ: Vec<String> = (0..self.members.len())
+            .filter(|&i| self.members[i].joiner.digest != digest)
+            .map(|i| self.label(i))
+            .collect();
+        if !differ.is_empty() {
+            self.failure = Some(Failure {
+                errno: libc::EBADMSG,
+                message: format!(
+                    "the tensor tables of {} do not match the putter's",
+                    differ.join(", ")
+                ),
+            });
+            return;
+        }
+        // The putter first, then its own node's getters (a hop over loopback), then each other
+        // node's getters together, in join order within a node.
+        let root_node = self.members[root].joiner.node_id.clone();
+        let mut order: Vec<usize> = (0..self.members.len()).filter(|&i| i != root).collect();
+        order.sort_by_key(|&i| {
+            let n = &self.members[i].joiner.node_id;
+            (n != &root_node, n.clone(), i)
+        });
+        order.insert(0, root);
+        let fanout = self.spec.fanout as usize;
+        for (rank, &i) in order.iter().enumerate() {
+            self.members[i].rank = rank as u32;
+            self.members[i].parent = match (rank, fanout) {
+                (0, _) => None,
+                (r, 0) => Some(order[r - 1]),
+                (r, f) => Some(order[(r - 1) / f]),
+            };
+        }
+    }
+
+    pub(super) fn to_proto(&self) -> GpuWindow {
+        let putter = self.putter().map(|i| &self.members[i].joiner);
+        GpuWindow {
+            group_id: self.group_id.clone(),
+            generation: self.generation,
+            spec: Some(self.spec.clone()),
+            members: self
+                .members
+                .iter()
+                .enumerate()
+                .map(|(i, m)| GpuMember {
+                    id: i as u64,
+                    rank: m.rank,
+                    node_id: m.joiner.node_id.clone(),
+                    ip: m.joiner.ip.clone(),
+                    role: m.joiner.role as i32,
+                    worker_addr: m.joiner.worker_addr.clone(),
+                    registration: m.joiner.registration,
+                    parent: m.parent.map_or(-1, |p| p as i64),
+                    state: match m.fate {
+                        Fate::Waiting => GpuMemberState::GpuWaiting,
+                        Fate::Done => GpuMemberState::GpuDone,
+                        Fate::Failed(_) => GpuMemberState::GpuFailed,
+                    } as i32,
+                    error: match &m.fate {
+                        Fate::Failed(e) => e.clone(),
+                        _ => String::new(),
+                    },
+                    nccl: m.joiner.nccl,
+                    // Issued in the server's answers, to the members only.
+                    secret: Vec::new(),
+                })
+                .collect(),
+            closed: self.closed_by.is_some(),
+            closed_by: self.closed_by.unwrap_or_default().to_string(),
+            error: self
+                .failure
+                .as_ref()
+                .map(|f| f.message.clone())
+                .unwrap_or_default(),
+            errno: self.failure.as_ref().map_or(0, |f| f.errno),
+            table_json: putter.map(|p| p.table_json.clone()).unwrap_or_default(),
+            unique_id: putter.map(|p| p.unique_id.clone()).unwrap_or_default(),
+            flags: putter.map_or(0, |p| p.flags),
+            finished: self.finished(),
+            opened_unix_ms: self.opened_unix_ms,
+            closed_unix_ms: self.closed_unix_ms,
+            nccl: self.over_nccl(),
+            comm: match &self.comm {
+                Some((key, true)) => key.clone(),
+                _ => Vec::new(),
+            },
+        }
+    }
+
+    /// Whether the plan is one NCCL broadcast: decided at the quorum, when the members are
+    /// known; every one must be able to (a host buffer, or a worker without NCCL, takes the
+    /// whole window to the host transport), the putter must have brought a unique id, and no
+    /// two members may be one worker (a rank per process: two callers of one pod in one
+    /// window would be two ranks of one process, on one GPU perhaps, which NCCL refuses).
+    pub(super) fn over_nccl(&self) -> bool {
+        let mut workers = HashSet::new();
+        self.closed_by.is_some()
+            && self
+                .putter()
+                .is_some_and(|p| !self.members[p].joiner.unique_id.is_empty())
+            && self
+                .members
+                .iter()
+                .all(|m| m.joiner.nccl && workers.insert(m.joiner.worker_addr.as_str()))
+    }
+
+    pub(super) fn deadline(&self) -> Option<Instant> {
+        (self.closed_by.is_none() && self.spec.timeout_ms > 0)
+            .then(|| self.opened + Duration::from_millis(self.spec.timeout_ms))
+    }
+}
