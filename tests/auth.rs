@@ -11,9 +11,9 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use common::*;
-use ktfs::hash::BlockHash;
 use ktfs::auth::ticket::{Grant, TicketKey, NODE_TTL};
 use ktfs::dataplane::wire;
+use ktfs::hash::BlockHash;
 use kube_api::{FakeApi, World};
 
 fn kt_as(server: &str, sock: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
@@ -74,130 +74,73 @@ fn token_server(ip: &str, dir: &Path) -> (Proc, std::path::PathBuf) {
     (server, token)
 }
 
-#[test]
-fn a_shared_token_guards_every_call_and_agents_present_it() {
-    let ip = "127.0.0.185";
-    let dir = tempfile::tempdir().unwrap();
-    let (server, token) = token_server(ip, dir.path());
-    let token_s = token.to_str().unwrap();
-    let node_dir = dir.path().join("n1");
-    std::fs::create_dir_all(&node_dir).unwrap();
-    let agent = start_agent_with(
-        ip,
-        &server.addr,
-        &node_dir,
-        "n1",
-        &["--token-file", token_s],
-    );
-    let none = dir.path().join("no-agent.sock");
-    let src = dir.path().join("w.bin");
-    std::fs::write(&src, pseudo_random(300_000, 3)).unwrap();
-    let src_s = src.to_str().unwrap();
-    let with_token = [("KT_TOKEN_FILE", token_s)];
+/// What the steps of the shared-token test share: a store server that demands the token, an
+/// agent that presents it, and a file to put. Dropped in this order: the agent, the server,
+/// then their directory.
+struct Guarded {
+    agent: AgentProc,
+    server: Proc,
+    dir: tempfile::TempDir,
+    ip: &'static str,
+    /// The token's file.
+    token: String,
+    /// A socket no agent listens on: a `kt` there talks to the server alone.
+    none: std::path::PathBuf,
+    src: std::path::PathBuf,
+}
 
-    // Without the token, or with another, nothing is answered: one line says why.
-    refused(
-        kt_as(&server.addr, &none, &[], &["ls"]),
-        "no credential: this store server needs a token",
-    );
-    refused(
-        kt_as(&server.addr, &none, &[("KT_TOKEN", "guess")], &["ls"]),
-        "the token was refused",
-    );
-    refused(
-        kt_as(&server.addr, &none, &[], &["put", "k", "--src", src_s]),
-        "no credential",
-    );
-    // Refused calls changed nothing.
-    let ls = ok(kt_as(&server.addr, &none, &with_token, &["ls", "--json"]));
-    assert_eq!(ls.trim(), "[]");
+impl Guarded {
+    fn start(ip: &'static str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (server, token) = token_server(ip, dir.path());
+        let token = token.to_str().unwrap().to_string();
+        let node_dir = dir.path().join("n1");
+        std::fs::create_dir_all(&node_dir).unwrap();
+        let agent = start_agent_with(ip, &server.addr, &node_dir, "n1", &["--token-file", &token]);
+        let src = dir.path().join("w.bin");
+        std::fs::write(&src, pseudo_random(300_000, 3)).unwrap();
+        Guarded {
+            agent,
+            server,
+            none: dir.path().join("no-agent.sock"),
+            src,
+            token,
+            ip,
+            dir,
+        }
+    }
 
-    // With it, everything works, from a file or as KT_TOKEN.
-    ok(kt_as(
-        &server.addr,
-        &none,
-        &with_token,
-        &["put", "models/w", "--src", src_s, "-n", "team-a"],
-    ));
-    let dest = dir.path().join("got.bin");
-    ok(kt_as(
-        &server.addr,
-        &none,
-        &[("KT_TOKEN", "s3cret-token")],
-        &[
-            "get",
-            "models/w",
-            "--dest",
-            dest.to_str().unwrap(),
-            "-n",
-            "team-a",
-        ],
-    ));
-    assert!(std::fs::read(&dest).unwrap() == std::fs::read(&src).unwrap());
+    fn with_token(&self) -> [(&str, &str); 1] {
+        [("KT_TOKEN_FILE", self.token.as_str())]
+    }
 
-    // The agent registered with its token: a put in place goes through it, and it is a source.
-    ok(kt_as(
-        &server.addr,
-        &agent.socket,
-        &with_token,
-        &["put", "local/w", "--src", src_s, "--locale", "local"],
-    ));
-    let ls: serde_json::Value = serde_json::from_str(&ok(kt_as(
-        &server.addr,
-        &none,
-        &with_token,
-        &["ls", "local", "--json"],
-    )))
-    .unwrap();
-    assert_eq!(ls[0]["locale"], "n1", "{ls}");
+    fn src(&self) -> &str {
+        self.src.to_str().unwrap()
+    }
 
-    // The data plane: blocks go to those holding a ticket the store server issued, from the
-    // store and from a node alike; `kt get` presents the one its resolve brought.
-    let block = BlockHash::of(&std::fs::read(&src).unwrap());
-    assert_eq!(
-        raw_get(&server.addr, None, block),
-        "not allowed: no ticket: resolve the key for one"
-    );
-    assert!(raw_get(&agent.proc.addr, None, block).contains("no ticket"));
-    let forged = TicketKey::from_bytes(&[1; 32])
-        .unwrap()
-        .issue(&Grant::Node, NODE_TTL);
-    assert!(raw_get(&agent.proc.addr, Some(&forged), block).contains("not issued by"));
-    let dest = dir.path().join("from-node.bin");
-    let got: serde_json::Value = serde_json::from_str(&ok(kt_as(
-        &server.addr,
-        &none,
-        &with_token,
-        &["get", "local/w", "--dest", dest.to_str().unwrap(), "--json"],
-    )))
-    .unwrap();
-    assert_eq!(got["sources"][0]["source"], "n1", "{got}");
-    assert!(std::fs::read(&dest).unwrap() == std::fs::read(&src).unwrap());
+    /// The block of the file put (one block of 300 kB).
+    fn block(&self) -> BlockHash {
+        BlockHash::of(&std::fs::read(&self.src).unwrap())
+    }
 
-    // A node serves a read ticket's holder only the blocks of the ticket's version: a ticket
-    // for local/w does not reach another key's block on the same node, however it learnt the
-    // hash; the ticket for that key does.
-    let other = dir.path().join("o.bin");
-    std::fs::write(&other, pseudo_random(200_000, 5)).unwrap();
-    ok(kt_as(
-        &server.addr,
-        &agent.socket,
-        &with_token,
-        &[
-            "put",
-            "local/o",
-            "--src",
-            other.to_str().unwrap(),
-            "--locale",
-            "local",
-        ],
-    ));
-    let other_block = BlockHash::of(&std::fs::read(&other).unwrap());
-    let ticket_of = |key: &str| -> Vec<u8> {
+    /// `kt ARGS` through the agent at `sock` (or none), with the token file; what it printed.
+    #[track_caller]
+    fn kt_ok(&self, sock: &Path, args: &[&str]) -> String {
+        ok(kt_as(&self.server.addr, sock, &self.with_token(), args))
+    }
+
+    /// `kt ARGS --json` as [`Guarded::kt_ok`], parsed.
+    #[track_caller]
+    fn kt_json(&self, sock: &Path, args: &[&str]) -> serde_json::Value {
+        serde_json::from_str(&self.kt_ok(sock, args)).unwrap()
+    }
+
+    /// The read ticket a resolve of `key` brings.
+    fn ticket_of(&self, key: &str) -> Vec<u8> {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(async {
             let credential = ktfs::auth::Credential::token("s3cret-token").unwrap();
-            let mut store = ktfs::rpc::client::connect_store(&server.addr, &credential)
+            let mut store = ktfs::rpc::client::connect_store(&self.server.addr, &credential)
                 .await
                 .unwrap();
             let r = store
@@ -213,61 +156,168 @@ fn a_shared_token_guards_every_call_and_agents_present_it() {
             assert!(!r.ticket.is_empty(), "no read ticket for {key}");
             r.ticket
         })
-    };
-    let (ticket_w, ticket_o) = (ticket_of("local/w"), ticket_of("local/o"));
-    let cross = raw_get(&agent.proc.addr, Some(&ticket_w), other_block);
-    assert!(cross.contains("is in no version"), "{cross}");
-    assert_eq!(
-        raw_get(&agent.proc.addr, Some(&ticket_o), other_block),
-        "block"
-    );
-    assert_eq!(raw_get(&agent.proc.addr, Some(&ticket_w), block), "block");
+    }
+}
 
-    // Metrics need no credential, and name no key.
-    let server_metrics = http_get(&server.addr, "/metrics");
+/// The value of `series` in a `/metrics` page.
+#[track_caller]
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in {text}"))
+}
+
+#[test]
+fn a_shared_token_guards_every_call_and_agents_present_it() {
+    let t = Guarded::start("127.0.0.185");
+    calls_without_the_token_are_refused(&t);
+    calls_with_the_token_work_and_the_agent_presents_it(&t);
+    blocks_go_to_holders_of_a_ticket_the_server_issued(&t);
+    a_read_ticket_reaches_the_blocks_of_its_version_only(&t);
+    metrics_need_no_credential_and_name_no_key(&t);
+    an_agent_without_the_token_registers_and_publishes_for_no_one(&t);
+}
+
+/// Without the token, or with another, nothing is answered: one line says why.
+fn calls_without_the_token_are_refused(t: &Guarded) {
+    let (addr, none) = (t.server.addr.as_str(), t.none.as_path());
+    refused(
+        kt_as(addr, none, &[], &["ls"]),
+        "no credential: this store server needs a token",
+    );
+    refused(
+        kt_as(addr, none, &[("KT_TOKEN", "guess")], &["ls"]),
+        "the token was refused",
+    );
+    refused(
+        kt_as(addr, none, &[], &["put", "k", "--src", t.src()]),
+        "no credential",
+    );
+    // Refused calls changed nothing.
+    let ls = t.kt_ok(none, &["ls", "--json"]);
+    assert_eq!(ls.trim(), "[]");
+}
+
+/// With the token everything works, from a file or as KT_TOKEN; the agent registered with it,
+/// so a put in place goes through it, and it is a source.
+fn calls_with_the_token_work_and_the_agent_presents_it(t: &Guarded) {
+    t.kt_ok(
+        &t.none,
+        &["put", "models/w", "--src", t.src(), "-n", "team-a"],
+    );
+    let dest = t.dir.path().join("got.bin");
+    ok(kt_as(
+        &t.server.addr,
+        &t.none,
+        &[("KT_TOKEN", "s3cret-token")],
+        &[
+            "get",
+            "models/w",
+            "--dest",
+            dest.to_str().unwrap(),
+            "-n",
+            "team-a",
+        ],
+    ));
+    assert!(std::fs::read(&dest).unwrap() == std::fs::read(&t.src).unwrap());
+
+    t.kt_ok(
+        &t.agent.socket,
+        &["put", "local/w", "--src", t.src(), "--locale", "local"],
+    );
+    let ls = t.kt_json(&t.none, &["ls", "local", "--json"]);
+    assert_eq!(ls[0]["locale"], "n1", "{ls}");
+}
+
+/// The data plane: blocks go to those holding a ticket the store server issued, from the
+/// store and from a node alike; `kt get` presents the one its resolve brought.
+fn blocks_go_to_holders_of_a_ticket_the_server_issued(t: &Guarded) {
+    let block = t.block();
+    assert_eq!(
+        raw_get(&t.server.addr, None, block),
+        "not allowed: no ticket: resolve the key for one"
+    );
+    assert!(raw_get(&t.agent.proc.addr, None, block).contains("no ticket"));
+    let forged = TicketKey::from_bytes(&[1; 32])
+        .unwrap()
+        .issue(&Grant::Node, NODE_TTL);
+    assert!(raw_get(&t.agent.proc.addr, Some(&forged), block).contains("not issued by"));
+    let dest = t.dir.path().join("from-node.bin");
+    let got = t.kt_json(
+        &t.none,
+        &["get", "local/w", "--dest", dest.to_str().unwrap(), "--json"],
+    );
+    assert_eq!(got["sources"][0]["source"], "n1", "{got}");
+    assert!(std::fs::read(&dest).unwrap() == std::fs::read(&t.src).unwrap());
+}
+
+/// A node serves a read ticket's holder only the blocks of the ticket's version: a ticket for
+/// local/w does not reach another key's block on the same node, however it learnt the hash;
+/// the ticket for that key does.
+fn a_read_ticket_reaches_the_blocks_of_its_version_only(t: &Guarded) {
+    let other = t.dir.path().join("o.bin");
+    std::fs::write(&other, pseudo_random(200_000, 5)).unwrap();
+    t.kt_ok(
+        &t.agent.socket,
+        &[
+            "put",
+            "local/o",
+            "--src",
+            other.to_str().unwrap(),
+            "--locale",
+            "local",
+        ],
+    );
+    let other_block = BlockHash::of(&std::fs::read(&other).unwrap());
+    let (ticket_w, ticket_o) = (t.ticket_of("local/w"), t.ticket_of("local/o"));
+    let node = t.agent.proc.addr.as_str();
+    let cross = raw_get(node, Some(&ticket_w), other_block);
+    assert!(cross.contains("is in no version"), "{cross}");
+    assert_eq!(raw_get(node, Some(&ticket_o), other_block), "block");
+    assert_eq!(raw_get(node, Some(&ticket_w), t.block()), "block");
+}
+
+/// Metrics need no credential, and name no key.
+fn metrics_need_no_credential_and_name_no_key(t: &Guarded) {
+    let server_metrics = http_get(&t.server.addr, "/metrics");
     assert!(
         server_metrics.starts_with("HTTP/1.1 200 OK"),
         "{server_metrics}"
     );
-    let value = |text: &str, series: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("no {series} in {text}"))
-    };
-    assert!(value(&server_metrics, "kt_served_bytes_total") >= 300_000.0);
-    assert!(value(&server_metrics, "kt_dataplane_denied_total") >= 1.0);
-    assert!(value(&server_metrics, "kt_auth_refused_total") >= 3.0);
-    assert_eq!(value(&server_metrics, "kt_nodes_live"), 1.0);
-    let node_metrics = http_get(&agent.proc.addr, "/metrics");
-    assert!(value(&node_metrics, "kt_served_bytes_total") >= 300_000.0);
-    assert!(value(&node_metrics, "kt_cache_budget_bytes") > 0.0);
+    assert!(metric(&server_metrics, "kt_served_bytes_total") >= 300_000.0);
+    assert!(metric(&server_metrics, "kt_dataplane_denied_total") >= 1.0);
+    assert!(metric(&server_metrics, "kt_auth_refused_total") >= 3.0);
+    assert_eq!(metric(&server_metrics, "kt_nodes_live"), 1.0);
+    let node_metrics = http_get(&t.agent.proc.addr, "/metrics");
+    assert!(metric(&node_metrics, "kt_served_bytes_total") >= 300_000.0);
+    assert!(metric(&node_metrics, "kt_cache_budget_bytes") > 0.0);
     for text in [&server_metrics, &node_metrics] {
         assert!(
             !text.contains("models") && !text.contains("local/w"),
             "{text}"
         );
     }
-    assert!(http_get(&server.addr, "/keys").starts_with("HTTP/1.1 404"));
+    assert!(http_get(&t.server.addr, "/keys").starts_with("HTTP/1.1 404"));
+}
 
-    // An agent without the token cannot register or publish for anyone.
-    let other_dir = dir.path().join("n2");
+/// An agent without the token cannot register or publish for anyone; a getter there fetches
+/// (it presents the token itself), but its agent cannot take the files over: it leaves its
+/// window holding no copy, so no later getter is sent to it.
+fn an_agent_without_the_token_registers_and_publishes_for_no_one(t: &Guarded) {
+    let other_dir = t.dir.path().join("n2");
     std::fs::create_dir_all(&other_dir).unwrap();
-    let intruder = start_agent_with(ip, &server.addr, &other_dir, "n2", &[]);
+    let intruder = start_agent_with(t.ip, &t.server.addr, &other_dir, "n2", &[]);
     let out = kt_as(
-        &server.addr,
+        &t.server.addr,
         &intruder.socket,
-        &with_token,
-        &["put", "local/x", "--src", src_s, "--locale", "local"],
+        &t.with_token(),
+        &["put", "local/x", "--src", t.src(), "--locale", "local"],
     );
     assert!(!out.status.success());
     assert!(stderr(&out).contains("no credential"), "{}", stderr(&out));
-    // A getter there fetches (it presents the token itself), but its agent cannot take the
-    // files over: it leaves its window holding no copy, so no later getter is sent to it.
-    let dest = dir.path().join("via-intruder.bin");
-    ok(kt_as(
-        &server.addr,
+    let dest = t.dir.path().join("via-intruder.bin");
+    t.kt_ok(
         &intruder.socket,
-        &with_token,
         &[
             "get",
             "models/w",
@@ -278,30 +328,24 @@ fn a_shared_token_guards_every_call_and_agents_present_it() {
             "--group-id",
             "handover",
         ],
-    ));
-    assert!(std::fs::read(&dest).unwrap() == std::fs::read(&src).unwrap());
-    let window: serde_json::Value = serde_json::from_str(&ok(kt_as(
-        &server.addr,
-        &none,
-        &with_token,
-        &["window", "handover", "-n", "team-a", "--json"],
-    )))
-    .unwrap();
+    );
+    assert!(std::fs::read(&dest).unwrap() == std::fs::read(&t.src).unwrap());
+    let window = t.kt_json(&t.none, &["window", "handover", "-n", "team-a", "--json"]);
     let members = window["members"].as_array().unwrap();
     assert_eq!(members.len(), 1, "{window}");
     assert_eq!(members[0]["done"], serde_json::json!(false), "{window}");
     assert_eq!(members[0]["failed"], serde_json::json!(true), "{window}");
     // `kt status` tells the two apart.
     let status = |sock: &Path| -> serde_json::Value {
-        serde_json::from_str(&ok(kt_as(&server.addr, sock, &[], &["status", "--json"]))).unwrap()
+        serde_json::from_str(&ok(kt_as(&t.server.addr, sock, &[], &["status", "--json"]))).unwrap()
     };
-    let (good, bad) = (status(&agent.socket), status(&intruder.socket));
+    let (good, bad) = (status(&t.agent.socket), status(&intruder.socket));
     assert_eq!(
         (good["registered"].as_bool(), bad["registered"].as_bool()),
         (Some(true), Some(false))
     );
     assert!(good["served_bytes"].as_u64().unwrap() >= 300_000, "{good}");
-    let out = kt_as(&server.addr, &none, &with_token, &["ls", "local/x"]);
+    let out = kt_as(&t.server.addr, &t.none, &t.with_token(), &["ls", "local/x"]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
 }
 

@@ -4,7 +4,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -277,6 +277,39 @@ async fn create_volume_is_idempotent_and_validates() {
     let csi = start_csi(&dirs, &store, "127.0.0.91", true);
     let mut c = connect(&dirs.socket()).await;
 
+    let v = the_same_name_is_the_same_volume(&mut c).await;
+    the_class_or_the_pvc_names_the_namespace(&mut c).await;
+    the_longest_odd_names_are_volumes_of_their_own(&mut c).await;
+    bad_create_requests_are_invalid(&mut c).await;
+    capabilities_are_validated(&mut c, &v).await;
+
+    // A restarted controller remembers what it created.
+    csi.kill();
+    let _csi = start_csi(&dirs, &store, "127.0.0.91", true);
+    let mut c = connect(&dirs.socket()).await;
+    assert_eq!(
+        c.controller
+            .create_volume(create_req("pvc-a", &[("locale", "local")]))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap(),
+        v
+    );
+    assert_eq!(
+        code(
+            c.controller
+                .create_volume(create_req("pvc-a", &[("namespace", "other")]))
+                .await
+        ),
+        Code::AlreadyExists
+    );
+}
+
+/// A volume for a PVC `pvc-a`; the same request again gives the same volume, and the same name
+/// with other parameters, or another capacity, is ALREADY_EXISTS. Returns the volume.
+async fn the_same_name_is_the_same_volume(c: &mut Clients) -> Volume {
     let v = c
         .controller
         .create_volume(create_req("pvc-a", &[("locale", "local")]))
@@ -325,8 +358,13 @@ async fn create_volume_is_idempotent_and_validates() {
         code(c.controller.create_volume(bigger).await),
         Code::AlreadyExists
     );
+    v
+}
 
-    // An explicit namespace and prefix.
+/// An explicit namespace and prefix; a class that names no namespace takes the PVC's (and
+/// without the PVC's either, there is none); a class that shares its volumes puts the grant in
+/// the volume context.
+async fn the_class_or_the_pvc_names_the_namespace(c: &mut Clients) {
     let w = c
         .controller
         .create_volume(create_req(
@@ -379,9 +417,11 @@ async fn create_volume_is_idempotent_and_validates() {
             .map(String::as_str),
         Some("default,team-b")
     );
+}
 
-    // The spec's longest name, of characters it allows that a key or a file name does not
-    // take as they are: a volume, the same one again, and another for a name one byte shorter.
+/// The spec's longest name, of characters it allows that a key or a file name does not take
+/// as they are: a volume, the same one again, and another for a name one byte shorter.
+async fn the_longest_odd_names_are_volumes_of_their_own(c: &mut Clients) {
     let odd = format!("../ a/b\t\u{e9}/{}xy", "\u{2603}/.".repeat(23));
     assert_eq!(odd.len(), 128);
     let v_odd = within(c.controller.create_volume(create_req(&odd, &[])))
@@ -411,8 +451,11 @@ async fn create_volume_is_idempotent_and_validates() {
         .volume
         .unwrap();
     assert_ne!(shorter.volume_id, v_odd.volume_id);
+}
 
-    // Bad requests.
+/// No name, no capabilities, a block volume, or a parameter that is not one kt-csi knows (or
+/// not a value it takes).
+async fn bad_create_requests_are_invalid(c: &mut Clients) {
     let mut no_name = create_req("", &[]);
     no_name.name.clear();
     assert_eq!(
@@ -448,8 +491,11 @@ async fn create_volume_is_idempotent_and_validates() {
             "{params:?}"
         );
     }
+}
 
-    // ValidateVolumeCapabilities.
+/// ValidateVolumeCapabilities of volume `v`: mount capabilities are confirmed, a block one is
+/// not; an unknown volume is NOT_FOUND and no capabilities INVALID_ARGUMENT.
+async fn capabilities_are_validated(c: &mut Clients, v: &Volume) {
     let ok = c
         .controller
         .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
@@ -501,41 +547,60 @@ async fn create_volume_is_idempotent_and_validates() {
         ),
         Code::InvalidArgument
     );
+}
 
-    // A restarted controller remembers what it created.
-    csi.kill();
-    let _csi = start_csi(&dirs, &store, "127.0.0.91", true);
-    let mut c = connect(&dirs.socket()).await;
-    assert_eq!(
-        c.controller
-            .create_volume(create_req("pvc-a", &[("locale", "local")]))
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap(),
-        v
-    );
-    assert_eq!(
-        code(
-            c.controller
-                .create_volume(create_req("pvc-a", &[("namespace", "other")]))
-                .await
-        ),
-        Code::AlreadyExists
-    );
+/// What the steps of the publish test share: kt-csi (with its controller) on a store, the
+/// namespace its volumes are in, and where pods' volumes go. Dropped in this order: kt-csi,
+/// its directories, the store.
+struct Plugin {
+    _csi: Proc,
+    dirs: CsiDirs,
+    store: Store,
+    ns: &'static str,
+    pods: PathBuf,
+}
+
+impl Plugin {
+    fn start(ip: &str, ns: &'static str) -> Self {
+        let store = Store::start(ip);
+        let dirs = CsiDirs::new();
+        let csi = start_csi(&dirs, &store, ip, true);
+        let pods = dirs.pods();
+        Plugin {
+            _csi: csi,
+            dirs,
+            store,
+            ns,
+            pods,
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_read_write_read_only_unpublish_and_delete() {
     require_fuse();
-    let store = Store::start("127.0.0.92");
-    let dirs = CsiDirs::new();
-    let _csi = start_csi(&dirs, &store, "127.0.0.92", true);
-    let mut c = connect(&dirs.socket()).await;
-    let ns = "csi-pub";
-    let pods = dirs.pods();
+    let w = Plugin::start("127.0.0.92", "csi-pub");
+    let mut c = connect(&w.dirs.socket()).await;
+    let c = &mut c;
 
+    let (vol_a, vol_b) = two_volumes(c, &w).await;
+    let (t1, pid) = a_read_write_publish_writes_keys(c, &w, &vol_a).await;
+    let t2 = a_second_volume_shares_the_mount(c, &w, &vol_b, &t1, pid).await;
+    let t3 = a_read_only_publish_refuses_writes(c, &w, &vol_a, &t1).await;
+    let t4 = an_inline_volume_mounts_a_prefix(c, &w, pid).await;
+    pods_of_other_namespaces_are_refused(c, &w, &vol_a).await;
+    let t6 = a_shared_volume_is_read_where_it_is_shared(c, &w).await;
+    let t7 = an_odd_name_maps_to_a_prefix(c, &w).await;
+    another_namespace_is_served_by_the_same_agent(c, &w, &t1, pid).await;
+    bad_publish_requests_are_invalid(c, &w, &vol_a, &t1).await;
+    let targets = [&t1, &t2, &t3, &t4, &t6, &t7];
+    unpublish_removes_binds_and_targets(c, &w, &vol_a, targets, pid).await;
+    delete_volume_removes_its_prefix_alone(c, &w, &vol_a).await;
+}
+
+/// Two volumes of namespace `ns`, one of its own prefix.
+async fn two_volumes(c: &mut Clients, w: &Plugin) -> (Volume, Volume) {
+    let ns = w.ns;
     let vol_a = within(c.controller.create_volume(create_req(
         "pvc-a",
         &[("namespace", ns), ("prefix", "team/a")],
@@ -554,10 +619,20 @@ async fn publish_read_write_read_only_unpublish_and_delete() {
     .into_inner()
     .volume
     .unwrap();
+    (vol_a, vol_b)
+}
 
-    // Read-write publish: the target does not exist yet; kt-csi creates it.
+/// A read-write publish of `vol_a`: kt-csi creates the target, starts the node agent, and the
+/// files written there are keys under the prefix, in the namespace. The same publish again is
+/// fine, another mode on the same target is not. The target and the agent's pid.
+async fn a_read_write_publish_writes_keys(
+    c: &mut Clients,
+    w: &Plugin,
+    vol_a: &Volume,
+) -> (PathBuf, u32) {
+    let (store, dirs, pods, ns) = (&w.store, &w.dirs, &w.pods, w.ns);
     let t1 = pods.join("pod1-vol");
-    within(c.node.node_publish_volume(publish_req(&vol_a, &t1, false)))
+    within(c.node.node_publish_volume(publish_req(vol_a, &t1, false)))
         .await
         .unwrap();
     let pid = dirs.agent_pid().expect("the node agent");
@@ -588,18 +663,28 @@ async fn publish_read_write_read_only_unpublish_and_delete() {
     assert_eq!(std::fs::read(&got).unwrap(), b"hello from a pod\n");
 
     // Publishing the same volume on the same target again is fine.
-    within(c.node.node_publish_volume(publish_req(&vol_a, &t1, false)))
+    within(c.node.node_publish_volume(publish_req(vol_a, &t1, false)))
         .await
         .unwrap();
     // The same target with another mode is not.
     assert_eq!(
-        code(within(c.node.node_publish_volume(publish_req(&vol_a, &t1, true))).await),
+        code(within(c.node.node_publish_volume(publish_req(vol_a, &t1, true))).await),
         Code::AlreadyExists
     );
+    (t1, pid)
+}
 
-    // A second volume of the namespace shares the same kt mount.
+/// A second volume of the namespace shares the same kt mount, and sees its own prefix.
+async fn a_second_volume_shares_the_mount(
+    c: &mut Clients,
+    w: &Plugin,
+    vol_b: &Volume,
+    t1: &Path,
+    pid: u32,
+) -> PathBuf {
+    let (store, dirs, pods, ns) = (&w.store, &w.dirs, &w.pods, w.ns);
     let t2 = pods.join("pod2-vol");
-    within(c.node.node_publish_volume(publish_req(&vol_b, &t2, false)))
+    within(c.node.node_publish_volume(publish_req(vol_b, &t2, false)))
         .await
         .unwrap();
     assert_eq!(dirs.agent_pid(), Some(pid));
@@ -613,10 +698,20 @@ async fn publish_read_write_read_only_unpublish_and_delete() {
     assert!(eventually(Duration::from_secs(10), || store
         .ls(ns, Some("pvc-b"))
         .contains(&"b.txt".to_string())));
+    t2
+}
 
-    // Read-only publish of volume a: reads work, writes get EROFS.
+/// A read-only publish of volume a: reads work, writes get EROFS, and the read-write publish
+/// of the same volume still writes.
+async fn a_read_only_publish_refuses_writes(
+    c: &mut Clients,
+    w: &Plugin,
+    vol_a: &Volume,
+    t1: &Path,
+) -> PathBuf {
+    let pods = &w.pods;
     let t3 = pods.join("pod3-vol");
-    within(c.node.node_publish_volume(publish_req(&vol_a, &t3, true)))
+    within(c.node.node_publish_volume(publish_req(vol_a, &t3, true)))
         .await
         .unwrap();
     assert_eq!(
@@ -631,9 +726,13 @@ async fn publish_read_write_read_only_unpublish_and_delete() {
     assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
     // The read-write publish of the same volume still writes.
     std::fs::write(t1.join("still-rw.txt"), b"ok").unwrap();
+    t3
+}
 
-    // An ephemeral inline volume (no CreateVolume): attributes name the prefix it mounts, of
-    // its pod's namespace.
+/// An ephemeral inline volume (no CreateVolume): attributes name the prefix it mounts, of its
+/// pod's namespace.
+async fn an_inline_volume_mounts_a_prefix(c: &mut Clients, w: &Plugin, pid: u32) -> PathBuf {
+    let (dirs, pods, ns) = (&w.dirs, &w.pods, w.ns);
     let t4 = pods.join("pod4-inline");
     within(c.node.node_publish_volume(inline_req(
         ns,
@@ -648,9 +747,14 @@ async fn publish_read_write_read_only_unpublish_and_delete() {
         pattern(300_000, 1)
     );
     assert_eq!(dirs.agent_pid(), Some(pid));
+    t4
+}
 
-    // A pod of another namespace may not name this one's keys in an inline volume, nor the
-    // pod of this one another's; nor mount a PV of this namespace its class does not share.
+/// A pod of another namespace may not name this one's keys in an inline volume, nor the pod
+/// of this one another's; nor mount a PV of this namespace its class does not share; and a
+/// kubelet that does not say which pod it publishes for is refused.
+async fn pods_of_other_namespaces_are_refused(c: &mut Clients, w: &Plugin, vol_a: &Volume) {
+    let (pods, ns) = (&w.pods, w.ns);
     let t_no = pods.join("pod-denied");
     for r in [
         inline_req(
@@ -671,7 +775,7 @@ async fn publish_read_write_read_only_unpublish_and_delete() {
             &t_no,
             true,
         ),
-        publish_req_for("csi-other", &vol_a, &t_no, true),
+        publish_req_for("csi-other", vol_a, &t_no, true),
     ] {
         let e = within(c.node.node_publish_volume(r)).await.unwrap_err();
         assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
@@ -683,8 +787,13 @@ async fn publish_read_write_read_only_unpublish_and_delete() {
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(e.message().contains("podInfoOnMount"), "{e:?}");
     assert!(!t_no.exists());
+}
 
-    // A PV its class shares with namespace csi-reader: a pod there reads volume a's files.
+/// A PV its class shares with namespace csi-reader: a pod there reads volume a's files, a pod
+/// of another namespace is refused.
+async fn a_shared_volume_is_read_where_it_is_shared(c: &mut Clients, w: &Plugin) -> PathBuf {
+    let (pods, ns) = (&w.pods, w.ns);
+    let t_no = pods.join("pod-denied");
     let shared = within(c.controller.create_volume(create_req(
         "pvc-shared",
         &[
@@ -716,9 +825,13 @@ async fn publish_read_write_read_only_unpublish_and_delete() {
     .await
     .unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    t6
+}
 
-    // A volume of the spec's longest name, of unusual characters: its files are keys under
-    // the prefix its name maps to.
+/// A volume of the spec's longest name, of unusual characters: its files are keys under the
+/// prefix its name maps to.
+async fn an_odd_name_maps_to_a_prefix(c: &mut Clients, w: &Plugin) -> PathBuf {
+    let (store, pods, ns) = (&w.store, &w.pods, w.ns);
     let odd = format!("../ a/b\t\u{e9}/{}xy", "\u{2603}/.".repeat(23));
     let vol_odd = within(
         c.controller
@@ -741,8 +854,19 @@ async fn publish_read_write_read_only_unpublish_and_delete() {
     assert!(eventually(Duration::from_secs(10), || store
         .ls(ns, Some(&odd_prefix))
         .contains(&"odd.txt".to_string())));
+    t7
+}
 
-    // A volume of another namespace: mounted by the same node agent, one cache for both.
+/// A volume of another namespace: mounted by the same node agent, one cache for both; one
+/// agent process serves both namespaces (none was started per namespace), under the keeper
+/// kt-csi started.
+async fn another_namespace_is_served_by_the_same_agent(
+    c: &mut Clients,
+    w: &Plugin,
+    t1: &Path,
+    pid: u32,
+) {
+    let (store, dirs, pods) = (&w.store, &w.dirs, &w.pods);
     let t5 = pods.join("pod5-other-ns");
     within(
         c.node
@@ -759,42 +883,55 @@ async fn publish_read_write_read_only_unpublish_and_delete() {
     assert_eq!(dirs.agent_pid(), Some(pid));
     // One agent process serves both namespaces (none was started per namespace), under the
     // keeper kt-csi started.
-    let agents = agent_processes(&dirs);
+    let agents = agent_processes(dirs);
     assert_eq!(agents.len(), 1, "{agents:?}");
     assert_eq!(parent_of(agents[0]), Some(pid));
+}
 
-    // Bad publish requests.
-    let mut r = publish_req(&vol_a, &pods.join("x"), false);
+/// Publish requests without a volume id, a target or a capability, or of a block volume.
+async fn bad_publish_requests_are_invalid(c: &mut Clients, w: &Plugin, vol_a: &Volume, t1: &Path) {
+    let pods = &w.pods;
+    let mut r = publish_req(vol_a, &pods.join("x"), false);
     r.volume_id.clear();
     assert_eq!(
         code(c.node.node_publish_volume(r).await),
         Code::InvalidArgument
     );
-    let mut r = publish_req(&vol_a, &pods.join("x"), false);
+    let mut r = publish_req(vol_a, &pods.join("x"), false);
     r.target_path.clear();
     assert_eq!(
         code(c.node.node_publish_volume(r).await),
         Code::InvalidArgument
     );
-    let mut r = publish_req(&vol_a, &pods.join("x"), false);
+    let mut r = publish_req(vol_a, &pods.join("x"), false);
     r.volume_capability = None;
     assert_eq!(
         code(c.node.node_publish_volume(r).await),
         Code::InvalidArgument
     );
-    let mut r = publish_req(&vol_a, &pods.join("x"), false);
+    let mut r = publish_req(vol_a, &pods.join("x"), false);
     r.volume_capability = Some(block_cap());
     assert_eq!(
         code(c.node.node_publish_volume(r).await),
         Code::InvalidArgument
     );
     assert_eq!(
-        code(c.node.node_unpublish_volume(unpublish_req("", &t1)).await),
+        code(c.node.node_unpublish_volume(unpublish_req("", t1)).await),
         Code::InvalidArgument
     );
+}
 
-    // Unpublish, twice each: the binds go, the targets go, the namespace mount stays.
-    for t in [&t1, &t2, &t3, &t4, &t6, &t7] {
+/// Unpublish, twice each: the binds go, the targets go, the namespace mount stays; a target
+/// that never existed is fine.
+async fn unpublish_removes_binds_and_targets(
+    c: &mut Clients,
+    w: &Plugin,
+    vol_a: &Volume,
+    targets: [&PathBuf; 6],
+    pid: u32,
+) {
+    let pods = &w.pods;
+    for t in targets {
         for _ in 0..2 {
             within(
                 c.node
@@ -814,8 +951,12 @@ async fn publish_read_write_read_only_unpublish_and_delete() {
     )
     .await
     .unwrap();
+}
 
-    // DeleteVolume removes the keys under the prefix, and only those.
+/// DeleteVolume removes the keys under the prefix, and only those; again, and for ids that
+/// never were, it is still fine; and the name is free again after it.
+async fn delete_volume_removes_its_prefix_alone(c: &mut Clients, w: &Plugin, vol_a: &Volume) {
+    let (store, ns) = (&w.store, w.ns);
     within(c.controller.delete_volume(DeleteVolumeRequest {
         volume_id: vol_a.volume_id.clone(),
         ..Default::default()

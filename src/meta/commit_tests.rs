@@ -2,16 +2,19 @@
 //! writes the test holds back (to queue changes behind a batch) and can make fail.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
-use super::backend::{KeyValue, Op, Step, Visit};
+use super::backend::{KeyValue, Op, Step, Table, Visit};
 use super::*;
 use crate::blocks::files::BlockFiles;
-use crate::blocks::store::{CF_BLOCKS, CF_BLOCK_INDEX};
+use crate::blocks::store::{StoreBlocks, CF_BLOCKS, CF_BLOCK_INDEX};
 use crate::clock::ManualClock;
 use crate::db::Db;
-use crate::manifest::{BlockRef, FileEntry};
+use crate::hash::{BlockHash, Version};
+use crate::key::{KeyPath, Namespace};
+use crate::locks;
+use crate::manifest::{BlockRef, EntryKind, FileEntry, Manifest};
 
 /// Where synced writes wait until the test opens it.
 #[derive(Default)]
@@ -124,7 +127,7 @@ fn stored_file(meta: &MetaStore, data: &[u8]) -> Manifest {
 
 fn publish(meta: &MetaStore, key: &str, m: &Manifest) -> Result<Version, MetaError> {
     let key = KeyPath::parse(key).unwrap();
-    meta.publish(&Namespace::default(), &key, m, Locale::Store, "", 0, false)
+    meta.publish(Publish::new(&Namespace::default(), &key, m))
 }
 
 /// Waits for a state the threads of a test reach on their own (never a fixed delay).
@@ -290,8 +293,11 @@ fn a_listing_of_one_level_reads_one_live_key_per_directory_below_it() {
     // A directory whose first keys expired still shows; one whose every key expired does not.
     let key = |k: &str| KeyPath::parse(k).unwrap();
     for k in ["top/b/0-gone", "top/gone/x", "top/gone/y/z"] {
-        meta.publish(&ns, &key(k), &file, Locale::Store, "", 1, false)
-            .unwrap();
+        meta.publish(Publish {
+            ttl_secs: 1,
+            ..Publish::new(&ns, &key(k), &file)
+        })
+        .unwrap();
     }
     meta.set_attr(&ns, &key("top/file"), Some(0o600), None, (None, None))
         .unwrap();

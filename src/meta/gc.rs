@@ -20,8 +20,10 @@ use std::collections::HashSet;
 use prost::Message;
 
 use super::backend::{BackendError, Op, Table};
+use super::error::MetaError;
 use super::keys::live;
-use super::{MetaError, MetaStore};
+use super::reads::View;
+use super::store::MetaStore;
 use crate::hash::{BlockHash, Version};
 use crate::locks;
 use crate::manifest::{self, Manifest};
@@ -134,7 +136,7 @@ impl MetaStore {
         let mut touched: Vec<Version> = locks::lock(&self.touched).all().copied().collect();
         touched.extend(self.open_versions());
         for v in touched {
-            if let Ok(m) = self.manifest(super::View::Stored, &v.0) {
+            if let Ok(m) = self.manifest(View::Stored, &v.0) {
                 blocks_of(&m, &mut live_blocks);
             }
             live_versions.insert(v);

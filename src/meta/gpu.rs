@@ -3,8 +3,9 @@
 //! GPU key and a file never share a name), shows in listings with its publishing node as its
 //! locale, and is there for readers only while that node is alive.
 
+use super::error::MetaError;
+use super::store::MetaStore;
 use super::txn::{Lineage, Loc, Txn};
-use super::{MetaError, MetaStore};
 use crate::gpu::table::Table;
 use crate::hash::Version;
 use crate::key::{KeyPath, Namespace};

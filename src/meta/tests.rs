@@ -1,12 +1,20 @@
 //! Tests of the metadata store, on a manual clock.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::backend::Table;
+use super::keys::key_bytes;
 use super::*;
 use crate::blocks::files::{BlockFiles, MIN_FILE_BLOCK};
-use crate::blocks::store::{CF_BLOCKS, CF_BLOCK_INDEX};
+use crate::blocks::store::{StoreBlocks, CF_BLOCKS, CF_BLOCK_INDEX};
 use crate::blocks::Served;
 use crate::clock::ManualClock;
 use crate::db::Db;
-use crate::manifest::{BlockRef, EntryKind, FileEntry};
+use crate::hash::BlockHash;
+use crate::key::{KeyPath, Namespace};
+use crate::manifest::{BlockRef, EntryKind, FileEntry, Manifest};
+use crate::proto::{ListEntry, Locale, NodeInfo};
 
 /// A store over a fresh database in `dir`, on `clock`.
 fn open_in(dir: &std::path::Path, lease: Duration, clock: &ManualClock) -> MetaStore {
@@ -56,7 +64,11 @@ fn nodes_that_stop_heartbeating_stop_being_sources() {
     let ns = Namespace::default();
     let key = KeyPath::parse("k").unwrap();
     let v = meta
-        .publish(&ns, &key, &one_file(b"abc"), Locale::Local, "n1", 0, false)
+        .publish(Publish {
+            locale: Locale::Local,
+            origin: "n1",
+            ..Publish::new(&ns, &key, &one_file(b"abc"))
+        })
         .unwrap();
     let rec = meta.resolve(&ns, &key).unwrap().record;
     assert_eq!(meta.sources(&v, &rec).unwrap().len(), 1);
@@ -90,7 +102,7 @@ fn store_publish_checks_block_lengths_against_the_store() {
         m.block_size = MIN_FILE_BLOCK as u32 * 2;
         m.entries[0].blocks[0].len += 1;
         m.entries[0].size += 1;
-        match meta.publish(&ns, &key, &m, Locale::Store, "", 0, false) {
+        match meta.publish(Publish::new(&ns, &key, &m)) {
             Err(MetaError::BadRequest(msg)) => {
                 assert!(msg.contains(&format!("lie{i}: block 0")), "{msg}")
             }
@@ -106,8 +118,12 @@ fn store_publish_checks_block_lengths_against_the_store() {
             data_addr: "127.0.0.1:1".into(),
             zone: String::new(),
         });
-        meta.publish(&ns, &key, &m, Locale::Local, "n1", 0, false)
-            .unwrap();
+        meta.publish(Publish {
+            locale: Locale::Local,
+            origin: "n1",
+            ..Publish::new(&ns, &key, &m)
+        })
+        .unwrap();
     }
 }
 
@@ -118,7 +134,7 @@ fn store_publish_needs_its_blocks_and_swaps_atomically() {
     let key = KeyPath::parse("a/b").unwrap();
     let m1 = one_file(b"one");
     assert!(matches!(
-        meta.publish(&ns, &key, &m1, Locale::Store, "", 0, false),
+        meta.publish(Publish::new(&ns, &key, &m1)),
         Err(MetaError::MissingBlocks(1))
     ));
     assert!(matches!(
@@ -126,23 +142,20 @@ fn store_publish_needs_its_blocks_and_swaps_atomically() {
         Err(MetaError::NotFound(_))
     ));
     meta.blocks().put(&BlockHash::of(b"one"), b"one").unwrap();
-    let v1 = meta
-        .publish(&ns, &key, &m1, Locale::Store, "", 0, false)
-        .unwrap();
+    let v1 = meta.publish(Publish::new(&ns, &key, &m1)).unwrap();
     // Same content again is idempotent; different content needs force.
-    assert_eq!(
-        meta.publish(&ns, &key, &m1, Locale::Store, "", 0, false)
-            .unwrap(),
-        v1
-    );
+    assert_eq!(meta.publish(Publish::new(&ns, &key, &m1)).unwrap(), v1);
     let m2 = one_file(b"two");
     meta.blocks().put(&BlockHash::of(b"two"), b"two").unwrap();
     assert!(matches!(
-        meta.publish(&ns, &key, &m2, Locale::Store, "", 0, false),
+        meta.publish(Publish::new(&ns, &key, &m2)),
         Err(MetaError::Exists(_))
     ));
     let v2 = meta
-        .publish(&ns, &key, &m2, Locale::Store, "", 0, true)
+        .publish(Publish {
+            force: true,
+            ..Publish::new(&ns, &key, &m2)
+        })
         .unwrap();
     assert_eq!(
         meta.resolve(&ns, &key).unwrap().record.version,
@@ -151,12 +164,15 @@ fn store_publish_needs_its_blocks_and_swaps_atomically() {
     // Nothing can be published inside a file key, and a parent with keys below is no file.
     let inner = KeyPath::parse("a/b/c").unwrap();
     assert!(matches!(
-        meta.publish(&ns, &inner, &m1, Locale::Store, "", 0, false),
+        meta.publish(Publish::new(&ns, &inner, &m1)),
         Err(MetaError::NotDir(_))
     ));
     let parent = KeyPath::parse("a").unwrap();
     assert!(matches!(
-        meta.publish(&ns, &parent, &m1, Locale::Store, "", 0, true),
+        meta.publish(Publish {
+            force: true,
+            ..Publish::new(&ns, &parent, &m1)
+        }),
         Err(MetaError::IsDir(_))
     ));
 }
@@ -167,8 +183,11 @@ fn expired_keys_disappear() {
     let ns = Namespace::default();
     let key = KeyPath::parse("tmp").unwrap();
     meta.blocks().put(&BlockHash::of(b"x"), b"x").unwrap();
-    meta.publish(&ns, &key, &one_file(b"x"), Locale::Store, "", 1, false)
-        .unwrap();
+    meta.publish(Publish {
+        ttl_secs: 1,
+        ..Publish::new(&ns, &key, &one_file(b"x"))
+    })
+    .unwrap();
     assert_eq!(meta.list(&ns, None, false).unwrap().entries.len(), 1);
     clock.advance(Duration::from_millis(999));
     assert_eq!(meta.list(&ns, None, false).unwrap().entries.len(), 1);
@@ -216,8 +235,7 @@ fn published_dir(meta: &MetaStore, ns: &Namespace) {
         block_size: 1024,
         entries: vec![dir_entry(""), g, dir_entry("x"), f],
     };
-    meta.publish(ns, &k("d"), &m, Locale::Store, "", 0, false)
-        .unwrap();
+    meta.publish(Publish::new(ns, &k("d"), &m)).unwrap();
 }
 
 #[test]
@@ -227,41 +245,20 @@ fn keys_nest_inside_published_directories() {
     published_dir(&meta, &ns);
     // A file written into the published directory becomes its own key and replaces the entry.
     meta.blocks().put(&BlockHash::of(b"new"), b"new").unwrap();
-    meta.publish(
-        &ns,
-        &k("d/x/f"),
-        &one_file(b"new"),
-        Locale::Store,
-        "",
-        0,
-        true,
-    )
+    meta.publish(Publish {
+        force: true,
+        ..Publish::new(&ns, &k("d/x/f"), &one_file(b"new"))
+    })
     .unwrap();
-    meta.publish(
-        &ns,
-        &k("d/x/h"),
-        &one_file(b"new"),
-        Locale::Store,
-        "",
-        0,
-        false,
-    )
-    .unwrap();
+    meta.publish(Publish::new(&ns, &k("d/x/h"), &one_file(b"new")))
+        .unwrap();
     assert_eq!(names(&meta, &ns, "d/x"), ["f", "h"]);
     let r = meta.resolve(&ns, &k("d/x/f")).unwrap();
     assert_eq!(r.key, "d/x/f");
     assert_eq!(r.manifest.entries[0].size, 3);
     // Inside a file there is nothing.
     assert!(matches!(
-        meta.publish(
-            &ns,
-            &k("d/g/z"),
-            &one_file(b"new"),
-            Locale::Store,
-            "",
-            0,
-            false
-        ),
+        meta.publish(Publish::new(&ns, &k("d/g/z"), &one_file(b"new"))),
         Err(MetaError::NotDir(_))
     ));
     // Removing a path inside the directory rewrites its manifest; non-empty directories need -r.
@@ -295,26 +292,10 @@ fn renames_move_keys_entries_and_subtrees() {
     assert!(names(&meta, &ns, "d").is_empty());
     // A directory of keys moves whole, and replaces an empty directory.
     meta.blocks().put(&BlockHash::of(b"y"), b"y").unwrap();
-    meta.publish(
-        &ns,
-        &k("tmp/a/b"),
-        &one_file(b"y"),
-        Locale::Store,
-        "",
-        0,
-        false,
-    )
-    .unwrap();
-    meta.publish(
-        &ns,
-        &k("tmp/c"),
-        &one_file(b"y"),
-        Locale::Store,
-        "",
-        0,
-        false,
-    )
-    .unwrap();
+    meta.publish(Publish::new(&ns, &k("tmp/a/b"), &one_file(b"y")))
+        .unwrap();
+    meta.publish(Publish::new(&ns, &k("tmp/c"), &one_file(b"y")))
+        .unwrap();
     meta.rename(&ns, &k("tmp"), &k("d"), false).unwrap();
     assert_eq!(names(&meta, &ns, "d"), ["a/", "c"]);
     assert_eq!(names(&meta, &ns, ""), ["d/", "top/"]);
@@ -349,16 +330,8 @@ fn an_exchange_swaps_two_names_of_any_kinds_in_one_change() {
     let ns = Namespace::default();
     published_dir(&meta, &ns);
     meta.blocks().put(&BlockHash::of(b"top"), b"top").unwrap();
-    meta.publish(
-        &ns,
-        &k("top"),
-        &one_file(b"top"),
-        Locale::Store,
-        "",
-        0,
-        false,
-    )
-    .unwrap();
+    meta.publish(Publish::new(&ns, &k("top"), &one_file(b"top")))
+        .unwrap();
     // A path inside a published directory and a key of its own.
     meta.exchange(&ns, &k("d/g"), &k("top")).unwrap();
     assert_eq!(names(&meta, &ns, "d"), ["g", "x/"]);
@@ -371,7 +344,7 @@ fn an_exchange_swaps_two_names_of_any_kinds_in_one_change() {
     // Two directories of keys.
     meta.blocks().put(&BlockHash::of(b"y"), b"y").unwrap();
     for key in ["tmp/a/b", "tmp/c"] {
-        meta.publish(&ns, &k(key), &one_file(b"y"), Locale::Store, "", 0, false)
+        meta.publish(Publish::new(&ns, &k(key), &one_file(b"y")))
             .unwrap();
     }
     meta.exchange(&ns, &k("tmp"), &k("d")).unwrap();
@@ -422,7 +395,7 @@ fn set_attr_rewrites_metadata_only() {
         after.manifest.entries[0].blocks,
         before.manifest.entries[0].blocks
     );
-    meta.publish(&ns, &k("p/q"), &one_file(b"f"), Locale::Store, "", 0, false)
+    meta.publish(Publish::new(&ns, &k("p/q"), &one_file(b"f")))
         .unwrap();
     meta.set_attr(&ns, &k("p"), Some(0o700), None, (Some(1000), None))
         .unwrap();
@@ -454,8 +427,7 @@ fn large_blocks_are_files_that_survive_a_restart_and_a_lost_file_is_missing() {
         });
         m.entries[0].size += small.len() as u64;
         m.block_size = MIN_FILE_BLOCK as u32;
-        meta.publish(&ns, &key, &m, Locale::Store, "", 0, false)
-            .unwrap();
+        meta.publish(Publish::new(&ns, &key, &m)).unwrap();
         assert!(
             matches!(meta.blocks().get(&hb).unwrap(), Some(Served::File(_, n)) if n == big.len() as u64)
         );
@@ -523,15 +495,10 @@ fn gpu_keys_share_the_namespace_with_files_and_live_with_their_holder() {
     // A file never takes a GPU key's name, even forced; another registration neither.
     meta.blocks().put(&BlockHash::of(b"f"), b"f").unwrap();
     assert!(matches!(
-        meta.publish(
-            &ns,
-            &k("model/layer1"),
-            &one_file(b"f"),
-            Locale::Store,
-            "",
-            0,
-            true
-        ),
+        meta.publish(Publish {
+            force: true,
+            ..Publish::new(&ns, &k("model/layer1"), &one_file(b"f"))
+        }),
         Err(MetaError::Exists(_))
     ));
     assert!(matches!(
@@ -541,16 +508,8 @@ fn gpu_keys_share_the_namespace_with_files_and_live_with_their_holder() {
     meta.publish_gpu(&ns, &k("model/layer1"), gpu_key("gpu-node", 7))
         .unwrap();
     // Nor a GPU key a file's, or a directory's.
-    meta.publish(
-        &ns,
-        &k("files/f"),
-        &one_file(b"f"),
-        Locale::Store,
-        "",
-        0,
-        false,
-    )
-    .unwrap();
+    meta.publish(Publish::new(&ns, &k("files/f"), &one_file(b"f")))
+        .unwrap();
     assert!(matches!(
         meta.publish_gpu(&ns, &k("files/f"), gpu_key("gpu-node", 9)),
         Err(MetaError::Exists(_))
@@ -612,16 +571,8 @@ fn paths_keep_times_of_their_own_that_move_with_them_and_go_with_them() {
     // A key brings its parents into being, as mkdir -p would, and stamps the root.
     tick();
     let t1 = now();
-    meta.publish(
-        &ns,
-        &k("a/b/c"),
-        &one_file(b"f"),
-        Locale::Store,
-        "",
-        0,
-        false,
-    )
-    .unwrap();
+    meta.publish(Publish::new(&ns, &k("a/b/c"), &one_file(b"f")))
+        .unwrap();
     for (dir, name) in [("", "a"), ("a", "b")] {
         assert_eq!(times(&entry(dir, name)), (t1, t1), "{name}");
     }
@@ -659,7 +610,7 @@ fn paths_keep_times_of_their_own_that_move_with_them_and_go_with_them() {
     tick();
     let t4 = now();
     meta.remove(&ns, &k("z/c"), false, false).unwrap();
-    meta.publish(&ns, &k("z/c"), &one_file(b"f"), Locale::Store, "", 0, false)
+    meta.publish(Publish::new(&ns, &k("z/c"), &one_file(b"f")))
         .unwrap();
     assert_eq!(times(&entry("", "z")), (t4, t4));
     let c = entry("z", "c");
@@ -679,8 +630,11 @@ fn hard_links_are_names_of_one_inode_record() {
         meta.blocks().put(&BlockHash::of(d), d).unwrap();
     }
     let put = |key: &str, data: &[u8]| {
-        meta.publish(&ns, &k(key), &one_file(data), Locale::Store, "", 0, true)
-            .unwrap()
+        meta.publish(Publish {
+            force: true,
+            ..Publish::new(&ns, &k(key), &one_file(data))
+        })
+        .unwrap()
     };
     let listed = |name: &str| {
         meta.list(&ns, None, true)
@@ -755,35 +709,14 @@ fn collection_takes_what_no_key_names_and_keeps_what_was_touched_lately() {
     // The first pass only starts the record of what is touched: it knows nothing of uploads
     // in flight before it, and deletes nothing.
     assert_eq!(meta.collect_garbage().unwrap(), gc::GcReport::default());
-    meta.publish(
-        &ns,
-        &k("kept"),
-        &one_block(&kept),
-        Locale::Store,
-        "",
-        0,
-        false,
-    )
-    .unwrap();
-    meta.publish(
-        &ns,
-        &k("gone"),
-        &one_block(&gone),
-        Locale::Store,
-        "",
-        0,
-        false,
-    )
-    .unwrap();
-    meta.publish(
-        &ns,
-        &k("ttl"),
-        &one_block(&expiring),
-        Locale::Store,
-        "",
-        1,
-        false,
-    )
+    meta.publish(Publish::new(&ns, &k("kept"), &one_block(&kept)))
+        .unwrap();
+    meta.publish(Publish::new(&ns, &k("gone"), &one_block(&gone)))
+        .unwrap();
+    meta.publish(Publish {
+        ttl_secs: 1,
+        ..Publish::new(&ns, &k("ttl"), &one_block(&expiring))
+    })
     .unwrap();
     let gone_version = meta.resolve(&ns, &k("gone")).unwrap().record.version;
     meta.remove(&ns, &k("gone"), false, false).unwrap();
@@ -816,28 +749,12 @@ fn collection_takes_what_no_key_names_and_keeps_what_was_touched_lately() {
 
     // A publish that needs a collected block is told it is missing, and works once it is back.
     assert!(matches!(
-        meta.publish(
-            &ns,
-            &k("again"),
-            &one_block(&gone),
-            Locale::Store,
-            "",
-            0,
-            false
-        ),
+        meta.publish(Publish::new(&ns, &k("again"), &one_block(&gone))),
         Err(MetaError::MissingBlocks(1))
     ));
     meta.blocks().put(&BlockHash::of(&gone), &gone).unwrap();
-    meta.publish(
-        &ns,
-        &k("again"),
-        &one_block(&gone),
-        Locale::Store,
-        "",
-        0,
-        false,
-    )
-    .unwrap();
+    meta.publish(Publish::new(&ns, &k("again"), &one_block(&gone)))
+        .unwrap();
 }
 
 #[test]
@@ -887,8 +804,7 @@ fn a_patched_publish_checks_only_the_blocks_its_base_did_not_hold() {
     let old = b"old".to_vec();
     meta.blocks().put(&BlockHash::of(&old), &old).unwrap();
     let base = one_file(&old);
-    meta.publish(&ns, &key, &base, Locale::Store, "", 0, false)
-        .unwrap();
+    meta.publish(Publish::new(&ns, &key, &base)).unwrap();
     meta.blocks().remove(&BlockHash::of(&old)).unwrap();
     let with = |data: &[u8]| {
         let mut m = base.clone();
@@ -906,35 +822,28 @@ fn a_patched_publish_checks_only_the_blocks_its_base_did_not_hold() {
         m
     };
     // A block the patch brings that the store lacks is missing, and the base's is not counted.
-    match meta.publish_over(
-        &ns,
-        &key,
-        &with(b"absent"),
-        Some(&base),
-        Locale::Store,
-        "",
-        0,
-        true,
-    ) {
+    match meta.publish(Publish {
+        base: Some(&base),
+        force: true,
+        ..Publish::new(&ns, &key, &with(b"absent"))
+    }) {
         Err(MetaError::MissingBlocks(1)) => {}
         other => panic!("{:?}", other.map(|v| v.hex())),
     }
     let new = b"new".to_vec();
     meta.blocks().put(&BlockHash::of(&new), &new).unwrap();
-    meta.publish_over(
-        &ns,
-        &key,
-        &with(&new),
-        Some(&base),
-        Locale::Store,
-        "",
-        0,
-        true,
-    )
+    meta.publish(Publish {
+        base: Some(&base),
+        force: true,
+        ..Publish::new(&ns, &key, &with(&new))
+    })
     .unwrap();
     // Without a base every block is looked up.
     assert!(matches!(
-        meta.publish(&ns, &key, &with(&new), Locale::Store, "", 0, true),
+        meta.publish(Publish {
+            force: true,
+            ..Publish::new(&ns, &key, &with(&new))
+        }),
         Err(MetaError::MissingBlocks(1))
     ));
 }

@@ -16,8 +16,11 @@ use std::sync::MutexGuard;
 use prost::Message;
 
 use super::backend::{Op, Table};
-use super::keys::{key_bytes, location_key};
-use super::{MetaError, MetaStore, View};
+use super::commit::Ticket;
+use super::error::MetaError;
+use super::keys::{inode_bytes, key_bytes, location_key};
+use super::reads::View;
+use super::store::MetaStore;
 use crate::hash::Version;
 use crate::key::Namespace;
 use crate::manifest::{self, EntryKind, FileEntry, Manifest};
@@ -646,7 +649,7 @@ impl<'m> Txn<'m> {
     /// Queues every pending change as one batch and returns without waiting: the change is
     /// visible to later plans at once, and durable once [`MetaStore::wait`] of its ticket
     /// returned (so many changes can share one sync of the log).
-    pub fn submit(mut self) -> Result<super::commit::Ticket, MetaError> {
+    pub fn submit(mut self) -> Result<Ticket, MetaError> {
         let Some(guard) = self.guard.take() else {
             return Err(MetaError::BadRequest(
                 "a read-only view of the metadata cannot commit".into(),
@@ -706,7 +709,7 @@ impl<'m> Txn<'m> {
             }
         }
         for (id, i) in inodes {
-            let k = super::keys::inode_bytes(&self.ns, id);
+            let k = inode_bytes(&self.ns, id);
             let Some((r, m)) = i else {
                 ops.push(Op::Delete(Table::Inodes, k));
                 continue;

@@ -17,6 +17,8 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
+use crate::auth::ticket::{shared, Gate};
+use crate::auth::tls::ServerTls;
 use crate::blocks::files::BlockFiles;
 use crate::blocks::store::{StoreBlocks, CF_BLOCKS, CF_BLOCK_INDEX};
 use crate::blocks::BlockError;
@@ -25,8 +27,6 @@ use crate::db::{Db, DbError};
 use crate::meta::{self, MetaError, MetaStore};
 use crate::proto::store_server::StoreServer;
 use crate::rpc::MAX_RPC_MESSAGE;
-use crate::auth::tls::ServerTls;
-use crate::auth::ticket::{shared, Gate};
 use auth::{AuthConfig, Authenticator};
 use handler::StoreHandler;
 

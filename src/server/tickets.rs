@@ -8,10 +8,10 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use crate::auth::ticket::{TicketKey, VersionBlocks};
 use crate::hash::{BlockHash, Version};
 use crate::locks;
 use crate::meta::{MetaError, MetaStore};
-use crate::auth::ticket::{TicketKey, VersionBlocks};
 
 const KEY_FILE: &str = "ticket.key";
 /// Versions whose block sets are kept: the versions being fetched now.

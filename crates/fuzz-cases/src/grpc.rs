@@ -259,117 +259,17 @@ async fn call(c: &mut StoreClient<Channel>, pick: usize, body: &[u8]) {
         2 => {
             let _ = rpc!(c.missing_blocks(decoded!(MissingBlocksRequest, body)));
         }
-        3 => {
-            let req = decoded!(PublishRequest, body);
-            let (ns, key) = (req.namespace.clone(), req.key.clone());
-            if let Some(done) = rpc!(c.publish(req)) {
-                let found = resolve(c, &ns, &key).await;
-                assert_eq!(
-                    found.version, done.version,
-                    "{key:?} resolves to another version"
-                );
-                assert!(
-                    found.subpath.is_empty(),
-                    "{key:?} resolves inside another key"
-                );
-                let m = found.manifest.expect("a resolved key's manifest");
-                assert!(
-                    ktfs::manifest::validate(&m).is_ok(),
-                    "a stored manifest is invalid"
-                );
-            }
-        }
-        4 => {
-            let req = decoded!(PublishGpuRequest, body);
-            let (ns, key) = (req.namespace.clone(), req.key.clone());
-            if let Some(done) = rpc!(c.publish_gpu(req)) {
-                let found = resolve(c, &ns, &key).await;
-                assert_eq!(
-                    found.version, done.version,
-                    "{key:?} resolves to another version"
-                );
-            }
-        }
+        3 => publish_then_resolve(c, body).await,
+        4 => publish_gpu_then_resolve(c, body).await,
         5 => {
             let _ = rpc!(c.resolve(decoded!(ResolveRequest, body)));
         }
-        6 => {
-            let req = decoded!(ListRequest, body);
-            let ns = req.namespace.clone();
-            if let Some(l) = rpc!(c.list(req)) {
-                let n: usize = l.ahead.iter().map(|a| a.entries.len()).sum();
-                assert!(n <= 8192, "{n} entries listed ahead");
-                // Each listing brought ahead is the one its own request gives (nothing
-                // changes between the two: this harness is the only caller).
-                for a in l.ahead.iter().take(4) {
-                    let own = rpc!(c.list(ListRequest {
-                        namespace: ns.clone(),
-                        prefix: a.path.clone(),
-                        ..Default::default()
-                    }));
-                    assert!(
-                        own.is_some_and(|o| o.exists && o.entries == a.entries && o.dir == a.dir),
-                        "{:?} listed ahead is not its own listing",
-                        a.path
-                    );
-                }
-            }
-        }
-        7 => {
-            let req = decoded!(RemoveRequest, body);
-            let ns = req.namespace.clone();
-            if let Some(done) = rpc!(c.remove(req)) {
-                for name in &done.removed {
-                    let req = ResolveRequest {
-                        namespace: ns.clone(),
-                        key: name.clone(),
-                        ..Default::default()
-                    };
-                    let r = tokio::time::timeout(HANG, c.resolve(req))
-                        .await
-                        .expect("hung");
-                    if let Ok(r) = r {
-                        let r = r.into_inner();
-                        assert!(
-                            r.key != *name || !r.subpath.is_empty(),
-                            "{name:?} removed and still resolves"
-                        );
-                    }
-                }
-            }
-        }
+        6 => list_then_each_ahead(c, body).await,
+        7 => remove_then_resolve(c, body).await,
         8 => {
             let _ = rpc!(c.add_location(decoded!(AddLocationRequest, body)));
         }
-        9 => {
-            let req = decoded!(RenameRequest, body);
-            let (ns, to) = (req.namespace.clone(), req.to.clone());
-            if rpc!(c.rename(req)).is_some() {
-                // A prefix that is no key (a directory of keys) moves as one: then `to` lists.
-                let key = tokio::time::timeout(
-                    HANG,
-                    c.resolve(ResolveRequest {
-                        namespace: ns.clone(),
-                        key: to.clone(),
-                        ..Default::default()
-                    }),
-                )
-                .await
-                .expect("resolve hung");
-                if key.is_err() {
-                    let dir = rpc!(c.list(ListRequest {
-                        namespace: ns,
-                        prefix: to.clone(),
-                        dir_only: true,
-                        ..Default::default()
-                    }));
-                    assert!(
-                        dir.is_some_and(|d| d.exists),
-                        "{to:?} renamed to and neither resolves nor lists"
-                    );
-                }
-            }
-        }
+        9 => rename_then_find(c, body).await,
         10 => {
             let req = decoded!(LinkRequest, body);
             let (ns, to) = (req.namespace.clone(), req.to.clone());
@@ -407,62 +307,187 @@ async fn call(c: &mut StoreClient<Channel>, pick: usize, body: &[u8]) {
         18 => {
             let _ = rpc!(c.finish_gpu_window(decoded!(GpuFinishRequest, body)));
         }
-        19 => {
-            let req = decoded!(PublishBatchRequest, body);
-            let (ns, keys) = (
-                req.namespace.clone(),
-                req.items.iter().map(|i| i.key.clone()).collect::<Vec<_>>(),
-            );
-            if let Some(done) = rpc!(c.publish_batch(req)) {
-                assert_eq!(
-                    done.results.len(),
-                    keys.len(),
-                    "a batch answered another count"
-                );
-                for (i, (key, r)) in keys.iter().zip(&done.results).enumerate() {
-                    match &r.published {
-                        // The key's last item in the batch is what it resolves to.
-                        Some(p) if !keys[i + 1..].contains(key) => {
-                            let found = resolve(c, &ns, key).await;
-                            assert_eq!(
-                                found.version, p.version,
-                                "{key:?} resolves to another version"
-                            );
-                        }
-                        Some(_) => {}
-                        None => refused_by_caller("a batch item", r.code, &r.message),
-                    }
-                }
-            }
-        }
+        19 => publish_batch_then_resolve(c, body).await,
         20 => {
             let _ = rpc!(c.swarm_sync(decoded!(SwarmSyncRequest, body)));
         }
-        _ => {
-            let req = decoded!(ResolveManyRequest, body);
-            let (ns, keys) = (req.namespace.clone(), req.keys.clone());
-            let Some(done) = rpc!(c.resolve_many(req)) else {
-                return;
-            };
-            assert_eq!(done.results.len(), keys.len(), "answers to another count");
-            let mut inline = 0;
-            for (key, r) in keys.iter().zip(&done.results) {
-                match &r.resolved {
-                    // Each answer is what a resolve of its own answers.
-                    Some(found) => {
-                        let alone = resolve(c, &ns, key).await;
-                        assert_eq!(found.version, alone.version, "{key:?}: another version");
-                        assert_eq!(found.subpath, alone.subpath, "{key:?}: another subpath");
-                        inline += found
-                            .inline_blocks
-                            .iter()
-                            .map(|b| b.data.len())
-                            .sum::<usize>();
-                    }
-                    None => refused_by_caller(key, r.code, &r.message),
-                }
-            }
-            assert!(inline <= 1 << 20, "{inline} bytes inline in one answer");
+        _ => resolve_many_then_each(c, body).await,
+    }
+}
+
+/// `Publish`: a key published resolves to the version published, as a key of its own, with a
+/// valid manifest.
+async fn publish_then_resolve(c: &mut StoreClient<Channel>, body: &[u8]) {
+    let req = decoded!(PublishRequest, body);
+    let (ns, key) = (req.namespace.clone(), req.key.clone());
+    if let Some(done) = rpc!(c.publish(req)) {
+        let found = resolve(c, &ns, &key).await;
+        assert_eq!(
+            found.version, done.version,
+            "{key:?} resolves to another version"
+        );
+        assert!(
+            found.subpath.is_empty(),
+            "{key:?} resolves inside another key"
+        );
+        let m = found.manifest.expect("a resolved key's manifest");
+        assert!(
+            ktfs::manifest::validate(&m).is_ok(),
+            "a stored manifest is invalid"
+        );
+    }
+}
+
+/// `PublishGpu`: a GPU key published resolves to the version published.
+async fn publish_gpu_then_resolve(c: &mut StoreClient<Channel>, body: &[u8]) {
+    let req = decoded!(PublishGpuRequest, body);
+    let (ns, key) = (req.namespace.clone(), req.key.clone());
+    if let Some(done) = rpc!(c.publish_gpu(req)) {
+        let found = resolve(c, &ns, &key).await;
+        assert_eq!(
+            found.version, done.version,
+            "{key:?} resolves to another version"
+        );
+    }
+}
+
+/// `List`: what a listing brings ahead is bounded, and each listing brought ahead is the one
+/// its own request gives.
+async fn list_then_each_ahead(c: &mut StoreClient<Channel>, body: &[u8]) {
+    let req = decoded!(ListRequest, body);
+    let ns = req.namespace.clone();
+    if let Some(l) = rpc!(c.list(req)) {
+        let n: usize = l.ahead.iter().map(|a| a.entries.len()).sum();
+        assert!(n <= 8192, "{n} entries listed ahead");
+        // Each listing brought ahead is the one its own request gives (nothing
+        // changes between the two: this harness is the only caller).
+        for a in l.ahead.iter().take(4) {
+            let own = rpc!(c.list(ListRequest {
+                namespace: ns.clone(),
+                prefix: a.path.clone(),
+                ..Default::default()
+            }));
+            assert!(
+                own.is_some_and(|o| o.exists && o.entries == a.entries && o.dir == a.dir),
+                "{:?} listed ahead is not its own listing",
+                a.path
+            );
         }
     }
+}
+
+/// `Remove`: no name it says it removed resolves as itself any more.
+async fn remove_then_resolve(c: &mut StoreClient<Channel>, body: &[u8]) {
+    let req = decoded!(RemoveRequest, body);
+    let ns = req.namespace.clone();
+    if let Some(done) = rpc!(c.remove(req)) {
+        for name in &done.removed {
+            let req = ResolveRequest {
+                namespace: ns.clone(),
+                key: name.clone(),
+                ..Default::default()
+            };
+            let r = tokio::time::timeout(HANG, c.resolve(req))
+                .await
+                .expect("hung");
+            if let Ok(r) = r {
+                let r = r.into_inner();
+                assert!(
+                    r.key != *name || !r.subpath.is_empty(),
+                    "{name:?} removed and still resolves"
+                );
+            }
+        }
+    }
+}
+
+/// `Rename`: the name renamed to resolves, or lists as a directory.
+async fn rename_then_find(c: &mut StoreClient<Channel>, body: &[u8]) {
+    let req = decoded!(RenameRequest, body);
+    let (ns, to) = (req.namespace.clone(), req.to.clone());
+    if rpc!(c.rename(req)).is_some() {
+        // A prefix that is no key (a directory of keys) moves as one: then `to` lists.
+        let key = tokio::time::timeout(
+            HANG,
+            c.resolve(ResolveRequest {
+                namespace: ns.clone(),
+                key: to.clone(),
+                ..Default::default()
+            }),
+        )
+        .await
+        .expect("resolve hung");
+        if key.is_err() {
+            let dir = rpc!(c.list(ListRequest {
+                namespace: ns,
+                prefix: to.clone(),
+                dir_only: true,
+                ..Default::default()
+            }));
+            assert!(
+                dir.is_some_and(|d| d.exists),
+                "{to:?} renamed to and neither resolves nor lists"
+            );
+        }
+    }
+}
+
+/// `PublishBatch`: one answer per item, each key resolving to its last item's version, and
+/// each refused item refused for a fault of the caller's.
+async fn publish_batch_then_resolve(c: &mut StoreClient<Channel>, body: &[u8]) {
+    let req = decoded!(PublishBatchRequest, body);
+    let (ns, keys) = (
+        req.namespace.clone(),
+        req.items.iter().map(|i| i.key.clone()).collect::<Vec<_>>(),
+    );
+    if let Some(done) = rpc!(c.publish_batch(req)) {
+        assert_eq!(
+            done.results.len(),
+            keys.len(),
+            "a batch answered another count"
+        );
+        for (i, (key, r)) in keys.iter().zip(&done.results).enumerate() {
+            match &r.published {
+                // The key's last item in the batch is what it resolves to.
+                Some(p) if !keys[i + 1..].contains(key) => {
+                    let found = resolve(c, &ns, key).await;
+                    assert_eq!(
+                        found.version, p.version,
+                        "{key:?} resolves to another version"
+                    );
+                }
+                Some(_) => {}
+                None => refused_by_caller("a batch item", r.code, &r.message),
+            }
+        }
+    }
+}
+
+/// `ResolveMany`: one answer per key, each the one a resolve of its own gives, and no more
+/// than 1 MiB of blocks inline in all.
+async fn resolve_many_then_each(c: &mut StoreClient<Channel>, body: &[u8]) {
+    let req = decoded!(ResolveManyRequest, body);
+    let (ns, keys) = (req.namespace.clone(), req.keys.clone());
+    let Some(done) = rpc!(c.resolve_many(req)) else {
+        return;
+    };
+    assert_eq!(done.results.len(), keys.len(), "answers to another count");
+    let mut inline = 0;
+    for (key, r) in keys.iter().zip(&done.results) {
+        match &r.resolved {
+            // Each answer is what a resolve of its own answers.
+            Some(found) => {
+                let alone = resolve(c, &ns, key).await;
+                assert_eq!(found.version, alone.version, "{key:?}: another version");
+                assert_eq!(found.subpath, alone.subpath, "{key:?}: another subpath");
+                inline += found
+                    .inline_blocks
+                    .iter()
+                    .map(|b| b.data.len())
+                    .sum::<usize>();
+            }
+            None => refused_by_caller(key, r.code, &r.message),
+        }
+    }
+    assert!(inline <= 1 << 20, "{inline} bytes inline in one answer");
 }

@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 
 use tonic::Status;
 
+use crate::auth::node_token::NodeTokens;
 use crate::k8s::tokens::{self, Review, ServiceAccountName};
 use crate::locks;
-use crate::auth::node_token::NodeTokens;
 use crate::rpc::status::{to_status, Fault};
 
 /// How long a reviewed token is trusted before it is reviewed again: a deleted ServiceAccount

@@ -1,0 +1,180 @@
+//! Publishing a manifest at a key: one [`Publish`] says everything of it; it is checked (its
+//! blocks in the store, its origin alive, what is at the key), then planned and queued as one
+//! change.
+
+use super::commit::Ticket;
+use super::error::MetaError;
+use super::store::MetaStore;
+use super::txn::{Lineage, Loc, Txn};
+use crate::hash::{BlockHash, Version};
+use crate::key::{KeyPath, Namespace};
+use crate::manifest::{self, EntryKind, Manifest, ManifestError};
+use crate::proto::Locale;
+
+/// One publish of a manifest at a key, whole: what [`MetaStore::publish`] and
+/// [`MetaStore::publish_queued`] take, so that a caller reads as one call and another engine
+/// (cluster mode) can be handed the same request.
+#[derive(Clone, Copy)]
+pub struct Publish<'a> {
+    pub ns: &'a Namespace,
+    pub key: &'a KeyPath,
+    pub manifest: &'a Manifest,
+    /// The key's current version, where `manifest` was made by patching it: its blocks were
+    /// checked when it was published and are not looked up again.
+    pub base: Option<&'a Manifest>,
+    /// Where the blocks are: in the store, or on the node `origin` (`locale=local`).
+    pub locale: Locale,
+    pub origin: &'a str,
+    /// How long the key lives, in seconds; 0: until it is removed.
+    pub ttl_secs: u64,
+    /// Whether whatever is at `key` is replaced; without it, only the same version is.
+    pub force: bool,
+}
+
+impl<'a> Publish<'a> {
+    /// `manifest` at `key` with its blocks in the store, for good, replacing nothing; the other
+    /// fields are set by name (`Publish { force: true, ..Publish::new(ns, key, m) }`).
+    pub fn new(ns: &'a Namespace, key: &'a KeyPath, manifest: &'a Manifest) -> Self {
+        Publish {
+            ns,
+            key,
+            manifest,
+            base: None,
+            locale: Locale::Store,
+            origin: "",
+            ttl_secs: 0,
+            force: false,
+        }
+    }
+}
+
+impl MetaStore {
+    /// Every block of `m` is in the store, with the length the manifest gives it: a manifest
+    /// that lies about a block's length would show one size in listings and another in reads.
+    /// Blocks of `known` (the version a patch was made against, checked when it was published)
+    /// are not looked up again: a one-file edit of a tree of thousands checks one file's
+    /// blocks, not a lookup per block of the tree (measured: more than half the server's time
+    /// of such a publish).
+    fn check_stored_blocks(
+        &self,
+        key: &KeyPath,
+        m: &Manifest,
+        known: Option<&Manifest>,
+    ) -> Result<(), MetaError> {
+        let known: std::collections::HashSet<(&[u8], u32)> = known
+            .iter()
+            .flat_map(|k| &k.entries)
+            .flat_map(|e| &e.blocks)
+            .map(|b| (b.hash.as_slice(), b.len))
+            .collect();
+        let mut missing = 0;
+        for e in &m.entries {
+            for (i, b) in e.blocks.iter().enumerate() {
+                if known.contains(&(b.hash.as_slice(), b.len)) {
+                    continue;
+                }
+                let hash: BlockHash = manifest::block_hash(b)
+                    .ok_or_else(|| ManifestError::BadBlock(e.path.clone()))?;
+                match self.blocks.stored_len(&hash)? {
+                    None => missing += 1,
+                    Some(len) if len != b.len => {
+                        let file = if e.path.is_empty() {
+                            key.to_string()
+                        } else {
+                            format!("{key}/{}", e.path)
+                        };
+                        return Err(MetaError::BadRequest(format!(
+                            "{file}: block {i} ({}) is {len} bytes in the store, the manifest says {}",
+                            hash.hex(),
+                            b.len
+                        )));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        if missing > 0 {
+            return Err(MetaError::MissingBlocks(missing));
+        }
+        Ok(())
+    }
+
+    /// Publishes `p` and returns once the change is durable.
+    pub fn publish(&self, p: Publish<'_>) -> Result<Version, MetaError> {
+        let (version, ticket) = self.publish_queued(p)?;
+        self.wait(ticket)?;
+        Ok(version)
+    }
+
+    /// [`MetaStore::publish`] without waiting for the change to be durable: its ticket, for
+    /// [`MetaStore::wait`] (a batch of publishes queues each, then waits once).
+    pub fn publish_queued(&self, p: Publish<'_>) -> Result<(Version, Ticket), MetaError> {
+        self.check_publish(&p)?;
+        let Publish {
+            ns, key, manifest, ..
+        } = p;
+        let version = manifest::version_of(manifest);
+        let new_is_dir = manifest::is_directory(manifest);
+        let mut t = Txn::write(self, ns);
+        let path = key.as_str();
+        t.check_parent(path)?;
+        let loc = t.locate(path)?;
+        match &loc {
+            // A GPU key and a file never share a name, whatever --force says.
+            Loc::Key { record } if record.kind() == EntryKind::Gpu => {
+                return Err(MetaError::Exists(format!("{key} (a GPU key)")))
+            }
+            Loc::Nothing => {}
+            Loc::Key { record } if record.version == version.0 => {}
+            _ if !p.force => return Err(MetaError::Exists(key.to_string())),
+            _ => {}
+        }
+        if !loc.exists() {
+            t.stamp_new_entry(path)?;
+        }
+        if loc.exists() {
+            if new_is_dir {
+                // A directory replaces the whole subtree.
+                t.remove_path(path, &loc, true)?;
+            } else if loc.kind() == Some(EntryKind::Directory) {
+                if !t.is_empty_dir(path, &loc)? {
+                    return Err(MetaError::IsDir(format!("{key} is a directory")));
+                }
+                t.remove_path(path, &loc, false)?;
+            } else if let Loc::Entry { .. } = loc {
+                t.remove_path(path, &loc, false)?;
+            }
+            // What the path showed of its own goes with what it was.
+            t.drop_attrs(path)?;
+        }
+        // Stamped to the nanosecond, as its directory is (a key's record keeps milliseconds).
+        t.touch(path, false)?;
+        t.put_key(
+            path,
+            manifest.clone(),
+            &Lineage::fresh(p.locale, p.origin, p.ttl_secs, self.now_ms()),
+        )?;
+        Ok((version, t.submit()?))
+    }
+
+    /// What a publish must pass before it is planned: a valid manifest, a live origin for
+    /// `locale=local`, and for `locale=store` its blocks stored (and durable).
+    fn check_publish(&self, p: &Publish<'_>) -> Result<(), MetaError> {
+        manifest::validate(p.manifest)?;
+        if p.locale == Locale::Local && !self.node_alive(p.origin) {
+            return Err(MetaError::BadRequest(format!(
+                "origin node {:?} is not registered with the store server",
+                p.origin
+            )));
+        }
+        // A `locale=local` manifest's blocks are on its origin node, not here: its lengths
+        // cannot be checked against anything the store holds, and every reader checks the
+        // length of each block it receives instead (`fetch`, the mount's loader).
+        if p.locale == Locale::Store {
+            self.check_stored_blocks(p.key, p.manifest, p.base)?;
+            // The key must never outlive its blocks in a crash.
+            self.blocks.make_durable()?;
+        }
+        Ok(())
+    }
+}

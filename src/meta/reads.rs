@@ -1,0 +1,333 @@
+//! Reads of the stored state, as a view sees it: what readers see (durable), or that with the
+//! changes queued for commit laid over it (what a change being planned checks against). Keys,
+//! inodes, manifests and path attributes, decoded; names of hard-linked files read through to
+//! their inode's record; expired keys, and GPU keys whose holder is gone, left out.
+
+use std::collections::{BTreeMap, HashMap};
+
+use prost::Message;
+
+use super::backend::{KeyValue, Step, Table};
+use super::error::MetaError;
+use super::keys::{self, key_bytes, live};
+use super::store::MetaStore;
+use crate::key::Namespace;
+use crate::manifest::{EntryKind, Manifest};
+use crate::proto::{KeyRecord, PathAttrs};
+
+/// Which state a read sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum View {
+    /// What is durable: what readers see.
+    Stored,
+    /// What is durable with every change queued for commit laid over it: what a change being
+    /// planned (under the write lock) checks against.
+    Planned,
+}
+
+impl MetaStore {
+    /// One stored value as `view` sees it.
+    fn get(&self, view: View, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
+        // The overlay first: a batch leaves it only once stored, so a value is in one or the
+        // other (or both) at any moment.
+        if view == View::Planned {
+            if let Some(v) = self.commits.planned(table, key) {
+                return Ok(v);
+            }
+        }
+        Ok(self.backend.get(table, key)?)
+    }
+
+    /// The values whose key starts with `prefix` as `view` sees them, in key order.
+    fn scan(&self, view: View, table: Table, prefix: &[u8]) -> Result<Vec<KeyValue>, MetaError> {
+        let planned = match view {
+            View::Stored => Vec::new(),
+            View::Planned => self.commits.planned_below(table, prefix),
+        };
+        let rows = self.backend.scan_prefix(table, prefix)?;
+        if planned.is_empty() {
+            return Ok(rows);
+        }
+        let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = rows.into_iter().collect();
+        for (k, v) in planned {
+            match v {
+                Some(v) => merged.insert(k, v),
+                None => merged.remove(&k),
+            };
+        }
+        Ok(merged.into_iter().collect())
+    }
+
+    /// Calls `f` with the values whose key starts with `prefix` as `view` sees them, in no
+    /// particular order, until it returns `true`; says whether it did.
+    fn scan_until(
+        &self,
+        view: View,
+        table: Table,
+        prefix: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<bool, MetaError>,
+    ) -> Result<bool, MetaError> {
+        let planned = match view {
+            View::Stored => Vec::new(),
+            View::Planned => self.commits.planned_below(table, prefix),
+        };
+        for (k, v) in &planned {
+            if let Some(v) = v {
+                if f(k, v)? {
+                    return Ok(true);
+                }
+            }
+        }
+        let mut found = false;
+        self.walk_prefix(table, prefix, |k, v| {
+            if planned.iter().any(|(p, _)| p.as_slice() == k) {
+                return Ok(Step::Next);
+            }
+            found = f(k, v)?;
+            Ok(if found { Step::Stop } else { Step::Next })
+        })?;
+        Ok(found)
+    }
+
+    /// Calls `f` with the stored values whose key starts with `prefix`, in key order, going on
+    /// as it says (see [`Step`]); its error stops the walk and is returned.
+    fn walk_prefix(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<Step, MetaError>,
+    ) -> Result<(), MetaError> {
+        let mut failed = None;
+        self.backend.walk_prefix(table, prefix, &mut |k, v| {
+            f(k, v).unwrap_or_else(|e| {
+                failed = Some(e);
+                Step::Stop
+            })
+        })?;
+        failed.map_or(Ok(()), Err)
+    }
+
+    pub(crate) fn path_attrs(
+        &self,
+        view: View,
+        ns: &Namespace,
+        path: &str,
+    ) -> Result<Option<PathAttrs>, MetaError> {
+        let Some(v) = self.get(view, Table::Attrs, &key_bytes(ns, path))? else {
+            return Ok(None);
+        };
+        PathAttrs::decode(v.as_slice())
+            .map(Some)
+            .map_err(|e| MetaError::Corrupt(e.to_string()))
+    }
+
+    /// The stored attributes of the paths strictly below `path`, by their path relative to
+    /// it: of every path below, or with `one_level` of the names directly in it alone (without
+    /// reading what lies deeper).
+    pub(super) fn attrs_below(
+        &self,
+        ns: &Namespace,
+        path: &str,
+        one_level: bool,
+    ) -> Result<HashMap<String, PathAttrs>, MetaError> {
+        let prefix = if path.is_empty() {
+            key_bytes(ns, "")
+        } else {
+            key_bytes(ns, &format!("{path}/"))
+        };
+        let mut out = HashMap::new();
+        let corrupt = || MetaError::Corrupt("path attributes".into());
+        self.walk_prefix(Table::Attrs, &prefix, |k, v| {
+            let rel = k.get(prefix.len()..).ok_or_else(corrupt)?;
+            if rel.is_empty() {
+                return Ok(Step::Next);
+            }
+            if let (true, Some(i)) = (one_level, rel.iter().position(|&b| b == b'/')) {
+                return Ok(Step::Past(prefix.len() + i + 1));
+            }
+            let a = PathAttrs::decode(v).map_err(|_| corrupt())?;
+            let rel =
+                String::from_utf8(rel.to_vec()).map_err(|e| MetaError::Corrupt(e.to_string()))?;
+            out.insert(rel, a);
+            Ok(Step::Next)
+        })?;
+        Ok(out)
+    }
+
+    /// Paths strictly below `path` (everything for the root) with attributes of their own.
+    pub(crate) fn attr_paths_below(
+        &self,
+        view: View,
+        ns: &Namespace,
+        path: &str,
+    ) -> Result<Vec<String>, MetaError> {
+        let prefix = if path.is_empty() {
+            key_bytes(ns, "")
+        } else {
+            key_bytes(ns, &format!("{path}/"))
+        };
+        let skip = ns.as_str().len() + 1;
+        let rows = self.scan(view, Table::Attrs, &prefix)?;
+        rows.into_iter()
+            .filter(|(k, _)| k.len() > skip)
+            .map(|(k, _)| {
+                String::from_utf8(k[skip..].to_vec()).map_err(|e| MetaError::Corrupt(e.to_string()))
+            })
+            .collect()
+    }
+
+    pub(crate) fn record(
+        &self,
+        view: View,
+        ns: &Namespace,
+        key: &str,
+    ) -> Result<Option<KeyRecord>, MetaError> {
+        let Some(v) = self.get(view, Table::Keys, &key_bytes(ns, key))? else {
+            return Ok(None);
+        };
+        let r = self.name_record(view, ns, &v)?;
+        Ok(self.visible(&r, self.now_ms()).then_some(r))
+    }
+
+    /// A stored name's record: its own, or a hard-linked file's inode record.
+    fn name_record(
+        &self,
+        view: View,
+        ns: &Namespace,
+        bytes: &[u8],
+    ) -> Result<KeyRecord, MetaError> {
+        let r = KeyRecord::decode(bytes).map_err(|e| MetaError::Corrupt(e.to_string()))?;
+        if r.inode == 0 {
+            return Ok(r);
+        }
+        self.inode(view, ns, r.inode)?
+            .ok_or_else(|| MetaError::Corrupt(format!("inode {} of a name is missing", r.inode)))
+    }
+
+    pub(crate) fn inode(
+        &self,
+        view: View,
+        ns: &Namespace,
+        id: u64,
+    ) -> Result<Option<KeyRecord>, MetaError> {
+        let Some(v) = self.get(view, Table::Inodes, &keys::inode_bytes(ns, id))? else {
+            return Ok(None);
+        };
+        KeyRecord::decode(v.as_slice())
+            .map(Some)
+            .map_err(|e| MetaError::Corrupt(e.to_string()))
+    }
+
+    /// Whether a stored key is there for readers: not expired, and a GPU key only while the
+    /// node that holds its buffers is alive.
+    fn visible(&self, r: &KeyRecord, now_ms: i64) -> bool {
+        live(r, now_ms) && (r.kind() != EntryKind::Gpu || self.node_alive(&r.origin_node))
+    }
+
+    pub(crate) fn manifest(&self, view: View, version: &[u8]) -> Result<Manifest, MetaError> {
+        let bytes = self
+            .get(view, Table::Manifests, version)?
+            .ok_or_else(|| MetaError::Corrupt("manifest missing for a live key".into()))?;
+        Manifest::decode(bytes.as_slice()).map_err(|e| MetaError::Corrupt(e.to_string()))
+    }
+
+    /// The manifest of `version`, or `None` where the store holds no such version.
+    pub(crate) fn manifest_if_any(&self, version: &[u8]) -> Result<Option<Manifest>, MetaError> {
+        match self.backend.get(Table::Manifests, version)? {
+            None => Ok(None),
+            Some(bytes) => Manifest::decode(bytes.as_slice())
+                .map(Some)
+                .map_err(|e| MetaError::Corrupt(e.to_string())),
+        }
+    }
+
+    /// Live keys strictly below `key` (or all keys of the namespace for `None`).
+    pub(crate) fn descendants(
+        &self,
+        view: View,
+        ns: &Namespace,
+        key: Option<&str>,
+    ) -> Result<Vec<(String, KeyRecord)>, MetaError> {
+        let prefix = match key {
+            Some(k) => key_bytes(ns, &format!("{k}/")),
+            None => key_bytes(ns, ""),
+        };
+        let skip = ns.as_str().len() + 1;
+        let mut out = Vec::new();
+        let now = self.now_ms();
+        for (k, v) in self.scan(view, Table::Keys, &prefix)? {
+            let r = self.name_record(view, ns, &v)?;
+            if self.visible(&r, now) {
+                let name = String::from_utf8(k[skip..].to_vec())
+                    .map_err(|e| MetaError::Corrupt(e.to_string()))?;
+                out.push((name, r));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The level directly below `key` (the namespace's top for `None`) as a listing of it
+    /// shows it, in name order: each live key there with its record, and each name live keys
+    /// lie below as a directory (`None`), found by reading keys below it only until one is
+    /// live: a listing of a namespace's root does not read every key in the namespace.
+    pub(crate) fn children(
+        &self,
+        ns: &Namespace,
+        key: Option<&str>,
+    ) -> Result<Vec<(String, Option<KeyRecord>)>, MetaError> {
+        let prefix = match key {
+            Some(k) => key_bytes(ns, &format!("{k}/")),
+            None => key_bytes(ns, ""),
+        };
+        let now = self.now_ms();
+        let name =
+            |b: &[u8]| String::from_utf8(b.to_vec()).map_err(|e| MetaError::Corrupt(e.to_string()));
+        let mut out = Vec::new();
+        self.walk_prefix(Table::Keys, &prefix, |k, v| {
+            let rel = k
+                .get(prefix.len()..)
+                .ok_or_else(|| MetaError::Corrupt("a stored key's name".into()))?;
+            let r = self.name_record(View::Stored, ns, v)?;
+            if !self.visible(&r, now) {
+                return Ok(Step::Next);
+            }
+            Ok(match rel.iter().position(|&b| b == b'/') {
+                Some(i) => {
+                    out.push((name(&rel[..i])?, None));
+                    Step::Past(prefix.len() + i + 1)
+                }
+                None => {
+                    out.push((name(rel)?, Some(r)));
+                    Step::Next
+                }
+            })
+        })?;
+        Ok(out)
+    }
+
+    /// Whether a live key lies strictly below `key`, leaving out the names `skip` says a
+    /// change decides itself. Reads keys only until it finds one: a publish into a directory of
+    /// thousands of keys asks this of the directory, once or twice.
+    pub(crate) fn any_descendant(
+        &self,
+        view: View,
+        ns: &Namespace,
+        key: &str,
+        skip: impl Fn(&str) -> bool,
+    ) -> Result<bool, MetaError> {
+        let prefix = key_bytes(ns, &format!("{key}/"));
+        let name_at = ns.as_str().len() + 1;
+        let now = self.now_ms();
+        self.scan_until(view, Table::Keys, &prefix, |k, v| {
+            let name = k
+                .get(name_at..)
+                .and_then(|n| std::str::from_utf8(n).ok())
+                .ok_or_else(|| MetaError::Corrupt("a stored key's name".into()))?;
+            if skip(name) {
+                return Ok(false);
+            }
+            let r = self.name_record(view, ns, v)?;
+            Ok(self.visible(&r, now))
+        })
+    }
+}

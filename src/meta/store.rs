@@ -1,0 +1,108 @@
+//! The store server's metadata store: what it holds (the backend, the commit queue, the node
+//! leases, what garbage collection keeps and took) and its construction. Its methods live in
+//! the files of their concern: reads of the stored state (`reads`), publishing (`publish`),
+//! lookups and listings (`resolve`, `list`), changes of names and attributes (`names`,
+//! `attrs`), nodes and locations (`locations`), GPU keys (`gpu`) and collection (`gc`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use super::backend::MetaBackend;
+use super::collected::Collected;
+use super::commit::{CommitStats, Commits, Ticket};
+use super::error::MetaError;
+use super::nodes::NodeLeases;
+use crate::blocks::store::StoreBlocks;
+use crate::blocks::touched::Touched;
+use crate::clock::SharedClock;
+use crate::hash::Version;
+use crate::locks;
+
+/// The metadata of one store server, on a [`MetaBackend`], with the node leases in memory.
+pub struct MetaStore {
+    pub(super) backend: Box<dyn MetaBackend>,
+    pub(super) blocks: Arc<StoreBlocks>,
+    /// Serialises the planning of publish, remove and every other change, which check and
+    /// then write.
+    pub(super) write_lock: Mutex<()>,
+    /// Changes planned and waiting to be durable.
+    pub(super) commits: Commits,
+    pub(super) nodes: NodeLeases,
+    pub(super) clock: SharedClock,
+    /// Versions written lately, which garbage collection keeps.
+    pub(super) touched: Mutex<Touched<Version>>,
+    /// Blocks garbage collection took, which nodes learn of to drop them from their caches.
+    pub(super) collected: Collected,
+    /// Moves whenever a change edits a hard-linked file's inode record: every name of the
+    /// file changed then, and those names are not listed anywhere the change could name them.
+    pub(super) inode_changes: AtomicU64,
+}
+
+/// A number for this run of the server, different from the last one's: the time it started.
+fn run_epoch() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+}
+
+impl MetaStore {
+    pub fn new(
+        backend: impl MetaBackend,
+        blocks: Arc<StoreBlocks>,
+        lease: Duration,
+        clock: SharedClock,
+    ) -> Self {
+        MetaStore {
+            backend: Box::new(backend),
+            blocks,
+            write_lock: Mutex::new(()),
+            commits: Commits::default(),
+            nodes: NodeLeases::new(lease, clock.clone()),
+            clock,
+            touched: Mutex::new(Touched::default()),
+            collected: Collected::new(run_epoch()),
+            inode_changes: Default::default(),
+        }
+    }
+
+    /// How many changes edited a hard-linked file's inode record so far: a watcher told of a
+    /// change that moved it is told that everything changed.
+    pub fn inode_changes(&self) -> u64 {
+        self.inode_changes.load(Ordering::SeqCst)
+    }
+
+    /// The store's blocks, which a publish of `locale=store` needs.
+    pub fn blocks(&self) -> &Arc<StoreBlocks> {
+        &self.blocks
+    }
+
+    pub(super) fn now_ms(&self) -> i64 {
+        self.clock.now().unix_ms
+    }
+
+    pub(crate) fn clock_now(&self) -> crate::clock::Moment {
+        self.clock.now()
+    }
+
+    /// Makes every write so far durable.
+    pub fn flush(&self) -> Result<(), MetaError> {
+        Ok(self.backend.flush()?)
+    }
+
+    /// The state of queued commits.
+    pub fn commit_stats(&self) -> CommitStats {
+        self.commits.stats()
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, ()> {
+        locks::lock(&self.write_lock)
+    }
+
+    /// Returns once the change of `ticket` is durable (or failed). Waiting for the last of
+    /// several queued changes makes all of them durable, in one sync where they were queued
+    /// together.
+    pub fn wait(&self, ticket: Ticket) -> Result<(), MetaError> {
+        Ok(self.commits.wait(ticket, self.backend.as_ref())?)
+    }
+}

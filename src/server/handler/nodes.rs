@@ -1,0 +1,96 @@
+//! Nodes: registering, heartbeats (which renew a lease, say what a node has open and has let
+//! go of, and bring it the blocks collected since), and the versions a node holds.
+
+use std::net::SocketAddr;
+
+use tonic::{Request, Response, Status};
+
+use super::state::StoreHandler;
+use crate::auth::ticket::{self, Grant};
+use crate::meta::MetaError;
+use crate::proto::{
+    AddLocationRequest, AddLocationResponse, HeartbeatRequest, HeartbeatResponse,
+    RegisterNodeRequest, RegisterNodeResponse,
+};
+use crate::server::auth::principal;
+use crate::server::status::{blocking, invalid, parse_version};
+
+pub(super) async fn register_node(
+    handler: &StoreHandler,
+    req: Request<RegisterNodeRequest>,
+) -> Result<Response<RegisterNodeResponse>, Status> {
+    let caller = principal(&req)?;
+    let node = req
+        .into_inner()
+        .node
+        .ok_or_else(|| invalid("node missing"))?;
+    caller.may_act_for_node(&node.node_id)?;
+    if node.node_id.is_empty() || node.data_addr.parse::<SocketAddr>().is_err() {
+        return Err(invalid("node needs an id and a data address ip:port"));
+    }
+    tracing::info!(node = %node.node_id, addr = %node.data_addr, "node registered");
+    handler.meta.register_node(node);
+    Ok(Response::new(RegisterNodeResponse {
+        lease_secs: handler.meta.lease().as_secs() as u32,
+        ticket: handler.ticket(&Grant::Node, ticket::NODE_TTL),
+        ticket_key: handler
+            .tickets
+            .as_ref()
+            .map(|k| k.as_bytes().to_vec())
+            .unwrap_or_default(),
+    }))
+}
+
+pub(super) async fn heartbeat(
+    handler: &StoreHandler,
+    req: Request<HeartbeatRequest>,
+) -> Result<Response<HeartbeatResponse>, Status> {
+    let caller = principal(&req)?;
+    let r = req.into_inner();
+    caller.may_act_for_node(&r.node_id)?;
+    let known = handler.meta.heartbeat(&r.node_id);
+    let open = r
+        .open_versions
+        .iter()
+        .map(|v| parse_version(v))
+        .collect::<Result<_, _>>()?;
+    handler.meta.set_open_versions(&r.node_id, open);
+    let gone = r
+        .gone_versions
+        .iter()
+        .map(|v| parse_version(v))
+        .collect::<Result<Vec<_>, _>>()?;
+    if !gone.is_empty() {
+        let (meta, node) = (handler.meta.clone(), r.node_id.clone());
+        blocking(move || {
+            for v in &gone {
+                meta.remove_location(v, &node)?;
+            }
+            Ok::<_, MetaError>(())
+        })
+        .await?;
+    }
+    let collected = handler
+        .meta
+        .collected_since(r.collected_after, r.collected_epoch);
+    Ok(Response::new(HeartbeatResponse {
+        known,
+        ticket: handler.ticket(&Grant::Node, ticket::NODE_TTL),
+        collected: collected.blocks.iter().map(|h| h.0.to_vec()).collect(),
+        collected_upto: collected.upto,
+        collected_epoch: collected.epoch,
+    }))
+}
+
+pub(super) async fn add_location(
+    handler: &StoreHandler,
+    req: Request<AddLocationRequest>,
+) -> Result<Response<AddLocationResponse>, Status> {
+    let caller = principal(&req)?;
+    let r = req.into_inner();
+    caller.may_act_for_node(&r.node_id)?;
+    let version = parse_version(&r.version)?;
+    let meta = handler.meta.clone();
+    blocking(move || meta.add_location(&version, &r.node_id)).await?;
+    Ok(Response::new(AddLocationResponse {}))
+}

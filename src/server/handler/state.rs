@@ -1,0 +1,107 @@
+//! The handler's state, and what every part of it shares: who may use a namespace or a
+//! window, tickets, and telling watchers of a change.
+
+use std::sync::Arc;
+
+use tonic::{Request, Status};
+
+use crate::auth::gpu_secret;
+use crate::auth::ticket::{Grant, TicketKey};
+use crate::broadcast::windows::GpuWindows;
+use crate::broadcast::windows::Broadcasts;
+use crate::clock::SharedClock;
+use crate::key::Namespace;
+use crate::meta::MetaStore;
+use crate::server::auth::{group_namespace, principal};
+use crate::server::status::parse_ns;
+use crate::server::watch::Watchers;
+
+/// The gRPC handler; sockets and shutdown belong to [`crate::server::StoreServerProcess`].
+pub struct StoreHandler {
+    pub(crate) meta: Arc<MetaStore>,
+    /// The data plane's ticket key; `None` where callers are not authenticated.
+    pub(crate) tickets: Option<TicketKey>,
+    pub(crate) clock: SharedClock,
+    pub(crate) windows: Arc<std::sync::Mutex<Broadcasts>>,
+    /// Wakes putters waiting for a quorum whenever someone joins.
+    pub(crate) joined: Arc<tokio::sync::Notify>,
+    pub(crate) gpu_windows: Arc<std::sync::Mutex<GpuWindows>>,
+    /// Wakes whoever waits on a GPU window whenever one changes.
+    pub(crate) gpu_changed: Arc<tokio::sync::Notify>,
+    /// The mounts watching each namespace; every change waits for them (see [`crate::server::watch`]).
+    pub(crate) watchers: Arc<Watchers>,
+    /// Swarm members whose syncs wait for fetches, by window, generation and member.
+    pub(crate) swarm_waits: Arc<std::sync::Mutex<SwarmWaits>>,
+}
+
+pub(crate) type SwarmWaits =
+    std::collections::HashMap<(String, u64, u64), Arc<tokio::sync::Notify>>;
+
+/// A change that touched more keys than this is sent to watchers as a change of its
+/// namespace's root (everything), not key by key.
+const WATCH_MAX_PATHS: usize = 256;
+
+/// A change about to be made, to tell the namespace's watchers of once it is made.
+pub(super) struct Change {
+    ns: Namespace,
+    pub(super) paths: Vec<String>,
+    /// The store's count of hard-linked files' edits before the change.
+    links: u64,
+}
+
+/// The namespace a call names, once its caller is known to be allowed in it.
+pub(super) fn namespace_for<T>(req: &Request<T>, ns: &str) -> Result<Namespace, Status> {
+    let ns = parse_ns(ns)?;
+    principal(req)?.may_use(ns.as_str())?;
+    Ok(ns)
+}
+
+/// Refuses a call on a broadcast window of a namespace its caller may not use.
+pub(super) fn window_for<T>(req: &Request<T>, group: &str) -> Result<(), Status> {
+    principal(req)?.may_use(group_namespace(group)?)
+}
+
+impl StoreHandler {
+    pub(super) fn change(&self, ns: &Namespace, paths: Vec<String>) -> Change {
+        Change {
+            ns: ns.clone(),
+            paths,
+            links: self.meta.inode_changes(),
+        }
+    }
+
+    /// Tells the watchers of a change once it is made, and returns when they know. A change
+    /// that edited a hard-linked file changed its other names too, which nothing here names:
+    /// it is told as a change of everything, as one of too many keys is.
+    pub(super) async fn tell(&self, c: Change) {
+        self.tell_except(c, 0).await;
+    }
+
+    /// [`StoreHandler::tell`], but not to watcher `except`, whose own change it is (its caller
+    /// takes the change from its answer); a change told as everything is told to it too.
+    pub(super) async fn tell_except(&self, c: Change, except: u64) {
+        let everything = self.meta.inode_changes() != c.links || c.paths.len() > WATCH_MAX_PATHS;
+        let (paths, except) = match everything {
+            true => (vec![String::new()], 0),
+            false => (c.paths, except),
+        };
+        self.watchers.changed(c.ns.as_str(), paths, except).await;
+    }
+
+    /// A ticket for `grant`, or none where the data plane asks for none.
+    pub(super) fn ticket(&self, grant: &Grant, ttl: std::time::Duration) -> Vec<u8> {
+        self.tickets
+            .as_ref()
+            .map(|k| k.issue(grant, ttl).to_vec())
+            .unwrap_or_default()
+    }
+
+    /// The secret of a GPU registration in namespace `ns` (`rpc::gpu_secret`); none where no
+    /// tickets are issued.
+    pub(super) fn gpu_secret(&self, ns: &str, node: &str, registration: u64) -> Vec<u8> {
+        self.tickets
+            .as_ref()
+            .map(|k| gpu_secret::registration_secret(k.as_bytes(), ns, node, registration).to_vec())
+            .unwrap_or_default()
+    }
+}
