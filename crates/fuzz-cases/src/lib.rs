@@ -8,6 +8,7 @@
 
 mod data_plane;
 mod gpu;
+mod gpu_host;
 mod grpc;
 mod keys;
 mod manifest;
@@ -16,6 +17,7 @@ pub mod seeds;
 
 pub use data_plane::{data_plane_client, data_plane_server};
 pub use gpu::gpu_ioctl;
+pub use gpu_host::gpu_host_transport;
 pub use grpc::{grpc_handlers, remove_grpc_store};
 pub use keys::keys;
 pub use manifest::manifest;
@@ -30,6 +32,7 @@ pub const TARGETS: &[(&str, Body)] = &[
     ("data_plane_client", data_plane_client),
     ("manifest", manifest),
     ("gpu_ioctl", gpu_ioctl),
+    ("gpu_host_transport", gpu_host_transport),
     ("keys", keys),
     ("grpc_handlers", grpc_handlers),
 ];

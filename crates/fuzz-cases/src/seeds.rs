@@ -87,11 +87,28 @@ fn padded<const N: usize>(text: &[u8]) -> [u8; N] {
     out
 }
 
-/// Every seed: its target, its file name, its bytes.
-pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
+/// A seed: its target, its file name, its bytes.
+type Seed = (&'static str, &'static str, Vec<u8>);
+
+/// Every seed.
+pub fn seeds() -> Vec<Seed> {
+    let mut out = data_plane();
+    out.extend(manifests_and_keys());
+    out.extend(gpu_ioctls());
+    out.extend(gpu_host_transport());
+    out.push(grpc_publish_resolve_rename_remove());
+    out.extend(grpc_batches());
+    out.extend(grpc_watches());
+    out.push(grpc_list_ahead());
+    out.push(grpc_directory_and_broadcast());
+    out
+}
+
+/// A server's requests (a PUT and GETs, a GET_NOW and delta GETs), a client's answers.
+fn data_plane() -> Vec<Seed> {
     let x = BlockHash::of(b"x");
     let zero = [0u8; 32];
-    let mut out = vec![
+    vec![
         (
             "data_plane_server",
             "put-get",
@@ -136,6 +153,11 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             ]
             .concat(),
         ),
+    ]
+}
+
+fn manifests_and_keys() -> Vec<Seed> {
+    vec![
         (
             "manifest",
             "directory",
@@ -148,7 +170,11 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             b"my-svc/models/v1\nconfig/a.json".to_vec(),
         ),
         ("keys", "namespace", b"/team-a/\ndefault".to_vec()),
-    ];
+    ]
+}
+
+/// A PUT and a GET of one host buffer, a JOIN, a STATUS.
+fn gpu_ioctls() -> Vec<Seed> {
     let v = ABI_VERSION.to_le_bytes();
     let mut buffer = Vec::new();
     let fields: [&[u8]; 7] = [
@@ -171,72 +197,135 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         &buffer,
         &vec![0u8; 127 * 96],
     ];
-    out.push(("gpu_ioctl", "put", ioctl(0x80, &buffers)));
-    out.push(("gpu_ioctl", "get", ioctl(0x81, &buffers)));
-    out.push((
-        "gpu_ioctl",
-        "join",
-        ioctl(
-            0x82,
-            &[
-                &v,
-                &2u32.to_le_bytes(),
-                &30_000u64.to_le_bytes(),
-                &2u32.to_le_bytes(),
-                &0u32.to_le_bytes(),
-                &padded::<128>(b"team-a/weights"),
-                &padded::<1024>(b"127.0.0.1,127.0.0.2"),
-            ],
+    vec![
+        ("gpu_ioctl", "put", ioctl(0x80, &buffers)),
+        ("gpu_ioctl", "get", ioctl(0x81, &buffers)),
+        (
+            "gpu_ioctl",
+            "join",
+            ioctl(
+                0x82,
+                &[
+                    &v,
+                    &2u32.to_le_bytes(),
+                    &30_000u64.to_le_bytes(),
+                    &2u32.to_le_bytes(),
+                    &0u32.to_le_bytes(),
+                    &padded::<128>(b"team-a/weights"),
+                    &padded::<1024>(b"127.0.0.1,127.0.0.2"),
+                ],
+            ),
         ),
-    ));
-    out.push((
-        "gpu_ioctl",
-        "status",
-        ioctl(0x83, &[&7u64.to_le_bytes(), &[0u8; 280]]),
-    ));
-    let m = file_manifest(b"hello");
-    let version = ktfs::manifest::version_of(&m).0.to_vec();
-    let publish = PublishRequest {
+        (
+            "gpu_ioctl",
+            "status",
+            ioctl(0x83, &[&7u64.to_le_bytes(), &[0u8; 280]]),
+        ),
+    ]
+}
+
+/// A host transport request (`[offset u64][len u32]`, an offer's `len` all ones).
+fn host_request(offset: u64, len: u32) -> Vec<u8> {
+    [&offset.to_le_bytes()[..], &len.to_le_bytes()].concat()
+}
+
+/// A host transport verdict's or answer's head and what follows it.
+fn host_answer(errno: u32, body: &[u8]) -> Vec<u8> {
+    [
+        &errno.to_le_bytes()[..],
+        &(body.len() as u32).to_le_bytes(),
+        body,
+    ]
+    .concat()
+}
+
+/// What a serving worker reads (a hello, requests for bytes, an offer) and what a getting
+/// worker reads (a verdict and answers of 5 bytes, or a refusal).
+fn gpu_host_transport() -> Vec<Seed> {
+    let hello = [&b"KTGH\x03"[..], &7u64.to_le_bytes(), &[0], &[0x5a; 32]].concat();
+    let exactly_5 = [&[0x01][..], &5u32.to_le_bytes()].concat();
+    vec![
+        (
+            "gpu_host_transport",
+            "server-requests-and-an-offer",
+            [
+                &[0x00][..],
+                &hello,
+                &host_request(0, 4 << 20),
+                &host_request(4 << 20, 12345),
+                &host_request(5, u32::MAX),
+                b"offer",
+            ]
+            .concat(),
+        ),
+        (
+            "gpu_host_transport",
+            "client-answers",
+            [
+                &exactly_5[..],
+                &host_answer(0, b""),
+                &host_answer(0, b"bytes"),
+                &host_answer(0, b"more!"),
+                &host_answer(22, b"4 bytes at 9 are not within the registration"),
+            ]
+            .concat(),
+        ),
+        (
+            "gpu_host_transport",
+            "client-refused",
+            [&exactly_5[..], &host_answer(2, b"no registration 7 here")].concat(),
+        ),
+    ]
+}
+
+fn register_node() -> RegisterNodeRequest {
+    RegisterNodeRequest {
+        node: Some(NodeInfo {
+            node_id: "n1".into(),
+            data_addr: "127.0.0.243:7448".into(),
+            zone: "z".into(),
+        }),
+    }
+}
+
+/// A PUT of "hello" at `key` in team-a, its block inline.
+fn publish(key: &str) -> PublishRequest {
+    PublishRequest {
         namespace: "team-a".into(),
-        key: "seed/a".into(),
-        manifest: Some(m),
+        key: key.into(),
+        manifest: Some(file_manifest(b"hello")),
         inline_blocks: vec![InlineBlock {
             hash: BlockHash::of(b"hello").0.to_vec(),
             data: b"hello".to_vec(),
         }],
         force: true,
         ..Default::default()
-    };
-    let node = RegisterNodeRequest {
-        node: Some(NodeInfo {
-            node_id: "n1".into(),
-            data_addr: "127.0.0.243:7448".into(),
-            zone: "z".into(),
-        }),
-    };
-    let dir = PublishRequest {
-        namespace: "team-a".into(),
-        key: "seed/dir".into(),
-        manifest: Some(directory_manifest()),
-        inline_blocks: [&b"x"[..], b"abcd", b"ef"]
-            .iter()
-            .map(|d| InlineBlock {
-                hash: BlockHash::of(d).0.to_vec(),
-                data: d.to_vec(),
-            })
-            .collect(),
-        ttl_secs: 3600,
-        force: true,
-        ..Default::default()
-    };
-    let ns = |key: &str| ("team-a".to_string(), key.to_string());
-    let (n, k) = ns("seed/a");
-    out.push((
+    }
+}
+
+/// One PublishBatch of `keys` in team-a.
+fn batch(keys: &[&str]) -> Vec<u8> {
+    call(
+        19,
+        &PublishBatchRequest {
+            namespace: "team-a".into(),
+            items: keys.iter().map(|k| publish(k)).collect(),
+            watcher: 0,
+        },
+    )
+}
+
+fn grpc_publish_resolve_rename_remove() -> Seed {
+    let version = ktfs::manifest::version_of(&file_manifest(b"hello"))
+        .0
+        .to_vec();
+    let (n, k) = ("team-a".to_string(), "seed/a".to_string());
+    (
         "grpc_handlers",
         "publish-resolve-rename-remove",
         [
-            call(0, &node),
-            call(3, &publish),
+            call(0, &register_node()),
+            call(3, &publish(&k)),
             call(
                 5,
                 &ResolveRequest {
@@ -258,7 +347,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             call(
                 8,
                 &AddLocationRequest {
-                    version: version.clone(),
+                    version,
                     node_id: "n1".into(),
                 },
             ),
@@ -275,7 +364,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
                 9,
                 &RenameRequest {
                     namespace: n.clone(),
-                    from: k.clone(),
+                    from: k,
                     to: "seed/b".into(),
                     no_replace: false,
                     ..Default::default()
@@ -293,7 +382,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             call(
                 7,
                 &RemoveRequest {
-                    namespace: n.clone(),
+                    namespace: n,
                     key: "seed".into(),
                     prefix: true,
                     ..Default::default()
@@ -301,90 +390,89 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             ),
         ]
         .concat(),
-    ));
-    // A batch: two good items, one below a file (refused alone), one key twice.
-    let item = |key: &str| PublishRequest {
-        key: key.into(),
-        ..publish.clone()
-    };
-    // One PublishBatch of `keys` in team-a.
-    let batch = |keys: &[&str]| {
-        call(
-            19,
-            &PublishBatchRequest {
-                namespace: "team-a".into(),
-                items: keys.iter().map(|k| item(k)).collect(),
-                watcher: 0,
-            },
-        )
-    };
-    out.push((
-        "grpc_handlers",
-        "publish-batch",
-        [
-            call(0, &node),
-            batch(&["batch/a", "batch/a/below", "batch/b", "batch/a"]),
-        ]
-        .concat(),
-    ));
-    // Many keys at once: two published, one missing, one malformed.
-    out.push((
-        "grpc_handlers",
-        "resolve-many",
-        [
-            call(0, &node),
-            batch(&["many/a", "many/b"]),
-            call(
-                21,
-                &ResolveManyRequest {
-                    watcher: 0,
-                    namespace: "team-a".into(),
-                    keys: vec![
-                        "many/a".into(),
-                        "many/none".into(),
-                        "many//bad".into(),
-                        "many/b".into(),
-                    ],
-                    inline_up_to: 65536,
-                },
-            ),
-        ]
-        .concat(),
-    ));
-    // A watch that acknowledges every change, renewed once, then a publish it is told of; and
-    // one that acknowledges nothing, whose lease the next publish waits out.
-    for (name, renew) in [("watch-acked", 2), ("watch-silent", 1)] {
-        out.push((
+    )
+}
+
+/// A batch of two good items, one below a file (refused alone), one key twice; and many keys
+/// resolved at once: two published, one missing, one malformed.
+fn grpc_batches() -> Vec<Seed> {
+    vec![
+        (
             "grpc_handlers",
-            name,
+            "publish-batch",
             [
-                call(0, &node),
-                call(
-                    22,
-                    &WatchUp {
-                        namespace: "team-a".into(),
-                        acked: 0,
-                        renew,
-                    },
-                ),
-                call(
-                    22,
-                    &WatchUp {
-                        renew: renew + 2,
-                        ..Default::default()
-                    },
-                ),
-                call(3, &item("watched/a")),
+                call(0, &register_node()),
+                batch(&["batch/a", "batch/a/below", "batch/b", "batch/a"]),
             ]
             .concat(),
-        ));
-    }
-    // A listing with those a walk reads next: a tree two levels deep, listed from inside it.
-    out.push((
+        ),
+        (
+            "grpc_handlers",
+            "resolve-many",
+            [
+                call(0, &register_node()),
+                batch(&["many/a", "many/b"]),
+                call(
+                    21,
+                    &ResolveManyRequest {
+                        watcher: 0,
+                        namespace: "team-a".into(),
+                        keys: vec![
+                            "many/a".into(),
+                            "many/none".into(),
+                            "many//bad".into(),
+                            "many/b".into(),
+                        ],
+                        inline_up_to: 65536,
+                    },
+                ),
+            ]
+            .concat(),
+        ),
+    ]
+}
+
+/// A watch that acknowledges every change, renewed once, then a publish it is told of; and one
+/// that acknowledges nothing, whose lease the next publish waits out.
+fn grpc_watches() -> Vec<Seed> {
+    [("watch-acked", 2), ("watch-silent", 1)]
+        .into_iter()
+        .map(|(name, renew)| {
+            (
+                "grpc_handlers",
+                name,
+                [
+                    call(0, &register_node()),
+                    call(
+                        22,
+                        &WatchUp {
+                            namespace: "team-a".into(),
+                            acked: 0,
+                            renew,
+                        },
+                    ),
+                    call(
+                        22,
+                        &WatchUp {
+                            renew: renew + 2,
+                            ..Default::default()
+                        },
+                    ),
+                    call(3, &publish("watched/a")),
+                ]
+                .concat(),
+            )
+        })
+        .collect()
+}
+
+/// A listing with those a walk reads next: a tree two levels deep, listed from inside it.
+fn grpc_list_ahead() -> Seed {
+    (
         "grpc_handlers",
         "list-ahead",
         [
-            call(0, &node),
+            call(0, &register_node()),
             batch(&["walk/a/1", "walk/b/x/1", "walk/b/y/1", "walk/c/1"]),
             call(
                 6,
@@ -397,12 +485,32 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             ),
         ]
         .concat(),
-    ));
-    out.push((
+    )
+}
+
+/// A directory published and joined in a window, a GPU window joined and awaited.
+fn grpc_directory_and_broadcast() -> Seed {
+    let dir = PublishRequest {
+        namespace: "team-a".into(),
+        key: "seed/dir".into(),
+        manifest: Some(directory_manifest()),
+        inline_blocks: [&b"x"[..], b"abcd", b"ef"]
+            .iter()
+            .map(|d| InlineBlock {
+                hash: BlockHash::of(d).0.to_vec(),
+                data: d.to_vec(),
+            })
+            .collect(),
+        ttl_secs: 3600,
+        force: true,
+        ..Default::default()
+    };
+    let n = "team-a".to_string();
+    (
         "grpc_handlers",
         "directory-and-broadcast",
         [
-            call(0, &node),
+            call(0, &register_node()),
             call(
                 1,
                 &HeartbeatRequest {
@@ -413,7 +521,7 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             call(
                 2,
                 &MissingBlocksRequest {
-                    hashes: vec![x.0.to_vec(), vec![1; 32]],
+                    hashes: vec![BlockHash::of(b"x").0.to_vec(), vec![1; 32]],
                 },
             ),
             call(3, &dir),
@@ -473,6 +581,5 @@ pub fn seeds() -> Vec<(&'static str, &'static str, Vec<u8>)> {
             ),
         ]
         .concat(),
-    ));
-    out
+    )
 }

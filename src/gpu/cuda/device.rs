@@ -15,7 +15,8 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 
-use super::{check, require_cuda, CudaError};
+use super::error::{check, CudaError};
+use super::probe::require_cuda;
 
 /// A CUDA device's primary context, retained.
 #[derive(Debug)]

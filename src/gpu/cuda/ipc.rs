@@ -17,7 +17,7 @@ use std::sync::Arc;
 use cudarc::driver::sys;
 
 use super::device::{Device, DeviceRange};
-use super::{check, CudaError};
+use super::error::{check, CudaError};
 
 /// What another process needs to map a range of this one's device memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,7 +13,9 @@
 //!   its copies;
 //! - [`ipc`]: CUDA IPC, exporting an allocation to another process and mapping a peer's;
 //! - [`nccl`]: a communicator with init deadlines, completion deadlines and an abort that
-//!   another thread may call (its waits are [`deadline`]'s one polling loop);
+//!   another thread may call (its waits are [`deadline`]'s one polling loop), the ranks of
+//!   one sharing a [`unique_id`];
+//! - [`error`] and [`nccl_error`]: what the driver's and NCCL's calls fail with;
 //! - [`nccl_lib`]: finding pip's `libnccl.so.2` (or another NCCL) and the `LD_LIBRARY_PATH`
 //!   that makes it loadable by a process about to start.
 //!
@@ -25,66 +27,28 @@
 
 mod deadline;
 pub mod device;
+pub mod error;
 pub mod ipc;
 pub mod nccl;
+pub mod nccl_error;
 pub mod nccl_lib;
 pub mod probe;
-
-use cudarc::driver::sys;
+pub mod unique_id;
 
 pub use device::{Device, DeviceBuffer, DeviceRange, Event, Stream};
+pub use error::CudaError;
 pub use ipc::{IpcExport, IpcMapping};
-pub use nccl::{AbortHandle, Comm, Grouped, NcclError, UniqueId};
+pub use nccl::{AbortHandle, Comm, Grouped};
+pub use nccl_error::NcclError;
 pub use nccl_lib::{
     find_nccl_library, loaded_nccl, loader_path_for, loader_path_for_nccl, nccl_named_in,
 };
 pub use probe::{probe, Availability};
-
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum CudaError {
-    #[error("CUDA is not available: {0}")]
-    Unavailable(String),
-    /// A driver call failed; `name` is the `CUresult`'s (`CUDA_ERROR_INVALID_VALUE`).
-    #[error("{call}: {name} ({code})")]
-    Driver {
-        call: &'static str,
-        name: String,
-        code: u32,
-    },
-    #[error("{0}")]
-    Invalid(String),
-}
-
-impl CudaError {
-    /// Whether the driver answered `result`.
-    pub fn is(&self, result: sys::CUresult) -> bool {
-        matches!(self, CudaError::Driver { code, .. } if *code == result as u32)
-    }
-}
-
-/// `Ok` for `CUDA_SUCCESS`, the call's name and the result's otherwise.
-pub(crate) fn check(result: sys::CUresult, call: &'static str) -> Result<(), CudaError> {
-    if result == sys::CUresult::CUDA_SUCCESS {
-        return Ok(());
-    }
-    Err(CudaError::Driver {
-        call,
-        // The bindings' enum names the result exactly as CUDA's headers do.
-        name: format!("{result:?}"),
-        code: result as u32,
-    })
-}
-
-/// Fails unless the probe found a usable CUDA driver and device.
-pub(crate) fn require_cuda() -> Result<&'static probe::CudaInfo, CudaError> {
-    probe()
-        .cuda
-        .as_ref()
-        .map_err(|e| CudaError::Unavailable(e.to_string()))
-}
+pub use unique_id::UniqueId;
 
 #[cfg(test)]
 mod tests {
+    use super::probe::require_cuda;
     use super::*;
 
     /// This machine may lack libcuda, libnccl or a GPU, or have all three; whatever is missing
@@ -107,15 +71,5 @@ mod tests {
         if found.cuda.is_err() || found.nccl.is_err() {
             assert!(!found.nccl_transfers());
         }
-    }
-
-    #[test]
-    fn driver_errors_name_the_call_and_the_result() {
-        assert_eq!(check(sys::CUresult::CUDA_SUCCESS, "cuInit"), Ok(()));
-        let e = check(sys::CUresult::CUDA_ERROR_INVALID_VALUE, "cuMemAlloc_v2").unwrap_err();
-        assert_eq!(e.to_string(), "cuMemAlloc_v2: CUDA_ERROR_INVALID_VALUE (1)");
-        assert!(e.is(sys::CUresult::CUDA_ERROR_INVALID_VALUE));
-        assert!(!e.is(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY));
-        assert!(!CudaError::Unavailable("x".into()).is(sys::CUresult::CUDA_SUCCESS));
     }
 }

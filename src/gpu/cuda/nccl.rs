@@ -19,7 +19,7 @@
 //! `libnccl.so.2` is not: [`super::nccl_lib`] finds that library and makes it loadable for a
 //! process about to start.
 
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -27,11 +27,9 @@ use cudarc::nccl::sys;
 
 use super::deadline::{poll_until, Backoff, Stopped};
 use super::device::{Device, DeviceRange, Stream};
-use super::{probe, CudaError};
+use super::nccl_error::{require_nccl, status, NcclError};
+use super::unique_id::UniqueId;
 use crate::locks::lock;
-
-/// The size of an NCCL unique id.
-pub const UNIQUE_ID_BYTES: usize = 128;
 
 /// How long dropping a communicator waits for its work to flush before aborting it.
 const DROP_GRACE: Duration = Duration::from_secs(10);
@@ -55,94 +53,6 @@ const CONFIG_VERSION: u32 = 23000;
 
 /// `NCCL_CONFIG_UNDEF_INT`: "NCCL's default" for an integer field.
 const UNDEF_INT: i32 = i32::MIN;
-
-#[derive(Debug, thiserror::Error)]
-pub enum NcclError {
-    #[error("NCCL is not available: {0}")]
-    Unavailable(String),
-    #[error(transparent)]
-    Cuda(#[from] CudaError),
-    /// `name` is the `ncclResult_t`'s, `message` NCCL's own words (its last error, or the
-    /// result's description).
-    #[error("{call}: {name}: {message}")]
-    Nccl {
-        call: &'static str,
-        name: String,
-        message: String,
-    },
-    #[error("{what} did not finish within {waited:?}; the communicator was aborted")]
-    Timeout {
-        what: &'static str,
-        waited: Duration,
-    },
-    #[error("the communicator was aborted")]
-    Aborted,
-    #[error("{0}")]
-    Invalid(String),
-}
-
-/// The id all ranks of one communicator share: made by one of them ([`UniqueId::new`]), sent
-/// to the others over any channel (it is plain bytes), used once.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct UniqueId([u8; UNIQUE_ID_BYTES]);
-
-impl UniqueId {
-    /// A fresh id. NCCL starts its bootstrap listener in this process, which must live until
-    /// every rank has joined.
-    pub fn new() -> Result<UniqueId, NcclError> {
-        require_nccl()?;
-        let mut raw = sys::ncclUniqueId {
-            internal: [0; UNIQUE_ID_BYTES],
-        };
-        // SAFETY: the probe found the symbol; `raw` outlives the call.
-        let r = unsafe { sys::ncclGetUniqueId(&mut raw) };
-        status(r, "ncclGetUniqueId", std::ptr::null_mut())?;
-        Ok(UniqueId(raw.internal.map(|b| b as u8)))
-    }
-
-    pub fn from_bytes(bytes: &[u8]) -> Result<UniqueId, NcclError> {
-        let id = bytes.try_into().map_err(|_| {
-            NcclError::Invalid(format!(
-                "an NCCL unique id is {UNIQUE_ID_BYTES} bytes, not {}",
-                bytes.len()
-            ))
-        })?;
-        Ok(UniqueId(id))
-    }
-
-    pub fn as_bytes(&self) -> &[u8; UNIQUE_ID_BYTES] {
-        &self.0
-    }
-
-    /// Lower-case hex, for a command line, a file or an environment variable.
-    pub fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
-    }
-
-    pub fn from_hex(hex: &str) -> Result<UniqueId, NcclError> {
-        let bad = || NcclError::Invalid(format!("{hex:?} is not an NCCL unique id in hex"));
-        let hex = hex.trim();
-        if hex.len() != 2 * UNIQUE_ID_BYTES || !hex.is_ascii() {
-            return Err(bad());
-        }
-        let bytes = (0..UNIQUE_ID_BYTES)
-            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad()))
-            .collect::<Result<Vec<u8>, _>>()?;
-        UniqueId::from_bytes(&bytes)
-    }
-
-    fn raw(&self) -> sys::ncclUniqueId {
-        sys::ncclUniqueId {
-            internal: self.0.map(|b| b as c_char),
-        }
-    }
-}
-
-impl std::fmt::Debug for UniqueId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "UniqueId({}..)", &self.to_hex()[..16])
-    }
-}
 
 /// `NCCL_CONFIG_INITIALIZER`, which the bindings lack: size, magic, version, every integer
 /// "undefined" and every pointer null, then `blocking` as asked.
@@ -169,43 +79,6 @@ fn config(blocking: bool) -> sys::ncclConfig_t {
         numRmaCtx: UNDEF_INT,
         maxP2pPeers: UNDEF_INT,
     }
-}
-
-fn require_nccl() -> Result<(), NcclError> {
-    probe()
-        .nccl
-        .as_ref()
-        .map(|_| ())
-        .map_err(|e| NcclError::Unavailable(e.to_string()))
-}
-
-/// `Ok(true)` for `ncclSuccess`, `Ok(false)` for `ncclInProgress`, the error otherwise, in
-/// NCCL's words (`comm`'s last error where there is one).
-fn status(
-    r: sys::ncclResult_t,
-    call: &'static str,
-    comm: sys::ncclComm_t,
-) -> Result<bool, NcclError> {
-    match r {
-        sys::ncclResult_t::ncclSuccess => return Ok(true),
-        sys::ncclResult_t::ncclInProgress => return Ok(false),
-        _ => {}
-    }
-    let text = |p: *const c_char| {
-        // SAFETY: NCCL returns a NUL-terminated string it owns (static, or the thread's last
-        // error), or null; it is copied at once.
-        (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
-    };
-    // SAFETY: the probe found both symbols; a null communicator asks for the thread's last
-    // error.
-    let last = text(unsafe { sys::ncclGetLastError(comm) }).filter(|s| !s.trim().is_empty());
-    // SAFETY: as above.
-    let described = text(unsafe { sys::ncclGetErrorString(r) });
-    Err(NcclError::Nccl {
-        call,
-        name: format!("{r:?}"),
-        message: last.or(described).unwrap_or_default().trim().to_string(),
-    })
 }
 
 /// The raw communicator; null once aborted or destroyed.
@@ -732,6 +605,7 @@ impl Grouped<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::cuda::probe;
 
     #[test]
     fn the_config_initializer_is_ncclconfig_initializer_non_blocking() {
@@ -765,23 +639,6 @@ mod tests {
     }
 
     #[test]
-    fn a_unique_id_round_trips_through_bytes_and_hex() {
-        let bytes: Vec<u8> = (0..UNIQUE_ID_BYTES).map(|i| (i * 37 % 256) as u8).collect();
-        let id = UniqueId::from_bytes(&bytes).unwrap();
-        assert_eq!(id.as_bytes().as_slice(), bytes.as_slice());
-        assert_eq!(UniqueId::from_bytes(id.as_bytes()).unwrap(), id);
-        let hex = id.to_hex();
-        assert_eq!(hex.len(), 256);
-        assert_eq!(UniqueId::from_hex(&format!("{hex}\n")).unwrap(), id);
-        // The raw form NCCL takes holds the same bytes.
-        assert_eq!(id.raw().internal.map(|b| b as u8), *id.as_bytes());
-        assert!(UniqueId::from_bytes(&bytes[1..]).is_err());
-        assert!(UniqueId::from_hex(&hex[2..]).is_err());
-        assert!(UniqueId::from_hex(&"zz".repeat(128)).is_err());
-        assert!(UniqueId::from_hex(&"é".repeat(128)).is_err());
-    }
-
-    #[test]
     fn without_nccl_everything_is_an_error_not_a_panic() {
         if probe().nccl.is_ok() {
             return;
@@ -790,18 +647,5 @@ mod tests {
         if probe().cuda.is_err() {
             assert!(Device::open(0).is_err());
         }
-    }
-
-    #[test]
-    fn errors_say_what_nccl_said() {
-        let e = NcclError::Nccl {
-            call: "ncclCommInitRankConfig",
-            name: "ncclInvalidUsage".into(),
-            message: "Duplicate GPU detected".into(),
-        };
-        assert_eq!(
-            e.to_string(),
-            "ncclCommInitRankConfig: ncclInvalidUsage: Duplicate GPU detected"
-        );
     }
 }

@@ -17,6 +17,8 @@ use std::sync::OnceLock;
 use cudarc::driver::sys as cu;
 use cudarc::nccl::sys as nc;
 
+use super::error::CudaError;
+
 /// The environment variable that forces the host transport when it is `host`.
 pub const TRANSPORT_ENV: &str = "KT_GPU_TRANSPORT";
 
@@ -111,6 +113,14 @@ const NCCL_SYMBOLS: &[&str] = &[
     "ncclGroupStart",
     "ncclGroupEnd",
 ];
+
+/// Fails unless the probe found a usable CUDA driver and device.
+pub(crate) fn require_cuda() -> Result<&'static CudaInfo, CudaError> {
+    probe()
+        .cuda
+        .as_ref()
+        .map_err(|e| CudaError::Unavailable(e.to_string()))
+}
 
 /// What this process can use, probed at the first call.
 pub fn probe() -> &'static Availability {

@@ -14,7 +14,7 @@ use std::sync::{Arc, LazyLock, Mutex, Weak};
 use crate::gpu::cuda::{CudaError, Device, DeviceRange, IpcMapping, Stream};
 use crate::locks::lock;
 
-use super::WorkerError;
+use super::error::WorkerError;
 
 type Key = (i32, [u8; 64]);
 
@@ -114,14 +114,4 @@ fn map(device: i32, handle: &[u8; 64]) -> Result<Arc<IpcMapping>, WorkerError> {
 
 fn to_io(e: CudaError) -> io::Error {
     io::Error::other(e.to_string())
-}
-
-impl From<CudaError> for WorkerError {
-    fn from(e: CudaError) -> WorkerError {
-        match e {
-            CudaError::Unavailable(why) => WorkerError::NoCuda(why),
-            CudaError::Invalid(why) => WorkerError::Bad(why),
-            e => WorkerError::Cuda(e.to_string()),
-        }
-    }
 }

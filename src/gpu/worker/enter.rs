@@ -14,7 +14,7 @@
 use std::fs::File;
 use std::os::fd::AsRawFd;
 
-use super::WorkerError;
+use super::error::WorkerError;
 
 /// The namespaces a worker joins, by their `/proc/PID/ns` names and `setns` types, the mount
 /// namespace last.

@@ -14,13 +14,13 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use super::cuda_buffer::CudaBuffer;
-use super::host::CHUNK;
-use super::WorkerError;
+use super::error::WorkerError;
+use super::host::frames::CHUNK;
+use crate::auth::gpu_secret::Secret;
 use crate::gpu::abi::{self, BUF_CUDA_IPC, BUF_HOST_SHM};
 use crate::gpu::cuda::{Device, DeviceRange};
 use crate::locks::lock;
 use crate::proto::WorkerBuffer;
-use crate::auth::gpu_secret::Secret;
 
 /// Where host buffers live: the caller's shared memory.
 pub const SHM_DIR: &str = "/dev/shm";

@@ -4,16 +4,16 @@
 //!
 //! The two agree on the host transport's connection for the registration (so the same hello,
 //! and the same sealing where the cluster issues secrets): the getter's worker, holding its
-//! turn (one NCCL transfer at a time in a worker), sends an offer, a request of [`OFFER`]
-//! bytes whose body is a `HostNcclOffer`: its byte count, a fresh unique id it made, and the
-//! pair communicators it keeps as rank 1. The source takes its own turn (waiting at most
-//! [`TURN_WAIT`], so that two workers getting from each other at once cannot wait on each
-//! other for good) and answers yes, naming one of those communicators that it keeps as rank 0
-//! or none (form one from the id), or no with why. After a yes both run a broadcast of two
-//! ranks from the source, and the source's verdict follows on the connection; the end of the
-//! connection on either side stops the other's transfer. A no, or a transfer that failed,
-//! leaves the GET to the host transport, so an NCCL that does not work here costs time, never
-//! the bytes.
+//! turn (one NCCL transfer at a time in a worker), sends an offer, a request of
+//! [`OFFER`](super::host::frames::OFFER) bytes whose body is a `HostNcclOffer`: its byte
+//! count, a fresh unique id it made, and the pair communicators it keeps as rank 1. The source
+//! takes its own turn (waiting at most [`TURN_WAIT`], so that two workers getting from each
+//! other at once cannot wait on each other for good) and answers yes, naming one of those
+//! communicators that it keeps as rank 0 or none (form one from the id), or no with why. After
+//! a yes both run a broadcast of two ranks from the source, and the source's verdict follows on
+//! the connection; the end of the connection on either side stops the other's transfer. A no,
+//! or a transfer that failed, leaves the GET to the host transport, so an NCCL that does not
+//! work here costs time, never the bytes.
 //!
 //! A pair's communicator is kept by both workers for their next GET (it is not offered to the
 //! store server for windows, see [`Use::Pair`]): a trainer's weights synced to the same
@@ -25,18 +25,17 @@ use std::time::Duration;
 use prost::Message;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
-use super::collective::{self, Broadcast, Comms, Stop, Use};
-use super::host::{self, Source};
+use super::collective::{self, Broadcast};
+use super::comms::{Comms, Use};
+use super::error::WorkerError;
+use super::host::conn::{connect, Conn, Source};
+use super::host::fetch::fetch as host_fetch;
+use super::host::frames::head;
 use super::memory::Buffers;
-use super::WorkerError;
+use super::stop::Stop;
 use crate::gpu::cuda::UniqueId;
 use crate::proto::{HostNcclAnswer, HostNcclOffer};
 
-/// The length of a request that carries an offer (a request for bytes asks for at most
-/// [`host::CHUNK`]).
-pub const OFFER: u32 = u32::MAX;
-/// The longest offer's body: an id, [`collective::KEEP`] keys, a name.
-pub const MAX_OFFER: u64 = 16 << 10;
 /// The longest answer's body.
 const MAX_ANSWER: u32 = 4096;
 /// How long a source waits for its turn before it says no.
@@ -153,7 +152,7 @@ pub async fn fetch_either(
         Some(s) => Some(s.lock().await),
         None => None,
     };
-    let moved = host::fetch(src, dst, pack).await;
+    let moved = host_fetch(src, dst, pack).await;
     (moved, false)
 }
 
@@ -262,8 +261,8 @@ pub async fn fetch(
 async fn agree(
     src: Source<'_>,
     offer: &HostNcclOffer,
-) -> Result<Option<(host::Conn, Option<Vec<u8>>)>, WorkerError> {
-    let mut conn = host::connect(src).await?;
+) -> Result<Option<(Conn, Option<Vec<u8>>)>, WorkerError> {
+    let mut conn = connect(src).await?;
     let Source {
         addr, name: source, ..
     } = src;
@@ -315,9 +314,9 @@ pub fn answer_offer(
                 }
                 .encode_to_vec();
                 let _ = yes.send((turn, lane, pair, b));
-                (host::head(0, a.len() as u32), a)
+                (head(0, a.len() as u32), a)
             }
-            Err((errno, why)) => (host::head(errno as u32, why.len() as u32), why.into_bytes()),
+            Err((errno, why)) => (head(errno as u32, why.len() as u32), why.into_bytes()),
         }
     });
     let verdict = tokio::spawn(async move {
@@ -329,17 +328,14 @@ pub fn answer_offer(
             .and_then(|r| r);
         drop(turn);
         Some(match r {
-            Ok(_) => (host::head(0, 0), Vec::new()),
+            Ok(_) => (head(0, 0), Vec::new()),
             Err(e) => {
                 let why = if stop.stopped() {
                     format!("the getter went away: {e}")
                 } else {
                     e.to_string()
                 };
-                (
-                    host::head(e.errno() as u32, why.len() as u32),
-                    why.into_bytes(),
-                )
+                (head(e.errno() as u32, why.len() as u32), why.into_bytes())
             }
         })
     });
@@ -422,9 +418,10 @@ mod tests {
     use test_support::pseudo_random;
 
     use super::*;
+    use crate::auth::gpu_secret::Secret;
+    use crate::gpu::worker::host::frames::CHUNK;
     use crate::gpu::worker::host::testing::{at, buffers, served_through_relay, shows};
     use crate::locks::lock;
-    use crate::auth::gpu_secret::Secret;
     use crate::rpc::gpu_window::comm_key;
 
     /// Bytes "broadcast" between two fake lanes of one process, by communicator.
@@ -563,7 +560,7 @@ mod tests {
     async fn a_get_between_workers_that_can_goes_over_nccl_and_the_next_reuses_their_communicator()
     {
         let dir = tempfile::tempdir().unwrap();
-        let data = pseudo_random(2 * host::CHUNK as usize + 777, 5);
+        let data = pseudo_random(2 * CHUNK as usize + 777, 5);
         let secret = [9u8; 32];
         let src = buffers(dir.path(), "src", &data, false);
         let src = Arc::new(Arc::into_inner(src).unwrap().sealed_by(Some(secret)));
@@ -600,7 +597,7 @@ mod tests {
     #[tokio::test]
     async fn a_source_that_cannot_says_no_and_the_bytes_go_over_the_host_transport() {
         let dir = tempfile::tempdir().unwrap();
-        let data = pseudo_random(host::CHUNK as usize + 3, 6);
+        let data = pseudo_random(CHUNK as usize + 3, 6);
         let net = Arc::new(Net::default());
         let getter = lane(&net, true, false, 1);
         let getter_lane: Arc<dyn Lane> = getter.clone();
@@ -631,7 +628,7 @@ mod tests {
     async fn a_failed_nccl_transfer_stops_the_other_side_and_the_get_goes_over_the_host_transport()
     {
         let dir = tempfile::tempdir().unwrap();
-        let data = pseudo_random(host::CHUNK as usize * 3, 7);
+        let data = pseudo_random(CHUNK as usize * 3, 7);
         let net = Arc::new(Net::default());
         let source = lane(&net, true, true, 1);
         let getter = lane(&net, true, false, 100);

@@ -17,7 +17,7 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 use tokio::sync::{oneshot, Mutex as AsyncMutex};
 
-use super::WorkerError;
+use super::error::WorkerError;
 use crate::gpu::wire;
 use crate::locks::lock;
 use crate::proto::worker_request::Op;
@@ -92,7 +92,7 @@ fn nccl_setup(caller: u32, entered: bool) -> Option<NcclSetup> {
         let target = callers.filter(|t| t.is_absolute())?;
         let dir = std::env::temp_dir().join(format!(
             "kt-nccl-pod-{:016x}",
-            crate::gpu::random_u64().ok()?
+            crate::gpu::random::random_u64().ok()?
         ));
         tracing::info!(library = %target.display(), caller, "the pod's transfer worker loads the NCCL its caller uses");
         return Some(NcclSetup::InPod { dir, target });

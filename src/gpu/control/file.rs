@@ -1,0 +1,132 @@
+//! An open control file: `/kt/.gpu/<key>` as one open file description holds it (its table,
+//! its buffers, its window, its transfers, its registration), with what its write and poll do.
+
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
+
+use super::error::GpuError;
+use super::transfer::{Transfer, Waker};
+use super::workers::Registration;
+use crate::gpu::abi::KtGpuBuffer;
+use crate::gpu::table::{Table, TableError, MAX_TABLE_BYTES};
+use crate::gpu::window::Asked;
+use crate::key::KeyPath;
+use crate::locks::lock;
+use crate::proto::WorkerBuffer;
+
+/// An open control file: `/kt/.gpu/<key>` as one open file description holds it.
+pub struct ControlFile {
+    pub key: KeyPath,
+    pub(super) caller: u32,
+    pub(super) table: Mutex<Vec<u8>>,
+    pub(super) buffers: Mutex<Vec<KtGpuBuffer>>,
+    pub(super) window: Mutex<Option<Asked>>,
+    pub(super) transfers: Mutex<Vec<Arc<Transfer>>>,
+    pub(super) next_transfer: AtomicU64,
+    pub(super) registration: Arc<Mutex<Option<Registration>>>,
+    /// Set by the last close: a commit still running lets go of what it registers.
+    pub(super) closed: Arc<AtomicBool>,
+    /// What a read returns: the key's description, taken at the first read.
+    pub(super) description: Mutex<Option<Vec<u8>>>,
+}
+
+impl ControlFile {
+    /// A control file `caller` opened at `key`, with nothing written or handed over yet.
+    pub(super) fn new(key: KeyPath, caller: u32) -> ControlFile {
+        ControlFile {
+            key,
+            caller,
+            table: Mutex::default(),
+            buffers: Mutex::default(),
+            window: Mutex::default(),
+            transfers: Mutex::default(),
+            next_transfer: AtomicU64::new(1),
+            registration: Arc::default(),
+            closed: Arc::default(),
+            description: Mutex::default(),
+        }
+    }
+
+    /// Bytes the caller writes: its tensor table.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<u32, GpuError> {
+        let mut t = lock(&self.table);
+        let end = offset as usize + data.len();
+        if end > MAX_TABLE_BYTES {
+            return Err(TableError::TooLarge.into());
+        }
+        if t.len() < end {
+            t.resize(end, 0);
+        }
+        t[offset as usize..end].copy_from_slice(data);
+        Ok(data.len() as u32)
+    }
+
+    /// Whether the latest transfer has finished; if not, `waker` is called when it does.
+    pub fn poll(&self, waker: Option<Waker>) -> bool {
+        let Some(t) = lock(&self.transfers).last().cloned() else {
+            return false;
+        };
+        if t.finished() {
+            return true;
+        }
+        if let Some(w) = waker {
+            lock(&t.wakers).push(w);
+            // It may have finished between the look and the push.
+            if t.finished() {
+                for w in std::mem::take(&mut *lock(&t.wakers)) {
+                    w();
+                }
+            }
+        }
+        false
+    }
+
+    pub(super) fn table(&self) -> Result<Table, GpuError> {
+        Ok(Table::parse(&lock(&self.table))?)
+    }
+
+    /// The buffers handed over, checked against `table`: each entry once, each its size.
+    pub(super) fn checked_buffers(&self, table: &Table) -> Result<Vec<WorkerBuffer>, GpuError> {
+        let buffers = lock(&self.buffers).clone();
+        let mut seen = vec![false; table.entries.len()];
+        let mut out = Vec::with_capacity(buffers.len());
+        for b in buffers {
+            let i = b.entry as usize;
+            let e = table.entries.get(i).ok_or_else(|| {
+                GpuError::Buffers(format!(
+                    "a buffer names entry {i}; the table has {}",
+                    seen.len()
+                ))
+            })?;
+            if std::mem::replace(&mut seen[i], true) {
+                return Err(GpuError::Buffers(format!(
+                    "entry {:?} has two buffers",
+                    e.name
+                )));
+            }
+            if b.nbytes != e.nbytes() {
+                return Err(GpuError::Buffers(format!(
+                    "entry {:?} is {} bytes, its buffer {}",
+                    e.name,
+                    e.nbytes(),
+                    b.nbytes
+                )));
+            }
+            out.push(WorkerBuffer {
+                entry: b.entry,
+                kind: b.kind,
+                device: b.device,
+                offset: b.offset,
+                nbytes: b.nbytes,
+                handle: b.handle.to_vec(),
+            });
+        }
+        if let Some(i) = seen.iter().position(|s| !s) {
+            return Err(GpuError::Buffers(format!(
+                "entry {:?} has no buffer",
+                table.entries[i].name
+            )));
+        }
+        Ok(out)
+    }
+}
