@@ -47,12 +47,18 @@ fn config(nodes: usize, pieces: u32) -> SimConfig {
         // Joins spread over half a transfer time after the publish.
         join_spread: Duration::from_secs_f64(transfer / 2.0),
         die_fraction: 0.03,
-        fanout: env("KT_SIM_FANOUT", u64::from(ktfs::broadcast::swarm::DEFAULT_UPLOADS)) as u32,
+        fanout: env(
+            "KT_SIM_FANOUT",
+            u64::from(ktfs::broadcast::swarm::DEFAULT_UPLOADS),
+        ) as u32,
         // The real node's data plane (`UPLOAD_SLOTS`).
         sends: env("KT_SIM_SENDS", 4) as u32,
         pace: env("KT_SIM_PACE", 1) == 1,
         queue: env("KT_SIM_QUEUE", 0) as u32,
-        seed_slots: env("KT_SIM_SEED_SLOTS", ktfs::broadcast::swarm::SEED_SLOTS as u64) as usize,
+        seed_slots: env(
+            "KT_SIM_SEED_SLOTS",
+            ktfs::broadcast::swarm::SEED_SLOTS as u64,
+        ) as usize,
         latency: Duration::from_micros(env("KT_SIM_LATENCY_US", 2_000)),
         poll: Duration::from_millis(1_000),
         schedule: ScheduleConfig {

@@ -8,10 +8,10 @@ mod common;
 use std::process::Command;
 
 use common::{http_get, pseudo_random, Cluster};
-use ktfs::hash::BlockHash;
-use ktfs::manifest::DEFAULT_BLOCK_SIZE;
 use ktfs::dataplane::delta;
 use ktfs::dataplane::wire::{self, Response};
+use ktfs::hash::BlockHash;
+use ktfs::manifest::DEFAULT_BLOCK_SIZE;
 
 fn with_line_inserted(data: &[u8]) -> Vec<u8> {
     let mid = data.len() / 2;

@@ -6,9 +6,9 @@ mod common;
 
 use std::time::{Duration, UNIX_EPOCH};
 
+use common::rig::Core;
 use common::rig::Rig;
 use ktfs::fs::inode::ROOT;
-use common::rig::Core;
 use ktfs::fs::{FsError, Kind, LISTING_TTL};
 use ktfs::rpc::client::connect_store;
 

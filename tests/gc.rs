@@ -7,8 +7,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use ktfs::hash::BlockHash;
 use ktfs::dataplane::wire;
+use ktfs::hash::BlockHash;
 
 /// Bytes of the block files under `dir`.
 fn block_bytes(dir: &Path) -> u64 {

@@ -10,14 +10,14 @@ use proptest::prelude::*;
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use ktfs::auth::ticket::{shared, Gate};
 use ktfs::blocks::{BlockError, BlockServe, Served};
+use ktfs::dataplane::wire;
 use ktfs::gpu::abi::{self, Command, KT_GPU_GET, KT_GPU_JOIN, KT_GPU_PUT, KT_GPU_STATUS};
 use ktfs::hash::BlockHash;
 use ktfs::key::{KeyPath, Namespace, MAX_KEY};
 use ktfs::manifest::{self, Manifest};
 use ktfs::proto::{BlockRef, EntryKind, FileEntry};
-use ktfs::auth::ticket::{shared, Gate};
-use ktfs::dataplane::wire;
 
 fn config(cases: u32) -> ProptestConfig {
     ProptestConfig {

@@ -80,14 +80,18 @@ fn may_import(from: &str, to: &str) -> Result<(), String> {
         return if edges.contains(&to) {
             Ok(())
         } else {
-            Err(format!("the data model's `{from}` may import only {edges:?}"))
+            Err(format!(
+                "the data model's `{from}` may import only {edges:?}"
+            ))
         };
     }
     if DATA_MODEL.contains(&to) {
         return Ok(());
     }
     let Some(own) = layer_of(from) else {
-        return Err(format!("module `{from}` has no place in the layers (tests/layering.rs)"));
+        return Err(format!(
+            "module `{from}` has no place in the layers (tests/layering.rs)"
+        ));
     };
     if let Some((_, who)) = PRIVATE_TO.iter().find(|(m, _)| *m == to) {
         if !who.contains(&from) {
@@ -254,7 +258,11 @@ fn violations(src_dir: &Path) -> Vec<String> {
             .flat_map(|&a| circle.iter().map(move |&b| (a, b)))
             .filter_map(|(a, b)| {
                 let line = edges.get(&(a, b))?;
-                Some(format!("{}:{line} -> {}", shown(&files[a].rel), shown(&files[b].rel)))
+                Some(format!(
+                    "{}:{line} -> {}",
+                    shown(&files[a].rel),
+                    shown(&files[b].rel)
+                ))
             })
             .collect();
         bad.push(format!("a circle: {}", ties.join(", ")));
@@ -262,7 +270,9 @@ fn violations(src_dir: &Path) -> Vec<String> {
     // The table names only modules that exist, so it cannot drift from the tree unnoticed.
     for m in LAYERS.iter().flat_map(|l| l.iter()).chain(DATA_MODEL) {
         if *m != "proto" && !seen.contains(*m) {
-            bad.push(format!("the layering table names `{m}`, which src/ does not have"));
+            bad.push(format!(
+                "the layering table names `{m}`, which src/ does not have"
+            ));
         }
     }
     bad
@@ -322,7 +332,10 @@ fn a_forbidden_edge_is_named_with_its_file_and_path() {
     let dir = tree(&[
         ("lib.rs", "pub mod blocks;\npub mod fs;\npub mod hash;\n"),
         ("hash.rs", "pub struct BlockHash;\n"),
-        ("blocks/mod.rs", "pub mod cache;\nuse crate::hash::BlockHash;\n"),
+        (
+            "blocks/mod.rs",
+            "pub mod cache;\nuse crate::hash::BlockHash;\n",
+        ),
         (
             "blocks/cache.rs",
             "use crate::hash::BlockHash;\nfn x() { crate::fs::thing(); }\n",
@@ -360,10 +373,14 @@ fn circles_are_found_through_super_self_children_and_reexports_but_not_in_tests(
     let bad = violations(dir.path());
     let circles: Vec<&String> = bad.iter().filter(|b| b.starts_with("a circle")).collect();
     assert_eq!(circles.len(), 2, "{bad:?}");
-    assert!(circles.iter().any(|c| c.contains("src/blocks/a.rs:2 -> src/blocks/mod.rs")
-        && c.contains("src/blocks/mod.rs:6 -> src/blocks/a.rs")));
-    assert!(circles.iter().any(|c| c.contains("src/blocks/b.rs:1 -> src/blocks/c.rs")
-        && c.contains("src/blocks/c.rs:2 -> src/blocks/b.rs")));
+    assert!(circles
+        .iter()
+        .any(|c| c.contains("src/blocks/a.rs:2 -> src/blocks/mod.rs")
+            && c.contains("src/blocks/mod.rs:6 -> src/blocks/a.rs")));
+    assert!(circles
+        .iter()
+        .any(|c| c.contains("src/blocks/b.rs:1 -> src/blocks/c.rs")
+            && c.contains("src/blocks/c.rs:2 -> src/blocks/b.rs")));
 }
 
 #[test]
@@ -374,7 +391,8 @@ fn a_long_file_is_named() {
     ]);
     let bad = violations(dir.path());
     assert!(
-        bad.iter().any(|b| b.starts_with("src/blocks/mod.rs: 801 lines")),
+        bad.iter()
+            .any(|b| b.starts_with("src/blocks/mod.rs: 801 lines")),
         "{bad:?}"
     );
 }

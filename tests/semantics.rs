@@ -8,10 +8,10 @@ mod common;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::time::Duration;
 
+use common::rig::Core;
 use common::rig::Rig;
 use common::*;
 use ktfs::fs::inode::ROOT;
-use common::rig::Core;
 use ktfs::fs::LISTING_TTL;
 
 /// What a reader on another node may wait for: its listing cache and the kernel's attribute

@@ -9,8 +9,8 @@ use std::path::Path;
 use std::process::Output;
 
 use common::*;
-use ktfs::hash::BlockHash;
 use ktfs::dataplane::wire;
+use ktfs::hash::BlockHash;
 use test_support::tls::Pki;
 
 fn stderr(o: &Output) -> String {

@@ -15,18 +15,18 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use ktfs::auth::Credential;
 use ktfs::k8s::outside::Outside;
 use ktfs::k8s::{api, env};
 use ktfs::key::{KeyPath, Namespace};
 use ktfs::manifest::DEFAULT_BLOCK_SIZE;
 use ktfs::proto::{ListRequest, Locale, RemoveRequest, WindowSpec};
 use ktfs::rpc::client::{self, ClientError, DEFAULT_AGENT_SOCKET};
-use ktfs::auth::Credential;
 use ktfs::rpc::Fault;
 use ktfs::transfer::get::{self as getting, GetOptions};
+use ktfs::transfer::put::scan::ScanOptions;
 use ktfs::transfer::put::{self as putting, PutOptions};
 use ktfs::transfer::read::{self, Stat};
-use ktfs::transfer::put::scan::ScanOptions;
 
 create_exception!(ktfs, KtError, PyException, "A ktfs call failed.");
 create_exception!(

@@ -3,14 +3,14 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::auth::gpu_secret::HostKey;
+use crate::auth::ticket::TicketHolder;
+use crate::auth::tls::ServerTls;
+use crate::auth::Credential;
 use crate::clock;
 use crate::fs::FsConfig;
 use crate::key::Namespace;
 use crate::proto::Locale;
-use crate::auth::gpu_secret::HostKey;
-use crate::auth::Credential;
-use crate::auth::tls::ServerTls;
-use crate::auth::ticket::TicketHolder;
 
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 

@@ -8,16 +8,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::auth::gpu_secret::HostKey;
+use crate::auth::ticket::{Gate, SharedGate, TicketHolder, TicketKey, VersionBlocks};
+use crate::auth::Credential;
 use crate::blocks::node::NodeBlocks;
 use crate::hash::{BlockHash, Version};
 use crate::locks;
 use crate::proto::{
     HeartbeatRequest, HeartbeatResponse, NodeInfo, RegisterNodeRequest, RegisterNodeResponse,
 };
-use crate::auth::gpu_secret::HostKey;
-use crate::auth::Credential;
 use crate::rpc::client;
-use crate::auth::ticket::{Gate, SharedGate, TicketHolder, TicketKey, VersionBlocks};
 
 /// Keeps this node's lease alive; registers again whenever the server does not know it (first
 /// start, or the server restarted).

@@ -9,6 +9,7 @@ use tonic::{Request, Response, Status};
 
 use super::config::AgentConfig;
 use super::hosted::{HostError, HostedMounts};
+use crate::auth::ticket::{Gate, SharedGate};
 use crate::blocks::in_place::InPlaceError;
 use crate::blocks::node::NodeBlocks;
 use crate::hash::{BlockHash, Version};
@@ -18,7 +19,6 @@ use crate::proto::*;
 use crate::rpc::client::{self, ClientError};
 use crate::rpc::status::{to_status, Fault};
 use crate::transfer::publish::{self, Payload, PublishError};
-use crate::auth::ticket::{Gate, SharedGate};
 
 pub(super) struct AgentHandler {
     pub cfg: AgentConfig,

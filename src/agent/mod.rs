@@ -20,10 +20,12 @@ pub use config::{AgentConfig, DEFAULT_HEARTBEAT};
 use hosted::HostedMounts;
 use local_rpc::AgentHandler;
 
+use crate::auth::ticket::{self, Gate, SharedGate, VersionBlocks};
 use crate::blocks::cache::{BlockCache, CF_CACHE, CF_CACHE_INDEX};
 use crate::blocks::in_place::{CF_LOCAL, CF_SEEDS};
 use crate::blocks::node::NodeBlocks;
 use crate::blocks::BlockError;
+use crate::dataplane::port;
 use crate::db::{Db, DbError};
 use crate::fs::inode::CF_INODES;
 use crate::fs::session::Stop;
@@ -34,8 +36,6 @@ use crate::proto::agent_server::AgentServer;
 use crate::proto::{NodeInfo, RegisterNodeRequest};
 use crate::rpc::client::{self, ClientError};
 use crate::rpc::MAX_RPC_MESSAGE;
-use crate::dataplane::port;
-use crate::auth::ticket::{self, Gate, SharedGate, VersionBlocks};
 
 /// Every column family of the agent's database, whoever owns it.
 const FAMILIES: &[&str] = &[

@@ -8,12 +8,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::auth::ticket::VersionBlocks;
+use crate::auth::Credential;
 use crate::hash::{BlockHash, Version};
 use crate::locks;
 use crate::proto::VersionBlocksRequest;
 use crate::rpc::client::{self, Store};
-use crate::auth::Credential;
-use crate::auth::ticket::VersionBlocks;
 
 /// Versions whose block sets are kept: those being fetched from this node now.
 const VERSIONS_KEPT: usize = 256;

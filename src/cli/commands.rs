@@ -2,6 +2,8 @@
 
 use anyhow::Result;
 
+use ktfs::auth::Credential;
+use ktfs::broadcast::member::membership;
 use ktfs::k8s::outside::{Outside, OutsideError};
 use ktfs::key::{KeyPath, Namespace};
 use ktfs::manifest::MAX_BLOCK_SIZE;
@@ -10,11 +12,9 @@ use ktfs::proto::{
     UnmountRequest,
 };
 use ktfs::rpc::client::{self, ClientError};
-use ktfs::auth::Credential;
 use ktfs::transfer::get::{self, GetOptions};
-use ktfs::transfer::put::{self, PutOptions};
 use ktfs::transfer::put::scan::ScanOptions;
-use ktfs::broadcast::member::membership;
+use ktfs::transfer::put::{self, PutOptions};
 
 use super::args::*;
 use super::output::{human, print_json, progress_bar, CliError};

@@ -6,16 +6,16 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use ktfs::agent::{AgentConfig, AgentProcess, DEFAULT_HEARTBEAT};
+use ktfs::auth::tls::ServerTls;
+use ktfs::auth::Credential;
 use ktfs::blocks::cache::DEFAULT_BUDGET;
 use ktfs::fs::session::{self, Mounted, Stop};
 use ktfs::fs::FsConfig;
 use ktfs::k8s::api;
 use ktfs::k8s::tokens::ServiceAccountName;
 use ktfs::key::Namespace;
-use ktfs::auth::Credential;
 use ktfs::server::auth::{AuthConfig, TokenReview};
 use ktfs::server::StoreServerProcess;
-use ktfs::auth::tls::ServerTls;
 
 use kt_host::shutdown_signal;
 

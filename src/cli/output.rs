@@ -9,8 +9,8 @@ use ktfs::rpc::{ClientError, Fault, RemoteError};
 use ktfs::transfer::get::GetError;
 pub use ktfs::transfer::progress_bar;
 use ktfs::transfer::publish::PublishError;
-use ktfs::transfer::put::PutError;
 use ktfs::transfer::put::scan::ScanError;
+use ktfs::transfer::put::PutError;
 use ktfs::transfer::TransferError;
 
 /// The exit codes, as `kt --help` shows them.

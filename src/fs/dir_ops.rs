@@ -73,7 +73,8 @@ impl FsCore {
                 gid: Some(gid),
                 ..Default::default()
             },
-        ).await?;
+        )
+        .await?;
         self.lookup_new(&path).await
     }
 
@@ -109,7 +110,8 @@ impl FsCore {
                 gid: Some(gid),
                 ..Default::default()
             },
-        ).await?;
+        )
+        .await?;
         self.lookup_new(&path).await
     }
 
@@ -126,13 +128,15 @@ impl FsCore {
     ) -> FsResult<Attr> {
         let kind = match mode & libc::S_IFMT {
             libc::S_IFREG | 0 => {
-                let (attr, fh, _) = self.create_by(
-                    parent,
-                    name,
-                    mode & 0o7777,
-                    libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
-                    caller,
-                ).await?;
+                let (attr, fh, _) = self
+                    .create_by(
+                        parent,
+                        name,
+                        mode & 0o7777,
+                        libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
+                        caller,
+                    )
+                    .await?;
                 self.release(fh).await?;
                 return Ok(attr);
             }
@@ -166,7 +170,8 @@ impl FsCore {
                 gid: Some(gid),
                 ..Default::default()
             },
-        ).await?;
+        )
+        .await?;
         self.lookup_new(&path).await
     }
 
@@ -207,7 +212,8 @@ impl FsCore {
             lock(&self.orphans).insert(self.ino_of(path), orphan);
         }
         let mut store = self.store();
-        let r = store.remove(RemoveRequest {
+        let r = store
+            .remove(RemoveRequest {
                 namespace: self.ns(),
                 key: path.to_string(),
                 recursive: false,
@@ -216,7 +222,8 @@ impl FsCore {
                 // The kernel holds the directory for this call: being told of it would make
                 // the watch wait to have the kernel forget the name (see KernelCache).
                 watcher: self.listings.watcher(),
-            }).await
+            })
+            .await
             .map_err(ClientError::from);
         self.invalidate(&[split(path).0, path]);
         if want_dir {
@@ -255,13 +262,15 @@ impl FsCore {
             self.publish_staged(&s).await?;
         }
         let mut store = self.store();
-        store.link(LinkRequest {
-            namespace: self.ns(),
-            from: from.clone(),
-            to: to.clone(),
-            watcher: self.listings.watcher(),
-        }).await
-        .map_err(ClientError::from)?;
+        store
+            .link(LinkRequest {
+                namespace: self.ns(),
+                from: from.clone(),
+                to: to.clone(),
+                watcher: self.listings.watcher(),
+            })
+            .await
+            .map_err(ClientError::from)?;
         self.invalidate(&[split(&from).0, split(&to).0, &from, &to]);
         // Every name's link count moved.
         self.invalidate_other_names(&from);
@@ -301,14 +310,16 @@ impl FsCore {
         self.publish_below(&from).await?;
         self.publish_below(&to).await?;
         let mut store = self.store();
-        store.rename(RenameRequest {
-            namespace: self.ns(),
-            from: from.clone(),
-            to: to.clone(),
-            no_replace: flags & libc::RENAME_NOREPLACE != 0,
-            watcher: self.listings.watcher(),
-        }).await
-        .map_err(ClientError::from)?;
+        store
+            .rename(RenameRequest {
+                namespace: self.ns(),
+                from: from.clone(),
+                to: to.clone(),
+                no_replace: flags & libc::RENAME_NOREPLACE != 0,
+                watcher: self.listings.watcher(),
+            })
+            .await
+            .map_err(ClientError::from)?;
         self.move_staged(&[(&from, &to)]).await;
         self.inodes().rename(&from, &to);
         self.invalidate_below(&from);
@@ -328,13 +339,15 @@ impl FsCore {
             self.publish_below(p).await?;
         }
         let mut store = self.store();
-        store.exchange(ExchangeRequest {
-            namespace: self.ns(),
-            a: a.clone(),
-            b: b.clone(),
-            watcher: self.listings.watcher(),
-        }).await
-        .map_err(ClientError::from)?;
+        store
+            .exchange(ExchangeRequest {
+                namespace: self.ns(),
+                a: a.clone(),
+                b: b.clone(),
+                watcher: self.listings.watcher(),
+            })
+            .await
+            .map_err(ClientError::from)?;
         self.move_staged(&[(&a, &b), (&b, &a)]).await;
         self.inodes().exchange(&a, &b);
         for p in [&a, &b] {
@@ -408,17 +421,19 @@ impl FsCore {
                     // (A file closed under write-back is still staged: the arm above.)
                     let (sec, nsec) = mtime.map(to_unix).unzip();
                     let mut store = self.store();
-                    store.set_attr(SetAttrRequest {
-                        namespace: self.ns(),
-                        key: path.clone(),
-                        mode,
-                        mtime_sec: sec,
-                        mtime_nsec: nsec.unwrap_or(0),
-                        uid,
-                        gid,
-                        watcher: self.listings.watcher(),
-                    }).await
-                    .map_err(ClientError::from)?;
+                    store
+                        .set_attr(SetAttrRequest {
+                            namespace: self.ns(),
+                            key: path.clone(),
+                            mode,
+                            mtime_sec: sec,
+                            mtime_nsec: nsec.unwrap_or(0),
+                            uid,
+                            gid,
+                            watcher: self.listings.watcher(),
+                        })
+                        .await
+                        .map_err(ClientError::from)?;
                     self.invalidate(&[split(&path).0, &path]);
                     self.invalidate_other_names(&path);
                 }

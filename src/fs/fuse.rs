@@ -176,11 +176,11 @@ impl Filesystem for FuseAdapter {
         let Ok(n) = name(n) else {
             return reply.error(Errno::ENOENT);
         };
-        reply_or!(reply, self.wait(self.core.lookup(parent.0, n)), |a: Attr| reply.entry(
-            &self.core.kernel_ttl(a.ino),
-            &file_attr(&a),
-            Generation(0)
-        ))
+        reply_or!(
+            reply,
+            self.wait(self.core.lookup(parent.0, n)),
+            |a: Attr| reply.entry(&self.core.kernel_ttl(a.ino), &file_attr(&a), Generation(0))
+        )
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -230,8 +230,9 @@ impl Filesystem for FuseAdapter {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        reply_or!(reply, self.wait(self.core.readlink(ino.0)), |t: String| reply
-            .data(t.as_bytes()))
+        reply_or!(reply, self.wait(self.core.readlink(ino.0)), |t: String| {
+            reply.data(t.as_bytes())
+        })
     }
 
     fn mkdir(
@@ -257,14 +258,16 @@ impl Filesystem for FuseAdapter {
         let Ok(n) = name(n) else {
             return reply.error(Errno::ENOENT);
         };
-        reply_or!(reply, self.wait(self.core.unlink(parent.0, n)), |()| reply.ok())
+        reply_or!(reply, self.wait(self.core.unlink(parent.0, n)), |()| reply
+            .ok())
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         let Ok(n) = name(n) else {
             return reply.error(Errno::ENOENT);
         };
-        reply_or!(reply, self.wait(self.core.rmdir(parent.0, n)), |()| reply.ok())
+        reply_or!(reply, self.wait(self.core.rmdir(parent.0, n)), |()| reply
+            .ok())
     }
 
     fn symlink(
@@ -337,9 +340,11 @@ impl Filesystem for FuseAdapter {
         let Ok(n) = name(newname) else {
             return reply.error(Errno::EINVAL);
         };
-        reply_or!(reply, self.wait(self.core.link(ino.0, newparent.0, n)), |a: Attr| {
-            reply.entry(&self.core.kernel_ttl(a.ino), &file_attr(&a), Generation(0))
-        })
+        reply_or!(
+            reply,
+            self.wait(self.core.link(ino.0, newparent.0, n)),
+            |a: Attr| { reply.entry(&self.core.kernel_ttl(a.ino), &file_attr(&a), Generation(0)) }
+        )
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -427,8 +432,10 @@ impl Filesystem for FuseAdapter {
     ) {
         reply_or!(
             reply,
-            self.wait(self.core
-                .copy_range(ino_in.0, fh_in.0, offset_in, fh_out.0, offset_out, len)),
+            self.wait(
+                self.core
+                    .copy_range(ino_in.0, fh_in.0, offset_in, fh_out.0, offset_out, len)
+            ),
             |n: u32| reply.written(n)
         )
     }
@@ -583,29 +590,39 @@ impl Filesystem for FuseAdapter {
         let Ok(n) = name(n) else {
             return reply.error(Errno::ENOTSUP);
         };
-        reply_or!(reply, self.wait(self.core.setxattr(ino.0, n, value)), |()| reply.ok())
+        reply_or!(
+            reply,
+            self.wait(self.core.setxattr(ino.0, n, value)),
+            |()| reply.ok()
+        )
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
         let Ok(n) = name(n) else {
             return reply.error(Errno::ENODATA);
         };
-        reply_or!(reply, self.wait(self.core.getxattr(ino.0, n)), |v: Vec<u8>| {
+        reply_or!(reply, self.wait(self.core.getxattr(ino.0, n)), |v: Vec<
+            u8,
+        >| {
             xattr_reply(reply, size, &v)
         })
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        reply_or!(reply, self.wait(self.core.listxattr(ino.0)), |v: Vec<u8>| xattr_reply(
-            reply, size, &v
-        ))
+        reply_or!(reply, self.wait(self.core.listxattr(ino.0)), |v: Vec<
+            u8,
+        >| {
+            xattr_reply(reply, size, &v)
+        })
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         let Ok(n) = name(n) else {
             return reply.error(Errno::ENODATA);
         };
-        reply_or!(reply, self.wait(self.core.removexattr(ino.0, n)), |()| reply.ok())
+        reply_or!(reply, self.wait(self.core.removexattr(ino.0, n)), |()| {
+            reply.ok()
+        })
     }
 
     fn ioctl(
@@ -684,8 +701,10 @@ impl Filesystem for FuseAdapter {
         };
         reply_or!(
             reply,
-            self.wait(self.core
-                .create_by(parent.0, n, mode & !umask, flags, caller(req))),
+            self.wait(
+                self.core
+                    .create_by(parent.0, n, mode & !umask, flags, caller(req))
+            ),
             |(a, fh, cache): (Attr, u64, PageCache)| reply.created(
                 &self.core.kernel_ttl(a.ino),
                 &file_attr(&a),

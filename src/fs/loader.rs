@@ -18,11 +18,11 @@ use tokio::sync::watch;
 
 use super::FsError;
 use crate::blocks::node::NodeBlocks;
+use crate::broadcast::member::membership::{self, Membership};
+use crate::dataplane::fetch::{self, BlockJob, BlockSink};
+use crate::dataplane::{SourceAddr, TransferError};
 use crate::hash::BlockHash;
 use crate::locks::lock;
-use crate::dataplane::fetch::{self, BlockJob, BlockSink};
-use crate::broadcast::member::membership::{self, Membership};
-use crate::dataplane::{SourceAddr, TransferError};
 
 /// Blocks kept in memory for reads that land in the same block again.
 const HOT_BLOCKS: usize = 16;
@@ -48,9 +48,11 @@ impl Route {
     ) -> Result<fetch::FetchReport, TransferError> {
         let progress = ProgressBar::hidden();
         match &self.member {
-            Some(m) => membership::fetch_through(m, jobs, sink, &self.fallback, &self.own, &progress)
-                .await?
-                .complete(self.fallback.is_empty()),
+            Some(m) => {
+                membership::fetch_through(m, jobs, sink, &self.fallback, &self.own, &progress)
+                    .await?
+                    .complete(self.fallback.is_empty())
+            }
             None => fetch::fetch(jobs, sink, &self.fallback, &progress).await,
         }
     }

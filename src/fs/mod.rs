@@ -33,6 +33,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::auth::gpu_secret::HostKey;
+use crate::auth::ticket::TicketHolder;
+use crate::auth::Credential;
 use crate::blocks::node::NodeBlocks;
 use crate::clock::SharedClock;
 use crate::gpu::control::{ControlFile, GpuControl};
@@ -41,9 +44,6 @@ use crate::key::{KeyPath, Namespace};
 use crate::locks::lock;
 use crate::proto::Locale;
 use crate::rpc::client::{self, Store};
-use crate::auth::gpu_secret::HostKey;
-use crate::auth::Credential;
-use crate::auth::ticket::TicketHolder;
 
 pub use error::{FsError, FsResult};
 use inode::Inodes;
@@ -224,7 +224,11 @@ pub struct Caller {
 impl FsCore {
     /// The owner of a new entry in directory `parent` made by `caller`, and whether the
     /// directory is set-group-ID (its gid, and for a directory the bit too, are inherited).
-    pub(crate) async fn owner_for(&self, parent: u64, caller: Caller) -> FsResult<((u32, u32), bool)> {
+    pub(crate) async fn owner_for(
+        &self,
+        parent: u64,
+        caller: Caller,
+    ) -> FsResult<((u32, u32), bool)> {
         let dir = self.getattr(parent).await?;
         if dir.perm & 0o2000 != 0 {
             return Ok(((caller.uid, dir.gid), true));
@@ -555,7 +559,9 @@ impl FsCore {
         let h = if dir {
             Handle::Dir(self.snapshot_dir(ino).await?)
         } else {
-            Handle::Read(Arc::new(self.resolve_file(&self.path_of(ino).await?).await?))
+            Handle::Read(Arc::new(
+                self.resolve_file(&self.path_of(ino).await?).await?,
+            ))
         };
         lock(&self.handles).insert(fh, h.share());
         tracing::debug!(ino, fh, "reopened a handle of an earlier agent");

@@ -551,14 +551,16 @@ impl FsCore {
     ) -> FsResult<crate::proto::ListResponse> {
         crate::metrics::MOUNT_METADATA_REQUESTS.inc();
         let mut store = self.store();
-        Ok(store.list(ListRequest {
+        Ok(store
+            .list(ListRequest {
                 watcher: self.listings.watcher(),
                 namespace: self.ns(),
                 prefix: path.to_string(),
                 recursive: false,
                 dir_only,
                 ahead,
-            }).await
+            })
+            .await
             .map_err(crate::rpc::ClientError::from)?
             .into_inner())
     }

@@ -11,13 +11,13 @@ use indicatif::ProgressBar;
 
 use super::staged::Staged;
 use super::{split, to_unix, FsCore, FsError, FsResult};
+use crate::dataplane::upload;
 use crate::locks::lock;
 use crate::manifest::{self, BlockRef, EntryKind, FileEntry, Manifest};
 use crate::proto::{InlineBlock, ListEntry, LocalFile, Locale, PublishRequest};
 use crate::rpc::MAX_INLINE_FILE;
-use crate::transfer::put::chunk::{hash_blocks, Chunking};
 use crate::transfer::publish::{self, Payload};
-use crate::dataplane::upload;
+use crate::transfer::put::chunk::{hash_blocks, Chunking};
 
 /// A staged file's publish, prepared under its publish lock: what to send, and what the
 /// answer settles.
@@ -88,7 +88,8 @@ impl FsCore {
             p.req,
             p.payload,
             &ProgressBar::hidden(),
-        ).await?;
+        )
+        .await?;
         self.settle_publish(s, &p.settle, done.entry, done.parent);
         Ok(())
     }
@@ -257,7 +258,8 @@ impl FsCore {
             req,
             Payload::InPlace,
             &ProgressBar::hidden(),
-        ).await?;
+        )
+        .await?;
         let (dir, _) = split(path);
         match done.entry {
             Some(e) if watcher != 0 => {

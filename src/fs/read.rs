@@ -13,6 +13,9 @@ use bytes::Bytes;
 use super::loader::Route;
 use super::{FsCore, FsError, FsResult, Handle};
 use crate::blocks::pins::Pin;
+use crate::broadcast::member::membership::{JoinSpec, Membership};
+use crate::dataplane::fetch::BlockJob;
+use crate::dataplane::sources::{order_sources, NodeRef};
 use crate::hash::{BlockHash, Version};
 use crate::locks::lock;
 use crate::manifest::{self, EntryKind, FileEntry};
@@ -21,9 +24,6 @@ use crate::proto::{
     ResolveResult, WindowSpec,
 };
 use crate::rpc::{implicit_group, ClientError, MAX_INLINE_FILE};
-use crate::dataplane::fetch::BlockJob;
-use crate::dataplane::sources::{order_sources, NodeRef};
-use crate::broadcast::member::membership::{JoinSpec, Membership};
 
 /// Small files of a directory resolved with the one being opened, at most, and their bytes.
 const RESOLVE_AHEAD: usize = 63;
@@ -195,7 +195,9 @@ impl FsCore {
         .collect();
         // A one-block file is one request, not worth joining a window for.
         let member = if entry.blocks.len() > 1 {
-            self.join_window(&r.key, version, ticket).await.map(Arc::new)
+            self.join_window(&r.key, version, ticket)
+                .await
+                .map(Arc::new)
         } else {
             None
         };
@@ -222,7 +224,12 @@ impl FsCore {
     /// Joins the implicit window of `version` as a reader: in the version's swarm it fetches
     /// the blocks it reads (lowest first, from any member that holds them) and serves what it
     /// read; a failure to join only loses the spreading.
-    async fn join_window(&self, key: &str, version: Version, ticket: bytes::Bytes) -> Option<Membership> {
+    async fn join_window(
+        &self,
+        key: &str,
+        version: Version,
+        ticket: bytes::Bytes,
+    ) -> Option<Membership> {
         let spec = JoinSpec {
             namespace: self.cfg.namespace.as_str(),
             key,
@@ -242,7 +249,8 @@ impl FsCore {
             reads: true,
             ticket,
         };
-        Membership::join(&self.store, &self.cfg.server, spec).await
+        Membership::join(&self.store, &self.cfg.server, spec)
+            .await
             .map_err(|e| tracing::debug!(error = %e, "no window for this read"))
             .ok()
     }
@@ -266,12 +274,14 @@ impl FsCore {
             let mut keys = Vec::with_capacity(next.len() + 1);
             keys.push(path.to_string());
             keys.extend(next);
-            let asked = store.resolve_many(ResolveManyRequest {
-                watcher: self.listings.watcher(),
-                namespace: self.ns(),
-                keys: keys.clone(),
-                inline_up_to: MAX_INLINE_FILE,
-            }).await;
+            let asked = store
+                .resolve_many(ResolveManyRequest {
+                    watcher: self.listings.watcher(),
+                    namespace: self.ns(),
+                    keys: keys.clone(),
+                    inline_up_to: MAX_INLINE_FILE,
+                })
+                .await;
             match asked {
                 Ok(resp) => return self.took_many(&keys, resp.into_inner().results, since),
                 // A server older than the call: one at a time, as before it.
@@ -279,12 +289,14 @@ impl FsCore {
                 Err(s) => return Err(ClientError::from(s).into()),
             }
         }
-        let mut r = store.resolve(ResolveRequest {
+        let mut r = store
+            .resolve(ResolveRequest {
                 watcher: self.listings.watcher(),
                 namespace: self.ns(),
                 key: path.to_string(),
                 inline_up_to: MAX_INLINE_FILE,
-            }).await
+            })
+            .await
             .map_err(ClientError::from)?
             .into_inner();
         let inline = std::mem::take(&mut r.inline_blocks);
@@ -398,7 +410,13 @@ impl FsCore {
     /// A read answered at once, on the caller's thread, where it needs no wait: a file being
     /// written here, or blocks this node holds (a cached small file's read is one lookup,
     /// without a hop to the runtime and back). `None`: it needs [`FsCore::read`].
-    pub fn read_ready(&self, _ino: u64, fh: u64, offset: u64, size: u32) -> Option<FsResult<Bytes>> {
+    pub fn read_ready(
+        &self,
+        _ino: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+    ) -> Option<FsResult<Bytes>> {
         let f = match self.handle(fh) {
             Ok(Handle::Read(f)) => f,
             Ok(Handle::Write(s)) => return Some(s.read(offset, size).map(Bytes::from)),

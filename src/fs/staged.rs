@@ -230,14 +230,21 @@ impl FsCore {
         lock(&s.body).remove();
     }
 
-    pub async fn create(&self, parent: u64, name: &str, mode: u32, flags: i32) -> FsResult<(Attr, u64)> {
+    pub async fn create(
+        &self,
+        parent: u64,
+        name: &str,
+        mode: u32,
+        flags: i32,
+    ) -> FsResult<(Attr, u64)> {
         let me = Caller {
             pid: std::process::id(),
             uid: self.cfg.uid,
             gid: self.cfg.gid,
         };
         self.create_by(parent, name, mode, flags, me)
-            .await.map(|(a, fh, _)| (a, fh))
+            .await
+            .map(|(a, fh, _)| (a, fh))
     }
 
     /// [`FsCore::create`] for the process `caller`: a new file is its uid's, and its gid's (or

@@ -595,11 +595,13 @@ impl FsCore {
         let (reqs, settles): (Vec<_>, Vec<_>) =
             items.into_iter().map(|(i, r, s)| (r, (i, s))).unzip();
         let mut store = self.store();
-        let sent = store.publish_batch(crate::proto::PublishBatchRequest {
-            namespace: self.ns(),
-            items: reqs,
-            watcher,
-        }).await;
+        let sent = store
+            .publish_batch(crate::proto::PublishBatchRequest {
+                namespace: self.ns(),
+                items: reqs,
+                watcher,
+            })
+            .await;
         let remote = |st: tonic::Status| FsError::Remote(crate::rpc::ClientError::from(st));
         let results = match sent {
             Ok(r) => r.into_inner().results,

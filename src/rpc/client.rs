@@ -9,9 +9,9 @@ use tokio::net::UnixStream;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use crate::auth::credential::Credential;
-use super::status::{Fault, RemoteError};
 use super::limits::MAX_RPC_MESSAGE;
+use super::status::{Fault, RemoteError};
+use crate::auth::credential::Credential;
 use crate::proto::agent_client::AgentClient;
 use crate::proto::store_client::StoreClient;
 
@@ -144,8 +144,12 @@ fn tls_connector(
     Ok(Some(tower::service_fn(move |_: Uri| {
         let addr = addr.clone();
         async move {
-            let conn = crate::auth::tls::connect(&addr, crate::auth::tls::Plane::Grpc, crate::auth::tls::Peer::Store)
-                .await?;
+            let conn = crate::auth::tls::connect(
+                &addr,
+                crate::auth::tls::Plane::Grpc,
+                crate::auth::tls::Peer::Store,
+            )
+            .await?;
             Ok::<_, std::io::Error>(TokioIo::new(conn))
         }
     })))

@@ -7,8 +7,8 @@
 
 use indicatif::ProgressBar;
 
-use crate::dataplane::upload::{self, UploadJob};
 use super::TransferError;
+use crate::dataplane::upload::{self, UploadJob};
 use crate::hash::Version;
 use crate::proto::{InlineBlock, PublishRequest};
 use crate::rpc::{ClientError, Fault, Store};

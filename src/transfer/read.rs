@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 use bytes::{Bytes, BytesMut};
 use indicatif::ProgressBar;
 
+use super::TransferError;
 use crate::dataplane::fetch::{self, BlockJob, BlockSink};
 use crate::dataplane::sources::order_sources;
-use super::TransferError;
 use crate::key::KeyPath;
 use crate::locks::lock;
 use crate::manifest::{self, EntryKind, ManifestError};

@@ -112,7 +112,10 @@ fn ident_before(b: &[char], i: usize) -> bool {
 }
 
 fn ident_at(s: &str) -> String {
-    s.trim_start().chars().take_while(|c| is_ident(*c)).collect()
+    s.trim_start()
+        .chars()
+        .take_while(|c| is_ident(*c))
+        .collect()
 }
 
 fn line_at(code: &str, at: usize) -> usize {
@@ -473,7 +476,10 @@ fn inline_paths(code: &str) -> Vec<(usize, Vec<String>)> {
                 i += 1;
             }
             path.push(b[s..i].iter().collect::<String>());
-            if b.get(i) == Some(&':') && b.get(i + 1) == Some(&':') && b.get(i + 2).is_some_and(|c| is_ident(*c)) {
+            if b.get(i) == Some(&':')
+                && b.get(i + 1) == Some(&':')
+                && b.get(i + 2).is_some_and(|c| is_ident(*c))
+            {
                 i += 2;
             } else {
                 break;

@@ -11,10 +11,10 @@ use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use ktfs::blocks::{BlockError, BlockServe, Served};
-use ktfs::hash::BlockHash;
 use ktfs::auth::ticket::{shared, Gate};
+use ktfs::blocks::{BlockError, BlockServe, Served};
 use ktfs::dataplane::wire::{self, Response, WireError, MAX_FRAME};
+use ktfs::hash::BlockHash;
 
 use crate::rt::{listener, runtime};
 

@@ -7,8 +7,8 @@ use tonic::{Request, Status};
 
 use crate::auth::gpu_secret;
 use crate::auth::ticket::{Grant, TicketKey};
-use crate::broadcast::windows::GpuWindows;
 use crate::broadcast::windows::Broadcasts;
+use crate::broadcast::windows::GpuWindows;
 use crate::clock::SharedClock;
 use crate::key::Namespace;
 use crate::meta::MetaStore;

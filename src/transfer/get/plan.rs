@@ -11,9 +11,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
 use super::error::{io, GetError};
+use crate::dataplane::fetch::BlockJob;
 use crate::manifest::{self, EntryKind, FileEntry, ManifestError};
 use crate::proto::LocalFile;
-use crate::dataplane::fetch::BlockJob;
 
 /// What to do with one manifest entry at the destination.
 pub(super) enum Plan {

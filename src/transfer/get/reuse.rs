@@ -16,12 +16,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::hash::BlockHash;
-use crate::transfer::put::chunk::{hash_blocks, Chunking};
 use crate::dataplane::delta;
 use crate::dataplane::fetch::{BlockJob, BlockSink, FetchReport};
 use crate::dataplane::sources::SourceAddr;
 use crate::dataplane::wire::{self, Response};
+use crate::hash::BlockHash;
+use crate::transfer::put::chunk::{hash_blocks, Chunking};
 use crate::transfer::TransferError;
 
 /// Blocks shorter than this are fetched whole: their signature and round trip cost about

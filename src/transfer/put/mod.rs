@@ -17,10 +17,11 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use self::index::{Index, Known};
-use super::publish::{self, Payload, PublishError};
 use self::scan::{ScanError, ScanOptions, Scanned};
-use crate::dataplane::sources::local_agent;
+use super::publish::{self, Payload, PublishError};
+use crate::auth::Credential;
 use crate::broadcast::member::membership;
+use crate::dataplane::sources::local_agent;
 use crate::dataplane::upload::{self, UploadJob};
 use crate::hash::Version;
 use crate::key::{KeyPath, Namespace};
@@ -30,7 +31,6 @@ use crate::proto::{
     WindowSpec,
 };
 use crate::rpc::client::{self, ClientError, Store};
-use crate::auth::Credential;
 use crate::rpc::{Fault, MAX_INLINE_BYTES};
 
 #[derive(Debug, thiserror::Error)]
