@@ -57,7 +57,7 @@ impl FsCore {
         let gpu = self.child(parent, name).await?;
         if let Some(rest) = super::gpu_tree::gpu_rest(&gpu) {
             self.writable()?;
-            return self.gpu_mkdir(&gpu, rest);
+            return self.gpu_mkdir(&gpu, rest).await;
         }
         let path = self.new_entry_path(parent, name).await?;
         let ((uid, gid), sgid) = self.owner_for(parent, caller).await?;
@@ -180,8 +180,8 @@ impl FsCore {
         if let Some(rest) = super::gpu_tree::gpu_rest(path) {
             return match (want_dir, rest.is_empty()) {
                 (_, true) => Err(FsError::NotPermitted),
-                (true, false) => self.gpu_rmdir(path, rest),
-                (false, false) => self.gpu_unlink(rest),
+                (true, false) => self.gpu_rmdir(path, rest).await,
+                (false, false) => self.gpu_unlink(rest).await,
             };
         }
         if want_dir {

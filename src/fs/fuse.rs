@@ -636,20 +636,18 @@ impl Filesystem for FuseAdapter {
         out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
-        reply_or!(reply, self.core.ioctl(fh.0, cmd, in_data), |(
-            result,
-            out,
-        ): (
-            i32,
-            Vec<u8>
-        )| {
-            // The kernel copies exactly the command's size back; more would be EIO.
-            if out.len() > out_size as usize {
-                reply.error(Errno::EIO)
-            } else {
-                reply.ioctl(result, &out)
+        reply_or!(
+            reply,
+            self.wait(self.core.ioctl(fh.0, cmd, in_data)),
+            |(result, out): (i32, Vec<u8>)| {
+                // The kernel copies exactly the command's size back; more would be EIO.
+                if out.len() > out_size as usize {
+                    reply.error(Errno::EIO)
+                } else {
+                    reply.ioctl(result, &out)
+                }
             }
-        })
+        )
     }
 
     fn poll(

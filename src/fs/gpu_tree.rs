@@ -63,7 +63,7 @@ impl FsCore {
     }
 
     /// What `stat` shows below `/.gpu`.
-    pub(super) fn gpu_stat(&self, path: &str, rest: &str) -> FsResult<Attr> {
+    pub(super) async fn gpu_stat(&self, path: &str, rest: &str) -> FsResult<Attr> {
         let ino = self.ino_of(path);
         if rest.is_empty() {
             return Ok(self.gpu_dir_attr(ino));
@@ -75,10 +75,10 @@ impl FsCore {
             return Ok(self.gpu_dir_attr(ino));
         }
         let key = key_of(rest)?;
-        if self.gpu.exists(&key)? {
+        if self.gpu.exists(&key).await? {
             return Ok(self.gpu_file_attr(ino));
         }
-        if !self.gpu.list(Some(&key))?.is_empty() {
+        if !self.gpu.list(Some(&key)).await?.is_empty() {
             return Ok(self.gpu_dir_attr(ino));
         }
         Err(FsError::NotFound)
@@ -96,14 +96,18 @@ impl FsCore {
 
     /// A directory below `/.gpu`, for `readdir`: the published GPU keys and their prefixes, and
     /// what this mount made or holds open there.
-    pub(super) fn gpu_snapshot(&self, path: &str, rest: &str) -> FsResult<Arc<Vec<DirEntry>>> {
+    pub(super) async fn gpu_snapshot(
+        &self,
+        path: &str,
+        rest: &str,
+    ) -> FsResult<Arc<Vec<DirEntry>>> {
         let prefix = if rest.is_empty() {
             None
         } else {
             Some(key_of(rest)?)
         };
         let mut found: std::collections::BTreeMap<String, bool> =
-            self.gpu.list(prefix.as_ref())?.into_iter().collect();
+            self.gpu.list(prefix.as_ref()).await?.into_iter().collect();
         let strip = |p: &str| -> Option<String> {
             let rel = if rest.is_empty() {
                 p
@@ -143,9 +147,9 @@ impl FsCore {
     }
 
     /// `mkdir` below `/.gpu`: a directory of this mount for keys to come.
-    pub(super) fn gpu_mkdir(&self, path: &str, rest: &str) -> FsResult<Attr> {
+    pub(super) async fn gpu_mkdir(&self, path: &str, rest: &str) -> FsResult<Attr> {
         key_of(rest)?;
-        if self.gpu_stat(path, rest).is_ok() {
+        if self.gpu_stat(path, rest).await.is_ok() {
             return Err(FsError::Exists);
         }
         lock(&self.gpu_dirs).insert(rest.to_string());
@@ -155,11 +159,11 @@ impl FsCore {
     }
 
     /// `rmdir` below `/.gpu`: only a directory this mount made, with nothing below it.
-    pub(super) fn gpu_rmdir(&self, path: &str, rest: &str) -> FsResult<()> {
-        if self.gpu_stat(path, rest)?.kind != Kind::Dir {
+    pub(super) async fn gpu_rmdir(&self, path: &str, rest: &str) -> FsResult<()> {
+        if self.gpu_stat(path, rest).await?.kind != Kind::Dir {
             return Err(FsError::NotDir);
         }
-        if !self.gpu_snapshot(path, rest)?.is_empty() {
+        if !self.gpu_snapshot(path, rest).await?.is_empty() {
             return Err(FsError::NotEmpty);
         }
         if !lock(&self.gpu_dirs).remove(rest) {
@@ -169,14 +173,14 @@ impl FsCore {
     }
 
     /// Opens (or, with `create`, makes) the control file at `path`.
-    pub(super) fn gpu_open(
+    pub(super) async fn gpu_open(
         &self,
         rest: &str,
         caller: u32,
         create: bool,
     ) -> FsResult<(u64, PageCache)> {
         let key = key_of(rest)?;
-        if !create && !self.gpu.exists(&key)? && !lock(&self.gpu_files).contains_key(rest) {
+        if !create && !self.gpu.exists(&key).await? && !lock(&self.gpu_files).contains_key(rest) {
             return Err(FsError::NotFound);
         }
         *lock(&self.gpu_files).entry(rest.to_string()).or_default() += 1;
@@ -198,14 +202,14 @@ impl FsCore {
     }
 
     /// `unlink` below `/.gpu`: unpublishes the GPU key.
-    pub(super) fn gpu_unlink(&self, rest: &str) -> FsResult<()> {
-        Ok(self.gpu.unpublish(&key_of(rest)?)?)
+    pub(super) async fn gpu_unlink(&self, rest: &str) -> FsResult<()> {
+        Ok(self.gpu.unpublish(&key_of(rest)?).await?)
     }
 
     /// An ioctl on an open control file: the call's return value and the bytes copied out.
-    pub fn ioctl(&self, fh: u64, cmd: u32, data: &[u8]) -> FsResult<(i32, Vec<u8>)> {
+    pub async fn ioctl(&self, fh: u64, cmd: u32, data: &[u8]) -> FsResult<(i32, Vec<u8>)> {
         match self.handle(fh)? {
-            Handle::Gpu(cf) => Ok(self.gpu.ioctl(&cf, cmd, data)?),
+            Handle::Gpu(cf) => Ok(self.gpu.ioctl(&cf, cmd, data).await?),
             // Not a terminal, nor anything else with ioctls.
             _ => Err(FsError::NoIoctl),
         }

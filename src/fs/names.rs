@@ -713,7 +713,7 @@ impl FsCore {
             return Ok(self.root_attr().await);
         }
         if let Some(rest) = gpu_rest(path) {
-            return self.gpu_stat(path, rest);
+            return self.gpu_stat(path, rest).await;
         }
         if let Some(s) = self.staged_at(path) {
             return s.attr(self.ino_of(path));
@@ -818,7 +818,7 @@ impl FsCore {
             if self.stat_path(&path).await?.kind != Kind::Dir {
                 return Err(FsError::NotDir);
             }
-            return self.gpu_snapshot(&path, rest);
+            return self.gpu_snapshot(&path, rest).await;
         }
         if !path.is_empty() && self.stat_path(&path).await?.kind != Kind::Dir {
             return Err(FsError::NotDir);

@@ -128,7 +128,7 @@ impl FsCore {
                 return Err(FsError::IsDir);
             }
             self.writable()?;
-            return self.gpu_open(rest, caller, false);
+            return self.gpu_open(rest, caller, false).await;
         }
         let acc = flags & libc::O_ACCMODE;
         if acc != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
@@ -452,7 +452,7 @@ impl FsCore {
             Handle::Read(f) => f,
             Handle::Write(s) => return s.read(offset, size).map(Bytes::from),
             Handle::Dir(_) => return Err(FsError::IsDir),
-            Handle::Gpu(cf) => return Ok(Bytes::from(self.gpu.read(&cf, offset, size)?)),
+            Handle::Gpu(cf) => return Ok(Bytes::from(self.gpu.read(&cf, offset, size).await?)),
         };
         let Some(span) = f.span(offset, size)? else {
             return Ok(Bytes::new());

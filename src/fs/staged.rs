@@ -263,7 +263,7 @@ impl FsCore {
             if rest.is_empty() {
                 return Err(FsError::Exists);
             }
-            let (fh, cache) = self.gpu_open(rest, caller.pid, true)?;
+            let (fh, cache) = self.gpu_open(rest, caller.pid, true).await?;
             let mut attr = self.stat_path(&path).await?;
             attr.ino = self.inodes().lookup(&path);
             return Ok((attr, fh, cache));

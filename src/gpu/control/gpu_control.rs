@@ -71,7 +71,7 @@ impl GpuControl {
     }
 
     /// An ioctl on `cf`: the value the call returns, and the bytes copied back to the caller.
-    pub fn ioctl(
+    pub async fn ioctl(
         &self,
         cf: &Arc<ControlFile>,
         cmd: u32,
@@ -96,7 +96,7 @@ impl GpuControl {
                     .ok_or(GpuError::NoTransfer(id))?;
                 let mut st = lock(&t.status).clone();
                 if st.state == abi::RUNNING {
-                    st.bytes_done = self.filled(cf).unwrap_or(st.bytes_done);
+                    st.bytes_done = self.filled(cf).await.unwrap_or(st.bytes_done);
                 }
                 Ok((0, st.encode()))
             }
@@ -105,16 +105,15 @@ impl GpuControl {
 
     /// How much of a getter's buffers its worker has filled; `None` for a publisher, or when
     /// the worker does not answer at once (a STATUS never waits on a transfer).
-    fn filled(&self, cf: &ControlFile) -> Option<u64> {
+    async fn filled(&self, cf: &ControlFile) -> Option<u64> {
         let (id, worker) = {
             let r = lock(&cf.registration);
             let r = r.as_ref().filter(|r| !r.publisher)?;
             (r.id, r.worker.clone())
         };
         let asked = worker.call(Op::Progress(WorkerProgress { registration: id }));
-        let r = self
-            .rt
-            .block_on(async { tokio::time::timeout(PROGRESS_WAIT, asked).await })
+        let r = tokio::time::timeout(PROGRESS_WAIT, asked)
+            .await
             .ok()?
             .ok()?;
         Some(r.bytes)
@@ -174,25 +173,36 @@ impl GpuControl {
 
     /// What a read of `cf` returns: the key's description as JSON (entries, publisher,
     /// version), or `{}` while nothing is published under it.
-    pub fn read(&self, cf: &ControlFile, offset: u64, size: u32) -> Result<Vec<u8>, GpuError> {
-        let mut d = lock(&cf.description);
-        if d.is_none() || offset == 0 {
-            *d = Some(self.describe(&cf.key)?);
-        }
-        let text = d.as_deref().unwrap_or_default();
+    pub async fn read(
+        &self,
+        cf: &ControlFile,
+        offset: u64,
+        size: u32,
+    ) -> Result<Vec<u8>, GpuError> {
+        let kept = lock(&cf.description).clone().filter(|_| offset != 0);
+        let text = match kept {
+            Some(text) => text,
+            None => {
+                let text = self.describe(&cf.key).await?;
+                *lock(&cf.description) = Some(text.clone());
+                text
+            }
+        };
         let start = (offset as usize).min(text.len());
         let end = start.saturating_add(size as usize).min(text.len());
         Ok(text[start..end].to_vec())
     }
 
-    fn resolve(&self, key: &KeyPath) -> Result<Option<(GpuKey, Vec<u8>)>, GpuError> {
+    async fn resolve(&self, key: &KeyPath) -> Result<Option<(GpuKey, Vec<u8>)>, GpuError> {
         let mut store = self.store.clone();
-        let r = self.rt.block_on(store.resolve(ResolveRequest {
-            watcher: 0,
-            namespace: self.namespace.to_string(),
-            key: key.to_string(),
-            inline_up_to: 0,
-        }));
+        let r = store
+            .resolve(ResolveRequest {
+                watcher: 0,
+                namespace: self.namespace.to_string(),
+                key: key.to_string(),
+                inline_up_to: 0,
+            })
+            .await;
         match r.map_err(ClientError::from) {
             Ok(r) => {
                 let r = r.into_inner();
@@ -204,12 +214,12 @@ impl GpuControl {
     }
 
     /// Whether a GPU key is published at `key`.
-    pub fn exists(&self, key: &KeyPath) -> Result<bool, GpuError> {
-        Ok(self.resolve(key)?.is_some())
+    pub async fn exists(&self, key: &KeyPath) -> Result<bool, GpuError> {
+        Ok(self.resolve(key).await?.is_some())
     }
 
-    fn describe(&self, key: &KeyPath) -> Result<Vec<u8>, GpuError> {
-        let Some((gpu, version)) = self.resolve(key)? else {
+    async fn describe(&self, key: &KeyPath) -> Result<Vec<u8>, GpuError> {
+        let Some((gpu, version)) = self.resolve(key).await? else {
             return Ok(b"{}\n".to_vec());
         };
         let table = Table::parse(gpu.table_json.as_bytes())?;
@@ -240,18 +250,18 @@ impl GpuControl {
 
     /// The GPU keys and directories directly below `prefix` (`None`: the namespace's root):
     /// `(name, is_directory)`.
-    pub fn list(&self, prefix: Option<&KeyPath>) -> Result<Vec<(String, bool)>, GpuError> {
+    pub async fn list(&self, prefix: Option<&KeyPath>) -> Result<Vec<(String, bool)>, GpuError> {
         let mut store = self.store.clone();
-        let resp = self
-            .rt
-            .block_on(store.list(ListRequest {
+        let resp = store
+            .list(ListRequest {
                 watcher: 0,
                 namespace: self.namespace.to_string(),
                 prefix: prefix.map(|p| p.to_string()).unwrap_or_default(),
                 recursive: true,
                 dir_only: false,
                 ahead: 0,
-            }))
+            })
+            .await
             .map_err(ClientError::from)?
             .into_inner();
         let mut out: std::collections::BTreeMap<String, bool> = Default::default();
@@ -278,20 +288,21 @@ impl GpuControl {
     }
 
     /// `unlink` of a control file: unpublishes the GPU key (whoever published it).
-    pub fn unpublish(&self, key: &KeyPath) -> Result<(), GpuError> {
-        if !self.exists(key)? {
+    pub async fn unpublish(&self, key: &KeyPath) -> Result<(), GpuError> {
+        if !self.exists(key).await? {
             return Err(GpuError::NotFound(key.to_string()));
         }
         let mut store = self.store.clone();
-        self.rt
-            .block_on(store.remove(RemoveRequest {
+        store
+            .remove(RemoveRequest {
                 namespace: self.namespace.to_string(),
                 key: key.to_string(),
                 recursive: false,
                 prefix: false,
                 gpu_registration: 0,
                 watcher: 0,
-            }))
+            })
+            .await
             .map_err(ClientError::from)?;
         Ok(())
     }
