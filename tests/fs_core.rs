@@ -8,7 +8,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use common::rig::Core;
 use common::rig::Rig;
-use ktfs::fs::inode::ROOT;
+use ktfs::fs::names::inode::ROOT;
 use ktfs::fs::{FsError, Kind, LISTING_TTL};
 use ktfs::rpc::client::connect_store;
 

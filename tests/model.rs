@@ -27,7 +27,7 @@ use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use ktfs::fs::inode::ROOT;
+use ktfs::fs::names::inode::ROOT;
 use ktfs::fs::{FsError, Kind};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};

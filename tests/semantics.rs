@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::rig::Core;
 use common::rig::Rig;
 use common::*;
-use ktfs::fs::inode::ROOT;
+use ktfs::fs::names::inode::ROOT;
 use ktfs::fs::LISTING_TTL;
 
 /// What a reader on another node may wait for: its listing cache and the kernel's attribute

@@ -20,7 +20,11 @@ use fuser::{
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use super::{Attr, Caller, FsCore, FsError, Kind, PageCache};
+use super::attr::{Attr, Caller, Kind};
+use super::error::FsError;
+use super::filesystem::FsCore;
+use super::handles::Handles;
+use super::read::file::PageCache;
 use crate::gpu::control::Waker;
 use crate::locks::lock;
 use crate::proto::FuseInit;
@@ -353,7 +357,7 @@ impl Filesystem for FuseAdapter {
             self.wait(self.core.open_by(ino.0, flags.0, req.pid())),
             |(fh, cache): (u64, PageCache)| {
                 let mut flags = self.open_flags(cache);
-                if !FsCore::flushes(fh) {
+                if !Handles::flushes(fh) {
                     flags |= FopenFlags::FOPEN_NOFLUSH;
                 }
                 reply.opened(FileHandle(fh), flags)

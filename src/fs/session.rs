@@ -13,9 +13,11 @@ use std::sync::Arc;
 
 use fuser::{Config, MountOption, SessionACL};
 
+use super::config::FsConfig;
+use super::error::FsError;
+use super::filesystem::FsCore;
 use super::fuse::FuseAdapter;
-use super::inode::{Inodes, Journal};
-use super::{FsConfig, FsCore, FsError};
+use super::names::inode::{Inodes, Journal};
 use crate::blocks::node::NodeBlocks;
 use crate::keeper::KeeperClient;
 use crate::locks::lock;

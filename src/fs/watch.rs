@@ -7,19 +7,27 @@
 //! may have been missed while it was down).
 
 use std::collections::VecDeque;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::FsCore;
+use super::filesystem::FsCore;
 use crate::proto::{WatchDown, WatchUp};
 
 /// How often the lease is renewed (a third of the server's lease: two renewals may be lost).
 const RENEW_EVERY: Duration = Duration::from_secs(1);
 /// The longest wait before watching again after a failure.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+impl FsCore {
+    /// Watches the namespace for changes (see this module) while the core lives; a mount
+    /// starts this, an in-process core used alone need not.
+    pub fn watch(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        self.rt.spawn(run(Arc::downgrade(self)))
+    }
+}
 
 /// Watches `core`'s namespace until the core is gone.
 pub(crate) async fn run(core: Weak<FsCore>) {

@@ -1,7 +1,7 @@
-//! Names: what a path is, as the store server lists it, and what `stat` and `readdir` show.
+//! What the store server listed of the namespace, as this mount keeps it.
 //!
 //! Listings of directories are cached for [`LISTING_TTL`] on the core's clock, or for as
-//! long as the mount's watch of its namespace holds a lease (see [`super::watch`]: the store
+//! long as the mount's watch of its namespace holds a lease (see `fs::watch`: the store
 //! server then tells it of every change before the change's writer is answered), and forgotten
 //! at once when this mount changes them or is told of a change; files being written here show
 //! before they are published.
@@ -12,12 +12,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::gpu_tree::gpu_rest;
-use super::{inode, join, split, time_of, Attr, DirEntry, FsCore, FsError, FsResult, Handle, Kind};
 use crate::clock::SharedClock;
+use crate::fs::paths::{join, split};
 use crate::locks::lock;
 use crate::manifest::EntryKind;
-use crate::proto::{ListEntry, ListRequest};
+use crate::proto::ListEntry;
 
 /// How long a directory listing from the store server is trusted.
 pub const LISTING_TTL: Duration = Duration::from_secs(1);
@@ -28,7 +27,7 @@ pub const LISTING_TTL: Duration = Duration::from_secs(1);
 /// entries it may not need (about a millisecond of the server's time).
 pub const LIST_AHEAD: u32 = 4096;
 
-type Entries = Arc<BTreeMap<String, ListEntry>>;
+pub(crate) type Entries = Arc<BTreeMap<String, ListEntry>>;
 
 /// How many directories' listings a mount keeps; past it the oldest quarter is forgotten.
 /// Forgetting is always safe (the next look asks the store server again); without a bound a
@@ -40,7 +39,7 @@ pub const MAX_LISTINGS: usize = 16_384;
 pub const MAX_ENTRIES: usize = 65_536;
 
 /// Directory listings fetched from the store server, by path.
-pub(super) struct Listings {
+pub struct Listings {
     clock: SharedClock,
     /// With the earliest expiry of a key among the entries (unix ms; `i64::MAX`: none).
     cached: Mutex<BTreeMap<String, (Instant, Entries, i64)>>,
@@ -87,31 +86,31 @@ impl Listings {
 
     /// Whether what was cached at `at` still holds: within the TTL, or while the lease does
     /// and no key in it expired (an expiry is not told to watchers; `expires` in unix ms).
-    fn valid(&self, now: Instant, at: Instant, expires: i64) -> bool {
+    pub(crate) fn valid(&self, now: Instant, at: Instant, expires: i64) -> bool {
         now.duration_since(at) < LISTING_TTL || (self.leased() && unix_ms() < expires)
     }
 
     /// Whether the watch's lease holds now.
-    pub(super) fn leased(&self) -> bool {
+    pub(crate) fn leased(&self) -> bool {
         self.leased_beyond(std::time::Duration::ZERO)
     }
 
     /// Whether the watch's lease holds for `margin` more at least.
-    pub(super) fn leased_beyond(&self, margin: std::time::Duration) -> bool {
+    pub(crate) fn leased_beyond(&self, margin: std::time::Duration) -> bool {
         lock(&self.lease).is_some_and(|until| std::time::Instant::now() + margin < until)
     }
 
     /// The epoch to hand back with an answer asked for now (see [`Listings::keep`]).
-    pub(super) fn epoch(&self) -> u64 {
+    pub(crate) fn epoch(&self) -> u64 {
         self.epoch.load(Ordering::SeqCst)
     }
 
     /// Whether an answer asked for at `since` may be kept: no change was told of meanwhile.
-    fn keep(&self, since: u64) -> bool {
+    pub(crate) fn keep(&self, since: u64) -> bool {
         self.epoch() == since
     }
 
-    fn clear(&self) {
+    pub(crate) fn clear(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
         lock(&self.cached).clear();
         lock(&self.links).clear();
@@ -121,12 +120,12 @@ impl Listings {
     }
 
     /// `path`'s resolved version, while the lease holds.
-    pub(super) fn resolved(&self, path: &str) -> Option<Arc<crate::proto::ResolveResponse>> {
+    pub(crate) fn resolved(&self, path: &str) -> Option<Arc<crate::proto::ResolveResponse>> {
         let r = lock(&self.resolved).get(path).map(|(_, r)| r.clone())?;
         self.leased().then_some(r)
     }
 
-    pub(super) fn put_resolved(
+    pub(crate) fn put_resolved(
         &self,
         path: &str,
         r: Arc<crate::proto::ResolveResponse>,
@@ -145,11 +144,11 @@ impl Listings {
     /// are not kept yet, at most `max` of them and `budget` bytes in all: what a reader going
     /// through the directory (cat, cp -r, tar: in name order, as listed) opens next. None
     /// without the lease, under which alone resolved versions are kept.
-    pub(super) fn next_small_files(&self, path: &str, max: usize, budget: u64) -> Vec<String> {
+    pub(crate) fn next_small_files(&self, path: &str, max: usize, budget: u64) -> Vec<String> {
         if max == 0 || !self.leased() {
             return Vec::new();
         }
-        let (dir, name) = super::split(path);
+        let (dir, name) = split(path);
         let Some(entries) = self.fresh(dir) else {
             return Vec::new();
         };
@@ -178,12 +177,12 @@ impl Listings {
 
     /// The store server told of a change at or below `path` (`""`: anywhere): what this mount
     /// cached of it, below it, and of its directory is forgotten, as after a change made here.
-    pub(super) fn recall(&self, path: &str) {
+    pub(crate) fn recall(&self, path: &str) {
         if path.is_empty() {
             return self.clear();
         }
         self.epoch.fetch_add(1, Ordering::SeqCst);
-        let parent = super::split(path).0;
+        let parent = split(path).0;
         // `path` and what is below it go whole; its directory's listing, own entry and link
         // count with it, as after a change made here.
         self.forget_below(path);
@@ -193,7 +192,7 @@ impl Listings {
 
     /// The watch's lease was renewed until `until`. A lease that begins anew (the watch was
     /// down, and changes may have gone untold) begins with nothing cached.
-    pub(super) fn lease_until(&self, until: std::time::Instant) {
+    pub(crate) fn lease_until(&self, until: std::time::Instant) {
         // (`lease` is locked last, and alone: the caches check it under their own locks.)
         if !self.leased() {
             self.clear();
@@ -201,13 +200,13 @@ impl Listings {
         *lock(&self.lease) = Some(until);
     }
 
-    pub(super) fn set_watcher(&self, id: u64) {
+    pub(crate) fn set_watcher(&self, id: u64) {
         self.watcher.store(id, Ordering::SeqCst);
     }
 
     /// The number of this mount's watch, for its own publishes to name (0 without a lease:
     /// nothing is cached on the watch's word then, and being told costs nothing).
-    pub(super) fn watcher(&self) -> u64 {
+    pub(crate) fn watcher(&self) -> u64 {
         match self.leased() {
             true => self.watcher.load(Ordering::SeqCst),
             false => 0,
@@ -219,9 +218,9 @@ impl Listings {
     /// its directory's cached listing takes the file's new entry in place of being forgotten,
     /// so the next name looked up in the directory (the next file of a `cp -r`) needs no
     /// listing of it.
-    pub(super) fn own_publish(&self, path: &str, mut entry: ListEntry) {
+    pub(crate) fn own_publish(&self, path: &str, mut entry: ListEntry) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
-        let (dir, name) = super::split(path);
+        let (dir, name) = split(path);
         entry.name = name.to_string();
         let now = self.clock.now().at;
         let was_dir = {
@@ -251,7 +250,7 @@ impl Listings {
     }
 
     /// [`Listings::forget_below`] of what is below `path`, keeping `path`'s own entry.
-    fn forget_below_except(&self, path: &str) {
+    pub(crate) fn forget_below_except(&self, path: &str) {
         let own = lock(&self.own).get(path).cloned();
         self.forget_below(path);
         if let Some(e) = own {
@@ -261,7 +260,7 @@ impl Listings {
 
     /// The watch broke: nothing cached is trusted past its TTL, and what was cached may have
     /// missed changes.
-    pub(super) fn lease_lost(&self) {
+    pub(crate) fn lease_lost(&self) {
         self.watcher.store(0, Ordering::SeqCst);
         *lock(&self.lease) = None;
         self.clear();
@@ -269,18 +268,18 @@ impl Listings {
 
     /// `path`'s cached listing while the lease holds: every change to it since it was taken
     /// was told (and forgot it), so it is as fresh as a new one.
-    fn leased_listing(&self, path: &str) -> Option<Entries> {
+    pub(crate) fn leased_listing(&self, path: &str) -> Option<Entries> {
         self.leased().then(|| self.fresh(path)).flatten()
     }
 
-    fn fresh(&self, path: &str) -> Option<Entries> {
+    pub(crate) fn fresh(&self, path: &str) -> Option<Entries> {
         let now = self.clock.now().at;
         let cached = lock(&self.cached);
         let (at, entries, expires) = cached.get(path)?;
         self.valid(now, *at, *expires).then(|| entries.clone())
     }
 
-    fn put(&self, path: &str, entries: Entries, since: u64) {
+    pub(crate) fn put(&self, path: &str, entries: Entries, since: u64) {
         let now = self.clock.now().at;
         let expires = entries.values().map(expiry).min().unwrap_or(i64::MAX);
         let mut cached = lock(&self.cached);
@@ -292,7 +291,7 @@ impl Listings {
 
     /// Forgets the listings of `paths`, and their own entries (a directory's mtime and ctime
     /// among them) as the listings of their parents show them.
-    fn forget(&self, paths: &[&str]) {
+    pub(crate) fn forget(&self, paths: &[&str]) {
         let now = self.clock.now().at;
         let mut cached = lock(&self.cached);
         let mut changed = lock(&self.changed);
@@ -316,7 +315,7 @@ impl Listings {
 
     /// The entry of `path` as asked for alone, while that is fresher than its parent's listing:
     /// `Some(None)` for nothing there, `None` when the listing is to be used.
-    fn own(&self, path: &str) -> Option<Option<ListEntry>> {
+    pub(crate) fn own(&self, path: &str) -> Option<Option<ListEntry>> {
         let now = self.clock.now().at;
         if let Some((at, e)) = lock(&self.own).get(path) {
             if self.valid(now, *at, e.as_ref().map_or(i64::MAX, expiry)) {
@@ -327,7 +326,7 @@ impl Listings {
     }
 
     /// When this mount last changed `path`, if a cached listing may still predate it.
-    fn changed_at(&self, path: &str) -> Option<Instant> {
+    pub(crate) fn changed_at(&self, path: &str) -> Option<Instant> {
         let now = self.clock.now().at;
         lock(&self.changed)
             .get(path)
@@ -336,7 +335,7 @@ impl Listings {
     }
 
     /// A cached listing of `path` that has not expired, and when it was taken.
-    fn fresh_at(&self, path: &str) -> Option<(Instant, Entries)> {
+    pub(crate) fn fresh_at(&self, path: &str) -> Option<(Instant, Entries)> {
         let now = self.clock.now().at;
         let cached = lock(&self.cached);
         let (at, entries, expires) = cached.get(path)?;
@@ -346,7 +345,7 @@ impl Listings {
 
     /// Keeps `path`'s own entry, asked for at `since` (`None`: an answer to this mount's own
     /// change, which it keeps whatever else changed).
-    fn put_own(&self, path: &str, e: Option<ListEntry>, since: Option<u64>) {
+    pub(crate) fn put_own(&self, path: &str, e: Option<ListEntry>, since: Option<u64>) {
         let now = self.clock.now().at;
         // In the order `forget` takes them.
         let mut changed = lock(&self.changed);
@@ -358,14 +357,14 @@ impl Listings {
         }
     }
 
-    fn root(&self) -> Option<ListEntry> {
+    pub(crate) fn root(&self) -> Option<ListEntry> {
         let now = self.clock.now().at;
         let root = lock(&self.root);
         let (at, e) = root.as_ref()?;
         self.valid(now, *at, expiry(e)).then(|| e.clone())
     }
 
-    fn put_root(&self, e: ListEntry, since: Option<u64>) {
+    pub(crate) fn put_root(&self, e: ListEntry, since: Option<u64>) {
         let now = self.clock.now().at;
         let mut root = lock(&self.root);
         if since.is_none_or(|s| self.keep(s)) {
@@ -374,7 +373,7 @@ impl Listings {
     }
 
     /// Forgets every listing at or below `path` (a moved directory's insides are elsewhere now).
-    fn forget_below(&self, path: &str) {
+    pub(crate) fn forget_below(&self, path: &str) {
         // A range, not a scan: every change told by the watch comes here, and a mount that
         // read many files holds many entries.
         remove_tree(&mut lock(&self.cached), path);
@@ -383,21 +382,21 @@ impl Listings {
         remove_tree(&mut lock(&self.resolved), path);
     }
 
-    fn forget_links(&self, paths: &[&str]) {
+    pub(crate) fn forget_links(&self, paths: &[&str]) {
         let mut links = lock(&self.links);
         for p in paths {
             links.remove(*p);
         }
     }
 
-    fn links(&self, path: &str) -> Option<u32> {
+    pub(crate) fn links(&self, path: &str) -> Option<u32> {
         let now = self.clock.now().at;
         let links = lock(&self.links);
         let (at, n) = links.get(path)?;
         self.valid(now, *at, i64::MAX).then_some(*n)
     }
 
-    fn put_links(&self, path: &str, n: u32, since: u64) {
+    pub(crate) fn put_links(&self, path: &str, n: u32, since: u64) {
         let now = self.clock.now().at;
         let mut links = lock(&self.links);
         if self.keep(since) {
@@ -441,7 +440,7 @@ fn remove_tree<V>(m: &mut BTreeMap<String, V>, path: &str) {
 }
 
 /// A listing as the mount keeps it: by name, GPU keys left out (they show under /kt/.gpu only).
-fn entries_of(entries: Vec<ListEntry>) -> Entries {
+pub(crate) fn entries_of(entries: Vec<ListEntry>) -> Entries {
     Arc::new(
         entries
             .into_iter()
@@ -463,444 +462,6 @@ fn unix_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
-}
-
-pub(super) fn kind_of(k: EntryKind) -> Kind {
-    match k {
-        EntryKind::File => Kind::File,
-        EntryKind::Directory => Kind::Dir,
-        EntryKind::Symlink => Kind::Symlink,
-        EntryKind::Fifo => Kind::Fifo,
-        EntryKind::Socket => Kind::Socket,
-        EntryKind::CharDevice => Kind::CharDevice,
-        EntryKind::BlockDevice => Kind::BlockDevice,
-        // Never listed (see `fetch_listing`); were one met, it has no bytes to read as a file.
-        EntryKind::Gpu => Kind::File,
-    }
-}
-
-impl FsCore {
-    /// Forgets cached listings of `paths`, after this mount changed them.
-    pub(crate) fn invalidate(&self, paths: &[&str]) {
-        self.listings.forget(paths);
-    }
-
-    /// Forgets what is cached of the other names of the file at `path` (a hard link), after
-    /// this mount changed it through `path`: they show the same file.
-    pub(crate) fn invalidate_other_names(&self, path: &str) {
-        for other in self.inodes().other_names(path) {
-            self.invalidate(&[split(&other).0, &other]);
-        }
-    }
-
-    /// Forgets what is cached at or below `path`, after this mount moved it.
-    pub(crate) fn invalidate_below(&self, path: &str) {
-        self.listings.forget_below(path);
-    }
-
-    /// Takes the entry of `path`'s directory as a publish returned it (its times moved), so
-    /// that its next stat needs no request.
-    pub(crate) fn take_parent(&self, path: &str, dir: Option<ListEntry>) {
-        let Some(d) = dir else { return };
-        match split(path).0 {
-            "" if !path.is_empty() => self.listings.put_root(d, None),
-            parent => self.listings.put_own(parent, Some(d), None),
-        }
-    }
-
-    /// Forgets the link counts of `paths`, after this mount added, removed or moved a directory
-    /// in them (a file's changes leave them as they were).
-    pub(crate) fn invalidate_links(&self, paths: &[&str]) {
-        self.listings.forget_links(paths);
-    }
-
-    async fn fetch_listing(&self, path: &str) -> FsResult<Entries> {
-        let since = self.listings.epoch();
-        let entries = self.fetch_listing_uncached(path).await?;
-        self.listings.put(path, entries.clone(), since);
-        Ok(entries)
-    }
-
-    /// `path`'s listing for a reader of the directory, with the listings a walk of the tree
-    /// reads next (see [`LIST_AHEAD`]), all kept under the lease alone: without it each
-    /// opendir asks anew, and they would go unused.
-    async fn fetch_listing_ahead(&self, path: &str) -> FsResult<Entries> {
-        if !self.listings.leased() {
-            return self.fetch_listing(path).await;
-        }
-        let since = self.listings.epoch();
-        let resp = self.list_rpc(path, false, LIST_AHEAD).await?;
-        if !resp.exists && !path.is_empty() {
-            return Err(FsError::NotFound);
-        }
-        for l in resp.ahead {
-            self.listings.put(&l.path, entries_of(l.entries), since);
-        }
-        let entries = entries_of(resp.entries);
-        self.listings.put(path, entries.clone(), since);
-        Ok(entries)
-    }
-
-    /// One directory's listing from the store server, or with `dir_only` its own entry alone;
-    /// with `ahead`, the listings a walk reads after it, up to about that many entries.
-    async fn list_rpc(
-        &self,
-        path: &str,
-        dir_only: bool,
-        ahead: u32,
-    ) -> FsResult<crate::proto::ListResponse> {
-        crate::metrics::MOUNT_METADATA_REQUESTS.inc();
-        let mut store = self.store();
-        Ok(store
-            .list(ListRequest {
-                watcher: self.listings.watcher(),
-                namespace: self.ns(),
-                prefix: path.to_string(),
-                recursive: false,
-                dir_only,
-                ahead,
-            })
-            .await
-            .map_err(crate::rpc::ClientError::from)?
-            .into_inner())
-    }
-
-    async fn fetch_listing_uncached(&self, path: &str) -> FsResult<Entries> {
-        let resp = self.list_rpc(path, false, 0).await?;
-        if !resp.exists && !path.is_empty() {
-            return Err(FsError::NotFound);
-        }
-        Ok(entries_of(resp.entries))
-    }
-
-    /// `path`'s own entry from the store server, or `None` for nothing there.
-    async fn fetch_own(&self, path: &str) -> FsResult<Option<ListEntry>> {
-        let resp = self.list_rpc(path, true, 0).await?;
-        Ok(resp
-            .exists
-            .then_some(resp.dir)
-            .flatten()
-            .filter(|e| e.kind() != EntryKind::Gpu))
-    }
-
-    /// The root's attributes: its own record on the store server (owner, mode, and times that
-    /// move as top-level entries come and go), or the mount's where the server has none.
-    async fn root_attr(&self) -> Attr {
-        let entry = match self.listings.root() {
-            Some(e) => Some(e),
-            None => {
-                let since = self.listings.epoch();
-                let e = self.fetch_own("").await.ok().flatten();
-                if let Some(e) = &e {
-                    self.listings.put_root(e.clone(), Some(since));
-                }
-                e
-            }
-        };
-        if let Some(e) = entry {
-            return self.attr_from_entry(inode::ROOT, &e);
-        }
-        Attr {
-            ino: inode::ROOT,
-            kind: Kind::Dir,
-            size: 0,
-            perm: 0o755,
-            mtime: self.started,
-            atime: self.started,
-            ctime: self.started,
-            nlink: 2,
-            uid: self.cfg.uid,
-            gid: self.cfg.gid,
-            rdev: 0,
-        }
-    }
-
-    fn attr_from_entry(&self, ino: u64, e: &ListEntry) -> Attr {
-        let kind = kind_of(e.kind());
-        let perm = if e.mode == 0 {
-            if kind == Kind::Dir {
-                0o755
-            } else {
-                0o644
-            }
-        } else {
-            (e.mode & 0o7777) as u16
-        };
-        Attr {
-            ino,
-            kind,
-            size: match kind {
-                Kind::File => e.size,
-                Kind::Symlink => e.symlink_target.len() as u64,
-                _ => 0,
-            },
-            perm,
-            mtime: self.time_or_start(e.mtime_sec, e.mtime_nsec),
-            atime: self.time_or_start(e.mtime_sec, e.mtime_nsec),
-            ctime: self.time_or_start(e.ctime_sec, e.ctime_nsec),
-            nlink: if kind == Kind::Dir { 2 } else { e.nlink.max(1) },
-            uid: e.uid.unwrap_or(self.cfg.uid),
-            gid: e.gid.unwrap_or(self.cfg.gid),
-            rdev: e.rdev as u32,
-        }
-    }
-
-    /// A stored time, or the mount's start for one never stamped (a bare parent of keys).
-    fn time_or_start(&self, sec: i64, nsec: u32) -> std::time::SystemTime {
-        if sec == 0 && nsec == 0 {
-            self.started
-        } else {
-            time_of(sec, nsec)
-        }
-    }
-
-    /// The listing entry of `path`, from its parent's listing (or asked for alone after this
-    /// mount changed it).
-    pub(super) async fn entry(&self, path: &str) -> FsResult<ListEntry> {
-        if let Some(e) = self.listings.own(path) {
-            return e.ok_or(FsError::NotFound);
-        }
-        let (parent, name) = split(path);
-        let listing = match (
-            self.listings.fresh_at(parent),
-            self.listings.changed_at(path),
-        ) {
-            (Some((taken, _)), Some(changed)) if taken <= changed => {
-                let since = self.listings.epoch();
-                let e = self.fetch_own(path).await?;
-                self.listings.put_own(path, e.clone(), Some(since));
-                return e.ok_or(FsError::NotFound);
-            }
-            (Some((_, l)), _) => l,
-            // A listing taken now shows the change, and serves the siblings too.
-            (None, _) => self.fetch_listing(parent).await?,
-        };
-        listing.get(name).cloned().ok_or(FsError::NotFound)
-    }
-
-    /// A directory's link count as a local filesystem keeps it: its name, its `.`, and each
-    /// subdirectory's `..`.
-    async fn dir_links(&self, path: &str) -> u32 {
-        // A stat must not fill the listing cache: a lookup right after it would trust a listing
-        // older than another node's close, and close-to-open would be lost. The count is kept
-        // on its own, so a directory's stats (one per create under it, for the kernel's
-        // permission checks) cost one listing per TTL, not one each.
-        if let Some(n) = self.listings.links(path) {
-            return n;
-        }
-        let since = self.listings.epoch();
-        let listing = match self.listings.fresh(path) {
-            Some(l) => Ok(l),
-            None => self.fetch_listing_uncached(path).await,
-        };
-        let Ok(l) = listing else { return 2 };
-        let n = 2 + l.values().filter(|e| e.is_directory).count() as u32;
-        self.listings.put_links(path, n, since);
-        n
-    }
-
-    /// The attributes of `path`: an open staged write if there is one, else what the store shows.
-    pub async fn stat_path(&self, path: &str) -> FsResult<Attr> {
-        let mut a = self.stat_path_links(path).await?;
-        if a.kind == Kind::Dir && gpu_rest(path).is_none() {
-            a.nlink = self.dir_links(path).await;
-        }
-        Ok(a)
-    }
-
-    async fn stat_path_links(&self, path: &str) -> FsResult<Attr> {
-        if path.is_empty() {
-            return Ok(self.root_attr().await);
-        }
-        if let Some(rest) = gpu_rest(path) {
-            return self.gpu_stat(path, rest).await;
-        }
-        if let Some(s) = self.staged_at(path) {
-            return s.attr(self.ino_of(path));
-        }
-        let e = self.entry(path).await?;
-        Ok(self.attr_from_entry(self.ino_of(path), &e))
-    }
-
-    pub async fn lookup(&self, parent: u64, name: &str) -> FsResult<Attr> {
-        let _t = crate::metrics::Timer::start(&crate::metrics::FUSE_LOOKUP_SECONDS);
-        self.look_up(parent, name).await
-    }
-
-    async fn look_up(&self, parent: u64, name: &str) -> FsResult<Attr> {
-        let path = self.child(parent, name).await?;
-        let mut attr = self.stat_path(&path).await?;
-        // A file of several names: the number its other names show.
-        let record = match (attr.kind, attr.nlink) {
-            (Kind::File, n) if n > 1 => self.entry(&path).await.map_or(0, |e| e.inode),
-            _ => 0,
-        };
-        attr.ino = self.inodes().lookup_record(&path, record);
-        Ok(self.with_atime(attr))
-    }
-
-    pub fn forget(&self, ino: u64, n: u64) {
-        self.inodes().forget(ino, n);
-        if self.inodes().path(ino).is_none() {
-            lock(&self.orphans).remove(&ino);
-            lock(&self.atimes).remove(&ino);
-        }
-    }
-
-    pub async fn getattr(&self, ino: u64) -> FsResult<Attr> {
-        let path = self.path_of(ino).await?;
-        let mut a = self.stat_path(&path).await?;
-        a.ino = ino;
-        Ok(self.with_atime(a))
-    }
-
-    /// `getattr` through an open file (fstat, and the kernel's look before a read): a file
-    /// unlinked while open keeps its attributes, with no link left, until its last close.
-    pub async fn getattr_open(&self, ino: u64, fh: Option<u64>) -> FsResult<Attr> {
-        let err = match self.getattr(ino).await {
-            Err(e) if e.is_not_found() => e,
-            r => return r,
-        };
-        let mut a = match fh.map(|fh| self.handle(fh)) {
-            Some(Ok(Handle::Write(s))) => s.attr(ino)?,
-            Some(Ok(Handle::Read(f))) => self.attr_of_file(ino, &f.entry),
-            // fstat(2) comes without the descriptor: what the unlink left.
-            _ => match lock(&self.orphans).get(&ino) {
-                Some(super::Orphan::Staged(s)) => s.attr(ino)?,
-                Some(super::Orphan::Published(a)) => a.clone(),
-                None => return Err(err),
-            },
-        };
-        a.ino = ino;
-        a.nlink = 0;
-        Ok(self.with_atime(a))
-    }
-
-    /// A file's attributes from its manifest entry, read as its listing entry would be.
-    fn attr_of_file(&self, ino: u64, e: &crate::proto::FileEntry) -> Attr {
-        self.attr_from_entry(
-            ino,
-            &ListEntry {
-                kind: e.kind,
-                mode: e.mode,
-                size: e.size,
-                mtime_sec: e.mtime_sec,
-                mtime_nsec: e.mtime_nsec,
-                uid: e.uid,
-                gid: e.gid,
-                rdev: e.rdev,
-                ..Default::default()
-            },
-        )
-    }
-
-    pub async fn readlink(&self, ino: u64) -> FsResult<String> {
-        let path = self.path_of(ino).await?;
-        if gpu_rest(&path).is_some() {
-            return Err(FsError::NotSymlink);
-        }
-        let e = self.entry(&path).await?;
-        if e.kind() != EntryKind::Symlink {
-            return Err(FsError::NotSymlink);
-        }
-        Ok(e.symlink_target)
-    }
-
-    /// Snapshots a directory for a sequence of `readdir` calls.
-    pub async fn opendir(&self, ino: u64) -> FsResult<u64> {
-        let entries = self.snapshot_dir(ino).await?;
-        Ok(self.insert_handle(Handle::Dir(entries)))
-    }
-
-    pub(super) async fn snapshot_dir(&self, ino: u64) -> FsResult<Arc<Vec<DirEntry>>> {
-        let path = self.path_of(ino).await?;
-        if let Some(rest) = gpu_rest(&path) {
-            if self.stat_path(&path).await?.kind != Kind::Dir {
-                return Err(FsError::NotDir);
-            }
-            return self.gpu_snapshot(&path, rest).await;
-        }
-        if !path.is_empty() && self.stat_path(&path).await?.kind != Kind::Dir {
-            return Err(FsError::NotDir);
-        }
-        // Without the lease a listing is asked for at every opendir: a name another node made
-        // shows in the next `ls` after its writer's close.
-        let listing = match self.listings.leased_listing(&path) {
-            Some(l) => l,
-            None => self.fetch_listing_ahead(&path).await?,
-        };
-        let mut entries: BTreeMap<String, DirEntry> = listing
-            .iter()
-            .map(|(name, e)| {
-                let p = join(&path, name);
-                (
-                    name.clone(),
-                    DirEntry {
-                        ino: self.ino_of(&p),
-                        kind: kind_of(e.kind()),
-                        name: name.clone(),
-                    },
-                )
-            })
-            .collect();
-        // Files being written here show before they are published.
-        for p in self.staged_paths() {
-            let (parent, name) = split(&p);
-            if parent == path {
-                entries.entry(name.to_string()).or_insert_with(|| DirEntry {
-                    ino: self.ino_of(&p),
-                    kind: Kind::File,
-                    name: name.to_string(),
-                });
-            }
-        }
-        Ok(Arc::new(entries.into_values().collect()))
-    }
-
-    /// Entries of an open directory from `offset` on (`.` and `..` first).
-    /// The attributes READDIRPLUS gives with an entry of directory `dir`: a name's as its
-    /// lookup gives them, and counted as a lookup (the kernel counts it as one, and forgets it
-    /// later); the dot entries' uncounted (the kernel takes no reference for them).
-    pub async fn readdirplus_attr(&self, dir: u64, e: &DirEntry) -> FsResult<Attr> {
-        match e.name.as_str() {
-            "." | ".." => self.getattr(e.ino).await,
-            name => {
-                crate::metrics::READDIRPLUS_NAMES.inc();
-                self.look_up(dir, name).await
-            }
-        }
-    }
-
-    pub async fn readdir(&self, ino: u64, fh: u64, offset: u64) -> FsResult<Vec<(u64, DirEntry)>> {
-        let Handle::Dir(entries) = self.handle_or_reopen(ino, fh, true).await? else {
-            return Err(FsError::BadHandle);
-        };
-        let path = self.path_of(ino).await?;
-        let parent_ino = if path.is_empty() {
-            inode::ROOT
-        } else {
-            self.ino_of(split(&path).0)
-        };
-        let dots = [
-            DirEntry {
-                ino,
-                kind: Kind::Dir,
-                name: ".".into(),
-            },
-            DirEntry {
-                ino: parent_ino,
-                kind: Kind::Dir,
-                name: "..".into(),
-            },
-        ];
-        Ok(dots
-            .into_iter()
-            .chain(entries.iter().cloned())
-            .enumerate()
-            .skip(offset as usize)
-            .map(|(i, e)| (i as u64 + 1, e))
-            .collect())
-    }
 }
 
 #[cfg(test)]

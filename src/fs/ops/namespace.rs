@@ -1,61 +1,53 @@
 //! Metadata operations: mkdir, symlink, unlink, rmdir, rename, setattr. Each is one change on
 //! the store server, applied atomically there; a file still being written here takes part as
 //! its staged copy.
-
 use std::sync::atomic::Ordering;
 use std::time::SystemTime;
 
-use super::{split, to_unix, Attr, FsCore, FsError, FsResult, Handle, Kind};
+use crate::fs::attr::{to_unix, Attr, Caller, Kind};
+use crate::fs::error::{FsError, FsResult};
+use crate::fs::filesystem::{FsCore, Orphan};
+use crate::fs::handles::Handle;
+use crate::fs::paths::{check_key, gpu_rest, split, under};
 use crate::locks::lock;
 use crate::manifest::{EntryKind, FileEntry};
 use crate::proto::{ExchangeRequest, LinkRequest, RemoveRequest, RenameRequest, SetAttrRequest};
 use crate::rpc::ClientError;
 
 impl FsCore {
-    pub(super) fn writable(&self) -> FsResult<()> {
-        if self.cfg.read_only {
-            Err(FsError::ReadOnly)
-        } else {
-            Ok(())
-        }
-    }
-
     async fn new_entry_path(&self, parent: u64, name: &str) -> FsResult<String> {
         self.writable()?;
         let path = self.child(parent, name).await?;
-        Self::check_key(&path)?;
+        check_key(&path)?;
         match self.stat_path(&path).await {
             Ok(_) => Err(FsError::Exists),
             Err(e) if e.is_not_found() => Ok(path),
             Err(e) => Err(e),
         }
     }
-
     async fn lookup_new(&self, path: &str) -> FsResult<Attr> {
         let mut a = self.stat_path(path).await?;
         a.ino = self.inodes().lookup(path);
         Ok(a)
     }
-
     pub async fn mkdir(&self, parent: u64, name: &str, mode: u32) -> FsResult<Attr> {
-        let me = super::Caller {
+        let me = Caller {
             pid: std::process::id(),
             uid: self.cfg.uid,
             gid: self.cfg.gid,
         };
         self.mkdir_by(parent, name, mode, me).await
     }
-
     /// [`FsCore::mkdir`] for `caller`, who owns the new directory.
     pub async fn mkdir_by(
         &self,
         parent: u64,
         name: &str,
         mode: u32,
-        caller: super::Caller,
+        caller: Caller,
     ) -> FsResult<Attr> {
         let gpu = self.child(parent, name).await?;
-        if let Some(rest) = super::gpu_tree::gpu_rest(&gpu) {
+        if let Some(rest) = gpu_rest(&gpu) {
             self.writable()?;
             return self.gpu_mkdir(&gpu, rest).await;
         }
@@ -77,23 +69,21 @@ impl FsCore {
         .await?;
         self.lookup_new(&path).await
     }
-
     pub async fn symlink(&self, parent: u64, name: &str, target: &str) -> FsResult<Attr> {
-        let me = super::Caller {
+        let me = Caller {
             pid: std::process::id(),
             uid: self.cfg.uid,
             gid: self.cfg.gid,
         };
         self.symlink_by(parent, name, target, me).await
     }
-
     /// [`FsCore::symlink`] for `caller`, who owns the link.
     pub async fn symlink_by(
         &self,
         parent: u64,
         name: &str,
         target: &str,
-        caller: super::Caller,
+        caller: Caller,
     ) -> FsResult<Attr> {
         let path = self.new_entry_path(parent, name).await?;
         let ((uid, gid), _) = self.owner_for(parent, caller).await?;
@@ -114,7 +104,6 @@ impl FsCore {
         .await?;
         self.lookup_new(&path).await
     }
-
     /// A special file (fifo, socket, character or block node) for `caller`: an entry of
     /// metadata alone, which lists, stats, renames and unlinks as a file does. A regular
     /// `mode` makes an empty file.
@@ -124,7 +113,7 @@ impl FsCore {
         name: &str,
         mode: u32,
         rdev: u32,
-        caller: super::Caller,
+        caller: Caller,
     ) -> FsResult<Attr> {
         let kind = match mode & libc::S_IFMT {
             libc::S_IFREG | 0 => {
@@ -152,7 +141,7 @@ impl FsCore {
             }
         };
         let path = self.new_entry_path(parent, name).await?;
-        if super::gpu_tree::gpu_rest(&path).is_some() {
+        if gpu_rest(&path).is_some() {
             return Err(FsError::NotPermitted);
         }
         let ((uid, gid), _) = self.owner_for(parent, caller).await?;
@@ -174,10 +163,9 @@ impl FsCore {
         .await?;
         self.lookup_new(&path).await
     }
-
     async fn remove(&self, path: &str, want_dir: bool) -> FsResult<()> {
         self.writable()?;
-        if let Some(rest) = super::gpu_tree::gpu_rest(path) {
+        if let Some(rest) = gpu_rest(path) {
             return match (want_dir, rest.is_empty()) {
                 (_, true) => Err(FsError::NotPermitted),
                 (true, false) => self.gpu_rmdir(path, rest).await,
@@ -188,7 +176,7 @@ impl FsCore {
             // Files queued below it are on the server first, which then finds it not empty.
             self.publish_below(path).await?;
         }
-        let staged = self.staged_at(path);
+        let staged = self.writer.staged_at(path);
         let attr = self.stat_path(path).await?;
         match (want_dir, attr.kind == Kind::Dir) {
             (true, false) => return Err(FsError::NotDir),
@@ -201,13 +189,13 @@ impl FsCore {
                 let _guard = s.publish_lock.lock().await;
                 s.unlinked.store(true, Ordering::SeqCst);
             }
-            lock(&self.staged).remove(path);
+            lock(&self.writer.staged).remove(path);
             self.retire(s).await;
         }
         if !want_dir {
             let orphan = match &staged {
-                Some(s) => super::Orphan::Staged(s.clone()),
-                None => super::Orphan::Published(attr.clone()),
+                Some(s) => Orphan::Staged(s.clone()),
+                None => Orphan::Published(attr.clone()),
             };
             lock(&self.orphans).insert(self.ino_of(path), orphan);
         }
@@ -236,7 +224,6 @@ impl FsCore {
             Err(e) => Err(e.into()),
         }
     }
-
     pub async fn unlink(&self, parent: u64, name: &str) -> FsResult<()> {
         let path = self.child(parent, name).await?;
         self.remove(&path, false).await?;
@@ -244,21 +231,20 @@ impl FsCore {
         self.inodes().unlinked(&path);
         Ok(())
     }
-
     /// A second name `newname` in `newparent` for the file `ino` (a hard link): one file that
     /// both names show on every node, with the kernel's inode shared too.
     pub async fn link(&self, ino: u64, newparent: u64, newname: &str) -> FsResult<Attr> {
         self.writable()?;
         let from = self.path_of(ino).await?;
         let to = self.new_entry_path(newparent, newname).await?;
-        if super::gpu_tree::gpu_rest(&from).is_some() || super::gpu_tree::gpu_rest(&to).is_some() {
+        if gpu_rest(&from).is_some() || gpu_rest(&to).is_some() {
             return Err(FsError::NotPermitted);
         }
         if self.stat_path(&from).await?.kind == Kind::Dir {
             return Err(FsError::NotPermitted);
         }
         // A file still being written is published first, so both names hold its bytes.
-        if let Some(s) = self.staged_at(&from) {
+        if let Some(s) = self.writer.staged_at(&from) {
             self.publish_staged(&s).await?;
         }
         let mut store = self.store();
@@ -279,11 +265,9 @@ impl FsCore {
         a.ino = ino;
         Ok(a)
     }
-
     pub async fn rmdir(&self, parent: u64, name: &str) -> FsResult<()> {
         self.remove(&self.child(parent, name).await?, true).await
     }
-
     pub async fn rename(
         &self,
         parent: u64,
@@ -298,13 +282,13 @@ impl FsCore {
         }
         let from = self.child(parent, name).await?;
         let to = self.child(newparent, newname).await?;
-        if super::gpu_tree::gpu_rest(&from).is_some() || super::gpu_tree::gpu_rest(&to).is_some() {
+        if gpu_rest(&from).is_some() || gpu_rest(&to).is_some() {
             return Err(FsError::NotPermitted);
         }
         if flags & libc::RENAME_EXCHANGE != 0 {
             return self.exchange(from, to).await;
         }
-        Self::check_key(&to)?;
+        check_key(&to)?;
         // Files still being written or queued are published first, so the move carries their
         // bytes (and what it replaces is replaced on the server, not after).
         self.publish_below(&from).await?;
@@ -328,12 +312,11 @@ impl FsCore {
         self.invalidate_links(&[split(&from).0, split(&to).0, &from, &to]);
         Ok(())
     }
-
     /// `renameat2(RENAME_EXCHANGE)`: both names stay, each naming what the other did, in one
     /// change on the store server.
     async fn exchange(&self, a: String, b: String) -> FsResult<()> {
-        Self::check_key(&a)?;
-        Self::check_key(&b)?;
+        check_key(&a)?;
+        check_key(&b)?;
         // Files still being written are published first, so that each name carries its bytes.
         for p in [&a, &b] {
             self.publish_below(p).await?;
@@ -358,7 +341,6 @@ impl FsCore {
         self.invalidate_links(&paths);
         Ok(())
     }
-
     #[allow(clippy::too_many_arguments)]
     pub async fn setattr(
         &self,
@@ -372,7 +354,7 @@ impl FsCore {
     ) -> FsResult<Attr> {
         let path = self.path_of(ino).await?;
         // A control file has no bytes to truncate (open(O_TRUNC) asks) nor mode to change.
-        if super::gpu_tree::gpu_rest(&path).is_some()
+        if gpu_rest(&path).is_some()
             || (mode.is_none()
                 && uid.is_none()
                 && gid.is_none()
@@ -384,9 +366,9 @@ impl FsCore {
         self.writable()?;
         // Who may change an owner is the kernel's to check (default_permissions: CAP_CHOWN for
         // another uid, membership for another gid), against the owners getattr reports.
-        let staged = match fh.map(|f| self.handle(f)) {
+        let staged = match fh.map(|f| self.handles.get(f)) {
             Some(Ok(Handle::Write(s))) => Some(s),
-            _ => self.staged_at(&path),
+            _ => self.writer.staged_at(&path),
         };
         if let Some(size) = size {
             match &staged {
@@ -445,20 +427,15 @@ impl FsCore {
         }
         self.getattr(ino).await
     }
-
     /// After the server moved each `from` to its `to` (all at once: an exchange swaps), the
     /// files staged at or below each `from` follow; a staged file at a `to` the move replaced
     /// is gone.
     async fn move_staged(&self, moves: &[(&str, &str)]) {
         let replaced = {
-            let mut m = lock(&self.staged);
+            let mut m = lock(&self.writer.staged);
             let mut moved = Vec::new();
             for (from, to) in moves {
-                let below: Vec<String> = m
-                    .keys()
-                    .filter(|p| super::writeback::under(p, from))
-                    .cloned()
-                    .collect();
+                let below: Vec<String> = m.keys().filter(|p| under(p, from)).cloned().collect();
                 for p in below {
                     if let Some(s) = m.remove(&p) {
                         moved.push((format!("{to}{}", &p[from.len()..]), s));

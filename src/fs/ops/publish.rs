@@ -3,74 +3,27 @@
 //! small file), or registered with this node as their in-place source (`locale=local`). The
 //! close returns only after the key switched, so a reader that opens afterwards sees the new
 //! version.
-
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::fs::attr::to_unix;
+use crate::fs::error::{FsError, FsResult};
+use crate::fs::filesystem::FsCore;
+use crate::fs::paths::split;
+use crate::locks::lock;
 use indicatif::ProgressBar;
 
-use super::staged::Staged;
-use super::{split, to_unix, FsCore, FsError, FsResult};
 use crate::dataplane::upload;
-use crate::locks::lock;
-use crate::manifest::{self, BlockRef, EntryKind, FileEntry, Manifest};
-use crate::proto::{InlineBlock, ListEntry, LocalFile, Locale, PublishRequest};
+use crate::fs::write::publish::{inline_blocks, Prepared, Settle};
+use crate::fs::write::staged::Staged;
+use crate::manifest::{self, EntryKind, FileEntry, Manifest};
+use crate::proto::{ListEntry, LocalFile, Locale, PublishRequest};
 use crate::rpc::MAX_INLINE_FILE;
 use crate::transfer::publish::{self, Payload};
 use crate::transfer::put::chunk::{hash_blocks, Chunking};
 
-/// A staged file's publish, prepared under its publish lock: what to send, and what the
-/// answer settles.
-pub(super) struct Prepared {
-    pub(super) settle: Settle,
-    req: PublishRequest,
-    payload: Payload,
-}
-
-/// What a publish's answer settles: the path, the count of changes the publish took in, and
-/// the watcher it named.
-pub(super) struct Settle {
-    pub(super) path: String,
-    changes: u64,
-    pub(super) watcher: u64,
-}
-
-impl Prepared {
-    /// The request with its blocks inside, where it can go in a `PublishBatch` (a small file
-    /// for the store, sent inline); `Err(self)` otherwise.
-    pub(super) fn into_batch_item(self) -> Result<(PublishRequest, Settle), Box<Prepared>> {
-        match self.payload {
-            Payload::Inline(blocks) if self.req.locale() == Locale::Store => {
-                let mut req = self.req;
-                req.inline_blocks = blocks;
-                Ok((req, self.settle))
-            }
-            payload => Err(Box::new(Prepared { payload, ..self })),
-        }
-    }
-}
-
-/// The bytes of `blocks`, which lie one after another at the start of `buf`.
-fn inline_blocks(blocks: &[BlockRef], buf: &[u8]) -> FsResult<Vec<InlineBlock>> {
-    let mut at = 0usize;
-    blocks
-        .iter()
-        .map(|b| {
-            let end = at + b.len as usize;
-            let data = buf
-                .get(at..end)
-                .ok_or_else(|| FsError::Invalid("a block lies past what was hashed".into()))?;
-            at = end;
-            Ok(InlineBlock {
-                hash: b.hash.clone(),
-                data: data.to_vec(),
-            })
-        })
-        .collect()
-}
-
 impl FsCore {
-    pub(super) async fn publish_staged(&self, s: &Arc<Staged>) -> FsResult<()> {
+    pub(crate) async fn publish_staged(&self, s: &Arc<Staged>) -> FsResult<()> {
         s.until_filled().await;
         let _guard = s.publish_lock.lock().await;
         match self.prepare_publish(s)? {
@@ -78,9 +31,8 @@ impl FsCore {
             None => Ok(()),
         }
     }
-
     /// Sends a prepared publish of `s` on its own, and settles it.
-    pub(super) async fn send_publish(&self, s: &Staged, p: Prepared) -> FsResult<()> {
+    pub(crate) async fn send_publish(&self, s: &Staged, p: Prepared) -> FsResult<()> {
         let mut store = self.store();
         let done = publish::publish(
             &mut store,
@@ -93,16 +45,15 @@ impl FsCore {
         self.settle_publish(s, &p.settle, done.entry, done.parent);
         Ok(())
     }
-
     /// What a publish of `s` sends (`None`: nothing to publish). The caller holds `s`'s
     /// publish lock until [`FsCore::settle_publish`].
-    pub(super) fn prepare_publish(&self, s: &Arc<Staged>) -> FsResult<Option<Prepared>> {
+    pub(crate) fn prepare_publish(&self, s: &Arc<Staged>) -> FsResult<Option<Prepared>> {
         if s.unlinked.load(Ordering::SeqCst) {
-            super::writeback::Writeback::forget(s);
+            s.forget_record();
             return Ok(None);
         }
         if !s.dirty() {
-            super::writeback::Writeback::forget_if_clean(s);
+            s.forget_record_if_clean();
             return Ok(None);
         }
         let path = s.path();
@@ -204,11 +155,10 @@ impl FsCore {
             payload,
         }))
     }
-
     /// After the server published what `settle` names: `s` is clean up to the changes it took
     /// in, and this mount's caches take the change (as a recall would, but keeping the
     /// directory's listing, with the new entry in it).
-    pub(super) fn settle_publish(
+    pub(crate) fn settle_publish(
         &self,
         s: &Staged,
         settle: &Settle,
@@ -218,7 +168,7 @@ impl FsCore {
         let (path, watcher) = (settle.path.as_str(), settle.watcher);
         s.published.fetch_max(settle.changes, Ordering::SeqCst);
         // Every change on the server now: nothing left to replay.
-        super::writeback::Writeback::forget_if_clean(s);
+        s.forget_record_if_clean();
         match entry {
             Some(e) if watcher != 0 => {
                 self.listings.own_publish(path, e);
@@ -230,11 +180,10 @@ impl FsCore {
         self.invalidate_other_names(path);
         self.take_parent(path, parent);
     }
-
     /// Publishes a manifest with no blocks (a directory or a symlink) at `path`. Named, the
     /// watch does not recall this mount's own listing of the directory: the answer carries the
     /// new entry and the directory's, as a file's publish does.
-    pub(super) async fn publish_meta(&self, path: &str, entry: FileEntry) -> FsResult<()> {
+    pub(crate) async fn publish_meta(&self, path: &str, entry: FileEntry) -> FsResult<()> {
         let watcher = self.listings.watcher();
         let req = PublishRequest {
             namespace: self.ns(),

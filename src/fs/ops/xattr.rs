@@ -2,7 +2,10 @@
 //! where files written below it are published. It is this node's setting, kept in the agent's
 //! database, not shared metadata.
 
-use super::{split, FsCore, FsError, FsResult, Kind};
+use crate::fs::attr::Kind;
+use crate::fs::error::{FsError, FsResult};
+use crate::fs::filesystem::FsCore;
+use crate::fs::paths::split;
 use crate::proto::Locale;
 
 pub const LOCALE_XATTR: &str = "user.kt.locale";
@@ -16,7 +19,7 @@ impl FsCore {
 
     /// The locale of a file at `path`: the nearest directory's `user.kt.locale`, else the
     /// mount's.
-    pub(super) fn locale_for(&self, path: &str) -> Locale {
+    pub(crate) fn locale_for(&self, path: &str) -> Locale {
         let mut cur = Some(split(path).0);
         while let Some(dir) = cur {
             if let Ok(Some(v)) = self.blocks.db().get(CF_XATTR, &self.xattr_key(dir)) {

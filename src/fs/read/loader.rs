@@ -16,11 +16,11 @@ use bytes::Bytes;
 use indicatif::ProgressBar;
 use tokio::sync::watch;
 
-use super::FsError;
 use crate::blocks::node::NodeBlocks;
 use crate::broadcast::member::membership::{self, Membership};
 use crate::dataplane::fetch::{self, BlockJob, BlockSink};
 use crate::dataplane::{SourceAddr, TransferError};
+use crate::fs::error::FsError;
 use crate::hash::BlockHash;
 use crate::locks::lock;
 

@@ -1,0 +1,320 @@
+//! The reading side of the core: it resolves a path to the version a reader opens (asking the
+//! store server, or answered under the watch's lease; a directory's next small files come with
+//! it, their bytes inline), joins the version's window when the file has more than one block,
+//! and registers this node as a source of what it fetched.
+//!
+//! A file of more than one block is read through the version's implicit broadcast window, as
+//! `kt get` reads: the reader joins at open, fetches from the source the window assigns (and is
+//! given another when that one fails), and leaves when the file is closed.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+use super::file::{file_entry, ReadFile};
+use super::loader::{Loader, Route};
+use crate::blocks::node::NodeBlocks;
+use crate::broadcast::member::membership::{JoinSpec, Membership};
+use crate::dataplane::sources::{order_sources, NodeRef};
+use crate::fs::config::FsConfig;
+use crate::fs::error::{FsError, FsResult};
+use crate::fs::names::listings::Listings;
+use crate::hash::{BlockHash, Version};
+use crate::locks::lock;
+use crate::manifest::FileEntry;
+use crate::proto::{
+    AddLocationRequest, InlineBlock, Locale, ResolveManyRequest, ResolveRequest, ResolveResponse,
+    ResolveResult, WindowSpec,
+};
+use crate::rpc::client::Store;
+use crate::rpc::{implicit_group, ClientError, MAX_INLINE_FILE};
+
+/// Small files of a directory resolved with the one being opened, at most, and their bytes.
+const RESOLVE_AHEAD: usize = 63;
+const RESOLVE_AHEAD_BYTES: u64 = 768 << 10;
+
+/// What reading holds: the loader of blocks, the version each inode showed when last opened,
+/// and the versions this node registered as a source of.
+pub struct Reader {
+    cfg: Arc<FsConfig>,
+    store: Store,
+    listings: Arc<Listings>,
+    blocks: Arc<NodeBlocks>,
+    pub(crate) loader: Loader,
+    /// The version each inode showed when last opened, to keep the kernel's page cache only
+    /// while it is still right.
+    opened: Mutex<HashMap<u64, Version>>,
+    /// Versions this node has registered as a location of.
+    seeded: Arc<Mutex<HashSet<Version>>>,
+}
+
+impl Reader {
+    pub fn new(
+        cfg: Arc<FsConfig>,
+        store: Store,
+        listings: Arc<Listings>,
+        blocks: Arc<NodeBlocks>,
+    ) -> Self {
+        Reader {
+            loader: Loader::new(blocks.clone()),
+            cfg,
+            store,
+            listings,
+            blocks,
+            opened: Mutex::default(),
+            seeded: Arc::default(),
+        }
+    }
+
+    /// Inode `ino` was opened on `version`: whether it showed that version at its last open
+    /// here too (the kernel's cached pages of it are still right).
+    pub fn opened(&self, ino: u64, version: Version) -> bool {
+        lock(&self.opened).insert(ino, version) == Some(version)
+    }
+
+    pub async fn resolve(&self, path: &str) -> FsResult<ReadFile> {
+        // Under the watch's lease an unchanged file opens with no request: a change of it is
+        // told (and forgets this) before its writer is answered.
+        let since = self.listings.epoch();
+        let (r, inline) = match self.listings.resolved(path) {
+            Some(r) => (r, Vec::new()),
+            None => self.ask_resolve(path, since).await?,
+        };
+        let entry = file_entry(&r)?;
+        let version = Version::from_slice(&r.version)
+            .ok_or_else(|| FsError::BadManifest("malformed version".into()))?;
+        self.take_inline(&entry, inline);
+        if self.may_keep(&r) {
+            self.listings.put_resolved(path, r.clone(), since);
+        }
+        let node_ticket = self.cfg.node_ticket.get();
+        let ticket = match node_ticket {
+            t if t.is_empty() => bytes::Bytes::copy_from_slice(&r.ticket),
+            t => t,
+        };
+        let fallback = order_sources(
+            &r.sources,
+            &self.cfg.node_id,
+            &self.cfg.zone,
+            &self.cfg.server,
+            &ticket,
+        )
+        .into_iter()
+        .filter(|s| s.label != self.cfg.node_id)
+        .collect();
+        // A one-block file is one request, not worth joining a window for.
+        let member = if entry.blocks.len() > 1 {
+            self.join_window(&r.key, version, ticket)
+                .await
+                .map(Arc::new)
+        } else {
+            None
+        };
+        let mut offsets = Vec::with_capacity(entry.blocks.len());
+        let mut off = 0u64;
+        for b in &entry.blocks {
+            offsets.push(off);
+            off += u64::from(b.len);
+        }
+        Ok(ReadFile {
+            entry,
+            version,
+            route: Route {
+                member,
+                fallback,
+                own: self.cfg.node_id.clone(),
+            },
+            offsets,
+            next_offset: AtomicU64::new(0),
+            _pin: self.blocks.pins().pin(version),
+        })
+    }
+
+    /// Joins the implicit window of `version` as a reader: in the version's swarm it fetches
+    /// the blocks it reads (lowest first, from any member that holds them) and serves what it
+    /// read; a failure to join only loses the spreading.
+    async fn join_window(
+        &self,
+        key: &str,
+        version: Version,
+        ticket: bytes::Bytes,
+    ) -> Option<Membership> {
+        let spec = JoinSpec {
+            namespace: self.cfg.namespace.as_str(),
+            key,
+            version,
+            window: WindowSpec {
+                group_id: implicit_group(&version),
+                fanout: self.cfg.fanout,
+                ..Default::default()
+            },
+            node: Some(NodeRef {
+                node_id: self.cfg.node_id.clone(),
+                ip: String::new(),
+            }),
+            // The agent serves its block cache: what this reader fetched, others may fetch
+            // from it.
+            serves: true,
+            reads: true,
+            ticket,
+        };
+        Membership::join(&self.store, &self.cfg.server, spec)
+            .await
+            .map_err(|e| tracing::debug!(error = %e, "no window for this read"))
+            .ok()
+    }
+
+    /// Asks the store server for `path`'s version. Under the lease, the small files that
+    /// follow it in its directory are asked for with it (one `ResolveMany`), their bytes
+    /// inline: a reader going through a directory of small files then opens most of them with
+    /// no request of its own. Measured in bench/fuse.sh (c), first read of 10,000 files on
+    /// another node.
+    async fn ask_resolve(
+        &self,
+        path: &str,
+        since: u64,
+    ) -> FsResult<(Arc<ResolveResponse>, Vec<InlineBlock>)> {
+        crate::metrics::MOUNT_METADATA_REQUESTS.inc();
+        let mut store = self.store.clone();
+        let next = self
+            .listings
+            .next_small_files(path, RESOLVE_AHEAD, RESOLVE_AHEAD_BYTES);
+        if !next.is_empty() {
+            let mut keys = Vec::with_capacity(next.len() + 1);
+            keys.push(path.to_string());
+            keys.extend(next);
+            let asked = store
+                .resolve_many(ResolveManyRequest {
+                    watcher: self.listings.watcher(),
+                    namespace: self.cfg.namespace.to_string(),
+                    keys: keys.clone(),
+                    inline_up_to: MAX_INLINE_FILE,
+                })
+                .await;
+            match asked {
+                Ok(resp) => return self.took_many(&keys, resp.into_inner().results, since),
+                // A server older than the call: one at a time, as before it.
+                Err(s) if s.code() == tonic::Code::Unimplemented => {}
+                Err(s) => return Err(ClientError::from(s).into()),
+            }
+        }
+        let mut r = store
+            .resolve(ResolveRequest {
+                watcher: self.listings.watcher(),
+                namespace: self.cfg.namespace.to_string(),
+                key: path.to_string(),
+                inline_up_to: MAX_INLINE_FILE,
+            })
+            .await
+            .map_err(ClientError::from)?
+            .into_inner();
+        let inline = std::mem::take(&mut r.inline_blocks);
+        Ok((Arc::new(r), inline))
+    }
+
+    /// The first of a `ResolveMany`'s answers, for the caller to open; the others are kept
+    /// (with their bytes in the block cache) for the opens that follow.
+    fn took_many(
+        &self,
+        keys: &[String],
+        results: Vec<ResolveResult>,
+        since: u64,
+    ) -> FsResult<(Arc<ResolveResponse>, Vec<InlineBlock>)> {
+        if results.len() != keys.len() {
+            return Err(FsError::BadManifest(format!(
+                "{} answers to {} keys",
+                results.len(),
+                keys.len()
+            )));
+        }
+        let mut results = results.into_iter();
+        let first = results.next().ok_or(FsError::NotFound)?;
+        for (key, res) in keys[1..].iter().zip(results) {
+            if let Some(r) = res.resolved {
+                self.keep_ahead(key, r, since);
+            }
+        }
+        match first.resolved {
+            Some(mut r) => {
+                let inline = std::mem::take(&mut r.inline_blocks);
+                Ok((Arc::new(r), inline))
+            }
+            None => {
+                let status = tonic::Status::new(tonic::Code::from(first.code), first.message);
+                Err(ClientError::from(status).into())
+            }
+        }
+    }
+
+    /// Keeps a version resolved ahead of its open, once its bytes are here: a kept version
+    /// whose bytes are not would cost its reader a fetch, where a resolve of its own would
+    /// have brought them inline. Anything odd in it is left for its own open to find.
+    fn keep_ahead(&self, path: &str, mut r: ResolveResponse, since: u64) {
+        let Ok(entry) = file_entry(&r) else {
+            return;
+        };
+        let inline = std::mem::take(&mut r.inline_blocks);
+        self.take_inline(&entry, inline);
+        let cache = self.blocks.cache();
+        let here = entry
+            .blocks
+            .iter()
+            .all(|b| BlockHash::from_slice(&b.hash).is_some_and(|h| cache.contains(&h)));
+        if (here || r.locale() != Locale::Store) && self.may_keep(&r) {
+            self.listings.put_resolved(path, Arc::new(r), since);
+        }
+    }
+
+    /// Whether a resolved version may be kept under the lease: an expiry is not told to
+    /// watchers, and a read ticket runs out (the node's own ticket lasts as long as the node),
+    /// so such answers are asked for at every open.
+    fn may_keep(&self, r: &ResolveResponse) -> bool {
+        r.expires_unix_ms == 0 && (!self.cfg.node_ticket.get().is_empty() || r.ticket.is_empty())
+    }
+
+    /// Keeps the blocks a resolve sent inline (a small file), so its reads need no fetch. Only
+    /// blocks of the entry are taken; one that fails its hash is dropped (the read fetches it).
+    /// The node does not register as a source of them: the store sends a small file's bytes
+    /// inline to every reader, so no one would ask this node, and the registration cost the
+    /// server a write per file read.
+    fn take_inline(&self, entry: &FileEntry, blocks: Vec<InlineBlock>) {
+        for b in blocks {
+            let Some(hash) = BlockHash::from_slice(&b.hash) else {
+                continue;
+            };
+            if !entry.blocks.iter().any(|e| e.hash == b.hash) || self.blocks.cache().contains(&hash)
+            {
+                continue;
+            }
+            if let Err(e) = self.loader.accept(hash, Bytes::from(b.data)) {
+                tracing::warn!(error = %e, "inline block dropped");
+            }
+        }
+    }
+
+    /// Registers this node as a location of `version` once, in the background: a reader
+    /// becomes a source.
+    pub fn seed_hook(&self, version: Version) -> impl FnOnce() + Send + 'static {
+        let seeded = self.seeded.clone();
+        let mut store = self.store.clone();
+        let node = self.cfg.node_id.clone();
+        move || {
+            if !lock(&seeded).insert(version) {
+                return;
+            }
+            tokio::spawn(async move {
+                let r = store
+                    .add_location(AddLocationRequest {
+                        version: version.0.to_vec(),
+                        node_id: node,
+                    })
+                    .await;
+                if let Err(e) = r {
+                    tracing::warn!(error = %e.message(), "could not register as a source");
+                }
+            });
+        }
+    }
+}
