@@ -177,6 +177,11 @@ pub static MOUNT_METADATA_REQUESTS: Counter = Counter::new(
     "",
     "Listings and resolves a mount asked the store server for (what its caches did not answer).",
 );
+pub static MOUNT_BLOCK_LOOKUPS: Counter = Counter::new(
+    "kt_mount_block_lookups_total",
+    "",
+    "Looks a mount's reads took in what its node holds (one per block read, fetched or not).",
+);
 pub static KERNEL_SETTLE_WAITS: Counter = Counter::new(
     "kt_mount_kernel_forget_waits_total",
     "",
@@ -243,8 +248,9 @@ pub static FUSE_FLUSH_SECONDS: Histogram = Histogram::new(
     "Time of a filesystem operation in the mount's core.",
 );
 
-static COUNTERS: [&Counter; 25] = [
+static COUNTERS: [&Counter; 26] = [
     &MOUNT_METADATA_REQUESTS,
+    &MOUNT_BLOCK_LOOKUPS,
     &KERNEL_SETTLE_WAITS,
     &READDIRPLUS_NAMES,
     &WRITEBACK_QUEUED,

@@ -248,6 +248,35 @@ fn a_reader_whose_source_dies_is_sent_the_rest_by_the_store() {
     core.release(fh).unwrap();
 }
 
+/// A cold read of a file looks for each block once in what the node holds: the read that finds
+/// one missing gets its bytes from the fetch (or from the fetch ahead that was already under
+/// way), never by looking again.
+#[test]
+fn a_cold_read_looks_up_each_block_once() {
+    let rig = Rig::new();
+    let src = rig.dir.path().join("cold.bin");
+    let data = common::pseudo_random(1 << 20, 11);
+    std::fs::write(&src, &data).unwrap();
+    let src = src.to_str().unwrap();
+    rig.kt(&["put", "cold.bin", "--src", src, "--block-size", "65536"]);
+
+    let core = rig.core();
+    let ino = core.lookup(ROOT, "cold.bin").unwrap().ino;
+    let (fh, _) = core.open(ino, libc::O_RDONLY).unwrap();
+    let blocks = core.read_file(fh).unwrap().entry.blocks.len() as u64;
+    assert_eq!(blocks, 16);
+    let before = core.block_lookups();
+    let mut out = Vec::new();
+    while out.len() < data.len() {
+        let chunk = core.read(ino, fh, out.len() as u64, 128 << 10).unwrap();
+        assert!(!chunk.is_empty());
+        out.extend_from_slice(&chunk);
+    }
+    assert!(out == data, "the bytes read differ");
+    assert_eq!(core.block_lookups() - before, blocks);
+    core.release(fh).unwrap();
+}
+
 #[test]
 fn copy_range_and_fallocate_are_the_cores_own() {
     // Through a mount the kernel falls back to read and write when a filesystem lacks

@@ -267,24 +267,35 @@ pub async fn fetch_partial_as(
         }
         let poisoned = Arc::new(AtomicBool::new(false));
         let got = Arc::new(AtomicU64::new(0));
-        let mut tasks = Vec::new();
-        for lane in lanes {
-            tasks.push(tokio::spawn(fetch_lane(
+        let lane = |jobs| {
+            fetch_lane(
                 source.clone(),
-                lane,
+                jobs,
                 sinks.clone(),
                 poisoned.clone(),
                 got.clone(),
                 progress.clone(),
                 ask,
-            )));
+            )
+        };
+        let mut outcomes = Vec::with_capacity(lanes.len());
+        if lanes.len() == 1 {
+            // One lane (a mount's read of a block): it runs in the caller's task, which then
+            // writes the request itself rather than handing it to another.
+            for jobs in lanes {
+                outcomes.push(lane(jobs).await);
+            }
+        } else {
+            let tasks: Vec<_> = lanes.into_iter().map(|l| tokio::spawn(lane(l))).collect();
+            for t in tasks {
+                outcomes.push(t.await.map_err(|e| TransferError::Unavailable {
+                    missing: 0,
+                    reasons: e.to_string(),
+                })?);
+            }
         }
         let mut failure: Option<SourceFailure> = None;
-        for t in tasks {
-            let outcome = t.await.map_err(|e| TransferError::Unavailable {
-                missing: 0,
-                reasons: e.to_string(),
-            })?;
+        for outcome in outcomes {
             let LaneOutcome {
                 failed,
                 error,

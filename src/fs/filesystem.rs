@@ -90,7 +90,13 @@ impl FsCore {
         let listings = Arc::new(Listings::new(cfg.clock.clone()));
         Ok(FsCore {
             gpu: GpuTree::new(control, started, cfg.uid, cfg.gid),
-            reader: Reader::new(cfg.clone(), store.clone(), listings.clone(), blocks.clone()),
+            reader: Reader::new(
+                cfg.clone(),
+                store.clone(),
+                listings.clone(),
+                blocks.clone(),
+                rt.clone(),
+            ),
             writer: Writer::new(&cfg.staging),
             handles: Handles::default(),
             listings,
@@ -104,6 +110,12 @@ impl FsCore {
             atimes: Mutex::default(),
             kernel: std::sync::OnceLock::new(),
         })
+    }
+
+    /// How many times this mount's reads looked for a block in what its node holds (see
+    /// `read::loader`: once per block read, fetched or not).
+    pub fn block_lookups(&self) -> u64 {
+        self.reader.loader.lookups()
     }
 
     /// The runtime the core's calls run on (the FUSE adapter waits for them there).

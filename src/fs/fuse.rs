@@ -24,6 +24,7 @@ use super::attr::{Attr, Caller, Kind};
 use super::error::FsError;
 use super::filesystem::FsCore;
 use super::handles::Handles;
+use super::ops::file::ReadNow;
 use super::read::file::PageCache;
 use crate::gpu::control::Waker;
 use crate::locks::lock;
@@ -377,14 +378,16 @@ impl Filesystem for FuseAdapter {
         reply: ReplyData,
     ) {
         // What this node holds is answered here; what must be fetched is answered by a task.
-        if let Some(r) = self.core.read_ready(ino.0, fh.0, offset, size) {
-            return reply_or!(reply, r, |d: bytes::Bytes| reply.data(&d));
+        match self.core.read_now(ino.0, fh.0, offset, size) {
+            ReadNow::Ready(r) => reply_or!(reply, r, |d: bytes::Bytes| reply.data(&d)),
+            ReadNow::Wait(wait) => {
+                let core = self.core.clone();
+                self.rt.spawn(async move {
+                    let r = core.read_wait(wait).await;
+                    reply_or!(reply, r, |d: bytes::Bytes| reply.data(&d))
+                });
+            }
         }
-        let core = self.core.clone();
-        self.rt.spawn(async move {
-            let r = core.read(ino.0, fh.0, offset, size).await;
-            reply_or!(reply, r, |d: bytes::Bytes| reply.data(&d))
-        });
     }
 
     fn write(

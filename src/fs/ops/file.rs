@@ -12,9 +12,35 @@ use crate::fs::paths::{check_key, gpu_rest};
 use crate::locks::lock;
 use bytes::Bytes;
 
-use crate::dataplane::fetch::BlockJob;
-use crate::fs::read::file::{joined, PageCache, ReadFile, BYPASS_MIN, READAHEAD_BLOCKS};
+use crate::fs::read::file::{PageCache, ReadFile, BYPASS_MIN};
+use crate::fs::read::reader::Pending;
 use crate::fs::write::staged::Staged;
+
+/// A read as [`FsCore::read_now`] left it: answered, or to be finished by
+/// [`FsCore::read_wait`].
+pub enum ReadNow {
+    Ready(FsResult<Bytes>),
+    Wait(ReadWait),
+}
+
+/// A read waiting for the network or the store server (`Send`: it may be finished by a task).
+pub struct ReadWait {
+    waiting: Waiting,
+    /// Times the whole read, its wait included.
+    _timer: crate::metrics::Timer,
+}
+
+enum Waiting {
+    /// Blocks this node did not hold.
+    Blocks(Pending),
+    /// A control file's contents, or a handle of an earlier agent to open again.
+    Handle {
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+    },
+}
 
 impl FsCore {
     /// Opens a file. Reads resolve the version now (close-to-open); writes stage.
@@ -64,78 +90,65 @@ impl FsCore {
             _ => Err(FsError::BadHandle),
         }
     }
-    /// A read answered at once, on the caller's thread, where it needs no wait: a file being
-    /// written here, or blocks this node holds (a cached small file's read is one lookup,
-    /// without a hop to the runtime and back). `None`: it needs [`FsCore::read`].
-    pub fn read_ready(
-        &self,
-        _ino: u64,
-        fh: u64,
-        offset: u64,
-        size: u32,
-    ) -> Option<FsResult<Bytes>> {
-        let f = match self.handles.get(fh) {
-            Ok(Handle::Read(f)) => f,
-            Ok(Handle::Write(s)) => return Some(s.read(offset, size).map(Bytes::from)),
-            Ok(Handle::Dir(_)) => return Some(Err(FsError::IsDir)),
+    /// A read as far as it goes without waiting, on the caller's thread: a file being written
+    /// here, or a published file's blocks this node holds, each looked up once (a cached file's
+    /// read costs no hop to the runtime and back). What must be fetched is left to
+    /// [`FsCore::read_wait`], which gets it with no second lookup.
+    pub fn read_now(&self, ino: u64, fh: u64, offset: u64, size: u32) -> ReadNow {
+        let timer = crate::metrics::Timer::start(&crate::metrics::FUSE_READ_SECONDS);
+        let waiting = match self.handles.get(fh) {
+            Ok(Handle::Read(f)) => match self.reader.read_start(&f, offset, size) {
+                Ok(Ok(bytes)) => return ReadNow::Ready(Ok(bytes)),
+                Ok(Err(pending)) => Waiting::Blocks(pending),
+                Err(e) => return ReadNow::Ready(Err(e)),
+            },
+            Ok(Handle::Write(s)) => return ReadNow::Ready(s.read(offset, size).map(Bytes::from)),
+            Ok(Handle::Dir(_)) => return ReadNow::Ready(Err(FsError::IsDir)),
             // A control file's contents, and a handle of an earlier agent, are made anew.
-            Ok(Handle::Gpu(_)) | Err(FsError::BadHandle) => return None,
-            Err(e) => return Some(Err(e)),
+            Ok(Handle::Gpu(_)) | Err(FsError::BadHandle) => Waiting::Handle {
+                ino,
+                fh,
+                offset,
+                size,
+            },
+            Err(e) => return ReadNow::Ready(Err(e)),
         };
-        let span = match f.span(offset, size) {
-            Ok(Some(span)) if !span.read_ahead => span,
-            Ok(Some(_)) => return None,
-            Ok(None) => return Some(Ok(Bytes::new())),
-            Err(e) => return Some(Err(e)),
-        };
-        let held: Option<Vec<Bytes>> = match (span.first..=span.last)
-            .map(|i| self.reader.loader.held(&f.job(i)?))
-            .collect::<FsResult<_>>()
-        {
-            Ok(held) => held,
-            Err(e) => return Some(Err(e)),
-        };
-        let _t = crate::metrics::Timer::start(&crate::metrics::FUSE_READ_SECONDS);
-        f.read_to(span.end);
-        let parts = (span.first..=span.last)
-            .zip(held?)
-            .map(|(i, b)| f.slice(i, b, offset, span.end));
-        Some(joined(parts, span.end - offset))
+        ReadNow::Wait(ReadWait {
+            waiting,
+            _timer: timer,
+        })
     }
+
+    /// The rest of a read [`FsCore::read_now`] could not answer.
+    pub async fn read_wait(&self, wait: ReadWait) -> FsResult<Bytes> {
+        let (ino, fh, offset, size) = match wait.waiting {
+            Waiting::Blocks(pending) => return self.reader.read_rest(pending).await,
+            Waiting::Handle {
+                ino,
+                fh,
+                offset,
+                size,
+            } => (ino, fh, offset, size),
+        };
+        match self.handle_or_reopen(ino, fh, false).await? {
+            Handle::Read(f) => match self.reader.read_start(&f, offset, size)? {
+                Ok(bytes) => Ok(bytes),
+                Err(pending) => self.reader.read_rest(pending).await,
+            },
+            Handle::Write(s) => s.read(offset, size).map(Bytes::from),
+            Handle::Dir(_) => Err(FsError::IsDir),
+            Handle::Gpu(cf) => Ok(Bytes::from(self.gpu.control.read(&cf, offset, size).await?)),
+        }
+    }
+
+    /// A read of `size` bytes at `offset`, waiting for whatever it needs.
     pub async fn read(&self, ino: u64, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
-        let _t = crate::metrics::Timer::start(&crate::metrics::FUSE_READ_SECONDS);
-        let f = match self.handle_or_reopen(ino, fh, false).await? {
-            Handle::Read(f) => f,
-            Handle::Write(s) => return s.read(offset, size).map(Bytes::from),
-            Handle::Dir(_) => return Err(FsError::IsDir),
-            Handle::Gpu(cf) => {
-                return Ok(Bytes::from(self.gpu.control.read(&cf, offset, size).await?))
-            }
-        };
-        let Some(span) = f.span(offset, size)? else {
-            return Ok(Bytes::new());
-        };
-        f.read_to(span.end);
-        if span.read_ahead {
-            let ahead: Vec<BlockJob> = (span.last + 1
-                ..(span.last + 1 + READAHEAD_BLOCKS).min(f.offsets.len()))
-                .map(|i| f.job(i))
-                .collect::<FsResult<_>>()?;
-            self.reader
-                .loader
-                .prefetch(ahead, &f.route, self.reader.seed_hook(f.version));
+        match self.read_now(ino, fh, offset, size) {
+            ReadNow::Ready(r) => r,
+            ReadNow::Wait(w) => self.read_wait(w).await,
         }
-        let mut parts = Vec::with_capacity(span.last - span.first + 1);
-        for i in span.first..=span.last {
-            let data = self
-                .reader
-                .loader
-                .block(&f.job(i)?, &f.route, self.reader.seed_hook(f.version))
-                .await?;
-            parts.push(f.slice(i, data, offset, span.end));
-        }
-        joined(parts.into_iter(), span.end - offset)
     }
+
     /// Stages an existing file for writing: empty for `O_TRUNC`, else a copy of its published bytes.
     pub(crate) async fn open_staged(&self, path: &str, trunc: bool) -> FsResult<Arc<Staged>> {
         // Counted under the map's lock: a flusher retires only what no one opened.

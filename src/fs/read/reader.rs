@@ -13,10 +13,11 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use super::file::{file_entry, ReadFile};
+use super::file::{file_entry, joined, ReadFile, Span, READAHEAD_BLOCKS};
 use super::loader::{Loader, Route};
 use crate::blocks::node::NodeBlocks;
 use crate::broadcast::member::membership::{JoinSpec, Membership};
+use crate::dataplane::fetch::BlockJob;
 use crate::dataplane::sources::{order_sources, NodeRef};
 use crate::fs::config::FsConfig;
 use crate::fs::error::{FsError, FsResult};
@@ -56,9 +57,10 @@ impl Reader {
         store: Store,
         listings: Arc<Listings>,
         blocks: Arc<NodeBlocks>,
+        rt: tokio::runtime::Handle,
     ) -> Self {
         Reader {
-            loader: Loader::new(blocks.clone()),
+            loader: Loader::new(blocks.clone(), rt),
             cfg,
             store,
             listings,
@@ -256,12 +258,11 @@ impl Reader {
             return;
         };
         let inline = std::mem::take(&mut r.inline_blocks);
-        self.take_inline(&entry, inline);
-        let cache = self.blocks.cache();
+        let held = self.take_inline(&entry, inline);
         let here = entry
             .blocks
             .iter()
-            .all(|b| BlockHash::from_slice(&b.hash).is_some_and(|h| cache.contains(&h)));
+            .all(|b| BlockHash::from_slice(&b.hash).is_some_and(|h| held.contains(&h)));
         if (here || r.locale() != Locale::Store) && self.may_keep(&r) {
             self.listings.put_resolved(path, Arc::new(r), since);
         }
@@ -279,19 +280,24 @@ impl Reader {
     /// The node does not register as a source of them: the store sends a small file's bytes
     /// inline to every reader, so no one would ask this node, and the registration cost the
     /// server a write per file read.
-    fn take_inline(&self, entry: &FileEntry, blocks: Vec<InlineBlock>) {
+    /// Returns the blocks of the entry this node now holds from them.
+    fn take_inline(&self, entry: &FileEntry, blocks: Vec<InlineBlock>) -> HashSet<BlockHash> {
+        let mut held = HashSet::new();
         for b in blocks {
             let Some(hash) = BlockHash::from_slice(&b.hash) else {
                 continue;
             };
-            if !entry.blocks.iter().any(|e| e.hash == b.hash) || self.blocks.cache().contains(&hash)
-            {
+            if !entry.blocks.iter().any(|e| e.hash == b.hash) {
                 continue;
             }
-            if let Err(e) = self.loader.accept(hash, Bytes::from(b.data)) {
-                tracing::warn!(error = %e, "inline block dropped");
+            match self.loader.accept(hash, Bytes::from(b.data)) {
+                Ok(()) => {
+                    held.insert(hash);
+                }
+                Err(e) => tracing::warn!(error = %e, "inline block dropped"),
             }
         }
+        held
     }
 
     /// Registers this node as a location of `version` once, in the background: a reader
@@ -317,4 +323,71 @@ impl Reader {
             });
         }
     }
+
+    /// Starts a read of `f`: the reads ahead of a sequential reader are set going, and each
+    /// block of the read is looked for here, once. The bytes when every block was here, else
+    /// what [`Reader::read_rest`] must fetch.
+    pub fn read_start(
+        &self,
+        f: &Arc<ReadFile>,
+        offset: u64,
+        size: u32,
+    ) -> FsResult<Result<Bytes, Pending>> {
+        let Some(span) = f.span(offset, size)? else {
+            return Ok(Ok(Bytes::new()));
+        };
+        f.read_to(span.end);
+        if span.read_ahead {
+            let ahead: Vec<BlockJob> = (span.last + 1
+                ..(span.last + 1 + READAHEAD_BLOCKS).min(f.offsets.len()))
+                .map(|i| f.job(i))
+                .collect::<FsResult<_>>()?;
+            self.loader
+                .prefetch(ahead, &f.route, self.seed_hook(f.version));
+        }
+        let parts: Vec<Option<Bytes>> = (span.first..=span.last)
+            .map(|i| self.loader.held(&f.job(i)?))
+            .collect::<FsResult<_>>()?;
+        if parts.iter().all(Option::is_some) {
+            let parts = (span.first..).zip(parts.into_iter().flatten());
+            return Ok(Ok(joined(
+                parts.map(|(i, b)| f.slice(i, b, offset, span.end)),
+                span.end - offset,
+            )?));
+        }
+        Ok(Err(Pending {
+            file: f.clone(),
+            offset,
+            span,
+            parts,
+        }))
+    }
+
+    /// The rest of a read: the blocks [`Reader::read_start`] did not find here, fetched (or
+    /// waited for, when a fetch of them is under way), their bytes handed back by the fetch.
+    pub async fn read_rest(&self, p: Pending) -> FsResult<Bytes> {
+        let f = &p.file;
+        let mut out = Vec::with_capacity(p.parts.len());
+        for (i, held) in (p.span.first..).zip(p.parts) {
+            let data = match held {
+                Some(b) => b,
+                None => {
+                    self.loader
+                        .fetch(&f.job(i)?, &f.route, self.seed_hook(f.version))
+                        .await?
+                }
+            };
+            out.push(f.slice(i, data, p.offset, p.span.end));
+        }
+        joined(out.into_iter(), p.span.end - p.offset)
+    }
+}
+
+/// A read that must wait: its file, its span, and the blocks of the span this node held
+/// (`None` for those to fetch).
+pub struct Pending {
+    file: Arc<ReadFile>,
+    offset: u64,
+    span: Span,
+    parts: Vec<Option<Bytes>>,
 }
