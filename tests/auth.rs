@@ -140,7 +140,7 @@ impl Guarded {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(async {
             let credential = ktfs::auth::Credential::token("s3cret-token").unwrap();
-            let mut store = ktfs::rpc::client::connect_store(&self.server.addr, &credential)
+            let store = ktfs::rpc::client::connect_store(&self.server.addr, &credential)
                 .await
                 .unwrap();
             let r = store
@@ -151,8 +151,7 @@ impl Guarded {
                     inline_up_to: 0,
                 })
                 .await
-                .unwrap()
-                .into_inner();
+                .unwrap();
             assert!(!r.ticket.is_empty(), "no read ticket for {key}");
             r.ticket
         })

@@ -511,10 +511,9 @@ fn publish_with_inline_blocks_checks_and_keeps_them() {
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let mut store =
-            ktfs::rpc::client::connect_store(&server.addr, &ktfs::auth::Credential::none())
-                .await
-                .unwrap();
+        let store = ktfs::rpc::client::connect_store(&server.addr, &ktfs::auth::Credential::none())
+            .await
+            .unwrap();
         let good = InlineBlock {
             hash: hash.clone(),
             data: data.clone(),
@@ -532,12 +531,12 @@ fn publish_with_inline_blocks_checks_and_keeps_them() {
             key: "inline/good".into(),
             inline_up_to,
         };
-        let r = store.resolve(resolve(64 << 10)).await.unwrap().into_inner();
+        let r = store.resolve(resolve(64 << 10)).await.unwrap();
         assert_eq!(r.inline_blocks.len(), 1);
         assert!(r.inline_blocks[0].data == data && r.inline_blocks[0].hash == hash);
-        let r = store.resolve(resolve(0)).await.unwrap().into_inner();
+        let r = store.resolve(resolve(0)).await.unwrap();
         assert!(r.inline_blocks.is_empty());
-        let r = store.resolve(resolve(4000)).await.unwrap().into_inner();
+        let r = store.resolve(resolve(4000)).await.unwrap();
         assert!(r.inline_blocks.is_empty());
 
         let mut lie = data.clone();
@@ -551,7 +550,7 @@ fn publish_with_inline_blocks_checks_and_keeps_them() {
             .await
             .unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
-        assert!(err.message().contains("does not match its hash"), "{err}");
+        assert!(err.to_string().contains("does not match its hash"), "{err}");
 
         let big: Vec<InlineBlock> = (0..5u64)
             .map(|i| {
@@ -644,16 +643,15 @@ fn publish_refuses_block_lengths_the_store_contradicts() {
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let mut store =
-            ktfs::rpc::client::connect_store(&server.addr, &ktfs::auth::Credential::none())
-                .await
-                .unwrap();
+        let store = ktfs::rpc::client::connect_store(&server.addr, &ktfs::auth::Credential::none())
+            .await
+            .unwrap();
         let err = store
             .publish(publish("lie/one", vec![file("", vec![claim(4 << 20)])]))
             .await
             .unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
-        let msg = err.message();
+        let msg = err.to_string();
         assert!(
             msg.contains("lie/one")
                 && msg.contains("block 0")
@@ -677,7 +675,11 @@ fn publish_refuses_block_lengths_the_store_contradicts() {
             .await
             .unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
-        assert!(err.message().contains("lie/dir/w.bin"), "{}", err.message());
+        assert!(
+            err.to_string().contains("lie/dir/w.bin"),
+            "{}",
+            err.to_string()
+        );
         let err = store.resolve(resolve("lie/dir")).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::NotFound, "{err}");
 
@@ -686,7 +688,7 @@ fn publish_refuses_block_lengths_the_store_contradicts() {
             .publish(publish("truth", vec![file("", vec![claim(1 << 20); 2])]))
             .await
             .expect("a manifest whose lengths are the store's");
-        let r = store.resolve(resolve("truth")).await.unwrap().into_inner();
+        let r = store.resolve(resolve("truth")).await.unwrap();
         assert_eq!(r.size, 2 << 20);
 
         // An inline block under a length it does not have.
@@ -709,9 +711,9 @@ fn publish_refuses_block_lengths_the_store_contradicts() {
         let err = store.publish(req).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
         assert!(
-            err.message().contains("lie/inline") && err.message().contains("inline"),
+            err.to_string().contains("lie/inline") && err.to_string().contains("inline"),
             "{}",
-            err.message()
+            err.to_string()
         );
         let err = store.resolve(resolve("lie/inline")).await.unwrap_err();
         assert_eq!(err.code(), tonic::Code::NotFound, "{err}");
@@ -720,8 +722,7 @@ fn publish_refuses_block_lengths_the_store_contradicts() {
                 hashes: vec![small_hash.clone()],
             })
             .await
-            .unwrap()
-            .into_inner();
+            .unwrap();
         assert_eq!(
             missing.hashes,
             [small_hash],
@@ -979,10 +980,9 @@ fn a_publish_batch_answers_each_item_and_refuses_only_the_bad_ones() {
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let results = rt.block_on(async {
-        let mut store =
-            ktfs::rpc::client::connect_store(&server.addr, &ktfs::auth::Credential::none())
-                .await
-                .unwrap();
+        let store = ktfs::rpc::client::connect_store(&server.addr, &ktfs::auth::Credential::none())
+            .await
+            .unwrap();
         store
             .publish_batch(PublishBatchRequest {
                 namespace: "default".into(),
@@ -998,7 +998,6 @@ fn a_publish_batch_answers_each_item_and_refuses_only_the_bad_ones() {
             })
             .await
             .unwrap()
-            .into_inner()
             .results
     });
     let published: Vec<bool> = results.iter().map(|r| r.published.is_some()).collect();
@@ -1051,10 +1050,9 @@ fn a_resolve_of_many_keys_answers_each_as_its_own_resolve_and_inlines_at_most_a_
     keys.extend(["many/none".to_string(), "many//bad".to_string()]);
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let mut store =
-            ktfs::rpc::client::connect_store(&server.addr, &ktfs::auth::Credential::none())
-                .await
-                .unwrap();
+        let store = ktfs::rpc::client::connect_store(&server.addr, &ktfs::auth::Credential::none())
+            .await
+            .unwrap();
         let published = store
             .publish_batch(PublishBatchRequest {
                 namespace: "default".into(),
@@ -1062,8 +1060,7 @@ fn a_resolve_of_many_keys_answers_each_as_its_own_resolve_and_inlines_at_most_a_
                 watcher: 0,
             })
             .await
-            .unwrap()
-            .into_inner();
+            .unwrap();
         assert!(published.results.iter().all(|r| r.published.is_some()));
         let many = store
             .resolve_many(ResolveManyRequest {
@@ -1074,7 +1071,6 @@ fn a_resolve_of_many_keys_answers_each_as_its_own_resolve_and_inlines_at_most_a_
             })
             .await
             .unwrap()
-            .into_inner()
             .results;
         assert_eq!(many.len(), keys.len());
         let mut inline = Vec::new();
@@ -1091,8 +1087,7 @@ fn a_resolve_of_many_keys_answers_each_as_its_own_resolve_and_inlines_at_most_a_
                     inline_up_to: 64 << 10,
                 })
                 .await
-                .unwrap()
-                .into_inner();
+                .unwrap();
             assert_eq!(found.version, alone.version, "{key}");
             assert_eq!(found.manifest, alone.manifest, "{key}");
             assert_eq!(alone.inline_blocks.len(), 1, "{key} alone comes inline");

@@ -340,7 +340,7 @@ fn a_block_whose_length_the_manifest_lies_about_is_an_error_for_every_reader() {
     };
     rig.rt
         .block_on(async {
-            let mut store = connect_store(&rig.server, &ktfs::auth::Credential::none())
+            let store = connect_store(&rig.server, &ktfs::auth::Credential::none())
                 .await
                 .unwrap();
             store

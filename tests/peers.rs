@@ -156,8 +156,8 @@ fn fake_peer(server: &str, ip: &str, node: &str, version_hex: &str, answer: Arc<
         }
     });
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let mut store = rt.block_on(async {
-        let mut store = ktfs::rpc::client::connect_store(server, &ktfs::auth::Credential::none())
+    let store = rt.block_on(async {
+        let store = ktfs::rpc::client::connect_store(server, &ktfs::auth::Credential::none())
             .await
             .unwrap();
         store
@@ -379,7 +379,7 @@ fn sources_of(server: &str, key: &str) -> Vec<String> {
         .build()
         .unwrap();
     rt.block_on(async {
-        let mut store = ktfs::rpc::client::connect_store(server, &ktfs::auth::Credential::none())
+        let store = ktfs::rpc::client::connect_store(server, &ktfs::auth::Credential::none())
             .await
             .unwrap();
         let r = store
@@ -389,8 +389,7 @@ fn sources_of(server: &str, key: &str) -> Vec<String> {
                 ..Default::default()
             })
             .await
-            .unwrap()
-            .into_inner();
+            .unwrap();
         r.sources
             .into_iter()
             .map(|s| s.node_id)

@@ -329,9 +329,7 @@ fn a_waiting_sync_is_answered_as_soon_as_a_fetch_is_chosen_for_it() {
             serves: true,
             ..Default::default()
         };
-        rt.block_on(store.clone().join_broadcast(req))
-            .unwrap()
-            .into_inner()
+        rt.block_on(store.clone().join_broadcast(req)).unwrap()
     };
     let (a, b) = (join("node-a"), join("node-b"));
     assert_eq!(a.pieces.len(), 16 * 32, "a swarm of 16 pieces");
@@ -348,10 +346,9 @@ fn a_waiting_sync_is_answered_as_soon_as_a_fetch_is_chosen_for_it() {
     // A is given the store's one fetch; B nothing yet, so its sync waits.
     let first = rt
         .block_on(store.clone().swarm_sync(sync(a.member, vec![], 1, 0)))
-        .unwrap()
-        .into_inner();
+        .unwrap();
     assert_eq!(first.fetch.len(), 1, "{first:?}");
-    let mut s = store.clone();
+    let s = store.clone();
     let req = sync(b.member, vec![], 1, 60_000);
     let waiting = rt.spawn(async move { s.swarm_sync(req).await });
     assert!(eventually(Duration::from_secs(5), || metric(
@@ -366,8 +363,7 @@ fn a_waiting_sync_is_answered_as_soon_as_a_fetch_is_chosen_for_it() {
         .block_on(async { tokio::time::timeout(Duration::from_millis(1500), waiting).await })
         .expect("B's sync waited on after a fetch was chosen for it")
         .unwrap()
-        .unwrap()
-        .into_inner();
+        .unwrap();
     assert!(!got.fetch.is_empty(), "{got:?}");
     assert_eq!(metric(&c.server.addr, "kt_swarm_waiting_syncs"), 0.0);
 }

@@ -16,6 +16,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use ktfs::auth::Credential;
+use ktfs::dataplane::Peers;
 use ktfs::k8s::outside::Outside;
 use ktfs::k8s::{api, env};
 use ktfs::key::{KeyPath, Namespace};
@@ -27,6 +28,7 @@ use ktfs::transfer::get::{self as getting, GetOptions};
 use ktfs::transfer::put::scan::ScanOptions;
 use ktfs::transfer::put::{self as putting, PutOptions};
 use ktfs::transfer::read::{self, Stat};
+use ktfs::transfer::Remotes;
 
 create_exception!(ktfs, KtError, PyException, "A ktfs call failed.");
 create_exception!(
@@ -104,7 +106,9 @@ impl Failure {
             Some(Fault::Timeout) => BroadcastTimeoutError::new_err(m),
             Some(Fault::Unavailable) => UnavailableError::new_err(m),
             Some(Fault::Denied | Fault::Unauthenticated) => PermissionDeniedError::new_err(m),
-            Some(Fault::NoSpace | Fault::Internal) | None => KtError::new_err(m),
+            Some(Fault::NoSpace | Fault::Unimplemented | Fault::Internal) | None => {
+                KtError::new_err(m)
+            }
         }
     }
 }
@@ -119,6 +123,13 @@ impl From<ktfs::key::KeyError> for Failure {
     fn from(e: ktfs::key::KeyError) -> Self {
         Failure::of(Some(Fault::Invalid), e)
     }
+}
+
+/// The peers this client fetches from: its pool of data-plane connections, which range reads of
+/// one file share, kept as long as the interpreter.
+fn peers() -> &'static Peers {
+    static PEERS: OnceLock<Peers> = OnceLock::new();
+    PEERS.get_or_init(Peers::default)
 }
 
 fn runtime() -> &'static tokio::runtime::Runtime {
@@ -309,6 +320,10 @@ fn put(
                 ttl_secs: ttl,
                 agent_socket: t.agent,
                 window: any_window.then_some(spec),
+                remotes: Remotes {
+                    store: None,
+                    peers: peers().clone(),
+                },
             },
             &pb,
         )
@@ -366,6 +381,10 @@ fn get(
                 window: spec,
                 bwlimit: None,
                 store_only: forward.is_some(),
+                remotes: Remotes {
+                    store: None,
+                    peers: peers().clone(),
+                },
             },
             &pb,
         )
@@ -393,7 +412,7 @@ fn ls(
     let shown = key.to_string();
     run(py, async move {
         let _forward = t.reach().await?;
-        let mut store = client::connect_store(&t.server, &t.credential).await?;
+        let store = client::connect_store(&t.server, &t.credential).await?;
         let resp = store
             .list(ListRequest {
                 watcher: 0,
@@ -403,9 +422,7 @@ fn ls(
                 dir_only: false,
                 ahead: 0,
             })
-            .await
-            .map_err(ClientError::from)?
-            .into_inner();
+            .await?;
         if !resp.exists {
             return Err(Failure::of(
                 Some(Fault::NotFound),
@@ -450,7 +467,7 @@ fn rm(
     let key = KeyPath::parse(key).map_err(|e| Failure::from(e).into_err())?;
     run(py, async move {
         let _forward = t.reach().await?;
-        let mut store = client::connect_store(&t.server, &t.credential).await?;
+        let store = client::connect_store(&t.server, &t.credential).await?;
         Ok(store
             .remove(RemoveRequest {
                 namespace: t.namespace.to_string(),
@@ -460,9 +477,7 @@ fn rm(
                 gpu_registration: 0,
                 watcher: 0,
             })
-            .await
-            .map_err(ClientError::from)?
-            .into_inner()
+            .await?
             .removed)
     })
 }
@@ -487,9 +502,10 @@ fn read_range<'py>(
     let key = KeyPath::parse(key).map_err(|e| Failure::from(e).into_err())?;
     let got = run(py, async move {
         let _forward = t.reach().await?;
-        let mut store = client::connect_store(&t.server, &t.credential).await?;
+        let store = client::connect_store(&t.server, &t.credential).await?;
         read::read_range(
-            &mut store,
+            peers(),
+            &store,
             &t.server,
             t.namespace.as_str(),
             &key,
@@ -524,8 +540,8 @@ fn stat(
     let key = KeyPath::parse(key).map_err(|e| Failure::from(e).into_err())?;
     run(py, async move {
         let _forward = t.reach().await?;
-        let mut store = client::connect_store(&t.server, &t.credential).await?;
-        let st = read::stat(&mut store, t.namespace.as_str(), &key)
+        let store = client::connect_store(&t.server, &t.credential).await?;
+        let st = read::stat(&store, t.namespace.as_str(), &key)
             .await
             .map_err(|e| Failure::of(Some(e.fault()), e))?;
         json(&match st {

@@ -152,7 +152,7 @@ pub(super) async fn heartbeat_loop(lease: Lease) {
     let mut cursor = Vec::new();
     loop {
         match client::connect_store(&server, &credential).await {
-            Ok(mut store) => loop {
+            Ok(store) => loop {
                 // Seeded versions whose files are gone, forgotten once the server was told.
                 let gone = match registered {
                     true => swept(&blocks, &mut cursor).await,
@@ -175,7 +175,6 @@ pub(super) async fn heartbeat_loop(lease: Lease) {
                         .await
                     {
                         Ok(r) => {
-                            let r = r.into_inner();
                             registered = r.known;
                             if !r.ticket.is_empty() {
                                 ticket.set(Bytes::from(r.ticket.clone()));
@@ -185,7 +184,7 @@ pub(super) async fn heartbeat_loop(lease: Lease) {
                             true
                         }
                         Err(e) => {
-                            tracing::warn!(error = %e.message(), "heartbeat failed");
+                            tracing::warn!(error = %e.to_string(), "heartbeat failed");
                             false
                         }
                     }
@@ -197,12 +196,12 @@ pub(super) async fn heartbeat_loop(lease: Lease) {
                         .await
                     {
                         Ok(r) => {
-                            self::registered(r.get_ref(), &gate, &ticket, &host_key, &versions);
+                            self::registered(&r, &gate, &ticket, &host_key, &versions);
                             registered = true;
                             true
                         }
                         Err(e) => {
-                            tracing::warn!(error = %e.message(), "registering with the store server failed");
+                            tracing::warn!(error = %e.to_string(), "registering with the store server failed");
                             false
                         }
                     }

@@ -108,11 +108,11 @@ impl Agent for AgentHandler {
         let n = self.register(m, r.files).await?;
         req.locale = Locale::Local as i32;
         req.origin_node = self.cfg.node_id.clone();
-        let mut store = client::connect_store(&self.cfg.server, &self.cfg.credential)
+        let store = client::connect_store(&self.cfg.server, &self.cfg.credential)
             .await
             .map_err(client_status)?;
         let done = publish::publish(
-            &mut store,
+            &store,
             &self.cfg.server,
             req,
             Payload::InPlace,
@@ -140,7 +140,7 @@ impl Agent for AgentHandler {
             .await
             .map_err(|e| to_status(Fault::Internal, e.to_string()))?
             .map_err(in_place_status)?;
-        let mut store = client::connect_store(&self.cfg.server, &self.cfg.credential)
+        let store = client::connect_store(&self.cfg.server, &self.cfg.credential)
             .await
             .map_err(client_status)?;
         store
@@ -148,7 +148,8 @@ impl Agent for AgentHandler {
                 version: version.0.to_vec(),
                 node_id: self.cfg.node_id.clone(),
             })
-            .await?;
+            .await
+            .map_err(client_status)?;
         tracing::info!(%version, "seeding");
         Ok(Response::new(AddSourceResponse {}))
     }

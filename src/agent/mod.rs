@@ -151,14 +151,14 @@ impl AgentProcess {
     /// Registers this node with the store server once, so that a publish right after start
     /// finds it; the heartbeat keeps it registered from then on.
     pub async fn register(&self) -> Result<(), ClientError> {
-        let mut store = client::connect_store(&self.cfg.server, &self.cfg.credential).await?;
+        let store = client::connect_store(&self.cfg.server, &self.cfg.credential).await?;
         let r = store
             .register_node(RegisterNodeRequest {
                 node: Some(self.node_info()),
             })
             .await?;
         heartbeat::registered(
-            r.get_ref(),
+            &r,
             &self.gate,
             &self.cfg.node_ticket,
             &self.cfg.gpu_host_key,

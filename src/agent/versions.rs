@@ -70,7 +70,7 @@ impl StoreVersions {
 
     /// The store's answer for `version`: its blocks, or that it has no such version.
     fn ask(&self, version: &Version) -> Result<Known, String> {
-        let mut store = self.store()?;
+        let store = self.store()?;
         let request = VersionBlocksRequest {
             version: version.0.to_vec(),
         };
@@ -79,8 +79,8 @@ impl StoreVersions {
         });
         let r = match answer {
             Err(_) => return Err("the store server did not answer in time".into()),
-            Ok(Err(status)) => return Err(status.message().to_string()),
-            Ok(Ok(r)) => r.into_inner(),
+            Ok(Err(status)) => return Err(status.to_string().to_string()),
+            Ok(Ok(r)) => r,
         };
         if !r.found {
             return Ok(Known::Absent(Instant::now()));

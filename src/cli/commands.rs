@@ -117,6 +117,7 @@ pub async fn put(mut a: PutArgs) -> Result<()> {
             ttl_secs: a.ttl,
             agent_socket: a.common.agent.clone(),
             window: a.window.any().then(|| a.window.spec()),
+            remotes: Default::default(),
         },
         &pb,
     )
@@ -172,6 +173,7 @@ pub async fn get(mut a: GetArgs) -> Result<()> {
             window: a.window.spec(),
             bwlimit: a.bwlimit,
             store_only: reached.outside,
+            remotes: Default::default(),
         },
         &pb,
     )
@@ -296,14 +298,12 @@ pub async fn status(a: StatusArgs) -> Result<()> {
 pub async fn window(mut a: WindowCmdArgs) -> Result<()> {
     let reached = reach_store(&mut a.common).await?;
     let ns = namespace(&a.common)?;
-    let mut store = client::connect_store(&a.common.server, &reached.credential).await?;
+    let store = client::connect_store(&a.common.server, &reached.credential).await?;
     let w = store
         .get_window(GetWindowRequest {
             group_id: ktfs::rpc::scope_group(ns.as_str(), &a.group_id),
         })
-        .await
-        .map_err(ClientError::from)?
-        .into_inner();
+        .await?;
     if a.common.json {
         return print_json(&membership::window_json(&w));
     }
@@ -356,7 +356,7 @@ pub async fn ls(mut a: LsArgs) -> Result<()> {
         None => None,
     };
     let ns = namespace(&a.common)?;
-    let mut store = client::connect_store(&a.common.server, &reached.credential).await?;
+    let store = client::connect_store(&a.common.server, &reached.credential).await?;
     let resp = store
         .list(ListRequest {
             watcher: 0,
@@ -366,9 +366,7 @@ pub async fn ls(mut a: LsArgs) -> Result<()> {
             dir_only: false,
             ahead: 0,
         })
-        .await
-        .map_err(ClientError::from)?
-        .into_inner();
+        .await?;
     if !resp.exists {
         return Err(CliError::NotFound(a.key.unwrap_or_default()).into());
     }
@@ -409,7 +407,7 @@ pub async fn rm(mut a: RmArgs) -> Result<()> {
     let reached = reach_store(&mut a.common).await?;
     let key = KeyPath::parse(&a.key)?;
     let ns = namespace(&a.common)?;
-    let mut store = client::connect_store(&a.common.server, &reached.credential).await?;
+    let store = client::connect_store(&a.common.server, &reached.credential).await?;
     let removed = store
         .remove(RemoveRequest {
             namespace: ns.to_string(),
@@ -419,9 +417,7 @@ pub async fn rm(mut a: RmArgs) -> Result<()> {
             gpu_registration: 0,
             watcher: 0,
         })
-        .await
-        .map_err(ClientError::from)?
-        .into_inner()
+        .await?
         .removed;
     if a.common.json {
         print_json(&serde_json::json!({ "removed": removed }))?;

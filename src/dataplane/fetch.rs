@@ -22,7 +22,6 @@ use super::sources::SourceAddr;
 use super::wire::{self, Response, WireError};
 use crate::hash::subtree::Cv;
 use crate::hash::BlockHash;
-use crate::locks::lock;
 
 /// Requests in flight on one connection, whatever their size.
 const WINDOW_REQUESTS: usize = 256;
@@ -159,12 +158,13 @@ impl FetchReport {
 
 /// Fetches every job from the sources, nearest first.
 pub async fn fetch(
+    peers: &Peers,
     jobs: Vec<BlockJob>,
     sinks: Arc<dyn BlockSink>,
     sources: &[SourceAddr],
     progress: &ProgressBar,
 ) -> Result<FetchReport, TransferError> {
-    let part = fetch_partial(jobs, sinks, sources, progress).await?;
+    let part = fetch_partial(peers, jobs, sinks, sources, progress).await?;
     part.complete(sources.is_empty())
 }
 
@@ -237,16 +237,18 @@ pub enum Ask {
 
 /// Fetches what it can from the sources, nearest first, and says what is left.
 pub async fn fetch_partial(
+    peers: &Peers,
     jobs: Vec<BlockJob>,
     sinks: Arc<dyn BlockSink>,
     sources: &[SourceAddr],
     progress: &ProgressBar,
 ) -> Result<Partial, TransferError> {
-    fetch_partial_as(jobs, sinks, sources, progress, Ask::Plain).await
+    fetch_partial_as(peers, jobs, sinks, sources, progress, Ask::Plain).await
 }
 
 /// [`fetch_partial`], asking as `ask` says.
 pub async fn fetch_partial_as(
+    peers: &Peers,
     jobs: Vec<BlockJob>,
     sinks: Arc<dyn BlockSink>,
     sources: &[SourceAddr],
@@ -267,17 +269,15 @@ pub async fn fetch_partial_as(
         }
         let poisoned = Arc::new(AtomicBool::new(false));
         let got = Arc::new(AtomicU64::new(0));
-        let lane = |jobs| {
-            fetch_lane(
-                source.clone(),
-                jobs,
-                sinks.clone(),
-                poisoned.clone(),
-                got.clone(),
-                progress.clone(),
-                ask,
-            )
+        let pass = Pass {
+            peers: peers.clone(),
+            sinks: sinks.clone(),
+            poisoned,
+            got: got.clone(),
+            progress: progress.clone(),
+            ask,
         };
+        let lane = |jobs| fetch_lane(pass.clone(), source.clone(), jobs);
         let mut outcomes = Vec::with_capacity(lanes.len());
         if lanes.len() == 1 {
             // One lane (a mount's read of a block): it runs in the caller's task, which then
@@ -352,45 +352,30 @@ enum Written {
     Corrupt(BlockJob),
 }
 
-type Conn = (wire::DataSender, wire::DataReceiver);
-
-/// Idle data-plane connections by peer address. The mount fetches a few blocks at a time, and a
-/// fresh TCP connection (and a thread's worth of setup) per block would cost more than the block.
-static POOL: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, Vec<Conn>>>> =
-    std::sync::LazyLock::new(Default::default);
-/// Idle connections kept per peer.
-const POOL_PER_PEER: usize = 8;
-
-fn checkout(addr: &str) -> Option<Conn> {
-    lock(&POOL).get_mut(addr)?.pop()
-}
-
-fn checkin(addr: &str, conn: Conn) {
-    let mut pool = lock(&POOL);
-    let idle = pool.entry(addr.to_string()).or_default();
-    if idle.len() < POOL_PER_PEER {
-        idle.push(conn);
-    }
-}
+use super::peers::{Conn, Peers};
 
 /// One connection's share of a source. A pooled connection that turns out dead before it
 /// answered anything is replaced by a fresh one, so a peer is never blamed for a stale socket.
 async fn fetch_lane(
+    pass: Pass,
     source: SourceAddr,
     jobs: Vec<BlockJob>,
-    sinks: Arc<dyn BlockSink>,
-    poisoned: Arc<AtomicBool>,
-    got: Arc<AtomicU64>,
-    progress: ProgressBar,
-    ask: Ask,
 ) -> Result<LaneOutcome, TransferError> {
+    let Pass {
+        peers,
+        sinks,
+        poisoned,
+        got,
+        progress,
+        ask,
+    } = pass;
     let ask = match ask {
         Ask::Plain if source.own => Ask::Now,
         ask => ask,
     };
     let peer = source.peer();
     let SourceAddr { addr, ticket, .. } = source;
-    if let Some(conn) = checkout(&addr) {
+    if let Some(conn) = peers.checkout(&addr) {
         let lane = run_lane(
             conn,
             &ticket,
@@ -401,10 +386,10 @@ async fn fetch_lane(
         )
         .await?;
         if lane.answered > 0 || lane.outcome.error.is_none() {
-            return Ok(finish_lane(&addr, lane, &jobs, &got, &progress));
+            return Ok(finish_lane(&peers, &addr, lane, &jobs, &got, &progress));
         }
     }
-    let conn = match wire::connect(&addr, peer).await {
+    let conn = match peers.connect(&addr, peer).await {
         Ok(c) => c,
         Err(e) => {
             return Ok(LaneOutcome {
@@ -416,10 +401,24 @@ async fn fetch_lane(
         }
     };
     let lane = run_lane(conn, &ticket, jobs.clone(), sinks, poisoned, ask).await?;
-    Ok(finish_lane(&addr, lane, &jobs, &got, &progress))
+    Ok(finish_lane(&peers, &addr, lane, &jobs, &got, &progress))
+}
+
+/// What the lanes of one pass over a source share.
+#[derive(Clone)]
+struct Pass {
+    peers: Peers,
+    sinks: Arc<dyn BlockSink>,
+    /// The source sent a block that did not match: its other lanes stop.
+    poisoned: Arc<AtomicBool>,
+    /// Bytes the source gave.
+    got: Arc<AtomicU64>,
+    progress: ProgressBar,
+    ask: Ask,
 }
 
 fn finish_lane(
+    peers: &Peers,
     addr: &str,
     lane: Lane,
     jobs: &[BlockJob],
@@ -427,7 +426,7 @@ fn finish_lane(
     progress: &ProgressBar,
 ) -> LaneOutcome {
     if let Some(conn) = lane.reusable {
-        checkin(addr, conn);
+        peers.checkin(addr, conn);
     }
     let failed_bytes: u64 = lane.outcome.failed.iter().map(|j| u64::from(j.len)).sum();
     let done = jobs.iter().map(|j| u64::from(j.len)).sum::<u64>() - failed_bytes;

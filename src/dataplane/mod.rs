@@ -12,7 +12,9 @@
 pub mod budget;
 pub mod delta;
 pub mod error;
+pub mod faulty;
 pub mod fetch;
+pub mod peers;
 pub mod piece;
 pub mod port;
 pub mod sources;
@@ -21,4 +23,5 @@ pub mod wire;
 
 pub use error::TransferError;
 pub use fetch::{BlockJob, BlockSink, FetchReport};
+pub use peers::Peers;
 pub use sources::SourceAddr;

@@ -23,7 +23,7 @@ use super::wire::{self, Peer, Response};
 use crate::hash::BlockHash;
 use crate::manifest::EntryKind;
 use crate::proto::{Locale, Manifest, MissingBlocksRequest, PublishRequest, ResolveRequest};
-use crate::rpc::{ClientError, Store, MISSING_BATCH};
+use crate::rpc::{Store, MISSING_BATCH};
 
 /// One block to upload, read from a file.
 #[derive(Clone, Debug)]
@@ -201,7 +201,7 @@ pub fn jobs_of<'a>(
 /// Uploads the jobs whose blocks the store lacks (asked in batches of [`MISSING_BATCH`]).
 /// Returns the bytes sent.
 pub async fn upload_missing(
-    store: &mut Store,
+    store: &Store,
     addr: &str,
     jobs: Vec<UploadJob>,
     progress: &ProgressBar,
@@ -213,7 +213,7 @@ pub async fn upload_missing(
 /// current version go as deltas against them. Returns the bytes that crossed the network
 /// (signatures received included).
 pub async fn upload_missing_for(
-    store: &mut Store,
+    store: &Store,
     addr: &str,
     req: &PublishRequest,
     jobs: Vec<UploadJob>,
@@ -223,7 +223,7 @@ pub async fn upload_missing_for(
 }
 
 async fn upload_for(
-    store: &mut Store,
+    store: &Store,
     addr: &str,
     req: Option<&PublishRequest>,
     jobs: Vec<UploadJob>,
@@ -236,9 +236,7 @@ async fn upload_for(
             .missing_blocks(MissingBlocksRequest {
                 hashes: chunk.iter().map(|j| j.hash.0.to_vec()).collect(),
             })
-            .await
-            .map_err(ClientError::from)?
-            .into_inner();
+            .await?;
         missing.extend(resp.hashes.iter().filter_map(|h| BlockHash::from_slice(h)));
         ticket = resp.ticket.into();
     }
@@ -271,7 +269,7 @@ async fn upload_for(
 /// ticket for that version, or `None` where there is nothing to delta against (a new key, a
 /// key published in place, a key inside a directory).
 async fn previous_bases(
-    store: &mut Store,
+    store: &Store,
     req: &PublishRequest,
     jobs: &mut [UploadJob],
 ) -> Option<Bytes> {
@@ -288,7 +286,7 @@ async fn previous_bases(
         })
         .await
     {
-        Ok(r) => r.into_inner(),
+        Ok(r) => r,
         // Mostly a key published for the first time; any failure means whole blocks.
         Err(status) => {
             tracing::debug!(key = %req.key, %status, "no previous version to delta against");

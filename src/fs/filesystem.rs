@@ -25,7 +25,8 @@ use super::write::writer::Writer;
 use crate::blocks::node::NodeBlocks;
 use crate::gpu::control::GpuControl;
 use crate::locks::lock;
-use crate::rpc::client::{self, Store};
+use crate::rpc::client::Store;
+use crate::transfer::Remotes;
 
 pub struct FsCore {
     pub(super) cfg: Arc<FsConfig>,
@@ -71,11 +72,23 @@ impl FsCore {
         blocks: Arc<NodeBlocks>,
         inodes: Inodes,
     ) -> FsResult<Self> {
+        Self::with_remotes(cfg, rt, blocks, inodes, Remotes::default())
+    }
+
+    /// A core that reaches the store server and its peers through `remotes` (a test's stand-in
+    /// for either, say); by default it connects to `cfg.server` and reaches peers over TCP.
+    pub fn with_remotes(
+        cfg: FsConfig,
+        rt: tokio::runtime::Handle,
+        blocks: Arc<NodeBlocks>,
+        inodes: Inodes,
+        remotes: Remotes,
+    ) -> FsResult<Self> {
         std::fs::create_dir_all(&cfg.staging)?;
         let cfg = Arc::new(cfg);
         let store = {
             let _guard = rt.enter();
-            client::store_lazy(&cfg.server, &cfg.credential)?
+            remotes.store_lazy(&cfg.server, &cfg.credential)?
         };
         let started = SystemTime::now();
         let control = GpuControl::new(
@@ -92,7 +105,7 @@ impl FsCore {
             gpu: GpuTree::new(control, started, cfg.uid, cfg.gid),
             reader: Reader::new(
                 cfg.clone(),
-                store.clone(),
+                (store.clone(), remotes.peers),
                 listings.clone(),
                 blocks.clone(),
                 rt.clone(),

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_stream::StreamExt;
 
 use super::filesystem::FsCore;
 use crate::proto::{WatchDown, WatchUp};
@@ -62,11 +63,7 @@ enum Ended {
     Broken(String),
 }
 
-async fn watch_once(
-    core: &Weak<FsCore>,
-    mut store: crate::rpc::client::Store,
-    ns: String,
-) -> Ended {
+async fn watch_once(core: &Weak<FsCore>, store: crate::rpc::client::Store, ns: String) -> Ended {
     let (up, up_rx) = mpsc::channel::<WatchUp>(16);
     let mut renewals: VecDeque<(u64, Instant)> = VecDeque::new();
     let mut next_renewal = 1u64;
@@ -80,12 +77,9 @@ async fn watch_once(
     if up.send(first).await.is_err() {
         return Ended::Broken("its request stream closed".into());
     }
-    let mut down = match store
-        .watch(tokio_stream::wrappers::ReceiverStream::new(up_rx))
-        .await
-    {
-        Ok(r) => r.into_inner(),
-        Err(e) => return Ended::Broken(e.message().to_string()),
+    let mut down = match store.watch(up_rx).await {
+        Ok(r) => r,
+        Err(e) => return Ended::Broken(e.to_string().to_string()),
     };
     let mut acked = 0u64;
     // When the kernel must have forgotten what it holds on the lease's word, unless the lease
@@ -96,11 +90,11 @@ async fn watch_once(
     tick.tick().await;
     loop {
         tokio::select! {
-            msg = down.message() => {
+            msg = down.next() => {
                 let msg: WatchDown = match msg {
-                    Ok(Some(m)) => m,
-                    Ok(None) => return Ended::Broken("the server ended it".into()),
-                    Err(e) => return Ended::Broken(e.message().to_string()),
+                    Some(Ok(m)) => m,
+                    None => return Ended::Broken("the server ended it".into()),
+                    Some(Err(e)) => return Ended::Broken(e.to_string()),
                 };
                 let Some(c) = core.upgrade() else { return Ended::CoreGone };
                 if msg.watcher != 0 {

@@ -120,10 +120,9 @@ pub async fn join(store: &Store, j: Joining<'_>) -> Result<Membership, WindowErr
             nccl: j.nccl,
             comms: j.comms,
         })
-        .await
-        .map_err(ClientError::from);
+        .await;
     let r = match r {
-        Ok(r) => r.into_inner(),
+        Ok(r) => r,
         Err(e) => {
             let errno = match e.fault() {
                 crate::rpc::status::Fault::Conflict => libc::EBUSY,
@@ -162,9 +161,7 @@ impl Membership {
                     until_finished: until_getters,
                     wait_ms: AWAIT_MS,
                 })
-                .await
-                .map_err(ClientError::from)?
-                .into_inner();
+                .await?;
             if !w.error.is_empty() {
                 return Err(WindowError::Failed(w.errno, w.error));
             }
@@ -215,11 +212,11 @@ impl Membership {
         match r {
             Ok(_) => {}
             // A window that failed as a whole, or timed out, is gone: there is no one to tell.
-            Err(e) if e.code() == tonic::Code::NotFound => {
+            Err(e) if e.is_not_found() => {
                 tracing::debug!(group = %self.group_id, "the GPU window is already gone");
             }
             Err(e) => {
-                tracing::warn!(group = %self.group_id, error = %e.message(), "could not report to the GPU window");
+                tracing::warn!(group = %self.group_id, error = %e.to_string(), "could not report to the GPU window");
             }
         }
     }

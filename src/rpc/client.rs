@@ -6,51 +6,34 @@ use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+pub use super::error::ClientError;
 use super::limits::MAX_RPC_MESSAGE;
-use super::status::{Fault, RemoteError};
+use super::store::{StoreApi, WatchDowns, WatchUps};
 use crate::auth::credential::Credential;
 use crate::proto::agent_client::AgentClient;
 use crate::proto::store_client::StoreClient;
+use crate::proto::{
+    AddLocationRequest, AddLocationResponse, ExchangeRequest, GetWindowRequest, GpuAwaitRequest,
+    GpuFinishRequest, GpuFinishResponse, GpuJoinRequest, GpuJoinResponse, GpuWindow,
+    HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse, LeaveRequest, LeaveResponse,
+    LinkRequest, LinkResponse, ListRequest, ListResponse, MissingBlocksRequest,
+    MissingBlocksResponse, NewParentRequest, NewParentResponse, PublishBatchRequest,
+    PublishBatchResponse, PublishGpuRequest, PublishRequest, PublishResponse, RegisterNodeRequest,
+    RegisterNodeResponse, RemoveRequest, RemoveResponse, RenameRequest, RenameResponse,
+    ResolveManyRequest, ResolveManyResponse, ResolveRequest, ResolveResponse, SetAttrRequest,
+    SetAttrResponse, SwarmSyncReply, SwarmSyncRequest, VersionBlocksRequest, VersionBlocksResponse,
+    WatchDown, Window,
+};
 
 /// Where this node's agent listens when nothing says otherwise (`KT_AGENT`, `--agent`).
 pub const DEFAULT_AGENT_SOCKET: &str = "/tmp/ktfs/agent.sock";
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(300);
-
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error("cannot reach the store server at {addr}: {reason}")]
-    Unreachable { addr: String, reason: String },
-    #[error("cannot reach the agent at {path}: {reason}")]
-    AgentUnreachable { path: String, reason: String },
-    #[error(transparent)]
-    Remote(#[from] RemoteError),
-}
-
-impl From<tonic::Status> for ClientError {
-    fn from(s: tonic::Status) -> Self {
-        ClientError::Remote(s.into())
-    }
-}
-
-impl ClientError {
-    pub fn fault(&self) -> Fault {
-        match self {
-            ClientError::Unreachable { .. } | ClientError::AgentUnreachable { .. } => {
-                Fault::Unreachable
-            }
-            ClientError::Remote(r) => r.fault,
-        }
-    }
-
-    /// Whether the peer answered that the thing asked for does not exist.
-    pub fn is_not_found(&self) -> bool {
-        self.fault() == Fault::NotFound
-    }
-}
 
 fn reason(e: &(dyn std::error::Error + 'static)) -> String {
     // tonic wraps the io error a few levels down; the innermost says what happened.
@@ -61,9 +44,148 @@ fn reason(e: &(dyn std::error::Error + 'static)) -> String {
     cur.to_string()
 }
 
-/// A store client that presents a credential on every call.
-pub type Store = StoreClient<InterceptedService<Channel, Credential>>;
+pub use super::store::Store;
 pub type Agent = AgentClient<Channel>;
+
+/// The store server over gRPC, presenting a credential on every call.
+pub struct GrpcStore {
+    client: StoreClient<InterceptedService<Channel, Credential>>,
+}
+
+/// A unary call's answer, its status turned into the client's error.
+fn answer<T>(r: Result<tonic::Response<T>, tonic::Status>) -> Result<T, ClientError> {
+    r.map(tonic::Response::into_inner)
+        .map_err(ClientError::from)
+}
+
+#[async_trait::async_trait]
+impl StoreApi for GrpcStore {
+    async fn register_node(
+        &self,
+        req: RegisterNodeRequest,
+    ) -> Result<RegisterNodeResponse, ClientError> {
+        answer(self.client.clone().register_node(req).await)
+    }
+
+    async fn heartbeat(&self, req: HeartbeatRequest) -> Result<HeartbeatResponse, ClientError> {
+        answer(self.client.clone().heartbeat(req).await)
+    }
+
+    async fn missing_blocks(
+        &self,
+        req: MissingBlocksRequest,
+    ) -> Result<MissingBlocksResponse, ClientError> {
+        answer(self.client.clone().missing_blocks(req).await)
+    }
+
+    async fn publish(&self, req: PublishRequest) -> Result<PublishResponse, ClientError> {
+        answer(self.client.clone().publish(req).await)
+    }
+
+    async fn publish_batch(
+        &self,
+        req: PublishBatchRequest,
+    ) -> Result<PublishBatchResponse, ClientError> {
+        answer(self.client.clone().publish_batch(req).await)
+    }
+
+    async fn publish_gpu(&self, req: PublishGpuRequest) -> Result<PublishResponse, ClientError> {
+        answer(self.client.clone().publish_gpu(req).await)
+    }
+
+    async fn resolve(&self, req: ResolveRequest) -> Result<ResolveResponse, ClientError> {
+        answer(self.client.clone().resolve(req).await)
+    }
+
+    async fn resolve_many(
+        &self,
+        req: ResolveManyRequest,
+    ) -> Result<ResolveManyResponse, ClientError> {
+        answer(self.client.clone().resolve_many(req).await)
+    }
+
+    async fn list(&self, req: ListRequest) -> Result<ListResponse, ClientError> {
+        answer(self.client.clone().list(req).await)
+    }
+
+    async fn remove(&self, req: RemoveRequest) -> Result<RemoveResponse, ClientError> {
+        answer(self.client.clone().remove(req).await)
+    }
+
+    async fn add_location(
+        &self,
+        req: AddLocationRequest,
+    ) -> Result<AddLocationResponse, ClientError> {
+        answer(self.client.clone().add_location(req).await)
+    }
+
+    async fn version_blocks(
+        &self,
+        req: VersionBlocksRequest,
+    ) -> Result<VersionBlocksResponse, ClientError> {
+        answer(self.client.clone().version_blocks(req).await)
+    }
+
+    async fn rename(&self, req: RenameRequest) -> Result<RenameResponse, ClientError> {
+        answer(self.client.clone().rename(req).await)
+    }
+
+    async fn exchange(&self, req: ExchangeRequest) -> Result<RenameResponse, ClientError> {
+        answer(self.client.clone().exchange(req).await)
+    }
+
+    async fn link(&self, req: LinkRequest) -> Result<LinkResponse, ClientError> {
+        answer(self.client.clone().link(req).await)
+    }
+
+    async fn set_attr(&self, req: SetAttrRequest) -> Result<SetAttrResponse, ClientError> {
+        answer(self.client.clone().set_attr(req).await)
+    }
+
+    async fn join_broadcast(&self, req: JoinRequest) -> Result<JoinResponse, ClientError> {
+        answer(self.client.clone().join_broadcast(req).await)
+    }
+
+    async fn new_parent(&self, req: NewParentRequest) -> Result<NewParentResponse, ClientError> {
+        answer(self.client.clone().new_parent(req).await)
+    }
+
+    async fn leave_broadcast(&self, req: LeaveRequest) -> Result<LeaveResponse, ClientError> {
+        answer(self.client.clone().leave_broadcast(req).await)
+    }
+
+    async fn swarm_sync(&self, req: SwarmSyncRequest) -> Result<SwarmSyncReply, ClientError> {
+        answer(self.client.clone().swarm_sync(req).await)
+    }
+
+    async fn get_window(&self, req: GetWindowRequest) -> Result<Window, ClientError> {
+        answer(self.client.clone().get_window(req).await)
+    }
+
+    async fn join_gpu_window(&self, req: GpuJoinRequest) -> Result<GpuJoinResponse, ClientError> {
+        answer(self.client.clone().join_gpu_window(req).await)
+    }
+
+    async fn await_gpu_window(&self, req: GpuAwaitRequest) -> Result<GpuWindow, ClientError> {
+        answer(self.client.clone().await_gpu_window(req).await)
+    }
+
+    async fn finish_gpu_window(
+        &self,
+        req: GpuFinishRequest,
+    ) -> Result<GpuFinishResponse, ClientError> {
+        answer(self.client.clone().finish_gpu_window(req).await)
+    }
+
+    async fn watch(&self, ups: WatchUps) -> Result<WatchDowns, ClientError> {
+        let down = answer(self.client.clone().watch(ReceiverStream::new(ups)).await)?;
+        Ok(Box::pin(down.map(change)))
+    }
+}
+
+fn change(m: Result<WatchDown, tonic::Status>) -> Result<WatchDown, ClientError> {
+    m.map_err(ClientError::from)
+}
 
 /// Connects to a store server at `host:port`, presenting `credential` on every call (over TLS
 /// where this process trusts a CA).
@@ -115,9 +237,11 @@ fn store_endpoint(addr: &str) -> Result<Endpoint, ClientError> {
 }
 
 fn store_client(channel: Channel, credential: &Credential) -> Store {
-    StoreClient::with_interceptor(channel, credential.clone())
-        .max_decoding_message_size(MAX_RPC_MESSAGE)
-        .max_encoding_message_size(MAX_RPC_MESSAGE)
+    Store::new(GrpcStore {
+        client: StoreClient::with_interceptor(channel, credential.clone())
+            .max_decoding_message_size(MAX_RPC_MESSAGE)
+            .max_encoding_message_size(MAX_RPC_MESSAGE),
+    })
 }
 
 /// Where this process trusts a CA, a connector that dials `addr` over TLS (the URI the HTTP/2

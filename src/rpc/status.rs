@@ -37,6 +37,8 @@ pub enum Fault {
     Denied,
     /// The caller presented no credential the server accepts.
     Unauthenticated,
+    /// The peer does not know the call (a server older than the caller).
+    Unimplemented,
     /// Anything else: a bug, a corrupt record, a failed disk.
     Internal,
 }
@@ -56,6 +58,7 @@ impl Fault {
             Fault::Timeout => Code::DeadlineExceeded,
             Fault::Denied => Code::PermissionDenied,
             Fault::Unauthenticated => Code::Unauthenticated,
+            Fault::Unimplemented => Code::Unimplemented,
             Fault::Internal => Code::Internal,
         }
     }
@@ -72,6 +75,7 @@ impl Fault {
             Fault::NoSpace => libc::ENOSPC,
             Fault::Timeout => libc::ETIMEDOUT,
             Fault::Denied | Fault::Unauthenticated => libc::EACCES,
+            Fault::Unimplemented => libc::ENOTSUP,
             Fault::Conflict | Fault::Unreachable | Fault::Unavailable | Fault::Internal => {
                 libc::EIO
             }
@@ -94,6 +98,7 @@ impl Fault {
             Fault::Unavailable => "unavailable",
             Fault::Denied => "denied",
             Fault::Unauthenticated => "unauthenticated",
+            Fault::Unimplemented => "unimplemented",
             Fault::Internal => "internal",
         }
     }
@@ -124,6 +129,7 @@ impl Fault {
             Code::DeadlineExceeded | Code::Cancelled => Fault::Timeout,
             Code::PermissionDenied => Fault::Denied,
             Code::Unauthenticated => Fault::Unauthenticated,
+            Code::Unimplemented => Fault::Unimplemented,
             _ => Fault::Internal,
         }
     }
@@ -186,6 +192,7 @@ mod tests {
             Fault::Timeout,
             Fault::Denied,
             Fault::Unauthenticated,
+            Fault::Unimplemented,
             Fault::Internal,
         ];
         for f in all {

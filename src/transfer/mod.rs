@@ -12,8 +12,10 @@ pub mod get;
 pub mod publish;
 pub mod put;
 pub mod read;
+pub mod remotes;
 
 pub use crate::dataplane::TransferError;
+pub use remotes::Remotes;
 
 use std::io::IsTerminal;
 

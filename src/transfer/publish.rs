@@ -60,7 +60,7 @@ pub struct Published {
 
 /// Sends `payload`, then publishes `req` (whose `inline_blocks` the payload fills).
 pub async fn publish(
-    store: &mut Store,
+    store: &Store,
     server: &str,
     mut req: PublishRequest,
     payload: Payload,
@@ -76,11 +76,7 @@ pub async fn publish(
         }
         Payload::InPlace => 0,
     };
-    let resp = store
-        .publish(req)
-        .await
-        .map_err(ClientError::from)?
-        .into_inner();
+    let resp = store.publish(req).await?;
     Ok(Published {
         version: Version::from_slice(&resp.version).ok_or(PublishError::BadVersion)?,
         bytes_sent,

@@ -11,6 +11,7 @@ use indicatif::ProgressBar;
 
 use super::TransferError;
 use crate::dataplane::fetch::{self, BlockJob, BlockSink};
+use crate::dataplane::peers::Peers;
 use crate::dataplane::sources::order_sources;
 use crate::key::KeyPath;
 use crate::locks::lock;
@@ -81,7 +82,8 @@ fn not_found(e: ClientError, key: &KeyPath) -> ReadError {
 
 /// `len` bytes of the file at `key` from `offset` (fewer at its end; none past it).
 pub async fn read_range(
-    store: &mut Store,
+    peers: &Peers,
+    store: &Store,
     server: &str,
     namespace: &str,
     key: &KeyPath,
@@ -96,8 +98,7 @@ pub async fn read_range(
             inline_up_to: 0,
         })
         .await
-        .map_err(|s| not_found(s.into(), key))?
-        .into_inner();
+        .map_err(|s| not_found(s, key))?;
     let m = r.manifest.clone().ok_or(ManifestError::Empty)?;
     manifest::validate(&m)?;
     let entry = match &m.entries[..] {
@@ -137,7 +138,7 @@ pub async fn read_range(
     let blocks_fetched = unique.len();
     let sources = order_sources(&r.sources, "", "", server, &r.ticket.clone().into());
     let got = Arc::new(Collected::default());
-    fetch::fetch(unique, got.clone(), &sources, &ProgressBar::hidden()).await?;
+    fetch::fetch(peers, unique, got.clone(), &sources, &ProgressBar::hidden()).await?;
     let got = lock(&got.0);
     let mut out = BytesMut::with_capacity((end - offset) as usize);
     for (start, hash, len) in covering {
@@ -169,7 +170,7 @@ pub async fn read_range(
 }
 
 /// What `key` is: a file, a directory (a published one, or a prefix of keys), or a symlink.
-pub async fn stat(store: &mut Store, namespace: &str, key: &KeyPath) -> Result<Stat, ReadError> {
+pub async fn stat(store: &Store, namespace: &str, key: &KeyPath) -> Result<Stat, ReadError> {
     let resolved = store
         .resolve(ResolveRequest {
             watcher: 0,
@@ -177,11 +178,10 @@ pub async fn stat(store: &mut Store, namespace: &str, key: &KeyPath) -> Result<S
             key: key.to_string(),
             inline_up_to: 0,
         })
-        .await
-        .map_err(ClientError::from);
+        .await;
     match resolved {
         Ok(r) => {
-            let m = r.into_inner().manifest.ok_or(ManifestError::Empty)?;
+            let m = r.manifest.ok_or(ManifestError::Empty)?;
             manifest::validate(&m)?;
             if manifest::is_directory(&m) {
                 return Ok(Stat::Directory);
@@ -208,8 +208,7 @@ pub async fn stat(store: &mut Store, namespace: &str, key: &KeyPath) -> Result<S
                     ahead: 0,
                 })
                 .await
-                .map_err(|s| not_found(s.into(), key))?
-                .into_inner();
+                .map_err(|s| not_found(s, key))?;
             if listed.exists {
                 Ok(Stat::Directory)
             } else {

@@ -98,6 +98,26 @@ impl Rig {
         self.core_with(false)
     }
 
+    /// A core over namespace `default` that reaches the store and its peers through `remotes`
+    /// (a failing store, misbehaving peers).
+    pub fn core_through(&self, remotes: ktfs::transfer::remotes::Remotes) -> Core {
+        let mut cfg = self.agent.fs_config(
+            Namespace::parse("default").unwrap(),
+            Locale::Store,
+            false,
+            0,
+        );
+        cfg.clock = self.clock.shared();
+        let core = FsCore::with_remotes(
+            cfg,
+            self.rt.handle().clone(),
+            self.blocks.clone(),
+            ktfs::fs::names::inode::Inodes::default(),
+            remotes,
+        );
+        Core::new(Arc::new(core.unwrap()))
+    }
+
     /// A core whose closes are queued and published in the background (`--writeback`), with
     /// its journal in the agent's database under `tag`.
     pub fn writeback_core(&self, tag: &[u8]) -> Core {

@@ -19,6 +19,7 @@ use serde::Serialize;
 use super::swarm_fetch::{SwarmSetup, SwarmTask};
 use crate::broadcast::swarm::Plan;
 use crate::dataplane::fetch::{self, BlockJob, BlockSink, FetchReport, Partial, SourceFailure};
+use crate::dataplane::peers::Peers;
 use crate::dataplane::sources::{source_addr, NodeRef, SourceAddr};
 use crate::dataplane::TransferError;
 use crate::hash::{BlockHash, Version};
@@ -55,6 +56,8 @@ pub struct JoinSpec<'a> {
     pub reads: bool,
     /// What to present to parents.
     pub ticket: Bytes,
+    /// How this getter reaches its sources.
+    pub peers: Peers,
 }
 
 struct State {
@@ -82,6 +85,8 @@ pub struct Membership {
     state: tokio::sync::Mutex<State>,
     /// Where a leave on drop runs.
     rt: Option<tokio::runtime::Handle>,
+    /// How this getter reaches its sources.
+    peers: Peers,
 }
 
 impl Membership {
@@ -107,8 +112,7 @@ impl Membership {
                 ip: node.ip,
                 wait_quorum: false,
             })
-            .await?
-            .into_inner();
+            .await?;
         let window = joined.window.unwrap_or_default();
         let parent = joined
             .parent
@@ -141,6 +145,7 @@ impl Membership {
             plan,
             reads: spec.reads,
             node_id: node_id.clone(),
+            peers: spec.peers.clone(),
             swarm: std::sync::Mutex::new(None),
             state: tokio::sync::Mutex::new(State {
                 report: TreeReport {
@@ -196,7 +201,6 @@ impl Membership {
         match asked {
             Ok(r) => {
                 let parent = r
-                    .into_inner()
                     .parent
                     .map(|p| source_addr(&p, &self.server, &self.ticket, &self.node_id));
                 if let Some(p) = &parent {
@@ -205,7 +209,7 @@ impl Membership {
                 }
                 st.parent = parent;
             }
-            Err(e) => tracing::warn!(error = %e.message(), "no new parent"),
+            Err(e) => tracing::warn!(error = %e.to_string(), "no new parent"),
         }
         st.parent.is_some()
     }
@@ -255,6 +259,7 @@ impl Membership {
                         plan: self.plan.clone(),
                         reads: self.reads,
                         node_id: &self.node_id,
+                        peers: self.peers.clone(),
                     }));
                 }
                 // The swarm was given up: everything goes to the fallback.
@@ -286,7 +291,7 @@ impl Membership {
             leave_request(&st.report, done)
         };
         if let Err(e) = self.store.clone().leave_broadcast(req).await {
-            tracing::warn!(error = %e.message(), "could not leave the broadcast window");
+            tracing::warn!(error = %e.to_string(), "could not leave the broadcast window");
         }
     }
 }
@@ -313,10 +318,10 @@ impl Drop for Membership {
         let (Some(rt), req) = (&self.rt, leave_request(&st.report, complete)) else {
             return;
         };
-        let mut store = self.store.clone();
+        let store = self.store.clone();
         rt.spawn(async move {
             if let Err(e) = store.leave_broadcast(req).await {
-                tracing::debug!(error = %e.message(), "could not leave the window");
+                tracing::debug!(error = %e.to_string(), "could not leave the window");
             }
         });
     }
@@ -358,7 +363,8 @@ pub async fn fetch_through(
             tracing::debug!(source = %s.label, addr = %s.addr, "fetching from the window's source");
         }
         let pending = std::mem::take(&mut part.pending);
-        let pass = fetch::fetch_partial(pending, sinks.clone(), &sources, progress).await?;
+        let pass =
+            fetch::fetch_partial(&member.peers, pending, sinks.clone(), &sources, progress).await?;
         let failures = pass.failures.clone();
         part.absorb(pass);
         if part.pending.is_empty() {
@@ -383,7 +389,7 @@ pub async fn fetch_through(
             .filter(|s| s.label != exclude)
             .cloned()
             .collect();
-        let pass = fetch::fetch_partial(pending, sinks, &fallback, progress).await?;
+        let pass = fetch::fetch_partial(&member.peers, pending, sinks, &fallback, progress).await?;
         part.absorb(pass);
     }
     Ok(part)
@@ -403,11 +409,13 @@ pub async fn fetch_in_window(
     fallback: &[SourceAddr],
     progress: &ProgressBar,
 ) -> Result<(FetchReport, Option<Membership>), TransferError> {
+    let peers = spec.peers.clone();
     let member = match Membership::join(store, server, spec).await {
         Ok(m) => m,
         Err(e) => {
             tracing::warn!(error = %e, "could not join a broadcast; fetching from the sources");
-            return Ok((fetch::fetch(jobs, sinks, fallback, progress).await?, None));
+            let got = fetch::fetch(&peers, jobs, sinks, fallback, progress).await?;
+            return Ok((got, None));
         }
     };
     let part = fetch_through(&member, jobs, sinks, fallback, "", progress).await?;
@@ -416,7 +424,7 @@ pub async fn fetch_in_window(
 
 /// The window a putter joins, and whether it waits there for the quorum.
 pub async fn join_as_putter(
-    store: &mut Store,
+    store: &Store,
     namespace: &str,
     key: &str,
     version: Version,
@@ -439,7 +447,7 @@ pub async fn join_as_putter(
             wait_quorum: wait,
         })
         .await?;
-    Ok(r.into_inner().window.unwrap_or_default())
+    Ok(r.window.unwrap_or_default())
 }
 
 /// A window as JSON: what `kt window` prints and what `kt put --json` adds.

@@ -19,6 +19,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use indicatif::ProgressBar;
 use tokio::sync::{mpsc, oneshot};
+
+use crate::dataplane::peers::Peers;
+use crate::rpc::ClientError;
 use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tokio::time::Instant;
 
@@ -49,7 +52,7 @@ type Fetched = (Request, Result<Partial, TransferError>);
 /// A sync's answer, with the request it carried (its news is sent again if it failed) and how
 /// long it took.
 type Synced = (
-    Result<SwarmSyncReply, tonic::Status>,
+    Result<SwarmSyncReply, ClientError>,
     SwarmSyncRequest,
     Duration,
 );
@@ -84,6 +87,7 @@ pub(super) struct SwarmSetup<'a> {
     pub(super) reads: bool,
     /// This getter's node (empty without an agent).
     pub(super) node_id: &'a str,
+    pub(super) peers: Peers,
 }
 
 /// The membership's swarm task, started by its first fetch.
@@ -205,7 +209,9 @@ struct Ctx {
     untold: HashSet<u32>,
     pace: Pace,
     /// Where to reach the members the board named as sources.
-    peers: HashMap<u64, SourceAddr>,
+    addrs: HashMap<u64, SourceAddr>,
+    /// How this member reaches them.
+    peers: Peers,
     /// The piece fetches running.
     tasks: JoinSet<Fetched>,
     syncs: Syncs,
@@ -244,7 +250,8 @@ impl Ctx {
             by_piece: HashMap::new(),
             untold: HashSet::new(),
             pace: Pace::default(),
-            peers: HashMap::new(),
+            addrs: HashMap::new(),
+            peers: setup.peers,
             tasks: JoinSet::new(),
             syncs: Syncs {
                 running: None,
@@ -323,7 +330,7 @@ impl Ctx {
             let src = match r.from {
                 From::Seed => w.seed.clone(),
                 From::Peer(m) => self
-                    .peers
+                    .addrs
                     .get(&m)
                     .filter(|s| self.own.is_empty() || s.label != self.own)
                     .cloned(),
@@ -340,8 +347,10 @@ impl Ctx {
                 From::Seed => Ask::Plain,
                 From::Peer(_) => Ask::Swarm,
             };
+            let peers = self.peers.clone();
             self.tasks.spawn(async move {
-                let got = fetch::fetch_partial_as(vec![job], sinks, &[src], &progress, ask).await;
+                let got =
+                    fetch::fetch_partial_as(&peers, vec![job], sinks, &[src], &progress, ask).await;
                 (r, got)
             });
         }
@@ -368,11 +377,11 @@ impl Ctx {
             }
             .as_millis() as u32;
         }
-        let mut store = self.store.clone();
+        let store = self.store.clone();
         self.syncs.running = Some(tokio::spawn(async move {
             let t0 = Instant::now();
             let got = store.swarm_sync(req.clone()).await;
-            (got.map(|r| r.into_inner()), req, t0.elapsed())
+            (got, req, t0.elapsed())
         }));
         self.syncs.next = now + SYNC_INTERVAL;
         self.syncs.last = now;
@@ -415,7 +424,7 @@ impl Ctx {
                 for p in &reply.peers {
                     if let Some(s) = &p.source {
                         let addr = source_addr(s, &self.server, &self.ticket, &self.own);
-                        self.peers.insert(p.member, addr);
+                        self.addrs.insert(p.member, addr);
                     }
                 }
                 self.sched.apply(&reply);
@@ -429,7 +438,7 @@ impl Ctx {
                 // until it does.
                 self.sched.unsent(req);
                 self.syncs.failures += 1;
-                tracing::warn!(error = %e.message(), "swarm sync failed");
+                tracing::warn!(error = %e, "swarm sync failed");
                 self.syncs.next = Instant::now() + SYNC_INTERVAL / 4;
             }
             Err(e) => {

@@ -2,7 +2,7 @@
 //! [`DataSender`] pipelines requests on it and a [`DataReceiver`] reads the answers, in request
 //! order, as [`Response`]s.
 
-use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, ReadHalf, WriteHalf};
 
 use super::frame::{
     read_frame, split_hash, write_frame, Response, WireError, CONNECT_TIMEOUT, IDLE_TIMEOUT, MAGIC,
@@ -10,18 +10,24 @@ use super::frame::{
     OP_GET_SWARM, OP_NOT_FOUND, OP_NO_SPACE, OP_PIECE, OP_PUT, OP_PUT_DELTA, OP_SIG, OP_SIGNATURE,
     OP_STORED, OP_TICKET, PROTO_VERSION,
 };
-use crate::auth::tls::{self, ConnRead, ConnWrite, Peer, Plane};
+use crate::auth::tls::{self, Peer, Plane};
 use crate::hash::subtree::Piece;
 use crate::hash::BlockHash;
 
+/// A byte stream to a peer's data port, either way: a socket, or a test's stand-in for one.
+pub trait Duplex: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Duplex for T {}
+
+pub type PeerStream = Box<dyn Duplex>;
+
 /// The sending half of a client connection.
 pub struct DataSender {
-    wr: ConnWrite,
+    wr: WriteHalf<PeerStream>,
 }
 
 /// The receiving half of a client connection.
 pub struct DataReceiver {
-    rd: BufReader<ConnRead>,
+    rd: BufReader<ReadHalf<PeerStream>>,
 }
 
 /// Opens a client connection to the data plane of `peer` at `addr` (over TLS where this process
@@ -33,7 +39,13 @@ pub async fn connect(addr: &str, peer: Peer) -> Result<(DataSender, DataReceiver
     )
     .await
     .map_err(|_| WireError::Timeout)??;
-    let (rd, mut wr) = stream.into_split();
+    open(Box::new(stream)).await
+}
+
+/// Opens the protocol on `stream` (a connection [`connect`] or a [`Dial`](crate::dataplane::peers::Dial)
+/// made): its halves, the hello sent.
+pub async fn open(stream: PeerStream) -> Result<(DataSender, DataReceiver), WireError> {
+    let (rd, mut wr) = tokio::io::split(stream);
     let mut hello = MAGIC.to_vec();
     hello.push(PROTO_VERSION);
     wr.write_all(&hello).await?;

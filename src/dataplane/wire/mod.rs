@@ -41,6 +41,6 @@ mod server;
 mod tests;
 
 pub use crate::auth::tls::Peer;
-pub use client::{connect, DataReceiver, DataSender};
+pub use client::{connect, open, DataReceiver, DataSender, Duplex, PeerStream};
 pub use frame::{Response, WireError, CONNECT_TIMEOUT, IDLE_TIMEOUT, MAGIC, MAX_FRAME};
 pub use server::{refuse_plaintext, serve_connection, SERVER_PIPELINE};

@@ -395,7 +395,8 @@ async fn a_piece_from_a_source_whose_block_lies_is_refused_and_taken_from_the_ne
         (65536, vec![(0, 10 + 65536)])
     );
     let progress = indicatif::ProgressBar::hidden();
-    let got = fetch_partial_as(vec![job], sinks, &sources, &progress, Ask::Swarm)
+    let peers = crate::dataplane::peers::Peers::default();
+    let got = fetch_partial_as(&peers, vec![job], sinks, &sources, &progress, Ask::Swarm)
         .await
         .unwrap();
     assert!(got.pending.is_empty(), "{:?}", got.failures);

@@ -147,7 +147,7 @@ impl FsCore {
         ahead: u32,
     ) -> FsResult<crate::proto::ListResponse> {
         crate::metrics::MOUNT_METADATA_REQUESTS.inc();
-        let mut store = self.store();
+        let store = self.store();
         Ok(store
             .list(ListRequest {
                 watcher: self.listings.watcher(),
@@ -157,9 +157,7 @@ impl FsCore {
                 dir_only,
                 ahead,
             })
-            .await
-            .map_err(crate::rpc::ClientError::from)?
-            .into_inner())
+            .await?)
     }
     pub(crate) async fn fetch_listing_uncached(&self, path: &str) -> FsResult<Entries> {
         let resp = self.list_rpc(path, false, 0).await?;

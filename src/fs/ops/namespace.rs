@@ -12,7 +12,6 @@ use crate::fs::paths::{check_key, gpu_rest, split, under};
 use crate::locks::lock;
 use crate::manifest::{EntryKind, FileEntry};
 use crate::proto::{ExchangeRequest, LinkRequest, RemoveRequest, RenameRequest, SetAttrRequest};
-use crate::rpc::ClientError;
 
 impl FsCore {
     async fn new_entry_path(&self, parent: u64, name: &str) -> FsResult<String> {
@@ -199,7 +198,7 @@ impl FsCore {
             };
             lock(&self.orphans).insert(self.ino_of(path), orphan);
         }
-        let mut store = self.store();
+        let store = self.store();
         let r = store
             .remove(RemoveRequest {
                 namespace: self.ns(),
@@ -211,8 +210,7 @@ impl FsCore {
                 // the watch wait to have the kernel forget the name (see KernelCache).
                 watcher: self.listings.watcher(),
             })
-            .await
-            .map_err(ClientError::from);
+            .await;
         self.invalidate(&[split(path).0, path]);
         if want_dir {
             self.invalidate_links(&[split(path).0, path]);
@@ -247,7 +245,7 @@ impl FsCore {
         if let Some(s) = self.writer.staged_at(&from) {
             self.publish_staged(&s).await?;
         }
-        let mut store = self.store();
+        let store = self.store();
         store
             .link(LinkRequest {
                 namespace: self.ns(),
@@ -255,8 +253,7 @@ impl FsCore {
                 to: to.clone(),
                 watcher: self.listings.watcher(),
             })
-            .await
-            .map_err(ClientError::from)?;
+            .await?;
         self.invalidate(&[split(&from).0, split(&to).0, &from, &to]);
         // Every name's link count moved.
         self.invalidate_other_names(&from);
@@ -293,7 +290,7 @@ impl FsCore {
         // bytes (and what it replaces is replaced on the server, not after).
         self.publish_below(&from).await?;
         self.publish_below(&to).await?;
-        let mut store = self.store();
+        let store = self.store();
         store
             .rename(RenameRequest {
                 namespace: self.ns(),
@@ -302,8 +299,7 @@ impl FsCore {
                 no_replace: flags & libc::RENAME_NOREPLACE != 0,
                 watcher: self.listings.watcher(),
             })
-            .await
-            .map_err(ClientError::from)?;
+            .await?;
         self.move_staged(&[(&from, &to)]).await;
         self.inodes().rename(&from, &to);
         self.invalidate_below(&from);
@@ -321,7 +317,7 @@ impl FsCore {
         for p in [&a, &b] {
             self.publish_below(p).await?;
         }
-        let mut store = self.store();
+        let store = self.store();
         store
             .exchange(ExchangeRequest {
                 namespace: self.ns(),
@@ -329,8 +325,7 @@ impl FsCore {
                 b: b.clone(),
                 watcher: self.listings.watcher(),
             })
-            .await
-            .map_err(ClientError::from)?;
+            .await?;
         self.move_staged(&[(&a, &b), (&b, &a)]).await;
         self.inodes().exchange(&a, &b);
         for p in [&a, &b] {
@@ -402,7 +397,7 @@ impl FsCore {
                 None => {
                     // (A file closed under write-back is still staged: the arm above.)
                     let (sec, nsec) = mtime.map(to_unix).unzip();
-                    let mut store = self.store();
+                    let store = self.store();
                     store
                         .set_attr(SetAttrRequest {
                             namespace: self.ns(),
@@ -414,8 +409,7 @@ impl FsCore {
                             gid,
                             watcher: self.listings.watcher(),
                         })
-                        .await
-                        .map_err(ClientError::from)?;
+                        .await?;
                     self.invalidate(&[split(&path).0, &path]);
                     self.invalidate_other_names(&path);
                 }

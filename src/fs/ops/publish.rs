@@ -33,9 +33,9 @@ impl FsCore {
     }
     /// Sends a prepared publish of `s` on its own, and settles it.
     pub(crate) async fn send_publish(&self, s: &Staged, p: Prepared) -> FsResult<()> {
-        let mut store = self.store();
+        let store = self.store();
         let done = publish::publish(
-            &mut store,
+            &store,
             &self.cfg.server,
             p.req,
             p.payload,
@@ -200,9 +200,9 @@ impl FsCore {
             watcher,
             ..Default::default()
         };
-        let mut store = self.store();
+        let store = self.store();
         let done = publish::publish(
-            &mut store,
+            &store,
             &self.cfg.server,
             req,
             Payload::InPlace,

@@ -113,7 +113,7 @@ impl FsCore {
         let watcher = items.first().map_or(0, |(_, _, s)| s.watcher);
         let (reqs, settles): (Vec<_>, Vec<_>) =
             items.into_iter().map(|(i, r, s)| (r, (i, s))).unzip();
-        let mut store = self.store();
+        let store = self.store();
         let sent = store
             .publish_batch(crate::proto::PublishBatchRequest {
                 namespace: self.ns(),
@@ -121,17 +121,23 @@ impl FsCore {
                 watcher,
             })
             .await;
-        let remote = |st: tonic::Status| FsError::Remote(crate::rpc::ClientError::from(st));
         let results = match sent {
-            Ok(r) => r.into_inner().results,
-            Err(st) => {
-                let why = st.message().to_string();
+            Ok(r) => r.results,
+            Err(e) => {
+                let (fault, why) = (e.fault(), e.to_string());
                 return settles
                     .into_iter()
-                    .map(|(i, _)| (i, remote(tonic::Status::new(st.code(), why.clone()))))
+                    .map(|(i, _)| {
+                        let e = crate::rpc::RemoteError {
+                            fault,
+                            message: why.clone(),
+                        };
+                        (i, FsError::Remote(e.into()))
+                    })
                     .collect();
             }
         };
+        let remote = |st: tonic::Status| FsError::Remote(crate::rpc::ClientError::from(st));
         let mut failed = Vec::new();
         let mut results = results.into_iter();
         for (i, mut settle) in settles {

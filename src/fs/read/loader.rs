@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use crate::blocks::node::NodeBlocks;
 use crate::broadcast::member::membership::{self, Membership};
 use crate::dataplane::fetch::{self, BlockJob, BlockSink};
+use crate::dataplane::peers::Peers;
 use crate::dataplane::{SourceAddr, TransferError};
 use crate::fs::error::FsError;
 use crate::hash::BlockHash;
@@ -43,6 +44,8 @@ pub struct Route {
     pub fallback: Vec<SourceAddr>,
     /// This node's label: its own blocks were looked at before any fetch.
     pub own: String,
+    /// How the reader reaches its sources.
+    pub peers: Peers,
 }
 
 impl Route {
@@ -58,7 +61,7 @@ impl Route {
                     .await?
                     .complete(self.fallback.is_empty())
             }
-            None => fetch::fetch(jobs, sink, &self.fallback, &progress).await,
+            None => fetch::fetch(&self.peers, jobs, sink, &self.fallback, &progress).await,
         }
     }
 }

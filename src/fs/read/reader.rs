@@ -18,6 +18,7 @@ use super::loader::{Loader, Route};
 use crate::blocks::node::NodeBlocks;
 use crate::broadcast::member::membership::{JoinSpec, Membership};
 use crate::dataplane::fetch::BlockJob;
+use crate::dataplane::peers::Peers;
 use crate::dataplane::sources::{order_sources, NodeRef};
 use crate::fs::config::FsConfig;
 use crate::fs::error::{FsError, FsResult};
@@ -30,7 +31,7 @@ use crate::proto::{
     ResolveResult, WindowSpec,
 };
 use crate::rpc::client::Store;
-use crate::rpc::{implicit_group, ClientError, MAX_INLINE_FILE};
+use crate::rpc::{implicit_group, ClientError, Fault, MAX_INLINE_FILE};
 
 /// Small files of a directory resolved with the one being opened, at most, and their bytes.
 const RESOLVE_AHEAD: usize = 63;
@@ -41,6 +42,8 @@ const RESOLVE_AHEAD_BYTES: u64 = 768 << 10;
 pub struct Reader {
     cfg: Arc<FsConfig>,
     store: Store,
+    /// How this mount reaches the peers it fetches from (its own pool of connections).
+    peers: Peers,
     listings: Arc<Listings>,
     blocks: Arc<NodeBlocks>,
     pub(crate) loader: Loader,
@@ -54,12 +57,14 @@ pub struct Reader {
 impl Reader {
     pub fn new(
         cfg: Arc<FsConfig>,
-        store: Store,
+        remotes: (Store, Peers),
         listings: Arc<Listings>,
         blocks: Arc<NodeBlocks>,
         rt: tokio::runtime::Handle,
     ) -> Self {
+        let (store, peers) = remotes;
         Reader {
+            peers,
             loader: Loader::new(blocks.clone(), rt),
             cfg,
             store,
@@ -127,6 +132,7 @@ impl Reader {
                 member,
                 fallback,
                 own: self.cfg.node_id.clone(),
+                peers: self.peers.clone(),
             },
             offsets,
             next_offset: AtomicU64::new(0),
@@ -161,6 +167,7 @@ impl Reader {
             serves: true,
             reads: true,
             ticket,
+            peers: self.peers.clone(),
         };
         Membership::join(&self.store, &self.cfg.server, spec)
             .await
@@ -179,7 +186,7 @@ impl Reader {
         since: u64,
     ) -> FsResult<(Arc<ResolveResponse>, Vec<InlineBlock>)> {
         crate::metrics::MOUNT_METADATA_REQUESTS.inc();
-        let mut store = self.store.clone();
+        let store = self.store.clone();
         let next = self
             .listings
             .next_small_files(path, RESOLVE_AHEAD, RESOLVE_AHEAD_BYTES);
@@ -196,10 +203,10 @@ impl Reader {
                 })
                 .await;
             match asked {
-                Ok(resp) => return self.took_many(&keys, resp.into_inner().results, since),
+                Ok(resp) => return self.took_many(&keys, resp.results, since),
                 // A server older than the call: one at a time, as before it.
-                Err(s) if s.code() == tonic::Code::Unimplemented => {}
-                Err(s) => return Err(ClientError::from(s).into()),
+                Err(e) if e.fault() == Fault::Unimplemented => {}
+                Err(s) => return Err(s.into()),
             }
         }
         let mut r = store
@@ -209,9 +216,7 @@ impl Reader {
                 key: path.to_string(),
                 inline_up_to: MAX_INLINE_FILE,
             })
-            .await
-            .map_err(ClientError::from)?
-            .into_inner();
+            .await?;
         let inline = std::mem::take(&mut r.inline_blocks);
         Ok((Arc::new(r), inline))
     }
@@ -304,7 +309,7 @@ impl Reader {
     /// becomes a source.
     pub fn seed_hook(&self, version: Version) -> impl FnOnce() + Send + 'static {
         let seeded = self.seeded.clone();
-        let mut store = self.store.clone();
+        let store = self.store.clone();
         let node = self.cfg.node_id.clone();
         move || {
             if !lock(&seeded).insert(version) {
@@ -318,7 +323,7 @@ impl Reader {
                     })
                     .await;
                 if let Err(e) = r {
-                    tracing::warn!(error = %e.message(), "could not register as a source");
+                    tracing::warn!(error = %e.to_string(), "could not register as a source");
                 }
             });
         }

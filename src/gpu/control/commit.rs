@@ -26,7 +26,7 @@ use crate::proto::{
     GpuKey, PublishGpuRequest, ResolveRequest, Role, WorkerBroadcast, WorkerBuffer, WorkerFetch,
     WorkerHeld, WorkerNcclId, WorkerRegister, WorkerReply,
 };
-use crate::rpc::{ClientError, Store};
+use crate::rpc::Store;
 
 /// How long an NCCL communicator may take to form, and a broadcast beyond its bytes' time at
 /// [`NCCL_SLOWEST_BYTES_PER_MS`]: a member that died or hangs fails the others by then.
@@ -219,7 +219,7 @@ impl Commit {
             t.set(abi::RUNNING);
         }
         let (worker, nccl) = self.register(true).await?;
-        let mut store = self.store.clone();
+        let store = self.store.clone();
         store
             .publish_gpu(PublishGpuRequest {
                 namespace: self.namespace.to_string(),
@@ -236,8 +236,7 @@ impl Commit {
                     secret: Vec::new(),
                 }),
             })
-            .await
-            .map_err(ClientError::from)?;
+            .await?;
         self.still_open().await?;
         tracing::info!(key = %self.key, "GPU key published");
         let Some(asked) = self.window.clone() else {
@@ -275,7 +274,7 @@ impl Commit {
         if let Some(asked) = self.window.clone() {
             return self.get_in_window(&asked, t).await;
         }
-        let mut store = self.store.clone();
+        let store = self.store.clone();
         let r = store
             .resolve(ResolveRequest {
                 watcher: 0,
@@ -283,10 +282,9 @@ impl Commit {
                 key: self.key.to_string(),
                 inline_up_to: 0,
             })
-            .await
-            .map_err(ClientError::from);
+            .await;
         let gpu = match r {
-            Ok(r) => r.into_inner().gpu,
+            Ok(r) => r.gpu,
             Err(e) if e.is_not_found() => None,
             Err(e) => return Err(e.into()),
         }
@@ -363,7 +361,7 @@ impl Commit {
             .await;
         let theirs = r
             .ok()
-            .and_then(|r| r.into_inner().gpu)
+            .and_then(|r| r.gpu)
             .and_then(|g| Table::parse(g.table_json.as_bytes()).ok());
         match theirs.and_then(|t| self.table.difference(&t)) {
             Some(d) => format!("{why}; this caller's: {d}"),

@@ -24,7 +24,7 @@ use crate::key::{KeyPath, Namespace};
 use crate::locks::lock;
 use crate::proto::worker_request::Op;
 use crate::proto::{GpuKey, ListRequest, RemoveRequest, ResolveRequest, WorkerProgress};
-use crate::rpc::{ClientError, Store};
+use crate::rpc::Store;
 
 /// How long a STATUS waits for a worker to say how far its transfer is.
 const PROGRESS_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
@@ -194,7 +194,7 @@ impl GpuControl {
     }
 
     async fn resolve(&self, key: &KeyPath) -> Result<Option<(GpuKey, Vec<u8>)>, GpuError> {
-        let mut store = self.store.clone();
+        let store = self.store.clone();
         let r = store
             .resolve(ResolveRequest {
                 watcher: 0,
@@ -203,11 +203,8 @@ impl GpuControl {
                 inline_up_to: 0,
             })
             .await;
-        match r.map_err(ClientError::from) {
-            Ok(r) => {
-                let r = r.into_inner();
-                Ok(r.gpu.map(|g| (g, r.version)))
-            }
+        match r {
+            Ok(r) => Ok(r.gpu.map(|g| (g, r.version))),
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e.into()),
         }
@@ -251,7 +248,7 @@ impl GpuControl {
     /// The GPU keys and directories directly below `prefix` (`None`: the namespace's root):
     /// `(name, is_directory)`.
     pub async fn list(&self, prefix: Option<&KeyPath>) -> Result<Vec<(String, bool)>, GpuError> {
-        let mut store = self.store.clone();
+        let store = self.store.clone();
         let resp = store
             .list(ListRequest {
                 watcher: 0,
@@ -261,9 +258,7 @@ impl GpuControl {
                 dir_only: false,
                 ahead: 0,
             })
-            .await
-            .map_err(ClientError::from)?
-            .into_inner();
+            .await?;
         let mut out: std::collections::BTreeMap<String, bool> = Default::default();
         for e in resp.entries {
             if e.kind() != crate::manifest::EntryKind::Gpu {
@@ -292,7 +287,7 @@ impl GpuControl {
         if !self.exists(key).await? {
             return Err(GpuError::NotFound(key.to_string()));
         }
-        let mut store = self.store.clone();
+        let store = self.store.clone();
         store
             .remove(RemoveRequest {
                 namespace: self.namespace.to_string(),
@@ -302,8 +297,7 @@ impl GpuControl {
                 gpu_registration: 0,
                 watcher: 0,
             })
-            .await
-            .map_err(ClientError::from)?;
+            .await?;
         Ok(())
     }
 

@@ -51,7 +51,7 @@ pub(super) type WorkerKey = (Namespaces, u32, u32);
 /// the worker told, and the worker itself let go once it holds nothing.
 pub(super) async fn let_go(
     reg: Registration,
-    mut store: Store,
+    store: Store,
     ns: String,
     key: String,
     workers: Arc<AsyncMutex<Workers>>,
@@ -72,7 +72,7 @@ pub(super) async fn let_go(
                 })
                 .await;
             if let Err(e) = r {
-                tracing::warn!(error = %e.message(), "could not unpublish a GPU key");
+                tracing::warn!(error = %e.to_string(), "could not unpublish a GPU key");
             }
         }
         let release = Op::Release(WorkerRelease {

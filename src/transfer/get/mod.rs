@@ -21,10 +21,12 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use super::put::chunk::Chunking;
+use super::remotes::Remotes;
 use crate::auth::Credential;
 use crate::broadcast::member::membership::{self, JoinSpec, TreeReport};
 use crate::broadcast::member::offer::{Announcing, Offer, RateLimit};
 use crate::dataplane::fetch::{self, BlockSink, FetchReport, Sinks};
+use crate::dataplane::peers::Peers;
 use crate::dataplane::sources::{local_agent, order_sources, LocalAgent, NodeRef, SourceAddr};
 use crate::hash::Version;
 use crate::key::{KeyPath, Namespace};
@@ -32,7 +34,7 @@ use crate::manifest::{self, EntryKind, FileEntry, Manifest, ManifestError};
 use crate::proto::{
     AddSourceRequest, ListRequest, LocalFile, ResolveRequest, ResolveResponse, WindowSpec,
 };
-use crate::rpc::client::{self, ClientError, Store};
+use crate::rpc::client::Store;
 use crate::rpc::{implicit_group, STORE};
 use error::io;
 use plan::{Filter, Layout, TempGuard};
@@ -59,6 +61,8 @@ pub struct GetOptions {
     /// Fetch from the store server alone, without a broadcast tree: the getter is outside the
     /// cluster (a port-forward) and cannot reach the nodes.
     pub store_only: bool,
+    /// Who it talks to (by default the store at `server`, and peers over TCP).
+    pub remotes: Remotes,
 }
 
 #[derive(Debug, Serialize, Default)]
@@ -88,7 +92,7 @@ pub struct GetReport {
 }
 
 pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, GetError> {
-    let mut store = client::connect_store(&opts.server, &opts.credential).await?;
+    let store = opts.remotes.store(&opts.server, &opts.credential).await?;
     let mut agent = local_agent(&opts.agent_socket).await;
     let filter = Filter::new(&opts.excludes, &opts.includes)?;
     let mut report = GetReport {
@@ -96,7 +100,7 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
         namespace: opts.namespace.to_string(),
         ..Default::default()
     };
-    let resolved = resolve(&mut store, &opts.namespace, &opts.key).await?;
+    let resolved = resolve(&store, &opts.namespace, &opts.key).await?;
     let dest_dir_like = opts.dest.ends_with('/') || Path::new(&opts.dest).is_dir();
     // A prefix is a directory whatever made it: a `kt put` directory, a directory made in a
     // mount, or nothing but keys below it. Its tree is the union of its own manifest (if any)
@@ -122,7 +126,7 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
                 rel: "",
             };
             fetch_one(
-                &mut store,
+                &store,
                 agent.as_mut(),
                 &opts,
                 &r,
@@ -140,7 +144,7 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
         }
         None => None,
     };
-    let keys = keys_below(&mut store, &opts).await?;
+    let keys = keys_below(&store, &opts).await?;
     let base = match base {
         Some(root) => root,
         None if keys.is_empty() => return Err(GetError::NotFound(opts.key.to_string())),
@@ -164,7 +168,7 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
             .join(&rel)
             .map_err(|e| GetError::NotFound(e.to_string()))?;
         // None: removed since it was listed; the tree is what is there now.
-        let Some((r, m)) = resolve(&mut store, &opts.namespace, &key).await? else {
+        let Some((r, m)) = resolve(&store, &opts.namespace, &key).await? else {
             continue;
         };
         let at = Place {
@@ -172,7 +176,7 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
             rel: &rel,
         };
         fetch_one(
-            &mut store,
+            &store,
             agent.as_mut(),
             &opts,
             &r,
@@ -214,7 +218,7 @@ fn link_name(first: &Path, to: &Path) -> Result<bool, GetError> {
 /// The keys strictly below the get's key, relative to it, in order, each with its inode record
 /// (0: a file of one name); those a filter excludes are left out by [`fetch_one`], which sees
 /// each entry's path from the get's root.
-async fn keys_below(store: &mut Store, opts: &GetOptions) -> Result<Vec<(String, u64)>, GetError> {
+async fn keys_below(store: &Store, opts: &GetOptions) -> Result<Vec<(String, u64)>, GetError> {
     let list = store
         .list(ListRequest {
             watcher: 0,
@@ -225,8 +229,8 @@ async fn keys_below(store: &mut Store, opts: &GetOptions) -> Result<Vec<(String,
             ahead: 0,
         })
         .await;
-    let list = match list.map_err(ClientError::from) {
-        Ok(l) => l.into_inner(),
+    let list = match list {
+        Ok(l) => l,
         Err(e) if e.is_not_found() => return Ok(Vec::new()),
         Err(e) => return Err(e.into()),
     };
@@ -250,7 +254,7 @@ struct Place<'a> {
 /// `key`'s version and its manifest, checked before anything is written from it; `None` where
 /// no key or path inside one is there.
 async fn resolve(
-    store: &mut Store,
+    store: &Store,
     ns: &Namespace,
     key: &KeyPath,
 ) -> Result<Option<(ResolveResponse, Manifest)>, GetError> {
@@ -261,10 +265,9 @@ async fn resolve(
             namespace: ns.to_string(),
             key: key.to_string(),
         })
-        .await
-        .map_err(ClientError::from);
+        .await;
     match resolved {
-        Ok(r) => checked(r.into_inner()).map(Some),
+        Ok(r) => checked(r).map(Some),
         Err(e) if e.is_not_found() => Ok(None),
         Err(e) => Err(e.into()),
     }
@@ -282,7 +285,7 @@ fn checked(r: ResolveResponse) -> Result<(ResolveResponse, Manifest), GetError> 
 /// the files their names, and seed them.
 #[allow(clippy::too_many_arguments)]
 async fn fetch_one(
-    store: &mut Store,
+    store: &Store,
     mut agent: Option<&mut LocalAgent>,
     opts: &GetOptions,
     r: &ResolveResponse,
@@ -332,8 +335,10 @@ async fn fetch_one(
     // What came as deltas, reported with the rest by source.
     let mut by_delta = FetchReport::default();
     if !copies.is_empty() {
+        let peers = &opts.remotes.peers;
+        let (sink, sources) = (sink.clone(), &sources);
         let taken =
-            take_from_copies(jobs, copies, sink.clone(), &sources, &node, root, progress).await?;
+            take_from_copies(peers, jobs, copies, sink, sources, &node, root, progress).await?;
         report.bytes_reused += taken.bytes_reused;
         report.delta_blocks += taken.delta_blocks;
         by_delta = taken.by_delta;
@@ -345,7 +350,11 @@ async fn fetch_one(
         if sources.is_empty() {
             return Err(GetError::OutsideCluster(r.key.clone()));
         }
-        (fetch::fetch(jobs, sink, &sources, progress).await?, None)
+        let peers = &opts.remotes.peers;
+        (
+            fetch::fetch(peers, jobs, sink, &sources, progress).await?,
+            None,
+        )
     } else {
         let node = agent.as_deref().map(LocalAgent::node);
         let spec = join_spec(opts, r, version, node, offer.is_some(), ticket);
@@ -413,7 +422,9 @@ struct FromCopies {
 
 /// Writes the blocks the older copies hold from them, then asks for blocks that replace
 /// bytes of a copy as deltas against those bytes; what neither gives is left.
+#[allow(clippy::too_many_arguments)]
 async fn take_from_copies(
+    peers: &Peers,
     jobs: Vec<fetch::BlockJob>,
     copies: HashMap<usize, reuse::OldCopy>,
     sink: Arc<dyn BlockSink>,
@@ -428,7 +439,7 @@ async fn take_from_copies(
         .await
         .map_err(|e| io(root)(std::io::Error::other(e.to_string())))??;
     progress.inc(r.bytes);
-    let d = reuse::fetch_deltas(r.deltas, copies, sources, node, sink).await;
+    let d = reuse::fetch_deltas(peers, r.deltas, copies, sources, node, sink).await;
     for (src, n) in &d.report.by_source {
         tracing::debug!(source = %src.label, bytes = n, blocks = d.blocks, "blocks as deltas");
     }
@@ -470,6 +481,7 @@ fn join_spec<'a>(
         serves,
         reads: false,
         ticket,
+        peers: opts.remotes.peers.clone(),
     }
 }
 

@@ -18,8 +18,9 @@ use bytes::Bytes;
 
 use crate::dataplane::delta;
 use crate::dataplane::fetch::{BlockJob, BlockSink, FetchReport};
+use crate::dataplane::peers::Peers;
 use crate::dataplane::sources::SourceAddr;
-use crate::dataplane::wire::{self, Response};
+use crate::dataplane::wire::Response;
 use crate::hash::BlockHash;
 use crate::transfer::put::chunk::{hash_blocks, Chunking};
 use crate::transfer::TransferError;
@@ -197,6 +198,7 @@ pub(super) struct DeltaReport {
 /// flight; what fails (no source, a refusal, a delta that rebuilds other bytes) is left for the
 /// plain fetch.
 pub(super) async fn fetch_deltas(
+    peers: &Peers,
     deltas: Vec<DeltaJob>,
     copies: Arc<HashMap<usize, OldCopy>>,
     sources: &[SourceAddr],
@@ -214,7 +216,7 @@ pub(super) async fn fetch_deltas(
     }
     let mut conn = None;
     for s in sources.iter().filter(|s| own.is_empty() || s.label != own) {
-        match wire::connect(&s.addr, s.peer()).await {
+        match peers.connect(&s.addr, s.peer()).await {
             Ok(mut c) => {
                 if c.0.ticket(&s.ticket).await.is_ok() {
                     conn = Some((s, c));

@@ -19,6 +19,7 @@ use serde::Serialize;
 use self::index::{Index, Known};
 use self::scan::{ScanError, ScanOptions, Scanned};
 use super::publish::{self, Payload, PublishError};
+use super::remotes::Remotes;
 use crate::auth::Credential;
 use crate::broadcast::member::membership;
 use crate::dataplane::sources::local_agent;
@@ -74,6 +75,8 @@ pub struct PutOptions {
     /// A broadcast window to join as the putter once published; with quorum criteria, the put
     /// waits for the quorum.
     pub window: Option<WindowSpec>,
+    /// Who it talks to (by default the store at `server`).
+    pub remotes: Remotes,
 }
 
 #[derive(Debug, Serialize)]
@@ -118,7 +121,7 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
             Box::new(ix)
         }
         None if opts.locale == Locale::Store => {
-            let s = store.insert(client::connect_store(&opts.server, &opts.credential).await?);
+            let s = store.insert(opts.remotes.store(&opts.server, &opts.credential).await?);
             base = current(s, &ns, &key).await?;
             match (&base, opts.force) {
                 (Some((_, m)), false) => Box::new(index::Published(m.clone())),
@@ -154,7 +157,7 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
         Locale::Store => {
             let store = match store.as_mut() {
                 Some(s) => s,
-                None => store.insert(client::connect_store(&opts.server, &opts.credential).await?),
+                None => store.insert(opts.remotes.store(&opts.server, &opts.credential).await?),
             };
             let patched = match &base {
                 Some((bv, bm)) => {
@@ -223,10 +226,10 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
                 Locale::Local => local_agent(&opts.agent_socket).await.map(|a| a.node()),
                 Locale::Store => None,
             };
-            let mut store = client::connect_store(&opts.server, &opts.credential).await?;
+            let store = opts.remotes.store(&opts.server, &opts.credential).await?;
             Some(
                 membership::join_as_putter(
-                    &mut store,
+                    &store,
                     opts.namespace.as_str(),
                     opts.key.as_str(),
                     version,
@@ -255,7 +258,7 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
 /// The key's version and manifest as the store holds them, if the key is one (not a path
 /// inside a directory, not a GPU key).
 async fn current(
-    store: &mut Store,
+    store: &Store,
     ns: &str,
     key: &str,
 ) -> Result<Option<(Version, Manifest)>, PutError> {
@@ -266,10 +269,9 @@ async fn current(
             key: key.to_string(),
             inline_up_to: 0,
         })
-        .await
-        .map_err(ClientError::from);
+        .await;
     let r = match r {
-        Ok(r) => r.into_inner(),
+        Ok(r) => r,
         Err(e) if e.is_not_found() => return Ok(None),
         Err(e) => return Err(e.into()),
     };
@@ -287,7 +289,7 @@ async fn current(
 /// (the key moved on since `base`, or lacks a block it was thought to hold): the caller sends
 /// the whole manifest.
 async fn publish_patch(
-    store: &mut Store,
+    store: &Store,
     server: &str,
     whole: &PublishRequest,
     scanned: &Scanned,
