@@ -13,6 +13,11 @@ pub const MAX_SEGMENT: usize = 255;
 /// mount lets a program `cd` into a tree and make a path of PATH_MAX below it. So a key may be
 /// longer than PATH_MAX; this bound only keeps what one request carries small.
 pub const MAX_KEY: usize = 16 * 1024;
+/// Most segments in a key. A publish stamps each directory a new key brings into being, so
+/// a key's depth is work under the store's write lock; deeper trees than this are rare (a
+/// local filesystem's are bounded by what `openat` reaches, not by a rule) and a `mkdir -p`
+/// through a mount past it gets ENAMETOOLONG.
+pub const MAX_DEPTH: usize = 256;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum KeyError {
@@ -28,6 +33,8 @@ pub enum KeyError {
     SegmentTooLong(String),
     #[error("key is longer than {MAX_KEY} bytes")]
     TooLong,
+    #[error("key has more than {MAX_DEPTH} segments")]
+    TooDeep,
     #[error("key {0:?} starts with `{RESERVED}`, the mount's GPU control tree")]
     Reserved(String),
     #[error("namespace {0:?} is not a Kubernetes namespace name (lowercase letters, digits and `-`, at most 63, starting and ending alphanumeric)")]
@@ -55,6 +62,9 @@ impl KeyPath {
         }
         if trimmed.contains('\0') {
             return Err(KeyError::Nul(raw.to_string()));
+        }
+        if trimmed.split('/').nth(MAX_DEPTH).is_some() {
+            return Err(KeyError::TooDeep);
         }
         if trimmed.split('/').next() == Some(RESERVED) {
             return Err(KeyError::Reserved(raw.to_string()));

@@ -97,6 +97,11 @@ pub static DENIED_REQUESTS: Counter = Counter::new(
     "",
     "Data-plane requests refused for want of a ticket that allows them.",
 );
+pub static REFUSED_CONNECTIONS: Counter = Counter::new(
+    "kt_dataplane_refused_connections_total",
+    "",
+    "Data-plane connections closed at once: too many without a ticket, in all or from their address.",
+);
 pub static FETCHED_STORE_BYTES: Counter = Counter::new(
     "kt_fetched_bytes_total",
     "source=\"store\"",
@@ -248,7 +253,7 @@ pub static FUSE_FLUSH_SECONDS: Histogram = Histogram::new(
     "Time of a filesystem operation in the mount's core.",
 );
 
-static COUNTERS: [&Counter; 26] = [
+static COUNTERS: [&Counter; 27] = [
     &MOUNT_METADATA_REQUESTS,
     &MOUNT_BLOCK_LOOKUPS,
     &KERNEL_SETTLE_WAITS,
@@ -265,6 +270,7 @@ static COUNTERS: [&Counter; 26] = [
     &DELTA_BYTES,
     &SERVED_BLOCKS,
     &DENIED_REQUESTS,
+    &REFUSED_CONNECTIONS,
     &FETCHED_STORE_BYTES,
     &FETCHED_PEER_BYTES,
     &UPLOADED_BYTES,

@@ -731,3 +731,152 @@ fn a_laptop_presents_a_token_the_api_issued_never_its_own() {
         .iter()
         .all(|r| r["token"].as_str().unwrap().starts_with("issued-team-a-")));
 }
+
+/// Whether the server at `addr` closes `c` (it reads to its end) within `within`.
+async fn closed(c: &mut tokio::net::TcpStream, within: std::time::Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 1 << 16];
+    let read = async {
+        loop {
+            match c.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(within, read).await.is_ok()
+}
+
+/// A data-plane connection from `from`, its hello sent.
+async fn hello_from(from: &str, addr: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let mut c = sock.connect(addr.parse().unwrap()).await.unwrap();
+    c.write_all(b"KTDP\x01").await.unwrap();
+    c
+}
+
+/// A caller with no ticket cannot make the store's data plane hold memory or descriptors: a
+/// frame that announces 64 MiB (an upload) is refused at its head, before its bytes are read
+/// (they were read and held, 64 MiB a connection, and the next ticket check came after); and
+/// connections without a ticket from one address are capped, while a caller with a ticket
+/// from another is served.
+#[test]
+fn a_caller_without_a_ticket_cannot_make_the_data_plane_hold_memory_or_descriptors() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (server, token) = token_server("127.0.0.29", dir.path());
+    let addr = server.addr.clone();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let held = rt.block_on(async {
+        let mut c = hello_from("127.0.0.3", &addr).await;
+        let mut head = vec![2u8];
+        head.extend_from_slice(&(64u32 << 20).to_be_bytes());
+        head.extend_from_slice(&[7u8; 32]);
+        c.write_all(&head).await.unwrap();
+        assert!(
+            closed(&mut c, std::time::Duration::from_secs(10)).await,
+            "a 64 MiB frame without a ticket was read on"
+        );
+
+        let mut held = Vec::new();
+        for _ in 0..wire::admission::MAX_UNTICKETED_PER_ADDR {
+            held.push(hello_from("127.0.0.3", &addr).await);
+        }
+        // The server counts a connection once it reads its hello: each of those answers a
+        // request (refused: no ticket) once it is counted.
+        for c in &mut held {
+            c.write_all(&[1, 0, 0, 0, 32]).await.unwrap();
+            c.write_all(&[0u8; 32]).await.unwrap();
+            let mut answer = [0u8; 5];
+            tokio::io::AsyncReadExt::read_exact(c, &mut answer)
+                .await
+                .unwrap();
+        }
+        let mut one_more = hello_from("127.0.0.3", &addr).await;
+        assert!(
+            closed(&mut one_more, std::time::Duration::from_secs(10)).await,
+            "a connection over the cap was kept"
+        );
+        held
+    });
+    // Meanwhile a caller with the token (and so tickets) puts and gets from 127.0.0.1.
+    let src = dir.path().join("w.bin");
+    std::fs::write(&src, pseudo_random(200_000, 29)).unwrap();
+    let env = [("KT_TOKEN_FILE", token.to_str().unwrap())];
+    let nowhere = dir.path().join("no-agent.sock");
+    let put = kt_as(
+        &server.addr,
+        &nowhere,
+        &env,
+        &["put", "w", "--src", src.to_str().unwrap()],
+    );
+    ok(put);
+    let got = dir.path().join("got.bin");
+    ok(kt_as(
+        &server.addr,
+        &nowhere,
+        &env,
+        &["get", "w", "--dest", got.to_str().unwrap()],
+    ));
+    assert_eq!(std::fs::read(&got).unwrap(), std::fs::read(&src).unwrap());
+    drop(held);
+}
+
+/// Junk tokens cost the Kubernetes API little: a refused token is remembered as an accepted
+/// one is (one review however often it comes back), and an address that sends new junk tokens
+/// without end gets a burst of reviews, then a few a second, and is told to wait (400 junk
+/// tokens made 400 reviews).
+#[test]
+fn junk_tokens_make_few_token_reviews() {
+    use ktfs::auth::Credential;
+    use ktfs::proto::ListRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::start("127.0.0.33", team_world());
+    let server = review_server("127.0.0.34", &api, dir.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let list = |token: String| {
+        let addr = server.addr.clone();
+        async move {
+            let store =
+                ktfs::rpc::client::connect_store(&addr, &Credential::token(&token).unwrap())
+                    .await
+                    .unwrap();
+            let req = ListRequest {
+                namespace: "team-a".into(),
+                ..Default::default()
+            };
+            store.list(req).await.expect_err("a junk token").to_string()
+        }
+    };
+    let reviews_of = |token: &str| {
+        let seen = api.seen.lock().unwrap();
+        seen.reviews.iter().filter(|r| r["token"] == token).count()
+    };
+    rt.block_on(async {
+        for _ in 0..30 {
+            let why = list("junk".into()).await;
+            assert!(why.contains("refused"), "{why}");
+        }
+    });
+    assert_eq!(reviews_of("junk"), 1);
+
+    let started = std::time::Instant::now();
+    let answers: Vec<String> = rt.block_on(async {
+        futures_util::future::join_all((0..200).map(|i| list(format!("junk-{i}")))).await
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let reviews = api.seen.lock().unwrap().reviews.len() - 1;
+    assert!(
+        (reviews as f64) <= 21.0 + 5.0 * elapsed,
+        "{reviews} reviews in {elapsed:.1} s"
+    );
+    assert!(
+        answers
+            .iter()
+            .any(|a| a.contains("too many tokens to review")),
+        "{:?}",
+        &answers[..3]
+    );
+}

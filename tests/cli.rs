@@ -1127,3 +1127,72 @@ fn a_resolve_of_many_keys_answers_each_as_its_own_resolve_and_inlines_at_most_a_
         assert_eq!(too_many.code(), tonic::Code::InvalidArgument);
     });
 }
+
+/// A published tree holding a device node (1,1: `/dev/mem`) and a set-user-ID file of another
+/// owner: `kt get` as root makes neither the device nor a set-user-ID file, and leaves what it
+/// wrote to its caller; `--preserve-devices --preserve-owner` give them back, as rsync's `-D -o`.
+#[test]
+fn get_makes_no_device_and_no_set_id_file_unless_asked() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "the attack needs a root getter"
+    );
+    let c = Cluster::new("127.0.0.27");
+    let src = c.path("tenant");
+    fs::create_dir_all(&src).unwrap();
+    let mem = src.join("mem");
+    let cmem = std::ffi::CString::new(mem.to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string; mknod reads nothing else.
+    let made = unsafe { libc::mknod(cmem.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 1)) };
+    assert_eq!(made, 0, "{}", std::io::Error::last_os_error());
+    fs::set_permissions(&mem, fs::Permissions::from_mode(0o666)).unwrap();
+    let tool = src.join("tool");
+    fs::write(&tool, b"#!/bin/sh\nid\n").unwrap();
+    std::os::unix::fs::chown(&tool, Some(1234), Some(1234)).unwrap();
+    fs::set_permissions(&tool, fs::Permissions::from_mode(0o6755)).unwrap();
+    c.ok(
+        None,
+        &["put", "t/tree", "--src", &format!("{}/", src.display())],
+    );
+
+    let plain = c.path("plain");
+    c.ok(
+        None,
+        &["get", "t/tree", "--dest", plain.to_str().unwrap(), "-c"],
+    );
+    assert!(
+        fs::symlink_metadata(plain.join("mem")).is_err(),
+        "a device node was made from a tenant's manifest"
+    );
+    let t = fs::metadata(plain.join("tool")).unwrap();
+    assert_eq!(
+        t.mode() & 0o7777,
+        0o755,
+        "set-ID bits given: {:o}",
+        t.mode()
+    );
+    assert_eq!((t.uid(), t.gid()), (0, 0), "the caller owns what it gets");
+    assert_eq!(fs::read(plain.join("tool")).unwrap(), b"#!/bin/sh\nid\n");
+
+    let kept = c.path("kept");
+    c.ok(
+        None,
+        &[
+            "get",
+            "t/tree",
+            "--dest",
+            kept.to_str().unwrap(),
+            "-c",
+            "--preserve-devices",
+            "--preserve-owner",
+        ],
+    );
+    let m = fs::symlink_metadata(kept.join("mem")).unwrap();
+    assert!(m.file_type().is_char_device());
+    assert_eq!(m.rdev(), libc::makedev(1, 1));
+    let t = fs::metadata(kept.join("tool")).unwrap();
+    assert_eq!(t.mode() & 0o7777, 0o6755);
+    assert_eq!((t.uid(), t.gid()), (1234, 1234));
+}

@@ -199,6 +199,7 @@ fn a_get_from_a_lying_peer_refuses_its_block_and_gets_it_elsewhere() {
                 window: WindowSpec::default(),
                 bwlimit: None,
                 store_only: false,
+                preserve: Default::default(),
                 remotes: Remotes { store: None, peers },
             },
             &ktfs::transfer::progress_bar(false),

@@ -166,7 +166,7 @@ proptest! {
             let addr = listener.local_addr().unwrap().to_string();
             let served = tokio::spawn(async move {
                 let (s, _) = listener.accept().await.unwrap();
-                wire::serve_connection(ktfs::auth::tls::Conn::Plain(s), std::sync::Arc::new(Few), shared(Gate::Open)).await;
+                wire::serve_connection(ktfs::auth::tls::Conn::Plain(s), std::sync::Arc::new(Few), shared(Gate::Open), Default::default()).await;
             });
             let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
             c.write_all(b"KTDP\x01").await.unwrap();

@@ -568,3 +568,72 @@ fn a_large_file_read_the_first_time_streams_past_the_page_cache() {
     assert!(resident > 0);
     assert!(mapped == big);
 }
+
+/// Every file under `dirs` that user nobody (65534) can open for reading.
+fn readable_by_nobody(dirs: &[&std::path::Path]) -> Vec<String> {
+    use std::os::unix::process::CommandExt;
+    let files: Vec<String> = dirs
+        .iter()
+        .flat_map(|d| walk(d))
+        .filter(|p| p.is_file())
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(!files.is_empty(), "nothing on disk under {dirs:?}");
+    let out = Command::new("sh")
+        .args([
+            "-c",
+            r#"for f in "$@"; do cat -- "$f" >/dev/null 2>&1 && echo "$f"; done; true"#,
+            "sh",
+        ])
+        .args(&files)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+/// A file written 0600 through a mount is staged, cached and stored on disks where other local
+/// users live: none of them may read it there (the daemons' directories are 0700 and their
+/// files 0600), while it is open and after its publish.
+#[test]
+fn what_a_mount_and_the_store_keep_on_disk_no_other_user_reads() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let c = Cluster::new("127.0.0.28");
+    // Where a daemon's directory usually is, its parents are open to everyone.
+    fs::set_permissions(c.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let m = start_mount("127.0.0.28", &c.server.addr, &c.path("a"), "n28", &[]);
+    let secret = pseudo_random(300_000, 28);
+    let path = m.path("secret.bin");
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .unwrap();
+    f.write_all(&secret).unwrap();
+    // Open, it is staged on the node.
+    let store = c.path("store");
+    let cache = m.dir.join("cache");
+    let found = readable_by_nobody(&[&cache, &store]);
+    assert!(found.is_empty(), "another user reads: {found:?}");
+    drop(f);
+    // Closed, it is published: a block file on the store, and cached on the node once read.
+    assert_eq!(fs::read(&path).unwrap(), secret);
+    let on_disk = walk(&store)
+        .into_iter()
+        .chain(walk(&cache))
+        .filter(|p| p.is_file())
+        .any(|p| fs::read(&p).is_ok_and(|b| b == secret));
+    assert!(
+        on_disk,
+        "the bytes are nowhere on disk: the check would prove nothing"
+    );
+    let found = readable_by_nobody(&[&cache, &store]);
+    assert!(found.is_empty(), "another user reads: {found:?}");
+}

@@ -420,7 +420,8 @@ fn owners_are_their_creators_shared_by_every_node_and_changed_by_chown() {
         "the subdirectory lost the set-group-ID bit"
     );
 
-    // kt put keeps a source's owner; kt get, as root, gives it back.
+    // kt put keeps a source's owner; kt get, as root, gives it back when asked to (by
+    // default the caller owns what it gets: tests/cli.rs).
     let src = c.path("src.txt");
     std::fs::write(&src, b"owned by someone").unwrap();
     std::os::unix::fs::chown(&src, Some(1234), Some(5678)).unwrap();
@@ -433,7 +434,16 @@ fn owners_are_their_creators_shared_by_every_node_and_changed_by_chown() {
     }));
     let dest = c.path("got.txt");
     assert!(c
-        .kt(None, &["get", "owned", "--dest", dest.to_str().unwrap()])
+        .kt(
+            None,
+            &[
+                "get",
+                "owned",
+                "--dest",
+                dest.to_str().unwrap(),
+                "--preserve-owner"
+            ]
+        )
         .status
         .success());
     assert_eq!(owner(&dest), (1234, 5678));
@@ -764,7 +774,8 @@ fn special_files_are_entries_whose_io_is_the_kernels() {
     std::fs::remove_file(a.path("fifo2")).unwrap();
     assert!(!a.path("fifo2").exists());
 
-    // kt put takes them from a local tree; kt get makes them again (root may make the device).
+    // kt put takes them from a local tree; kt get makes them again (root may make the device,
+    // when asked to: by default a get makes none, tests/cli.rs).
     let src = c.path("tree");
     std::fs::create_dir(&src).unwrap();
     // SAFETY: valid C strings.
@@ -781,7 +792,16 @@ fn special_files_are_entries_whose_io_is_the_kernels() {
         &["put", "tree", "--src", &format!("{}/", src.display())],
     );
     let dest = c.path("got");
-    c.ok(None, &["get", "tree", "--dest", dest.to_str().unwrap()]);
+    c.ok(
+        None,
+        &[
+            "get",
+            "tree",
+            "--dest",
+            dest.to_str().unwrap(),
+            "--preserve-devices",
+        ],
+    );
     let got = |n: &str| {
         std::fs::symlink_metadata(dest.join(n)).unwrap_or_else(|e| {
             panic!(

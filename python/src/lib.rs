@@ -381,6 +381,7 @@ fn get(
                 window: spec,
                 bwlimit: None,
                 store_only: forward.is_some(),
+                preserve: Default::default(),
                 remotes: Remotes {
                     store: None,
                     peers: peers().clone(),

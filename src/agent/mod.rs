@@ -22,6 +22,7 @@ use local_rpc::AgentHandler;
 
 use crate::auth::ticket::{self, Gate, SharedGate, VersionBlocks};
 use crate::blocks::cache::{BlockCache, CF_CACHE, CF_CACHE_INDEX};
+use crate::blocks::files::private_dir;
 use crate::blocks::in_place::{CF_LOCAL, CF_SEEDS};
 use crate::blocks::node::NodeBlocks;
 use crate::blocks::BlockError;
@@ -92,7 +93,7 @@ impl AgentProcess {
             let path = path.display().to_string();
             move |source| AgentError::Io { path, source }
         };
-        std::fs::create_dir_all(&cfg.cache_dir).map_err(io(&cfg.cache_dir))?;
+        private_dir(&cfg.cache_dir).map_err(io(&cfg.cache_dir))?;
         let db = Db::open(&cfg.cache_dir.join("agent.rocksdb"), FAMILIES, &[CF_CACHE])?;
         let cache = BlockCache::open(db.clone(), &cfg.cache_dir.join("blocks"), cfg.cache_size)?;
         let listener =

@@ -244,6 +244,11 @@ impl Gate {
         Some(self.allows(grants, op, hash))
     }
 
+    /// Whether it serves anyone, ticket or not (a server without authentication).
+    pub fn is_open(&self) -> bool {
+        matches!(self, Gate::Open)
+    }
+
     /// The grant of a ticket a connection presents.
     pub fn admit(&self, ticket: &[u8]) -> Result<Option<Grant>, TicketError> {
         match self {

@@ -24,6 +24,7 @@
 
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -39,6 +40,15 @@ pub const MIN_FILE_BLOCK: usize = 64 << 10;
 /// Unsynced blocks beyond this many are synced by the writer itself, so that an upload that is
 /// never published does not grow the list without bound.
 const MAX_UNSYNCED: usize = 4096;
+
+/// Makes `dir` (and what is missing above it) and gives it to its owner alone (0700), whatever
+/// mode it had: what a daemon keeps below it (blocks, staged files, a node's cache, the
+/// metadata) is other users' data, and a directory no one else may enter hides it whatever the
+/// modes inside (those an older build wrote, or a file staged with its writer's mode).
+pub fn private_dir(dir: &Path) -> io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
 
 pub struct BlockFiles {
     dir: PathBuf,
@@ -90,7 +100,7 @@ impl BlockFiles {
     /// One pass over the fan-out directories: removes temporary files, returns the hashes of
     /// the block files.
     fn scan(dir: &Path) -> io::Result<Vec<BlockHash>> {
-        std::fs::create_dir_all(dir)?;
+        private_dir(dir)?;
         Self::walk(dir, true)
     }
 

@@ -265,10 +265,21 @@ impl InPlace {
     }
 }
 
-/// The file of a place, if it is as it was registered (size and modification time).
+/// The file of a place, if it is as it was registered (a regular file, of its size and
+/// modification time). Opened without blocking: a file swapped for a FIFO with no writer held
+/// a blocking thread for good.
 fn open_unchanged(p: &LocalBlock) -> Option<std::fs::File> {
-    let f = std::fs::File::open(&p.disk_path).ok()?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&p.disk_path)
+        .ok()?;
     let meta = f.metadata().ok()?;
+    if !meta.is_file() {
+        tracing::warn!(path = %p.disk_path, "published file is no longer a regular file; not serving it");
+        return None;
+    }
     if meta.len() != p.file_size
         || meta.mtime() != p.mtime_sec
         || meta.mtime_nsec() as u32 != p.mtime_nsec
@@ -389,5 +400,20 @@ mod tests {
         assert!(p.read_range(&BlockHash::of(b"x"), 0, 1).is_none());
         std::fs::write(&path, [&data[..], b"more"].concat()).unwrap();
         assert!(p.read_range(&h, 100, 50).is_none(), "the file changed");
+
+        // Swapped for a FIFO no one writes to: refused at once, where opening it blocked.
+        std::fs::remove_file(&path).unwrap();
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string; mkfifo reads nothing else.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send((p.find(&h).unwrap(), p.read_range(&h, 0, 1)));
+        });
+        let answered = rx.recv_timeout(std::time::Duration::from_secs(10));
+        assert!(
+            matches!(answered, Ok((None, None))),
+            "a FIFO in a published file's place: {answered:?}"
+        );
     }
 }

@@ -337,6 +337,15 @@ pub struct GetArgs {
     /// Write at most this many bytes per second (e.g. 50M).
     #[arg(long, value_parser = parse_size)]
     pub bwlimit: Option<u64>,
+    /// Make the character and block devices the version holds (rsync's -D; needs root).
+    /// Without it they are skipped: a manifest is its publisher's word.
+    #[arg(long)]
+    pub preserve_devices: bool,
+    /// Give entries the owner they were published with, and files their set-user-ID and
+    /// set-group-ID bits (rsync's -o; the owner needs root). Without it the caller owns what
+    /// it gets and those bits are dropped.
+    #[arg(long)]
+    pub preserve_owner: bool,
     #[command(flatten)]
     pub window: WindowArgs,
     #[command(flatten)]

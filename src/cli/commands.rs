@@ -12,7 +12,7 @@ use ktfs::proto::{
     UnmountRequest,
 };
 use ktfs::rpc::client::{self, ClientError};
-use ktfs::transfer::get::{self, GetOptions};
+use ktfs::transfer::get::{self, GetOptions, Preserve};
 use ktfs::transfer::put::scan::ScanOptions;
 use ktfs::transfer::put::{self, PutOptions};
 
@@ -173,6 +173,10 @@ pub async fn get(mut a: GetArgs) -> Result<()> {
             window: a.window.spec(),
             bwlimit: a.bwlimit,
             store_only: reached.outside,
+            preserve: Preserve {
+                devices: a.preserve_devices,
+                owner: a.preserve_owner,
+            },
             remotes: Default::default(),
         },
         &pb,

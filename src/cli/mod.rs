@@ -51,10 +51,38 @@ pub fn trust(a: &args::ClientTlsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A daemon may hold a descriptor per peer, per cached block file being served and per
+/// caller: its soft limit on open files (often 1,024) goes up to the hard one.
+#[cfg(feature = "daemons")]
+fn raise_open_files() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write only `lim`.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                tracing::debug!("could not raise the limit on open files");
+            }
+        }
+    }
+}
+
 pub fn prepare(cmd: &Cmd) -> anyhow::Result<()> {
     match cmd {
         #[cfg(feature = "daemons")]
         Cmd::GpuWorker(a) => daemons::gpu_worker_prepare(a),
+        #[cfg(feature = "daemons")]
+        Cmd::Server(_) | Cmd::Agent(_) | Cmd::Mount(_) | Cmd::Up(_) | Cmd::Keeper(_) => {
+            // What a daemon writes (blocks, staged files, its databases, its sockets) is its
+            // own: other users' data sits in it. Its directories are 0700 as well.
+            // SAFETY: umask has no preconditions.
+            unsafe { libc::umask(0o077) };
+            raise_open_files();
+            Ok(())
+        }
         _ => Ok(()),
     }
 }

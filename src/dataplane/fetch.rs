@@ -579,7 +579,7 @@ async fn receive_answers(
             got.failed.push(job);
             continue;
         }
-        match rx.recv().await {
+        match rx.recv_at_most(job.len as usize).await {
             Ok(resp) => {
                 got.answered += 1;
                 got.take(resp, job, &mut queue, sinks, window, poisoned);

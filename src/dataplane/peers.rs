@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use super::wire::{self, DataReceiver, DataSender, Peer, PeerStream, WireError};
 use crate::auth::tls::{self, Plane};
@@ -48,8 +49,12 @@ pub type Conn = (DataSender, DataReceiver);
 #[derive(Clone)]
 pub struct Peers {
     dial: Arc<dyn Dial>,
-    idle: Arc<Mutex<HashMap<String, Vec<Conn>>>>,
+    /// Idle connections by address, each with when it went idle.
+    idle: Arc<Mutex<HashMap<String, Vec<Idle>>>>,
 }
+
+/// A connection kept idle, and since when.
+type Idle = (Instant, Conn);
 
 impl Default for Peers {
     fn default() -> Self {
@@ -72,9 +77,14 @@ impl Peers {
         wire::open(stream).await
     }
 
-    /// An idle connection to `addr`, if one is kept.
+    /// An idle connection to `addr`, if one is kept and fresh: one idle for [`wire::POOL_IDLE`]
+    /// is dropped, well before the server lets it go ([`wire::SERVER_IDLE`]), so a fetch never
+    /// takes a connection the peer is closing.
     pub fn checkout(&self, addr: &str) -> Option<Conn> {
-        lock(&self.idle).get_mut(addr)?.pop()
+        let mut idle = lock(&self.idle);
+        let kept = idle.get_mut(addr)?;
+        kept.retain(|(since, _)| since.elapsed() < wire::POOL_IDLE);
+        kept.pop().map(|(_, conn)| conn)
     }
 
     /// Keeps `conn`, which answered everything asked of it, for the next fetch from `addr`.
@@ -82,7 +92,7 @@ impl Peers {
         let mut idle = lock(&self.idle);
         let kept = idle.entry(addr.to_string()).or_default();
         if kept.len() < IDLE_PER_PEER {
-            kept.push(conn);
+            kept.push((Instant::now(), conn));
         }
     }
 }

@@ -95,6 +95,7 @@ pub async fn serve(
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Conn>>(64);
     let (plain_tx, plain_rx) = tokio::sync::mpsc::channel::<std::io::Result<TcpStream>>(16);
     let tls_only = tls.is_some();
+    let admission = Arc::new(wire::admission::Admission::default());
     let accept = async move {
         loop {
             let (stream, _) = match listener.accept().await {
@@ -107,6 +108,7 @@ pub async fn serve(
             };
             let (tx, plain_tx) = (tx.clone(), plain_tx.clone());
             let (blocks, gate, tls) = (blocks.clone(), gate.clone(), tls.clone());
+            let admission = admission.clone();
             tokio::spawn(async move {
                 let (conn, plane) = match (protocol(&stream).await, &tls) {
                     (Protocol::Http, _) => (Conn::Plain(stream), Plane::Http),
@@ -127,7 +129,7 @@ pub async fn serve(
                     (Protocol::Grpc | Protocol::Tls, None) => (Conn::Plain(stream), Plane::Grpc),
                 };
                 match plane {
-                    Plane::Data => wire::serve_connection(conn, blocks, gate).await,
+                    Plane::Data => wire::serve_connection(conn, blocks, gate, admission).await,
                     Plane::Http => {
                         if let Err(e) = serve_http(conn).await {
                             tracing::debug!(error = %e, "metrics request failed");

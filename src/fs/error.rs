@@ -102,7 +102,9 @@ impl FsError {
             FsError::NotPermitted => libc::EPERM,
             FsError::NotSupported(_) => libc::ENOTSUP,
             FsError::NoAttr => libc::ENODATA,
-            FsError::Name(KeyError::SegmentTooLong(_) | KeyError::TooLong) => libc::ENAMETOOLONG,
+            FsError::Name(KeyError::SegmentTooLong(_) | KeyError::TooLong | KeyError::TooDeep) => {
+                libc::ENAMETOOLONG
+            }
             FsError::Name(_) => libc::EINVAL,
             FsError::Remote(e) => e.fault().errno(),
             FsError::NoIoctl => libc::ENOTTY,

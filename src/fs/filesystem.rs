@@ -22,6 +22,7 @@ use super::paths::{gpu_rest, split};
 use super::read::reader::Reader;
 use super::write::staged::Staged;
 use super::write::writer::Writer;
+use crate::blocks::files::private_dir;
 use crate::blocks::node::NodeBlocks;
 use crate::gpu::control::GpuControl;
 use crate::locks::lock;
@@ -84,7 +85,7 @@ impl FsCore {
         inodes: Inodes,
         remotes: Remotes,
     ) -> FsResult<Self> {
-        std::fs::create_dir_all(&cfg.staging)?;
+        private_dir(&cfg.staging)?;
         let cfg = Arc::new(cfg);
         let store = {
             let _guard = rt.enter();

@@ -12,6 +12,7 @@
 //! (`resolve`, `list`), changes of names (`names`) and attributes (`attrs`), nodes and
 //! locations (`locations`), GPU keys (`gpu`) and garbage collection ([`gc`]).
 
+mod ancestry;
 mod attrs;
 pub mod backend;
 pub mod collected;

@@ -150,7 +150,7 @@ pub struct Txn<'m> {
     now: (i64, u32),
 }
 
-fn parent_of(path: &str) -> Option<&str> {
+pub(super) fn parent_of(path: &str) -> Option<&str> {
     path.rfind('/').map(|i| &path[..i])
 }
 
@@ -219,6 +219,11 @@ impl<'m> Txn<'m> {
     }
 
     /// Forgets the attributes of `path` and of everything below it.
+    /// Forgets `path`'s own attributes (not those below it).
+    pub(super) fn forget_attrs(&mut self, path: &str) {
+        self.attrs.insert(path.to_string(), None);
+    }
+
     pub fn drop_attrs(&mut self, path: &str) -> Result<(), MetaError> {
         for p in self.attr_paths_below(path)? {
             self.attrs.insert(p, None);
@@ -288,34 +293,6 @@ impl<'m> Txn<'m> {
     /// came, went or was renamed.
     pub fn touch_parent(&mut self, path: &str) -> Result<(), MetaError> {
         self.touch(parent_of(path).unwrap_or(""), true)
-    }
-
-    /// Stamps what a new entry at `path` changes: its directory, and each parent of keys it
-    /// brings into being (made now, as `mkdir -p` would), up to the first that was there.
-    pub fn stamp_new_entry(&mut self, path: &str) -> Result<(), MetaError> {
-        let mut cur = path;
-        while let Some(p) = parent_of(cur) {
-            if self.locate(p)?.exists() {
-                break;
-            }
-            self.touch(p, true)?;
-            cur = p;
-        }
-        self.touch_parent(cur)
-    }
-
-    /// Forgets the attributes of the directories above `path` that no longer exist: a parent
-    /// of keys goes with its last key, and one made again later starts afresh.
-    pub fn prune_vanished(&mut self, path: &str) -> Result<(), MetaError> {
-        let mut cur = parent_of(path);
-        while let Some(p) = cur {
-            if self.locate(p)?.exists() {
-                break;
-            }
-            self.attrs.insert(p.to_string(), None);
-            cur = parent_of(p);
-        }
-        Ok(())
     }
 
     pub fn record(&self, key: &str) -> Result<Option<KeyRecord>, MetaError> {
@@ -494,18 +471,30 @@ impl<'m> Txn<'m> {
     }
 
     pub fn locate(&self, path: &str) -> Result<Loc, MetaError> {
-        if let Some((key, record)) = self.covering(path)? {
+        let covering = self.covering(path)?;
+        self.locate_under(path, covering.as_ref())
+    }
+
+    /// Where `path` lies, given the deepest live key at or above it.
+    pub(super) fn locate_under(
+        &self,
+        path: &str,
+        covering: Option<&(String, KeyRecord)>,
+    ) -> Result<Loc, MetaError> {
+        if let Some((key, record)) = covering {
             if key == path {
-                return Ok(Loc::Key { record });
+                return Ok(Loc::Key {
+                    record: record.clone(),
+                });
             }
             if record.is_directory {
-                let m = self.manifest_of(&key, &record)?;
+                let m = self.manifest_of(key, record)?;
                 let sub = path[key.len() + 1..].to_string();
                 if let Some(entry) = m.entries.iter().find(|e| e.path == sub) {
                     return Ok(Loc::Entry {
                         entry: entry.clone(),
-                        key,
-                        record,
+                        key: key.clone(),
+                        record: record.clone(),
                         sub,
                     });
                 }
@@ -515,20 +504,6 @@ impl<'m> Txn<'m> {
             return Ok(Loc::Implicit);
         }
         Ok(Loc::Nothing)
-    }
-
-    /// Fails unless `path`'s parent can hold it: the root, or a directory of any sort.
-    pub fn check_parent(&self, path: &str) -> Result<(), MetaError> {
-        let mut cur = parent_of(path);
-        while let Some(p) = cur {
-            match self.locate(p)?.kind() {
-                Some(EntryKind::Directory) => return Ok(()),
-                Some(_) => return Err(MetaError::NotDir(format!("{p} is not a directory"))),
-                // Parents of keys need not exist: they appear as directories once a key is below.
-                None => cur = parent_of(p),
-            }
-        }
-        Ok(())
     }
 
     /// Whether a directory at `path` holds nothing.

@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 
 use crate::auth::ticket::{shared, Gate};
 use crate::auth::tls::ServerTls;
-use crate::blocks::files::BlockFiles;
+use crate::blocks::files::{private_dir, BlockFiles};
 use crate::blocks::store::{StoreBlocks, CF_BLOCKS, CF_BLOCK_INDEX};
 use crate::blocks::BlockError;
 use crate::clock::{self, SharedClock};
@@ -174,7 +174,7 @@ impl StoreServerProcess {
             path: data_dir.display().to_string(),
             source,
         };
-        std::fs::create_dir_all(data_dir).map_err(dir_err)?;
+        private_dir(data_dir).map_err(dir_err)?;
         let mut families = meta::FAMILIES.to_vec();
         families.extend([CF_BLOCKS, CF_BLOCK_INDEX]);
         let db = Db::open(&data_dir.join("meta.rocksdb"), &families, &[CF_BLOCKS])?;

@@ -321,12 +321,19 @@ pub fn assert_same_tree(a: &Path, b: &Path) {
     }
 }
 
-fn walk(root: &Path) -> Vec<PathBuf> {
+/// Every path below `root`, depth first; what vanishes while it walks (a daemon's temporary
+/// files) is left out.
+pub fn walk(root: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    for e in std::fs::read_dir(root).unwrap() {
-        let p = e.unwrap().path();
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return out;
+    };
+    for p in entries.flatten().map(|e| e.path()) {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
         out.push(p.clone());
-        if std::fs::symlink_metadata(&p).unwrap().is_dir() {
+        if meta.is_dir() {
             out.extend(walk(&p));
         }
     }

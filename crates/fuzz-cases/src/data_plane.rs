@@ -207,6 +207,7 @@ pub fn data_plane_server(input: &[u8]) {
             ktfs::auth::tls::Conn::Plain(s),
             Arc::new(Mem::default()),
             shared(Gate::Open),
+            Arc::default(),
         ));
         let mut sent = wire::MAGIC.to_vec();
         sent.push(1);

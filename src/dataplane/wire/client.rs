@@ -6,9 +6,9 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, ReadHalf, Write
 
 use super::frame::{
     read_frame, split_hash, write_frame, Response, WireError, CONNECT_TIMEOUT, IDLE_TIMEOUT, MAGIC,
-    OP_BLOCK, OP_BUSY, OP_DELTA, OP_ERROR, OP_GET, OP_GET_DELTA, OP_GET_NOW, OP_GET_PIECE,
-    OP_GET_SWARM, OP_NOT_FOUND, OP_NO_SPACE, OP_PIECE, OP_PUT, OP_PUT_DELTA, OP_SIG, OP_SIGNATURE,
-    OP_STORED, OP_TICKET, PROTO_VERSION,
+    MAX_FRAME, OP_BLOCK, OP_BUSY, OP_DELTA, OP_ERROR, OP_GET, OP_GET_DELTA, OP_GET_NOW,
+    OP_GET_PIECE, OP_GET_SWARM, OP_NOT_FOUND, OP_NO_SPACE, OP_PIECE, OP_PUT, OP_PUT_DELTA, OP_SIG,
+    OP_SIGNATURE, OP_STORED, OP_TICKET, PROTO_VERSION,
 };
 use crate::auth::tls::{self, Peer, Plane};
 use crate::hash::subtree::Piece;
@@ -125,10 +125,22 @@ impl DataSender {
     }
 }
 
+/// What an answer carries beyond the bytes of its block: the hash, a piece's chaining values,
+/// an error's words.
+const ANSWER_OVERHEAD: usize = 64 << 10;
+
 impl DataReceiver {
     /// The next response, in request order. A peer silent for [`IDLE_TIMEOUT`] is an error.
     pub async fn recv(&mut self) -> Result<Response, WireError> {
-        let frame = tokio::time::timeout(IDLE_TIMEOUT, read_frame(&mut self.rd))
+        self.recv_at_most(MAX_FRAME).await
+    }
+
+    /// [`DataReceiver::recv`] of an answer that can carry at most `len` bytes of a block (or of
+    /// a piece, or of a delta): a frame that announces more is refused at its head, before the
+    /// peer can make this side read and hold it.
+    pub async fn recv_at_most(&mut self, len: usize) -> Result<Response, WireError> {
+        let limit = len.saturating_add(ANSWER_OVERHEAD);
+        let frame = tokio::time::timeout(IDLE_TIMEOUT, read_frame(&mut self.rd, limit))
             .await
             .map_err(|_| WireError::Timeout)??;
         let (op, payload) = frame.ok_or(WireError::Closed)?;

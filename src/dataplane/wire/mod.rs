@@ -34,6 +34,7 @@
 //! client half ([`connect`], [`DataSender`], [`DataReceiver`]) is in `client.rs`, the server
 //! half ([`serve_connection`]) in `server.rs`. Neither half names the other.
 
+pub mod admission;
 mod client;
 mod frame;
 mod server;
@@ -42,5 +43,7 @@ mod tests;
 
 pub use crate::auth::tls::Peer;
 pub use client::{connect, open, DataReceiver, DataSender, Duplex, PeerStream};
-pub use frame::{Response, WireError, CONNECT_TIMEOUT, IDLE_TIMEOUT, MAGIC, MAX_FRAME};
+pub use frame::{
+    Response, WireError, CONNECT_TIMEOUT, IDLE_TIMEOUT, MAGIC, MAX_FRAME, POOL_IDLE, SERVER_IDLE,
+};
 pub use server::{refuse_plaintext, serve_connection, SERVER_PIPELINE};

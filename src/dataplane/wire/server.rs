@@ -4,18 +4,20 @@
 //! stored as a file goes out with sendfile(2). [`refuse_plaintext`] answers a client that
 //! connects without TLS to a server that speaks TLS only.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+use super::admission::{Admission, Unticketed};
 use super::frame::{
-    read_frame, split_hash, write_frame, write_head, Response, WireError, CONNECT_TIMEOUT, MAGIC,
-    OP_BLOCK, OP_BUSY, OP_DELTA, OP_ERROR, OP_GET, OP_GET_DELTA, OP_GET_NOW, OP_GET_PIECE,
-    OP_GET_SWARM, OP_NOT_FOUND, OP_NO_SPACE, OP_PIECE, OP_PUT, OP_PUT_DELTA, OP_SIG, OP_SIGNATURE,
-    OP_STORED, OP_TICKET, PROTO_VERSION,
+    read_request, split_hash, write_frame, write_head, Response, WireError, CONNECT_TIMEOUT, MAGIC,
+    MAX_FRAME, OP_BLOCK, OP_BUSY, OP_DELTA, OP_ERROR, OP_GET, OP_GET_DELTA, OP_GET_NOW,
+    OP_GET_PIECE, OP_GET_SWARM, OP_NOT_FOUND, OP_NO_SPACE, OP_PIECE, OP_PUT, OP_PUT_DELTA, OP_SIG,
+    OP_SIGNATURE, OP_STORED, OP_TICKET, PROTO_VERSION, SERVER_IDLE, UNTICKETED_FRAME,
 };
 use crate::auth::ticket::{Grant, Op, SharedGate};
 use crate::auth::tls::{self, Conn, ConnRead, ConnWrite};
@@ -48,10 +50,25 @@ pub async fn refuse_plaintext(stream: TcpStream) {
     let _ = tokio::time::timeout(CONNECT_TIMEOUT, answer).await;
 }
 
-/// Serves one accepted connection until the peer closes it or breaks the protocol.
-pub async fn serve_connection(stream: Conn, svc: Arc<dyn BlockServe>, gate: SharedGate) {
+/// Serves one accepted connection until the peer closes it, breaks the protocol or idles. Until
+/// it shows a ticket the gate admits, the connection counts against `admission`'s caps (a
+/// connection over them is closed at once) and may send only small frames.
+pub async fn serve_connection(
+    stream: Conn,
+    svc: Arc<dyn BlockServe>,
+    gate: SharedGate,
+    admission: Arc<Admission>,
+) {
     let peer = stream.peer_addr().ok();
-    if let Err(e) = serve_inner(stream, svc, gate).await {
+    let Some(slot) = admission.enter(peer.map(|p| p.ip())) else {
+        metrics::REFUSED_CONNECTIONS.inc();
+        tracing::debug!(
+            ?peer,
+            "data-plane connection refused: too many without a ticket"
+        );
+        return;
+    };
+    if let Err(e) = serve_inner(stream, svc, gate, slot).await {
         tracing::debug!(?peer, error = %e, "data-plane connection ended");
     }
 }
@@ -62,6 +79,7 @@ async fn serve_inner(
     stream: Conn,
     svc: Arc<dyn BlockServe>,
     gate: SharedGate,
+    slot: Unticketed,
 ) -> Result<(), WireError> {
     if let Conn::Plain(s) = &stream {
         s.set_nodelay(true)?;
@@ -69,12 +87,16 @@ async fn serve_inner(
     let (rd, wr) = stream.into_split();
     let mut rd = BufReader::with_capacity(256 << 10, rd);
     let mut hello = [0u8; 5];
-    rd.read_exact(&mut hello).await?;
+    tokio::time::timeout(CONNECT_TIMEOUT, rd.read_exact(&mut hello))
+        .await
+        .map_err(|_| WireError::Timeout)??;
     if hello[..4] != MAGIC || hello[4] != PROTO_VERSION {
         return Err(WireError::BadMagic);
     }
     let (tx, rx) = mpsc::channel(SERVER_PIPELINE);
-    let (r, w) = tokio::join!(read_requests(rd, svc, gate, tx), write_answers(wr, rx));
+    let outstanding = Arc::new(AtomicUsize::new(0));
+    let reading = read_requests(rd, svc, gate, slot, (tx, outstanding.clone()));
+    let (r, w) = tokio::join!(reading, write_answers(wr, rx, &outstanding));
     r.and(w)
 }
 
@@ -107,18 +129,44 @@ impl Tickets {
     }
 }
 
-/// Reads requests until the peer closes the connection, starts the work on each and hands it to
-/// the writer; the channel's bound is how many are worked on at once.
+/// Reads requests until the peer closes the connection (or says nothing for
+/// [`SERVER_IDLE`]), starts the work on each and hands it to the writer; the channel's bound
+/// is how many are worked on at once.
 async fn read_requests(
     mut rd: BufReader<ConnRead>,
     svc: Arc<dyn BlockServe>,
     gate: SharedGate,
-    jobs: mpsc::Sender<Job>,
+    slot: Unticketed,
+    (jobs, outstanding): (mpsc::Sender<Job>, Arc<AtomicUsize>),
 ) -> Result<(), WireError> {
     let mut tickets = Tickets::default();
-    while let Some((op, payload)) = read_frame(&mut rd).await? {
+    // A server that asks for no ticket has no one to tell from anyone else.
+    let mut slot = (!crate::locks::read(&gate).is_open()).then_some(slot);
+    loop {
+        let limit = if slot.is_some() {
+            UNTICKETED_FRAME
+        } else {
+            MAX_FRAME
+        };
+        // Waiting for the next frame, not reading one (a buffered wait loses nothing when it
+        // ends): a connection silent with nothing left to answer is let go.
+        match tokio::time::timeout(SERVER_IDLE, rd.fill_buf()).await {
+            Err(_) if outstanding.load(Ordering::Acquire) > 0 => continue,
+            Err(_) => return Err(WireError::Timeout),
+            Ok(buffered) => {
+                if buffered?.is_empty() {
+                    break;
+                }
+            }
+        }
+        let Some((op, payload)) = read_request(&mut rd, limit).await? else {
+            break;
+        };
         if op == OP_TICKET {
             tickets.present(&gate, &payload);
+            if !tickets.grants.is_empty() {
+                slot = None;
+            }
             continue;
         }
         let (hash, data) = split_hash(payload)?;
@@ -129,7 +177,9 @@ async fn read_requests(
             refused_ticket: tickets.refused.clone(),
             hash,
         };
-        if jobs.send(start(op, req, data)?).await.is_err() {
+        let job = start(op, req, data)?;
+        outstanding.fetch_add(1, Ordering::AcqRel);
+        if jobs.send(job).await.is_err() {
             break;
         }
     }
@@ -471,8 +521,13 @@ fn serve_put_delta(
 
 /// Writes the answers in request order, each once its work is done; a block stored as a file
 /// goes out from the file.
-async fn write_answers(mut wr: ConnWrite, mut jobs: mpsc::Receiver<Job>) -> Result<(), WireError> {
+async fn write_answers(
+    mut wr: ConnWrite,
+    mut jobs: mpsc::Receiver<Job>,
+    outstanding: &AtomicUsize,
+) -> Result<(), WireError> {
     while let Some(job) = jobs.recv().await {
+        let _answered = Answered(outstanding);
         // An upload slot is held until its answer is written.
         let (answer, _slot) = match job.await.unwrap_or_else(failed) {
             Answer::Slotted(a, slot) => (*a, Some(slot)),
@@ -493,6 +548,15 @@ async fn write_answers(mut wr: ConnWrite, mut jobs: mpsc::Receiver<Job>) -> Resu
     }
     wr.shutdown().await.ok();
     Ok(())
+}
+
+/// Counts an answer written (or given up) when dropped.
+struct Answered<'a>(&'a AtomicUsize);
+
+impl Drop for Answered<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// One answer as its frame.

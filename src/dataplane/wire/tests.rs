@@ -57,7 +57,12 @@ async fn a_gated_server_serves_what_the_tickets_presented_allow() {
     tokio::spawn(async move {
         loop {
             let (s, _) = listener.accept().await.unwrap();
-            tokio::spawn(serve_connection(Conn::Plain(s), svc.clone(), gate.clone()));
+            tokio::spawn(serve_connection(
+                Conn::Plain(s),
+                svc.clone(),
+                gate.clone(),
+                Arc::default(),
+            ));
         }
     });
     let refused = |r: Response, why: &str| match r {
@@ -104,7 +109,12 @@ async fn serving(svc: Arc<dyn BlockServe>, gate: SharedGate) -> String {
     tokio::spawn(async move {
         loop {
             let (s, _) = listener.accept().await.unwrap();
-            tokio::spawn(serve_connection(Conn::Plain(s), svc.clone(), gate.clone()));
+            tokio::spawn(serve_connection(
+                Conn::Plain(s),
+                svc.clone(),
+                gate.clone(),
+                Arc::default(),
+            ));
         }
     });
     addr
@@ -229,6 +239,7 @@ async fn file_blocks_go_out_whole_with_sendfile_and_oversized_ones_are_refused()
                 Conn::Plain(s),
                 svc.clone(),
                 shared(Gate::Open),
+                Arc::default(),
             ));
         }
     });
@@ -418,4 +429,66 @@ async fn a_piece_from_a_source_whose_block_lies_is_refused_and_taken_from_the_ne
     // A piece past the block's end, or of a cut the wire does not serve, is no job.
     assert!(whole.piece(16, 5).is_none());
     assert!(whole.piece(12, 0).is_none());
+}
+
+/// A peer that announces an answer far longer than the block asked for (64 MiB for 2 MiB) is
+/// refused at the frame's head: the client reads none of it, rather than all of it before the
+/// hash check refused it.
+#[tokio::test]
+async fn an_answer_longer_than_its_block_is_refused_at_its_head() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let liar = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut hello_and_get = [0u8; 5 + 5 + 32];
+        s.read_exact(&mut hello_and_get).await.unwrap();
+        let mut head = vec![super::frame::OP_BLOCK];
+        head.extend_from_slice(&(64u32 << 20).to_be_bytes());
+        head.extend_from_slice(&hello_and_get[10..]);
+        s.write_all(&head).await.unwrap();
+        // Open, with nothing more sent.
+        s
+    });
+    let (mut tx, mut rx) = connect(&addr, Peer::Store).await.unwrap();
+    tx.get(&BlockHash::of(b"two mebibytes")).await.unwrap();
+    match rx.recv_at_most(2 << 20).await {
+        Err(WireError::FrameTooLarge(n)) => assert_eq!(n, 64 << 20),
+        other => panic!("{other:?}"),
+    }
+    drop(liar);
+}
+
+/// A server reads no frame over the small limit from a connection that presented no ticket
+/// its gate admits, and closes it; one that presented a ticket may upload blocks.
+#[tokio::test]
+async fn a_connection_without_a_ticket_sends_only_small_frames() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let key = TicketKey::from_bytes(&[6; 32]).unwrap();
+    let gate = shared(Gate::Tickets {
+        key: key.clone(),
+        versions: None,
+    });
+    let svc: Arc<dyn BlockServe> = Arc::new(Mem::default());
+    tokio::spawn(async move {
+        loop {
+            let (s, _) = listener.accept().await.unwrap();
+            let (svc, gate) = (svc.clone(), gate.clone());
+            tokio::spawn(serve_connection(Conn::Plain(s), svc, gate, Arc::default()));
+        }
+    });
+    let block = vec![5u8; 100_000];
+    let (mut tx, mut rx) = connect(&addr, Peer::Store).await.unwrap();
+    // The server may close before the whole frame is written.
+    let _ = tx.put(&BlockHash::of(&block), &block).await;
+    assert!(
+        matches!(rx.recv().await, Err(WireError::Closed | WireError::Io(_))),
+        "a large frame without a ticket was read"
+    );
+    let (mut tx, mut rx) = connect(&addr, Peer::Store).await.unwrap();
+    tx.ticket(&key.issue(&Grant::Write, WRITE_TTL))
+        .await
+        .unwrap();
+    tx.put(&BlockHash::of(&block), &block).await.unwrap();
+    assert!(matches!(rx.recv().await.unwrap(), Response::Stored(_)));
 }

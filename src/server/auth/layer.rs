@@ -53,7 +53,12 @@ where
         let auth = self.auth.clone();
         Box::pin(async move {
             let header = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
-            match auth.authenticate(header).await {
+            let peer = req
+                .extensions()
+                .get::<tonic::transport::server::TcpConnectInfo>()
+                .and_then(|c| c.remote_addr)
+                .map(|a| a.ip());
+            match auth.authenticate(header, peer).await {
                 Ok(principal) => {
                     if principal != Principal::Anyone {
                         tracing::trace!(%principal, path = %req.uri().path(), "authenticated");

@@ -18,6 +18,7 @@
 pub mod layer;
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -35,6 +36,13 @@ const REVIEW_TTL: Duration = Duration::from_secs(60);
 const CACHE_MAX: usize = 8192;
 /// The longest a review may take before the call fails as unavailable.
 const REVIEW_PATIENCE: Duration = Duration::from_secs(10);
+/// Reviews one address may cause: a burst of this many, then [`REVIEWS_PER_SEC`]. A token
+/// refused is remembered as long as one accepted, but a caller with endless new junk tokens
+/// would make the Kubernetes API answer each (400 junk tokens made 400 reviews).
+const REVIEW_BURST: f64 = 20.0;
+const REVIEWS_PER_SEC: f64 = 5.0;
+/// Addresses whose reviews are counted at most; beyond it the idle ones are forgotten.
+const PEERS_MAX: usize = 4096;
 
 /// A caller, once authenticated.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -157,6 +165,9 @@ impl From<AuthError> for Status {
     }
 }
 
+/// A token's review: its principal, or why it was refused; and when.
+type Reviewed = (Result<Principal, String>, Instant);
+
 /// Turns credentials into principals.
 pub struct Authenticator {
     /// The shared token's hash: compared in constant time, and never kept in the clear.
@@ -164,7 +175,10 @@ pub struct Authenticator {
     /// The node tokens the shared token makes.
     node_tokens: Option<NodeTokens>,
     review: Option<TokenReview>,
-    reviewed: Mutex<HashMap<blake3::Hash, (Principal, Instant)>>,
+    /// Each token reviewed lately: its principal, or why it was refused.
+    reviewed: Mutex<HashMap<blake3::Hash, Reviewed>>,
+    /// Reviews each address may still cause now, and when that was counted.
+    budgets: Mutex<HashMap<Option<IpAddr>, (f64, Instant)>>,
 }
 
 impl Authenticator {
@@ -174,11 +188,36 @@ impl Authenticator {
             shared: cfg.shared_token.map(|t| blake3::hash(t.trim().as_bytes())),
             review: cfg.token_review,
             reviewed: Mutex::new(HashMap::new()),
+            budgets: Mutex::new(HashMap::new()),
         }
     }
 
-    /// The principal of a call whose `authorization` value is `header`.
-    pub async fn authenticate(&self, header: Option<&[u8]>) -> Result<Principal, AuthError> {
+    /// Takes one review from `peer`'s budget; `false` where it has none left.
+    fn may_review(&self, peer: Option<IpAddr>) -> bool {
+        let mut budgets = locks::lock(&self.budgets);
+        if budgets.len() >= PEERS_MAX {
+            budgets.retain(|_, (left, at)| {
+                *left + at.elapsed().as_secs_f64() * REVIEWS_PER_SEC < REVIEW_BURST
+            });
+        }
+        let (left, at) = budgets
+            .entry(peer)
+            .or_insert((REVIEW_BURST, Instant::now()));
+        *left = (*left + at.elapsed().as_secs_f64() * REVIEWS_PER_SEC).min(REVIEW_BURST);
+        *at = Instant::now();
+        if *left < 1.0 {
+            return false;
+        }
+        *left -= 1.0;
+        true
+    }
+
+    /// The principal of a call from `peer` whose `authorization` value is `header`.
+    pub async fn authenticate(
+        &self,
+        header: Option<&[u8]>,
+        peer: Option<IpAddr>,
+    ) -> Result<Principal, AuthError> {
         if self.shared.is_none() && self.review.is_none() {
             return Ok(Principal::Anyone);
         }
@@ -204,8 +243,13 @@ impl Authenticator {
         };
         if let Some((p, at)) = locks::lock(&self.reviewed).get(&hash) {
             if at.elapsed() < REVIEW_TTL {
-                return Ok(p.clone());
+                return p.clone().map_err(AuthError::Refused);
             }
+        }
+        if !self.may_review(peer) {
+            return Err(AuthError::Unavailable(
+                "too many tokens to review from this address: try again shortly".into(),
+            ));
         }
         let asked = tokens::review(review.client.clone(), token, &review.audiences);
         let answer = tokio::time::timeout(REVIEW_PATIENCE, asked)
@@ -214,16 +258,14 @@ impl Authenticator {
             .map_err(|e| AuthError::Unavailable(e.to_string()))?;
         let principal = match answer {
             Review::ServiceAccount(sa, node) if review.nodes.contains(&sa) => {
-                Principal::Node { sa, node }
+                Ok(Principal::Node { sa, node })
             }
-            Review::ServiceAccount(sa, _) => Principal::Account(sa),
-            Review::OtherUser(user) => {
-                return Err(AuthError::Refused(format!(
-                    "{user} is not a ServiceAccount; ktfs takes ServiceAccount tokens (from a \
-                     laptop, `kt --kubeconfig` asks for one)"
-                )))
-            }
-            Review::Rejected(why) => return Err(AuthError::Refused(why)),
+            Review::ServiceAccount(sa, _) => Ok(Principal::Account(sa)),
+            Review::OtherUser(user) => Err(format!(
+                "{user} is not a ServiceAccount; ktfs takes ServiceAccount tokens (from a \
+                 laptop, `kt --kubeconfig` asks for one)"
+            )),
+            Review::Rejected(why) => Err(why),
         };
         let mut reviewed = locks::lock(&self.reviewed);
         if reviewed.len() >= CACHE_MAX {
@@ -233,7 +275,7 @@ impl Authenticator {
             }
         }
         reviewed.insert(hash, (principal.clone(), Instant::now()));
-        Ok(principal)
+        principal.map_err(AuthError::Refused)
     }
 }
 
@@ -314,23 +356,28 @@ mod tests {
             token_review: None,
         });
         assert_eq!(
-            auth.authenticate(Some(b"Bearer s3cret")).await.unwrap(),
+            auth.authenticate(Some(b"Bearer s3cret"), None)
+                .await
+                .unwrap(),
             Principal::Operator
         );
         assert!(matches!(
-            auth.authenticate(None).await,
+            auth.authenticate(None, None).await,
             Err(AuthError::Missing)
         ));
         assert!(matches!(
-            auth.authenticate(Some(b"Bearer wrong")).await,
+            auth.authenticate(Some(b"Bearer wrong"), None).await,
             Err(AuthError::Refused(_))
         ));
         assert!(matches!(
-            auth.authenticate(Some(b"s3cret")).await,
+            auth.authenticate(Some(b"s3cret"), None).await,
             Err(AuthError::Malformed)
         ));
         let open = Authenticator::new(AuthConfig::default());
-        assert_eq!(open.authenticate(None).await.unwrap(), Principal::Anyone);
+        assert_eq!(
+            open.authenticate(None, None).await.unwrap(),
+            Principal::Anyone
+        );
     }
 
     #[tokio::test]
@@ -341,7 +388,7 @@ mod tests {
         });
         let n1 = NodeTokens::new("s3cret").token_for("n1").unwrap();
         let p = auth
-            .authenticate(Some(format!("Bearer {n1}").as_bytes()))
+            .authenticate(Some(format!("Bearer {n1}").as_bytes()), None)
             .await
             .unwrap();
         assert_eq!(p, Principal::NodeToken("n1".into()));
@@ -358,7 +405,7 @@ mod tests {
             n1.replace(".n1", ".n2"),
         ] {
             let refused = auth
-                .authenticate(Some(format!("Bearer {forged}").as_bytes()))
+                .authenticate(Some(format!("Bearer {forged}").as_bytes()), None)
                 .await;
             assert!(
                 matches!(&refused, Err(AuthError::Refused(why)) if why.contains("not made from")),

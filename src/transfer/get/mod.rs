@@ -12,6 +12,7 @@ mod plan;
 mod reuse;
 
 pub use error::GetError;
+pub use plan::Preserve;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -63,6 +64,8 @@ pub struct GetOptions {
     pub store_only: bool,
     /// Who it talks to (by default the store at `server`, and peers over TCP).
     pub remotes: Remotes,
+    /// Devices, owners and set-ID bits given back (none by default).
+    pub preserve: Preserve,
 }
 
 #[derive(Debug, Serialize, Default)]
@@ -301,7 +304,7 @@ async fn fetch_one(
         return Ok(());
     }
     let root = at.root;
-    let layout = Layout::plan(entries, root, opts.force)?;
+    let layout = Layout::plan(entries, root, opts.force, opts.preserve)?;
     let mut guard = TempGuard::default();
     let laid = layout.lay_out(&mut guard)?;
     let copies = if opts.force {

@@ -15,6 +15,40 @@ use crate::dataplane::fetch::BlockJob;
 use crate::manifest::{self, EntryKind, FileEntry, ManifestError};
 use crate::proto::LocalFile;
 
+/// What of a published entry's metadata a get gives back beyond its bytes, times and
+/// permission bits. A manifest is another user's word: by default a get, even as root, makes
+/// no device node, gives no set-user-ID or set-group-ID bit, and leaves the files to the
+/// caller, as rsync does without `-D` and `-o`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Preserve {
+    /// Make character and block devices (`--preserve-devices`; needs CAP_MKNOD).
+    pub devices: bool,
+    /// Give entries their published owner, and files their set-user-ID and set-group-ID
+    /// bits (`--preserve-owner`; the owner needs root).
+    pub owner: bool,
+}
+
+impl Preserve {
+    /// The permission bits `e` is given.
+    fn mode(self, e: &FileEntry) -> u32 {
+        if self.owner {
+            e.mode & 0o7777
+        } else {
+            e.mode & 0o1777
+        }
+    }
+
+    /// The owner `e` is given, when asked for and this process may give it (root).
+    fn owner(self, e: &FileEntry) -> Option<(u32, u32)> {
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        match (self.owner && root, e.uid, e.gid) {
+            (true, Some(uid), Some(gid)) => Some((uid, gid)),
+            _ => None,
+        }
+    }
+}
+
 /// What to do with one manifest entry at the destination.
 pub(super) enum Plan {
     Dir,
@@ -23,6 +57,8 @@ pub(super) enum Plan {
     Special,
     /// Already there with the same size and mtime (rsync's quick check).
     UpToDate,
+    /// A device node the caller did not ask for: not made.
+    Skip,
     /// Fetch into this temporary file, then rename.
     Fetch(PathBuf),
 }
@@ -31,12 +67,18 @@ pub(super) enum Plan {
 pub(super) struct Layout<'m> {
     pub entries: Vec<&'m FileEntry>,
     pub plans: Vec<(PathBuf, Plan)>,
+    preserve: Preserve,
 }
 
 impl<'m> Layout<'m> {
     /// Checks the whole destination below `root` before writing anything: an existing entry
     /// that differs is refused unless `force`.
-    pub fn plan(entries: Vec<&'m FileEntry>, root: &Path, force: bool) -> Result<Self, GetError> {
+    pub fn plan(
+        entries: Vec<&'m FileEntry>,
+        root: &Path,
+        force: bool,
+        preserve: Preserve,
+    ) -> Result<Self, GetError> {
         let mut plans = Vec::with_capacity(entries.len());
         for e in &entries {
             let path = if e.path.is_empty() {
@@ -44,10 +86,14 @@ impl<'m> Layout<'m> {
             } else {
                 root.join(&e.path)
             };
-            let plan = plan_entry(e, &path, force)?;
+            let plan = plan_entry(e, &path, force, preserve)?;
             plans.push((path, plan));
         }
-        Ok(Layout { entries, plans })
+        Ok(Layout {
+            entries,
+            plans,
+            preserve,
+        })
     }
 
     fn each(&self) -> impl DoubleEndedIterator<Item = (&'m FileEntry, &Path, &Plan)> + '_ {
@@ -128,19 +174,20 @@ impl<'m> Layout<'m> {
     /// symlinks are made, and directories get their modes last and deepest first (so a
     /// read-only directory is filled before it closes).
     pub fn finish(&self, guard: &mut TempGuard) -> Result<(), GetError> {
+        let keep = self.preserve;
         for (e, path, plan) in self.each() {
             match plan {
                 Plan::Fetch(tmp) => {
-                    finish_file(tmp, e)?;
+                    finish_file(tmp, e, keep)?;
                     if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
                         fs::remove_file(path).map_err(io(path))?;
                     }
                     fs::rename(tmp, path).map_err(io(path))?;
                 }
-                Plan::Special => place_special(path, e)?,
+                Plan::Special => place_special(path, e, keep)?,
                 Plan::Symlink => {
                     place_symlink(path, &e.symlink_target)?;
-                    if let Some((uid, gid)) = owner_to_restore(e) {
+                    if let Some((uid, gid)) = keep.owner(e) {
                         std::os::unix::fs::lchown(path, Some(uid), Some(gid)).map_err(io(path))?;
                     }
                 }
@@ -150,10 +197,11 @@ impl<'m> Layout<'m> {
         guard.0.clear();
         for (e, path, plan) in self.each().rev() {
             if let Plan::Dir = plan {
-                if let Some((uid, gid)) = owner_to_restore(e) {
+                if let Some((uid, gid)) = keep.owner(e) {
                     std::os::unix::fs::chown(path, Some(uid), Some(gid)).map_err(io(path))?;
                 }
-                fs::set_permissions(path, fs::Permissions::from_mode(e.mode)).map_err(io(path))?;
+                fs::set_permissions(path, fs::Permissions::from_mode(keep.mode(e)))
+                    .map_err(io(path))?;
             }
         }
         Ok(())
@@ -168,7 +216,12 @@ pub(super) struct Laid {
     pub jobs: Vec<BlockJob>,
 }
 
-fn plan_entry(e: &FileEntry, path: &Path, force: bool) -> Result<Plan, GetError> {
+fn plan_entry(
+    e: &FileEntry,
+    path: &Path,
+    force: bool,
+    preserve: Preserve,
+) -> Result<Plan, GetError> {
     let existing = fs::symlink_metadata(path).ok();
     let differs = || GetError::Exists(path.display().to_string());
     Ok(match e.kind() {
@@ -189,6 +242,10 @@ fn plan_entry(e: &FileEntry, path: &Path, force: bool) -> Result<Plan, GetError>
                 }
             }
             Plan::Symlink
+        }
+        EntryKind::CharDevice | EntryKind::BlockDevice if !preserve.devices => {
+            tracing::warn!(path = %path.display(), "a device node: skipped (--preserve-devices makes it)");
+            Plan::Skip
         }
         EntryKind::Fifo | EntryKind::Socket | EntryKind::CharDevice | EntryKind::BlockDevice => {
             if let Some(x) = &existing {
@@ -229,7 +286,7 @@ fn same_special(x: &fs::Metadata, e: &FileEntry) -> bool {
 
 /// Makes a fifo, socket or device node at `path`; where the caller may not (a device node
 /// without CAP_MKNOD), says so and goes on, as `rsync -a` run by a user does.
-fn place_special(path: &Path, e: &FileEntry) -> Result<(), GetError> {
+fn place_special(path: &Path, e: &FileEntry, keep: Preserve) -> Result<(), GetError> {
     use std::os::unix::ffi::OsStrExt;
     if let Some(parent) = path.parent() {
         fs::create_dir_all(parent).map_err(io(parent))?;
@@ -253,7 +310,7 @@ fn place_special(path: &Path, e: &FileEntry) -> Result<(), GetError> {
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io(path)(std::io::ErrorKind::InvalidInput.into()))?;
     // SAFETY: `c` is a valid C string; mknod reads nothing else.
-    let r = unsafe { libc::mknod(c.as_ptr(), kind | (e.mode & 0o7777), e.rdev as libc::dev_t) };
+    let r = unsafe { libc::mknod(c.as_ptr(), kind | keep.mode(e), e.rdev as libc::dev_t) };
     if r != 0 {
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() == Some(libc::EPERM) {
@@ -263,8 +320,8 @@ fn place_special(path: &Path, e: &FileEntry) -> Result<(), GetError> {
         return Err(io(path)(err));
     }
     // mknod's mode passed through the umask; the entry's is what it was.
-    fs::set_permissions(path, fs::Permissions::from_mode(e.mode & 0o7777)).map_err(io(path))?;
-    if let Some((uid, gid)) = owner_to_restore(e) {
+    fs::set_permissions(path, fs::Permissions::from_mode(keep.mode(e))).map_err(io(path))?;
+    if let Some((uid, gid)) = keep.owner(e) {
         std::os::unix::fs::lchown(path, Some(uid), Some(gid)).map_err(io(path))?;
     }
     Ok(())
@@ -306,7 +363,7 @@ fn temp_name(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.ktpart-{}", std::process::id()))
 }
 
-fn finish_file(tmp: &Path, e: &FileEntry) -> Result<(), GetError> {
+fn finish_file(tmp: &Path, e: &FileEntry, keep: Preserve) -> Result<(), GetError> {
     let f = File::options().write(true).open(tmp).map_err(io(tmp))?;
     if e.mtime_sec >= 0 {
         let t = UNIX_EPOCH + Duration::new(e.mtime_sec as u64, e.mtime_nsec);
@@ -318,23 +375,12 @@ fn finish_file(tmp: &Path, e: &FileEntry) -> Result<(), GetError> {
         .map_err(io(tmp))?;
     }
     // Before the mode: a chown clears the set-user-ID and set-group-ID bits.
-    if let Some((uid, gid)) = owner_to_restore(e) {
+    if let Some((uid, gid)) = keep.owner(e) {
         std::os::unix::fs::fchown(&f, Some(uid), Some(gid)).map_err(io(tmp))?;
     }
-    f.set_permissions(fs::Permissions::from_mode(e.mode))
+    f.set_permissions(fs::Permissions::from_mode(keep.mode(e)))
         .map_err(io(tmp))?;
     Ok(())
-}
-
-/// The owner `e` was published with, when this process may give it (root, as `rsync -a`);
-/// otherwise the caller owns what it gets.
-fn owner_to_restore(e: &FileEntry) -> Option<(u32, u32)> {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    match (root, e.uid, e.gid) {
-        (true, Some(uid), Some(gid)) => Some((uid, gid)),
-        _ => None,
-    }
 }
 
 /// Removes temporary files left by a get that did not finish.
