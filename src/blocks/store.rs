@@ -1,12 +1,14 @@
 //! The store server's blocks: small ones in RocksDB, large ones as files named by hash
 //! ([`BlockFiles`]), all of them in an index that says which exist and where.
 //!
-//! Large blocks are written without RocksDB's write-ahead log and their files without a sync;
-//! the publish that first needs them makes both durable ([`StoreBlocks::make_durable`]), with
-//! one sync for all of them: files first, index after, so a crash never leaves an index entry
-//! without its block, and a key is never published before its blocks are safe.
+//! Large blocks are written as files without a sync, and known to the store (held, served,
+//! counted by a publish's check) from a list in memory; the publish that first needs them makes
+//! them durable ([`StoreBlocks::make_durable`]) with one sync for all of them, files first and
+//! their index entries after, so a crash never leaves an index entry without its block, and a
+//! key is never published before its blocks are safe. Uploads go on while a sync runs: the
+//! sync once held every block write of the store (every tenant's) for its whole length.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashMap;
 use std::sync::{Mutex, RwLock};
 
 use bytes::Bytes;
@@ -29,10 +31,15 @@ const IN_FILE: u8 = b'f';
 pub struct StoreBlocks {
     db: Db,
     files: BlockFiles,
-    /// `true` while some large blocks may be only in the memtable. Block writes hold the gate
-    /// shared; [`StoreBlocks::make_durable`] holds it alone, so no block it has seen escapes.
-    volatile_gate: RwLock<()>,
-    volatile_blocks: AtomicBool,
+    /// Block writes hold it shared and [`StoreBlocks::remove_orphan`] alone, so a file being
+    /// written is never taken for an orphan before it is listed.
+    write_gate: RwLock<()>,
+    /// Large blocks written and not yet indexed, with their lengths: the next
+    /// [`StoreBlocks::make_durable`] syncs their files and indexes them.
+    unindexed: Mutex<HashMap<BlockHash, u32>>,
+    /// One [`StoreBlocks::make_durable`] at a time: a publish that finds nothing left to index
+    /// must still wait for the sync under way of the blocks it names.
+    syncing: Mutex<()>,
     /// Blocks stored or asked about lately, which garbage collection keeps.
     touched: Mutex<Touched<BlockHash>>,
 }
@@ -43,8 +50,9 @@ impl StoreBlocks {
         StoreBlocks {
             db,
             files,
-            volatile_gate: RwLock::new(()),
-            volatile_blocks: AtomicBool::new(false),
+            write_gate: RwLock::new(()),
+            unindexed: Mutex::default(),
+            syncing: Mutex::new(()),
             touched: Mutex::new(Touched::default()),
         }
     }
@@ -67,14 +75,11 @@ impl StoreBlocks {
                 BatchOp::Put(CF_BLOCK_INDEX, k.to_vec(), len.to_vec()),
             ])?);
         }
-        let _gate = locks::read(&self.volatile_gate);
+        let _gate = locks::read(&self.write_gate);
         self.files
             .write(hash, data)
             .map_err(|e| self.files.error(e))?;
-        let mut v = len.to_vec();
-        v.push(IN_FILE);
-        self.db.put_volatile(&[(CF_BLOCK_INDEX, k, &v)])?;
-        self.volatile_blocks.store(true, Ordering::Release);
+        locks::lock(&self.unindexed).insert(*hash, data.len() as u32);
         Ok(())
     }
 
@@ -89,6 +94,9 @@ impl StoreBlocks {
     pub fn stored_len(&self, hash: &BlockHash) -> Result<Option<u32>, BlockError> {
         // Whoever asks is about to publish (or upload) it.
         locks::lock(&self.touched).touch(*hash);
+        if let Some(len) = locks::lock(&self.unindexed).get(hash) {
+            return Ok(Some(*len));
+        }
         let Some(v) = self.db.get(CF_BLOCK_INDEX, hash.as_bytes())? else {
             return Ok(None);
         };
@@ -117,10 +125,15 @@ impl StoreBlocks {
     /// A block's bytes for the data plane: an open file for a large block (sent with
     /// sendfile), the value itself for a small one.
     pub fn get(&self, hash: &BlockHash) -> Result<Option<Served>, BlockError> {
-        let Some(v) = self.db.get(CF_BLOCK_INDEX, hash.as_bytes())? else {
-            return Ok(None);
+        let unindexed = locks::lock(&self.unindexed).contains_key(hash);
+        let in_file = match unindexed {
+            true => true,
+            false => match self.db.get(CF_BLOCK_INDEX, hash.as_bytes())? {
+                None => return Ok(None),
+                Some(v) => v.get(4) == Some(&IN_FILE),
+            },
         };
-        if v.get(4) == Some(&IN_FILE) {
+        if in_file {
             let found = self
                 .files
                 .open_block(hash)
@@ -164,8 +177,11 @@ impl StoreBlocks {
         locks::lock(&self.touched).contains(hash)
     }
 
-    /// Calls `f` with every block in the index.
+    /// Calls `f` with every block the store holds: those uploaded and not yet indexed, then
+    /// those in the index.
     pub fn for_each_block(&self, mut f: impl FnMut(BlockHash)) -> Result<(), BlockError> {
+        let unindexed: Vec<BlockHash> = locks::lock(&self.unindexed).keys().copied().collect();
+        unindexed.into_iter().for_each(&mut f);
         self.db.for_each(CF_BLOCK_INDEX, |k, _| {
             if let Some(h) = BlockHash::from_slice(k) {
                 f(h);
@@ -178,11 +194,15 @@ impl StoreBlocks {
     /// Deletes a block (index entry first, so a crash between leaves an orphan file, never an
     /// entry without its block); returns its length.
     pub fn remove(&self, hash: &BlockHash) -> Result<u64, BlockError> {
-        let len = self
-            .db
-            .get(CF_BLOCK_INDEX, hash.as_bytes())?
-            .and_then(|v| Some(u32::from_be_bytes(v.get(..4)?.try_into().ok()?)))
-            .unwrap_or(0);
+        let unindexed = locks::lock(&self.unindexed).remove(hash);
+        let len = match unindexed {
+            Some(len) => len,
+            None => self
+                .db
+                .get(CF_BLOCK_INDEX, hash.as_bytes())?
+                .and_then(|v| Some(u32::from_be_bytes(v.get(..4)?.try_into().ok()?)))
+                .unwrap_or(0),
+        };
         let k = hash.as_bytes().to_vec();
         self.db.write(vec![
             BatchOp::Delete(CF_BLOCK_INDEX, k.clone()),
@@ -205,29 +225,59 @@ impl StoreBlocks {
 
     /// Deletes an orphan block file if it still is one; whether it did.
     pub fn remove_orphan(&self, hash: &BlockHash) -> Result<bool, BlockError> {
-        let _gate = locks::write(&self.volatile_gate);
-        if self.db.get(CF_BLOCK_INDEX, hash.as_bytes())?.is_some() {
+        let _gate = locks::write(&self.write_gate);
+        if locks::lock(&self.unindexed).contains_key(hash)
+            || self.db.get(CF_BLOCK_INDEX, hash.as_bytes())?.is_some()
+        {
             return Ok(false);
         }
         self.files.remove(hash).map_err(|e| self.files.error(e))?;
         Ok(true)
     }
 
-    /// Flushes the blocks written without the WAL, if there are any.
+    /// [`StoreBlocks::make_durable`] where one of `named` is not indexed yet (written, or in a
+    /// sync under way); at once otherwise.
+    pub fn make_durable_for(&self, named: &[BlockHash]) -> Result<(), BlockError> {
+        let waits = {
+            let unindexed = locks::lock(&self.unindexed);
+            named.iter().any(|h| unindexed.contains_key(h))
+        };
+        match waits {
+            true => self.make_durable(),
+            false => Ok(()),
+        }
+    }
+
+    /// Syncs the files of the blocks written so far and indexes them. The entries go through
+    /// the database's log, which the publish that asked syncs with its own change; a crash
+    /// between the two leaves files the index does not know (uploaded again if asked for,
+    /// collected as orphans), never an index entry without its block.
     pub fn make_durable(&self) -> Result<(), BlockError> {
-        let _gate = locks::write(&self.volatile_gate);
-        if self.volatile_blocks.swap(false, Ordering::AcqRel) {
-            // Blocks first: a crash between the two leaves blocks the index does not know
-            // (uploaded again if asked for), never an index entry without its block.
-            let flushed = self
-                .files
-                .sync()
-                .map_err(|e| self.files.error(e))
-                .and_then(|()| Ok(self.db.flush_family(CF_BLOCK_INDEX)?));
-            if let Err(e) = flushed {
-                self.volatile_blocks.store(true, Ordering::Release);
-                return Err(e);
-            }
+        let _one = locks::lock(&self.syncing);
+        // Listed before the sync, so every one of them is a file the sync covers.
+        let listed: Vec<(BlockHash, u32)> = locks::lock(&self.unindexed)
+            .iter()
+            .map(|(h, len)| (*h, *len))
+            .collect();
+        if listed.is_empty() {
+            return Ok(());
+        }
+        self.files.sync().map_err(|e| self.files.error(e))?;
+        // Under the list's lock: a block collected since it was listed (its file gone) is not
+        // indexed, and one collected after is found in the index.
+        let mut unindexed = locks::lock(&self.unindexed);
+        let entries: Vec<BatchOp> = listed
+            .iter()
+            .filter(|(h, _)| unindexed.contains_key(h))
+            .map(|(h, len)| {
+                let mut v = len.to_be_bytes().to_vec();
+                v.push(IN_FILE);
+                BatchOp::Put(CF_BLOCK_INDEX, h.as_bytes().to_vec(), v)
+            })
+            .collect();
+        self.db.write(entries)?;
+        for (h, _) in &listed {
+            unindexed.remove(h);
         }
         Ok(())
     }
@@ -242,5 +292,46 @@ impl BlockServe for StoreBlocks {
 
     fn put(&self, hash: &BlockHash, data: Bytes) -> Result<(), BlockError> {
         StoreBlocks::put(self, hash, &data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(dir: &std::path::Path) -> StoreBlocks {
+        let db = Db::open(&dir.join("db"), &[CF_BLOCKS, CF_BLOCK_INDEX], &[CF_BLOCKS]).unwrap();
+        StoreBlocks::new(db, BlockFiles::open(&dir.join("blocks")).unwrap())
+    }
+
+    /// Uploads go on while a publish's sync runs (it held every block write of the store for
+    /// its whole length), a block is held and served from its upload on, and once a sync made
+    /// it durable it is in the index a restarted store reads.
+    #[test]
+    fn a_block_is_stored_and_served_while_a_sync_is_under_way_and_indexed_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = vec![3u8; MIN_FILE_BLOCK * 2];
+        let h = BlockHash::of(&data);
+        {
+            let s = store(dir.path());
+            let under_way = locks::lock(&s.syncing);
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    s.put(&h, &data).unwrap();
+                    let served = matches!(s.get(&h).unwrap(), Some(Served::File(..)));
+                    tx.send((s.stored_len(&h).unwrap(), served)).unwrap();
+                });
+                let got = rx.recv_timeout(std::time::Duration::from_secs(10));
+                assert_eq!(got, Ok((Some(data.len() as u32), true)));
+            });
+            drop(under_way);
+            assert!(s.db.get(CF_BLOCK_INDEX, h.as_bytes()).unwrap().is_none());
+            s.make_durable().unwrap();
+            assert!(locks::lock(&s.unindexed).is_empty());
+        }
+        let again = store(dir.path());
+        assert_eq!(again.stored_len(&h).unwrap(), Some(data.len() as u32));
+        assert!(again.orphan_files().unwrap().is_empty());
     }
 }

@@ -60,7 +60,7 @@ impl MetaStore {
         key: &KeyPath,
         m: &Manifest,
         known: Option<&Manifest>,
-    ) -> Result<(), MetaError> {
+    ) -> Result<Vec<BlockHash>, MetaError> {
         let known: std::collections::HashSet<(&[u8], u32)> = known
             .iter()
             .flat_map(|k| &k.entries)
@@ -68,6 +68,7 @@ impl MetaStore {
             .map(|b| (b.hash.as_slice(), b.len))
             .collect();
         let mut missing = 0;
+        let mut looked_up = Vec::new();
         for e in &m.entries {
             for (i, b) in e.blocks.iter().enumerate() {
                 if known.contains(&(b.hash.as_slice(), b.len)) {
@@ -75,6 +76,7 @@ impl MetaStore {
                 }
                 let hash: BlockHash = manifest::block_hash(b)
                     .ok_or_else(|| ManifestError::BadBlock(e.path.clone()))?;
+                looked_up.push(hash);
                 match self.blocks.stored_len(&hash)? {
                     None => missing += 1,
                     Some(len) if len != b.len => {
@@ -96,7 +98,7 @@ impl MetaStore {
         if missing > 0 {
             return Err(MetaError::MissingBlocks(missing));
         }
-        Ok(())
+        Ok(looked_up)
     }
 
     /// Publishes `p` and returns once the change is durable.
@@ -171,9 +173,10 @@ impl MetaStore {
         // cannot be checked against anything the store holds, and every reader checks the
         // length of each block it receives instead (`fetch`, the mount's loader).
         if p.locale == Locale::Store {
-            self.check_stored_blocks(p.key, p.manifest, p.base)?;
-            // The key must never outlive its blocks in a crash.
-            self.blocks.make_durable()?;
+            let named = self.check_stored_blocks(p.key, p.manifest, p.base)?;
+            // The key must never outlive its blocks in a crash; a publish whose blocks are
+            // all durable already does not wait for another's sync.
+            self.blocks.make_durable_for(&named)?;
         }
         Ok(())
     }

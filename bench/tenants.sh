@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# One tenant's work against another's publishes (issue 42): a 1-byte publish in namespace B,
+# timed as a whole `kt put` process, alone and while namespace A puts 1 GiB of fresh bytes;
+# and the publish of a key of 256 segments against one of 1 segment. Appends its table to
+# bench/RESULTS.md.
+#
+#   bash bench/tenants.sh            # KT=path/to/kt (default target/debug/kt)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KT=${KT:-$PWD/target/debug/kt}
+WORK=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK"' EXIT
+"$KT" server --listen 127.0.0.41:0 --data-dir "$WORK/store" >"$WORK/server.log" 2>&1 &
+for _ in $(seq 100); do grep -q listening "$WORK/server.log" && break; sleep 0.1; done
+export KT_SERVER=$(sed -n 's/.*listening on //p' "$WORK/server.log") KT_AGENT=$WORK/none.sock
+echo x >"$WORK/one"
+deep=$(python3 -c "print('/'.join(['a'] * 254))")
+
+# Latencies of 1-byte publishes in namespace tenant-b for SECONDS: "n median p99 max" (ms).
+publishes() {
+    python3 - "$1" "$KT" "$WORK/one" <<'PY'
+import subprocess, sys, time, random
+secs, kt, src = float(sys.argv[1]), sys.argv[2], sys.argv[3]
+lat, t0 = [], time.time()
+while time.time() - t0 < secs:
+    key = "b%d" % random.getrandbits(40)
+    s = time.time()
+    subprocess.run([kt, "put", key, "--src", src, "-n", "tenant-b"], stdout=subprocess.DEVNULL, check=True)
+    lat.append((time.time() - s) * 1000)
+lat.sort()
+print(len(lat), "%.0f %.0f %.0f" % (lat[len(lat) // 2], lat[int(len(lat) * .99)], lat[-1]))
+PY
+}
+# Latencies of publishes of keys of DEPTH segments: "n median p99 max" (ms).
+deep_publishes() {
+    python3 - "$KT" "$WORK/one" "$1" <<'PY'
+import subprocess, sys, random
+kt, src, depth = sys.argv[1], sys.argv[2], int(sys.argv[3])
+lat = []
+import time
+for _ in range(30):
+    key = "/".join(["d%d" % random.getrandbits(40)] + ["a"] * (depth - 2) + ["f"])[: 16000]
+    s = time.time()
+    subprocess.run([kt, "put", key, "--src", src], stdout=subprocess.DEVNULL, check=True)
+    lat.append((time.time() - s) * 1000)
+lat.sort()
+print(len(lat), "%.0f %.0f %.0f" % (lat[len(lat) // 2], lat[int(len(lat) * .99)], lat[-1]))
+PY
+}
+
+alone=$(publishes 3)
+head -c 1G /dev/urandom >"$WORK/big"
+/usr/bin/time -f "%e" -o "$WORK/big.time" "$KT" put big --src "$WORK/big" -n tenant-a >/dev/null &
+during=$(publishes 3)
+wait %2 2>/dev/null || wait
+flat=$(deep_publishes 2)
+deep=$(deep_publishes 256)
+deeper=$("$KT" put "$(python3 -c "print('/'.join(['a'] * 257))")" --src "$WORK/one" 2>&1 || true)
+
+table="
+### Tenants: one namespace's publishes while another works ($(date -u +%F), \`bash bench/tenants.sh\`)
+
+Every figure is a whole \`kt put\` process (start-up included), in ms: count, median, p99, max.
+
+| what | n | median | p99 | max |
+|---|---|---|---|---|
+| 1-byte publish in B, alone | $(echo "$alone" | tr ' ' '|') |
+| 1-byte publish in B, while A puts 1 GiB ($(cat "$WORK/big.time") s) | $(echo "$during" | tr ' ' '|') |
+| publish of a key of 2 segments | $(echo "$flat" | tr ' ' '|') |
+| publish of a key of 256 segments | $(echo "$deep" | tr ' ' '|') |
+
+A key of 257 segments: \`$(echo "$deeper" | head -1)\`
+"
+echo "$table"
+echo "$table" >>bench/RESULTS.md
