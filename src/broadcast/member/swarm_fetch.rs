@@ -22,7 +22,10 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::dataplane::peers::Peers;
 use crate::rpc::ClientError;
-use tokio::task::{JoinError, JoinHandle, JoinSet};
+use futures_util::future::BoxFuture;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
+use tokio::task::{JoinError, JoinHandle};
 use tokio::time::Instant;
 
 use crate::broadcast::swarm::{
@@ -212,8 +215,10 @@ struct Ctx {
     addrs: HashMap<u64, SourceAddr>,
     /// How this member reaches them.
     peers: Peers,
-    /// The piece fetches running.
-    tasks: JoinSet<Fetched>,
+    /// The piece fetches running, polled by this task itself: a mount reader's fetch goes from
+    /// its read task to this one and on to the socket, with no task of its own between (the
+    /// verifying and writing are off the async threads already).
+    tasks: FuturesUnordered<BoxFuture<'static, Fetched>>,
     syncs: Syncs,
     /// When a piece last arrived (or a fetch came with none waiting): the stall's clock.
     last_progress: Instant,
@@ -252,7 +257,7 @@ impl Ctx {
             pace: Pace::default(),
             addrs: HashMap::new(),
             peers: setup.peers,
-            tasks: JoinSet::new(),
+            tasks: FuturesUnordered::new(),
             syncs: Syncs {
                 running: None,
                 next: now,
@@ -303,7 +308,7 @@ impl Ctx {
                     None => closed = true,
                 },
                 synced = sync_done => self.synced(synced),
-                Some(done) = self.tasks.join_next() => {
+                Some(done) = self.tasks.next() => {
                     if self.fetched(done).await.is_break() {
                         break;
                     }
@@ -348,11 +353,15 @@ impl Ctx {
                 From::Peer(_) => Ask::Swarm,
             };
             let peers = self.peers.clone();
-            self.tasks.spawn(async move {
-                let got =
-                    fetch::fetch_partial_as(&peers, vec![job], sinks, &[src], &progress, ask).await;
-                (r, got)
-            });
+            self.tasks.push(
+                async move {
+                    let got =
+                        fetch::fetch_partial_as(&peers, vec![job], sinks, &[src], &progress, ask)
+                            .await;
+                    (r, got)
+                }
+                .boxed(),
+            );
         }
     }
 
@@ -452,11 +461,7 @@ impl Ctx {
     /// are here), a failure goes to the schedule. Breaks when the swarm is to be given up: a
     /// sink failed (the disk, say; that fetch fails with it, and every piece in the swarm was
     /// wanted by someone), or a fetch panicked.
-    async fn fetched(&mut self, done: Result<Fetched, JoinError>) -> ControlFlow<()> {
-        let Ok((r, got)) = done else {
-            tracing::warn!("a swarm fetch panicked; giving the swarm up");
-            return ControlFlow::Break(());
-        };
+    async fn fetched(&mut self, (r, got): Fetched) -> ControlFlow<()> {
         let open = self.by_piece.get(&r.piece).map(|w| w.open);
         let whole = matches!(&got, Ok(g) if g.pending.is_empty());
         self.pace.ended(r.piece, whole, std::time::Instant::now());
@@ -535,9 +540,10 @@ impl Ctx {
         if let Some(h) = self.syncs.running.take() {
             h.abort();
         }
-        self.tasks.abort_all();
-        while let Some(done) = self.tasks.join_next().await {
-            if let Ok((r, Ok(got))) = done {
+        // What finished is kept; what is still under way is dropped.
+        let mut running = std::mem::take(&mut self.tasks);
+        while let Some(Some(done)) = running.next().now_or_never() {
+            if let (r, Ok(got)) = done {
                 if got.pending.is_empty() && self.landed(r.piece).await.is_ok() {
                     self.sched.verified(r.piece);
                     let open = self.by_piece.get(&r.piece).map(|w| w.open);
