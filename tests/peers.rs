@@ -436,3 +436,47 @@ fn a_node_whose_seeded_copy_is_removed_is_no_longer_a_source() {
     assert!(fs::read(&again).unwrap() == data, "{got}");
     assert_eq!(sources_of(&c.server.addr, "s"), ["node-0"]);
 }
+
+/// An agent refuses a socket directory another user made (a `/tmp/ktfs` made first by someone
+/// who could then swap the socket for their own), and one others may write to; it takes its
+/// own.
+#[test]
+fn an_agent_refuses_a_socket_directory_another_user_could_swap_its_socket_in() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = Cluster::new("127.0.0.35");
+    let start = |sockdir: &std::path::Path| {
+        std::process::Command::new(kt_bin())
+            .args([
+                "agent",
+                "--server",
+                &c.server.addr,
+                "--listen",
+                "127.0.0.35:0",
+            ])
+            .arg("--cache-dir")
+            .arg(c.path("cache"))
+            .arg("--socket")
+            .arg(sockdir.join("agent.sock"))
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let theirs = c.path("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(1234), Some(1234)).unwrap();
+    let out = start(&theirs);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("owned by uid 1234"), "{err}");
+    assert!(!theirs.join("agent.sock").exists());
+
+    let open = c.path("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let err = String::from_utf8_lossy(&start(&open).stderr).into_owned();
+    assert!(err.contains("others may write to it"), "{err}");
+
+    // Its own directory, made for it, is taken.
+    let a = start_agent("127.0.0.35", &c.server.addr, &c.path("mine"), "n35");
+    assert!(a.socket.exists());
+}

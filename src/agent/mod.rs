@@ -65,6 +65,8 @@ pub enum AgentError {
     },
     #[error("another agent is listening on {0}")]
     SocketTaken(String),
+    #[error("{path}: {why}: whoever may replace a file there may put a socket of their own where `kt` looks for the agent's")]
+    SocketDir { path: String, why: String },
     #[error(transparent)]
     Db(#[from] DbError),
     #[error(transparent)]
@@ -73,6 +75,39 @@ pub enum AgentError {
     Signal(#[source] std::io::Error),
     #[error("serving: {0}")]
     Serve(#[from] tonic::transport::Error),
+}
+
+/// The directory of the agent's socket must be a directory of this user's (or root's) that no
+/// one else may write to, unless it is sticky (`/tmp` itself): a `/tmp/ktfs` another user
+/// made first was taken as it was.
+fn check_socket_dir(dir: &Path) -> Result<(), AgentError> {
+    use std::os::unix::fs::MetadataExt;
+    let refuse = |why: String| AgentError::SocketDir {
+        path: dir.display().to_string(),
+        why,
+    };
+    let m = std::fs::symlink_metadata(dir).map_err(|source| AgentError::Io {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !m.is_dir() {
+        return Err(refuse("not a directory (a symlink?)".into()));
+    }
+    if m.uid() != me && m.uid() != 0 {
+        return Err(refuse(format!(
+            "owned by uid {}, not by this user or root",
+            m.uid()
+        )));
+    }
+    if m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0 {
+        return Err(refuse(format!(
+            "others may write to it (mode {:o}) and it is not sticky",
+            m.mode() & 0o7777
+        )));
+    }
+    Ok(())
 }
 
 /// A bound agent, ready to run.
@@ -105,6 +140,7 @@ impl AgentProcess {
                 })?;
         if let Some(dir) = cfg.socket.parent() {
             std::fs::create_dir_all(dir).map_err(io(dir))?;
+            check_socket_dir(dir)?;
         }
         // A socket left by an agent that died is stale; one that answers belongs to a live agent.
         if cfg.socket.exists() {
