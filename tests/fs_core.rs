@@ -424,3 +424,27 @@ fn a_refused_queued_publish_keeps_its_bytes_and_the_directorys_fsync_says_so() {
     let d = other.lookup(ROOT, "d").unwrap();
     assert_eq!(read_all(&other, d.ino), b"a file now");
 }
+
+/// A chmod between a file's `close` (flush: published) and the kernel's release, which comes
+/// after `close` returned: its ctime is the one the store keeps, before and after the release.
+/// Made on the staged copy alone, the change was published by the release a moment later
+/// under another ctime, and a stat between the two saw one that then moved by itself.
+#[test]
+fn a_chmod_between_close_and_release_keeps_the_ctime_it_answered() {
+    let rig = Rig::new();
+    let core = rig.core();
+    let (attr, fh) = core.create(ROOT, "f", 0o644, libc::O_WRONLY).unwrap();
+    core.write(fh, 0, b"published at close").unwrap();
+    core.flush(fh).unwrap();
+    let changed = core
+        .setattr(attr.ino, Some(0o600), None, None, None, None, Some(fh))
+        .unwrap();
+    assert_eq!(changed.perm, 0o600);
+    let other = rig.core();
+    let ino = other.lookup(ROOT, "f").unwrap().ino;
+    let stored = other.getattr(ino).unwrap();
+    assert_eq!((stored.perm, stored.ctime), (0o600, changed.ctime));
+    core.release(fh).unwrap();
+    let after = core.getattr(attr.ino).unwrap();
+    assert_eq!((after.perm, after.ctime), (0o600, changed.ctime));
+}

@@ -302,7 +302,9 @@ impl FsCore {
             return self.gpu_stat(path, rest).await;
         }
         if let Some(s) = self.writer.staged_at(path) {
-            return s.attr(self.ino_of(path));
+            if !self.published_clean(&s) {
+                return s.attr(self.ino_of(path));
+            }
         }
         let e = self.entry(path).await?;
         Ok(self.attr_from_entry(self.ino_of(path), &e))

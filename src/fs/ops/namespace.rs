@@ -9,6 +9,7 @@ use crate::fs::error::{FsError, FsResult};
 use crate::fs::filesystem::{FsCore, Orphan};
 use crate::fs::handles::Handle;
 use crate::fs::paths::{check_key, gpu_rest, split, under};
+use crate::fs::write::staged::Staged;
 use crate::locks::lock;
 use crate::manifest::{EntryKind, FileEntry};
 use crate::proto::{ExchangeRequest, LinkRequest, RemoveRequest, RenameRequest, SetAttrRequest};
@@ -380,6 +381,24 @@ impl FsCore {
         }
         if mode.is_some() || mtime.is_some() || uid.is_some() || gid.is_some() {
             match &staged {
+                // Closed and published, waiting only for the kernel's release (sent after
+                // `close` returned): the change goes to the store as a closed file's does,
+                // stamped there, and the staged copy takes it too for a write still to come.
+                // Made on the staged copy alone, it was published by the release a moment
+                // later, under a ctime other than the one this call answered.
+                Some(s) if self.published_clean(s) => {
+                    if let Some(m) = mode {
+                        s.mode.store(m & 0o7777, Ordering::Relaxed);
+                    }
+                    {
+                        let mut o = lock(&s.owner);
+                        *o = (uid.unwrap_or(o.0), gid.unwrap_or(o.1));
+                    }
+                    if let Some(t) = mtime {
+                        *lock(&s.mtime) = t;
+                    }
+                    self.set_attr_on_store(&path, mode, uid, gid, mtime).await?;
+                }
                 Some(s) => {
                     if let Some(m) = mode {
                         s.mode.store(m & 0o7777, Ordering::Relaxed);
@@ -394,25 +413,8 @@ impl FsCore {
                     *lock(&s.ctime) = SystemTime::now();
                     s.changes.fetch_add(1, Ordering::SeqCst);
                 }
-                None => {
-                    // (A file closed under write-back is still staged: the arm above.)
-                    let (sec, nsec) = mtime.map(to_unix).unzip();
-                    let store = self.store();
-                    store
-                        .set_attr(SetAttrRequest {
-                            namespace: self.ns(),
-                            key: path.clone(),
-                            mode,
-                            mtime_sec: sec,
-                            mtime_nsec: nsec.unwrap_or(0),
-                            uid,
-                            gid,
-                            watcher: self.listings.watcher(),
-                        })
-                        .await?;
-                    self.invalidate(&[split(&path).0, &path]);
-                    self.invalidate_other_names(&path);
-                }
+                // (A file closed under write-back is still staged: the arms above.)
+                None => self.set_attr_on_store(&path, mode, uid, gid, mtime).await?,
             }
         }
         if let Some(s) = &staged {
@@ -421,6 +423,39 @@ impl FsCore {
         }
         self.getattr(ino).await
     }
+    /// A metadata change of `path`, made on the store.
+    async fn set_attr_on_store(
+        &self,
+        path: &str,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        mtime: Option<SystemTime>,
+    ) -> FsResult<()> {
+        let (sec, nsec) = mtime.map(to_unix).unzip();
+        self.store()
+            .set_attr(SetAttrRequest {
+                namespace: self.ns(),
+                key: path.to_string(),
+                mode,
+                mtime_sec: sec,
+                mtime_nsec: nsec.unwrap_or(0),
+                uid,
+                gid,
+                watcher: self.listings.watcher(),
+            })
+            .await?;
+        self.invalidate(&[split(path).0, path]);
+        self.invalidate_other_names(path);
+        Ok(())
+    }
+
+    /// Whether staged `s` holds nothing the store lacks (published, unchanged since, and not
+    /// under write-back): what is known of it is the store's.
+    pub(crate) fn published_clean(&self, s: &Staged) -> bool {
+        !self.wb().on() && !s.dirty() && s.published.load(Ordering::SeqCst) > 0
+    }
+
     /// After the server moved each `from` to its `to` (all at once: an exchange swaps), the
     /// files staged at or below each `from` follow; a staged file at a `to` the move replaced
     /// is gone.
