@@ -4,7 +4,7 @@
 # mount FUSE for real, and the package install needs root (as a user, install the packages
 # yourself; the install step is skipped, not the tests).
 #
-#   sudo bash scripts/test.sh
+#   bash scripts/test.sh          # as root; from a user account: sudo bash scripts/test.sh
 #
 # It also checks formatting, clippy's lints and the client-only build (`--no-default-features`:
 # no RocksDB, no FUSE), which a laptop's `kt` and the Python package link, and builds, installs

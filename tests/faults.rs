@@ -153,11 +153,7 @@ fn a_mount_read_from_a_peer_that_dies_mid_block_is_finished_by_the_store() {
         .membership()
         .expect("a multi-block reader joins the window");
     let mut out = Vec::new();
-    while out.len() < data.len() {
-        let chunk = core.read(ino, fh, out.len() as u64, 1 << 20).unwrap();
-        assert!(!chunk.is_empty());
-        out.extend_from_slice(&chunk);
-    }
+    core.read_on(ino, fh, &mut out, data.len(), 1 << 20);
     assert!(out == data, "the bytes read differ");
     assert!(dialled_a(&dial), "a was never asked: {:?}", dial.dialled());
     let parents = || rig.rt.block_on(member.report()).parents;

@@ -234,11 +234,7 @@ fn a_reader_whose_source_dies_is_sent_the_rest_by_the_store() {
     // `a` dies; the reader reads on.
     a.proc.kill();
     let mut out = first.to_vec();
-    while out.len() < data.len() {
-        let chunk = core.read(ino, fh, out.len() as u64, 1 << 20).unwrap();
-        assert!(!chunk.is_empty());
-        out.extend_from_slice(&chunk);
-    }
+    core.read_on(ino, fh, &mut out, data.len(), 1 << 20);
     assert!(out == data, "the bytes read after the failover differ");
     assert!(
         common::eventually(Duration::from_secs(5), || parents() == ["a", "store"]),
@@ -267,11 +263,7 @@ fn a_cold_read_looks_up_each_block_once() {
     assert_eq!(blocks, 16);
     let before = core.block_lookups();
     let mut out = Vec::new();
-    while out.len() < data.len() {
-        let chunk = core.read(ino, fh, out.len() as u64, 128 << 10).unwrap();
-        assert!(!chunk.is_empty());
-        out.extend_from_slice(&chunk);
-    }
+    core.read_on(ino, fh, &mut out, data.len(), 128 << 10);
     assert!(out == data, "the bytes read differ");
     assert_eq!(core.block_lookups() - before, blocks);
     core.release(fh).unwrap();

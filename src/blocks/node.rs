@@ -33,12 +33,12 @@ pub struct NodeBlocks {
     pins: Pins,
     bytes_served: AtomicU64,
     blocks_served: AtomicU64,
-    /// Blocks sent to swarm members at once (`crate::broadcast::swarm::DEFAULT_UPLOADS`'s reasons).
+    /// Blocks sent to swarm members at once (the swarm's `DEFAULT_UPLOADS`, for its reasons).
     upload_slots: Arc<tokio::sync::Semaphore>,
 }
 
 /// Swarm requests a node serves at once, over every swarm it is in: the board asks it for at
-/// most `crate::broadcast::swarm::DEFAULT_UPLOADS` per swarm, or `crate::broadcast::swarm::READER_UPLOADS` for a
+/// most the swarm's `DEFAULT_UPLOADS` per swarm, or its `READER_UPLOADS` for a
 /// mount's reader it alone sends to (repeated as a number here because this layer may not
 /// depend on the swarm's; a test of the transfer layer keeps this no smaller), so a node may
 /// serve four swarms at once before it answers busy.

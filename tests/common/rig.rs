@@ -178,6 +178,16 @@ impl std::ops::Deref for Core {
 type R<T> = Result<T, ktfs::fs::FsError>;
 
 impl Core {
+    /// Reads `fh` of `ino` from `out.len()` on, `chunk` bytes a call, until `out` holds `len`
+    /// bytes; a read that returns nothing before then fails the test.
+    pub fn read_on(&self, ino: u64, fh: u64, out: &mut Vec<u8>, len: usize, chunk: u32) {
+        while out.len() < len {
+            let got = self.read(ino, fh, out.len() as u64, chunk).unwrap();
+            assert!(!got.is_empty(), "nothing at {} of {len}", out.len());
+            out.extend_from_slice(&got);
+        }
+    }
+
     pub fn new(core: Arc<FsCore>) -> Core {
         let rt = core.runtime().clone();
         Core { core, rt }

@@ -274,21 +274,10 @@ impl Commit {
         if let Some(asked) = self.window.clone() {
             return self.get_in_window(&asked, t).await;
         }
-        let store = self.store.clone();
-        let r = store
-            .resolve(ResolveRequest {
-                watcher: 0,
-                namespace: self.namespace.to_string(),
-                key: self.key.to_string(),
-                inline_up_to: 0,
-            })
-            .await;
-        let gpu = match r {
-            Ok(r) => r.gpu,
-            Err(e) if e.is_not_found() => None,
-            Err(e) => return Err(e.into()),
-        }
-        .ok_or_else(|| GpuError::NotFound(self.key.to_string()))?;
+        let gpu = self
+            .published()
+            .await?
+            .ok_or_else(|| GpuError::NotFound(self.key.to_string()))?;
         self.check_table(&gpu.table_json)?;
         let (worker, _) = self.register(false).await?;
         t.set(abi::RUNNING);
@@ -349,9 +338,22 @@ impl Commit {
     /// The window's word on a mismatch, with where this caller's table differs from the
     /// putter's if it is one of those that do (the putter published its table before joining).
     async fn mismatch(&self, why: String) -> String {
+        let theirs = self
+            .published()
+            .await
+            .ok()
+            .flatten()
+            .and_then(|g| Table::parse(g.table_json.as_bytes()).ok());
+        match theirs.and_then(|t| self.table.difference(&t)) {
+            Some(d) => format!("{why}; this caller's: {d}"),
+            None => why,
+        }
+    }
+
+    /// The GPU key as the store has it published now, if it is.
+    async fn published(&self) -> Result<Option<GpuKey>, GpuError> {
         let r = self
             .store
-            .clone()
             .resolve(ResolveRequest {
                 watcher: 0,
                 namespace: self.namespace.to_string(),
@@ -359,13 +361,10 @@ impl Commit {
                 inline_up_to: 0,
             })
             .await;
-        let theirs = r
-            .ok()
-            .and_then(|r| r.gpu)
-            .and_then(|g| Table::parse(g.table_json.as_bytes()).ok());
-        match theirs.and_then(|t| self.table.difference(&t)) {
-            Some(d) => format!("{why}; this caller's: {d}"),
-            None => why,
+        match r {
+            Ok(r) => Ok(r.gpu),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 
