@@ -880,3 +880,213 @@ fn junk_tokens_make_few_token_reviews() {
         &answers[..3]
     );
 }
+
+/// Every file named `name` below `dir`.
+fn files_named(dir: &Path, name: &str) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type().unwrap().is_dir() {
+            true => files_named(&e.path(), name),
+            false => usize::from(e.file_name() == name),
+        })
+        .sum()
+}
+
+/// A publish in team b of a key whose one file is one block, `hash` of `len` bytes.
+fn naming_block(ns: &str, hash: &[u8], len: u32) -> ktfs::proto::PublishRequest {
+    use ktfs::proto::{BlockRef, EntryKind, FileEntry, Manifest};
+    ktfs::proto::PublishRequest {
+        namespace: ns.into(),
+        key: "stolen".into(),
+        manifest: Some(Manifest {
+            block_size: 4 << 20,
+            entries: vec![FileEntry {
+                kind: EntryKind::File as i32,
+                size: u64::from(len),
+                blocks: vec![BlockRef {
+                    hash: hash.to_vec(),
+                    len,
+                }],
+                mode: 0o644,
+                ..Default::default()
+            }],
+        }),
+        ..Default::default()
+    }
+}
+
+/// Asks the agent at `sock` to publish in place a file of 1 MiB of zeros in `dir` as the
+/// block `hash`: refused, since the agent hashes what it is to serve.
+async fn refused_in_place(sock: &Path, dir: &Path, hash: &[u8]) {
+    use ktfs::proto::{LocalFile, PublishLocalRequest};
+    let decoy = dir.join("decoy.bin");
+    std::fs::write(&decoy, vec![0u8; 1 << 20]).unwrap();
+    let mut agent = ktfs::rpc::client::connect_agent(sock).await.unwrap();
+    let err = agent
+        .publish_local(PublishLocalRequest {
+            publish: Some(naming_block("team-b", hash, 1 << 20)),
+            files: vec![LocalFile {
+                entry_path: String::new(),
+                disk_path: decoy.display().to_string(),
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        err.message().contains("does not hold the bytes"),
+        "{}",
+        err.message()
+    );
+}
+
+/// A block hash is no read capability (issue 42, item 1): team b, knowing the hashes of team
+/// a's blocks, is told they are missing, cannot publish a key naming them (nor learn their
+/// length), cannot have a node serve them in place, and must upload the bytes itself, after
+/// which the store still holds them once. Team a's keys were put before the store separated
+/// namespaces: their references are rebuilt when it starts with authentication.
+#[test]
+fn a_block_hash_reads_nothing_across_namespaces() {
+    use ktfs::proto::{Locale, MissingBlocksRequest, ResolveRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let none = dir.path().join("no-agent.sock");
+    let secret = dir.path().join("secret.env");
+    std::fs::write(&secret, b"DB_PASSWORD=hunter2\n").unwrap();
+    let big = dir.path().join("big.bin");
+    let big_data = pseudo_random(1 << 20, 36);
+    std::fs::write(&big, &big_data).unwrap();
+    let (secret_s, big_s) = (secret.to_str().unwrap(), big.to_str().unwrap());
+    let store_dir = dir.path().join("store");
+
+    // Before tenants: a store without authentication.
+    let open = spawn_ready(&[
+        "server",
+        "--listen",
+        "127.0.0.37:0",
+        "--data-dir",
+        store_dir.to_str().unwrap(),
+    ]);
+    ok(kt_as(
+        &open.addr,
+        &none,
+        &[],
+        &["put", "cfg/secret", "--src", secret_s, "-n", "team-a"],
+    ));
+    drop(open);
+
+    let api = FakeApi::start("127.0.0.36", team_world());
+    let server = review_server("127.0.0.37", &api, dir.path());
+    let a = [("KT_TOKEN", "tok-a")];
+    let b = [("KT_TOKEN", "tok-b")];
+    let kt = |env: &[(&str, &str)], args: &[&str]| kt_as(&server.addr, &none, env, args);
+    ok(kt(&a, &["put", "cfg/big", "--src", big_s, "-n", "team-a"]));
+    let small_hash = blake3::hash(b"DB_PASSWORD=hunter2\n").as_bytes().to_vec();
+    let big_hash = blake3::hash(&big_data).as_bytes().to_vec();
+    let naming = naming_block;
+
+    // n1's agent, where team b's pod runs.
+    let n1_dir = dir.path().join("n1");
+    std::fs::create_dir_all(&n1_dir).unwrap();
+    let node_token = dir.path().join("node.token");
+    std::fs::write(&node_token, "tok-node").unwrap();
+    let _agent = start_agent_with(
+        "127.0.0.38",
+        &server.addr,
+        &n1_dir,
+        "n1",
+        &["--token-file", node_token.to_str().unwrap()],
+    );
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let connect = |token: &str| {
+            let cred = ktfs::auth::Credential::token(token).unwrap();
+            let addr = server.addr.clone();
+            async move {
+                ktfs::rpc::client::connect_store(&addr, &cred)
+                    .await
+                    .unwrap()
+            }
+        };
+        let (store_a, store_b) = (connect("tok-a").await, connect("tok-b").await);
+        let ask = |ns: &str| MissingBlocksRequest {
+            hashes: vec![small_hash.clone(), big_hash.clone()],
+            namespace: ns.into(),
+        };
+        // Team a's blocks are its own: the one put before tenants too (rebuilt).
+        let missing = store_a.missing_blocks(ask("team-a")).await.unwrap();
+        assert!(missing.hashes.is_empty(), "{:?}", missing.hashes.len());
+        // To team b they are missing, and asking in team a's name is refused.
+        let missing = store_b.missing_blocks(ask("team-b")).await.unwrap();
+        assert_eq!(missing.hashes, [small_hash.clone(), big_hash.clone()]);
+        let err = store_b.missing_blocks(ask("team-a")).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err}");
+
+        // A key of b's own naming them is refused as missing, under their true length or
+        // another, and the answer tells no length.
+        for (hash, len) in [(&small_hash, 20), (&big_hash, 1 << 20), (&big_hash, 999)] {
+            let err = store_b
+                .publish(naming("team-b", hash, len))
+                .await
+                .unwrap_err();
+            let msg = err.to_string();
+            assert!(msg.contains("not in the store"), "{msg}");
+            assert!(
+                !msg.contains("bytes in the store") && !msg.contains(&(1u32 << 20).to_string()),
+                "{msg}"
+            );
+        }
+        // Nor may b's pod name a node as the holder: only that node's agent publishes in place.
+        let mut local = naming("team-b", &big_hash, 1 << 20);
+        local.locale = Locale::Local as i32;
+        local.origin_node = "n1".into();
+        let err = store_b.publish(local.clone()).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err}");
+        assert!(
+            err.to_string().contains("may not publish in place"),
+            "{err}"
+        );
+
+        // Through n1's agent, b's file of the right size but other bytes is refused: the agent
+        // hashes what it is to serve.
+        refused_in_place(&n1_dir.join("agent.sock"), dir.path(), &big_hash).await;
+        let err = store_b
+            .resolve(ResolveRequest {
+                watcher: 0,
+                namespace: "team-b".into(),
+                key: "stolen".into(),
+                inline_up_to: 0,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::NotFound, "{err}");
+    });
+
+    // Once b uploads the bytes itself, they are b's too; the store keeps one copy.
+    let put: serde_json::Value = serde_json::from_str(&ok(kt(
+        &b,
+        &["put", "mine/big", "--src", big_s, "-n", "team-b", "--json"],
+    )))
+    .unwrap();
+    assert!(
+        put["bytes_transferred"].as_u64().unwrap() >= 1 << 20,
+        "{put}"
+    );
+    let back = dir.path().join("back.bin");
+    ok(kt(
+        &b,
+        &[
+            "get",
+            "mine/big",
+            "-n",
+            "team-b",
+            "--dest",
+            back.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(std::fs::read(&back).unwrap(), big_data);
+    let name = blake3::hash(&big_data).to_hex().to_string();
+    assert_eq!(files_named(&store_dir.join("blocks"), &name), 1);
+}

@@ -720,6 +720,7 @@ fn publish_refuses_block_lengths_the_store_contradicts() {
         let missing = store
             .missing_blocks(MissingBlocksRequest {
                 hashes: vec![small_hash.clone()],
+                namespace: "default".into(),
             })
             .await
             .unwrap();

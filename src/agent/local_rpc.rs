@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 use super::config::AgentConfig;
 use super::hosted::{HostError, HostedMounts};
 use crate::auth::ticket::{Gate, SharedGate};
-use crate::blocks::in_place::InPlaceError;
+use crate::blocks::in_place::{Check, InPlaceError};
 use crate::blocks::node::NodeBlocks;
 use crate::hash::{BlockHash, Version};
 use crate::manifest::{self, Manifest};
@@ -41,7 +41,10 @@ fn in_place_status(e: InPlaceError) -> Status {
         InPlaceError::NoEntry(_) | InPlaceError::NotAbsolute(_) | InPlaceError::BadHash(_) => {
             Fault::Invalid
         }
-        InPlaceError::Disk { .. } | InPlaceError::Changed(_) => Fault::Conflict,
+        InPlaceError::Disk { .. } | InPlaceError::Changed(_) | InPlaceError::NotRegular(_) => {
+            Fault::Conflict
+        }
+        InPlaceError::NotItsBlock { .. } => Fault::Invalid,
         InPlaceError::Db(_) | InPlaceError::Corrupt(_) => Fault::Internal,
     };
     to_status(fault, e.to_string())
@@ -85,7 +88,7 @@ impl AgentHandler {
     /// Registers `files` as holding the blocks of `m`, off the async threads.
     async fn register(&self, m: Manifest, files: Vec<LocalFile>) -> Result<usize, Status> {
         let blocks = self.blocks.clone();
-        tokio::task::spawn_blocking(move || blocks.register(&m, &files))
+        tokio::task::spawn_blocking(move || blocks.register(&m, &files, Check::Hashes))
             .await
             .map_err(|e| to_status(Fault::Internal, e.to_string()))?
             .map_err(in_place_status)

@@ -2,7 +2,8 @@
 //! on the control plane, hands out tickets for what the caller may then do with blocks:
 //!
 //! - [`Grant::Read`] of one version, with every resolve: the blocks of that version;
-//! - [`Grant::Write`], with the question which blocks the store lacks: uploads to the store;
+//! - [`Grant::Write`], with the question which blocks the store lacks: uploads to the store,
+//!   which the store records as referenced by the ticket's namespace (its [`Scope`]);
 //! - [`Grant::Node`], to node agents when they register and heartbeat: any block, both ways.
 //!
 //! A ticket is its grant, an expiry and a keyed BLAKE3 MAC under the server's ticket key. Node
@@ -15,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
-use crate::hash::{BlockHash, Version};
+use crate::hash::{BlockHash, Scope, Version};
 
 /// How long a read ticket holds: a `kt get` of a very large key must finish within it.
 pub const READ_TTL: Duration = Duration::from_secs(6 * 3600);
@@ -29,14 +30,15 @@ const SKEW: u64 = 300;
 const KIND_READ: u8 = 1;
 const KIND_WRITE: u8 = 2;
 const KIND_NODE: u8 = 3;
-/// kind, expiry, version, MAC.
+/// kind, expiry, version (or scope), MAC.
 pub const TICKET_LEN: usize = 1 + 8 + 32 + 32;
 
 /// What a ticket allows.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Grant {
     Read(Version),
-    Write,
+    /// Uploads, referenced in the namespace of the scope.
+    Write(Scope),
     Node,
 }
 
@@ -89,7 +91,7 @@ impl TicketKey {
     fn issue_at(&self, grant: &Grant, expires: u64) -> Bytes {
         let (kind, version) = match grant {
             Grant::Read(v) => (KIND_READ, v.0),
-            Grant::Write => (KIND_WRITE, [0u8; 32]),
+            Grant::Write(scope) => (KIND_WRITE, scope.0),
             Grant::Node => (KIND_NODE, [0u8; 32]),
         };
         let mut t = Vec::with_capacity(TICKET_LEN);
@@ -123,7 +125,7 @@ impl TicketKey {
         let version: [u8; 32] = body[9..41].try_into().map_err(|_| TicketError::Forged)?;
         match body[0] {
             KIND_READ => Ok(Grant::Read(Version(version))),
-            KIND_WRITE => Ok(Grant::Write),
+            KIND_WRITE => Ok(Grant::Write(Scope(version))),
             KIND_NODE => Ok(Grant::Node),
             k => Err(TicketError::Kind(k)),
         }
@@ -199,7 +201,7 @@ impl Gate {
             Gate::Tickets { versions, .. } => versions,
         };
         let ok = grants.iter().any(|g| match (g, op) {
-            (Grant::Node, _) | (Grant::Write, Op::Put) => true,
+            (Grant::Node, _) | (Grant::Write(_), Op::Put) => true,
             (Grant::Read(v), Op::Get) => versions.as_ref().is_none_or(|vs| vs.holds(v, hash)),
             _ => false,
         });
@@ -266,7 +268,7 @@ mod tests {
     fn tickets_hold_what_they_grant_until_they_expire_and_cannot_be_forged() {
         let key = TicketKey([7; 32]);
         let v = Version([9; 32]);
-        for g in [Grant::Read(v), Grant::Write, Grant::Node] {
+        for g in [Grant::Read(v), Grant::Write(Scope([3; 32])), Grant::Node] {
             let t = key.issue(&g, READ_TTL);
             assert_eq!(key.verify(&t), Ok(g));
         }
@@ -276,7 +278,7 @@ mod tests {
         // Another key's ticket, a changed grant, a changed expiry, a cut ticket.
         let other = TicketKey([8; 32]).issue(&Grant::Node, NODE_TTL);
         assert_eq!(key.verify(&other), Err(TicketError::Forged));
-        let mut t = key.issue(&Grant::Write, WRITE_TTL).to_vec();
+        let mut t = key.issue(&Grant::Write(Scope([3; 32])), WRITE_TTL).to_vec();
         t[0] = KIND_NODE;
         assert_eq!(key.verify(&t), Err(TicketError::Forged));
         t[0] = KIND_WRITE;
@@ -305,8 +307,12 @@ mod tests {
         assert!(gate.allows(&read, Op::Get, &theirs).is_err());
         assert!(gate.allows(&read, Op::Put, &mine).is_err());
         assert!(gate.allows(&[], Op::Get, &mine).is_err());
-        assert!(gate.allows(&[Grant::Write], Op::Put, &theirs).is_ok());
-        assert!(gate.allows(&[Grant::Write], Op::Get, &theirs).is_err());
+        assert!(gate
+            .allows(&[Grant::Write(Scope([3; 32]))], Op::Put, &theirs)
+            .is_ok());
+        assert!(gate
+            .allows(&[Grant::Write(Scope([3; 32]))], Op::Get, &theirs)
+            .is_err());
         assert!(gate.allows(&[Grant::Node], Op::Get, &theirs).is_ok());
         assert!(Gate::Open.allows(&[], Op::Put, &theirs).is_ok());
         assert!(Gate::Closed.allows(&[Grant::Node], Op::Get, &mine).is_err());

@@ -2,7 +2,8 @@
 //! fetched and seeds, read straight from the files that hold them, never copied.
 //!
 //! A registration records, per block, where it lies (path, offset) and what the file looked like
-//! then (size, mtime). Before a block goes out, the file's size and mtime are checked and the
+//! then (size, mtime); a caller on the node shows it holds each block's bytes by having them
+//! hashed then ([`Check::Hashes`]). Before a block goes out, the file's size and mtime are checked and the
 //! bytes hashed, so a file changed after publishing is never served as the published block.
 
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -28,6 +29,19 @@ pub const CF_SEEDS: &str = "seeds";
 /// Places kept per block; older places are tried first and dropped first.
 const MAX_PLACES: usize = 8;
 
+/// How much a registration trusts its caller's manifest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Check {
+    /// Every block is read and hashed: the caller is a process on the node (through the agent's
+    /// socket), which must show it holds the bytes it publishes (or seeds) under a hash. Without
+    /// it, a manifest naming another tenant's hash beside a file of its own would make this node
+    /// serve that hash from the other tenant's place.
+    Hashes,
+    /// Sizes only: the manifest was made from these very files by this process (a mount's
+    /// staged file, hashed as it was published).
+    Sizes,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum InPlaceError {
     #[error("the manifest has no file entry {0:?}")]
@@ -44,6 +58,10 @@ pub enum InPlaceError {
     Changed(String),
     #[error("the manifest of {0:?} names a malformed block hash")]
     BadHash(String),
+    #[error("{path}: block {index} does not hold the bytes the manifest names")]
+    NotItsBlock { path: String, index: usize },
+    #[error("{0} is not a regular file")]
+    NotRegular(String),
     #[error(transparent)]
     Db(#[from] DbError),
     #[error("a stored place of a block is corrupt: {0}")]
@@ -80,23 +98,50 @@ impl InPlace {
 
     /// Registers files on disk as holding the blocks of `m`, in place. Returns the number of
     /// blocks registered.
-    pub fn register(&self, m: &Manifest, files: &[LocalFile]) -> Result<usize, InPlaceError> {
+    pub fn register(
+        &self,
+        m: &Manifest,
+        files: &[LocalFile],
+        check: Check,
+    ) -> Result<usize, InPlaceError> {
         let mut ops = Vec::new();
         let mut count = 0;
+        let mut buf = Vec::new();
         for f in files {
             let entry = entry_of(m, f)?;
             let disk = Path::new(&f.disk_path);
-            let meta = std::fs::metadata(disk).map_err(|source| InPlaceError::Disk {
+            let file = open_regular(disk).map_err(|source| InPlaceError::Disk {
                 path: f.disk_path.clone(),
                 source,
             })?;
+            let meta = file.metadata().map_err(|source| InPlaceError::Disk {
+                path: f.disk_path.clone(),
+                source,
+            })?;
+            if !meta.is_file() {
+                return Err(InPlaceError::NotRegular(f.disk_path.clone()));
+            }
             if meta.len() != entry.size {
                 return Err(InPlaceError::Changed(f.disk_path.clone()));
             }
             let mut offset = 0u64;
-            for b in &entry.blocks {
+            for (index, b) in entry.blocks.iter().enumerate() {
                 let hash = manifest::block_hash(b)
                     .ok_or_else(|| InPlaceError::BadHash(entry.path.clone()))?;
+                if check == Check::Hashes {
+                    buf.resize(b.len as usize, 0);
+                    file.read_exact_at(&mut buf, offset)
+                        .map_err(|source| InPlaceError::Disk {
+                            path: f.disk_path.clone(),
+                            source,
+                        })?;
+                    if BlockHash::of(&buf) != hash {
+                        return Err(InPlaceError::NotItsBlock {
+                            path: f.disk_path.clone(),
+                            index,
+                        });
+                    }
+                }
                 let mut places = self.places(&hash)?;
                 places.retain(|p| p.disk_path != f.disk_path || p.offset != offset);
                 places.push(LocalBlock {
@@ -265,16 +310,20 @@ impl InPlace {
     }
 }
 
+/// Opens a file for reading without blocking (a FIFO with no writer would hold the thread).
+fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+}
+
 /// The file of a place, if it is as it was registered (a regular file, of its size and
 /// modification time). Opened without blocking: a file swapped for a FIFO with no writer held
 /// a blocking thread for good.
 fn open_unchanged(p: &LocalBlock) -> Option<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(&p.disk_path)
-        .ok()?;
+    let f = open_regular(Path::new(&p.disk_path)).ok()?;
     let meta = f.metadata().ok()?;
     if !meta.is_file() {
         tracing::warn!(path = %p.disk_path, "published file is no longer a regular file; not serving it");
@@ -389,7 +438,7 @@ mod tests {
             entry_path: "f".into(),
             disk_path: path.display().to_string(),
         };
-        assert_eq!(p.register(&m, &[f]).unwrap(), 2);
+        assert_eq!(p.register(&m, &[f], Check::Hashes).unwrap(), 2);
         let h = BlockHash::of(second);
         assert_eq!(
             p.read_range(&h, 100, 50).as_deref(),

@@ -4,7 +4,7 @@
 //! database ([`store`]), a node's cache ([`cache`]), the files it published or fetched, served
 //! in place ([`in_place`]), and the blocks it is receiving right now ([`in_flight`]); [`node`]
 //! puts a node's three together. Large blocks live in files named by hash ([`files`]), written
-//! in pieces ([`pieces`]); what garbage collection must keep is noted in [`touched`], and the
+//! in pieces ([`pieces`]); which namespace may name which of the store's blocks in [`refs`]; what garbage collection must keep is noted in [`touched`], and the
 //! versions a node has open in [`pins`]. Everything here is below the transfers and the filesystem, and knows
 //! nothing of either.
 
@@ -23,6 +23,8 @@ pub mod node;
 #[cfg(feature = "daemons")]
 pub mod pins;
 #[cfg(feature = "daemons")]
+pub mod refs;
+#[cfg(feature = "daemons")]
 pub mod store;
 #[cfg(feature = "daemons")]
 pub mod touched;
@@ -31,7 +33,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::hash::BlockHash;
+use crate::hash::{BlockHash, Scope};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BlockError {
@@ -83,6 +85,11 @@ pub trait BlockServe: Send + Sync + 'static {
     fn get(&self, hash: &BlockHash) -> Result<Option<Served>, BlockError>;
     /// Stores a block. Peers that take no uploads refuse.
     fn put(&self, hash: &BlockHash, data: Bytes) -> Result<(), BlockError>;
+    /// Stores a block uploaded under upload tickets of `scopes` (the namespaces it is uploaded
+    /// for): the store records it as referenced by each. Others store it as [`BlockServe::put`].
+    fn put_for(&self, hash: &BlockHash, data: Bytes, _scopes: &[Scope]) -> Result<(), BlockError> {
+        self.put(hash, data)
+    }
     /// For a block this peer does not hold yet but is receiving: resolves once it may have
     /// arrived, so that a child in a broadcast tree is answered as soon as its parent has it.
     fn pending(&self, _hash: &BlockHash) -> Option<Pending> {

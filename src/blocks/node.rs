@@ -15,7 +15,7 @@ use bytes::Bytes;
 
 use super::cache::BlockCache;
 use super::in_flight::{InFlight, Place, PENDING_WAIT};
-use super::in_place::{entry_of, InPlace, InPlaceError};
+use super::in_place::{entry_of, Check, InPlace, InPlaceError};
 use super::pins::Pins;
 use super::{BlockError, BlockServe, Pending, Served};
 use crate::db::Db;
@@ -102,8 +102,13 @@ impl NodeBlocks {
     }
 
     /// Registers files on disk as holding the blocks of `m`, served in place from now on.
-    pub fn register(&self, m: &Manifest, files: &[LocalFile]) -> Result<usize, InPlaceError> {
-        self.in_place.register(m, files)
+    pub fn register(
+        &self,
+        m: &Manifest,
+        files: &[LocalFile],
+        check: Check,
+    ) -> Result<usize, InPlaceError> {
+        self.in_place.register(m, files, check)
     }
 
     /// Registers files a get handed this node as holding `version` (of manifest `m`), and
@@ -115,7 +120,7 @@ impl NodeBlocks {
         m: &Manifest,
         files: &[LocalFile],
     ) -> Result<usize, InPlaceError> {
-        let n = self.in_place.register(m, files)?;
+        let n = self.in_place.register(m, files, Check::Hashes)?;
         self.in_place.record_seed(version, files)?;
         Ok(n)
     }

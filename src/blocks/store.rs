@@ -17,7 +17,7 @@ use super::files::{BlockFiles, MIN_FILE_BLOCK};
 use super::touched::Touched;
 use super::{BlockError, BlockServe, Served};
 use crate::db::{BatchOp, Db};
-use crate::hash::BlockHash;
+use crate::hash::{BlockHash, Scope};
 use crate::locks;
 
 pub const CF_BLOCKS: &str = "blocks";
@@ -28,8 +28,11 @@ pub const CF_BLOCK_INDEX: &str = "block_index";
 /// Marks an index entry (`len: u32 BE` then this byte) whose block is in a file.
 const IN_FILE: u8 = b'f';
 
+/// The column families the store's blocks and their references take.
+pub const FAMILIES: [&str; 3] = [CF_BLOCKS, CF_BLOCK_INDEX, super::refs::CF_BLOCK_REFS];
+
 pub struct StoreBlocks {
-    db: Db,
+    pub(super) db: Db,
     files: BlockFiles,
     /// Block writes hold it shared and [`StoreBlocks::remove_orphan`] alone, so a file being
     /// written is never taken for an orphan before it is listed.
@@ -42,10 +45,12 @@ pub struct StoreBlocks {
     syncing: Mutex<()>,
     /// Blocks stored or asked about lately, which garbage collection keeps.
     touched: Mutex<Touched<BlockHash>>,
+    /// References written or asked about lately, which garbage collection keeps too.
+    pub(super) touched_refs: Mutex<Touched<(Scope, BlockHash)>>,
 }
 
 impl StoreBlocks {
-    /// The blocks in `db` (which must have [`CF_BLOCKS`] and [`CF_BLOCK_INDEX`]) and `files`.
+    /// The blocks in `db` (which must have the [`FAMILIES`]) and `files`.
     pub fn new(db: Db, files: BlockFiles) -> Self {
         StoreBlocks {
             db,
@@ -54,6 +59,7 @@ impl StoreBlocks {
             unindexed: Mutex::default(),
             syncing: Mutex::new(()),
             touched: Mutex::new(Touched::default()),
+            touched_refs: Mutex::new(Touched::default()),
         }
     }
 
@@ -65,21 +71,40 @@ impl StoreBlocks {
         if self.contains(hash)? {
             return Ok(());
         }
+        self.write_new(hash, data, Vec::new())
+    }
+
+    /// Writes a block whether or not it is here already, with `also` (written after a block
+    /// file, with a small block's entries).
+    pub(super) fn write_new(
+        &self,
+        hash: &BlockHash,
+        data: &[u8],
+        also: Vec<BatchOp>,
+    ) -> Result<(), BlockError> {
+        locks::lock(&self.touched).touch(*hash);
         let k = hash.as_bytes();
         let len = (data.len() as u32).to_be_bytes();
         // Small blocks go to RocksDB with the WAL, so many small files do not each force a sync
         // on publish.
         if data.len() < MIN_FILE_BLOCK {
-            return Ok(self.db.write(vec![
+            let mut ops = vec![
                 BatchOp::Put(CF_BLOCKS, k.to_vec(), data.to_vec()),
                 BatchOp::Put(CF_BLOCK_INDEX, k.to_vec(), len.to_vec()),
-            ])?);
+            ];
+            ops.extend(also);
+            return Ok(self.db.write(ops)?);
         }
-        let _gate = locks::read(&self.write_gate);
-        self.files
-            .write(hash, data)
-            .map_err(|e| self.files.error(e))?;
-        locks::lock(&self.unindexed).insert(*hash, data.len() as u32);
+        {
+            let _gate = locks::read(&self.write_gate);
+            self.files
+                .write(hash, data)
+                .map_err(|e| self.files.error(e))?;
+            locks::lock(&self.unindexed).insert(*hash, data.len() as u32);
+        }
+        if !also.is_empty() {
+            self.db.write(also)?;
+        }
         Ok(())
     }
 
@@ -170,6 +195,7 @@ impl StoreBlocks {
 
     /// A collection pass starts: see [`Touched::rotate`].
     pub fn rotate_touched(&self) -> bool {
+        locks::lock(&self.touched_refs).rotate();
         locks::lock(&self.touched).rotate()
     }
 
@@ -292,6 +318,10 @@ impl BlockServe for StoreBlocks {
 
     fn put(&self, hash: &BlockHash, data: Bytes) -> Result<(), BlockError> {
         StoreBlocks::put(self, hash, &data)
+    }
+
+    fn put_for(&self, hash: &BlockHash, data: Bytes, scopes: &[Scope]) -> Result<(), BlockError> {
+        StoreBlocks::put_for(self, scopes, hash, &data)
     }
 }
 

@@ -198,34 +198,14 @@ pub fn jobs_of<'a>(
     jobs
 }
 
-/// Uploads the jobs whose blocks the store lacks (asked in batches of [`MISSING_BATCH`]).
-/// Returns the bytes sent.
-pub async fn upload_missing(
-    store: &Store,
-    addr: &str,
-    jobs: Vec<UploadJob>,
-    progress: &ProgressBar,
-) -> Result<u64, TransferError> {
-    upload_for(store, addr, None, jobs, progress).await
-}
-
-/// [`upload_missing`] for the publication `req`: blocks that replace blocks of the key's
-/// current version go as deltas against them. Returns the bytes that crossed the network
-/// (signatures received included).
+/// Uploads the jobs whose blocks the store lacks for the publication `req` (asked in batches of
+/// [`MISSING_BATCH`], in `req`'s namespace: a block only another namespace holds is uploaded
+/// too): blocks that replace blocks of the key's current version go as deltas against them.
+/// Returns the bytes that crossed the network (signatures received included).
 pub async fn upload_missing_for(
     store: &Store,
     addr: &str,
     req: &PublishRequest,
-    jobs: Vec<UploadJob>,
-    progress: &ProgressBar,
-) -> Result<u64, TransferError> {
-    upload_for(store, addr, Some(req), jobs, progress).await
-}
-
-async fn upload_for(
-    store: &Store,
-    addr: &str,
-    req: Option<&PublishRequest>,
     jobs: Vec<UploadJob>,
     progress: &ProgressBar,
 ) -> Result<u64, TransferError> {
@@ -235,6 +215,7 @@ async fn upload_for(
         let resp = store
             .missing_blocks(MissingBlocksRequest {
                 hashes: chunk.iter().map(|j| j.hash.0.to_vec()).collect(),
+                namespace: req.namespace.clone(),
             })
             .await?;
         missing.extend(resp.hashes.iter().filter_map(|h| BlockHash::from_slice(h)));
@@ -245,9 +226,9 @@ async fn upload_for(
         .filter(|j| missing.contains(&j.hash))
         .collect();
     progress.inc_length(todo.iter().map(|j| u64::from(j.len)).sum());
-    let read_ticket = match req {
-        Some(req) if !todo.is_empty() => previous_bases(store, req, &mut todo).await,
-        _ => None,
+    let read_ticket = match todo.is_empty() {
+        false => previous_bases(store, req, &mut todo).await,
+        true => None,
     };
     let (deltas, whole): (Vec<UploadJob>, Vec<UploadJob>) =
         todo.into_iter().partition(|j| j.base.is_some());

@@ -1,4 +1,5 @@
-//! Content addresses: the blake3 hash of a block, and the version id of a manifest.
+//! Content addresses: the blake3 hash of a block, and the version id of a manifest; the scope
+//! of a namespace's references to blocks.
 
 pub mod subtree;
 
@@ -68,6 +69,37 @@ impl fmt::Debug for Version {
 impl fmt::Display for Version {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.hex())
+    }
+}
+
+/// Whose references to blocks a reference is: a namespace, by a name of fixed width (the store
+/// keys its references `scope hash`, and an upload ticket carries the scope it uploads for).
+/// Derived, not looked up, so a ticket names a namespace without the store keeping a table.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Scope(pub [u8; 32]);
+
+impl Scope {
+    /// The scope of namespace `ns`.
+    pub fn of_namespace(ns: &str) -> Self {
+        Self::of_bytes(ns.as_bytes())
+    }
+
+    /// The scope of the namespace named by `ns` as stored.
+    pub fn of_bytes(ns: &[u8]) -> Self {
+        let mut h =
+            blake3::Hasher::new_derive_key("ktfs 2026-12 namespace scope of block references");
+        h.update(ns);
+        Scope(*h.finalize().as_bytes())
+    }
+
+    pub fn from_slice(b: &[u8]) -> Option<Self> {
+        <[u8; 32]>::try_from(b).ok().map(Scope)
+    }
+}
+
+impl fmt::Debug for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Scope({})", &to_hex(&self.0)[..16])
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::backend::{KeyValue, Op, Step, Table, Visit};
 use super::*;
 use crate::blocks::files::BlockFiles;
-use crate::blocks::store::{StoreBlocks, CF_BLOCKS, CF_BLOCK_INDEX};
+use crate::blocks::store::{self, StoreBlocks, CF_BLOCKS};
 use crate::clock::ManualClock;
 use crate::db::Db;
 use crate::hash::{BlockHash, Version};
@@ -87,7 +87,7 @@ impl MetaBackend for GatedDb {
 
 fn open_db(dir: &std::path::Path) -> Db {
     let mut families = FAMILIES.to_vec();
-    families.extend([CF_BLOCKS, CF_BLOCK_INDEX]);
+    families.extend(store::FAMILIES);
     Db::open(&dir.join("db"), &families, &[CF_BLOCKS]).unwrap()
 }
 

@@ -1,6 +1,7 @@
 //! Garbage collection on the store server: manifests no key names any more, the locations of
-//! those versions, and blocks no live manifest references are deleted; so are keys whose TTL
-//! has run out and block files a crash left without an index entry.
+//! those versions, blocks no live manifest references and namespaces' references to blocks
+//! their live keys no longer name are deleted; so are keys whose TTL has run out and block
+//! files a crash left without an index entry.
 //!
 //! A pass marks without holding up publishes, then sweeps under the metadata write lock. What a
 //! publish, rename or upload touched since the start of the previous pass is kept whatever the
@@ -15,7 +16,8 @@
 //! Every block taken is remembered for a while (`collected`), and nodes, told of them with their
 //! heartbeats, drop them from their caches.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
 
 use prost::Message;
 
@@ -23,8 +25,9 @@ use super::backend::{BackendError, Op, Table};
 use super::error::MetaError;
 use super::keys::live;
 use super::reads::View;
+use super::references::scope_of_stored_key;
 use super::store::MetaStore;
-use crate::hash::{BlockHash, Version};
+use crate::hash::{BlockHash, Scope, Version};
 use crate::locks;
 use crate::manifest::{self, Manifest};
 use crate::proto::KeyRecord;
@@ -37,6 +40,8 @@ pub struct GcReport {
     pub blocks: usize,
     pub block_bytes: u64,
     pub orphan_files: usize,
+    /// References of namespaces to blocks their live keys no longer name.
+    pub references: usize,
 }
 
 fn record(v: &[u8]) -> Result<KeyRecord, MetaError> {
@@ -87,6 +92,9 @@ impl MetaStore {
         // Mark: the versions live keys name (a hard-linked name names its inode, whose record
         // holds the version), and their blocks.
         let mut live_versions = self.open_versions();
+        // Where namespaces are told apart, the namespaces that name each live version.
+        let separate = self.separate_namespaces.load(Ordering::SeqCst);
+        let mut scopes: HashMap<Version, Vec<Scope>> = HashMap::new();
         let mut expired = Vec::new();
         for table in [Table::Keys, Table::Inodes] {
             self.walk(table, |k, v| {
@@ -98,11 +106,18 @@ impl MetaStore {
                     expired.push((table, k.to_vec()));
                 } else if let Some(v) = Version::from_slice(&r.version) {
                     live_versions.insert(v);
+                    if let (true, Some(scope)) = (separate, scope_of_stored_key(k)) {
+                        let of = scopes.entry(v).or_default();
+                        if !of.contains(&scope) {
+                            of.push(scope);
+                        }
+                    }
                 }
                 Ok(())
             })?;
         }
         let mut live_blocks = HashSet::new();
+        let mut live_refs: HashSet<(Scope, BlockHash)> = HashSet::new();
         // The blocks of dead versions: some were published in place on a node and never
         // reached the store, which must still tell that node to stop serving them.
         let mut dead_blocks = HashSet::new();
@@ -114,6 +129,10 @@ impl MetaStore {
             let m = Manifest::decode(v).map_err(|e| MetaError::Corrupt(e.to_string()))?;
             if live_versions.contains(&version) {
                 blocks_of(&m, &mut live_blocks);
+                for scope in scopes.get(&version).into_iter().flatten() {
+                    let named = m.entries.iter().flat_map(|e| &e.blocks);
+                    live_refs.extend(named.filter_map(manifest::block_hash).map(|h| (*scope, h)));
+                }
             } else {
                 blocks_of(&m, &mut dead_blocks);
                 dead_versions.push(version);
@@ -127,6 +146,15 @@ impl MetaStore {
             }
         })?;
         let orphans = self.blocks.orphan_files()?;
+        let mut dead_refs = Vec::new();
+        if separate {
+            self.blocks.for_each_reference(|s, h| {
+                if !live_refs.contains(&(s, h)) {
+                    dead_refs.push((s, h));
+                }
+            })?;
+        }
+        drop(live_refs);
 
         // Sweep, with publishes held off: whatever was touched meanwhile is live after all.
         let _write = self.lock();
@@ -180,6 +208,13 @@ impl MetaStore {
                 report.orphan_files += 1;
             }
         }
+        // A reference written or asked about since the previous pass is an upload whose
+        // publish may not have committed yet. One of a key renamed while the mark ran may go
+        // too: its namespace then uploads the block again before it names it anew, which the
+        // store keeps once.
+        dead_refs.retain(|(s, h)| !self.blocks.reference_was_touched(s, h));
+        self.blocks.remove_references(&dead_refs)?;
+        report.references = dead_refs.len();
         Ok(report)
     }
 }

@@ -10,7 +10,8 @@
 //! [`MetaStore`] and its construction are in `store`; its methods are in the files of their
 //! concern: reads of the stored state (`reads`), publishing (`publish`), lookups and listings
 //! (`resolve`, `list`), changes of names (`names`) and attributes (`attrs`), nodes and
-//! locations (`locations`), GPU keys (`gpu`) and garbage collection ([`gc`]).
+//! locations (`locations`), GPU keys (`gpu`), the namespaces' references to blocks
+//! (`references`) and garbage collection ([`gc`]).
 
 mod ancestry;
 mod attrs;
@@ -27,6 +28,7 @@ mod names;
 pub mod nodes;
 mod publish;
 mod reads;
+mod references;
 mod resolve;
 mod store;
 mod txn;
@@ -41,6 +43,7 @@ pub use commit::{CommitStats, Ticket};
 pub use error::MetaError;
 pub use publish::Publish;
 pub(crate) use reads::View;
+pub use references::Rebuilt;
 pub use resolve::Resolved;
 pub use store::MetaStore;
 pub use txn::Loc;

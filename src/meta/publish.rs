@@ -49,14 +49,15 @@ impl<'a> Publish<'a> {
 }
 
 impl MetaStore {
-    /// Every block of `m` is in the store, with the length the manifest gives it: a manifest
-    /// that lies about a block's length would show one size in listings and another in reads.
-    /// Blocks of `known` (the version a patch was made against, checked when it was published)
-    /// are not looked up again: a one-file edit of a tree of thousands checks one file's
-    /// blocks, not a lookup per block of the tree (measured: more than half the server's time
-    /// of such a publish).
+    /// Every block of `m` is in the store and referenced by `ns`, with the length the manifest
+    /// gives it: a manifest that lies about a block's length would show one size in listings
+    /// and another in reads. Blocks of `known` (the version of the same key a patch was made
+    /// against, checked when it was published) are not looked up again: a one-file edit of a
+    /// tree of thousands checks one file's blocks, not a lookup per block of the tree
+    /// (measured: more than half the server's time of such a publish).
     fn check_stored_blocks(
         &self,
+        ns: &Namespace,
         key: &KeyPath,
         m: &Manifest,
         known: Option<&Manifest>,
@@ -67,6 +68,9 @@ impl MetaStore {
             .flat_map(|e| &e.blocks)
             .map(|b| (b.hash.as_slice(), b.len))
             .collect();
+        // Only what the namespace references: another's block, named by its hash alone, is
+        // missing here, and its length is never told.
+        let scope = self.scope_of(ns);
         let mut missing = 0;
         let mut looked_up = Vec::new();
         for e in &m.entries {
@@ -77,7 +81,7 @@ impl MetaStore {
                 let hash: BlockHash = manifest::block_hash(b)
                     .ok_or_else(|| ManifestError::BadBlock(e.path.clone()))?;
                 looked_up.push(hash);
-                match self.blocks.stored_len(&hash)? {
+                match self.blocks.stored_len_for(scope.as_ref(), &hash)? {
                     None => missing += 1,
                     Some(len) if len != b.len => {
                         let file = if e.path.is_empty() {
@@ -173,7 +177,7 @@ impl MetaStore {
         // cannot be checked against anything the store holds, and every reader checks the
         // length of each block it receives instead (`fetch`, the mount's loader).
         if p.locale == Locale::Store {
-            let named = self.check_stored_blocks(p.key, p.manifest, p.base)?;
+            let named = self.check_stored_blocks(p.ns, p.key, p.manifest, p.base)?;
             // The key must never outlive its blocks in a crash; a publish whose blocks are
             // all durable already does not wait for another's sync.
             self.blocks.make_durable_for(&named)?;

@@ -4,7 +4,7 @@
 //! lookups and listings (`resolve`, `list`), changes of names and attributes (`names`,
 //! `attrs`), nodes and locations (`locations`), GPU keys (`gpu`) and collection (`gc`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -37,6 +37,9 @@ pub struct MetaStore {
     /// Moves whenever a change edits a hard-linked file's inode record: every name of the
     /// file changed then, and those names are not listed anywhere the change could name them.
     pub(super) inode_changes: AtomicU64,
+    /// Whether a namespace names in its publishes only the blocks it references (see
+    /// `crate::blocks::refs`): on where callers are authenticated.
+    pub(super) separate_namespaces: AtomicBool,
 }
 
 /// A number for this run of the server, different from the last one's: the time it started.
@@ -63,6 +66,7 @@ impl MetaStore {
             touched: Mutex::new(Touched::default()),
             collected: Collected::new(run_epoch()),
             inode_changes: Default::default(),
+            separate_namespaces: AtomicBool::new(false),
         }
     }
 

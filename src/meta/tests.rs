@@ -7,7 +7,7 @@ use super::backend::Table;
 use super::keys::key_bytes;
 use super::*;
 use crate::blocks::files::{BlockFiles, MIN_FILE_BLOCK};
-use crate::blocks::store::{StoreBlocks, CF_BLOCKS, CF_BLOCK_INDEX};
+use crate::blocks::store::{self, StoreBlocks, CF_BLOCKS};
 use crate::blocks::Served;
 use crate::clock::ManualClock;
 use crate::db::Db;
@@ -19,7 +19,7 @@ use crate::proto::{ListEntry, Locale, NodeInfo};
 /// A store over a fresh database in `dir`, on `clock`.
 fn open_in(dir: &std::path::Path, lease: Duration, clock: &ManualClock) -> MetaStore {
     let mut families = FAMILIES.to_vec();
-    families.extend([CF_BLOCKS, CF_BLOCK_INDEX]);
+    families.extend(store::FAMILIES);
     let db = Db::open(&dir.join("db"), &families, &[CF_BLOCKS]).unwrap();
     let files = BlockFiles::open(&dir.join("blocks")).unwrap();
     let blocks = Arc::new(StoreBlocks::new(db.clone(), files));
@@ -697,6 +697,76 @@ fn one_block(data: &[u8]) -> Manifest {
     }
 }
 
+/// With namespaces told apart, a namespace names only blocks it references: another's block
+/// is missing to it until it uploads the bytes itself (kept once); collection forgets the
+/// references no live key of a namespace needs, and a store without them rebuilds them.
+#[test]
+fn a_namespace_names_only_the_blocks_it_references() {
+    let (_d, meta, _clock) = store_on(DEFAULT_TEST_LEASE);
+    let rebuilt = meta.separate_namespaces(true).unwrap();
+    assert_eq!(rebuilt.map(|r| (r.keys, r.references)), Some((0, 0)));
+    let (a, b) = (
+        Namespace::parse("team-a").unwrap(),
+        Namespace::parse("team-b").unwrap(),
+    );
+    let (sa, sb) = (meta.scope_of(&a).unwrap(), meta.scope_of(&b).unwrap());
+    let data = vec![7u8; MIN_FILE_BLOCK + 1];
+    let h = BlockHash::of(&data);
+    meta.blocks().put_for(&[sa], &h, &data).unwrap();
+    meta.publish(Publish::new(&a, &k("w"), &one_block(&data)))
+        .unwrap();
+    assert!(meta
+        .blocks()
+        .missing_for(Some(&sa), &[h])
+        .unwrap()
+        .is_empty());
+    assert_eq!(meta.blocks().missing_for(Some(&sb), &[h]).unwrap(), [h]);
+    assert!(matches!(
+        meta.publish(Publish::new(&b, &k("w"), &one_block(&data))),
+        Err(MetaError::MissingBlocks(1))
+    ));
+    // Uploaded by b too, it is b's as well; the store holds one copy.
+    meta.blocks().put_for(&[sb], &h, &data).unwrap();
+    meta.publish(Publish::new(&b, &k("w"), &one_block(&data)))
+        .unwrap();
+    let mut held = 0;
+    meta.blocks().for_each_block(|_| held += 1).unwrap();
+    assert_eq!(held, 1);
+
+    // a's key goes: a's reference goes with collection, b's and the block stay.
+    meta.collect_garbage().unwrap();
+    meta.remove(&a, &k("w"), false, false).unwrap();
+    let taken: usize = (0..2)
+        .map(|_| meta.collect_garbage().unwrap())
+        .map(|r| {
+            assert_eq!(r.blocks, 0, "{r:?}");
+            r.references
+        })
+        .sum();
+    assert_eq!(taken, 1);
+    assert_eq!(meta.blocks().missing_for(Some(&sa), &[h]).unwrap(), [h]);
+    assert!(meta
+        .blocks()
+        .missing_for(Some(&sb), &[h])
+        .unwrap()
+        .is_empty());
+
+    // A store run without namespaces told apart forgets them; told apart again, it rebuilds
+    // them from the keys: b's key, not a's removed one.
+    assert_eq!(meta.separate_namespaces(false).unwrap(), None);
+    assert!(meta.blocks().missing_for(None, &[h]).unwrap().is_empty());
+    let rebuilt = meta.separate_namespaces(true).unwrap().unwrap();
+    assert_eq!((rebuilt.keys, rebuilt.references), (1, 1));
+    assert!(meta
+        .blocks()
+        .missing_for(Some(&sb), &[h])
+        .unwrap()
+        .is_empty());
+    assert_eq!(meta.blocks().missing_for(Some(&sa), &[h]).unwrap(), [h]);
+    // Started again with them complete, nothing is rebuilt.
+    assert_eq!(meta.separate_namespaces(true).unwrap(), None);
+}
+
 #[test]
 fn collection_takes_what_no_key_names_and_keeps_what_was_touched_lately() {
     let (_d, meta, clock) = store_on(DEFAULT_TEST_LEASE);
@@ -906,7 +976,7 @@ impl MetaBackend for Counting {
 fn a_deep_key_costs_reads_in_proportion_to_its_depth() {
     let dir = tempfile::tempdir().unwrap();
     let mut families = FAMILIES.to_vec();
-    families.extend([CF_BLOCKS, CF_BLOCK_INDEX]);
+    families.extend(store::FAMILIES);
     let db = Db::open(&dir.path().join("db"), &families, &[CF_BLOCKS]).unwrap();
     let files = BlockFiles::open(&dir.path().join("blocks")).unwrap();
     let blocks = Arc::new(StoreBlocks::new(db.clone(), files));

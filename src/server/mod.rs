@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use crate::auth::ticket::{shared, Gate};
 use crate::auth::tls::ServerTls;
 use crate::blocks::files::{private_dir, BlockFiles};
-use crate::blocks::store::{StoreBlocks, CF_BLOCKS, CF_BLOCK_INDEX};
+use crate::blocks::store::{self, StoreBlocks, CF_BLOCKS};
 use crate::blocks::BlockError;
 use crate::clock::{self, SharedClock};
 use crate::db::{Db, DbError};
@@ -176,7 +176,7 @@ impl StoreServerProcess {
         };
         private_dir(data_dir).map_err(dir_err)?;
         let mut families = meta::FAMILIES.to_vec();
-        families.extend([CF_BLOCKS, CF_BLOCK_INDEX]);
+        families.extend(store::FAMILIES);
         let db = Db::open(&data_dir.join("meta.rocksdb"), &families, &[CF_BLOCKS])?;
         let files = BlockFiles::open(&data_dir.join("blocks")).map_err(dir_err)?;
         let listener = TcpListener::bind(listen)
@@ -237,6 +237,14 @@ impl StoreServerProcess {
                 })?,
             ),
         };
+        // With tenants, a namespace names only the blocks it references; a store that kept
+        // no references has them rebuilt from its keys before it serves.
+        let meta = self.meta.clone();
+        let tenants = !self.auth.is_open();
+        tokio::task::spawn_blocking(move || meta.separate_namespaces(tenants))
+            .await
+            .map_err(|e| ServerError::Meta(MetaError::Corrupt(e.to_string())))?
+            .map_err(ServerError::Meta)?;
         let gate = match &key {
             None => Gate::Open,
             Some(key) => Gate::Tickets {

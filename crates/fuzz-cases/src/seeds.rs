@@ -522,6 +522,7 @@ fn grpc_directory_and_broadcast() -> Seed {
                 2,
                 &MissingBlocksRequest {
                     hashes: vec![BlockHash::of(b"x").0.to_vec(), vec![1; 32]],
+                    namespace: String::new(),
                 },
             ),
             call(3, &dir),

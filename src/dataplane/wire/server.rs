@@ -23,7 +23,7 @@ use crate::auth::ticket::{Grant, Op, SharedGate};
 use crate::auth::tls::{self, Conn, ConnRead, ConnWrite};
 use crate::blocks::{BlockError, BlockServe, Served};
 use crate::dataplane::piece::{self, PieceError};
-use crate::hash::BlockHash;
+use crate::hash::{BlockHash, Scope};
 use crate::manifest::MAX_BLOCK_SIZE;
 use crate::metrics;
 
@@ -220,6 +220,17 @@ impl Request {
             .map_err(|why| self.denied(why))
     }
 
+    /// The namespaces an upload on this connection is for: those of its upload tickets.
+    fn scopes(&self) -> Vec<Scope> {
+        self.grants
+            .iter()
+            .filter_map(|g| match g {
+                Grant::Write(s) => Some(*s),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn denied(&self, why: String) -> Answer {
         metrics::DENIED_REQUESTS.inc();
         let why = match &self.refused_ticket {
@@ -292,12 +303,13 @@ async fn on_put(req: Request, data: Bytes) -> Answer {
     if let Err(no) = req.allowed(Op::Put, req.hash).await {
         return no;
     }
+    let scopes = req.scopes();
     let Request { svc, hash, .. } = req;
     tokio::task::spawn_blocking(move || {
         Answer::Frame(if BlockHash::of(&data) != hash {
             Response::Error(format!("block {hash} does not match its hash"))
         } else {
-            match svc.put(&hash, data) {
+            match svc.put_for(&hash, data, &scopes) {
                 Ok(()) => Response::Stored(hash),
                 Err(e) if e.is_no_space() => Response::NoSpace(e.to_string()),
                 Err(e) => Response::Error(e.to_string()),
@@ -343,9 +355,10 @@ async fn on_put_delta(req: Request, data: Bytes) -> Answer {
             return no;
         }
     }
+    let scopes = req.scopes();
     let Request { svc, hash, .. } = req;
     tokio::task::spawn_blocking(move || {
-        Answer::Frame(serve_put_delta(svc.as_ref(), hash, base, &delta))
+        Answer::Frame(serve_put_delta(svc.as_ref(), hash, base, &delta, &scopes))
     })
     .await
     .unwrap_or_else(failed)
@@ -495,6 +508,7 @@ fn serve_put_delta(
     hash: BlockHash,
     base: BlockHash,
     delta: &[u8],
+    scopes: &[Scope],
 ) -> Response {
     let old = match block_bytes(svc, &base) {
         Ok(Some(b)) => b,
@@ -512,7 +526,7 @@ fn serve_put_delta(
     }
     metrics::DELTA_BLOCKS.inc();
     metrics::DELTA_BYTES.add(delta.len() as u64);
-    match svc.put(&hash, Bytes::from(new)) {
+    match svc.put_for(&hash, Bytes::from(new), scopes) {
         Ok(()) => Response::Stored(hash),
         Err(e) if e.is_no_space() => Response::NoSpace(e.to_string()),
         Err(e) => Response::Error(e.to_string()),

@@ -91,7 +91,7 @@ async fn a_gated_server_serves_what_the_tickets_presented_allow() {
     tx.put(&BlockHash::of(b"new"), b"new").await.unwrap();
     refused(rx.recv().await.unwrap(), "no ticket to upload");
     // An upload ticket takes blocks; a node's reaches every block.
-    tx.ticket(&key.issue(&Grant::Write, WRITE_TTL))
+    tx.ticket(&key.issue(&Grant::Write(crate::hash::Scope([3; 32])), WRITE_TTL))
         .await
         .unwrap();
     tx.put(&BlockHash::of(b"new"), b"new").await.unwrap();
@@ -486,7 +486,7 @@ async fn a_connection_without_a_ticket_sends_only_small_frames() {
         "a large frame without a ticket was read"
     );
     let (mut tx, mut rx) = connect(&addr, Peer::Store).await.unwrap();
-    tx.ticket(&key.issue(&Grant::Write, WRITE_TTL))
+    tx.ticket(&key.issue(&Grant::Write(crate::hash::Scope([3; 32])), WRITE_TTL))
         .await
         .unwrap();
     tx.put(&BlockHash::of(&block), &block).await.unwrap();

@@ -106,6 +106,23 @@ impl Principal {
         self.may_name_node(node_id)
     }
 
+    /// Whether the caller may publish a key whose blocks are on node `origin` (`locale=local`):
+    /// that node's agent alone, which registered the files it serves them from. A pod naming a
+    /// node could otherwise have that node serve whatever its manifest names.
+    pub fn may_publish_in_place(&self, origin: &str) -> Result<(), Status> {
+        if let Principal::Account(_) = self {
+            return Err(to_status(
+                Fault::Denied,
+                format!(
+                    "{self} may not publish in place on node {origin:?}: a locale=local key is \
+                     published by its node's agent (kt put --locale local through the agent's \
+                     socket on that node)"
+                ),
+            ));
+        }
+        self.may_name_node(origin)
+    }
+
     /// Whether the caller may say that node `node_id` holds a copy (a local publish's origin):
     /// a node agent bound to its node names that node only.
     pub fn may_name_node(&self, node_id: &str) -> Result<(), Status> {

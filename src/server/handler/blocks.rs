@@ -1,11 +1,12 @@
-//! Blocks: which of a put's blocks the store lacks (with a ticket to upload them), and the
+//! Blocks: which of a put's blocks its namespace may not name yet (with a ticket to upload them
+//! for that namespace), and the
 //! blocks of a version (which nodes check tickets against).
 
 use tonic::{Request, Response, Status};
 
-use super::state::StoreHandler;
+use super::state::{namespace_for, StoreHandler};
 use crate::auth::ticket::{self, Grant};
-use crate::hash::BlockHash;
+use crate::hash::{BlockHash, Scope};
 use crate::proto::{
     MissingBlocksRequest, MissingBlocksResponse, VersionBlocksRequest, VersionBlocksResponse,
 };
@@ -17,6 +18,7 @@ pub(super) async fn missing_blocks(
     handler: &StoreHandler,
     req: Request<MissingBlocksRequest>,
 ) -> Result<Response<MissingBlocksResponse>, Status> {
+    let ns = namespace_for(&req, &req.get_ref().namespace)?;
     let hashes = req
         .into_inner()
         .hashes
@@ -24,10 +26,14 @@ pub(super) async fn missing_blocks(
         .map(|h| BlockHash::from_slice(h).ok_or_else(|| invalid("bad hash")))
         .collect::<Result<Vec<_>, _>>()?;
     let meta = handler.meta.clone();
-    let missing = blocking(move || Ok(meta.blocks().missing(&hashes)?)).await?;
+    let scope = meta.scope_of(&ns);
+    let missing = blocking(move || Ok(meta.blocks().missing_for(scope.as_ref(), &hashes)?)).await?;
     Ok(Response::new(MissingBlocksResponse {
         hashes: missing.iter().map(|h| h.0.to_vec()).collect(),
-        ticket: handler.ticket(&Grant::Write, ticket::WRITE_TTL),
+        ticket: handler.ticket(
+            &Grant::Write(Scope::of_namespace(ns.as_str())),
+            ticket::WRITE_TTL,
+        ),
     }))
 }
 

@@ -7,8 +7,8 @@ use tonic::Status;
 use crate::blocks::store::StoreBlocks;
 use crate::blocks::Served;
 use crate::hash::BlockHash;
-use crate::key::KeyPath;
-use crate::meta::MetaError;
+use crate::key::{KeyPath, Namespace};
+use crate::meta::{MetaError, MetaStore};
 use crate::proto::{EntryKind, InlineBlock, Manifest};
 use crate::rpc::{MAX_INLINE_BYTES, MAX_INLINE_FILE};
 use crate::server::status::invalid;
@@ -37,6 +37,20 @@ pub(super) fn checked_inline(
             Ok((hash, b.data))
         })
         .collect()
+}
+
+/// Stores the inline blocks of a publish in `ns`, which references them from now on: sent
+/// inline, they were uploaded by the caller as a data-plane upload is.
+pub(super) fn store_inline(
+    meta: &MetaStore,
+    ns: &Namespace,
+    inline: &[(BlockHash, Vec<u8>)],
+) -> Result<(), MetaError> {
+    let scopes: Vec<_> = meta.scope_of(ns).into_iter().collect();
+    for (hash, data) in inline {
+        meta.blocks().put_for(&scopes, hash, data)?;
+    }
+    Ok(())
 }
 
 /// Every place `m` names an inline block gives it the block's length: checked before the

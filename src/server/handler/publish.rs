@@ -3,7 +3,7 @@
 
 use tonic::{Request, Response, Status};
 
-use super::inline::{check_inline_lengths, checked_inline};
+use super::inline::{check_inline_lengths, checked_inline, store_inline};
 use super::state::{namespace_for, StoreHandler};
 use crate::hash::{BlockHash, Version};
 use crate::key::{KeyPath, Namespace};
@@ -78,9 +78,7 @@ fn publish_items(
         .into_iter()
         .map(|item| {
             let i = item?;
-            for (hash, data) in &i.inline {
-                meta.blocks().put(hash, data).map_err(MetaError::from)?;
-            }
+            store_inline(meta, ns, &i.inline)?;
             let (v, t) = meta.publish_queued(Publish {
                 locale: i.locale,
                 origin: &i.origin,
@@ -128,7 +126,7 @@ pub(super) async fn publish(
     let key = parse_key(&r.key)?;
     let locale = r.locale();
     if locale == Locale::Local {
-        caller.may_name_node(&r.origin_node)?;
+        caller.may_publish_in_place(&r.origin_node)?;
     }
     let change = handler.change(&ns, vec![key.to_string()]);
     let since = handler.watchers.now();
@@ -144,9 +142,7 @@ pub(super) async fn publish(
             // manifest's blocks needs them stored.
             let inline = inline.clone();
             let patched = blocking(move || {
-                for (hash, data) in &inline {
-                    meta.blocks().put(hash, data)?;
-                }
+                store_inline(&meta, &ns, &inline)?;
                 patch::patched(&meta, &ns, &key, &base, &p, locale, ttl)
             })
             .await?;
@@ -175,8 +171,8 @@ pub(super) async fn publish(
     let at = ns.clone();
     let version = blocking(move || {
         let ns = at;
-        for (hash, data) in inline.iter().filter(|_| !stored) {
-            meta.blocks().put(hash, data)?;
+        if !stored {
+            store_inline(&meta, &ns, &inline)?;
         }
         let version = meta.publish(Publish {
             ns: &ns,

@@ -1,0 +1,187 @@
+//! Which namespace references which of the store's blocks.
+//!
+//! A block is stored once, whoever uploaded it, but a namespace may name in a publish only the
+//! blocks it references: those it uploaded (or sent inline) itself, and those its live keys
+//! name. A hash alone is no read capability: another namespace that guesses or learns one is
+//! told the block is missing and must upload it whole, and the store's answer, and the time it
+//! takes, is what it would be had no one else stored the block (see
+//! [`StoreBlocks::put_for`]). A server without authentication has no tenants and keeps no
+//! references: a scope of `None` below means "any stored block".
+//!
+//! References are written by uploads, before the publish that names them and outside its
+//! transaction, and collected with garbage; a store that kept none (made before them, or run
+//! without authentication since) has them rebuilt from its live keys when it starts with
+//! authentication (`MetaStore::rebuild_references`).
+
+use super::store::StoreBlocks;
+use super::BlockError;
+use crate::db::BatchOp;
+use crate::hash::{BlockHash, Scope};
+use crate::locks;
+
+/// `scope hash` -> nothing.
+pub const CF_BLOCK_REFS: &str = "block_refs";
+/// Present once the references are complete: written after a rebuild, removed by a start
+/// without authentication (whose uploads name no namespace). Not 64 bytes, so never a reference.
+const COMPLETE: &[u8] = b"complete";
+/// References written in one batch by a rebuild.
+const BATCH: usize = 4096;
+
+fn ref_key(scope: &Scope, hash: &BlockHash) -> [u8; 64] {
+    let mut k = [0u8; 64];
+    k[..32].copy_from_slice(&scope.0);
+    k[32..].copy_from_slice(&hash.0);
+    k
+}
+
+impl StoreBlocks {
+    /// Whether `scope` references the block (noted for garbage collection: whoever asks is
+    /// about to upload or publish it).
+    pub fn refers(&self, scope: &Scope, hash: &BlockHash) -> Result<bool, BlockError> {
+        locks::lock(&self.touched_refs).touch((*scope, *hash));
+        Ok(self.db.get(CF_BLOCK_REFS, &ref_key(scope, hash))?.is_some())
+    }
+
+    /// Stores a block uploaded for `scopes` (none: a server without authentication) and
+    /// references it in each. A block some scope does not reference yet is written as a new
+    /// block is, even where another namespace stored it before: one copy stays on disk, and
+    /// neither the answer nor its time (the write, the sync at the publish) says it was here.
+    pub fn put_for(
+        &self,
+        scopes: &[Scope],
+        hash: &BlockHash,
+        data: &[u8],
+    ) -> Result<(), BlockError> {
+        if scopes.is_empty() {
+            return self.put(hash, data);
+        }
+        let mut known = true;
+        for s in scopes {
+            known &= self.refers(s, hash)?;
+        }
+        if known && self.contains(hash)? {
+            return Ok(());
+        }
+        let refs = scopes
+            .iter()
+            .map(|s| BatchOp::Put(CF_BLOCK_REFS, ref_key(s, hash).to_vec(), Vec::new()))
+            .collect();
+        self.write_new(hash, data, refs)
+    }
+
+    /// The blocks of `hashes` that `scope` may not name: those it does not reference and those
+    /// not stored. Whether another namespace holds one is never looked at.
+    pub fn missing_for(
+        &self,
+        scope: Option<&Scope>,
+        hashes: &[BlockHash],
+    ) -> Result<Vec<BlockHash>, BlockError> {
+        let Some(scope) = scope else {
+            return self.missing(hashes);
+        };
+        let mut out = Vec::new();
+        for h in hashes {
+            if !self.refers(scope, h)? || !self.contains(h)? {
+                out.push(*h);
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`StoreBlocks::stored_len`] of a block `scope` references; `None` for one it does not.
+    pub fn stored_len_for(
+        &self,
+        scope: Option<&Scope>,
+        hash: &BlockHash,
+    ) -> Result<Option<u32>, BlockError> {
+        match scope {
+            Some(s) if !self.refers(s, hash)? => Ok(None),
+            _ => self.stored_len(hash),
+        }
+    }
+
+    /// Whether the references are complete (see [`CF_BLOCK_REFS`]'s marker).
+    pub fn references_complete(&self) -> Result<bool, BlockError> {
+        Ok(self.db.get(CF_BLOCK_REFS, COMPLETE)?.is_some())
+    }
+
+    /// Forgets every reference, the marker first: what a rebuild starts from, and what a start
+    /// without authentication leaves (its uploads reference nothing).
+    pub fn clear_references(&self) -> Result<usize, BlockError> {
+        self.db.delete(CF_BLOCK_REFS, COMPLETE)?;
+        let mut all = Vec::new();
+        self.db.for_each(CF_BLOCK_REFS, |k, _| {
+            all.push(k.to_vec());
+            Ok(())
+        })?;
+        let n = all.len();
+        for chunk in all.chunks(BATCH) {
+            let ops = chunk
+                .iter()
+                .map(|k| BatchOp::Delete(CF_BLOCK_REFS, k.clone()))
+                .collect();
+            self.db.write(ops)?;
+        }
+        Ok(n)
+    }
+
+    /// Writes references in batches; with `complete`, the marker after them.
+    pub fn add_references(
+        &self,
+        refs: impl IntoIterator<Item = (Scope, BlockHash)>,
+        complete: bool,
+    ) -> Result<(), BlockError> {
+        let mut ops = Vec::with_capacity(BATCH);
+        for (s, h) in refs {
+            ops.push(BatchOp::Put(
+                CF_BLOCK_REFS,
+                ref_key(&s, &h).to_vec(),
+                Vec::new(),
+            ));
+            if ops.len() == BATCH {
+                self.db.write(std::mem::take(&mut ops))?;
+            }
+        }
+        if complete {
+            ops.push(BatchOp::Put(CF_BLOCK_REFS, COMPLETE.to_vec(), Vec::new()));
+        }
+        if !ops.is_empty() {
+            self.db.write(ops)?;
+        }
+        Ok(())
+    }
+
+    /// Calls `f` with every reference.
+    pub fn for_each_reference(
+        &self,
+        mut f: impl FnMut(Scope, BlockHash),
+    ) -> Result<(), BlockError> {
+        self.db.for_each(CF_BLOCK_REFS, |k, _| {
+            if let (Some(s), Some(h)) = (
+                k.get(..32).and_then(Scope::from_slice),
+                k.get(32..).and_then(BlockHash::from_slice),
+            ) {
+                f(s, h);
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    /// Whether a reference was written or asked about since the start of the previous pass of
+    /// collection.
+    pub fn reference_was_touched(&self, scope: &Scope, hash: &BlockHash) -> bool {
+        locks::lock(&self.touched_refs).contains(&(*scope, *hash))
+    }
+
+    pub fn remove_references(&self, refs: &[(Scope, BlockHash)]) -> Result<(), BlockError> {
+        for chunk in refs.chunks(BATCH) {
+            let ops = chunk
+                .iter()
+                .map(|(s, h)| BatchOp::Delete(CF_BLOCK_REFS, ref_key(s, h).to_vec()))
+                .collect();
+            self.db.write(ops)?;
+        }
+        Ok(())
+    }
+}

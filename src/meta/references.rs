@@ -1,0 +1,129 @@
+//! Which namespaces reference which blocks (`crate::blocks::refs`), seen from the metadata: the
+//! scope a namespace's publishes are checked in, and the references rebuilt from the live keys
+//! of a store that kept none.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use prost::Message;
+
+use super::backend::Table;
+use super::error::MetaError;
+use super::store::MetaStore;
+use crate::hash::{BlockHash, Scope, Version};
+use crate::key::Namespace;
+use crate::manifest::{self, Manifest};
+use crate::proto::KeyRecord;
+
+/// What a rebuild did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Rebuilt {
+    pub keys: usize,
+    pub references: usize,
+    pub took: Duration,
+}
+
+/// The namespace a stored `namespace NUL ...` key belongs to.
+pub(super) fn scope_of_stored_key(k: &[u8]) -> Option<Scope> {
+    let end = k.iter().position(|&b| b == 0)?;
+    Some(Scope::of_bytes(&k[..end]))
+}
+
+impl MetaStore {
+    /// The scope `ns`'s publishes name blocks in; `None` where namespaces are not told apart
+    /// (a server without authentication: every stored block).
+    pub fn scope_of(&self, ns: &Namespace) -> Option<Scope> {
+        self.separate_namespaces
+            .load(Ordering::SeqCst)
+            .then(|| Scope::of_namespace(ns.as_str()))
+    }
+
+    /// Turns references per namespace on (a server with authentication) or off. Turned on for a
+    /// store whose references are not complete, they are rebuilt from its keys first; turned
+    /// off, they are forgotten, since uploads then name no namespace.
+    pub fn separate_namespaces(&self, on: bool) -> Result<Option<Rebuilt>, MetaError> {
+        let rebuilt = match (on, self.blocks.references_complete()?) {
+            (true, true) => None,
+            (true, false) => Some(self.rebuild_references()?),
+            (false, _) => {
+                self.blocks.clear_references()?;
+                None
+            }
+        };
+        self.separate_namespaces.store(on, Ordering::SeqCst);
+        Ok(rebuilt)
+    }
+
+    /// Writes a reference for every block of every version a key of a namespace names, after
+    /// forgetting whatever references there were (a store run without authentication may have
+    /// kept some that its collections since made stale).
+    fn rebuild_references(&self) -> Result<Rebuilt, MetaError> {
+        let started = Instant::now();
+        let _write = self.lock();
+        self.commits.drain(self.backend.as_ref());
+        self.blocks.clear_references()?;
+        let mut keys = 0;
+        let mut scopes: HashMap<Version, Vec<Scope>> = HashMap::new();
+        for table in [Table::Keys, Table::Inodes] {
+            self.backend.for_each(table, &mut |k, v| {
+                let (Some(scope), Ok(r)) = (scope_of_stored_key(k), KeyRecord::decode(v)) else {
+                    return Ok(());
+                };
+                if let Some(version) = Version::from_slice(&r.version) {
+                    keys += 1;
+                    let of = scopes.entry(version).or_default();
+                    if !of.contains(&scope) {
+                        of.push(scope);
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        let mut refs: Vec<(Scope, BlockHash)> = Vec::new();
+        let mut references = 0;
+        let mut failed = None;
+        let walked = self.backend.for_each(Table::Manifests, &mut |k, v| {
+            let Some(of) = Version::from_slice(k).and_then(|v| scopes.get(&v)) else {
+                return Ok(());
+            };
+            let Ok(m) = Manifest::decode(v) else {
+                return Ok(());
+            };
+            for hash in m
+                .entries
+                .iter()
+                .flat_map(|e| &e.blocks)
+                .filter_map(manifest::block_hash)
+            {
+                refs.extend(of.iter().map(|s| (*s, hash)));
+            }
+            if refs.len() >= 1 << 16 {
+                references += refs.len();
+                if let Err(e) = self.blocks.add_references(refs.drain(..), false) {
+                    failed = Some(e);
+                    return Err(super::backend::BackendError("rebuild stopped".into()));
+                }
+            }
+            Ok(())
+        });
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        walked?;
+        references += refs.len();
+        self.blocks.add_references(refs, true)?;
+        let rebuilt = Rebuilt {
+            keys,
+            references,
+            took: started.elapsed(),
+        };
+        tracing::info!(
+            keys,
+            references,
+            ms = rebuilt.took.as_millis() as u64,
+            "rebuilt the namespaces' references to blocks"
+        );
+        Ok(rebuilt)
+    }
+}
