@@ -108,7 +108,9 @@ impl Agent for AgentHandler {
         // block at the manifest's length and checks its hash, and every reader checks the
         // length of what it receives; those are what stop a manifest that lies.
         let m = checked(req.manifest.clone())?;
+        let started = std::time::Instant::now();
         let n = self.register(m, r.files).await?;
+        let registered_ms = started.elapsed().as_millis() as u64;
         req.locale = Locale::Local as i32;
         req.origin_node = self.cfg.node_id.clone();
         let store = client::connect_store(&self.cfg.server, &self.cfg.credential)
@@ -123,7 +125,7 @@ impl Agent for AgentHandler {
         )
         .await
         .map_err(publish_status)?;
-        tracing::info!(blocks = n, "published in place");
+        tracing::info!(blocks = n, registered_ms, "published in place");
         Ok(Response::new(PublishResponse {
             version: done.version.0.to_vec(),
             parent: done.parent,
@@ -139,10 +141,12 @@ impl Agent for AgentHandler {
         let version = Version::from_slice(&r.version).ok_or_else(|| invalid("bad version"))?;
         let m = checked(r.manifest)?;
         let blocks = self.blocks.clone();
+        let started = std::time::Instant::now();
         tokio::task::spawn_blocking(move || blocks.seed(&version, &m, &r.files))
             .await
             .map_err(|e| to_status(Fault::Internal, e.to_string()))?
             .map_err(in_place_status)?;
+        let registered_ms = started.elapsed().as_millis() as u64;
         let store = client::connect_store(&self.cfg.server, &self.cfg.credential)
             .await
             .map_err(client_status)?;
@@ -153,7 +157,7 @@ impl Agent for AgentHandler {
             })
             .await
             .map_err(client_status)?;
-        tracing::info!(%version, "seeding");
+        tracing::info!(%version, registered_ms, "seeding");
         Ok(Response::new(AddSourceResponse {}))
     }
 
