@@ -480,3 +480,150 @@ fn an_agent_refuses_a_socket_directory_another_user_could_swap_its_socket_in() {
     let a = start_agent("127.0.0.35", &c.server.addr, &c.path("mine"), "n35");
     assert!(a.socket.exists());
 }
+
+/// Turns this thread, and only it, into uid and gid 65534 with no groups: raw system calls,
+/// since glibc's would change every thread of the test process. The thread stays so.
+fn become_nobody_on_this_thread() {
+    // SAFETY: raw setgroups/setresgid/setresuid(2) with valid arguments; they change the
+    // calling thread's credentials only, and this thread is not used for anything else after.
+    unsafe {
+        assert_eq!(
+            libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<u32>()),
+            0
+        );
+        assert_eq!(libc::syscall(libc::SYS_setresgid, 65534, 65534, 65534), 0);
+        assert_eq!(libc::syscall(libc::SYS_setresuid, 65534, 65534, 65534), 0);
+    }
+}
+
+/// A caller on an agent's socket acts with its own rights (issue 42, item 2): the agent, root,
+/// opens the files a caller names as that caller, so a user who cannot read a file cannot have
+/// the agent publish, seed or offer it (it once read `/etc/shadow` back a byte at a time this
+/// way); a FIFO is refused at once instead of holding the agent; and only root mounts and
+/// unmounts. The socket is opened to everyone here, as it will be once callers also present
+/// their own tokens.
+#[test]
+fn an_agent_opens_what_its_callers_name_with_their_rights_only() {
+    use ktfs::proto::{
+        BlockRef, EntryKind, FileEntry, LocalFile, Manifest, MountRequest, PublishLocalRequest,
+        PublishRequest, ReceiveEvent,
+    };
+    use std::os::unix::fs::PermissionsExt;
+    let c = Cluster::new("127.0.0.39");
+    let node_dir = c.path("n1");
+    fs::create_dir_all(&node_dir).unwrap();
+    let agent = start_agent("127.0.0.46", &c.server.addr, &node_dir, "n1");
+    fs::set_permissions(&agent.socket, fs::Permissions::from_mode(0o666)).unwrap();
+    let files = c.path("files");
+    fs::create_dir_all(&files).unwrap();
+    for d in [c.dir.path(), files.as_path()] {
+        fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let data = pseudo_random(8192, 46);
+    let (secret, readable, fifo) = (
+        files.join("secret"),
+        files.join("readable"),
+        files.join("fifo"),
+    );
+    for (path, mode) in [(&secret, 0o600), (&readable, 0o644)] {
+        fs::write(path, &data).unwrap();
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let fifo_c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(fifo_c.as_ptr(), 0o666) }, 0);
+    let manifest = Manifest {
+        block_size: 4 << 20,
+        entries: vec![FileEntry {
+            kind: EntryKind::File as i32,
+            size: data.len() as u64,
+            blocks: vec![BlockRef {
+                hash: blake3::hash(&data).as_bytes().to_vec(),
+                len: data.len() as u32,
+            }],
+            mode: 0o644,
+            ..Default::default()
+        }],
+    };
+    let manifest_p = manifest.clone();
+    let publish = move |key: &str, path: &std::path::Path| PublishLocalRequest {
+        publish: Some(PublishRequest {
+            namespace: "default".into(),
+            key: key.into(),
+            manifest: Some(manifest_p.clone()),
+            ..Default::default()
+        }),
+        files: vec![LocalFile {
+            entry_path: String::new(),
+            disk_path: path.display().to_string(),
+        }],
+    };
+    let sock = agent.socket.clone();
+    let (secret_p, readable_p, fifo_p) = (secret.clone(), readable.clone(), fifo.clone());
+    let manifest_r = manifest.clone();
+    let answers = std::thread::spawn(move || {
+        become_nobody_on_this_thread();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut agent = ktfs::rpc::client::connect_agent(&sock).await.unwrap();
+            let mut say = Vec::new();
+            for (key, path) in [("s", &secret_p), ("f", &fifo_p), ("r", &readable_p)] {
+                let got = agent.publish_local(publish(key, path)).await;
+                say.push(
+                    got.map(|_| "published".to_string())
+                        .map_err(|e| e.message().to_string()),
+                );
+            }
+            let offer = ReceiveEvent {
+                manifest: Some(manifest_r),
+                files: vec![LocalFile {
+                    entry_path: String::new(),
+                    disk_path: secret_p.display().to_string(),
+                }],
+                ..Default::default()
+            };
+            let got = agent.receive(tokio_stream::iter([offer])).await;
+            say.push(
+                got.map(|_| "offered".to_string())
+                    .map_err(|e| e.message().to_string()),
+            );
+            let got = agent
+                .mount(MountRequest {
+                    mountpoint: "/tmp/anywhere".into(),
+                    namespace: "default".into(),
+                    ..Default::default()
+                })
+                .await;
+            say.push(
+                got.map(|_| "mounted".to_string())
+                    .map_err(|e| e.message().to_string()),
+            );
+            say
+        })
+    })
+    .join()
+    .unwrap();
+    let err = |i: usize| answers[i].clone().unwrap_err();
+    assert!(err(0).contains("Permission denied"), "{answers:?}");
+    assert!(err(1).contains("not a regular file"), "{answers:?}");
+    assert_eq!(answers[2].as_deref(), Ok("published"), "{answers:?}");
+    assert!(err(3).contains("Permission denied"), "{answers:?}");
+    assert!(err(4).contains("only root may"), "{answers:?}");
+    // What nobody could read was not registered: the key it could publish is served, and the
+    // secret's bytes only from the file nobody could read, which is not among the places.
+    let got = c.path("got");
+    let out = kt_with(
+        &c.server.addr,
+        &agent.socket,
+        &["get", "r", "--dest", got.to_str().unwrap()],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fs::read(&got).unwrap(), data);
+}

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use indicatif::ProgressBar;
 use tonic::{Request, Response, Status};
 
+use super::caller::Caller;
 use super::config::AgentConfig;
 use super::hosted::{HostError, HostedMounts};
 use crate::auth::ticket::{Gate, SharedGate};
@@ -85,10 +86,17 @@ impl AgentHandler {
         })
     }
 
-    /// Registers `files` as holding the blocks of `m`, off the async threads.
-    async fn register(&self, m: Manifest, files: Vec<LocalFile>) -> Result<usize, Status> {
+    /// Registers `files` as holding the blocks of `m`, opened and hashed with `caller`'s
+    /// rights, off the async threads.
+    async fn register(
+        &self,
+        caller: Caller,
+        m: Manifest,
+        files: Vec<LocalFile>,
+    ) -> Result<usize, Status> {
         let blocks = self.blocks.clone();
-        tokio::task::spawn_blocking(move || blocks.register(&m, &files, Check::Hashes))
+        let open = move |p: &std::path::Path| caller.open(p);
+        tokio::task::spawn_blocking(move || blocks.register(&m, &files, Check::Hashes, &open))
             .await
             .map_err(|e| to_status(Fault::Internal, e.to_string()))?
             .map_err(in_place_status)
@@ -101,6 +109,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<PublishLocalRequest>,
     ) -> Result<Response<PublishResponse>, Status> {
+        let caller = Caller::of(&req)?;
         let r = req.into_inner();
         let mut req = r.publish.ok_or_else(|| invalid("publish missing"))?;
         // The store cannot check this manifest's block lengths against its index: the blocks
@@ -109,7 +118,7 @@ impl Agent for AgentHandler {
         // length of what it receives; those are what stop a manifest that lies.
         let m = checked(req.manifest.clone())?;
         let started = std::time::Instant::now();
-        let n = self.register(m, r.files).await?;
+        let n = self.register(caller, m, r.files).await?;
         let registered_ms = started.elapsed().as_millis() as u64;
         req.locale = Locale::Local as i32;
         req.origin_node = self.cfg.node_id.clone();
@@ -137,12 +146,14 @@ impl Agent for AgentHandler {
         &self,
         req: Request<AddSourceRequest>,
     ) -> Result<Response<AddSourceResponse>, Status> {
+        let caller = Caller::of(&req)?;
         let r = req.into_inner();
         let version = Version::from_slice(&r.version).ok_or_else(|| invalid("bad version"))?;
         let m = checked(r.manifest)?;
         let blocks = self.blocks.clone();
         let started = std::time::Instant::now();
-        tokio::task::spawn_blocking(move || blocks.seed(&version, &m, &r.files))
+        let open = move |p: &std::path::Path| caller.open(p);
+        tokio::task::spawn_blocking(move || blocks.seed(&version, &m, &r.files, &open))
             .await
             .map_err(|e| to_status(Fault::Internal, e.to_string()))?
             .map_err(in_place_status)?;
@@ -182,6 +193,7 @@ impl Agent for AgentHandler {
     }
 
     async fn mount(&self, req: Request<MountRequest>) -> Result<Response<MountResponse>, Status> {
+        Caller::of(&req)?.may_administer()?;
         let already_mounted = self
             .hosted()?
             .mount(req.into_inner())
@@ -194,6 +206,7 @@ impl Agent for AgentHandler {
         &self,
         req: Request<UnmountRequest>,
     ) -> Result<Response<UnmountResponse>, Status> {
+        Caller::of(&req)?.may_administer()?;
         self.hosted()?
             .unmount(&req.into_inner().mountpoint)
             .await
@@ -205,15 +218,20 @@ impl Agent for AgentHandler {
         &self,
         req: Request<tonic::Streaming<ReceiveEvent>>,
     ) -> Result<Response<ReceiveResponse>, Status> {
+        let caller = Caller::of(&req)?;
         let mut stream = req.into_inner();
         let first = stream
             .message()
             .await?
             .ok_or_else(|| invalid("empty receive stream"))?;
         let m = checked(first.manifest)?;
-        let offer = self
-            .blocks
-            .offer(&m, &first.files)
+        // The files are the caller's, opened with its rights: what it could not read, the
+        // agent does not serve for it.
+        let (blocks, files) = (self.blocks.clone(), first.files);
+        let open = move |p: &std::path::Path| caller.open(p);
+        let offer = tokio::task::spawn_blocking(move || blocks.offer(&m, &files, &open))
+            .await
+            .map_err(|e| to_status(Fault::Internal, e.to_string()))?
             .map_err(in_place_status)?;
         let ready = |hashes: &[Vec<u8>]| {
             let hashes: Vec<BlockHash> = hashes

@@ -3,6 +3,7 @@
 //! publish, seed and mount ([`local_rpc`]), and the namespaces it mounts in its own process
 //! ([`hosted`]).
 
+mod caller;
 mod config;
 mod heartbeat;
 pub mod hosted;

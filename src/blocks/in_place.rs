@@ -103,6 +103,7 @@ impl InPlace {
         m: &Manifest,
         files: &[LocalFile],
         check: Check,
+        open: Opener<'_>,
     ) -> Result<usize, InPlaceError> {
         let mut ops = Vec::new();
         let mut count = 0;
@@ -110,7 +111,7 @@ impl InPlace {
         for f in files {
             let entry = entry_of(m, f)?;
             let disk = Path::new(&f.disk_path);
-            let file = open_regular(disk).map_err(|source| InPlaceError::Disk {
+            let file = open(disk).map_err(|source| InPlaceError::Disk {
                 path: f.disk_path.clone(),
                 source,
             })?;
@@ -151,6 +152,8 @@ impl InPlace {
                     file_size: meta.len(),
                     mtime_sec: meta.mtime(),
                     mtime_nsec: meta.mtime_nsec() as u32,
+                    dev: meta.dev(),
+                    ino: meta.ino(),
                 });
                 if places.len() > MAX_PLACES {
                     places.remove(0);
@@ -184,6 +187,8 @@ impl InPlace {
                 file_size: meta.len(),
                 mtime_sec: meta.mtime(),
                 mtime_nsec: meta.mtime_nsec() as u32,
+                dev: meta.dev(),
+                ino: meta.ino(),
             });
         }
         let mut paths = blake3::Hasher::new();
@@ -310,14 +315,26 @@ impl InPlace {
     }
 }
 
-/// Opens a file for reading without blocking (a FIFO with no writer would hold the thread).
-fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
+/// Opens a file for reading without blocking (a FIFO with no writer would hold the thread),
+/// and only if it is a regular file.
+pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
+    let f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    Ok(f)
 }
+
+/// How a registration opens the files it is handed: as the agent ([`open_regular`]), or with
+/// the rights of the process that handed them (the agent's socket).
+pub type Opener<'a> = &'a (dyn Fn(&Path) -> std::io::Result<std::fs::File> + Sync);
 
 /// The file of a place, if it is as it was registered (a regular file, of its size and
 /// modification time). Opened without blocking: a file swapped for a FIFO with no writer held
@@ -327,6 +344,10 @@ fn open_unchanged(p: &LocalBlock) -> Option<std::fs::File> {
     let meta = f.metadata().ok()?;
     if !meta.is_file() {
         tracing::warn!(path = %p.disk_path, "published file is no longer a regular file; not serving it");
+        return None;
+    }
+    if p.ino != 0 && (meta.dev() != p.dev || meta.ino() != p.ino) {
+        tracing::warn!(path = %p.disk_path, "published path names another file now; not serving it");
         return None;
     }
     if meta.len() != p.file_size
@@ -410,7 +431,7 @@ mod tests {
     }
 
     #[test]
-    fn a_range_of_a_block_in_place_is_read_alone_while_its_file_is_unchanged() {
+    fn a_range_of_a_block_in_place_is_read_alone_while_its_file_is_the_one_registered_unchanged() {
         use crate::proto::{BlockRef, FileEntry};
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("db"), &[CF_LOCAL, CF_SEEDS], &[]).unwrap();
@@ -438,7 +459,10 @@ mod tests {
             entry_path: "f".into(),
             disk_path: path.display().to_string(),
         };
-        assert_eq!(p.register(&m, &[f], Check::Hashes).unwrap(), 2);
+        assert_eq!(
+            p.register(&m, &[f], Check::Hashes, &open_regular).unwrap(),
+            2
+        );
         let h = BlockHash::of(second);
         assert_eq!(
             p.read_range(&h, 100, 50).as_deref(),
@@ -447,6 +471,19 @@ mod tests {
         assert_eq!(p.read_range(&h, 1990, 10).as_deref(), Some(&second[1990..]));
         assert!(p.read_range(&h, 1990, 11).is_none(), "past the block's end");
         assert!(p.read_range(&BlockHash::of(b"x"), 0, 1).is_none());
+        // Another file of the same bytes and times in its place (a symlink or rename swapped
+        // in): not the file registered, not served from.
+        let was = std::fs::metadata(&path).unwrap().modified().unwrap();
+        let other = dir.path().join("other");
+        std::fs::write(&other, &data).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&other)
+            .unwrap()
+            .set_modified(was)
+            .unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        assert!(p.read_range(&h, 100, 50).is_none(), "another file");
         std::fs::write(&path, [&data[..], b"more"].concat()).unwrap();
         assert!(p.read_range(&h, 100, 50).is_none(), "the file changed");
 

@@ -15,7 +15,7 @@ use bytes::Bytes;
 
 use super::cache::BlockCache;
 use super::in_flight::{InFlight, Place, PENDING_WAIT};
-use super::in_place::{entry_of, Check, InPlace, InPlaceError};
+use super::in_place::{entry_of, Check, InPlace, InPlaceError, Opener};
 use super::pins::Pins;
 use super::{BlockError, BlockServe, Pending, Served};
 use crate::db::Db;
@@ -107,8 +107,9 @@ impl NodeBlocks {
         m: &Manifest,
         files: &[LocalFile],
         check: Check,
+        open: Opener<'_>,
     ) -> Result<usize, InPlaceError> {
-        self.in_place.register(m, files, check)
+        self.in_place.register(m, files, check, open)
     }
 
     /// Registers files a get handed this node as holding `version` (of manifest `m`), and
@@ -119,8 +120,9 @@ impl NodeBlocks {
         version: &crate::hash::Version,
         m: &Manifest,
         files: &[LocalFile],
+        open: Opener<'_>,
     ) -> Result<usize, InPlaceError> {
-        let n = self.in_place.register(m, files, Check::Hashes)?;
+        let n = self.in_place.register(m, files, Check::Hashes, open)?;
         self.in_place.record_seed(version, files)?;
         Ok(n)
     }
@@ -154,15 +156,18 @@ impl NodeBlocks {
 
     /// Offers the blocks of files being received (entries of `m` at absolute temporary paths):
     /// each is served once marked ready. The offer ends when the returned guard drops.
-    pub fn offer(&self, m: &Manifest, files: &[LocalFile]) -> Result<Offered, InPlaceError> {
+    pub fn offer(
+        &self,
+        m: &Manifest,
+        files: &[LocalFile],
+        open: Opener<'_>,
+    ) -> Result<Offered, InPlaceError> {
         let mut expected: HashMap<BlockHash, Vec<Place>> = HashMap::new();
         for f in files {
             let entry = entry_of(m, f)?;
-            let file = std::fs::File::open(Path::new(&f.disk_path)).map_err(|source| {
-                InPlaceError::Disk {
-                    path: f.disk_path.clone(),
-                    source,
-                }
+            let file = open(Path::new(&f.disk_path)).map_err(|source| InPlaceError::Disk {
+                path: f.disk_path.clone(),
+                source,
             })?;
             let file = Arc::new(file);
             let mut offset = 0u64;

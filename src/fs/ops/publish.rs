@@ -13,7 +13,7 @@ use crate::fs::paths::split;
 use crate::locks::lock;
 use indicatif::ProgressBar;
 
-use crate::blocks::in_place::Check;
+use crate::blocks::in_place::{open_regular, Check};
 use crate::dataplane::upload;
 use crate::fs::write::publish::{inline_blocks, Prepared, Settle};
 use crate::fs::write::staged::Staged;
@@ -112,7 +112,8 @@ impl FsCore {
                     entry_path: String::new(),
                     disk_path: disk.display().to_string(),
                 }];
-                self.blocks.register(&m, &files, Check::Sizes)?;
+                self.blocks
+                    .register(&m, &files, Check::Sizes, &open_regular)?;
                 Payload::InPlace
             }
             // A body in memory (at most what goes inline) was hashed from `buf`, whole: its
