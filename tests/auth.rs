@@ -1090,3 +1090,73 @@ fn a_block_hash_reads_nothing_across_namespaces() {
     let name = blake3::hash(&big_data).to_hex().to_string();
     assert_eq!(files_named(&store_dir.join("blocks"), &name), 1);
 }
+
+/// A node agent acts for the callers on its socket in their own namespaces only (issue 42,
+/// item 2): it presents each caller's token beside its node's, and the store checks the
+/// namespace against the caller's. Without that, any process that reached the socket published
+/// in place into any namespace under the node's credential.
+#[test]
+fn a_node_agent_acts_in_its_callers_namespaces_only() {
+    use ktfs::proto::{LocalFile, PublishLocalRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::start("127.0.0.47", team_world());
+    let server = review_server("127.0.0.48", &api, dir.path());
+    let n1_dir = dir.path().join("n1");
+    std::fs::create_dir_all(&n1_dir).unwrap();
+    let node_token = dir.path().join("node.token");
+    std::fs::write(&node_token, "tok-node").unwrap();
+    let agent = start_agent_with(
+        "127.0.0.49",
+        &server.addr,
+        &n1_dir,
+        "n1",
+        &["--token-file", node_token.to_str().unwrap()],
+    );
+    let data = pseudo_random(100_000, 47);
+    let file = dir.path().join("w.bin");
+    std::fs::write(&file, &data).unwrap();
+    let hash = blake3::hash(&data).as_bytes().to_vec();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let publish = |ns: &str, token: Option<&str>| {
+        let mut req = naming_block(ns, &hash, data.len() as u32);
+        req.key = "in-place".into();
+        let mut call = tonic::Request::new(PublishLocalRequest {
+            publish: Some(req),
+            files: vec![LocalFile {
+                entry_path: String::new(),
+                disk_path: file.display().to_string(),
+            }],
+        });
+        if let Some(t) = token {
+            call.metadata_mut()
+                .insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        rt.block_on(async {
+            let mut a = ktfs::rpc::client::connect_agent(&agent.socket)
+                .await
+                .unwrap();
+            a.publish_local(call).await.map(|_| ())
+        })
+    };
+    let err = publish("team-a", Some("tok-b")).unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err}");
+    assert!(
+        err.message().contains("the caller on the node's socket")
+            && err.message().contains("may use namespace team-b only"),
+        "{}",
+        err.message()
+    );
+    let err = publish("team-a", None).unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err}");
+    assert!(err.message().contains("no credential"), "{}", err.message());
+    publish("team-b", Some("tok-b")).expect("b publishes in place in its own namespace");
+    // Team a's namespace holds nothing b put there.
+    let none = dir.path().join("no-agent.sock");
+    let out = kt_as(
+        &server.addr,
+        &none,
+        &[("KT_TOKEN", "tok-a")],
+        &["ls", "in-place", "-n", "team-a"],
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+}

@@ -22,7 +22,7 @@ use ktfs::k8s::{api, env};
 use ktfs::key::{KeyPath, Namespace};
 use ktfs::manifest::DEFAULT_BLOCK_SIZE;
 use ktfs::proto::{ListRequest, Locale, RemoveRequest, WindowSpec};
-use ktfs::rpc::client::{self, ClientError, DEFAULT_AGENT_SOCKET};
+use ktfs::rpc::client::{self, ClientError};
 use ktfs::rpc::Fault;
 use ktfs::transfer::get::{self as getting, GetOptions};
 use ktfs::transfer::put::scan::ScanOptions;
@@ -198,7 +198,9 @@ fn target(
             .unwrap_or_else(env::default_server),
         credential,
         namespace: Namespace::parse(&namespace)?,
-        agent: PathBuf::from(var("KT_AGENT").unwrap_or_else(|| DEFAULT_AGENT_SOCKET.into())),
+        agent: var("KT_AGENT")
+            .map(PathBuf::from)
+            .unwrap_or_else(client::default_agent_socket),
         kubeconfig: kubeconfig
             .or_else(|| var("KT_KUBECONFIG"))
             .map(PathBuf::from),

@@ -10,6 +10,7 @@ use tonic::{Request, Response, Status};
 use super::caller::Caller;
 use super::config::AgentConfig;
 use super::hosted::{HostError, HostedMounts};
+use crate::auth::credential::AUTHORIZATION;
 use crate::auth::ticket::{Gate, SharedGate};
 use crate::blocks::in_place::{Check, InPlaceError};
 use crate::blocks::node::NodeBlocks;
@@ -110,6 +111,12 @@ impl Agent for AgentHandler {
         req: Request<PublishLocalRequest>,
     ) -> Result<Response<PublishResponse>, Status> {
         let caller = Caller::of(&req)?;
+        // The store checks the namespace against the caller's own credential, the origin
+        // against this node's.
+        let credential = self
+            .cfg
+            .credential
+            .acting_for(req.metadata().get(AUTHORIZATION).cloned());
         let r = req.into_inner();
         let mut req = r.publish.ok_or_else(|| invalid("publish missing"))?;
         // The store cannot check this manifest's block lengths against its index: the blocks
@@ -122,7 +129,7 @@ impl Agent for AgentHandler {
         let registered_ms = started.elapsed().as_millis() as u64;
         req.locale = Locale::Local as i32;
         req.origin_node = self.cfg.node_id.clone();
-        let store = client::connect_store(&self.cfg.server, &self.cfg.credential)
+        let store = client::connect_store(&self.cfg.server, &credential)
             .await
             .map_err(client_status)?;
         let done = publish::publish(

@@ -11,6 +11,7 @@ mod local_rpc;
 mod versions;
 
 use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -140,7 +141,12 @@ impl AgentProcess {
                     source,
                 })?;
         if let Some(dir) = cfg.socket.parent() {
-            std::fs::create_dir_all(dir).map_err(io(dir))?;
+            if !dir.exists() {
+                // Others may enter (not write): the socket in it is for every user of the node.
+                std::fs::create_dir_all(dir).map_err(io(dir))?;
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+                    .map_err(io(dir))?;
+            }
             check_socket_dir(dir)?;
         }
         // A socket left by an agent that died is stale; one that answers belongs to a live agent.
@@ -154,6 +160,10 @@ impl AgentProcess {
             addr: cfg.socket.display().to_string(),
             source,
         })?;
+        // Every user of the node may call: each call acts with its caller's own rights (its
+        // peer credentials) and in its caller's namespaces (its token), and only root mounts.
+        std::fs::set_permissions(&cfg.socket, std::fs::Permissions::from_mode(0o666))
+            .map_err(io(&cfg.socket))?;
         Ok(AgentProcess {
             listener,
             unix,

@@ -14,6 +14,12 @@ use crate::locks;
 
 /// The metadata key of the credential.
 pub const AUTHORIZATION: &str = "authorization";
+/// The metadata key under which a node agent presents, beside its own credential, the one the
+/// process it acts for gave it (on its unix socket): the store then checks the namespace
+/// against the caller's, the node against the agent's. [`NO_CREDENTIAL`]: the caller gave none.
+pub const ON_BEHALF: &str = "x-kt-on-behalf";
+/// What [`ON_BEHALF`] says of a caller that presented nothing (no token is this).
+pub const NO_CREDENTIAL: &str = "none";
 /// Where a pod's token for ktfs is projected (audience `ktfs`, deploy/examples).
 pub const PROJECTED_TOKEN: &str = "/var/run/secrets/ktfs/token";
 /// A pod's default ServiceAccount token, used when no ktfs token is projected.
@@ -39,7 +45,7 @@ pub enum CredentialError {
 /// A caller's credential; cloning shares it. `None` sends nothing (a server without
 /// authentication).
 #[derive(Clone, Default)]
-pub struct Credential(Option<Arc<Source>>);
+pub struct Credential(Option<Arc<Source>>, Option<MetadataValue<Ascii>>);
 
 enum Source {
     Token(MetadataValue<Ascii>),
@@ -87,22 +93,33 @@ fn read_file(path: &Path) -> Result<MetadataValue<Ascii>, CredentialError> {
 
 impl Credential {
     pub fn none() -> Self {
-        Credential(None)
+        Credential(None, None)
     }
 
     pub fn token(token: &str) -> Result<Self, CredentialError> {
-        Ok(Credential(Some(Arc::new(Source::Token(header(
-            token, "",
-        )?)))))
+        Ok(Credential(
+            Some(Arc::new(Source::Token(header(token, "")?))),
+            None,
+        ))
+    }
+
+    /// This credential (a node agent's) acting for a process that presented `caller` (its
+    /// `authorization` value; `None`: nothing) on the agent's socket: see [`ON_BEHALF`].
+    pub fn acting_for(&self, caller: Option<MetadataValue<Ascii>>) -> Credential {
+        let caller = caller.unwrap_or_else(|| MetadataValue::from_static(NO_CREDENTIAL));
+        Credential(self.0.clone(), Some(caller))
     }
 
     /// A token kept in a file, read now (so a bad path fails at start) and again every minute.
     pub fn file(path: &Path) -> Result<Self, CredentialError> {
         let value = read_file(path)?;
-        Ok(Credential(Some(Arc::new(Source::File {
-            path: path.to_path_buf(),
-            cached: Mutex::new(Some((Instant::now(), value))),
-        }))))
+        Ok(Credential(
+            Some(Arc::new(Source::File {
+                path: path.to_path_buf(),
+                cached: Mutex::new(Some((Instant::now(), value))),
+            })),
+            None,
+        ))
     }
 
     /// What a command line or a library call presents when it names nothing itself: `KT_TOKEN`,
@@ -160,6 +177,9 @@ impl tonic::service::Interceptor for Credential {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(v) = self.value() {
             req.metadata_mut().insert(AUTHORIZATION, v);
+        }
+        if let Some(caller) = &self.1 {
+            req.metadata_mut().insert(ON_BEHALF, caller.clone());
         }
         Ok(req)
     }

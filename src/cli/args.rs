@@ -8,7 +8,7 @@ use ktfs::k8s::{api, env, outside, tokens};
 use ktfs::manifest::DEFAULT_BLOCK_SIZE;
 use ktfs::proto::{Locale, WindowSpec};
 
-use ktfs::rpc::client::DEFAULT_AGENT_SOCKET as DEFAULT_SOCKET;
+use ktfs::rpc::client::default_agent_socket;
 
 #[derive(Parser)]
 #[command(
@@ -189,7 +189,7 @@ pub struct Common {
     #[arg(short = 'n', long, env = "KT_NAMESPACE", default_value_t = env::default_namespace(), global = true)]
     pub namespace: String,
     /// This node's agent socket.
-    #[arg(long = "agent", env = "KT_AGENT", default_value = DEFAULT_SOCKET, global = true)]
+    #[arg(long = "agent", env = "KT_AGENT", default_value_os_t = default_agent_socket(), global = true)]
     pub agent: PathBuf,
     /// Print one JSON object instead of text.
     #[arg(long, global = true)]
@@ -453,7 +453,7 @@ pub struct AgentArgs {
     /// Byte budget of the block cache (e.g. 50G, 512M).
     #[arg(long, default_value = "10G", value_parser = parse_size)]
     pub cache_size: u64,
-    #[arg(long, env = "KT_AGENT", default_value = DEFAULT_SOCKET)]
+    #[arg(long, env = "KT_AGENT", default_value_os_t = ktfs::rpc::client::own_agent_socket())]
     pub socket: PathBuf,
     /// This node's id (default: the host name).
     #[arg(long, env = "KT_NODE_ID")]
@@ -542,7 +542,7 @@ pub struct UpArgs {
     pub listen: String,
     #[arg(long, default_value = "127.0.0.1:7448")]
     pub agent_listen: String,
-    #[arg(long, env = "KT_AGENT", default_value = DEFAULT_SOCKET)]
+    #[arg(long, env = "KT_AGENT", default_value_os_t = ktfs::rpc::client::own_agent_socket())]
     pub socket: PathBuf,
     /// A file holding the shared token the store server and this node's agent agree on.
     #[arg(long)]

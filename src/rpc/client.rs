@@ -30,8 +30,35 @@ use crate::proto::{
     WatchDown, Window,
 };
 
-/// Where this node's agent listens when nothing says otherwise (`KT_AGENT`, `--agent`).
-pub const DEFAULT_AGENT_SOCKET: &str = "/tmp/ktfs/agent.sock";
+/// Where the node's agent (root's) listens when nothing says otherwise: a directory of root's
+/// that every user may enter, a socket every user may connect to (the agent acts for each caller
+/// with the caller's own rights and token).
+pub const NODE_AGENT_SOCKET: &str = "/run/ktfs/agent.sock";
+
+/// Where an agent this user starts listens when nothing says otherwise (`kt agent`, `kt up`):
+/// root's at [`NODE_AGENT_SOCKET`]; another user's in its own runtime directory
+/// (`$XDG_RUNTIME_DIR/ktfs`, else `/tmp/ktfs-UID`).
+pub fn own_agent_socket() -> PathBuf {
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    if uid == 0 {
+        return PathBuf::from(NODE_AGENT_SOCKET);
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(dir) => PathBuf::from(dir).join("ktfs/agent.sock"),
+        None => PathBuf::from(format!("/tmp/ktfs-{uid}/agent.sock")),
+    }
+}
+
+/// The agent a client talks to when nothing says otherwise (`KT_AGENT`, `--agent`): this user's
+/// own where one listens (`kt up` as that user), else the node's.
+pub fn default_agent_socket() -> PathBuf {
+    let own = own_agent_socket();
+    match own.exists() {
+        true => own,
+        false => PathBuf::from(NODE_AGENT_SOCKET),
+    }
+}
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(300);
 

@@ -9,8 +9,8 @@ use std::task::{Context, Poll};
 
 use tonic::codegen::http;
 
-use super::{Authenticator, Principal};
-use crate::auth::credential::AUTHORIZATION;
+use super::{AuthError, Authenticator, OnBehalf, Principal};
+use crate::auth::credential::{AUTHORIZATION, NO_CREDENTIAL, ON_BEHALF};
 
 /// `inner`, behind `auth`.
 pub fn authenticated<S>(inner: S, auth: Arc<Authenticator>) -> Authenticated<S> {
@@ -58,12 +58,25 @@ where
                 .get::<tonic::transport::server::TcpConnectInfo>()
                 .and_then(|c| c.remote_addr)
                 .map(|a| a.ip());
-            match auth.authenticate(header, peer).await {
-                Ok(principal) => {
+            let acting_for = req.headers().get(ON_BEHALF).map(|v| v.as_bytes().to_vec());
+            let authenticated = match auth.authenticate(header, peer).await {
+                Ok(principal) => match acting_for {
+                    None => Ok((principal, None)),
+                    Some(caller) => on_behalf(&auth, &principal, &caller, peer)
+                        .await
+                        .map(|of| (principal, Some(of))),
+                },
+                Err(e) => Err(e),
+            };
+            match authenticated {
+                Ok((principal, of)) => {
                     if principal != Principal::Anyone {
                         tracing::trace!(%principal, path = %req.uri().path(), "authenticated");
                     }
                     req.extensions_mut().insert(principal);
+                    if let Some(of) = of {
+                        req.extensions_mut().insert(of);
+                    }
                     inner.call(req).await
                 }
                 Err(e) => {
@@ -73,5 +86,24 @@ where
                 }
             }
         })
+    }
+}
+
+/// The principal a node agent (`principal`) acts for, from the `caller` credential it presents
+/// beside its own: checked as any caller's (a server without authentication takes anyone).
+async fn on_behalf(
+    auth: &Authenticator,
+    principal: &Principal,
+    caller: &[u8],
+    peer: Option<std::net::IpAddr>,
+) -> Result<OnBehalf, AuthError> {
+    principal.may_act_on_behalf()?;
+    let header = (caller != NO_CREDENTIAL.as_bytes()).then_some(caller);
+    match auth.authenticate(header, peer).await {
+        Ok(p) => Ok(OnBehalf(p)),
+        Err(AuthError::Unavailable(why)) => Err(AuthError::Unavailable(why)),
+        Err(e) => Err(AuthError::Refused(format!(
+            "the caller on the node's socket: {e}"
+        ))),
     }
 }

@@ -305,6 +305,38 @@ pub fn principal<T>(req: &tonic::Request<T>) -> Result<Principal, Status> {
         .ok_or_else(|| Status::internal("the call was not authenticated"))
 }
 
+/// The principal a node agent acts for on this call (see [`crate::auth::credential::ON_BEHALF`]):
+/// a namespace the call names must be one it may use too.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OnBehalf(pub Principal);
+
+/// Whether the caller of `req`, and the process a node agent acts for in it, may use `ns`.
+pub fn may_use<T>(req: &tonic::Request<T>, ns: &str) -> Result<(), Status> {
+    principal(req)?.may_use(ns)?;
+    match req.extensions().get::<OnBehalf>() {
+        Some(OnBehalf(p)) => p.may_use(ns).map_err(|e| {
+            to_status(
+                Fault::Denied,
+                format!("the caller on the node's socket: {}", e.message()),
+            )
+        }),
+        None => Ok(()),
+    }
+}
+
+impl Principal {
+    /// Whether the caller may act for a process that called it (a node agent for a caller on
+    /// its socket).
+    pub fn may_act_on_behalf(&self) -> Result<(), AuthError> {
+        match self {
+            Principal::Account(_) => Err(AuthError::Refused(format!(
+                "{self} acts for itself only: only a node agent presents a caller's credential"
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// The namespace a scoped broadcast group belongs to (see [`crate::rpc::scope_group`]).
 pub fn group_namespace(group: &str) -> Result<&str, Status> {
     group

@@ -12,7 +12,7 @@ use crate::broadcast::windows::GpuWindows;
 use crate::clock::SharedClock;
 use crate::key::Namespace;
 use crate::meta::MetaStore;
-use crate::server::auth::{group_namespace, principal};
+use crate::server::auth::{group_namespace, may_use};
 use crate::server::status::parse_ns;
 use crate::server::watch::Watchers;
 
@@ -52,13 +52,13 @@ pub(super) struct Change {
 /// The namespace a call names, once its caller is known to be allowed in it.
 pub(super) fn namespace_for<T>(req: &Request<T>, ns: &str) -> Result<Namespace, Status> {
     let ns = parse_ns(ns)?;
-    principal(req)?.may_use(ns.as_str())?;
+    may_use(req, ns.as_str())?;
     Ok(ns)
 }
 
 /// Refuses a call on a broadcast window of a namespace its caller may not use.
 pub(super) fn window_for<T>(req: &Request<T>, group: &str) -> Result<(), Status> {
-    principal(req)?.may_use(group_namespace(group)?)
+    may_use(req, group_namespace(group)?)
 }
 
 impl StoreHandler {

@@ -190,13 +190,17 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
                 .await
                 .map_err(PutError::NoAgent)?;
             let files = local_files(&scanned)?;
-            let resp = agent
-                .publish_local(PublishLocalRequest {
-                    publish: Some(publish),
-                    files,
-                })
-                .await
-                .map_err(ClientError::from)?;
+            // The agent publishes with its node's credential and this caller's, which it
+            // presents beside it: the namespace must be this caller's.
+            let mut call = tonic::Request::new(PublishLocalRequest {
+                publish: Some(publish),
+                files,
+            });
+            if let Some(v) = opts.credential.value() {
+                call.metadata_mut()
+                    .insert(crate::auth::credential::AUTHORIZATION, v);
+            }
+            let resp = agent.publish_local(call).await.map_err(ClientError::from)?;
             let v = resp.into_inner().version;
             (Version::from_slice(&v).ok_or(PutError::BadVersion)?, 0)
         }
