@@ -492,6 +492,28 @@ fn a_node_token_made_from_the_shared_token_acts_for_its_own_node_only() {
     .unwrap();
     assert_eq!(ls[0]["locale"], "n1", "{ls}");
 
+    // Nor may it join a broadcast window as node n2 (whose agent getters would then be sent to).
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let cred = ktfs::auth::Credential::file(&n1_token).unwrap();
+        let store = ktfs::rpc::client::connect_store(&server.addr, &cred)
+            .await
+            .unwrap();
+        let join = |node: &str| ktfs::proto::JoinRequest {
+            namespace: "default".into(),
+            key: "local/w".into(),
+            version: vec![0; 32],
+            node_id: node.into(),
+            ..Default::default()
+        };
+        let err = store.join_broadcast(join("n2")).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err}");
+        assert!(err.to_string().contains("own node only"), "{err}");
+        // As itself it gets past that check (to the version it named, which is not the key's).
+        let err = store.join_broadcast(join("n1")).await.unwrap_err();
+        assert_ne!(err.code(), tonic::Code::PermissionDenied, "{err}");
+    });
+
     // The same token as node n2 (which could then add or withdraw n2's copies) is refused at
     // registration, and the agent stops saying why.
     let n2_dir = dir.path().join("n2");

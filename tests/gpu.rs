@@ -1135,3 +1135,53 @@ fn with_tokens_the_host_transport_carries_only_ciphertext_between_holders_of_the
     assert!(wire.len() as u64 > 2 * total);
     assert_eq!(pieces_seen(&wire, &data, 512), 0, "plaintext in the window");
 }
+
+/// Runs `f` on a thread of its own whose uid and gid are `id` (raw system calls: they change
+/// that thread alone, and it holds no capability then), and returns what it returned.
+fn as_user<T: Send + 'static>(id: u32, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        // SAFETY: raw setgroups/setresgid/setresuid(2) of this thread alone, which ends after.
+        unsafe {
+            assert_eq!(
+                libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<u32>()),
+                0
+            );
+            assert_eq!(libc::syscall(libc::SYS_setresgid, id, id, id), 0);
+            assert_eq!(libc::syscall(libc::SYS_setresuid, id, id, id), 0);
+        }
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+/// Every user of a node may make a GPU key under `.gpu`, and only its owner or root unlinks,
+/// and so unpublishes, it (issue 42, item 8): the directories are sticky, and a control file
+/// belongs to the user who made it (any local user could unpublish anyone's key before).
+#[test]
+fn a_gpu_key_is_unlinked_by_its_owner_or_root_only() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let c = Cluster::new("127.0.0.54");
+    let a = start_mount("127.0.0.54", &c.server.addr, &c.path("a"), "gpu-own", &[]);
+    for d in [c.dir.path().to_path_buf(), c.path("a")] {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let gpu = a.path(".gpu");
+    assert_eq!(std::fs::metadata(&gpu).unwrap().mode() & 0o7777, 0o1777);
+    let mine = a.path(".gpu/mine");
+    let made = mine.clone();
+    let fd = as_user(1000, move || open(&made, true));
+    assert_eq!(std::fs::metadata(&mine).unwrap().uid(), 1000);
+    let unlink = |id: u32| {
+        let path = mine.clone();
+        as_user(id, move || {
+            std::fs::remove_file(&path)
+                .err()
+                .and_then(|e| e.raw_os_error())
+        })
+    };
+    assert_eq!(unlink(2000), Some(libc::EPERM), "another user unlinked it");
+    // Its owner gets past the kernel's check (to the store, where nothing is published yet).
+    assert_ne!(unlink(1000), Some(libc::EPERM));
+    drop(fd);
+}

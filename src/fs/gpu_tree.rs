@@ -2,8 +2,11 @@
 //! snapshot directory) but is always there; below it, each GPU key of the namespace is a control
 //! file and the prefixes of GPU keys are directories. A publisher makes the directories of a
 //! new key first (`mkdir -p`, as for any path): they are this mount's until a key below them is
-//! published, and then everyone's. What a control file does on read, write, ioctl and poll is
-//! `gpu::control`'s; this file maps paths and handles to it.
+//! published, and then everyone's. The directories are sticky, as `/tmp` is: every user of the
+//! node may make a key there, and only a key's owner (the user who made its control file on
+//! this mount; for a key made elsewhere, the mount's owner) or root may unlink, and so
+//! unpublish, it. What a control file does on read, write, ioctl and poll is `gpu::control`'s;
+//! this file maps paths and handles to it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -23,6 +26,8 @@ pub struct GpuTree {
     pub(crate) files: Mutex<HashMap<String, usize>>,
     /// Directories made below `/.gpu` on this mount, for keys to come.
     pub(crate) dirs: Mutex<HashSet<String>>,
+    /// Who made each control file made on this mount (uid, gid): its owner until it is unlinked.
+    owners: Mutex<HashMap<String, (u32, u32)>>,
     started: SystemTime,
     uid: u32,
     gid: u32,
@@ -39,6 +44,7 @@ impl GpuTree {
             control,
             files: Mutex::default(),
             dirs: Mutex::default(),
+            owners: Mutex::default(),
             started,
             uid,
             gid,
@@ -50,8 +56,9 @@ impl GpuTree {
             ino,
             kind: Kind::Dir,
             size: 0,
-            // Any process of the node (any user of a pod) may make a key's directories there.
-            perm: 0o777,
+            // Any process of the node (any user of a pod) may make a key's directories there;
+            // sticky, so only a key's owner removes it.
+            perm: 0o1777,
             mtime: self.started,
             atime: self.started,
             ctime: self.started,
@@ -62,7 +69,12 @@ impl GpuTree {
         }
     }
 
-    pub fn file_attr(&self, ino: u64) -> Attr {
+    /// The attributes of the control file of key `key`: its owner's where it was made here.
+    pub fn file_attr(&self, ino: u64, key: &str) -> Attr {
+        let (uid, gid) = lock(&self.owners)
+            .get(key)
+            .copied()
+            .unwrap_or((self.uid, self.gid));
         Attr {
             ino,
             kind: Kind::File,
@@ -73,10 +85,23 @@ impl GpuTree {
             atime: self.started,
             ctime: self.started,
             nlink: 1,
-            uid: self.uid,
-            gid: self.gid,
+            uid,
+            gid,
             rdev: 0,
         }
+    }
+
+    /// A control file at `key` was made here by `uid`/`gid`, its owner from now on (unless
+    /// one was made before and not unlinked since).
+    pub fn made(&self, key: &str, uid: u32, gid: u32) {
+        lock(&self.owners)
+            .entry(key.to_string())
+            .or_insert((uid, gid));
+    }
+
+    /// The key's control file was unlinked: it has no owner here any more.
+    pub fn unlinked(&self, key: &str) {
+        lock(&self.owners).remove(key);
     }
 
     /// Whether `rest` is a directory this mount made, or the parent of one, or of a control file

@@ -243,6 +243,7 @@ impl FsCore {
                 return Err(FsError::Exists);
             }
             let (fh, cache) = self.gpu_open(rest, caller.pid, true).await?;
+            self.gpu.made(rest, caller.uid, caller.gid);
             let mut attr = self.stat_path(&path).await?;
             attr.ino = self.inodes().lookup(&path);
             return Ok((attr, fh, cache));

@@ -21,14 +21,14 @@ impl FsCore {
             return Ok(self.gpu.dir_attr(ino));
         }
         if self.gpu.is_open(rest) {
-            return Ok(self.gpu.file_attr(ino));
+            return Ok(self.gpu.file_attr(ino, rest));
         }
         if self.gpu.local_dir(rest) {
             return Ok(self.gpu.dir_attr(ino));
         }
         let key = key_of(rest)?;
         if self.gpu.control.exists(&key).await? {
-            return Ok(self.gpu.file_attr(ino));
+            return Ok(self.gpu.file_attr(ino, rest));
         }
         if !self.gpu.control.list(Some(&key)).await?.is_empty() {
             return Ok(self.gpu.dir_attr(ino));
@@ -144,9 +144,12 @@ impl FsCore {
         self.gpu.closed(cf.key.as_str());
     }
 
-    /// `unlink` below `/.gpu`: unpublishes the GPU key.
+    /// `unlink` below `/.gpu`: unpublishes the GPU key (the kernel let only its owner, or
+    /// root, get here: the directories are sticky).
     pub(crate) async fn gpu_unlink(&self, rest: &str) -> FsResult<()> {
-        Ok(self.gpu.control.unpublish(&key_of(rest)?).await?)
+        self.gpu.control.unpublish(&key_of(rest)?).await?;
+        self.gpu.unlinked(rest);
+        Ok(())
     }
 
     /// An ioctl on an open control file: the call's return value and the bytes copied out.

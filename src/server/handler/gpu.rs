@@ -12,7 +12,7 @@ use crate::proto::{
     GpuWindow,
 };
 use crate::rpc;
-use crate::server::auth::group_namespace;
+use crate::server::auth::{group_namespace, principal};
 use crate::server::status::parse_key;
 
 /// The longest a GPU window call is held before it answers with the window as it stands (the
@@ -46,6 +46,7 @@ pub(super) async fn join_gpu_window(
 ) -> Result<Response<GpuJoinResponse>, Status> {
     let remote_ip = req.remote_addr().map(|a| a.ip().to_string());
     let ns = namespace_for(&req, &req.get_ref().namespace)?;
+    principal(&req)?.may_name_node(&req.get_ref().node_id)?;
     let r = req.into_inner();
     parse_key(&r.key)?;
     let mut spec = r.window.clone().unwrap_or_default();

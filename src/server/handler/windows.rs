@@ -17,6 +17,7 @@ use crate::proto::{
 };
 use crate::rpc;
 use crate::rpc::status::{to_status, Fault};
+use crate::server::auth::principal;
 use crate::server::status::{blocking, parse_key, parse_ns, parse_version};
 
 /// A swarm member's sync waiting at the server, registered until dropped.
@@ -139,6 +140,8 @@ pub(super) async fn join_broadcast(
 ) -> Result<Response<JoinResponse>, Status> {
     let remote_ip = req.remote_addr().map(|a| a.ip().to_string());
     let ns = namespace_for(&req, &req.get_ref().namespace)?;
+    // A member that names its node is served from that node: a node's agent names its own.
+    principal(&req)?.may_name_node(&req.get_ref().node_id)?;
     let r = req.into_inner();
     let version = parse_version(&r.version)?;
     let seeds = handler.seeds(&r.namespace, &r.key, &r.version).await?;
