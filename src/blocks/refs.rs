@@ -13,16 +13,15 @@
 //! without authentication since) has them rebuilt from its live keys when it starts with
 //! authentication (`MetaStore::rebuild_references`).
 
-use super::store::StoreBlocks;
+use super::store::{StoreBlocks, CF_BLOCK_REFS};
 use super::BlockError;
 use crate::db::BatchOp;
 use crate::hash::{BlockHash, Scope};
 use crate::locks;
 
-/// `scope hash` -> nothing.
-pub const CF_BLOCK_REFS: &str = "block_refs";
-/// Present once the references are complete: written after a rebuild, removed by a start
-/// without authentication (whose uploads name no namespace). Not 64 bytes, so never a reference.
+/// A key of [`CF_BLOCK_REFS`] present once the references are complete: written after a
+/// rebuild, removed by a start without authentication (whose uploads name no namespace). Not
+/// 64 bytes, so never a reference.
 const COMPLETE: &[u8] = b"complete";
 /// References written in one batch by a rebuild.
 const BATCH: usize = 4096;
@@ -100,7 +99,7 @@ impl StoreBlocks {
         }
     }
 
-    /// Whether the references are complete (see [`CF_BLOCK_REFS`]'s marker).
+    /// Whether the references are complete (see [`COMPLETE`]).
     pub fn references_complete(&self) -> Result<bool, BlockError> {
         Ok(self.db.get(CF_BLOCK_REFS, COMPLETE)?.is_some())
     }

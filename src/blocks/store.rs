@@ -28,8 +28,10 @@ pub const CF_BLOCK_INDEX: &str = "block_index";
 /// Marks an index entry (`len: u32 BE` then this byte) whose block is in a file.
 const IN_FILE: u8 = b'f';
 
+/// Which namespace references which block (`scope hash` -> nothing): see `refs`.
+pub const CF_BLOCK_REFS: &str = "block_refs";
 /// The column families the store's blocks and their references take.
-pub const FAMILIES: [&str; 3] = [CF_BLOCKS, CF_BLOCK_INDEX, super::refs::CF_BLOCK_REFS];
+pub const FAMILIES: [&str; 3] = [CF_BLOCKS, CF_BLOCK_INDEX, CF_BLOCK_REFS];
 
 pub struct StoreBlocks {
     pub(super) db: Db,
