@@ -13,6 +13,7 @@ from .api import BroadcastWindow, Locale, get, ls, put, rm
 from .errors import (
     BroadcastTimeoutError,
     ConflictError,
+    DataStoreError,
     InvalidKeyError,
     KeyNotFoundError,
     KtError,
@@ -29,6 +30,7 @@ __all__ = [
     "rm",
     "BroadcastWindow",
     "Locale",
+    "DataStoreError",
     "KtError",
     "KeyNotFoundError",
     "InvalidKeyError",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from . import _native, tensors
-from .errors import KeyNotFoundError
+from .errors import InvalidKeyError, KeyNotFoundError
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -56,16 +56,16 @@ class BroadcastWindow:
 
     def __post_init__(self) -> None:
         if self.timeout is None and self.world_size is None and not self.ips:
-            raise ValueError(
+            raise InvalidKeyError(
                 "a BroadcastWindow needs at least one of timeout, world_size or ips "
                 "to close its quorum"
             )
         if self.timeout is not None and self.timeout < 0:
-            raise ValueError("timeout must be >= 0 seconds")
+            raise InvalidKeyError("timeout must be >= 0 seconds")
         if self.world_size is not None and self.world_size < 1:
-            raise ValueError("world_size must be at least 1")
+            raise InvalidKeyError("world_size must be at least 1")
         if self.fanout is not None and self.fanout < 1:
-            raise ValueError("fanout must be at least 1")
+            raise InvalidKeyError("fanout must be at least 1")
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -107,7 +107,7 @@ def _filters(filter_options: Union[None, str, Sequence[str]]) -> Dict[str, List[
         elif r.startswith("+ ") or r.startswith("include "):
             includes.append(r.split(" ", 1)[1].strip())
         else:
-            raise ValueError(f"unsupported filter rule {r!r}: use '- PATTERN' or '+ PATTERN'")
+            raise InvalidKeyError(f"unsupported filter rule {r!r}: use '- PATTERN' or '+ PATTERN'")
 
     i = 0
     while i < len(words):
@@ -134,7 +134,7 @@ def _filters(filter_options: Union[None, str, Sequence[str]]) -> Dict[str, List[
                 else:
                     rule(w)
             else:
-                raise ValueError(f"unsupported filter option {w!r}")
+                raise InvalidKeyError(f"unsupported filter option {w!r}")
         i += 1
     return {"excludes": excludes, "includes": includes}
 
@@ -182,7 +182,9 @@ def put(
     now, as rsync would. ``locale="store"`` copies the bytes to the store server;
     ``"local"`` registers them with this node's agent, which serves them in place (``src`` must
     lie below ``base_path``). With ``broadcast`` the putter joins that window and waits for its
-    quorum. ``key`` may be a list, with ``src`` a list of the same length.
+    quorum. ``key`` may be a list, with ``src`` a list of the same length; one key with a list
+    of sources is a directory holding each of them (as ``kt put KEY --src a --src b``).
+    ``contents=True`` with one file makes the key a directory holding that file by its name.
 
     ``force``: as rsync's ``--checksum``, trust neither size nor mtime and hash every file
     (without it, files whose size and mtime are unchanged since this machine's last put of the
@@ -201,26 +203,34 @@ def put(
     del start_rsyncd, nccl_port
     keys = _listify(key)
     srcs = list(src) if isinstance(src, (list, tuple)) else [src]
-    if len(keys) != len(srcs):
-        raise ValueError(f"{len(keys)} keys but {len(srcs)} sources: give one source per key")
+    if len(keys) == 1 and len(srcs) > 1 and not any(_is_tensor_like(s) for s in srcs):
+        # One key from several sources: the key is a directory holding each of them.
+        groups = [(keys[0], srcs)]
+    elif len(keys) != len(srcs):
+        raise InvalidKeyError(
+            f"{len(keys)} keys but {len(srcs)} sources: give one source per key, or one key"
+        )
+    else:
+        groups = [(k, [s]) for k, s in zip(keys, srcs)]
     locale = Locale(str(locale))
     filters = _filters(filter_options)
     base = os.path.abspath(os.fspath(base_path))
     window = broadcast._kwargs() if broadcast is not None else {}
-    for k, s in zip(keys, srcs):
-        if s is None:
-            raise ValueError(f"put of {k!r} needs a src")
-        if _is_tensor_like(s):
-            tensors.put(k, s, window=broadcast, pg_mode=nccl_pg_mode)
+    for k, group in groups:
+        if any(s is None for s in group):
+            raise InvalidKeyError(f"put of {k!r} needs a src")
+        if len(group) == 1 and _is_tensor_like(group[0]):
+            tensors.put(k, group[0], window=broadcast, pg_mode=nccl_pg_mode)
             continue
-        path = os.fspath(s)
-        if locale is Locale.LOCAL:
-            absolute = os.path.abspath(path)
-            if os.path.commonpath([base, absolute]) != base:
-                raise ValueError(f"{path} is not below base_path {base}")
+        paths = [os.fspath(s) for s in group]
+        for path in paths:
+            if locale is Locale.LOCAL:
+                absolute = os.path.abspath(path)
+                if os.path.commonpath([base, absolute]) != base:
+                    raise InvalidKeyError(f"{path} is not below base_path {base}")
         _native.put(
             k,
-            path,
+            paths,
             locale=locale.value,
             force=force,
             contents=contents,
@@ -263,7 +273,7 @@ def get(
         return tensors.get(keys[0], dest, window=broadcast, pg_mode=nccl_pg_mode)
     if isinstance(dest, (list, tuple)):
         if len(dest) != len(keys):
-            raise ValueError(f"{len(keys)} keys but {len(dest)} destinations")
+            raise InvalidKeyError(f"{len(keys)} keys but {len(dest)} destinations")
         dests = [os.fspath(d) for d in dest]
     else:
         d = "." if dest is None else os.fspath(dest)

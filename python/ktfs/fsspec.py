@@ -120,7 +120,7 @@ class KtFileSystem(AbstractFileSystem):
         )
 
     def put_file(self, lpath: str, rpath: str, **kwargs: Any) -> None:
-        _native.put(self._strip_protocol(rpath), os.fspath(lpath), **self._where)
+        _native.put(self._strip_protocol(rpath), [os.fspath(lpath)], **self._where)
 
     def get_file(self, rpath: str, lpath: str, **kwargs: Any) -> None:
         _native.get(self._strip_protocol(rpath), os.fspath(lpath), force=True, **self._where)
@@ -166,7 +166,7 @@ class KtFile(AbstractBufferedFile):
             f.write(self.buffer.getvalue())
         if final:
             try:
-                _native.put(self.path, self._staged, **self.fs._where)
+                _native.put(self.path, [self._staged], **self.fs._where)
             finally:
                 os.unlink(self._staged)
         return True

@@ -198,10 +198,34 @@ def _synchronize(tensors: List[_Tensor]) -> None:
 _counter = itertools.count()
 
 
+def _sweep_dead() -> None:
+    """Removes the /dev/shm files of this user's processes that are gone: a process killed in
+    the middle of a transfer could not remove its own (a publication's is unnamed as soon as
+    the node's worker holds it, so only a transfer under way leaves one)."""
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return
+    me = os.getuid()
+    for name in names:
+        parts = name.split("-")
+        if len(parts) < 4 or parts[0] != "kt" or parts[1] != "py" or not parts[2].isdigit():
+            continue
+        if os.path.exists(f"/proc/{parts[2]}"):
+            continue
+        path = os.path.join(SHM_DIR, name)
+        try:
+            if os.stat(path).st_uid == me:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
 class _Shm:
     """A file in /dev/shm holding the CPU tensors of one registration, one after the other."""
 
     def __init__(self, size: int) -> None:
+        _sweep_dead()
         self.name = f"kt-py-{os.getpid()}-{next(_counter)}-{secrets.token_hex(4)}"
         self.path = os.path.join(SHM_DIR, self.name)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -215,11 +239,17 @@ class _Shm:
     def address(self, offset: int) -> int:
         return self._base + offset
 
-    def close(self) -> None:
+    def unname(self) -> None:
+        """Removes the file's name: whoever holds it open or mapped (the node's worker, which
+        serves a publication from it) keeps its bytes, and they go when the last one lets go,
+        however this process ends."""
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+    def close(self) -> None:
+        self.unname()
         # The ctypes view keeps the map exported until it is gone.
         self._base = 0
         try:
@@ -415,6 +445,10 @@ def put(key: str, src: Any, window: Any = None, pg_mode: Optional[str] = None) -
                 ctypes.memmove(ctl.shm.address(t.offset), t.ptr, t.nbytes)  # type: ignore[union-attr]
         _synchronize(tensors)
         ctl.wait(ctl.commit(abi.PUT, tensors))
+        # Published: the worker holds the /dev/shm file open, so its name can go now, and the
+        # bytes go with the publication, even if this process is killed.
+        if ctl.shm is not None:
+            ctl.shm.unname()
         # The worker reads CUDA tensors where they are: they must outlive the publication,
         # even when the caller kept no reference (`src=torch.randn(..., device="cuda")`).
         ctl.keep = tensors

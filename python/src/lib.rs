@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -30,55 +29,51 @@ use ktfs::transfer::put::{self as putting, PutOptions};
 use ktfs::transfer::read::{self, Stat};
 use ktfs::transfer::Remotes;
 
-create_exception!(ktfs, KtError, PyException, "A ktfs call failed.");
-create_exception!(
-    ktfs,
-    KeyNotFoundError,
-    KtError,
-    "The key or prefix does not exist."
-);
-create_exception!(
-    ktfs,
-    InvalidKeyError,
-    KtError,
-    "A bad key, namespace or argument, refused before anything changed."
-);
-create_exception!(
-    ktfs,
-    UnreachableError,
-    KtError,
-    "The store server or this node's agent cannot be reached."
-);
-create_exception!(
-    ktfs,
-    ConflictError,
-    KtError,
-    "The key exists, a destination differs, or the key changed meanwhile."
-);
-create_exception!(
-    ktfs,
-    BroadcastTimeoutError,
-    KtError,
-    "A broadcast window or a call ran out of time."
-);
-create_exception!(
-    ktfs,
-    TableMismatchError,
-    KtError,
-    "A participant's tensor table differs from the publisher's."
-);
-create_exception!(
-    ktfs,
-    UnavailableError,
-    KtError,
-    "No source could give every block."
-);
-create_exception!(
-    ktfs,
-    PermissionDeniedError,
-    KtError,
-    "The caller is not allowed."
-);
+/// The kinds of failure: each a class of `ktfs.errors`, where the classes also take the
+/// builtin bases code written against the reference data store catches (`KeyError`,
+/// `ValueError`, `TimeoutError`...), which classes made here could not.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Kt,
+    KeyNotFound,
+    InvalidKey,
+    Unreachable,
+    Conflict,
+    BroadcastTimeout,
+    Unavailable,
+    PermissionDenied,
+}
+
+impl Kind {
+    fn class(self) -> &'static str {
+        match self {
+            Kind::Kt => "KtError",
+            Kind::KeyNotFound => "KeyNotFoundError",
+            Kind::InvalidKey => "InvalidKeyError",
+            Kind::Unreachable => "UnreachableError",
+            Kind::Conflict => "ConflictError",
+            Kind::BroadcastTimeout => "BroadcastTimeoutError",
+            Kind::Unavailable => "UnavailableError",
+            Kind::PermissionDenied => "PermissionDeniedError",
+        }
+    }
+
+    /// The exception of this kind saying `message`.
+    fn err(self, message: impl Into<String>) -> PyErr {
+        let message = message.into();
+        Python::attach(|py| {
+            let made = py
+                .import("ktfs.errors")
+                .and_then(|m| m.getattr(self.class()))
+                .and_then(|class| class.call1((message.clone(),)));
+            match made {
+                Ok(e) => PyErr::from_value(e),
+                // ktfs.errors itself failed to load: say so, with the message.
+                Err(e) => PyException::new_err(format!("{message} (and ktfs.errors: {e})")),
+            }
+        })
+    }
+}
 
 /// A failure, ready to become an exception once the GIL is back.
 struct Failure {
@@ -97,18 +92,16 @@ impl Failure {
     fn into_err(self) -> PyErr {
         let m = self.message;
         match self.fault {
-            Some(Fault::NotFound) => KeyNotFoundError::new_err(m),
-            Some(Fault::Invalid) => InvalidKeyError::new_err(m),
-            Some(Fault::Unreachable) => UnreachableError::new_err(m),
+            Some(Fault::NotFound) => Kind::KeyNotFound.err(m),
+            Some(Fault::Invalid) => Kind::InvalidKey.err(m),
+            Some(Fault::Unreachable) => Kind::Unreachable.err(m),
             Some(
                 Fault::Exists | Fault::Conflict | Fault::NotEmpty | Fault::NotDir | Fault::IsDir,
-            ) => ConflictError::new_err(m),
-            Some(Fault::Timeout) => BroadcastTimeoutError::new_err(m),
-            Some(Fault::Unavailable) => UnavailableError::new_err(m),
-            Some(Fault::Denied | Fault::Unauthenticated) => PermissionDeniedError::new_err(m),
-            Some(Fault::NoSpace | Fault::Unimplemented | Fault::Internal) | None => {
-                KtError::new_err(m)
-            }
+            ) => Kind::Conflict.err(m),
+            Some(Fault::Timeout) => Kind::BroadcastTimeout.err(m),
+            Some(Fault::Unavailable) => Kind::Unavailable.err(m),
+            Some(Fault::Denied | Fault::Unauthenticated) => Kind::PermissionDenied.err(m),
+            Some(Fault::NoSpace | Fault::Unimplemented | Fault::Internal) | None => Kind::Kt.err(m),
         }
     }
 }
@@ -157,7 +150,7 @@ fn run<T: Send + 'static>(
         });
         match polled {
             Ok(Ok(result)) => return result.map_err(Failure::into_err),
-            Ok(Err(e)) => return Err(KtError::new_err(format!("the call failed: {e}"))),
+            Ok(Err(e)) => return Err(Kind::Kt.err(format!("the call failed: {e}"))),
             Err(_) => {
                 if let Err(e) = py.check_signals() {
                     task.abort();
@@ -267,7 +260,7 @@ fn json(v: &impl serde::Serialize) -> Result<String, Failure> {
 fn put(
     py: Python<'_>,
     key: String,
-    src: String,
+    src: Vec<String>,
     locale: &str,
     force: bool,
     contents: bool,
@@ -289,9 +282,9 @@ fn put(
         "store" => Locale::Store,
         "local" => Locale::Local,
         other => {
-            return Err(InvalidKeyError::new_err(format!(
-                "locale must be store or local, not {other:?}"
-            )))
+            return Err(
+                Kind::InvalidKey.err(format!("locale must be store or local, not {other:?}"))
+            )
         }
     };
     let mut t = target(server, namespace, kubeconfig).map_err(Failure::into_err)?;
@@ -310,7 +303,7 @@ fn put(
                 credential: t.credential,
                 namespace: t.namespace,
                 key,
-                srcs: vec![src],
+                srcs: src,
                 scan: ScanOptions {
                     block_size: block_size.unwrap_or(DEFAULT_BLOCK_SIZE),
                     contents,
@@ -584,9 +577,5 @@ fn gpu_abi() -> std::collections::HashMap<&'static str, u64> {
 #[pymodule]
 mod _native {
     #[pymodule_export]
-    use super::{
-        blocks_fetched, get, gpu_abi, ls, put, read_range, rm, stat, BroadcastTimeoutError,
-        ConflictError, InvalidKeyError, KeyNotFoundError, KtError, PermissionDeniedError,
-        TableMismatchError, UnavailableError, UnreachableError,
-    };
+    use super::{blocks_fetched, get, gpu_abi, ls, put, read_range, rm, stat};
 }

@@ -139,6 +139,41 @@ def test_each_failure_is_its_exception_with_the_clis_message(cluster, tmp_path, 
     assert time.monotonic() - t < 15
 
 
+def test_code_written_against_the_reference_catches_what_it_caught(cluster, tmp_path):
+    """Its base class, the builtins it raised, one key from several sources, and a single file
+    put with contents=True (issue 43, items 2 to 4)."""
+    # Every failure is a DataStoreError, and the builtin the reference raised for it.
+    with pytest.raises(kt.DataStoreError):
+        kt.ls("no/such")
+    with pytest.raises(KeyError) as missing:
+        kt.get(key="no/such/key", dest=str(tmp_path / "x"))
+    assert "not found" in str(missing.value) and not str(missing.value).startswith("'")
+    with pytest.raises(ValueError):
+        kt.put(key="ref/missing", src=str(tmp_path / "no-such-file"))
+    with pytest.raises(ValueError):
+        kt.put(key="a//b", src=__file__)
+    assert kt.KtError is kt.DataStoreError
+    assert issubclass(kt.BroadcastTimeoutError, TimeoutError)
+    assert issubclass(kt.PermissionDeniedError, PermissionError)
+    assert issubclass(kt.UnreachableError, ConnectionError)
+    with pytest.raises(kt.DataStoreError):
+        kt.BroadcastWindow()
+
+    # One key, three sources: a directory holding each of them.
+    files = [tmp_path / n for n in ("f1.txt", "f2.txt", "f3.txt")]
+    for i, f in enumerate(files):
+        f.write_bytes(b"file %d" % i)
+    kt.put(key="svc/multi-files", src=[str(f) for f in files])
+    assert [e["name"] for e in kt.ls("svc/multi-files")] == ["f1.txt", "f2.txt", "f3.txt"]
+    kt.get(key="svc/multi-files", dest=str(tmp_path / "multi"), contents=True)
+    assert read_tree(tmp_path / "multi") == {"f1.txt": b"file 0", "f2.txt": b"file 1", "f3.txt": b"file 2"}
+
+    # contents=True with one file: the key is a directory holding the file by its name.
+    kt.put(key="svc/dir", src=str(files[0]), contents=True)
+    kt.get(key="svc/dir", dest=str(tmp_path / "got"))
+    assert read_tree(tmp_path / "got") == {"dir/f1.txt": b"file 0"}
+
+
 def _pause(pid: int, seconds: float) -> subprocess.Popen:
     """Stops `pid` for `seconds`, from another process (this one may not hold the GIL)."""
     return subprocess.Popen(["sh", "-c", f"kill -STOP {pid}; sleep {seconds}; kill -CONT {pid}"])

@@ -51,6 +51,12 @@ def test_writes_publish_on_close_and_listings_show_them(cluster, tmp_path):
     fs.rm("kt://fs/written/hello.txt")
     with pytest.raises(FileNotFoundError):
         fs.info("kt://fs/written/hello.txt")
+    # A local file put by path, and fetched back by path.
+    local = tmp_path / "up.txt"
+    local.write_bytes(b"uploaded")
+    fs.put_file(str(local), "kt://fs/written/up.txt")
+    fs.get_file("kt://fs/written/up.txt", str(tmp_path / "down.txt"))
+    assert (tmp_path / "down.txt").read_bytes() == b"uploaded"
 
 
 def test_pandas_reads_a_parquet_key_by_url(cluster, tmp_path):

@@ -157,3 +157,48 @@ def test_a_window_fills_every_getter_in_one_broadcast(cluster, mounts, monkeypat
         assert out.strip() == want
     assert time.monotonic() - start < 60
     kt.rm("py-win/sd")
+
+
+def test_tensors_of_a_killed_process_leave_nothing_in_dev_shm(cluster, mounts):
+    """A process that publishes tensors and is killed leaves no /dev/shm file behind, and its
+    key goes with it (issue 43, item 5): the file's name goes as soon as the node's worker
+    holds it, and the publication with the control file the kernel closes."""
+    a, b = mounts
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import os, sys, numpy as np, ktfs as kt
+            os.environ["KT_MOUNT"] = {a!r}
+            kt.put(key="py-gpu/killed", src={{"w": np.arange(100000, dtype=np.float32)}})
+            print("published", flush=True)
+            sys.stdin.read()
+        """)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "published"
+        mine = [n for n in os.listdir("/dev/shm") if n.startswith(f"kt-py-{child.pid}-")]
+        assert mine == [], mine
+        assert os.path.exists(os.path.join(b, ".gpu/py-gpu/killed"))
+    finally:
+        child.kill()
+        child.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and os.path.exists(os.path.join(b, ".gpu/py-gpu/killed")):
+        time.sleep(0.05)
+    assert not os.path.exists(os.path.join(b, ".gpu/py-gpu/killed"))
+    # A file a dead process left (killed in the middle of a transfer) goes with the next one.
+    stale = f"/dev/shm/kt-py-{child.pid}-0-deadbeef"
+    open(stale, "wb").close()
+    at_a = os.environ.get("KT_MOUNT")
+    os.environ["KT_MOUNT"] = a
+    try:
+        kt.put(key="py-gpu/after", src={"w": np.zeros(3, dtype=np.float32)})
+        kt.rm("py-gpu/after")
+    finally:
+        if at_a is None:
+            del os.environ["KT_MOUNT"]
+        else:
+            os.environ["KT_MOUNT"] = at_a
+    assert not os.path.exists(stale)

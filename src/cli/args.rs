@@ -243,7 +243,8 @@ pub struct PutArgs {
     pub src: Vec<String>,
     #[arg(long, value_enum, default_value_t = LocaleArg::Store)]
     pub locale: LocaleArg,
-    /// Publish the contents of the source directories, not the directories themselves.
+    /// Publish the contents of the source directories, not the directories themselves (one
+    /// file: a directory holding it by its name).
     #[arg(short = 'c', long)]
     pub contents: bool,
     /// Trust neither size nor mtime: read and hash every file. (Without it, a put onto an

@@ -2,7 +2,8 @@
 //!
 //! Directory semantics follow rsync: `--src dir` publishes `dir` itself under the key, while
 //! `--src dir/` or `--contents` publishes what is inside it. A single file source makes the key
-//! name that file. `--exclude`/`--include` are rsync filter patterns (gitignore syntax: `*.log`
+//! name that file (with `--contents`, a directory holding the file by its name, as the data store
+//! ktfs replaces does). `--exclude`/`--include` are rsync filter patterns (gitignore syntax: `*.log`
 //! matches at any depth, `/build` only at the top, `cache/` only directories); `.gitignore`
 //! files in the tree are honoured, and an `--include` overrides both.
 
@@ -152,8 +153,9 @@ pub fn scan_known(
     // Each file with its identity, from the one stat the walk made of it.
     let mut out = Walked::default();
 
+    // One file makes the key that file; with --contents, a directory holding it by its name.
     if let [(_, path, meta)] = metas.as_slice() {
-        if !meta.is_dir() {
+        if !meta.is_dir() && !opts.contents {
             out.entries
                 .push(entry_from_meta(String::new(), path, meta)?);
             if meta.is_file() {
