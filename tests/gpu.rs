@@ -1185,3 +1185,71 @@ fn a_gpu_key_is_unlinked_by_its_owner_or_root_only() {
     assert_ne!(unlink(1000), Some(libc::EPERM));
     drop(fd);
 }
+
+/// A control file's descriptor acts for the process that opened it, and for no one once that
+/// process is gone (issue 42, item 8): passed to another process, or left to a process that
+/// took the opener's pid over, its ioctls fail with ESRCH instead of starting a worker as
+/// whatever process has that pid now.
+#[test]
+fn a_control_file_passed_on_acts_for_no_one_once_its_opener_is_gone() {
+    use std::os::unix::net::UnixListener;
+    let c = Cluster::new("127.0.0.63");
+    let a = start_mount(
+        "127.0.0.63",
+        &c.server.addr,
+        &c.path("a"),
+        "gpu-opener",
+        &[],
+    );
+    let sock = c.path("pass.sock");
+    let listener = UnixListener::bind(&sock).unwrap();
+    let ctl = a.path(".gpu/passed");
+    // Another process opens the control file, hands its descriptor over, and exits.
+    let mut opener = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import os, socket\n\
+             s = socket.socket(socket.AF_UNIX)\n\
+             s.connect({sock:?})\n\
+             fd = os.open({ctl:?}, os.O_RDWR | os.O_CREAT)\n\
+             socket.send_fds(s, [b'x'], [fd])\n"
+        ))
+        .spawn()
+        .unwrap();
+    let (conn, _) = listener.accept().unwrap();
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let mut byte = [0u8; 1];
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let msg = nix::sys::socket::recvmsg::<()>(
+        conn.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        nix::sys::socket::MsgFlags::empty(),
+    )
+    .unwrap();
+    let fd = msg
+        .cmsgs()
+        .unwrap()
+        .find_map(|c| match c {
+            nix::sys::socket::ControlMessageOwned::ScmRights(fds) => fds.first().copied(),
+            _ => None,
+        })
+        .expect("a descriptor");
+    // SAFETY: a descriptor just received, owned from here on.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    assert!(opener.wait().unwrap().success());
+    let (json, _) = table(1);
+    write_all(&fd, json.as_bytes());
+    let mut st = KtGpuStatus {
+        transfer: 1,
+        state: 0,
+        error: 0,
+        bytes_done: 0,
+        bytes_total: 0,
+        message: [0; 256],
+    };
+    assert_eq!(ioctl(&fd, KT_GPU_STATUS, &mut st), Err(libc::ESRCH));
+    // The mount goes on serving everyone else.
+    let fresh = open(&a.path(".gpu/fresh"), true);
+    assert_eq!(ioctl(&fresh, KT_GPU_STATUS, &mut st), Err(libc::ENOENT));
+}

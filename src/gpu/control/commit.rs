@@ -57,6 +57,7 @@ pub(super) struct Commit {
     pub(super) workers: Arc<AsyncMutex<Workers>>,
     pub(super) key: KeyPath,
     pub(super) caller: u32,
+    pub(super) opener: Option<Arc<super::file::Opener>>,
     pub(super) table: Table,
     pub(super) table_json: String,
     pub(super) buffers: Vec<WorkerBuffer>,
@@ -68,6 +69,8 @@ pub(super) struct Commit {
 impl Commit {
     /// The caller's worker (started on its first registration), counted as holding one more.
     async fn worker(&self) -> Result<Arc<WorkerClient>, GpuError> {
+        // Read while the opener lives, and checked after: what /proc said was the opener's.
+        super::file::opener_alive(&self.opener)?;
         let pid = self.caller.to_string();
         let ns = Namespaces::of(&pid).map_err(|e| {
             GpuError::Worker(WorkerError::Spawn(format!(
@@ -79,6 +82,7 @@ impl Commit {
                 "the caller, process {pid}: {e}"
             )))
         })?;
+        super::file::opener_alive(&self.opener)?;
         let key = (ns, uid, gid);
         let mut w = self.workers.lock().await;
         if let Some((c, n, taken)) = w.by_caller.get_mut(&key) {
@@ -87,6 +91,8 @@ impl Commit {
             return Ok(c.clone());
         }
         let c = WorkerClient::start(&self.exe, &self.host, self.caller).await?;
+        // The worker entered the namespaces of the pid: the opener's only if it still lives.
+        super::file::opener_alive(&self.opener)?;
         w.by_caller.insert(key, (c.clone(), 1, 1));
         Ok(c)
     }

@@ -31,6 +31,8 @@ pub enum GpuError {
     Worker(#[from] WorkerError),
     #[error(transparent)]
     Rpc(#[from] ClientError),
+    #[error("the process that opened this control file is gone: its descriptor acts for no one")]
+    OpenerGone,
 }
 
 impl GpuError {
@@ -47,6 +49,7 @@ impl GpuError {
             GpuError::Window(w) => w.errno(),
             GpuError::Worker(w) => w.errno(),
             GpuError::Rpc(e) => e.fault().errno(),
+            GpuError::OpenerGone => libc::ESRCH,
         }
     }
 }

@@ -18,6 +18,11 @@ use crate::proto::WorkerBuffer;
 pub struct ControlFile {
     pub key: KeyPath,
     pub(super) caller: u32,
+    /// A pidfd of the process that opened the file, taken at the open (while that process
+    /// waits in the call, so the pid is surely its): the worker acts as that process only
+    /// while it lives, not as whatever process has its pid later. `None` where the kernel has
+    /// no pidfds (before 5.3).
+    pub(super) opener: Option<Arc<Opener>>,
     pub(super) table: Mutex<Vec<u8>>,
     pub(super) buffers: Mutex<Vec<KtGpuBuffer>>,
     pub(super) window: Mutex<Option<Asked>>,
@@ -36,6 +41,7 @@ impl ControlFile {
         ControlFile {
             key,
             caller,
+            opener: Opener::of(caller).map(Arc::new),
             table: Mutex::default(),
             buffers: Mutex::default(),
             window: Mutex::default(),
@@ -128,5 +134,67 @@ impl ControlFile {
             )));
         }
         Ok(out)
+    }
+}
+
+/// The process that opened a control file, by a pidfd.
+#[derive(Debug)]
+pub struct Opener(std::os::fd::OwnedFd);
+
+impl Opener {
+    /// A pidfd of `pid`; `None` where the kernel has none, or `pid` is gone.
+    pub fn of(pid: u32) -> Option<Opener> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: pidfd_open(2) with no flags returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        let fd = i32::try_from(fd).ok().filter(|fd| *fd >= 0)?;
+        // SAFETY: a descriptor just returned to this process and owned from here on.
+        Some(Opener(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Whether the process still runs (a signal 0 through the pidfd reaches it): its pid then
+    /// names it, not a process that took the pid over.
+    pub fn alive(&self) -> Result<(), GpuError> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: pidfd_send_signal(2) with signal 0 only checks; the descriptor is ours.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.0.as_raw_fd(),
+                0,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        match r {
+            0 => Ok(()),
+            _ => Err(GpuError::OpenerGone),
+        }
+    }
+}
+
+/// Fails where `opener` is known and gone.
+pub(super) fn opener_alive(opener: &Option<Arc<Opener>>) -> Result<(), GpuError> {
+    opener.as_ref().map_or(Ok(()), |o| o.alive())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pidfd taken while a process lives says when it is gone, whatever takes its pid next.
+    #[test]
+    fn an_opener_is_known_gone_once_its_process_exits() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let opener = Opener::of(child.id()).expect("pidfds (Linux 5.3 and later)");
+        assert!(opener.alive().is_ok());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let err = opener.alive().unwrap_err();
+        assert_eq!(err.errno(), libc::ESRCH);
+        assert!(err.to_string().contains("opened"), "{err}");
     }
 }

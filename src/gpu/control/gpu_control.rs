@@ -77,6 +77,8 @@ impl GpuControl {
         cmd: u32,
         data: &[u8],
     ) -> Result<(i32, Vec<u8>), GpuError> {
+        // A descriptor passed on, or a pid taken over, acts for no one once its opener is gone.
+        super::file::opener_alive(&cf.opener)?;
         match abi::decode(cmd, data)? {
             Command::Join(w) => {
                 let asked = Asked::from_abi(&w)?;
@@ -153,6 +155,7 @@ impl GpuControl {
             workers: self.workers.clone(),
             key: cf.key.clone(),
             caller: cf.caller,
+            opener: cf.opener.clone(),
             table,
             table_json: String::from_utf8_lossy(&lock(&cf.table)).into_owned(),
             buffers,
