@@ -917,6 +917,22 @@ fn files_named(dir: &Path, name: &str) -> usize {
         .sum()
 }
 
+/// Node n1's agent on `ip`, in `dir/n1`, presenting the node agent's token (bound to n1 in
+/// [`team_world`]).
+fn n1_agent(ip: &str, server: &str, dir: &Path) -> AgentProc {
+    let n1_dir = dir.join("n1");
+    std::fs::create_dir_all(&n1_dir).unwrap();
+    let token = dir.join("node.token");
+    std::fs::write(&token, "tok-node").unwrap();
+    start_agent_with(
+        ip,
+        server,
+        &n1_dir,
+        "n1",
+        &["--token-file", token.to_str().unwrap()],
+    )
+}
+
 /// A publish in team b of a key whose one file is one block, `hash` of `len` bytes.
 fn naming_block(ns: &str, hash: &[u8], len: u32) -> ktfs::proto::PublishRequest {
     use ktfs::proto::{BlockRef, EntryKind, FileEntry, Manifest};
@@ -1009,17 +1025,7 @@ fn a_block_hash_reads_nothing_across_namespaces() {
     let naming = naming_block;
 
     // n1's agent, where team b's pod runs.
-    let n1_dir = dir.path().join("n1");
-    std::fs::create_dir_all(&n1_dir).unwrap();
-    let node_token = dir.path().join("node.token");
-    std::fs::write(&node_token, "tok-node").unwrap();
-    let _agent = start_agent_with(
-        "127.0.0.38",
-        &server.addr,
-        &n1_dir,
-        "n1",
-        &["--token-file", node_token.to_str().unwrap()],
-    );
+    let n1 = n1_agent("127.0.0.38", &server.addr, dir.path());
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
@@ -1073,7 +1079,7 @@ fn a_block_hash_reads_nothing_across_namespaces() {
 
         // Through n1's agent, b's file of the right size but other bytes is refused: the agent
         // hashes what it is to serve.
-        refused_in_place(&n1_dir.join("agent.sock"), dir.path(), &big_hash).await;
+        refused_in_place(&n1.socket, dir.path(), &big_hash).await;
         let err = store_b
             .resolve(ResolveRequest {
                 watcher: 0,
@@ -1123,17 +1129,7 @@ fn a_node_agent_acts_in_its_callers_namespaces_only() {
     let dir = tempfile::tempdir().unwrap();
     let api = FakeApi::start("127.0.0.47", team_world());
     let server = review_server("127.0.0.48", &api, dir.path());
-    let n1_dir = dir.path().join("n1");
-    std::fs::create_dir_all(&n1_dir).unwrap();
-    let node_token = dir.path().join("node.token");
-    std::fs::write(&node_token, "tok-node").unwrap();
-    let agent = start_agent_with(
-        "127.0.0.49",
-        &server.addr,
-        &n1_dir,
-        "n1",
-        &["--token-file", node_token.to_str().unwrap()],
-    );
+    let agent = n1_agent("127.0.0.49", &server.addr, dir.path());
     let data = pseudo_random(100_000, 47);
     let file = dir.path().join("w.bin");
     std::fs::write(&file, &data).unwrap();
