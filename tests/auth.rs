@@ -175,6 +175,7 @@ fn a_shared_token_guards_every_call_and_agents_present_it() {
     a_read_ticket_reaches_the_blocks_of_its_version_only(&t);
     metrics_need_no_credential_and_name_no_key(&t);
     an_agent_without_the_token_registers_and_publishes_for_no_one(&t);
+    what_a_node_learns_mints_no_ticket(&t);
 }
 
 /// Without the token, or with another, nothing is answered: one line says why.
@@ -248,6 +249,41 @@ fn blocks_go_to_holders_of_a_ticket_the_server_issued(t: &Guarded) {
     );
     assert_eq!(got["sources"][0]["source"], "n1", "{got}");
     assert!(std::fs::read(&dest).unwrap() == std::fs::read(&t.src).unwrap());
+}
+
+/// What a node learns when it registers mints nothing (issue 42, item 6): the key that checks
+/// tickets is the public half of the one that signs them, and the key its GPU secrets come
+/// from is another. A ticket made with either is refused by the store and by a node. (It
+/// registers a node of its own: run last, after the metrics count the live nodes.)
+fn what_a_node_learns_mints_no_ticket(t: &Guarded) {
+    let block = t.block();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let learnt = rt.block_on(async {
+        let cred = ktfs::auth::Credential::file(Path::new(&t.token)).unwrap();
+        let store = ktfs::rpc::client::connect_store(&t.server.addr, &cred)
+            .await
+            .unwrap();
+        store
+            .register_node(ktfs::proto::RegisterNodeRequest {
+                node: Some(ktfs::proto::NodeInfo {
+                    node_id: "minter".into(),
+                    data_addr: format!("{}:1", t.ip),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .unwrap()
+    });
+    assert_eq!((learnt.ticket_key.len(), learnt.gpu_key.len()), (32, 32));
+    for key in [&learnt.ticket_key, &learnt.gpu_key] {
+        let minted = TicketKey::from_bytes(key)
+            .unwrap()
+            .issue(&Grant::Node, NODE_TTL);
+        for addr in [&t.server.addr, &t.agent.proc.addr] {
+            let answer = raw_get(addr, Some(&minted), block);
+            assert!(answer.contains("not issued by"), "{answer}");
+        }
+    }
 }
 
 /// A node serves a read ticket's holder only the blocks of the ticket's version: a ticket for

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::auth::gpu_secret::HostKey;
-use crate::auth::ticket::{Gate, SharedGate, TicketHolder, TicketKey, VersionBlocks};
+use crate::auth::ticket::{Gate, SharedGate, TicketHolder, TicketVerifier, VersionBlocks};
 use crate::auth::Credential;
 use crate::blocks::node::NodeBlocks;
 use crate::hash::{BlockHash, Version};
@@ -31,10 +31,10 @@ pub(super) fn registered(
     versions: &Arc<dyn VersionBlocks>,
 ) {
     ticket.set(Bytes::from(r.ticket.clone()));
-    let key = TicketKey::from_bytes(&r.ticket_key);
-    // The GPU side keeps its own copy: it may not reach the data plane's gate (see
-    // `rpc::gpu_secret`).
-    host_key.set(key.as_ref().map(|k| *k.as_bytes()));
+    let key = TicketVerifier::from_bytes(&r.ticket_key);
+    // The GPU side derives its registrations' secrets from a key of its own (see
+    // `auth::gpu_secret`).
+    host_key.set(<[u8; 32]>::try_from(r.gpu_key.as_slice()).ok());
     *locks::write(gate) = match key {
         Some(key) => Gate::Tickets {
             key,

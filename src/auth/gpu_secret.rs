@@ -4,10 +4,11 @@
 //! registration's secret, and both then seal every frame with keys drawn from it (see
 //! `gpu::worker::host`). The secret is the store server's to give: a keyed BLAKE3 of the
 //! namespace, the publisher's node and its registration under a key derived from the server's
-//! ticket key (the namespace too, so that a key published in one namespace naming another's
+//! ticket key ([`host_key_of`], which nodes receive; the ticket key, which signs tickets, they
+//! do not) (the namespace too, so that a key published in one namespace naming another's
 //! registration gives no secret of it). The
 //! server hands it out only in answers that checked the caller's namespace (a GPU key's
-//! resolve, a GPU window's plan); the publisher's own agent, which holds the ticket key as every
+//! resolve, a GPU window's plan); the publisher's own agent, which holds the host key as every
 //! node agent does, derives it for its worker. A cluster without authentication has no ticket
 //! key and no secrets: there a registration id alone (64 random bits) reaches the bytes.
 
@@ -15,6 +16,12 @@ use std::sync::{Arc, RwLock};
 
 /// A registration's secret.
 pub type Secret = [u8; 32];
+
+/// What the store server derives registrations' secrets from, and hands to nodes: a key derived
+/// from its ticket key, which mints no ticket.
+pub fn host_key_of(ticket_key: &crate::auth::ticket::TicketKey) -> [u8; 32] {
+    ticket_key.derived("ktfs 2026-12 GPU host transport host key")
+}
 
 const CONTEXT: &str = "ktfs 2026-12 GPU host transport registration secret";
 

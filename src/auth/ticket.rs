@@ -6,11 +6,12 @@
 //!   which the store records as referenced by the ticket's namespace (its [`Scope`]);
 //! - [`Grant::Node`], to node agents when they register and heartbeat: any block, both ways.
 //!
-//! A ticket is its grant, an expiry and a keyed BLAKE3 MAC under the server's ticket key. Node
-//! agents receive that key when they register (they are trusted principals), so a peer checks
-//! tickets without asking the server. Both check that a block served under a read ticket is one
-//! of that version's: the store from the version's manifest, a node agent from the block set the
-//! store tells it. A server without authentication issues none and asks for none.
+//! A ticket is its grant, an expiry and an Ed25519 signature by the store server's ticket key.
+//! Node agents receive the key's public half when they register ([`TicketVerifier`]), so a peer
+//! checks tickets without asking the server, and no node can mint one. Both check that a block
+//! served under a read ticket is one of that version's: the store from the version's manifest, a
+//! node agent from the block set the store tells it. A server without authentication issues
+//! none and asks for none.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -30,8 +31,10 @@ const SKEW: u64 = 300;
 const KIND_READ: u8 = 1;
 const KIND_WRITE: u8 = 2;
 const KIND_NODE: u8 = 3;
-/// kind, expiry, version (or scope), MAC.
-pub const TICKET_LEN: usize = 1 + 8 + 32 + 32;
+/// What a ticket's signature covers: kind, expiry, version (or scope).
+const BODY_LEN: usize = 1 + 8 + 32;
+/// The body, then its Ed25519 signature.
+pub const TICKET_LEN: usize = BODY_LEN + 64;
 
 /// What a ticket allows.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,9 +57,24 @@ pub enum TicketError {
     Kind(u8),
 }
 
-/// The secret tickets are made and checked with.
+/// The secret tickets are made with: the seed of the store server's Ed25519 key, which no node
+/// holds.
 #[derive(Clone)]
 pub struct TicketKey([u8; 32]);
+
+/// What checks tickets: the public half of the store server's key, which nodes receive.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TicketVerifier([u8; 32]);
+
+impl std::fmt::Debug for TicketVerifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "TicketVerifier({})",
+            &crate::hash::BlockHash(self.0).hex()[..16]
+        )
+    }
+}
 
 impl std::fmt::Debug for TicketKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -79,8 +97,25 @@ impl TicketKey {
         &self.0
     }
 
-    fn mac(&self, body: &[u8]) -> blake3::Hash {
-        blake3::keyed_hash(&self.0, body)
+    fn pair(&self) -> ring::signature::Ed25519KeyPair {
+        // A seed of 32 bytes always makes a key pair; the check against a public key is the
+        // one `from_seed_and_public_key` would add, and there is none to check against.
+        ring::signature::Ed25519KeyPair::from_seed_unchecked(&self.0)
+            .expect("an Ed25519 seed of 32 bytes")
+    }
+
+    /// The public half, which checks what this key signs.
+    pub fn verifier(&self) -> TicketVerifier {
+        use ring::signature::KeyPair;
+        let mut pk = [0u8; 32];
+        pk.copy_from_slice(self.pair().public_key().as_ref());
+        TicketVerifier(pk)
+    }
+
+    /// A secret for what nodes must share and tickets must not depend on (the GPU
+    /// registrations' secrets): derived from this key, so that holding it mints no ticket.
+    pub fn derived(&self, context: &str) -> [u8; 32] {
+        blake3::derive_key(context, &self.0)
     }
 
     /// A ticket for `grant`, valid for `ttl` from now.
@@ -98,12 +133,27 @@ impl TicketKey {
         t.push(kind);
         t.extend_from_slice(&expires.to_be_bytes());
         t.extend_from_slice(&version);
-        let mac = self.mac(&t);
-        t.extend_from_slice(mac.as_bytes());
+        let sig = self.pair().sign(&t);
+        t.extend_from_slice(sig.as_ref());
         Bytes::from(t)
     }
 
     /// What `ticket` allows, if this key made it and it holds now.
+    pub fn verify(&self, ticket: &[u8]) -> Result<Grant, TicketError> {
+        self.verifier().verify(ticket)
+    }
+}
+
+impl TicketVerifier {
+    pub fn from_bytes(b: &[u8]) -> Option<Self> {
+        Some(TicketVerifier(b.try_into().ok()?))
+    }
+
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// What `ticket` allows, if the key this checks for made it and it holds now.
     pub fn verify(&self, ticket: &[u8]) -> Result<Grant, TicketError> {
         self.verify_at(ticket, unix_now())
     }
@@ -112,12 +162,10 @@ impl TicketKey {
         if ticket.len() != TICKET_LEN {
             return Err(TicketError::Length(ticket.len()));
         }
-        let (body, mac) = ticket.split_at(TICKET_LEN - 32);
-        // blake3::Hash compares in constant time.
-        let mac: [u8; 32] = mac.try_into().map_err(|_| TicketError::Forged)?;
-        if self.mac(body) != blake3::Hash::from(mac) {
-            return Err(TicketError::Forged);
-        }
+        let (body, sig) = ticket.split_at(BODY_LEN);
+        ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, &self.0)
+            .verify(body, sig)
+            .map_err(|_| TicketError::Forged)?;
         let expires = u64::from_be_bytes(body[1..9].try_into().map_err(|_| TicketError::Forged)?);
         if expires + SKEW < now {
             return Err(TicketError::Expired);
@@ -148,9 +196,9 @@ pub trait VersionBlocks: Send + Sync {
 pub enum Gate {
     /// Nothing: a cluster without authentication.
     Open,
-    /// Tickets made with `key`; with `versions`, a read ticket reaches only its version's blocks.
+    /// Tickets `key` checks; with `versions`, a read ticket reaches only its version's blocks.
     Tickets {
-        key: TicketKey,
+        key: TicketVerifier,
         versions: Option<std::sync::Arc<dyn VersionBlocks>>,
     },
     /// Nothing is served yet (an agent that has not learnt from the store server what to ask).
@@ -273,8 +321,9 @@ mod tests {
             assert_eq!(key.verify(&t), Ok(g));
         }
         let t = key.issue_at(&Grant::Node, 1000);
-        assert_eq!(key.verify_at(&t, 1000 + SKEW), Ok(Grant::Node));
-        assert_eq!(key.verify_at(&t, 1001 + SKEW), Err(TicketError::Expired));
+        let checks = key.verifier();
+        assert_eq!(checks.verify_at(&t, 1000 + SKEW), Ok(Grant::Node));
+        assert_eq!(checks.verify_at(&t, 1001 + SKEW), Err(TicketError::Expired));
         // Another key's ticket, a changed grant, a changed expiry, a cut ticket.
         let other = TicketKey([8; 32]).issue(&Grant::Node, NODE_TTL);
         assert_eq!(key.verify(&other), Err(TicketError::Forged));
@@ -285,6 +334,10 @@ mod tests {
         t[5] ^= 1;
         assert_eq!(key.verify(&t), Err(TicketError::Forged));
         assert_eq!(key.verify(&t[..10]), Err(TicketError::Length(10)));
+        // What a node holds, the public half, mints nothing: a ticket made with it as a seed
+        // is another key's.
+        let minted = TicketKey(*checks.as_bytes()).issue(&Grant::Node, NODE_TTL);
+        assert_eq!(checks.verify(&minted), Err(TicketError::Forged));
     }
 
     struct Only(BlockHash);
@@ -299,7 +352,7 @@ mod tests {
         let mine = BlockHash::of(b"mine");
         let theirs = BlockHash::of(b"theirs");
         let gate = Gate::Tickets {
-            key: TicketKey([1; 32]),
+            key: TicketKey([1; 32]).verifier(),
             versions: Some(std::sync::Arc::new(Only(mine))),
         };
         let read = [Grant::Read(Version([2; 32]))];

@@ -248,7 +248,7 @@ impl StoreServerProcess {
         let gate = match &key {
             None => Gate::Open,
             Some(key) => Gate::Tickets {
-                key: key.clone(),
+                key: key.verifier(),
                 versions: Some(Arc::new(tickets::ManifestBlocks::new(self.meta.clone()))),
             },
         };

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use tonic::{Request, Response, Status};
 
 use super::state::StoreHandler;
+use crate::auth::gpu_secret;
 use crate::auth::ticket::{self, Grant};
 use crate::meta::MetaError;
 use crate::proto::{
@@ -36,7 +37,12 @@ pub(super) async fn register_node(
         ticket_key: handler
             .tickets
             .as_ref()
-            .map(|k| k.as_bytes().to_vec())
+            .map(|k| k.verifier().as_bytes().to_vec())
+            .unwrap_or_default(),
+        gpu_key: handler
+            .tickets
+            .as_ref()
+            .map(|k| gpu_secret::host_key_of(k).to_vec())
             .unwrap_or_default(),
     }))
 }

@@ -101,7 +101,10 @@ impl StoreHandler {
     pub(super) fn gpu_secret(&self, ns: &str, node: &str, registration: u64) -> Vec<u8> {
         self.tickets
             .as_ref()
-            .map(|k| gpu_secret::registration_secret(k.as_bytes(), ns, node, registration).to_vec())
+            .map(|k| {
+                let host = gpu_secret::host_key_of(k);
+                gpu_secret::registration_secret(&host, ns, node, registration).to_vec()
+            })
             .unwrap_or_default()
     }
 }
