@@ -60,7 +60,7 @@ pub enum TicketError {
 /// The secret tickets are made with: the seed of the store server's Ed25519 key, which no node
 /// holds.
 #[derive(Clone)]
-pub struct TicketKey([u8; 32]);
+pub struct TicketKey([u8; 32], std::sync::Arc<ring::signature::Ed25519KeyPair>);
 
 /// What checks tickets: the public half of the store server's key, which nodes receive.
 #[derive(Clone, PartialEq, Eq)]
@@ -90,18 +90,19 @@ fn unix_now() -> u64 {
 
 impl TicketKey {
     pub fn from_bytes(b: &[u8]) -> Option<Self> {
-        Some(TicketKey(b.try_into().ok()?))
+        let seed: [u8; 32] = b.try_into().ok()?;
+        // Any 32 bytes are a seed; the check `from_seed_and_public_key` adds needs a public key
+        // to check against, and there is none.
+        let pair = ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed).ok()?;
+        Some(TicketKey(seed, std::sync::Arc::new(pair)))
     }
 
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
 
-    fn pair(&self) -> ring::signature::Ed25519KeyPair {
-        // A seed of 32 bytes always makes a key pair; the check against a public key is the
-        // one `from_seed_and_public_key` would add, and there is none to check against.
-        ring::signature::Ed25519KeyPair::from_seed_unchecked(&self.0)
-            .expect("an Ed25519 seed of 32 bytes")
+    fn pair(&self) -> &ring::signature::Ed25519KeyPair {
+        &self.1
     }
 
     /// The public half, which checks what this key signs.
@@ -314,7 +315,7 @@ mod tests {
 
     #[test]
     fn tickets_hold_what_they_grant_until_they_expire_and_cannot_be_forged() {
-        let key = TicketKey([7; 32]);
+        let key = TicketKey::from_bytes(&[7; 32]).unwrap();
         let v = Version([9; 32]);
         for g in [Grant::Read(v), Grant::Write(Scope([3; 32])), Grant::Node] {
             let t = key.issue(&g, READ_TTL);
@@ -325,7 +326,9 @@ mod tests {
         assert_eq!(checks.verify_at(&t, 1000 + SKEW), Ok(Grant::Node));
         assert_eq!(checks.verify_at(&t, 1001 + SKEW), Err(TicketError::Expired));
         // Another key's ticket, a changed grant, a changed expiry, a cut ticket.
-        let other = TicketKey([8; 32]).issue(&Grant::Node, NODE_TTL);
+        let other = TicketKey::from_bytes(&[8; 32])
+            .unwrap()
+            .issue(&Grant::Node, NODE_TTL);
         assert_eq!(key.verify(&other), Err(TicketError::Forged));
         let mut t = key.issue(&Grant::Write(Scope([3; 32])), WRITE_TTL).to_vec();
         t[0] = KIND_NODE;
@@ -336,7 +339,9 @@ mod tests {
         assert_eq!(key.verify(&t[..10]), Err(TicketError::Length(10)));
         // What a node holds, the public half, mints nothing: a ticket made with it as a seed
         // is another key's.
-        let minted = TicketKey(*checks.as_bytes()).issue(&Grant::Node, NODE_TTL);
+        let minted = TicketKey::from_bytes(checks.as_bytes())
+            .unwrap()
+            .issue(&Grant::Node, NODE_TTL);
         assert_eq!(checks.verify(&minted), Err(TicketError::Forged));
     }
 
@@ -352,7 +357,7 @@ mod tests {
         let mine = BlockHash::of(b"mine");
         let theirs = BlockHash::of(b"theirs");
         let gate = Gate::Tickets {
-            key: TicketKey([1; 32]).verifier(),
+            key: TicketKey::from_bytes(&[1; 32]).unwrap().verifier(),
             versions: Some(std::sync::Arc::new(Only(mine))),
         };
         let read = [Grant::Read(Version([2; 32]))];
