@@ -1136,25 +1136,6 @@ fn with_tokens_the_host_transport_carries_only_ciphertext_between_holders_of_the
     assert_eq!(pieces_seen(&wire, &data, 512), 0, "plaintext in the window");
 }
 
-/// Runs `f` on a thread of its own whose uid and gid are `id` (raw system calls: they change
-/// that thread alone, and it holds no capability then), and returns what it returned.
-fn as_user<T: Send + 'static>(id: u32, f: impl FnOnce() -> T + Send + 'static) -> T {
-    std::thread::spawn(move || {
-        // SAFETY: raw setgroups/setresgid/setresuid(2) of this thread alone, which ends after.
-        unsafe {
-            assert_eq!(
-                libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<u32>()),
-                0
-            );
-            assert_eq!(libc::syscall(libc::SYS_setresgid, id, id, id), 0);
-            assert_eq!(libc::syscall(libc::SYS_setresuid, id, id, id), 0);
-        }
-        f()
-    })
-    .join()
-    .unwrap()
-}
-
 /// Every user of a node may make a GPU key under `.gpu`, and only its owner or root unlinks,
 /// and so unpublishes, it (issue 42, item 8): the directories are sticky, and a control file
 /// belongs to the user who made it (any local user could unpublish anyone's key before).

@@ -481,21 +481,6 @@ fn an_agent_refuses_a_socket_directory_another_user_could_swap_its_socket_in() {
     assert!(a.socket.exists());
 }
 
-/// Turns this thread, and only it, into uid and gid 65534 with no groups: raw system calls,
-/// since glibc's would change every thread of the test process. The thread stays so.
-fn become_nobody_on_this_thread() {
-    // SAFETY: raw setgroups/setresgid/setresuid(2) with valid arguments; they change the
-    // calling thread's credentials only, and this thread is not used for anything else after.
-    unsafe {
-        assert_eq!(
-            libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<u32>()),
-            0
-        );
-        assert_eq!(libc::syscall(libc::SYS_setresgid, 65534, 65534, 65534), 0);
-        assert_eq!(libc::syscall(libc::SYS_setresuid, 65534, 65534, 65534), 0);
-    }
-}
-
 /// A caller on an agent's socket acts with its own rights (issue 42, item 2): the agent, root,
 /// opens the files a caller names as that caller, so a user who cannot read a file cannot have
 /// the agent publish, seed or offer it (it once read `/etc/shadow` back a byte at a time this
@@ -562,8 +547,7 @@ fn an_agent_opens_what_its_callers_name_with_their_rights_only() {
     let sock = agent.socket.clone();
     let (secret_p, readable_p, fifo_p) = (secret.clone(), readable.clone(), fifo.clone());
     let manifest_r = manifest.clone();
-    let answers = std::thread::spawn(move || {
-        become_nobody_on_this_thread();
+    let answers = as_user(65534, move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -604,9 +588,7 @@ fn an_agent_opens_what_its_callers_name_with_their_rights_only() {
             );
             say
         })
-    })
-    .join()
-    .unwrap();
+    });
     let err = |i: usize| answers[i].clone().unwrap_err();
     assert!(err(0).contains("Permission denied"), "{answers:?}");
     assert!(err(1).contains("not a regular file"), "{answers:?}");

@@ -112,13 +112,13 @@ fn as_user<T>(
     groups: &[libc::gid_t],
     f: impl FnOnce() -> io::Result<T>,
 ) -> io::Result<T> {
-    let mut own = vec![0 as libc::gid_t; 256];
-    // SAFETY: the buffer holds 256 entries, as the call is told.
-    let n = unsafe { libc::getgroups(own.len() as libc::c_int, own.as_mut_ptr()) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    own.truncate(n as usize);
+    // SAFETY: a size of 0 only asks how many groups there are.
+    let count = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    let mut own =
+        vec![0 as libc::gid_t; usize::try_from(count).map_err(|_| io::Error::last_os_error())?];
+    // SAFETY: the buffer holds as many entries as the call is told.
+    let n = unsafe { libc::getgroups(count, own.as_mut_ptr()) };
+    own.truncate(usize::try_from(n).map_err(|_| io::Error::last_os_error())?);
     let set_groups = |g: &[libc::gid_t]| {
         // SAFETY: a raw setgroups(2) with a pointer to `g.len()` gids.
         let r = unsafe { libc::syscall(libc::SYS_setgroups, g.len(), g.as_ptr()) };

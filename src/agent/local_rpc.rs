@@ -43,9 +43,7 @@ fn in_place_status(e: InPlaceError) -> Status {
         InPlaceError::NoEntry(_) | InPlaceError::NotAbsolute(_) | InPlaceError::BadHash(_) => {
             Fault::Invalid
         }
-        InPlaceError::Disk { .. } | InPlaceError::Changed(_) | InPlaceError::NotRegular(_) => {
-            Fault::Conflict
-        }
+        InPlaceError::Disk { .. } | InPlaceError::Changed(_) => Fault::Conflict,
         InPlaceError::NotItsBlock { .. } => Fault::Invalid,
         InPlaceError::Db(_) | InPlaceError::Corrupt(_) => Fault::Internal,
     };

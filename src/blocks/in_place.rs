@@ -2,9 +2,10 @@
 //! fetched and seeds, read straight from the files that hold them, never copied.
 //!
 //! A registration records, per block, where it lies (path, offset) and what the file looked like
-//! then (size, mtime); a caller on the node shows it holds each block's bytes by having them
-//! hashed then ([`Check::Hashes`]). Before a block goes out, the file's size and mtime are checked and the
-//! bytes hashed, so a file changed after publishing is never served as the published block.
+//! then (device, inode, size, mtime); a caller on the node shows it holds each block's bytes by
+//! having them hashed then ([`Check::Hashes`]). Before a block goes out, the file is checked to
+//! be that one, unchanged, and the bytes hashed, so a file changed or swapped after publishing is
+//! never served as the published block.
 
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
@@ -60,8 +61,6 @@ pub enum InPlaceError {
     BadHash(String),
     #[error("{path}: block {index} does not hold the bytes the manifest names")]
     NotItsBlock { path: String, index: usize },
-    #[error("{0} is not a regular file")]
-    NotRegular(String),
     #[error(transparent)]
     Db(#[from] DbError),
     #[error("a stored place of a block is corrupt: {0}")]
@@ -119,9 +118,6 @@ impl InPlace {
                 path: f.disk_path.clone(),
                 source,
             })?;
-            if !meta.is_file() {
-                return Err(InPlaceError::NotRegular(f.disk_path.clone()));
-            }
             if meta.len() != entry.size {
                 return Err(InPlaceError::Changed(f.disk_path.clone()));
             }
@@ -173,13 +169,21 @@ impl InPlace {
 
     /// Records that this node seeds `version` from `files` (registered already), as they are
     /// now.
-    pub fn record_seed(&self, version: &Version, files: &[LocalFile]) -> Result<(), InPlaceError> {
+    pub fn record_seed(
+        &self,
+        version: &Version,
+        files: &[LocalFile],
+        open: Opener<'_>,
+    ) -> Result<(), InPlaceError> {
         let mut places = Vec::with_capacity(files.len());
         for f in files {
-            let meta = std::fs::metadata(&f.disk_path).map_err(|source| InPlaceError::Disk {
+            let disk = |source| InPlaceError::Disk {
                 path: f.disk_path.clone(),
                 source,
-            })?;
+            };
+            let meta = open(Path::new(&f.disk_path))
+                .and_then(|file| file.metadata())
+                .map_err(disk)?;
             places.push(LocalBlock {
                 disk_path: f.disk_path.clone(),
                 offset: 0,
@@ -333,19 +337,22 @@ pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
 }
 
 /// How a registration opens the files it is handed: as the agent ([`open_regular`]), or with
-/// the rights of the process that handed them (the agent's socket).
+/// the rights of the process that handed them (the agent's socket); regular files only.
 pub type Opener<'a> = &'a (dyn Fn(&Path) -> std::io::Result<std::fs::File> + Sync);
 
 /// The file of a place, if it is as it was registered (a regular file, of its size and
 /// modification time). Opened without blocking: a file swapped for a FIFO with no writer held
 /// a blocking thread for good.
 fn open_unchanged(p: &LocalBlock) -> Option<std::fs::File> {
-    let f = open_regular(Path::new(&p.disk_path)).ok()?;
+    let f = match open_regular(Path::new(&p.disk_path)) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+            tracing::warn!(path = %p.disk_path, "published file is no longer a regular file; not serving it");
+            return None;
+        }
+        Err(_) => return None,
+    };
     let meta = f.metadata().ok()?;
-    if !meta.is_file() {
-        tracing::warn!(path = %p.disk_path, "published file is no longer a regular file; not serving it");
-        return None;
-    }
     if p.ino != 0 && (meta.dev() != p.dev || meta.ino() != p.ino) {
         tracing::warn!(path = %p.disk_path, "published path names another file now; not serving it");
         return None;
@@ -391,8 +398,12 @@ mod tests {
             })
             .collect();
         for (i, f) in files.iter().enumerate() {
-            p.record_seed(&Version([i as u8; 32]), std::slice::from_ref(f))
-                .unwrap();
+            p.record_seed(
+                &Version([i as u8; 32]),
+                std::slice::from_ref(f),
+                &open_regular,
+            )
+            .unwrap();
         }
         std::fs::remove_file(&files[0].disk_path).unwrap();
         std::fs::write(&files[2].disk_path, "changed, longer").unwrap();
@@ -421,8 +432,10 @@ mod tests {
             }
         };
         let (c1, c2) = (copy("c1"), copy("c2"));
-        p.record_seed(&v, std::slice::from_ref(&c1)).unwrap();
-        p.record_seed(&v, std::slice::from_ref(&c2)).unwrap();
+        p.record_seed(&v, std::slice::from_ref(&c1), &open_regular)
+            .unwrap();
+        p.record_seed(&v, std::slice::from_ref(&c2), &open_regular)
+            .unwrap();
         // The copy recorded last goes first (one record per version would forget c1).
         std::fs::remove_file(&c2.disk_path).unwrap();
         assert!(p.sweep_seeds(&[], 100).unwrap().0.is_empty());

@@ -123,7 +123,7 @@ impl NodeBlocks {
         open: Opener<'_>,
     ) -> Result<usize, InPlaceError> {
         let n = self.in_place.register(m, files, Check::Hashes, open)?;
-        self.in_place.record_seed(version, files)?;
+        self.in_place.record_seed(version, files, open)?;
         Ok(n)
     }
 

@@ -16,7 +16,7 @@
 //! Every block taken is remembered for a while (`collected`), and nodes, told of them with their
 //! heartbeats, drop them from their caches.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
 use prost::Message;
@@ -25,7 +25,7 @@ use super::backend::{BackendError, Op, Table};
 use super::error::MetaError;
 use super::keys::live;
 use super::reads::View;
-use super::references::scope_of_stored_key;
+use super::references::{note_scope, Scopes};
 use super::store::MetaStore;
 use crate::hash::{BlockHash, Scope, Version};
 use crate::locks;
@@ -94,7 +94,7 @@ impl MetaStore {
         let mut live_versions = self.open_versions();
         // Where namespaces are told apart, the namespaces that name each live version.
         let separate = self.separate_namespaces.load(Ordering::SeqCst);
-        let mut scopes: HashMap<Version, Vec<Scope>> = HashMap::new();
+        let mut scopes = Scopes::new();
         let mut expired = Vec::new();
         for table in [Table::Keys, Table::Inodes] {
             self.walk(table, |k, v| {
@@ -106,11 +106,8 @@ impl MetaStore {
                     expired.push((table, k.to_vec()));
                 } else if let Some(v) = Version::from_slice(&r.version) {
                     live_versions.insert(v);
-                    if let (true, Some(scope)) = (separate, scope_of_stored_key(k)) {
-                        let of = scopes.entry(v).or_default();
-                        if !of.contains(&scope) {
-                            of.push(scope);
-                        }
+                    if separate {
+                        note_scope(&mut scopes, k, v);
                     }
                 }
                 Ok(())

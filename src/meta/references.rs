@@ -25,9 +25,22 @@ pub struct Rebuilt {
 }
 
 /// The namespace a stored `namespace NUL ...` key belongs to.
-pub(super) fn scope_of_stored_key(k: &[u8]) -> Option<Scope> {
+fn scope_of_stored_key(k: &[u8]) -> Option<Scope> {
     let end = k.iter().position(|&b| b == 0)?;
     Some(Scope::of_bytes(&k[..end]))
+}
+
+/// The namespaces that name each version, from the stored keys that name them.
+pub(super) type Scopes = HashMap<Version, Vec<Scope>>;
+
+/// Notes that the stored key `k` (of the keys or inodes) names `version`.
+pub(super) fn note_scope(scopes: &mut Scopes, k: &[u8], version: Version) {
+    if let Some(scope) = scope_of_stored_key(k) {
+        let of = scopes.entry(version).or_default();
+        if !of.contains(&scope) {
+            of.push(scope);
+        }
+    }
 }
 
 impl MetaStore {
@@ -64,18 +77,15 @@ impl MetaStore {
         self.commits.drain(self.backend.as_ref());
         self.blocks.clear_references()?;
         let mut keys = 0;
-        let mut scopes: HashMap<Version, Vec<Scope>> = HashMap::new();
+        let mut scopes = Scopes::new();
         for table in [Table::Keys, Table::Inodes] {
             self.backend.for_each(table, &mut |k, v| {
-                let (Some(scope), Ok(r)) = (scope_of_stored_key(k), KeyRecord::decode(v)) else {
-                    return Ok(());
-                };
-                if let Some(version) = Version::from_slice(&r.version) {
+                let version = KeyRecord::decode(v)
+                    .ok()
+                    .and_then(|r| Version::from_slice(&r.version));
+                if let Some(version) = version {
                     keys += 1;
-                    let of = scopes.entry(version).or_default();
-                    if !of.contains(&scope) {
-                        of.push(scope);
-                    }
+                    note_scope(&mut scopes, k, version);
                 }
                 Ok(())
             })?;

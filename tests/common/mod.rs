@@ -482,3 +482,22 @@ pub fn metric(addr: &str, series: &str) -> f64 {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or_else(|| panic!("no {series} in {text}"))
 }
+
+/// Runs `f` on a thread of its own whose uid and gid are `id` (raw system calls: they change
+/// that thread alone, and it holds no capability then), and returns what it returned.
+pub fn as_user<T: Send + 'static>(id: u32, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        // SAFETY: raw setgroups/setresgid/setresuid(2) of this thread alone, which ends after.
+        unsafe {
+            assert_eq!(
+                libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<u32>()),
+                0
+            );
+            assert_eq!(libc::syscall(libc::SYS_setresgid, id, id, id), 0);
+            assert_eq!(libc::syscall(libc::SYS_setresuid, id, id, id), 0);
+        }
+        f()
+    })
+    .join()
+    .unwrap()
+}
