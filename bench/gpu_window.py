@@ -7,6 +7,8 @@ needed), and prints what it measured as one JSON line. doc/gpu-abi.md describes 
     gpu_window.py window --putter DIR --getters DIR,DIR,... --src FILE --mib N --key K
                          --fanout F [--pack] [--pids NAME=PID,...]
     gpu_window.py p2p    --putter DIR --getters DIR --src FILE --mib N --key K [--pids ...]
+    gpu_window.py pairs  --pairs PUT:GET,PUT:GET,... --src FILE --mib N --key K [--window]
+                         [--pack] [--pids ...]
 
 `hold` publishes a one-entry key from the node's mount and waits (until SIGTERM):
 a node's transfer worker lives while it holds a registration, so with a holder on every node
@@ -21,6 +23,13 @@ stopped, every getter's bytes are compared with the source's (the run fails if o
 `p2p`: the putter publishes without a window (the clock is not running: a PUT outside a window
 is done once it is registered); then one getter opens, writes its table, and the clock runs
 from its KT_GPU_GET to its DONE.
+
+`pairs`: shard i (key K-i, the bytes of --src) goes from the i-th pair's putter to its getter.
+With --window, all of them are members of one window (world size: every putter and getter) of
+several keys, the getters joining and committing first; the clock runs from the first JOIN to the
+last getter's DONE. Without, the putters publish first (untimed), then every getter's GET starts
+at once: the same transfers as separate point-to-point ones, the clock from the first GET to the
+last DONE.
 
 While the clock runs, every getter's /dev/shm file is looked at every --sample-ms (default 20):
 the moments its first bytes and half its bytes had landed (its blocks, allocated as they are
@@ -370,9 +379,80 @@ def cmd_transfer(a, windowed: bool):
                 pass
 
 
+def cmd_pairs(a):
+    total = a.mib << 20
+    if os.path.getsize(a.src) != total:
+        sys.exit(f"{a.src} is not {a.mib} MiB")
+    data, sizes = table(total, a.entries)
+    pairs = [p.split(":") for p in a.pairs.split(",")]
+    src_name = os.path.basename(a.src)
+    pids = parse_pids(a.pids)
+    flags = abi.PACK if a.pack else 0
+    world = 2 * len(pairs)
+    made, getters, putters = [], [], []
+    try:
+        for i, (putter, getter) in enumerate(pairs):
+            key = f"{a.key}-{i}"
+            made.append(make_dst(a.prefix, f"pair{i}", total))
+            put = {"name": f"putter{i}", "fd": open_control(putter, key, True)}
+            write_table(put["fd"], data)
+            putters.append(put)
+            getters.append({"name": f"getter{i}", "mount": getter, "dst": made[i], "sample": True,
+                            "total": total, "key": key})
+        if a.window:
+            for m in getters:
+                m["fd"] = open_control(m["mount"], m["key"], True)
+                write_table(m["fd"], data)
+            cpu0, b0 = measure_begin(pids)
+            t0 = time.monotonic()
+            for m in getters:
+                join(m["fd"], world, 0, flags, a.key)
+                m["transfer"] = commit(m["fd"], abi.GET, m["dst"], sizes)
+            for put in putters:
+                join(put["fd"], world, 0, flags, a.key)
+                put["transfer"] = commit(put["fd"], abi.PUT, src_name, sizes)
+            wait_all(getters + putters, t0, a.sample_ms, a.limit_s)
+        else:
+            for put in putters:
+                put["transfer"] = commit(put["fd"], abi.PUT, src_name, sizes)
+            wait_all(putters, time.monotonic(), 0, a.limit_s)
+            for m in getters:
+                m["fd"] = open_control(m["mount"], m["key"], False)
+                write_table(m["fd"], data)
+            cpu0, b0 = measure_begin(pids)
+            t0 = time.monotonic()
+            for m in getters:
+                m["transfer"] = commit(m["fd"], abi.GET, m["dst"], sizes)
+            wait_all(getters, t0, a.sample_ms, a.limit_s)
+        res = measure_end(pids, cpu0, b0)
+        res["seconds"] = round(max(m["done_s"] for m in getters), 4)
+        res["bytes"] = total * len(pairs)
+        res["getters"] = [
+            {k: m.get(k) for k in ("mount", "first_byte_s", "half_s", "done_s")} for m in getters
+        ]
+        for m in getters:
+            if not same_bytes(a.src, f"/dev/shm/{m['dst']}"):
+                sys.exit(f"{m['name']} on {m['mount']}: the received bytes differ from the source")
+        res["verified"] = True
+        print(json.dumps(res), flush=True)
+    finally:
+        for m in getters + putters:
+            try:
+                os.close(m["fd"])
+            except (OSError, KeyError):
+                pass
+        for n in made:
+            try:
+                os.unlink(f"/dev/shm/{n}")
+            except OSError:
+                pass
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["hold", "window", "p2p"])
+    ap.add_argument("mode", choices=["hold", "window", "p2p", "pairs"])
+    ap.add_argument("--pairs", help="pairs: PUTTER:GETTER mount points, comma-separated")
+    ap.add_argument("--window", action="store_true", help="pairs: all in one window")
     ap.add_argument("--mount", help="hold: the node's mount point")
     ap.add_argument("--prefix", default=f"kt-bench-gpu-{os.getpid()}", help="/dev/shm names start with this")
     ap.add_argument("--putter", help="the putter's mount point")
@@ -389,6 +469,8 @@ def main():
     a = ap.parse_args()
     if a.mode == "hold":
         cmd_hold(a)
+    elif a.mode == "pairs":
+        cmd_pairs(a)
     else:
         cmd_transfer(a, a.mode == "window")
 

@@ -68,7 +68,10 @@ struct kt_gpu_buffers {
 };
 
 /* KT_GPU_JOIN: the broadcast window to join at the commit. The quorum closes when ANY of
- * world_size, timeout_ms or ips is reached. 1176 bytes. */
+ * world_size, timeout_ms or ips is reached. A window may carry several keys, each member's
+ * the key of its control file: every key one putter, every getter's key put by a member, each
+ * getter's table its key's putter's (else every member fails: EEXIST, ENOENT, EBADMSG).
+ * 1176 bytes. */
 struct kt_gpu_window {
     uint32_t version;    /* KT_GPU_ABI_VERSION */
     uint32_t world_size; /* participants, putters and getters; 0: not a criterion */

@@ -303,3 +303,54 @@ fn getters_without_a_window_spread_over_the_sources_within_the_fanout() {
         assert_eq!(got["broadcast"][0]["group_id"], format!("default/{group}"));
     }
 }
+
+#[test]
+fn a_file_window_carries_several_keys_each_getter_fetching_its_own() {
+    let c = Cluster::new("127.0.0.67");
+    let a = c.agent("127.0.0.68", "node-a");
+    let b = c.agent("127.0.0.69", "node-b");
+    let mut datas = Vec::new();
+    let mut puts = Vec::new();
+    // Two keys put into one window (the shards of a sharded writer), each putter waiting for
+    // the quorum of four: both putters and both getters.
+    for (i, key) in ["shard-0", "shard-1"].iter().enumerate() {
+        let f = c.path(&format!("{key}.src"));
+        let data = pseudo_random(MIB + i * 4096, 40 + i as u64);
+        fs::write(&f, &data).unwrap();
+        datas.push(data);
+        let src = f.to_str().unwrap().to_string();
+        puts.push(c.spawn(
+            None,
+            &[
+                "put",
+                key,
+                "--src",
+                &src,
+                "--world-size",
+                "4",
+                "--group-id",
+                "mm",
+            ],
+        ));
+        c.wait_members("mm", i + 1);
+    }
+    assert_eq!(c.window("mm").unwrap()["closed"], false);
+    // Each getter, on its own node, starts at once and gets the other key.
+    for (agent, key, want) in [(&a, "shard-1", &datas[1]), (&b, "shard-0", &datas[0])] {
+        let d = c.path(&format!("got-{key}"));
+        let got = c.json(
+            Some(agent),
+            &["get", key, "-d", d.to_str().unwrap(), "--group-id", "mm"],
+        );
+        assert_eq!(got["broadcast"][0]["group_id"], "default/mm");
+        assert!(
+            fs::read(&d).unwrap() == *want,
+            "{key} came back with other bytes"
+        );
+    }
+    for put in puts {
+        let put = finish_json(put);
+        assert_eq!(put["broadcast"]["closed_by"], "world_size");
+        assert_eq!(put["broadcast"]["members"].as_array().unwrap().len(), 4);
+    }
+}

@@ -624,6 +624,95 @@ fn a_window_fails_as_a_whole_and_names_the_member_at_fault() {
     );
 }
 
+#[test]
+fn a_window_of_several_putters_and_keys_fills_each_getter_from_its_keys_putter() {
+    let c = Cluster::new("127.0.0.64");
+    let a = start_mount("127.0.0.64", &c.server.addr, &c.path("a"), "gpm-a", &[]);
+    let b = start_mount("127.0.0.65", &c.server.addr, &c.path("b"), "gpm-b", &[]);
+    let d = start_mount("127.0.0.66", &c.server.addr, &c.path("d"), "gpm-d", &[]);
+    // Two shards of a sharded trainer, of different tables, put by ranks on nodes a and b; two
+    // consumer ranks on b and d each get the other node's shard; a third gets shard 0 too.
+    let (json0, sizes0) = table(20);
+    let (json1, sizes1) = table(7);
+    let data0 = pseudo_random(sizes0.iter().sum::<u64>() as usize, 31);
+    let data1 = pseudo_random(sizes1.iter().sum::<u64>() as usize, 32);
+    let w = window("shards", 5, 0, 0, PACK);
+    let getters = [
+        Member::start(&d.path(".gpu/tp/shard-0"), &json0, &sizes0, &w, None),
+        Member::start(&b.path(".gpu/tp/shard-0"), &json0, &sizes0, &w, None),
+    ];
+    let put0 = Member::start(
+        &a.path(".gpu/tp/shard-0"),
+        &json0,
+        &sizes0,
+        &w,
+        Some(&data0),
+    );
+    let put1 = Member::start(
+        &b.path(".gpu/tp/shard-1"),
+        &json1,
+        &sizes1,
+        &w,
+        Some(&data1),
+    );
+    let got1 = Member::start(&a.path(".gpu/tp/shard-1"), &json1, &sizes1, &w, None);
+    for g in &getters {
+        let (state, _, msg) = g.outcome();
+        assert_eq!(state, DONE, "{msg}");
+        assert!(g.bytes() == data0, "a getter of shard 0 has other bytes");
+    }
+    let (state, _, msg) = got1.outcome();
+    assert_eq!(state, DONE, "{msg}");
+    assert!(
+        got1.bytes() == data1,
+        "the getter of shard 1 has other bytes"
+    );
+    for p in [&put0, &put1] {
+        let (state, _, msg) = p.outcome();
+        assert_eq!(state, DONE, "{msg}");
+    }
+    drop((getters, got1, put0, put1));
+
+    // A getter of a key no member puts fails the window for every member, naming the key.
+    let w = window("orphan", 3, 0, 0, 0);
+    let members = [
+        Member::start(&a.path(".gpu/tp/o-0"), &json0, &sizes0, &w, Some(&data0)),
+        Member::start(&b.path(".gpu/tp/o-0"), &json0, &sizes0, &w, None),
+        Member::start(&d.path(".gpu/tp/o-9"), &json0, &sizes0, &w, None),
+    ];
+    for m in &members {
+        let (state, errno, msg) = m.outcome();
+        assert_eq!((state, errno), (FAILED, libc::ENOENT), "{msg}");
+        assert!(msg.contains("puts tp/o-9"), "{msg}");
+    }
+    drop(members);
+
+    // Two putters of one key: the second to publish is told the key exists, and the window
+    // fails for the others naming the key and both putters.
+    let w = window("twice", 3, 0, 0, 0);
+    let members = [
+        Member::start(&a.path(".gpu/tp/t-0"), &json0, &sizes0, &w, Some(&data0)),
+        Member::start(&d.path(".gpu/tp/t-0"), &json0, &sizes0, &w, Some(&data0)),
+        Member::start(&b.path(".gpu/tp/t-0"), &json0, &sizes0, &w, None),
+    ];
+    let mut named = 0;
+    for m in &members {
+        let (state, errno, msg) = m.outcome();
+        assert_eq!((state, errno), (FAILED, libc::EEXIST), "{msg}");
+        assert!(msg.contains("tp/t-0"), "{msg}");
+        // Member ids follow the order of joins, which the publishes' race decides.
+        if msg.contains("tp/t-0 by member")
+            && msg.contains("on node gpm-a")
+            && msg.contains("on node gpm-d")
+        {
+            named += 1;
+        } else {
+            assert!(msg.contains("already exists"), "{msg}");
+        }
+    }
+    assert_eq!(named, 2, "the getter and the first putter are told why");
+}
+
 /// A caller in a pod of its own: its IPC, PID and mount namespaces (a /dev/shm of its own), a
 /// network namespace joined to the host by a veth pair, and uid 1000. It publishes the bytes
 /// of `data` under the table, prints `published`, and holds the key until its stdin closes.

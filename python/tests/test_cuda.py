@@ -238,6 +238,57 @@ def test_a_getter_in_namespaces_of_its_own_loads_its_own_nccl(cluster, mounts, m
         assert inits >= 2, "the window with the namespaced getter did not go over NCCL"
 
 
+NCCL_SHARD = textwrap.dedent(
+    """
+    import json, sys, torch, ktfs as kt
+    role, shard, pack = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+    g = torch.Generator(device="cpu").manual_seed(shard)
+    # Shards of different tables: the check is per key.
+    sd = {"w": torch.randn((16 << 20) + shard * 4097, generator=g).cuda(),
+          "bias": torch.randn(100 + shard, generator=g).cuda()}
+    w = kt.BroadcastWindow(world_size=4, group_id="nccl-tp-%d" % pack, pack=pack, timeout=120)
+    key = "cuda-tp/shard-%d" % shard
+    if role == "put":
+        kt.put(key=key, src=sd, broadcast=w)
+        out = sd
+    else:
+        out = {k: torch.zeros_like(v) for k, v in sd.items()}
+        kt.get(key=key, dest=out, broadcast=w)
+    print(json.dumps([t.double().sum().item() for t in out.values()]))
+    """
+)
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_a_window_of_two_putters_and_two_getters_goes_over_one_nccl_communicator(cluster, mounts, pack):
+    """The many-to-many window of issue 43: two shards put on two nodes, each got on the other,
+    in one window of four. Each node's getter runs in namespaces of its own, so the four
+    members are four workers (a rank each) and the window goes over NCCL: one communicator,
+    each key down its own tree of sends and receives."""
+    import shutil
+
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare(1) for four workers on two nodes")
+    a, b = mounts
+    wrap = ("unshare", "--pid", "--fork", "--ipc", "--mount", "--mount-proc")
+    flag = "1" if pack else "0"
+    members = [((), "put", 0, a), (wrap, "get", 1, a), ((), "put", 1, b), (wrap, "get", 0, b)]
+    before = nccl_inits()
+    procs = [subprocess.Popen([*w, sys.executable, "-c", NCCL_SHARD, role, str(shard), flag],
+                              env={**os.environ, "KT_MOUNT": point}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for w, role, shard, point in members]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
+        outs.append(json.loads(out))
+    assert outs[0] == outs[3] and outs[2] == outs[1] and outs[0] != outs[2]
+    if os.environ.get("KT_EXPECT_NCCL") == "1":
+        assert nccl_inits() - before >= 4, "the window of four did not go over NCCL"
+    # The putters have exited: their keys went with their control files.
+
+
 NCCL_MANY = textwrap.dedent(
     """
     import json, sys, torch, ktfs as kt

@@ -159,6 +159,57 @@ def test_a_window_fills_every_getter_in_one_broadcast(cluster, mounts, monkeypat
     kt.rm("py-win/sd")
 
 
+MEMBER = textwrap.dedent(
+    """
+    import hashlib, sys
+    import numpy as np
+    import ktfs as kt
+    role, key, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    rng = np.random.default_rng(seed)
+    # Shards of different tables: the check is per key.
+    sd = {"w": rng.standard_normal((seed * 8 + 5, 16), dtype=np.float32), "step": np.array(seed)}
+    w = kt.BroadcastWindow(world_size=4, group_id="py-tp", timeout=60)
+    if role == "put":
+        kt.put(key=key, src=sd, broadcast=w)
+        print(hashlib.sha256(b"".join(v.tobytes() for v in sd.values())).hexdigest())
+    else:
+        dest = {k: np.zeros_like(v) for k, v in sd.items()}
+        kt.get(key=key, dest=dest, broadcast=w)
+        print(hashlib.sha256(b"".join(v.tobytes() for v in dest.values())).hexdigest())
+    """
+)
+
+
+def test_a_window_of_two_putters_and_two_getters_moves_each_shard_to_its_getter(cluster, mounts):
+    """The reference's many-to-many window (issue 43, item 1): tensor-parallel ranks each put
+    their shard into one window while consumer ranks each get theirs, in one coordinated
+    transfer whose quorum counts all four."""
+    a, b = mounts
+    members = [
+        ("put", "py-tp/shard-0", 1, a),
+        ("get", "py-tp/shard-1", 2, a),
+        ("put", "py-tp/shard-1", 2, b),
+        ("get", "py-tp/shard-0", 1, b),
+    ]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", MEMBER, role, key, str(seed)],
+            env={**os.environ, "KT_MOUNT": point},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for role, key, seed, point in members
+    ]
+    out = []
+    for p in procs:
+        o, err = p.communicate(timeout=90)
+        assert p.returncode == 0, err
+        out.append(o.strip())
+    # Each getter holds its shard's putter's bytes, not the other shard's.
+    assert out[1] == out[2] and out[3] == out[0] and out[0] != out[2]
+
+
 def test_tensors_of_a_killed_process_leave_nothing_in_dev_shm(cluster, mounts):
     """A process that publishes tensors and is killed leaves no /dev/shm file behind, and its
     key goes with it (issue 43, item 5): the file's name goes as soon as the node's worker

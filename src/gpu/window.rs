@@ -95,7 +95,7 @@ pub struct Joining<'a> {
     pub comms: Vec<HeldComm>,
 }
 
-/// Joins the window; a window that refuses the joiner (closed already, a second putter) is a
+/// Joins the window; a window that refuses the joiner (its quorum closed already) is a
 /// [`WindowError::Failed`] with the errno the caller sees.
 pub async fn join(store: &Store, j: Joining<'_>) -> Result<Membership, WindowError> {
     let r = store
@@ -227,34 +227,60 @@ impl Membership {
 pub struct Plan {
     pub window: GpuWindow,
     pub me: GpuMember,
-    /// Whom this member receives from; `None` for the putter.
+    /// Whom this member receives from; `None` for a putter.
     pub parent: Option<GpuMember>,
+    /// The putter of this member's key: its table and flags are the key's.
+    pub putter: GpuMember,
+    /// Whom this member sends to, over NCCL (on the host transport they ask).
+    pub children: Vec<GpuMember>,
 }
 
 impl Plan {
     fn of(window: GpuWindow, member: u64) -> Result<Plan, WindowError> {
         let find = |id: u64| window.members.iter().find(|m| m.id == id).cloned();
-        let me = find(member).ok_or_else(|| {
-            WindowError::Failed(
-                libc::EIO,
-                format!("the window does not list member {member}"),
-            )
-        })?;
+        let missing = |what: String| WindowError::Failed(libc::EIO, what);
+        let me = find(member)
+            .ok_or_else(|| missing(format!("the window does not list member {member}")))?;
         let parent = match u64::try_from(me.parent) {
-            Ok(p) => Some(find(p).ok_or_else(|| {
-                WindowError::Failed(libc::EIO, format!("the window does not list member {p}"))
-            })?),
+            Ok(p) => Some(
+                find(p).ok_or_else(|| missing(format!("the window does not list member {p}")))?,
+            ),
             Err(_) => None,
         };
-        Ok(Plan { window, me, parent })
+        let putter = window
+            .members
+            .iter()
+            .find(|m| m.role() == Role::Putter && m.key == me.key)
+            .cloned()
+            .ok_or_else(|| missing(format!("the window has no putter of {}", me.key)))?;
+        let mut children: Vec<GpuMember> = window
+            .members
+            .iter()
+            .filter(|m| m.parent == me.id as i64)
+            .cloned()
+            .collect();
+        children.sort_by_key(|m| m.rank);
+        Ok(Plan {
+            window,
+            me,
+            parent,
+            putter,
+            children,
+        })
     }
 
     pub fn pack(&self) -> bool {
-        self.window.flags & abi::PACK != 0
+        self.putter.flags & abi::PACK != 0
     }
 
     pub fn serialised(&self) -> bool {
-        self.window.flags & abi::PG_GLOBAL != 0
+        self.putter.flags & abi::PG_GLOBAL != 0
+    }
+
+    /// Whether the window carries several keys: each then moves down its own tree.
+    pub fn several_keys(&self) -> bool {
+        let putters = self.window.members.iter();
+        putters.filter(|m| m.role() == Role::Putter).count() > 1
     }
 }
 

@@ -1,21 +1,25 @@
-//! One GPU window: the quorum and the plan of a coordinated transfer of one GPU key.
+//! One GPU window: the quorum and the plan of a coordinated transfer of its GPU keys.
 //!
 //! Unlike a file window, whose getters each get a parent the moment they join and fetch at
 //! their own pace, a GPU window moves every participant's buffers in one transfer: NCCL needs
 //! every rank of a communicator present, and a receiver must know the whole tree before the
 //! first byte moves. So everyone waits for the quorum (the same criteria as files: ANY of
-//! world_size, ips, timeout), and when it closes the window is checked and planned once:
-//! exactly one putter, every getter's tensor table the putter's (by digest: a mismatch fails the
-//! whole window, so that no rank waits for one that will never send), ranks in an order that
-//! keeps the members of one node next to each other, and each getter's parent: a chain (what
-//! NCCL's pipelined broadcast does over its ring) or, with an explicit fanout, a tree of that
-//! degree. Then members report how they finished; the putter's transfer ends when every getter's
-//! has, and fails naming each getter that failed or whose node stopped answering.
+//! world_size, ips, timeout; putters and getters count alike), and when it closes the window
+//! is checked and planned once. A window may carry several keys, each put by one member (the
+//! weights of a sharded trainer, a shard per rank, to sharded consumers): every key's putter is
+//! one, every getter's key is put by someone, and every getter's tensor table is its key's
+//! putter's (by digest). A failed check fails the whole window, naming the key or the member,
+//! so that no rank waits for one that will never send. Each key then gets a tree: its putter,
+//! its getters in an order that keeps the members of one node next to each other, and each
+//! getter's parent a chain (what NCCL's pipelined broadcast does over its ring) or, with an
+//! explicit fanout, a tree of that degree. Ranks run key after key, a key's putter first. Then
+//! members report how they finished; a putter's transfer ends when every getter's has, and fails
+//! naming each getter that failed or whose node stopped answering.
 //!
 //! Plain state with an explicit `now`, as [`super::Broadcasts`] is; [`super::GpuWindows`] keeps
 //! every such window.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::comms::{CommBook, Ended};
@@ -27,6 +31,8 @@ use crate::rpc::gpu_window::comm_key;
 /// Who joins a GPU window.
 #[derive(Clone, Debug, Default)]
 pub struct GpuJoiner {
+    /// The key it puts or gets.
+    pub key: String,
     pub node_id: String,
     pub ip: String,
     pub role: Role,
@@ -113,6 +119,7 @@ impl GpuWindowState {
         }
     }
 
+    /// The first putter: its unique id forms the window's communicator.
     pub(super) fn putter(&self) -> Option<usize> {
         self.members
             .iter()
@@ -122,6 +129,10 @@ impl GpuWindowState {
     fn label(&self, i: usize) -> String {
         let m = &self.members[i];
         format!("member {i} on node {}", m.joiner.node_id)
+    }
+
+    fn fail(&mut self, errno: i32, message: String) {
+        self.failure = Some(Failure { errno, message });
     }
 
     pub(super) fn finished(&self) -> bool {
@@ -189,54 +200,133 @@ impl GpuWindowState {
 
     /// Checks the window at its quorum and gives every member its rank and parent.
     fn plan(&mut self) {
-        let Some(root) = self.putter() else {
+        if self.putter().is_none() {
             let by = self.closed_by.unwrap_or_default();
-            self.failure = Some(Failure {
-                errno: if by == "timeout" {
-                    libc::ETIMEDOUT
-                } else {
-                    libc::ENOENT
-                },
-                message: format!(
-                    "no one put into window {} before its quorum closed (by {by})",
-                    self.group_id
-                ),
-            });
-            return;
-        };
-        let digest = self.members[root].joiner.digest.clone();
-        let differ: Vec<String> = (0..self.members.len())
-            .filter(|&i| self.members[i].joiner.digest != digest)
-            .map(|i| self.label(i))
-            .collect();
-        if !differ.is_empty() {
-            self.failure = Some(Failure {
-                errno: libc::EBADMSG,
-                message: format!(
-                    "the tensor tables of {} do not match the putter's",
-                    differ.join(", ")
-                ),
-            });
-            return;
-        }
-        // The putter first, then its own node's getters (a hop over loopback), then each other
-        // node's getters together, in join order within a node.
-        let root_node = self.members[root].joiner.node_id.clone();
-        let mut order: Vec<usize> = (0..self.members.len()).filter(|&i| i != root).collect();
-        order.sort_by_key(|&i| {
-            let n = &self.members[i].joiner.node_id;
-            (n != &root_node, n.clone(), i)
-        });
-        order.insert(0, root);
-        let fanout = self.spec.fanout as usize;
-        for (rank, &i) in order.iter().enumerate() {
-            self.members[i].rank = rank as u32;
-            self.members[i].parent = match (rank, fanout) {
-                (0, _) => None,
-                (r, 0) => Some(order[r - 1]),
-                (r, f) => Some(order[(r - 1) / f]),
+            let errno = if by == "timeout" {
+                libc::ETIMEDOUT
+            } else {
+                libc::ENOENT
             };
+            let why = format!(
+                "no one put into window {} before its quorum closed (by {by})",
+                self.group_id
+            );
+            return self.fail(errno, why);
         }
+        let putters = match self.putters_by_key() {
+            Ok(p) => p,
+            Err(why) => return self.fail(libc::EEXIST, why),
+        };
+        // A putter that failed before the quorum (its key could not be published) would leave
+        // its key's getters waiting on bytes that never come.
+        let gone: Vec<String> = putters
+            .values()
+            .filter_map(|&p| match &self.members[p].fate {
+                Fate::Failed(why) => Some(format!(
+                    "{}, the putter of {}: {why}",
+                    self.label(p),
+                    self.members[p].joiner.key
+                )),
+                _ => None,
+            })
+            .collect();
+        if !gone.is_empty() {
+            let why = format!(
+                "a putter failed before the quorum closed: {}",
+                gone.join("; ")
+            );
+            return self.fail(libc::EIO, why);
+        }
+        let several = putters.len() > 1;
+        let mut getters: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        let mut orphans = Vec::new();
+        let mut differ = Vec::new();
+        for (i, m) in self.members.iter().enumerate() {
+            if m.joiner.role == Role::Putter {
+                continue;
+            }
+            let key = m.joiner.key.as_str();
+            match putters.get(key) {
+                None => orphans.push(format!("{key} (asked by {})", self.label(i))),
+                Some(&p) if self.members[p].joiner.digest != m.joiner.digest => {
+                    differ.push(if several {
+                        format!("{} (key {key})", self.label(i))
+                    } else {
+                        self.label(i)
+                    });
+                }
+                Some(_) => getters.entry(key.to_string()).or_default().push(i),
+            }
+        }
+        if !orphans.is_empty() {
+            let why = format!(
+                "no member of window {} puts {}",
+                self.group_id,
+                orphans.join(", ")
+            );
+            return self.fail(libc::ENOENT, why);
+        }
+        if !differ.is_empty() {
+            let why = format!(
+                "the tensor tables of {} do not match the putter's",
+                differ.join(", ")
+            );
+            return self.fail(libc::EBADMSG, why);
+        }
+        // Key after key in the order their putters joined: the putter, then its own node's
+        // getters (a hop over loopback), then each other node's getters together, in join order
+        // within a node.
+        let mut roots: Vec<(String, usize)> = putters.into_iter().collect();
+        roots.sort_by_key(|&(_, p)| p);
+        let fanout = self.spec.fanout as usize;
+        let mut places = Vec::with_capacity(self.members.len());
+        for (key, root) in roots {
+            let root_node = &self.members[root].joiner.node_id;
+            let mut order = getters.remove(&key).unwrap_or_default();
+            order.sort_by_key(|&i| {
+                let n = &self.members[i].joiner.node_id;
+                (n != root_node, n.clone(), i)
+            });
+            order.insert(0, root);
+            for (at, &i) in order.iter().enumerate() {
+                let parent = match (at, fanout) {
+                    (0, _) => None,
+                    (a, 0) => Some(order[a - 1]),
+                    (a, f) => Some(order[(a - 1) / f]),
+                };
+                places.push((i, parent));
+            }
+        }
+        for (rank, (i, parent)) in places.into_iter().enumerate() {
+            self.members[i].rank = rank as u32;
+            self.members[i].parent = parent;
+        }
+    }
+
+    /// Each key's one putter; `Err` names the keys put twice, and by whom.
+    fn putters_by_key(&self) -> Result<BTreeMap<String, usize>, String> {
+        let mut putters: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (i, m) in self.members.iter().enumerate() {
+            if m.joiner.role == Role::Putter {
+                putters.entry(m.joiner.key.clone()).or_default().push(i);
+            }
+        }
+        let twice: Vec<String> = putters
+            .iter()
+            .filter(|(_, ps)| ps.len() > 1)
+            .map(|(k, ps)| {
+                let who: Vec<String> = ps.iter().map(|&i| self.label(i)).collect();
+                format!("{k} by {}", who.join(" and "))
+            })
+            .collect();
+        if !twice.is_empty() {
+            return Err(format!(
+                "a key has two putters in window {}: {}",
+                self.group_id,
+                twice.join("; ")
+            ));
+        }
+        Ok(putters.into_iter().map(|(k, ps)| (k, ps[0])).collect())
     }
 
     pub(super) fn to_proto(&self) -> GpuWindow {
@@ -270,6 +360,13 @@ impl GpuWindowState {
                     nccl: m.joiner.nccl,
                     // Issued in the server's answers, to the members only.
                     secret: Vec::new(),
+                    key: m.joiner.key.clone(),
+                    table_json: if m.joiner.role == Role::Putter {
+                        m.joiner.table_json.clone()
+                    } else {
+                        String::new()
+                    },
+                    flags: m.joiner.flags,
                 })
                 .collect(),
             closed: self.closed_by.is_some(),

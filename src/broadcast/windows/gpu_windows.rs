@@ -10,7 +10,7 @@ use super::error::BroadcastError;
 use super::gpu_window::{Fate, GpuJoiner, GpuWindowState, Member};
 use super::quorum::WINDOW_IDLE;
 use crate::clock::Moment;
-use crate::proto::{GpuWindow, Role, WindowSpec};
+use crate::proto::{GpuWindow, WindowSpec};
 
 /// What a join or a look at a window returns: the window, and when its quorum closes by
 /// timeout if it is still open.
@@ -113,12 +113,6 @@ impl GpuWindows {
                 w.group_id
             )));
         }
-        if joiner.role == Role::Putter && w.putter().is_some() {
-            return Err(BroadcastError::Exists(format!(
-                "window {} has a putter already",
-                w.group_id
-            )));
-        }
         w.members.push(Member::waiting(joiner));
         let member = (w.members.len() - 1) as u64;
         let group = w.group_id.clone();
@@ -183,7 +177,7 @@ impl GpuWindows {
 mod tests {
     use super::*;
     use crate::clock::{Clock, ManualClock};
-    use crate::proto::HeldComm;
+    use crate::proto::{HeldComm, Role};
     use crate::rpc::gpu_window::comm_key;
     use crate::rpc::gpu_window::outcome;
     use std::time::Duration;
@@ -200,6 +194,7 @@ mod tests {
 
     fn joiner(node: &str, role: Role, digest: u8) -> GpuJoiner {
         GpuJoiner {
+            key: "k".into(),
             node_id: node.into(),
             ip: format!("ip-{node}"),
             role,
@@ -534,7 +529,7 @@ mod tests {
     }
 
     #[test]
-    fn a_second_putter_and_a_window_without_a_quorum_are_refused() {
+    fn a_window_without_a_quorum_is_refused_and_a_key_put_twice_fails_it_naming_the_key() {
         let clock = ManualClock::default();
         let mut g = GpuWindows::default();
         assert!(matches!(
@@ -553,14 +548,110 @@ mod tests {
             clock.now(),
         )
         .unwrap();
-        assert!(matches!(
-            g.join(
+        g.join(
+            spec(3, 0, 0),
+            joiner("b", Role::Putter, 1),
+            ALIVE,
+            clock.now(),
+        )
+        .unwrap();
+        let ((w, _), _) = g
+            .join(
                 spec(3, 0, 0),
-                joiner("b", Role::Putter, 1),
+                joiner("c", Role::Getter, 1),
                 ALIVE,
-                clock.now()
-            ),
-            Err(BroadcastError::Exists(_))
-        ));
+                clock.now(),
+            )
+            .unwrap();
+        assert_eq!(w.errno, libc::EEXIST, "{}", w.error);
+        assert!(
+            w.error
+                .contains("k by member 0 on node a and member 1 on node b"),
+            "{}",
+            w.error
+        );
+    }
+
+    fn keyed(key: &str, node: &str, role: Role, digest: u8) -> GpuJoiner {
+        GpuJoiner {
+            key: key.into(),
+            ..joiner(node, role, digest)
+        }
+    }
+
+    #[test]
+    fn a_window_of_several_keys_plans_a_tree_per_key_from_its_putter() {
+        let clock = ManualClock::default();
+        let mut g = GpuWindows::default();
+        let s = spec(5, 0, 0);
+        // Two shards, each put by a trainer rank and got by an inference rank; a third getter
+        // of shard 0 on the node of shard 1's putter. Tables differ by key, not within one.
+        let joins = [
+            keyed("shard-1", "c", Role::Getter, 2),
+            keyed("shard-0", "a", Role::Putter, 1),
+            keyed("shard-0", "d", Role::Getter, 1),
+            keyed("shard-1", "b", Role::Putter, 2),
+            keyed("shard-0", "b", Role::Getter, 1),
+        ];
+        let mut last = None;
+        for j in joins {
+            last = Some(g.join(s.clone(), j, ALIVE, clock.now()).unwrap().0 .0);
+        }
+        let w = last.unwrap();
+        assert!(w.closed && w.error.is_empty(), "{}", w.error);
+        let by_id = |id: u64| &w.members[id as usize];
+        // Shard 0 first (its putter joined first): putter 1, then its getters by node (b, d);
+        // then shard 1: putter 3, getter 0.
+        let mut by_rank: Vec<(u32, u64, i64)> =
+            w.members.iter().map(|m| (m.rank, m.id, m.parent)).collect();
+        by_rank.sort();
+        let ranked: Vec<(u64, i64)> = by_rank.iter().map(|&(_, id, p)| (id, p)).collect();
+        assert_eq!(ranked, vec![(1, -1), (4, 1), (2, 4), (3, -1), (0, 3)]);
+        for m in &w.members {
+            if m.parent >= 0 {
+                assert_eq!(by_id(m.parent as u64).key, m.key, "a parent of another key");
+            }
+        }
+        // Each putter's table goes out with it, for its key's getters to check theirs.
+        assert!(by_id(3).table_json == "{}" && by_id(0).table_json.is_empty());
+    }
+
+    #[test]
+    fn a_getter_of_a_key_no_one_puts_or_of_another_table_fails_the_window_naming_it() {
+        let clock = ManualClock::default();
+        let run = |joins: Vec<GpuJoiner>| {
+            let mut g = GpuWindows::default();
+            let s = spec(joins.len() as u32, 0, 0);
+            let mut last = None;
+            for j in joins {
+                last = Some(g.join(s.clone(), j, ALIVE, clock.now()).unwrap().0 .0);
+            }
+            last.unwrap()
+        };
+        let w = run(vec![
+            keyed("shard-0", "a", Role::Putter, 1),
+            keyed("shard-0", "b", Role::Getter, 1),
+            keyed("shard-9", "c", Role::Getter, 1),
+        ]);
+        assert_eq!(w.errno, libc::ENOENT, "{}", w.error);
+        assert!(
+            w.error
+                .contains("puts shard-9 (asked by member 2 on node c)"),
+            "{}",
+            w.error
+        );
+        // The table check is per key: shard 1's getter matches shard 1's putter, not shard 0's.
+        let w = run(vec![
+            keyed("shard-0", "a", Role::Putter, 1),
+            keyed("shard-1", "b", Role::Putter, 2),
+            keyed("shard-1", "c", Role::Getter, 2),
+            keyed("shard-0", "d", Role::Getter, 2),
+        ]);
+        assert_eq!(w.errno, libc::EBADMSG, "{}", w.error);
+        assert!(
+            w.error.contains("member 3 on node d (key shard-0)") && !w.error.contains("node c"),
+            "{}",
+            w.error
+        );
     }
 }

@@ -226,7 +226,7 @@ impl Commit {
         }
         let (worker, nccl) = self.register(true).await?;
         let store = self.store.clone();
-        store
+        let published = store
             .publish_gpu(PublishGpuRequest {
                 namespace: self.namespace.to_string(),
                 key: self.key.to_string(),
@@ -242,7 +242,18 @@ impl Commit {
                     secret: Vec::new(),
                 }),
             })
-            .await?;
+            .await;
+        if let Err(e) = published {
+            if let Some(asked) = &self.window {
+                // Its window still counts it, and fails at its quorum naming it (and the other
+                // putter, where the key is put twice in it), rather than holding the others until
+                // a timeout that may never come.
+                if let Ok(m) = self.join(asked, Role::Putter, &worker, false).await {
+                    m.finish(&self.store, &e.to_string()).await;
+                }
+            }
+            return Err(e.into());
+        }
         self.still_open().await?;
         tracing::info!(key = %self.key, "GPU key published");
         let Some(asked) = self.window.clone() else {
@@ -312,28 +323,27 @@ impl Commit {
         NCCL_DEADLINE.as_millis() as u64 + self.table.nbytes() / NCCL_SLOWEST_BYTES_PER_MS
     }
 
-    /// This member's part in the window's NCCL broadcast; the bytes moved.
+    /// This member's part in the window's NCCL transfer; the bytes moved. One key: the
+    /// window's broadcast (or its fanout's tree) from the putter. Several: each key down its
+    /// own tree of sends and receives, on the window's one communicator.
     async fn broadcast(&self, worker: &WorkerClient, plan: &window::Plan) -> Result<u64, GpuError> {
-        let root = plan
-            .window
-            .members
-            .iter()
-            .find(|m| m.role() == Role::Putter)
-            .map(|m| m.rank)
-            .ok_or_else(|| GpuError::Buffers("the plan has no putter".into()))?;
         let within = self.nccl_within();
+        let placed = plan.several_keys();
         let r = worker
             .call(Op::Broadcast(WorkerBroadcast {
                 registration: self.registration(),
                 unique_id: plan.window.unique_id.clone(),
                 nranks: plan.window.members.len() as u32,
                 rank: plan.me.rank,
-                root,
+                root: plan.putter.rank,
                 pack: plan.pack(),
                 deadline_ms: within,
                 window: plan.window.group_id.clone(),
                 comm: plan.window.comm.clone(),
                 fanout: plan.window.spec.as_ref().map_or(0, |s| s.fanout),
+                placed,
+                parent_rank: plan.parent.as_ref().map_or(-1, |p| p.rank as i32),
+                child_ranks: plan.children.iter().map(|c| c.rank).collect(),
             }))
             .await?;
         // It kept the communicator: worth keeping the worker a while for the next window.
@@ -400,7 +410,7 @@ impl Commit {
                 }
                 r => r?,
             };
-            self.check_table(&plan.window.table_json)?;
+            self.check_table(&plan.putter.table_json)?;
             t.set(abi::RUNNING);
             if plan.window.nccl {
                 return self.broadcast(&worker, &plan).await;

@@ -51,7 +51,14 @@ pub struct Broadcast {
     pub window: String,
     /// 0: NCCL's own broadcast. Else a pipelined tree of that degree, of sends and receives.
     pub fanout: usize,
+    /// A window of several keys: this member's parent and children in its key's tree, as the
+    /// plan gives them (`root` is its key's putter), moved by sends and receives whatever the
+    /// fanout; the ranks of other keys take no part in them.
+    pub place: Option<Place>,
 }
+
+/// A member's parent and children in a tree, by rank.
+pub type Place = (Option<usize>, Vec<usize>);
 
 /// `e`, said of the broadcast of `window`.
 pub fn in_window(e: WorkerError, window: &str) -> WorkerError {
@@ -80,7 +87,17 @@ pub fn run_as(
             h.abort();
         }))
     };
-    if b.rank >= b.nranks || b.root >= b.nranks || b.fanout > b.nranks {
+    let placed_off = b.place.as_ref().is_some_and(|(parent, children)| {
+        let ranks = parent.iter().chain(children);
+        let mut ranks = ranks.copied().chain([b.rank]).collect::<Vec<_>>();
+        let n = ranks.len();
+        ranks.sort_unstable();
+        ranks.dedup();
+        ranks.len() != n
+            || ranks.iter().any(|&r| r >= b.nranks)
+            || (parent.is_none() != (b.rank == b.root))
+    });
+    if b.rank >= b.nranks || b.root >= b.nranks || b.fanout > b.nranks || placed_off {
         return Err(WorkerError::Bad(format!(
             "rank {} and root {} of {} ranks, fanout {}: not a transfer",
             b.rank, b.root, b.nranks, b.fanout
@@ -173,7 +190,10 @@ fn queue(
     packing: &mut Packing,
 ) -> Result<(), WorkerError> {
     let sender = b.rank == b.root;
-    let place = (b.fanout > 0).then(|| tree_place(b.rank, b.root, b.nranks, b.fanout));
+    let place = match &b.place {
+        Some(p) => Some(p.clone()),
+        None => (b.fanout > 0).then(|| tree_place(b.rank, b.root, b.nranks, b.fanout)),
+    };
     // One unit of bytes (an entry in place, or a bucket) to every member.
     let transfer = |unit: DeviceRange<'_>| -> Result<(), WorkerError> {
         match &place {
@@ -340,10 +360,25 @@ mod tests {
             comm: None,
             window: "w".into(),
             fanout,
+            place: None,
         };
         for (rank, root, fanout) in [(0, 3, 0), (3, 0, 0), (1, 0, 4), (0, usize::MAX, 1)] {
             let e = run(&bufs, &b(rank, root, fanout), &Stop::default(), &comms).unwrap_err();
             assert!(e.to_string().contains("not a transfer"), "{e}");
+        }
+        // A place in a key's tree must name other ranks of the window, a root no parent.
+        for place in [
+            (Some(3), vec![]),
+            (Some(1), vec![1]),
+            (None, vec![0]),
+            (None, vec![]),
+        ] {
+            let bc = Broadcast {
+                place: Some(place.clone()),
+                ..b(1, 2, 0)
+            };
+            let e = run(&bufs, &bc, &Stop::default(), &comms).unwrap_err();
+            assert!(e.to_string().contains("not a transfer"), "{place:?}: {e}");
         }
         // What fits goes on to the buffers, which here are not on a GPU.
         let e = run(&bufs, &b(2, 0, 3), &Stop::default(), &comms).unwrap_err();

@@ -116,6 +116,7 @@ impl Lane for WorkerLane {
             comm: p.comm.clone(),
             window: format!("a point-to-point GET with {}", p.peer),
             fanout: 0,
+            place: None,
         };
         collective::run_as(b, &bc, Use::Pair, stop, &self.comms)
     }

@@ -297,6 +297,12 @@ fn broadcast_of(bc: WorkerBroadcast) -> Result<Broadcast, WorkerError> {
         comm: (!bc.comm.is_empty()).then_some(bc.comm),
         window: bc.window,
         fanout: bc.fanout as usize,
+        place: bc.placed.then(|| {
+            (
+                usize::try_from(bc.parent_rank).ok(),
+                bc.child_ranks.iter().map(|&r| r as usize).collect(),
+            )
+        }),
     })
 }
 

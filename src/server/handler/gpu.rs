@@ -56,6 +56,7 @@ pub(super) async fn join_gpu_window(
     spec.group_id = rpc::scope_group(ns.as_str(), &spec.group_id);
     let role = r.role();
     let joiner = GpuJoiner {
+        key: r.key.clone(),
         node_id: r.node_id.clone(),
         ip: if r.ip.is_empty() {
             remote_ip.unwrap_or_default()
