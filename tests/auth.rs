@@ -137,25 +137,69 @@ impl Guarded {
 
     /// The read ticket a resolve of `key` brings.
     fn ticket_of(&self, key: &str) -> Vec<u8> {
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        rt.block_on(async {
-            let credential = ktfs::auth::Credential::token("s3cret-token").unwrap();
-            let store = ktfs::rpc::client::connect_store(&self.server.addr, &credential)
-                .await
-                .unwrap();
-            let r = store
-                .resolve(ktfs::proto::ResolveRequest {
-                    watcher: 0,
-                    namespace: "default".into(),
-                    key: key.into(),
-                    inline_up_to: 0,
-                })
-                .await
-                .unwrap();
-            assert!(!r.ticket.is_empty(), "no read ticket for {key}");
-            r.ticket
-        })
+        read_ticket(&self.server.addr, "s3cret-token", "default", key)
     }
+}
+
+/// The read ticket a resolve of `key` in `ns` at the store at `addr` brings, asked with `token`.
+fn read_ticket(addr: &str, token: &str, ns: &str, key: &str) -> Vec<u8> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let credential = ktfs::auth::Credential::token(token).unwrap();
+        let store = ktfs::rpc::client::connect_store(addr, &credential)
+            .await
+            .unwrap();
+        let r = store
+            .resolve(ktfs::proto::ResolveRequest {
+                watcher: 0,
+                namespace: ns.into(),
+                key: key.into(),
+                inline_up_to: 0,
+            })
+            .await
+            .unwrap();
+        assert!(!r.ticket.is_empty(), "no read ticket for {key}");
+        r.ticket
+    })
+}
+
+/// The ticket key is rotated when the shared token changes (issue 42, item 6): a ticket issued
+/// under the old token, good for hours yet, reads nothing once the store restarts with a new
+/// one (with one key kept in the data directory, it was served); one issued now is.
+#[test]
+fn a_changed_shared_token_retires_every_ticket_issued_before() {
+    let ip = "127.0.0.77";
+    let dir = tempfile::tempdir().unwrap();
+    let (server, token) = token_server(ip, dir.path());
+    let src = dir.path().join("w.bin");
+    std::fs::write(&src, pseudo_random(200_000, 8)).unwrap();
+    let block = BlockHash::of(&std::fs::read(&src).unwrap());
+    let none = dir.path().join("no-agent.sock");
+    let env = [("KT_TOKEN_FILE", token.to_str().unwrap())];
+    ok(kt_as(
+        &server.addr,
+        &none,
+        &env,
+        &["put", "w", "--src", src.to_str().unwrap()],
+    ));
+    let old = read_ticket(&server.addr, "s3cret-token", "default", "w");
+    assert_eq!(raw_get(&server.addr, Some(&old), block), "block");
+    drop(server);
+
+    std::fs::write(&token, "another-token\n").unwrap();
+    let server = spawn_ready(&[
+        "server",
+        "--listen",
+        &format!("{ip}:0"),
+        "--data-dir",
+        dir.path().join("store").to_str().unwrap(),
+        "--token-file",
+        token.to_str().unwrap(),
+    ]);
+    let answer = raw_get(&server.addr, Some(&old), block);
+    assert!(answer.contains("retired"), "{answer}");
+    let new = read_ticket(&server.addr, "another-token", "default", "w");
+    assert_eq!(raw_get(&server.addr, Some(&new), block), "block");
 }
 
 /// The value of `series` in a `/metrics` page.
@@ -386,6 +430,30 @@ fn an_agent_without_the_token_registers_and_publishes_for_no_one(t: &Guarded) {
 
 /// A fake API that knows the tokens of two teams, a node agent, a user and a token for the API
 /// server alone.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A JWT-shaped token whose `exp` is two minutes after its first use in this process.
+fn expiring_jwt() -> String {
+    static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TOKEN
+        .get_or_init(|| {
+            use base64::Engine;
+            let part = |v: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+            let exp = unix_now() + 120;
+            format!(
+                "{}.{}.c2ln",
+                part(r#"{"alg":"RS256"}"#),
+                part(&format!(r#"{{"exp":{exp}}}"#))
+            )
+        })
+        .clone()
+}
+
 fn team_world() -> World {
     let mut w = World::default();
     let sa = |ns: &str, name: &str| format!("system:serviceaccount:{ns}:{name}");
@@ -400,6 +468,9 @@ fn team_world() -> World {
     );
     // The node agent's token is bound to its pod on node n1.
     w.token_nodes.insert("tok-node".into(), "n1".into());
+    // A token shaped as the API's are, a JWT that expires in two minutes.
+    w.tokens
+        .insert(expiring_jwt(), (sa("team-a", "runner"), ktfs.clone()));
     w.tokens.insert("tok-alice".into(), ("alice".into(), ktfs));
     w.tokens.insert(
         "tok-api".into(),
@@ -618,6 +689,17 @@ fn a_service_account_token_reaches_its_own_namespace_only() {
     // Team a's key is untouched.
     let ls = ok(kt(&a, &["ls", "svc", "-n", "team-a", "--json"]));
     assert!(ls.contains("\"w\""), "{ls}");
+
+    // A ticket holds no longer than the credential it was asked with (issue 42, item 6): hours
+    // for a token without an expiry, two minutes for one that expires then.
+    let expiry = |token: &str| {
+        let t = read_ticket(&server.addr, token, "team-a", "svc/w");
+        ktfs::auth::ticket::expires_at(&t).unwrap()
+    };
+    let jwt = expiring_jwt();
+    let exp = ktfs::server::auth::jwt_expiry(&jwt).unwrap();
+    assert!(expiry(&jwt) <= exp && expiry(&jwt) + 180 > exp);
+    assert!(expiry("tok-a") > unix_now() + 5 * 3600);
 
     // A token for the API server alone, a user's token and a made-up one: no principal.
     refused(

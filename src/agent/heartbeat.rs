@@ -9,13 +9,16 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::auth::gpu_secret::HostKey;
-use crate::auth::ticket::{Gate, SharedGate, TicketHolder, TicketVerifier, VersionBlocks};
+use crate::auth::ticket::{
+    Gate, SharedGate, TicketHolder, TicketVerifier, TicketVerifiers, VersionBlocks,
+};
 use crate::auth::Credential;
 use crate::blocks::node::NodeBlocks;
 use crate::hash::{BlockHash, Version};
 use crate::locks;
 use crate::proto::{
     HeartbeatRequest, HeartbeatResponse, NodeInfo, RegisterNodeRequest, RegisterNodeResponse,
+    TicketPublicKey,
 };
 use crate::rpc::client;
 
@@ -31,17 +34,50 @@ pub(super) fn registered(
     versions: &Arc<dyn VersionBlocks>,
 ) {
     ticket.set(Bytes::from(r.ticket.clone()));
-    let key = TicketVerifier::from_bytes(&r.ticket_key);
     // The GPU side derives its registrations' secrets from a key of its own (see
     // `auth::gpu_secret`).
     host_key.set(<[u8; 32]>::try_from(r.gpu_key.as_slice()).ok());
-    *locks::write(gate) = match key {
-        Some(key) => Gate::Tickets {
-            key,
-            versions: Some(versions.clone()),
+    let mut g = locks::write(gate);
+    *g = match verifiers_of(&r.ticket_keys) {
+        // The same verifiers, replaced in place by each heartbeat.
+        Some(keys) => match &*g {
+            Gate::Tickets { key, .. } => {
+                key.set(keys);
+                Gate::Tickets {
+                    key: key.clone(),
+                    versions: Some(versions.clone()),
+                }
+            }
+            _ => Gate::Tickets {
+                key: TicketVerifiers::new(keys),
+                versions: Some(versions.clone()),
+            },
         },
         None => Gate::Open,
     };
+}
+
+/// The epochs in force as the store server sent them; `None` where it sent none (a server
+/// without authentication).
+fn verifiers_of(keys: &[TicketPublicKey]) -> Option<Vec<TicketVerifier>> {
+    let keys: Vec<TicketVerifier> = keys
+        .iter()
+        .filter_map(|k| TicketVerifier::from_bytes(k.epoch, &k.key))
+        .collect();
+    (!keys.is_empty()).then_some(keys)
+}
+
+/// A heartbeat's epochs in force: a rotation, taken at once by every check of tickets.
+fn rotated(r: &HeartbeatResponse, gate: &SharedGate) {
+    let Some(keys) = verifiers_of(&r.ticket_keys) else {
+        return;
+    };
+    if let Gate::Tickets { key, .. } = &*locks::read(gate) {
+        if key.get() != keys {
+            tracing::info!(epochs = ?keys.iter().map(TicketVerifier::epoch).collect::<Vec<_>>(), "ticket keys rotated");
+            key.set(keys);
+        }
+    }
 }
 
 /// Drops from the cache the blocks the store says it collected; the cursor to present next.
@@ -179,6 +215,7 @@ pub(super) async fn heartbeat_loop(lease: Lease) {
                             if !r.ticket.is_empty() {
                                 ticket.set(Bytes::from(r.ticket.clone()));
                             }
+                            rotated(&r, &gate);
                             collected = drop_collected(&blocks, &r, collected).await;
                             forget_seeds(&blocks, gone).await;
                             true
@@ -220,5 +257,65 @@ pub(super) async fn heartbeat_loop(lease: Lease) {
                 tokio::time::sleep(every).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::ticket::{Grant, TicketError, TicketKey, NODE_TTL};
+
+    struct All;
+    impl VersionBlocks for All {
+        fn holds(&self, _v: &Version, _h: &BlockHash) -> bool {
+            true
+        }
+    }
+
+    fn public(k: &TicketKey) -> TicketPublicKey {
+        TicketPublicKey {
+            epoch: k.epoch(),
+            key: k.verifier().as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_heartbeats_epochs_replace_the_gates_at_once() {
+        let keys: Vec<TicketKey> = (1..=3)
+            .map(|e| TicketKey::of_epoch(&[e as u8; 32], e).unwrap())
+            .collect();
+        let gate = crate::auth::ticket::shared(Gate::Closed);
+        let r = RegisterNodeResponse {
+            ticket_keys: vec![public(&keys[0])],
+            ..Default::default()
+        };
+        let versions: Arc<dyn VersionBlocks> = Arc::new(All);
+        registered(
+            &r,
+            &gate,
+            &TicketHolder::default(),
+            &HostKey::default(),
+            &versions,
+        );
+        let admit = |k: &TicketKey| locks::read(&gate).admit(&k.issue(&Grant::Node, NODE_TTL));
+        assert_eq!(admit(&keys[0]), Ok(Some(Grant::Node)));
+        assert_eq!(admit(&keys[1]), Err(TicketError::Forged));
+        let beat = HeartbeatResponse {
+            ticket_keys: vec![public(&keys[1]), public(&keys[2])],
+            ..Default::default()
+        };
+        rotated(&beat, &gate);
+        assert_eq!(admit(&keys[1]), Ok(Some(Grant::Node)));
+        assert_eq!(admit(&keys[2]), Ok(Some(Grant::Node)));
+        assert_eq!(admit(&keys[0]), Err(TicketError::Retired(1)));
+        // A server without authentication sends none: the node serves without tickets.
+        registered(
+            &RegisterNodeResponse::default(),
+            &gate,
+            &TicketHolder::default(),
+            &HostKey::default(),
+            &versions,
+        );
+        assert!(locks::read(&gate).is_open());
     }
 }

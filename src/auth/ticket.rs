@@ -6,9 +6,12 @@
 //!   which the store records as referenced by the ticket's namespace (its [`Scope`]);
 //! - [`Grant::Node`], to node agents when they register and heartbeat: any block, both ways.
 //!
-//! A ticket is its grant, an expiry and an Ed25519 signature by the store server's ticket key.
-//! Node agents receive the key's public half when they register ([`TicketVerifier`]), so a peer
-//! checks tickets without asking the server, and no node can mint one. Both check that a block
+//! A ticket is its grant, an expiry, the epoch of the key that signed it and an Ed25519
+//! signature by that key. The store server's signing key is rotated (daily, and whenever its
+//! shared token changes: `crate::server` keeps the epochs); node agents receive the public
+//! halves of the epochs in force when they register and with every heartbeat
+//! ([`TicketVerifiers`]), so a peer checks tickets without asking the server, a ticket dies with
+//! its epoch, and no node can mint one. Both check that a block
 //! served under a read ticket is one of that version's: the store from the version's manifest, a
 //! node agent from the block set the store tells it. A server without authentication issues
 //! none and asks for none.
@@ -31,8 +34,8 @@ const SKEW: u64 = 300;
 const KIND_READ: u8 = 1;
 const KIND_WRITE: u8 = 2;
 const KIND_NODE: u8 = 3;
-/// What a ticket's signature covers: kind, expiry, version (or scope).
-const BODY_LEN: usize = 1 + 8 + 32;
+/// What a ticket's signature covers: kind, the signing key's epoch, expiry, version (or scope).
+const BODY_LEN: usize = 1 + 4 + 8 + 32;
 /// The body, then its Ed25519 signature.
 pub const TICKET_LEN: usize = BODY_LEN + 64;
 
@@ -51,27 +54,37 @@ pub enum TicketError {
     Length(usize),
     #[error("the ticket was not issued by this cluster's store server")]
     Forged,
+    #[error("the ticket was signed with a key retired since (epoch {0}): ask for a new one")]
+    Retired(u32),
     #[error("the ticket expired")]
     Expired,
     #[error("unknown ticket kind {0}")]
     Kind(u8),
 }
 
-/// The secret tickets are made with: the seed of the store server's Ed25519 key, which no node
-/// holds.
+/// The secret tickets are made with: the seed of one epoch of the store server's Ed25519 key,
+/// which no node holds.
 #[derive(Clone)]
-pub struct TicketKey([u8; 32], std::sync::Arc<ring::signature::Ed25519KeyPair>);
+pub struct TicketKey {
+    seed: [u8; 32],
+    pair: std::sync::Arc<ring::signature::Ed25519KeyPair>,
+    epoch: u32,
+}
 
-/// What checks tickets: the public half of the store server's key, which nodes receive.
+/// What checks the tickets of one epoch: the public half of its key, which nodes receive.
 #[derive(Clone, PartialEq, Eq)]
-pub struct TicketVerifier([u8; 32]);
+pub struct TicketVerifier {
+    epoch: u32,
+    key: [u8; 32],
+}
 
 impl std::fmt::Debug for TicketVerifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "TicketVerifier({})",
-            &crate::hash::BlockHash(self.0).hex()[..16]
+            "TicketVerifier({}: {})",
+            self.epoch,
+            &crate::hash::BlockHash(self.key).hex()[..16]
         )
     }
 }
@@ -89,34 +102,47 @@ fn unix_now() -> u64 {
 }
 
 impl TicketKey {
+    /// The key of epoch 1 from `b`, a seed.
     pub fn from_bytes(b: &[u8]) -> Option<Self> {
+        Self::of_epoch(b, 1)
+    }
+
+    /// The key of `epoch` from `b`, a seed.
+    pub fn of_epoch(b: &[u8], epoch: u32) -> Option<Self> {
         let seed: [u8; 32] = b.try_into().ok()?;
         // Any 32 bytes are a seed; the check `from_seed_and_public_key` adds needs a public key
         // to check against, and there is none.
         let pair = ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed).ok()?;
-        Some(TicketKey(seed, std::sync::Arc::new(pair)))
+        Some(TicketKey {
+            seed,
+            pair: std::sync::Arc::new(pair),
+            epoch,
+        })
     }
 
     pub fn as_bytes(&self) -> &[u8; 32] {
-        &self.0
+        &self.seed
     }
 
-    fn pair(&self) -> &ring::signature::Ed25519KeyPair {
-        &self.1
+    pub fn epoch(&self) -> u32 {
+        self.epoch
     }
 
     /// The public half, which checks what this key signs.
     pub fn verifier(&self) -> TicketVerifier {
         use ring::signature::KeyPair;
-        let mut pk = [0u8; 32];
-        pk.copy_from_slice(self.pair().public_key().as_ref());
-        TicketVerifier(pk)
+        let mut key = [0u8; 32];
+        key.copy_from_slice(self.pair.public_key().as_ref());
+        TicketVerifier {
+            epoch: self.epoch,
+            key,
+        }
     }
 
     /// A secret for what nodes must share and tickets must not depend on (the GPU
     /// registrations' secrets): derived from this key, so that holding it mints no ticket.
     pub fn derived(&self, context: &str) -> [u8; 32] {
-        blake3::derive_key(context, &self.0)
+        blake3::derive_key(context, &self.seed)
     }
 
     /// A ticket for `grant`, valid for `ttl` from now.
@@ -124,7 +150,8 @@ impl TicketKey {
         self.issue_at(grant, unix_now() + ttl.as_secs())
     }
 
-    fn issue_at(&self, grant: &Grant, expires: u64) -> Bytes {
+    /// A ticket for `grant` that holds until `expires` (seconds since the epoch).
+    pub fn issue_at(&self, grant: &Grant, expires: u64) -> Bytes {
         let (kind, version) = match grant {
             Grant::Read(v) => (KIND_READ, v.0),
             Grant::Write(scope) => (KIND_WRITE, scope.0),
@@ -132,9 +159,10 @@ impl TicketKey {
         };
         let mut t = Vec::with_capacity(TICKET_LEN);
         t.push(kind);
+        t.extend_from_slice(&self.epoch.to_be_bytes());
         t.extend_from_slice(&expires.to_be_bytes());
         t.extend_from_slice(&version);
-        let sig = self.pair().sign(&t);
+        let sig = self.pair.sign(&t);
         t.extend_from_slice(sig.as_ref());
         Bytes::from(t)
     }
@@ -145,13 +173,36 @@ impl TicketKey {
     }
 }
 
+/// When a ticket says it expires (seconds since the epoch), unchecked: for messages and tests;
+/// only [`TicketVerifiers::verify`] says whether it holds.
+pub fn expires_at(ticket: &[u8]) -> Option<u64> {
+    epoch_of(ticket).ok()?;
+    Some(u64::from_be_bytes(ticket[5..13].try_into().ok()?))
+}
+
+/// The epoch a ticket says it was signed in, if it is a ticket's length.
+fn epoch_of(ticket: &[u8]) -> Result<u32, TicketError> {
+    if ticket.len() != TICKET_LEN {
+        return Err(TicketError::Length(ticket.len()));
+    }
+    let b: [u8; 4] = ticket[1..5].try_into().map_err(|_| TicketError::Forged)?;
+    Ok(u32::from_be_bytes(b))
+}
+
 impl TicketVerifier {
-    pub fn from_bytes(b: &[u8]) -> Option<Self> {
-        Some(TicketVerifier(b.try_into().ok()?))
+    pub fn from_bytes(epoch: u32, b: &[u8]) -> Option<Self> {
+        Some(TicketVerifier {
+            epoch,
+            key: b.try_into().ok()?,
+        })
     }
 
     pub fn as_bytes(&self) -> &[u8; 32] {
-        &self.0
+        &self.key
+    }
+
+    pub fn epoch(&self) -> u32 {
+        self.epoch
     }
 
     /// What `ticket` allows, if the key this checks for made it and it holds now.
@@ -160,23 +211,55 @@ impl TicketVerifier {
     }
 
     fn verify_at(&self, ticket: &[u8], now: u64) -> Result<Grant, TicketError> {
-        if ticket.len() != TICKET_LEN {
-            return Err(TicketError::Length(ticket.len()));
+        if epoch_of(ticket)? != self.epoch {
+            return Err(TicketError::Forged);
         }
         let (body, sig) = ticket.split_at(BODY_LEN);
-        ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, &self.0)
+        ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, &self.key)
             .verify(body, sig)
             .map_err(|_| TicketError::Forged)?;
-        let expires = u64::from_be_bytes(body[1..9].try_into().map_err(|_| TicketError::Forged)?);
+        let expires = u64::from_be_bytes(body[5..13].try_into().map_err(|_| TicketError::Forged)?);
         if expires + SKEW < now {
             return Err(TicketError::Expired);
         }
-        let version: [u8; 32] = body[9..41].try_into().map_err(|_| TicketError::Forged)?;
+        let version: [u8; 32] = body[13..45].try_into().map_err(|_| TicketError::Forged)?;
         match body[0] {
             KIND_READ => Ok(Grant::Read(Version(version))),
             KIND_WRITE => Ok(Grant::Write(Scope(version))),
             KIND_NODE => Ok(Grant::Node),
             k => Err(TicketError::Kind(k)),
+        }
+    }
+}
+
+/// The verifiers of the epochs in force (the previous, the current and the next, as the store
+/// server last said), shared by whoever checks tickets and replaced in place when it says
+/// again: a rotation reaches every connection's checks at once.
+#[derive(Clone, Debug, Default)]
+pub struct TicketVerifiers(std::sync::Arc<std::sync::RwLock<Vec<TicketVerifier>>>);
+
+impl TicketVerifiers {
+    pub fn new(keys: Vec<TicketVerifier>) -> Self {
+        TicketVerifiers(std::sync::Arc::new(std::sync::RwLock::new(keys)))
+    }
+
+    pub fn set(&self, keys: Vec<TicketVerifier>) {
+        *crate::locks::write(&self.0) = keys;
+    }
+
+    pub fn get(&self) -> Vec<TicketVerifier> {
+        crate::locks::read(&self.0).clone()
+    }
+
+    /// What `ticket` allows, if one of the epochs in force signed it and it holds now.
+    pub fn verify(&self, ticket: &[u8]) -> Result<Grant, TicketError> {
+        let epoch = epoch_of(ticket)?;
+        let keys = crate::locks::read(&self.0);
+        match keys.iter().find(|k| k.epoch == epoch) {
+            Some(k) => k.verify(ticket),
+            // An epoch older than any in force was retired; a newer one is no one's.
+            None if keys.iter().any(|k| k.epoch > epoch) => Err(TicketError::Retired(epoch)),
+            None => Err(TicketError::Forged),
         }
     }
 }
@@ -199,7 +282,7 @@ pub enum Gate {
     Open,
     /// Tickets `key` checks; with `versions`, a read ticket reaches only its version's blocks.
     Tickets {
-        key: TicketVerifier,
+        key: TicketVerifiers,
         versions: Option<std::sync::Arc<dyn VersionBlocks>>,
     },
     /// Nothing is served yet (an agent that has not learnt from the store server what to ask).
@@ -334,7 +417,7 @@ mod tests {
         t[0] = KIND_NODE;
         assert_eq!(key.verify(&t), Err(TicketError::Forged));
         t[0] = KIND_WRITE;
-        t[5] ^= 1;
+        t[9] ^= 1;
         assert_eq!(key.verify(&t), Err(TicketError::Forged));
         assert_eq!(key.verify(&t[..10]), Err(TicketError::Length(10)));
         // What a node holds, the public half, mints nothing: a ticket made with it as a seed
@@ -343,6 +426,27 @@ mod tests {
             .unwrap()
             .issue(&Grant::Node, NODE_TTL);
         assert_eq!(checks.verify(&minted), Err(TicketError::Forged));
+    }
+
+    #[test]
+    fn verifiers_take_the_epochs_in_force_and_refuse_a_retired_one_by_name() {
+        let keys: Vec<TicketKey> = (1..=4)
+            .map(|e| TicketKey::of_epoch(&[e as u8; 32], e).unwrap())
+            .collect();
+        let verifiers = TicketVerifiers::new(keys[1..3].iter().map(TicketKey::verifier).collect());
+        let t = |k: &TicketKey| k.issue(&Grant::Node, NODE_TTL);
+        assert_eq!(verifiers.verify(&t(&keys[1])), Ok(Grant::Node));
+        assert_eq!(verifiers.verify(&t(&keys[2])), Ok(Grant::Node));
+        assert_eq!(verifiers.verify(&t(&keys[0])), Err(TicketError::Retired(1)));
+        assert_eq!(verifiers.verify(&t(&keys[3])), Err(TicketError::Forged));
+        // An epoch claimed by another key's ticket: its signature is not that epoch's.
+        let liar = TicketKey::of_epoch(&[9; 32], 2).unwrap();
+        assert_eq!(verifiers.verify(&t(&liar)), Err(TicketError::Forged));
+        // Replaced in place: every clone sees the new epochs.
+        let clone = verifiers.clone();
+        verifiers.set(vec![keys[3].verifier()]);
+        assert_eq!(clone.verify(&t(&keys[3])), Ok(Grant::Node));
+        assert_eq!(clone.verify(&t(&keys[2])), Err(TicketError::Retired(3)));
     }
 
     struct Only(BlockHash);
@@ -357,7 +461,7 @@ mod tests {
         let mine = BlockHash::of(b"mine");
         let theirs = BlockHash::of(b"theirs");
         let gate = Gate::Tickets {
-            key: TicketKey::from_bytes(&[1; 32]).unwrap().verifier(),
+            key: TicketVerifiers::new(vec![TicketKey::from_bytes(&[1; 32]).unwrap().verifier()]),
             versions: Some(std::sync::Arc::new(Only(mine))),
         };
         let read = [Grant::Read(Version([2; 32]))];

@@ -44,6 +44,22 @@ pub const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(600);
 
 /// Collects garbage every `every`, off the async threads; a failed pass is logged and the next
 /// one tries again.
+/// Rotates the ticket keys when due, looking every minute (well within the time a new epoch is
+/// announced before it signs). A key that cannot be kept on disk is not used: the one in force
+/// goes on signing, and the next look tries again.
+async fn rotate_every(keys: Arc<tickets::TicketKeys>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    loop {
+        tick.tick().await;
+        let k = keys.clone();
+        match tokio::task::spawn_blocking(move || k.rotate()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "rotating the ticket keys"),
+            Err(e) => tracing::warn!(error = %e, "rotating the ticket keys"),
+        }
+    }
+}
+
 async fn collect_every(meta: Arc<MetaStore>, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -226,16 +242,19 @@ impl StoreServerProcess {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
         // Where callers are authenticated, the data plane asks for tickets too.
-        let key = match self.auth.is_open() {
-            true => None,
-            false => Some(
-                tickets::load_or_create_key(&self.data_dir).map_err(|source| {
-                    ServerError::DataDir {
-                        path: self.data_dir.display().to_string(),
-                        source,
-                    }
-                })?,
-            ),
+        let data_dir_error = |source| ServerError::DataDir {
+            path: self.data_dir.display().to_string(),
+            source,
+        };
+        let (keys, gpu_seed) = match self.auth.is_open() {
+            true => (None, None),
+            false => {
+                let mark = tickets::token_mark(self.auth.shared_token.as_deref());
+                let keys = tickets::TicketKeys::load_or_create(&self.data_dir, mark)
+                    .map_err(data_dir_error)?;
+                let seed = tickets::load_or_create_key(&self.data_dir).map_err(data_dir_error)?;
+                (Some(Arc::new(keys)), Some(seed))
+            }
         };
         // With tenants, a namespace names only the blocks it references; a store that kept
         // no references has them rebuilt from its keys before it serves.
@@ -245,16 +264,17 @@ impl StoreServerProcess {
             .await
             .map_err(|e| ServerError::Meta(MetaError::Corrupt(e.to_string())))?
             .map_err(ServerError::Meta)?;
-        let gate = match &key {
+        let gate = match &keys {
             None => Gate::Open,
-            Some(key) => Gate::Tickets {
-                key: key.verifier(),
+            Some(keys) => Gate::Tickets {
+                key: keys.verifiers(),
                 versions: Some(Arc::new(tickets::ManifestBlocks::new(self.meta.clone()))),
             },
         };
         let handler = StoreHandler {
             meta: self.meta.clone(),
-            tickets: key,
+            tickets: keys.clone(),
+            gpu_seed,
             clock: self.clock,
             windows: Arc::new(std::sync::Mutex::new(
                 crate::broadcast::windows::Broadcasts::with_tree_for_fanout(
@@ -287,6 +307,7 @@ impl StoreServerProcess {
             let meta = self.meta.clone();
             tokio::spawn(collect_every(meta, every))
         });
+        let rotation = keys.map(|keys| tokio::spawn(rotate_every(keys)));
         let svc = auth::layer::authenticated(svc, Arc::new(Authenticator::new(self.auth)));
         // Watch streams never end by themselves: a shutdown ends them, else it would wait on
         // them forever.
@@ -309,6 +330,9 @@ impl StoreServerProcess {
         .await?;
         if let Some(gc) = gc {
             gc.abort();
+        }
+        if let Some(rotation) = rotation {
+            rotation.abort();
         }
         self.meta.flush()?;
         Ok(())

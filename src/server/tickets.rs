@@ -1,6 +1,7 @@
-//! The store server's side of data-plane tickets (`crate::auth::ticket`): its ticket key,
-//! kept in the data directory so that tickets outlive a restart, and the check that a block
-//! served under a read ticket is one of that version's.
+//! The store server's side of data-plane tickets (`crate::auth::ticket`): its signing keys by
+//! epoch ([`TicketKeys`]), kept in the data directory so that tickets outlive a restart, rotated
+//! daily and whenever the shared token changes; the seed the GPU host key is derived from; and
+//! the check that a block served under a read ticket is one of that version's.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -8,16 +9,46 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use crate::auth::ticket::{TicketKey, VersionBlocks};
+use crate::auth::ticket::{Grant, TicketKey, TicketVerifier, TicketVerifiers, VersionBlocks};
 use crate::hash::{BlockHash, Version};
 use crate::locks;
 use crate::meta::{MetaError, MetaStore};
 
+/// The seed of the GPU host key (`auth::gpu_secret`); it signed tickets too before epochs.
 const KEY_FILE: &str = "ticket.key";
+/// The signing keys' epochs.
+const EPOCHS_FILE: &str = "ticket.keys";
+/// How long an epoch's key signs before the next takes over.
+pub const ROTATE_EVERY: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+/// How long a new epoch's key is announced before it signs: nodes learn it with a heartbeat
+/// (every few seconds by default), so by then every node checks what it signs.
+pub const ANNOUNCE: std::time::Duration = std::time::Duration::from_secs(10 * 60);
 /// Versions whose block sets are kept: the versions being fetched now.
 const VERSIONS_KEPT: usize = 256;
 
-/// The key in `data_dir`, made on first use (readable by this user only).
+fn random_seed() -> std::io::Result<[u8; 32]> {
+    let mut key = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key))?;
+    Ok(key)
+}
+
+/// Writes `bytes` to `path` whole (a temporary name, synced, renamed over), readable by this
+/// user only: a crash leaves the old file or the new one.
+fn write_secret(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The GPU host key's seed in `data_dir`, made on first use (readable by this user only).
 pub fn load_or_create_key(data_dir: &Path) -> std::io::Result<TicketKey> {
     let path = data_dir.join(KEY_FILE);
     match std::fs::read(&path) {
@@ -28,24 +59,229 @@ pub fn load_or_create_key(data_dir: &Path) -> std::io::Result<TicketKey> {
             )
         }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let mut key = [0u8; 32];
-            std::fs::File::open("/dev/urandom")
-                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key))?;
-            // Written whole under a temporary name, then renamed: a crash leaves no half key.
-            let tmp = data_dir.join(format!("{KEY_FILE}.tmp"));
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            f.write_all(&key)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
+            let key = random_seed()?;
+            write_secret(&path, &key)?;
             Ok(TicketKey::from_bytes(&key).expect("32 bytes"))
         }
         Err(e) => Err(e),
     }
+}
+
+/// One epoch's key: made at `made`, signing from `signs_from` (seconds since the epoch).
+#[derive(Clone)]
+struct Epoch {
+    key: TicketKey,
+    made: u64,
+    signs_from: u64,
+}
+
+/// The keys in force, oldest first: the previous epoch (its tickets still hold), the one that
+/// signs, and the next once announced; with the shared token they were made under.
+struct Epochs {
+    token: [u8; 32],
+    keys: Vec<Epoch>,
+}
+
+/// The store server's ticket signing keys by epoch, with the verifiers of those in force that
+/// its own data plane checks with (and nodes are sent).
+pub struct TicketKeys {
+    path: std::path::PathBuf,
+    epochs: Mutex<Epochs>,
+    verifiers: TicketVerifiers,
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn from_hex(s: &str) -> Option<[u8; 32]> {
+    blake3::Hash::from_hex(s).ok().map(|h| *h.as_bytes())
+}
+
+fn bad(path: &Path, why: &str) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!("{}: {why}", path.display()),
+    )
+}
+
+impl Epochs {
+    fn parse(path: &Path, text: &str) -> std::io::Result<Epochs> {
+        let mut token = None;
+        let mut keys = Vec::new();
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            match f.as_slice() {
+                ["token", hex] => token = from_hex(hex),
+                ["key", epoch, made, from, seed] => {
+                    let seed = from_hex(seed).ok_or_else(|| bad(path, "a bad seed"))?;
+                    let num = |s: &str| s.parse::<u64>().map_err(|_| bad(path, "a bad number"));
+                    let epoch = u32::try_from(num(epoch)?).map_err(|_| bad(path, "a bad epoch"))?;
+                    keys.push(Epoch {
+                        key: TicketKey::of_epoch(&seed, epoch)
+                            .ok_or_else(|| bad(path, "a bad seed"))?,
+                        made: num(made)?,
+                        signs_from: num(from)?,
+                    });
+                }
+                [] => {}
+                _ => return Err(bad(path, "a line of neither a token nor a key")),
+            }
+        }
+        let token = token.ok_or_else(|| bad(path, "no token line"))?;
+        if keys.is_empty() {
+            return Err(bad(path, "no key"));
+        }
+        keys.sort_by_key(|k| k.key.epoch());
+        Ok(Epochs { token, keys })
+    }
+
+    fn text(&self) -> String {
+        let mut out = format!("token {}\n", BlockHash(self.token).hex());
+        for k in &self.keys {
+            out += &format!(
+                "key {} {} {} {}\n",
+                k.key.epoch(),
+                k.made,
+                k.signs_from,
+                BlockHash(*k.key.as_bytes()).hex()
+            );
+        }
+        out
+    }
+
+    /// The key that signs at `now`: the newest that signs from then.
+    fn signing(&self, now: u64) -> &Epoch {
+        self.keys
+            .iter()
+            .rev()
+            .find(|k| k.signs_from <= now)
+            .unwrap_or(&self.keys[0])
+    }
+
+    fn fresh(token: [u8; 32], epoch: u32, now: u64) -> std::io::Result<Epochs> {
+        Ok(Epochs {
+            token,
+            keys: vec![Epoch {
+                key: TicketKey::of_epoch(&random_seed()?, epoch).expect("32 bytes"),
+                made: now,
+                signs_from: now,
+            }],
+        })
+    }
+
+    /// Brings the epochs to `now`: a key that has signed for [`ROTATE_EVERY`] gets a successor,
+    /// announced [`ANNOUNCE`] before it signs; only the epoch before the signing one is kept of
+    /// the older ones. Whether anything changed.
+    fn rotate(&mut self, now: u64) -> std::io::Result<bool> {
+        let mut changed = false;
+        let signing = self.signing(now).clone();
+        let newest = self.keys.last().map_or(0, |k| k.key.epoch());
+        if newest == signing.key.epoch()
+            && now >= signing.signs_from + ROTATE_EVERY.as_secs().saturating_sub(ANNOUNCE.as_secs())
+        {
+            let epoch = newest + 1;
+            self.keys.push(Epoch {
+                key: TicketKey::of_epoch(&random_seed()?, epoch).expect("32 bytes"),
+                made: now,
+                signs_from: now.max(signing.signs_from + ROTATE_EVERY.as_secs()),
+            });
+            changed = true;
+        }
+        let keep_from = self.signing(now).key.epoch().saturating_sub(1);
+        let before = self.keys.len();
+        self.keys.retain(|k| k.key.epoch() >= keep_from);
+        Ok(changed || self.keys.len() != before)
+    }
+
+    fn verifiers(&self) -> Vec<TicketVerifier> {
+        self.keys.iter().map(|k| k.key.verifier()).collect()
+    }
+}
+
+impl TicketKeys {
+    /// The epochs kept in `data_dir` (made on first use), brought to now. `token` names the
+    /// shared token the server runs with (see [`token_mark`]): where it changed since, every
+    /// ticket issued before dies with a new epoch that signs at once.
+    pub fn load_or_create(data_dir: &Path, token: [u8; 32]) -> std::io::Result<TicketKeys> {
+        Self::load_at(data_dir, token, unix_now())
+    }
+
+    fn load_at(data_dir: &Path, token: [u8; 32], now: u64) -> std::io::Result<TicketKeys> {
+        let path = data_dir.join(EPOCHS_FILE);
+        let mut epochs = match std::fs::read_to_string(&path) {
+            Ok(text) => Epochs::parse(&path, &text)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Epochs::fresh(token, 1, now)?,
+            Err(e) => return Err(e),
+        };
+        if epochs.token != token {
+            let next = epochs.keys.last().map_or(0, |k| k.key.epoch()) + 1;
+            tracing::info!(
+                epoch = next,
+                "the shared token changed: every ticket issued before is retired"
+            );
+            epochs = Epochs::fresh(token, next, now)?;
+        }
+        epochs.rotate(now)?;
+        write_secret(&path, epochs.text().as_bytes())?;
+        let verifiers = TicketVerifiers::new(epochs.verifiers());
+        Ok(TicketKeys {
+            path,
+            epochs: Mutex::new(epochs),
+            verifiers,
+        })
+    }
+
+    /// A ticket for `grant`, valid for `ttl`, signed by the epoch that signs now.
+    pub fn issue(&self, grant: &Grant, ttl: std::time::Duration) -> bytes::Bytes {
+        let now = unix_now();
+        let key = locks::lock(&self.epochs).signing(now).key.clone();
+        key.issue_at(grant, now + ttl.as_secs())
+    }
+
+    /// What checks tickets: the epochs in force, kept current by [`TicketKeys::rotate`].
+    pub fn verifiers(&self) -> TicketVerifiers {
+        self.verifiers.clone()
+    }
+
+    /// The public key that signs now.
+    pub fn signing_public(&self) -> TicketVerifier {
+        locks::lock(&self.epochs).signing(unix_now()).key.verifier()
+    }
+
+    /// Rotates where due (see [`Epochs::rotate`]), kept on disk before it is used.
+    pub fn rotate(&self) -> std::io::Result<bool> {
+        self.rotate_at(unix_now())
+    }
+
+    fn rotate_at(&self, now: u64) -> std::io::Result<bool> {
+        let mut epochs = locks::lock(&self.epochs);
+        let mut next = Epochs {
+            token: epochs.token,
+            keys: epochs.keys.clone(),
+        };
+        if !next.rotate(now)? {
+            return Ok(false);
+        }
+        write_secret(&self.path, next.text().as_bytes())?;
+        *epochs = next;
+        self.verifiers.set(epochs.verifiers());
+        tracing::info!(
+            signing = epochs.signing(now).key.epoch(),
+            "ticket keys rotated"
+        );
+        Ok(true)
+    }
+}
+
+/// What names a shared token among the epochs' records: a hash of it (none: no shared token).
+pub fn token_mark(shared_token: Option<&str>) -> [u8; 32] {
+    blake3::derive_key(
+        "ktfs 2026-12 ticket epochs shared token",
+        shared_token.unwrap_or_default().as_bytes(),
+    )
 }
 
 /// Block sets of versions, from their manifests.
@@ -110,4 +346,75 @@ impl VersionBlocks for ManifestBlocks {
             .get(version)
             .map(|s| s.contains(hash))
     }
+}
+
+#[cfg(test)]
+mod epoch_tests {
+    use super::*;
+
+    const DAY: u64 = 24 * 3600;
+
+    #[test]
+    fn a_key_signs_a_day_its_successor_announced_first_and_the_one_before_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let t0 = 1_000_000;
+        let keys = TicketKeys::load_at(dir.path(), token_mark(Some("a")), t0).unwrap();
+        let first = keys.verifiers().get();
+        assert_eq!(first.iter().map(|v| v.epoch()).collect::<Vec<_>>(), vec![1]);
+        let t1 = keys.issue(&Grant::Node, NODE_TTL_FOR_TEST);
+        // Not due yet.
+        assert!(!keys.rotate_at(t0 + DAY / 2).unwrap());
+        // Announced before it signs: epoch 2 is checked everywhere while 1 still signs.
+        let announce = t0 + DAY - ANNOUNCE.as_secs();
+        assert!(keys.rotate_at(announce).unwrap());
+        let v = keys.verifiers();
+        assert_eq!(
+            v.get().iter().map(|v| v.epoch()).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        assert_eq!(locks::lock(&keys.epochs).signing(announce).key.epoch(), 1);
+        assert_eq!(locks::lock(&keys.epochs).signing(t0 + DAY).key.epoch(), 2);
+        assert_eq!(v.verify(&t1), Ok(Grant::Node));
+        // Two days on: epoch 3 announced, 2 signs, 1 retired; its tickets are refused by name.
+        assert!(keys.rotate_at(t0 + 2 * DAY - ANNOUNCE.as_secs()).unwrap());
+        assert!(keys.rotate_at(t0 + 2 * DAY).unwrap());
+        assert_eq!(
+            v.get().iter().map(|v| v.epoch()).collect::<Vec<_>>(),
+            vec![2, 3]
+        );
+        assert_eq!(
+            v.verify(&t1),
+            Err(crate::auth::ticket::TicketError::Retired(1))
+        );
+        // Kept across a restart with the same token.
+        let again = TicketKeys::load_at(dir.path(), token_mark(Some("a")), t0 + 2 * DAY).unwrap();
+        assert_eq!(again.verifiers().get(), v.get());
+    }
+
+    #[test]
+    fn a_changed_shared_token_retires_every_epoch_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = TicketKeys::load_at(dir.path(), token_mark(Some("a")), 5_000).unwrap();
+        let old = keys.issue(&Grant::Node, NODE_TTL_FOR_TEST);
+        assert_eq!(keys.verifiers().verify(&old), Ok(Grant::Node));
+        let keys = TicketKeys::load_at(dir.path(), token_mark(Some("b")), 5_010).unwrap();
+        let v = keys.verifiers();
+        assert_eq!(
+            v.get().iter().map(|v| v.epoch()).collect::<Vec<_>>(),
+            vec![2]
+        );
+        assert_eq!(
+            v.verify(&old),
+            Err(crate::auth::ticket::TicketError::Retired(1))
+        );
+        assert_eq!(
+            v.verify(&keys.issue(&Grant::Node, NODE_TTL_FOR_TEST)),
+            Ok(Grant::Node)
+        );
+        // A file that is not one is an error, not a fresh key.
+        std::fs::write(dir.path().join(EPOCHS_FILE), "key 1 2\n").unwrap();
+        assert!(TicketKeys::load_at(dir.path(), token_mark(Some("b")), 5_020).is_err());
+    }
+
+    const NODE_TTL_FOR_TEST: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
 }

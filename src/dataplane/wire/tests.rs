@@ -12,7 +12,8 @@ use tokio::net::TcpStream;
 use super::frame::BODY_ALIGN;
 use super::*;
 use crate::auth::ticket::{
-    shared, Gate, Grant, SharedGate, TicketKey, VersionBlocks, NODE_TTL, READ_TTL, WRITE_TTL,
+    shared, Gate, Grant, SharedGate, TicketKey, TicketVerifiers, VersionBlocks, NODE_TTL, READ_TTL,
+    WRITE_TTL,
 };
 use crate::auth::tls::Conn;
 use crate::blocks::{BlockError, BlockServe, Served};
@@ -50,7 +51,7 @@ async fn a_gated_server_serves_what_the_tickets_presented_allow() {
     }
     let key = TicketKey::from_bytes(&[5; 32]).unwrap();
     let gate = shared(Gate::Tickets {
-        key: key.verifier(),
+        key: TicketVerifiers::new(vec![key.verifier()]),
         versions: Some(Arc::new(Holds(BlockHash::of(&mine)))),
     });
     let svc: Arc<dyn BlockServe> = mem;
@@ -466,7 +467,7 @@ async fn a_connection_without_a_ticket_sends_only_small_frames() {
     let addr = listener.local_addr().unwrap().to_string();
     let key = TicketKey::from_bytes(&[6; 32]).unwrap();
     let gate = shared(Gate::Tickets {
-        key: key.verifier(),
+        key: TicketVerifiers::new(vec![key.verifier()]),
         versions: None,
     });
     let svc: Arc<dyn BlockServe> = Arc::new(Mem::default());

@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 
 use tonic::codegen::http;
 
-use super::{AuthError, Authenticator, OnBehalf, Principal};
+use super::{jwt_expiry, AuthError, Authenticator, Expiry, OnBehalf, Principal};
 use crate::auth::credential::{AUTHORIZATION, NO_CREDENTIAL, ON_BEHALF};
 
 /// `inner`, behind `auth`.
@@ -59,6 +59,12 @@ where
                 .and_then(|c| c.remote_addr)
                 .map(|a| a.ip());
             let acting_for = req.headers().get(ON_BEHALF).map(|v| v.as_bytes().to_vec());
+            let expiry = [header, acting_for.as_deref()]
+                .into_iter()
+                .flatten()
+                .filter_map(|h| std::str::from_utf8(h).ok())
+                .filter_map(|h| jwt_expiry(h.trim_start_matches("Bearer ").trim()))
+                .min();
             let authenticated = match auth.authenticate(header, peer).await {
                 Ok(principal) => match acting_for {
                     None => Ok((principal, None)),
@@ -76,6 +82,9 @@ where
                     req.extensions_mut().insert(principal);
                     if let Some(of) = of {
                         req.extensions_mut().insert(of);
+                    }
+                    if let Some(at) = expiry {
+                        req.extensions_mut().insert(Expiry(at));
                     }
                     inner.call(req).await
                 }

@@ -296,6 +296,29 @@ impl Authenticator {
     }
 }
 
+/// When the credential a call was made with expires (seconds since the epoch), where it says:
+/// a ServiceAccount token's `exp`. Tickets issued on the call hold no longer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expiry(pub u64);
+
+/// The `exp` claim of `token` if it is a JWT that has one. Read only after the token was
+/// accepted (the API server checked its signature): it can only shorten what the holder gets.
+pub fn jwt_expiry(token: &str) -> Option<u64> {
+    use base64::Engine;
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    claims.get("exp")?.as_u64()
+}
+
+/// The earliest expiry of the credentials a call was made with (the caller's, and the one a
+/// node agent acts for).
+pub fn expiry_of<T>(req: &tonic::Request<T>) -> Option<u64> {
+    req.extensions().get::<Expiry>().map(|e| e.0)
+}
+
 /// The principal [`layer`] attached to a call. A call without one never passed the layer: a
 /// bug, refused rather than trusted.
 pub fn principal<T>(req: &tonic::Request<T>) -> Result<Principal, Status> {
@@ -469,5 +492,26 @@ mod tests {
         assert_eq!(group_namespace(&g).unwrap(), "team-a");
         assert!(group_namespace("bare").is_err());
         assert!(group_namespace("/g").is_err());
+    }
+}
+
+#[cfg(test)]
+mod expiry_tests {
+    use super::*;
+    use base64::Engine;
+
+    #[test]
+    fn a_jwts_exp_is_read_and_anything_else_has_none() {
+        let part = |v: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+        let jwt = |claims: &str| format!("{}.{}.sig", part(r#"{"alg":"RS256"}"#), part(claims));
+        assert_eq!(
+            jwt_expiry(&jwt(r#"{"exp":1767225600,"sub":"x"}"#)),
+            Some(1_767_225_600)
+        );
+        assert_eq!(jwt_expiry(&jwt(r#"{"sub":"x"}"#)), None);
+        assert_eq!(jwt_expiry(&jwt(r#"{"exp":"soon"}"#)), None);
+        assert_eq!(jwt_expiry("s3cret-token"), None);
+        assert_eq!(jwt_expiry("a.!!!.c"), None);
+        assert_eq!(jwt_expiry(&format!("a.{}.c", part("not json"))), None);
     }
 }

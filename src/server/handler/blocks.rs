@@ -10,7 +10,7 @@ use crate::hash::{BlockHash, Scope};
 use crate::proto::{
     MissingBlocksRequest, MissingBlocksResponse, VersionBlocksRequest, VersionBlocksResponse,
 };
-use crate::server::auth::principal;
+use crate::server::auth::{expiry_of, principal};
 use crate::server::status::{blocking, invalid, parse_version};
 use crate::server::tickets;
 
@@ -19,6 +19,7 @@ pub(super) async fn missing_blocks(
     req: Request<MissingBlocksRequest>,
 ) -> Result<Response<MissingBlocksResponse>, Status> {
     let ns = namespace_for(&req, &req.get_ref().namespace)?;
+    let expires = expiry_of(&req);
     let hashes = req
         .into_inner()
         .hashes
@@ -33,6 +34,7 @@ pub(super) async fn missing_blocks(
         ticket: handler.ticket(
             &Grant::Write(Scope::of_namespace(ns.as_str())),
             ticket::WRITE_TTL,
+            expires,
         ),
     }))
 }

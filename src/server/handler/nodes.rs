@@ -11,9 +11,9 @@ use crate::auth::ticket::{self, Grant};
 use crate::meta::MetaError;
 use crate::proto::{
     AddLocationRequest, AddLocationResponse, HeartbeatRequest, HeartbeatResponse,
-    RegisterNodeRequest, RegisterNodeResponse,
+    RegisterNodeRequest, RegisterNodeResponse, TicketPublicKey,
 };
-use crate::server::auth::principal;
+use crate::server::auth::{expiry_of, principal};
 use crate::server::status::{blocking, invalid, parse_version};
 
 pub(super) async fn register_node(
@@ -21,6 +21,7 @@ pub(super) async fn register_node(
     req: Request<RegisterNodeRequest>,
 ) -> Result<Response<RegisterNodeResponse>, Status> {
     let caller = principal(&req)?;
+    let expires = expiry_of(&req);
     let node = req
         .into_inner()
         .node
@@ -33,17 +34,18 @@ pub(super) async fn register_node(
     handler.meta.register_node(node);
     Ok(Response::new(RegisterNodeResponse {
         lease_secs: handler.meta.lease().as_secs() as u32,
-        ticket: handler.ticket(&Grant::Node, ticket::NODE_TTL),
+        ticket: handler.ticket(&Grant::Node, ticket::NODE_TTL, expires),
         ticket_key: handler
             .tickets
             .as_ref()
-            .map(|k| k.verifier().as_bytes().to_vec())
+            .map(|k| k.signing_public().as_bytes().to_vec())
             .unwrap_or_default(),
         gpu_key: handler
-            .tickets
+            .gpu_seed
             .as_ref()
             .map(|k| gpu_secret::host_key_of(k).to_vec())
             .unwrap_or_default(),
+        ticket_keys: ticket_keys(handler),
     }))
 }
 
@@ -52,6 +54,7 @@ pub(super) async fn heartbeat(
     req: Request<HeartbeatRequest>,
 ) -> Result<Response<HeartbeatResponse>, Status> {
     let caller = principal(&req)?;
+    let expires = expiry_of(&req);
     let r = req.into_inner();
     caller.may_act_for_node(&r.node_id)?;
     let known = handler.meta.heartbeat(&r.node_id);
@@ -81,11 +84,27 @@ pub(super) async fn heartbeat(
         .collected_since(r.collected_after, r.collected_epoch);
     Ok(Response::new(HeartbeatResponse {
         known,
-        ticket: handler.ticket(&Grant::Node, ticket::NODE_TTL),
+        ticket: handler.ticket(&Grant::Node, ticket::NODE_TTL, expires),
         collected: collected.blocks.iter().map(|h| h.0.to_vec()).collect(),
         collected_upto: collected.upto,
         collected_epoch: collected.epoch,
+        ticket_keys: ticket_keys(handler),
     }))
+}
+
+/// The public keys of the ticket epochs in force, as nodes check tickets with them.
+fn ticket_keys(handler: &StoreHandler) -> Vec<TicketPublicKey> {
+    let Some(keys) = &handler.tickets else {
+        return Vec::new();
+    };
+    keys.verifiers()
+        .get()
+        .iter()
+        .map(|v| TicketPublicKey {
+            epoch: v.epoch(),
+            key: v.as_bytes().to_vec(),
+        })
+        .collect()
 }
 
 pub(super) async fn add_location(

@@ -15,6 +15,7 @@ use crate::proto::{
     ResolveRequest, ResolveResponse, ResolveResult,
 };
 use crate::rpc::MAX_INLINE_BYTES;
+use crate::server::auth::expiry_of;
 use crate::server::status::{blocking, invalid, parse_key};
 
 /// Keys of one `ResolveMany`, at most.
@@ -67,9 +68,9 @@ fn resolve_key(
 impl StoreHandler {
     /// What a resolve that checked the caller's namespace gives: a read ticket of the version,
     /// and a GPU key's secret.
-    fn grant_read(&self, ns: &Namespace, resp: &mut ResolveResponse) {
+    fn grant_read(&self, ns: &Namespace, resp: &mut ResolveResponse, expires: Option<u64>) {
         if let Some(v) = Version::from_slice(&resp.version) {
-            resp.ticket = self.ticket(&Grant::Read(v), ticket::READ_TTL);
+            resp.ticket = self.ticket(&Grant::Read(v), ticket::READ_TTL, expires);
         }
         if let Some(g) = resp.gpu.as_mut() {
             g.secret = self.gpu_secret(ns.as_str(), &g.publisher_node, g.registration);
@@ -82,6 +83,7 @@ pub(super) async fn resolve(
     req: Request<ResolveRequest>,
 ) -> Result<Response<ResolveResponse>, Status> {
     let ns = namespace_for(&req, &req.get_ref().namespace)?;
+    let expires = expiry_of(&req);
     let r = req.into_inner();
     let key = parse_key(&r.key)?;
     let meta = handler.meta.clone();
@@ -92,7 +94,7 @@ pub(super) async fn resolve(
         .watchers
         .hold(ns.as_str(), r.watcher, since, vec![asked])
         .await;
-    handler.grant_read(&ns, &mut resp);
+    handler.grant_read(&ns, &mut resp, expires);
     Ok(Response::new(resp))
 }
 
@@ -101,6 +103,7 @@ pub(super) async fn resolve_many(
     req: Request<ResolveManyRequest>,
 ) -> Result<Response<ResolveManyResponse>, Status> {
     let ns = namespace_for(&req, &req.get_ref().namespace)?;
+    let expires = expiry_of(&req);
     let r = req.into_inner();
     if r.keys.len() > MAX_RESOLVE_MANY {
         return Err(invalid(format!(
@@ -156,7 +159,7 @@ pub(super) async fn resolve_many(
         .hold(ns.as_str(), watcher, since, held)
         .await;
     for found in results.iter_mut().filter_map(|r| r.resolved.as_mut()) {
-        handler.grant_read(&ns, found);
+        handler.grant_read(&ns, found, expires);
     }
     Ok(Response::new(ResolveManyResponse { results }))
 }

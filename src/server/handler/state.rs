@@ -14,13 +14,16 @@ use crate::key::Namespace;
 use crate::meta::MetaStore;
 use crate::server::auth::{group_namespace, may_use};
 use crate::server::status::parse_ns;
+use crate::server::tickets::TicketKeys;
 use crate::server::watch::Watchers;
 
 /// The gRPC handler; sockets and shutdown belong to [`crate::server::StoreServerProcess`].
 pub struct StoreHandler {
     pub(crate) meta: Arc<MetaStore>,
-    /// The data plane's ticket key; `None` where callers are not authenticated.
-    pub(crate) tickets: Option<TicketKey>,
+    /// The data plane's ticket keys by epoch; `None` where callers are not authenticated.
+    pub(crate) tickets: Option<Arc<TicketKeys>>,
+    /// The seed the GPU host key is derived from; with `tickets`.
+    pub(crate) gpu_seed: Option<TicketKey>,
     pub(crate) clock: SharedClock,
     pub(crate) windows: Arc<std::sync::Mutex<Broadcasts>>,
     /// Wakes putters waiting for a quorum whenever someone joins.
@@ -88,8 +91,23 @@ impl StoreHandler {
         self.watchers.changed(c.ns.as_str(), paths, except).await;
     }
 
-    /// A ticket for `grant`, or none where the data plane asks for none.
-    pub(super) fn ticket(&self, grant: &Grant, ttl: std::time::Duration) -> Vec<u8> {
+    /// A ticket for `grant`, or none where the data plane asks for none. It holds for `ttl`,
+    /// and no longer than the caller's credential (`expires`, seconds since the epoch).
+    pub(super) fn ticket(
+        &self,
+        grant: &Grant,
+        ttl: std::time::Duration,
+        expires: Option<u64>,
+    ) -> Vec<u8> {
+        let ttl = match expires {
+            Some(at) => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                ttl.min(std::time::Duration::from_secs(at.saturating_sub(now)))
+            }
+            None => ttl,
+        };
         self.tickets
             .as_ref()
             .map(|k| k.issue(grant, ttl).to_vec())
@@ -99,7 +117,7 @@ impl StoreHandler {
     /// The secret of a GPU registration in namespace `ns` (`rpc::gpu_secret`); none where no
     /// tickets are issued.
     pub(super) fn gpu_secret(&self, ns: &str, node: &str, registration: u64) -> Vec<u8> {
-        self.tickets
+        self.gpu_seed
             .as_ref()
             .map(|k| {
                 let host = gpu_secret::host_key_of(k);
