@@ -301,6 +301,20 @@ def measure_end(pids, cpu0, b0):
     }
 
 
+def tidy(members, made):
+    """Closes the members' control files and removes the /dev/shm files made for the run."""
+    for m in members:
+        try:
+            os.close(m["fd"])
+        except (OSError, KeyError):
+            pass
+    for n in made:
+        try:
+            os.unlink(f"/dev/shm/{n}")
+        except OSError:
+            pass
+
+
 def cmd_transfer(a, windowed: bool):
     total = a.mib << 20
     if os.path.getsize(a.src) != total:
@@ -367,16 +381,7 @@ def cmd_transfer(a, windowed: bool):
         res["verified"] = True
         print(json.dumps(res), flush=True)
     finally:
-        for m in members + ([put] if put else []):
-            try:
-                os.close(m["fd"])
-            except (OSError, KeyError):
-                pass
-        for n in made:
-            try:
-                os.unlink(f"/dev/shm/{n}")
-            except OSError:
-                pass
+        tidy(members + ([put] if put else []), made)
 
 
 def cmd_pairs(a):
@@ -436,16 +441,7 @@ def cmd_pairs(a):
         res["verified"] = True
         print(json.dumps(res), flush=True)
     finally:
-        for m in getters + putters:
-            try:
-                os.close(m["fd"])
-            except (OSError, KeyError):
-                pass
-        for n in made:
-            try:
-                os.unlink(f"/dev/shm/{n}")
-            except OSError:
-                pass
+        tidy(getters + putters, made)
 
 
 def main():

@@ -62,7 +62,12 @@ fn refused(o: Output, why: &str) {
 fn token_server(ip: &str, dir: &Path) -> (Proc, std::path::PathBuf) {
     let token = dir.join("token");
     std::fs::write(&token, "s3cret-token\n").unwrap();
-    let server = spawn_ready(&[
+    (server_of_token(ip, dir, &token), token)
+}
+
+/// A store server on `ip` with its data in `dir`/store, taking the token in the file `token`.
+fn server_of_token(ip: &str, dir: &Path, token: &Path) -> Proc {
+    spawn_ready(&[
         "server",
         "--listen",
         &format!("{ip}:0"),
@@ -70,8 +75,7 @@ fn token_server(ip: &str, dir: &Path) -> (Proc, std::path::PathBuf) {
         dir.join("store").to_str().unwrap(),
         "--token-file",
         token.to_str().unwrap(),
-    ]);
-    (server, token)
+    ])
 }
 
 /// What the steps of the shared-token test share: a store server that demands the token, an
@@ -187,15 +191,7 @@ fn a_changed_shared_token_retires_every_ticket_issued_before() {
     drop(server);
 
     std::fs::write(&token, "another-token\n").unwrap();
-    let server = spawn_ready(&[
-        "server",
-        "--listen",
-        &format!("{ip}:0"),
-        "--data-dir",
-        dir.path().join("store").to_str().unwrap(),
-        "--token-file",
-        token.to_str().unwrap(),
-    ]);
+    let server = server_of_token(ip, dir.path(), &token);
     let answer = raw_get(&server.addr, Some(&old), block);
     assert!(answer.contains("retired"), "{answer}");
     let new = read_ticket(&server.addr, "another-token", "default", "w");
@@ -296,9 +292,10 @@ fn blocks_go_to_holders_of_a_ticket_the_server_issued(t: &Guarded) {
 }
 
 /// What a node learns when it registers mints nothing (issue 42, item 6): the key that checks
-/// tickets is the public half of the one that signs them, and the key its GPU secrets come
-/// from is another. A ticket made with either is refused by the store and by a node. (It
-/// registers a node of its own: run last, after the metrics count the live nodes.)
+/// tickets is the public half of the one that signs them, and no key GPU secrets come from
+/// (it asks for each of its registrations'). A ticket made with what it learns is refused by
+/// the store and by a node. (It registers a node of its own: run last, after the metrics count
+/// the live nodes.)
 fn what_a_node_learns_mints_no_ticket(t: &Guarded) {
     let block = t.block();
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -318,8 +315,9 @@ fn what_a_node_learns_mints_no_ticket(t: &Guarded) {
             .await
             .unwrap()
     });
-    assert_eq!((learnt.ticket_key.len(), learnt.gpu_key.len()), (32, 32));
-    for key in [&learnt.ticket_key, &learnt.gpu_key] {
+    assert_eq!((learnt.ticket_key.len(), learnt.gpu_key.len()), (32, 0));
+    assert_eq!(learnt.ticket_keys.len(), 1);
+    for key in [&learnt.ticket_key, &learnt.ticket_keys[0].key] {
         let minted = TicketKey::from_bytes(key)
             .unwrap()
             .issue(&Grant::Node, NODE_TTL);
@@ -619,6 +617,17 @@ fn a_node_token_made_from_the_shared_token_acts_for_its_own_node_only() {
         // As itself it gets past that check (to the version it named, which is not the key's).
         let err = store.join_broadcast(join("n1")).await.unwrap_err();
         assert_ne!(err.code(), tonic::Code::PermissionDenied, "{err}");
+        // It is given the secrets of its own node's GPU registrations, one by one, and none of
+        // another node's (issue 42, item 6: no node holds what they are derived from).
+        let secret = |node: &str| ktfs::proto::RegistrationSecretRequest {
+            namespace: "default".into(),
+            node_id: node.into(),
+            registration: 77,
+        };
+        let own = store.registration_secret(secret("n1")).await.unwrap();
+        assert_eq!(own.secret.len(), 32);
+        let err = store.registration_secret(secret("n2")).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err}");
     });
 
     // The same token as node n2 (which could then add or withdraw n2's copies) is refused at

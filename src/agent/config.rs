@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::auth::gpu_secret::HostKey;
 use crate::auth::ticket::TicketHolder;
 use crate::auth::tls::ServerTls;
 use crate::auth::Credential;
@@ -22,9 +21,6 @@ pub struct AgentConfig {
     pub credential: Credential,
     /// This node's data-plane ticket, as the store server last issued it (shared by clones).
     pub node_ticket: TicketHolder,
-    /// The store server's ticket key, once it gave it, for the secrets of this node's GPU
-    /// registrations (shared by clones).
-    pub gpu_host_key: HostKey,
     pub listen: String,
     /// The address peers reach this agent on; the bound address when `None`.
     pub advertise: Option<String>,
@@ -79,7 +75,6 @@ impl AgentConfig {
             clock: clock::system(),
             worker_exe: std::env::current_exe().unwrap_or_else(|_| "kt".into()),
             worker_host: self.worker_host(),
-            gpu_host_key: self.gpu_host_key.clone(),
             writeback: false,
         }
     }

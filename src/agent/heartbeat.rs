@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::auth::gpu_secret::HostKey;
 use crate::auth::ticket::{
     Gate, SharedGate, TicketHolder, TicketVerifier, TicketVerifiers, VersionBlocks,
 };
@@ -30,13 +29,9 @@ pub(super) fn registered(
     r: &RegisterNodeResponse,
     gate: &SharedGate,
     ticket: &TicketHolder,
-    host_key: &HostKey,
     versions: &Arc<dyn VersionBlocks>,
 ) {
     ticket.set(Bytes::from(r.ticket.clone()));
-    // The GPU side derives its registrations' secrets from a key of its own (see
-    // `auth::gpu_secret`).
-    host_key.set(<[u8; 32]>::try_from(r.gpu_key.as_slice()).ok());
     let mut g = locks::write(gate);
     *g = match verifiers_of(&r.ticket_keys) {
         // The same verifiers, replaced in place by each heartbeat.
@@ -125,7 +120,6 @@ pub(super) struct Lease {
     pub every: Duration,
     pub gate: SharedGate,
     pub ticket: TicketHolder,
-    pub host_key: HostKey,
     pub versions: Arc<dyn VersionBlocks>,
     /// Whose open versions the heartbeat reports, and whose cache drops what the store
     /// collected.
@@ -177,7 +171,6 @@ pub(super) async fn heartbeat_loop(lease: Lease) {
         every,
         gate,
         ticket,
-        host_key,
         versions,
         blocks,
     } = lease;
@@ -233,7 +226,7 @@ pub(super) async fn heartbeat_loop(lease: Lease) {
                         .await
                     {
                         Ok(r) => {
-                            self::registered(&r, &gate, &ticket, &host_key, &versions);
+                            self::registered(&r, &gate, &ticket, &versions);
                             registered = true;
                             true
                         }
@@ -290,13 +283,7 @@ mod tests {
             ..Default::default()
         };
         let versions: Arc<dyn VersionBlocks> = Arc::new(All);
-        registered(
-            &r,
-            &gate,
-            &TicketHolder::default(),
-            &HostKey::default(),
-            &versions,
-        );
+        registered(&r, &gate, &TicketHolder::default(), &versions);
         let admit = |k: &TicketKey| locks::read(&gate).admit(&k.issue(&Grant::Node, NODE_TTL));
         assert_eq!(admit(&keys[0]), Ok(Some(Grant::Node)));
         assert_eq!(admit(&keys[1]), Err(TicketError::Forged));
@@ -313,7 +300,6 @@ mod tests {
             &RegisterNodeResponse::default(),
             &gate,
             &TicketHolder::default(),
-            &HostKey::default(),
             &versions,
         );
         assert!(locks::read(&gate).is_open());

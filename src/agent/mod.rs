@@ -205,13 +205,7 @@ impl AgentProcess {
                 node: Some(self.node_info()),
             })
             .await?;
-        heartbeat::registered(
-            &r,
-            &self.gate,
-            &self.cfg.node_ticket,
-            &self.cfg.gpu_host_key,
-            &self.versions,
-        );
+        heartbeat::registered(&r, &self.gate, &self.cfg.node_ticket, &self.versions);
         Ok(())
     }
 
@@ -248,7 +242,6 @@ impl AgentProcess {
             every: self.cfg.heartbeat,
             gate: self.gate.clone(),
             ticket: self.cfg.node_ticket.clone(),
-            host_key: self.cfg.gpu_host_key.clone(),
             versions: self.versions.clone(),
             blocks: self.blocks.clone(),
         }));

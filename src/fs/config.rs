@@ -2,7 +2,6 @@
 
 use std::path::PathBuf;
 
-use crate::auth::gpu_secret::HostKey;
 use crate::auth::ticket::TicketHolder;
 use crate::auth::Credential;
 use crate::clock::SharedClock;
@@ -34,8 +33,6 @@ pub struct FsConfig {
     pub worker_exe: PathBuf,
     /// The address this node's GPU transfer workers listen on.
     pub worker_host: String,
-    /// Where this node's GPU registrations' secrets come from (see `rpc::gpu_secret`).
-    pub gpu_host_key: HostKey,
     /// Closes return once journaled; publishes follow (see [`writeback`]).
     pub writeback: bool,
 }

@@ -99,7 +99,6 @@ impl FsCore {
             cfg.node_id.clone(),
             cfg.worker_exe.clone(),
             cfg.worker_host.clone(),
-            cfg.gpu_host_key.clone(),
         );
         let listings = Arc::new(Listings::new(cfg.clock.clone()));
         Ok(FsCore {

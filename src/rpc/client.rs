@@ -24,10 +24,10 @@ use crate::proto::{
     LinkRequest, LinkResponse, ListRequest, ListResponse, MissingBlocksRequest,
     MissingBlocksResponse, NewParentRequest, NewParentResponse, PublishBatchRequest,
     PublishBatchResponse, PublishGpuRequest, PublishRequest, PublishResponse, RegisterNodeRequest,
-    RegisterNodeResponse, RemoveRequest, RemoveResponse, RenameRequest, RenameResponse,
-    ResolveManyRequest, ResolveManyResponse, ResolveRequest, ResolveResponse, SetAttrRequest,
-    SetAttrResponse, SwarmSyncReply, SwarmSyncRequest, VersionBlocksRequest, VersionBlocksResponse,
-    WatchDown, Window,
+    RegisterNodeResponse, RegistrationSecretRequest, RegistrationSecretResponse, RemoveRequest,
+    RemoveResponse, RenameRequest, RenameResponse, ResolveManyRequest, ResolveManyResponse,
+    ResolveRequest, ResolveResponse, SetAttrRequest, SetAttrResponse, SwarmSyncReply,
+    SwarmSyncRequest, VersionBlocksRequest, VersionBlocksResponse, WatchDown, Window,
 };
 
 /// Where the node's agent (root's) listens when nothing says otherwise: a directory of root's
@@ -187,6 +187,13 @@ impl StoreApi for GrpcStore {
 
     async fn get_window(&self, req: GetWindowRequest) -> Result<Window, ClientError> {
         answer(self.client.clone().get_window(req).await)
+    }
+
+    async fn registration_secret(
+        &self,
+        req: RegistrationSecretRequest,
+    ) -> Result<RegistrationSecretResponse, ClientError> {
+        answer(self.client.clone().registration_secret(req).await)
     }
 
     async fn join_gpu_window(&self, req: GpuJoinRequest) -> Result<GpuJoinResponse, ClientError> {

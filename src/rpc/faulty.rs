@@ -22,10 +22,10 @@ use crate::proto::{
     LinkRequest, LinkResponse, ListRequest, ListResponse, MissingBlocksRequest,
     MissingBlocksResponse, NewParentRequest, NewParentResponse, PublishBatchRequest,
     PublishBatchResponse, PublishGpuRequest, PublishRequest, PublishResponse, RegisterNodeRequest,
-    RegisterNodeResponse, RemoveRequest, RemoveResponse, RenameRequest, RenameResponse,
-    ResolveManyRequest, ResolveManyResponse, ResolveRequest, ResolveResponse, SetAttrRequest,
-    SetAttrResponse, SwarmSyncReply, SwarmSyncRequest, VersionBlocksRequest, VersionBlocksResponse,
-    Window,
+    RegisterNodeResponse, RegistrationSecretRequest, RegistrationSecretResponse, RemoveRequest,
+    RemoveResponse, RenameRequest, RenameResponse, ResolveManyRequest, ResolveManyResponse,
+    ResolveRequest, ResolveResponse, SetAttrRequest, SetAttrResponse, SwarmSyncReply,
+    SwarmSyncRequest, VersionBlocksRequest, VersionBlocksResponse, Window,
 };
 
 /// What an injected call does instead of reaching the store.
@@ -238,6 +238,14 @@ impl StoreApi for FaultyStore {
     async fn get_window(&self, req: GetWindowRequest) -> Result<Window, ClientError> {
         self.before("get_window").await?;
         self.inner.get_window(req).await
+    }
+
+    async fn registration_secret(
+        &self,
+        req: RegistrationSecretRequest,
+    ) -> Result<RegistrationSecretResponse, ClientError> {
+        self.before("registration_secret").await?;
+        self.inner.registration_secret(req).await
     }
 
     async fn join_gpu_window(&self, req: GpuJoinRequest) -> Result<GpuJoinResponse, ClientError> {

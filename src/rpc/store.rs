@@ -20,10 +20,10 @@ use crate::proto::{
     LinkRequest, LinkResponse, ListRequest, ListResponse, MissingBlocksRequest,
     MissingBlocksResponse, NewParentRequest, NewParentResponse, PublishBatchRequest,
     PublishBatchResponse, PublishGpuRequest, PublishRequest, PublishResponse, RegisterNodeRequest,
-    RegisterNodeResponse, RemoveRequest, RemoveResponse, RenameRequest, RenameResponse,
-    ResolveManyRequest, ResolveManyResponse, ResolveRequest, ResolveResponse, SetAttrRequest,
-    SetAttrResponse, SwarmSyncReply, SwarmSyncRequest, VersionBlocksRequest, VersionBlocksResponse,
-    WatchDown, WatchUp, Window,
+    RegisterNodeResponse, RegistrationSecretRequest, RegistrationSecretResponse, RemoveRequest,
+    RemoveResponse, RenameRequest, RenameResponse, ResolveManyRequest, ResolveManyResponse,
+    ResolveRequest, ResolveResponse, SetAttrRequest, SetAttrResponse, SwarmSyncReply,
+    SwarmSyncRequest, VersionBlocksRequest, VersionBlocksResponse, WatchDown, WatchUp, Window,
 };
 
 /// What a watcher sends up its watch: acknowledgements and lease renewals.
@@ -73,6 +73,10 @@ pub trait StoreApi: Send + Sync {
     async fn leave_broadcast(&self, req: LeaveRequest) -> Result<LeaveResponse, ClientError>;
     async fn swarm_sync(&self, req: SwarmSyncRequest) -> Result<SwarmSyncReply, ClientError>;
     async fn get_window(&self, req: GetWindowRequest) -> Result<Window, ClientError>;
+    async fn registration_secret(
+        &self,
+        req: RegistrationSecretRequest,
+    ) -> Result<RegistrationSecretResponse, ClientError>;
     async fn join_gpu_window(&self, req: GpuJoinRequest) -> Result<GpuJoinResponse, ClientError>;
     async fn await_gpu_window(&self, req: GpuAwaitRequest) -> Result<GpuWindow, ClientError>;
     async fn finish_gpu_window(

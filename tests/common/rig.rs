@@ -48,7 +48,6 @@ impl Rig {
                 server: server.clone(),
                 credential: ktfs::auth::Credential::none(),
                 node_ticket: Default::default(),
-                gpu_host_key: Default::default(),
                 listen: "127.0.0.1:0".into(),
                 advertise: None,
                 cache_dir: dir.path().join("agent"),

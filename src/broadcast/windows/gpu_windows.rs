@@ -211,6 +211,17 @@ mod tests {
 
     const ALIVE: &dyn Fn(&str) -> bool = &|_| true;
 
+    /// A fresh window of as many members as `joins`, joined in order: as it stands at the last.
+    fn window_of(clock: &ManualClock, joins: Vec<GpuJoiner>) -> GpuWindow {
+        let mut g = GpuWindows::default();
+        let s = spec(joins.len() as u32, 0, 0);
+        let mut last = None;
+        for j in joins {
+            last = Some(g.join(s.clone(), j, ALIVE, clock.now()).unwrap().0 .0);
+        }
+        last.unwrap()
+    }
+
     #[test]
     fn the_quorum_closes_at_world_size_and_plans_a_chain_grouped_by_node() {
         let clock = ManualClock::default();
@@ -246,15 +257,7 @@ mod tests {
             unique_id: if id { vec![9; 128] } else { Vec::new() },
             ..joiner(node, role, 1)
         };
-        let run = |members: Vec<GpuJoiner>| {
-            let mut g = GpuWindows::default();
-            let s = spec(members.len() as u32, 0, 0);
-            let mut last = None;
-            for m in members {
-                last = Some(g.join(s.clone(), m, ALIVE, clock.now()).unwrap().0 .0);
-            }
-            last.unwrap()
-        };
+        let run = |members: Vec<GpuJoiner>| window_of(&clock, members);
         let w = run(vec![
             nccl("a", Role::Putter, true),
             nccl("b", Role::Getter, false),
@@ -619,15 +622,7 @@ mod tests {
     #[test]
     fn a_getter_of_a_key_no_one_puts_or_of_another_table_fails_the_window_naming_it() {
         let clock = ManualClock::default();
-        let run = |joins: Vec<GpuJoiner>| {
-            let mut g = GpuWindows::default();
-            let s = spec(joins.len() as u32, 0, 0);
-            let mut last = None;
-            for j in joins {
-                last = Some(g.join(s.clone(), j, ALIVE, clock.now()).unwrap().0 .0);
-            }
-            last.unwrap()
-        };
+        let run = |joins: Vec<GpuJoiner>| window_of(&clock, joins);
         let w = run(vec![
             keyed("shard-0", "a", Role::Putter, 1),
             keyed("shard-0", "b", Role::Getter, 1),

@@ -12,7 +12,6 @@ use tokio::sync::Mutex as AsyncMutex;
 use super::error::GpuError;
 use super::transfer::Transfer;
 use super::workers::{let_go, Registration, Workers};
-use crate::auth::gpu_secret::HostKey;
 use crate::gpu::abi;
 use crate::gpu::table::Table;
 use crate::gpu::window::{self, Asked, Joining, Membership, WindowError};
@@ -23,8 +22,8 @@ use crate::key::{KeyPath, Namespace};
 use crate::locks::lock;
 use crate::proto::worker_request::Op;
 use crate::proto::{
-    GpuKey, PublishGpuRequest, ResolveRequest, Role, WorkerBroadcast, WorkerBuffer, WorkerFetch,
-    WorkerHeld, WorkerNcclId, WorkerRegister, WorkerReply,
+    GpuKey, PublishGpuRequest, RegistrationSecretRequest, ResolveRequest, Role, WorkerBroadcast,
+    WorkerBuffer, WorkerFetch, WorkerHeld, WorkerNcclId, WorkerRegister, WorkerReply,
 };
 use crate::rpc::Store;
 
@@ -53,7 +52,6 @@ pub(super) struct Commit {
     pub(super) node_id: String,
     pub(super) exe: PathBuf,
     pub(super) host: String,
-    pub(super) host_key: HostKey,
     pub(super) workers: Arc<AsyncMutex<Workers>>,
     pub(super) key: KeyPath,
     pub(super) caller: u32,
@@ -108,16 +106,22 @@ impl Commit {
             worker: worker.clone(),
             window: None,
         };
+        // The store derives it; this node holds nothing to derive it from.
+        let secret = self
+            .store
+            .registration_secret(RegistrationSecretRequest {
+                namespace: self.namespace.to_string(),
+                node_id: self.node_id.clone(),
+                registration: reg.id,
+            })
+            .await?
+            .secret;
         let registered = worker
             .call(Op::Register(WorkerRegister {
                 registration: reg.id,
                 buffers: self.buffers.clone(),
                 receiving: !publisher,
-                secret: self
-                    .host_key
-                    .secret(self.namespace.as_str(), &self.node_id, reg.id)
-                    .map(Vec::from)
-                    .unwrap_or_default(),
+                secret,
             }))
             .await;
         *lock(&self.registration) = Some(reg);

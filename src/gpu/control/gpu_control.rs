@@ -16,7 +16,6 @@ use super::error::GpuError;
 use super::file::ControlFile;
 use super::transfer::Transfer;
 use super::workers::{let_go, Workers};
-use crate::auth::gpu_secret::HostKey;
 use crate::gpu::abi::{self, Command};
 use crate::gpu::table::Table;
 use crate::gpu::window::Asked;
@@ -39,8 +38,6 @@ pub struct GpuControl {
     exe: PathBuf,
     /// Where this node's workers listen.
     host: String,
-    /// The key this node's registrations' secrets come from, once the store server gave it.
-    host_key: HostKey,
     workers: Arc<AsyncMutex<Workers>>,
 }
 
@@ -52,7 +49,6 @@ impl GpuControl {
         node_id: String,
         exe: PathBuf,
         host: String,
-        host_key: HostKey,
     ) -> Self {
         GpuControl {
             rt,
@@ -61,7 +57,6 @@ impl GpuControl {
             node_id,
             exe,
             host,
-            host_key,
             workers: Arc::default(),
         }
     }
@@ -151,7 +146,6 @@ impl GpuControl {
             node_id: self.node_id.clone(),
             exe: self.exe.clone(),
             host: self.host.clone(),
-            host_key: self.host_key.clone(),
             workers: self.workers.clone(),
             key: cf.key.clone(),
             caller: cf.caller,

@@ -9,7 +9,7 @@ use crate::broadcast::windows::{GpuJoiner, GpuWindows};
 use crate::locks;
 use crate::proto::{
     GpuAwaitRequest, GpuFinishRequest, GpuFinishResponse, GpuJoinRequest, GpuJoinResponse,
-    GpuWindow,
+    GpuWindow, RegistrationSecretRequest, RegistrationSecretResponse,
 };
 use crate::rpc;
 use crate::server::auth::{group_namespace, principal};
@@ -38,6 +38,21 @@ impl StoreHandler {
     fn alive(&self) -> impl Fn(&str) -> bool + '_ {
         |n: &str| self.meta.live_node(n).is_some()
     }
+}
+
+/// The secret of a registration of the caller's own node (`auth::gpu_secret`), which its
+/// worker serves the registration's bytes with; asked per registration, so that no node holds
+/// what every secret is derived from. Empty where the cluster issues none.
+pub(super) async fn registration_secret(
+    handler: &StoreHandler,
+    req: Request<RegistrationSecretRequest>,
+) -> Result<Response<RegistrationSecretResponse>, Status> {
+    let ns = namespace_for(&req, &req.get_ref().namespace)?;
+    principal(&req)?.may_act_for_node(&req.get_ref().node_id)?;
+    let r = req.into_inner();
+    Ok(Response::new(RegistrationSecretResponse {
+        secret: handler.gpu_secret(ns.as_str(), &r.node_id, r.registration),
+    }))
 }
 
 pub(super) async fn join_gpu_window(

@@ -6,7 +6,6 @@ use std::net::SocketAddr;
 use tonic::{Request, Response, Status};
 
 use super::state::StoreHandler;
-use crate::auth::gpu_secret;
 use crate::auth::ticket::{self, Grant};
 use crate::meta::MetaError;
 use crate::proto::{
@@ -40,11 +39,8 @@ pub(super) async fn register_node(
             .as_ref()
             .map(|k| k.signing_public().as_bytes().to_vec())
             .unwrap_or_default(),
-        gpu_key: handler
-            .gpu_seed
-            .as_ref()
-            .map(|k| gpu_secret::host_key_of(k).to_vec())
-            .unwrap_or_default(),
+        // No longer sent: a node asks for each registration's secret (RegistrationSecret).
+        gpu_key: Vec::new(),
         ticket_keys: ticket_keys(handler),
     }))
 }

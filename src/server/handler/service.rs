@@ -142,6 +142,13 @@ impl Store for StoreHandler {
         windows::get_window(self, req).await
     }
 
+    async fn registration_secret(
+        &self,
+        req: Request<RegistrationSecretRequest>,
+    ) -> Result<Response<RegistrationSecretResponse>, Status> {
+        gpu::registration_secret(self, req).await
+    }
+
     async fn join_gpu_window(
         &self,
         req: Request<GpuJoinRequest>,
