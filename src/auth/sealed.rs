@@ -1,24 +1,46 @@
-//! Sealed frames of the host transport: AES-256-GCM, under keys drawn from the registration's
-//! secret (`rpc::gpu_secret`) and a fresh nonce from each side, so every connection has keys
-//! of its own and nothing sealed on one can be replayed on another. Each direction has its own
-//! key and numbers its frames; a frame's number is its nonce, so no nonce repeats under a key,
-//! and a frame dropped, reordered or replayed within the connection does not open.
+//! Sealed frames of the host transport. A connection opens with a Noise handshake
+//! (`Noise_NNpsk0_25519_AESGCM_SHA256`, by `snow`): both sides' ephemeral X25519 keys, mixed with
+//! the registration's secret (`auth::gpu_secret`) as the pre-shared key, so only holders of the
+//! secret complete it, each connection has keys of its own, and what was sealed stays sealed
+//! even if the secret is later learnt (forward secrecy). Its split gives each direction an
+//! AES-256-GCM key; each direction numbers its frames, a frame's number is its nonce (as in
+//! Noise's transport), so no nonce repeats under a key, and a frame dropped, reordered or
+//! replayed within the connection does not open. The frames are ours rather than Noise's
+//! transport messages only because those stop at 64 KiB and a frame here carries 4 MiB.
 
 use std::sync::Arc;
 
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
-use ring::rand::{SecureRandom, SystemRandom};
 
 use crate::auth::gpu_secret::Secret;
 
 /// Bytes a sealed frame carries beyond its plaintext.
 pub const TAG: usize = 16;
 
-/// A hello's fresh value.
-pub type Hello = [u8; 32];
+const PATTERN: &str = "Noise_NNpsk0_25519_AESGCM_SHA256";
 
-const TO_SERVER: &str = "ktfs 2026-12 GPU host transport, client to server";
-const TO_CLIENT: &str = "ktfs 2026-12 GPU host transport, server to client";
+/// A handshake message's length: an ephemeral X25519 public key, and the tag of the empty
+/// payload sealed under what the handshake knows so far.
+pub const HANDSHAKE: usize = 32 + TAG;
+
+/// A handshake message: the client's is in its hello, the server's follows its verdict.
+pub type Hello = [u8; HANDSHAKE];
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    /// The other side does not hold the registration's secret (or the bytes were changed).
+    #[error("the handshake does not open under the registration's secret")]
+    Refused,
+    #[error("the host transport's handshake: {0}")]
+    Noise(String),
+}
+
+fn noise(e: snow::Error) -> HandshakeError {
+    match e {
+        snow::Error::Decrypt => HandshakeError::Refused,
+        e => HandshakeError::Noise(e.to_string()),
+    }
+}
 
 /// One direction of a connection: its key and the number of its next frame. A clone shares
 /// the key, so that frames numbered ahead ([`Direction::seal_at`]) are sealed on other threads.
@@ -34,32 +56,80 @@ pub struct Keys {
     pub to_client: Direction,
 }
 
-/// A fresh hello value from the system's random source.
-pub fn hello() -> std::io::Result<Hello> {
-    let mut h = [0u8; 32];
-    SystemRandom::new()
-        .fill(&mut h)
-        .map_err(|_| std::io::Error::other("no randomness for a host transport hello"))?;
-    Ok(h)
+fn builder(secret: &Secret) -> Result<snow::HandshakeState, HandshakeError> {
+    let params: snow::params::NoiseParams = PATTERN.parse().map_err(noise)?;
+    snow::Builder::new(params)
+        .psk(0, secret)
+        .map_err(noise)?
+        .build_initiator()
+        .map_err(noise)
 }
 
-/// The keys of a connection whose client said `client` and server `server`.
-pub fn keys(secret: &Secret, client: &Hello, server: &Hello) -> Keys {
-    let mut material = Vec::with_capacity(96);
-    material.extend_from_slice(secret);
-    material.extend_from_slice(client);
-    material.extend_from_slice(server);
-    let direction = |context: &str| Direction {
+fn responder(secret: &Secret) -> Result<snow::HandshakeState, HandshakeError> {
+    let params: snow::params::NoiseParams = PATTERN.parse().map_err(noise)?;
+    snow::Builder::new(params)
+        .psk(0, secret)
+        .map_err(noise)?
+        .build_responder()
+        .map_err(noise)
+}
+
+/// The connection's keys once `hs` has finished: initiator to responder is to the server.
+fn split(mut hs: snow::HandshakeState) -> Result<Keys, HandshakeError> {
+    if !hs.is_handshake_finished() {
+        return Err(HandshakeError::Noise("the handshake did not finish".into()));
+    }
+    let (to_server, to_client) = hs.dangerously_get_raw_split();
+    let direction = |k: [u8; 32]| Direction {
         key: Arc::new(LessSafeKey::new(
-            UnboundKey::new(&AES_256_GCM, &blake3::derive_key(context, &material))
-                .expect("an AES-256 key is 32 bytes"),
+            UnboundKey::new(&AES_256_GCM, &k).expect("an AES-256 key is 32 bytes"),
         )),
         next: 0,
     };
-    Keys {
-        to_server: direction(TO_SERVER),
-        to_client: direction(TO_CLIENT),
+    Ok(Keys {
+        to_server: direction(to_server),
+        to_client: direction(to_client),
+    })
+}
+
+/// The client's side of a handshake, between its hello and the server's answer.
+pub struct Initiator(snow::HandshakeState);
+
+impl Initiator {
+    /// Starts a handshake under `secret`: the message the client's hello carries.
+    pub fn start(secret: &Secret) -> Result<(Initiator, Hello), HandshakeError> {
+        let mut hs = builder(secret)?;
+        let mut msg = [0u8; HANDSHAKE];
+        let n = hs.write_message(&[], &mut msg).map_err(noise)?;
+        if n != HANDSHAKE {
+            return Err(HandshakeError::Noise(format!(
+                "a first message of {n} bytes"
+            )));
+        }
+        Ok((Initiator(hs), msg))
     }
+
+    /// The connection's keys, from the server's answer; [`HandshakeError::Refused`] where the
+    /// server does not hold the secret.
+    pub fn finish(mut self, answer: &Hello) -> Result<Keys, HandshakeError> {
+        let mut payload = [0u8; HANDSHAKE];
+        self.0.read_message(answer, &mut payload).map_err(noise)?;
+        split(self.0)
+    }
+}
+
+/// The server's side of a handshake: from the client's message, the answer to send and the
+/// connection's keys; [`HandshakeError::Refused`] where the client does not hold the secret.
+pub fn respond(secret: &Secret, hello: &Hello) -> Result<(Hello, Keys), HandshakeError> {
+    let mut hs = responder(secret)?;
+    let mut payload = [0u8; HANDSHAKE];
+    hs.read_message(hello, &mut payload).map_err(noise)?;
+    let mut msg = [0u8; HANDSHAKE];
+    let n = hs.write_message(&[], &mut msg).map_err(noise)?;
+    if n != HANDSHAKE {
+        return Err(HandshakeError::Noise(format!("an answer of {n} bytes")));
+    }
+    Ok((msg, split(hs)?))
 }
 
 fn nonce(frame: u64) -> Nonce {
@@ -115,10 +185,16 @@ impl Direction {
 mod tests {
     use super::*;
 
+    fn connection(secret: &Secret) -> (Keys, Keys) {
+        let (client, hello) = Initiator::start(secret).unwrap();
+        let (answer, server) = respond(secret, &hello).unwrap();
+        (client.finish(&answer).unwrap(), server)
+    }
+
     #[test]
-    fn a_frame_opens_once_in_its_place_and_under_its_keys_only() {
-        let (s, c, v) = ([1u8; 32], [2u8; 32], [3u8; 32]);
-        let (mut a, mut b) = (keys(&s, &c, &v), keys(&s, &c, &v));
+    fn a_frame_opens_once_in_its_place_and_under_its_connections_keys_only() {
+        let s = [1u8; 32];
+        let (mut a, mut b) = connection(&s);
         let mut one = b"first".to_vec();
         let mut two = b"second".to_vec();
         a.to_server.seal(&mut one);
@@ -127,17 +203,36 @@ mod tests {
         assert!(!one.windows(5).any(|w| w == b"first"), "sealed, not plain");
         // Out of order: the second does not open as the first.
         let mut swapped = two.clone();
-        assert!(!b.to_server.open(&mut swapped));
-        let mut b = keys(&s, &c, &v);
+        assert!(!b.to_server.clone().open(&mut swapped));
         assert!(b.to_server.open(&mut one) && one == b"first");
         assert!(b.to_server.open(&mut two) && two == b"second");
-        // Not the other direction's, nor another connection's, nor a changed byte.
+        // Both directions work, each under its own key.
+        let mut back = b"back".to_vec();
+        b.to_client.seal(&mut back);
+        assert!(!a.to_server.clone().open(&mut back.clone()));
+        assert!(a.to_client.open(&mut back) && back == b"back");
+        // Another connection under the same secret has other keys (fresh ephemerals).
+        let (mut c, _) = connection(&s);
         let mut x = b"x".to_vec();
-        keys(&s, &c, &v).to_client.seal(&mut x);
-        assert!(!keys(&s, &c, &v).to_server.open(&mut x.clone()));
-        assert!(!keys(&s, &c, &[4u8; 32]).to_client.open(&mut x.clone()));
-        assert!(!keys(&[9u8; 32], &c, &v).to_client.open(&mut x.clone()));
-        x[0] ^= 1;
-        assert!(!keys(&s, &c, &v).to_client.open(&mut x));
+        c.to_server.seal(&mut x);
+        let (_, mut d) = connection(&s);
+        assert!(!d.to_server.open(&mut x));
+    }
+
+    #[test]
+    fn only_holders_of_the_secret_complete_the_handshake() {
+        let (s, other) = ([1u8; 32], [2u8; 32]);
+        // A client without the secret: the server refuses its hello.
+        let (_, hello) = Initiator::start(&other).unwrap();
+        assert!(matches!(respond(&s, &hello), Err(HandshakeError::Refused)));
+        // A server without it: the client refuses its answer.
+        let (client, hello) = Initiator::start(&s).unwrap();
+        let (_, forged) = Initiator::start(&other).unwrap();
+        assert!(respond(&other, &hello).is_err());
+        assert!(client.finish(&forged).is_err());
+        // A changed byte of the hello.
+        let (_, mut hello) = Initiator::start(&s).unwrap();
+        hello[40] ^= 1;
+        assert!(matches!(respond(&s, &hello), Err(HandshakeError::Refused)));
     }
 }

@@ -3,7 +3,8 @@
 //! hello and then requests, a worker getting from it reads the verdict on its hello and then
 //! answers. Each reader runs over the bytes and is checked against a model of the frames
 //! written here from the protocol's description (`ktfs::gpu::worker::host`): a hello
-//! `KTGH 3, [registration u64][sealed u8][fresh 32 bytes]`, requests `[offset u64][len u32]`
+//! `KTGH 4, [registration u64][sealed u8][the first Noise handshake message, 48 bytes]`,
+//! requests `[offset u64][len u32]`
 //! (`len` all ones: an NCCL offer of `offset` bytes follows), verdicts and answers
 //! `[errno u32][len u32]` and then the bytes or the reason, all little-endian.
 //!

@@ -242,7 +242,7 @@ fn host_answer(errno: u32, body: &[u8]) -> Vec<u8> {
 /// What a serving worker reads (a hello, requests for bytes, an offer) and what a getting
 /// worker reads (a verdict and answers of 5 bytes, or a refusal).
 fn gpu_host_transport() -> Vec<Seed> {
-    let hello = [&b"KTGH\x03"[..], &7u64.to_le_bytes(), &[0], &[0x5a; 32]].concat();
+    let hello = [&b"KTGH\x04"[..], &7u64.to_le_bytes(), &[0], &[0x5a; 48]].concat();
     let exactly_5 = [&[0x01][..], &5u32.to_le_bytes()].concat();
     vec![
         (

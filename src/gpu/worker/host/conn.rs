@@ -45,19 +45,28 @@ pub async fn connect(src: Source<'_>) -> Result<Conn, WorkerError> {
     stream.set_nodelay(true)?;
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::with_capacity(1 << 20, rd);
-    let client = sealed::hello()?;
+    let handshake = secret
+        .map(|s| sealed::Initiator::start(&s))
+        .transpose()
+        .map_err(|e| WorkerError::Bad(e.to_string()))?;
     let hello = Hello {
         registration,
-        sealed: secret.is_some(),
-        fresh: client,
+        sealed: handshake.is_some(),
+        fresh: handshake
+            .as_ref()
+            .map_or([0u8; sealed::HANDSHAKE], |(_, m)| *m),
     };
     wr.write_all(&hello.encode()).await.map_err(peer)?;
     read_verdict(&mut rd, source, addr).await?;
-    let keys = match secret {
-        Some(secret) => {
-            let mut server = [0u8; 32];
-            rd.read_exact(&mut server).await.map_err(peer)?;
-            let k = sealed::keys(&secret, &client, &server);
+    let keys = match handshake {
+        Some((client, _)) => {
+            let mut answer = [0u8; sealed::HANDSHAKE];
+            rd.read_exact(&mut answer).await.map_err(peer)?;
+            let k = client.finish(&answer).map_err(|e| {
+                WorkerError::Peer(format!(
+                    "{source} ({addr}) does not hold the registration's secret: {e}"
+                ))
+            })?;
             Some((k.to_server, k.to_client))
         }
         None => None,

@@ -9,13 +9,14 @@
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 
-use crate::auth::sealed::{Direction, Hello as Fresh, TAG};
+use crate::auth::sealed::{Direction, Hello as Fresh, HANDSHAKE, TAG};
 use crate::gpu::worker::error::WorkerError;
 
 /// The first bytes of a hello: `KTGH` and the version.
-pub const MAGIC: &[u8; 5] = b"KTGH\x03";
-/// A hello's length: the magic, the registration, whether sealed, the client's fresh value.
-pub const HELLO: usize = 5 + 8 + 1 + 32;
+pub const MAGIC: &[u8; 5] = b"KTGH\x04";
+/// A hello's length: the magic, the registration, whether sealed, the client's first handshake
+/// message (zeros where unsealed).
+pub const HELLO: usize = 5 + 8 + 1 + HANDSHAKE;
 /// A request's length (unsealed): `[offset u64][len u32]`.
 pub const REQUEST: usize = 12;
 /// A verdict's or an answer's head (unsealed): `[errno u32][len u32]`.
@@ -64,7 +65,7 @@ pub fn request(offset: u64, len: u32) -> Vec<u8> {
 }
 
 /// What opens a connection: the registration it is for, whether it is to be sealed, and the
-/// client's fresh value (what the keys are drawn from, with the server's).
+/// client's first handshake message (what the keys come from, with the server's answer).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hello {
     pub registration: u64,
@@ -89,7 +90,7 @@ impl Hello {
                 "not this version of the ktfs host transport".into(),
             ));
         }
-        let mut fresh = [0u8; 32];
+        let mut fresh = [0u8; HANDSHAKE];
         fresh.copy_from_slice(&b[14..]);
         Ok(Hello {
             registration: u64_at(b, 5),
@@ -296,7 +297,7 @@ mod tests {
         let hello = Hello {
             registration: 0x0102_0304_0506_0708,
             sealed: true,
-            fresh: [7; 32],
+            fresh: [7; HANDSHAKE],
         };
         let mut wire = hello.encode();
         assert_eq!(wire.len(), HELLO);

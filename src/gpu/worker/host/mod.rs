@@ -2,9 +2,10 @@
 //! buffers and the tests.
 //!
 //! A connection is for one registration. It opens with a hello, `KTGH` and a version byte, the
-//! registration (u64), whether the connection is sealed (u8) and the client's fresh value (32
-//! bytes), answered by a verdict `[errno u32][len u32]` and, for an errno, a message saying
-//! why; a sealed connection's server then sends its own fresh value. Then it carries pipelined
+//! registration (u64), whether the connection is sealed (u8) and the client's first Noise
+//! handshake message (48 bytes; zeros unsealed), answered by a verdict `[errno u32][len u32]`
+//! and, for an errno, a message saying why; a sealed connection's server then sends its
+//! handshake answer (48 bytes). Then it carries pipelined
 //! requests `[offset u64][len u32]` for bytes of the registration's run (its buffers in table
 //! order, see [`Buffers`](super::memory::Buffers)), each answered in order by
 //! `[errno u32][len u32]` and then the bytes, or, for an errno, the message. All integers are
@@ -15,8 +16,8 @@
 //!
 //! Where the cluster issues secrets (a store server with authentication, see
 //! `rpc::gpu_secret`), a registration is served only on sealed connections: every request and
-//! answer travels as a frame sealed under keys drawn from the registration's secret and both
-//! fresh values (`auth::sealed`), so only a worker its agent gave the secret (from an answer of
+//! answer travels as a frame sealed under the keys of a Noise NNpsk0 handshake whose pre-shared
+//! key is the registration's secret (`auth::sealed`), so only a worker its agent gave the secret (from an answer of
 //! the store server that checked the caller's namespace) is served, and what crosses the
 //! network is ciphertext. Elsewhere a registration id is a random 64-bit number that only the
 //! agent and the workers it told know.

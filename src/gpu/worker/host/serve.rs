@@ -84,15 +84,26 @@ struct Admitted {
     keys: Option<(Direction, Direction)>,
 }
 
-/// The hello read and answered: the verdict, and a sealed connection's fresh value from this
-/// side. `None` where it was refused (the refusal sent).
+/// The hello read and answered: the verdict, and a sealed connection's handshake answer. `None`
+/// where it was refused (the refusal sent), a sealed hello that does not open under the
+/// registration's secret included.
 async fn greet<R: AsyncRead + Unpin>(
     rd: &mut R,
     wr: &mut OwnedWriteHalf,
     served: &Served,
 ) -> Result<Option<Admitted>, WorkerError> {
     let hello = read_hello(rd).await?;
-    let (buffers, secret) = match admit(served, hello.registration, hello.sealed) {
+    let admitted = admit(served, hello.registration, hello.sealed).and_then(|(b, secret)| {
+        // Only a holder of the registration's secret completes the handshake.
+        match secret {
+            Some(s) => match sealed::respond(&s, &hello.fresh) {
+                Ok((answer, k)) => Ok((b, Some((answer, k)))),
+                Err(e) => Err((libc::EACCES, e.to_string())),
+            },
+            None => Ok((b, None)),
+        }
+    });
+    let (buffers, handshake) = match admitted {
         Ok(x) => x,
         Err((errno, why)) => {
             let mut refusal = head(errno as u32, why.len() as u32);
@@ -102,11 +113,9 @@ async fn greet<R: AsyncRead + Unpin>(
         }
     };
     wr.write_all(&head(0, 0)).await?;
-    let keys = match secret {
-        Some(secret) => {
-            let server = sealed::hello()?;
-            wr.write_all(&server).await?;
-            let k = sealed::keys(&secret, &hello.fresh, &server);
+    let keys = match handshake {
+        Some((answer, k)) => {
+            wr.write_all(&answer).await?;
             Some((k.to_server, k.to_client))
         }
         None => None,
