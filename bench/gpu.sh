@@ -462,7 +462,7 @@ CMD="bash bench/gpu.sh"
     echo "$(awk -v w="$(median $(col MC chain))" -v p="$(median $(col MC p2p))" 'BEGIN { printf "%.2f", w / (3 * p) }')x three point-to-point copies' worth."
     echo
     echo "Sealing's cost (issue 17): where the store server authenticates, the host transport seals every"
-    echo "frame (AES-256-GCM under per-connection keys from the registration's secret). Point to point"
+    echo "frame (AES-256-GCM under the keys of a Noise NNpsk0 handshake on the registration's secret). Point to point"
     echo "between E and F of a second server, one with a token file: $(med sealed) s against $(med p2p) s unsealed,"
     echo "**$(awk -v a="$(med sealed)" -v b="$(med p2p)" 'BEGIN { printf "%.2f", a / b }')x**; machine CPU $(median $(col MC sealed)) CPU-s against $(median $(col MC p2p))."
     if ((LINK_MBIT > 0)); then
