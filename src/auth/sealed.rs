@@ -56,22 +56,15 @@ pub struct Keys {
     pub to_client: Direction,
 }
 
-fn builder(secret: &Secret) -> Result<snow::HandshakeState, HandshakeError> {
+/// One side of a handshake under `secret`: the client's (`initiator`) or the server's.
+fn handshake(secret: &Secret, initiator: bool) -> Result<snow::HandshakeState, HandshakeError> {
     let params: snow::params::NoiseParams = PATTERN.parse().map_err(noise)?;
-    snow::Builder::new(params)
-        .psk(0, secret)
-        .map_err(noise)?
-        .build_initiator()
-        .map_err(noise)
-}
-
-fn responder(secret: &Secret) -> Result<snow::HandshakeState, HandshakeError> {
-    let params: snow::params::NoiseParams = PATTERN.parse().map_err(noise)?;
-    snow::Builder::new(params)
-        .psk(0, secret)
-        .map_err(noise)?
-        .build_responder()
-        .map_err(noise)
+    let b = snow::Builder::new(params).psk(0, secret).map_err(noise)?;
+    match initiator {
+        true => b.build_initiator(),
+        false => b.build_responder(),
+    }
+    .map_err(noise)
 }
 
 /// The connection's keys once `hs` has finished: initiator to responder is to the server.
@@ -98,7 +91,7 @@ pub struct Initiator(snow::HandshakeState);
 impl Initiator {
     /// Starts a handshake under `secret`: the message the client's hello carries.
     pub fn start(secret: &Secret) -> Result<(Initiator, Hello), HandshakeError> {
-        let mut hs = builder(secret)?;
+        let mut hs = handshake(secret, true)?;
         let mut msg = [0u8; HANDSHAKE];
         let n = hs.write_message(&[], &mut msg).map_err(noise)?;
         if n != HANDSHAKE {
@@ -121,7 +114,7 @@ impl Initiator {
 /// The server's side of a handshake: from the client's message, the answer to send and the
 /// connection's keys; [`HandshakeError::Refused`] where the client does not hold the secret.
 pub fn respond(secret: &Secret, hello: &Hello) -> Result<(Hello, Keys), HandshakeError> {
-    let mut hs = responder(secret)?;
+    let mut hs = handshake(secret, false)?;
     let mut payload = [0u8; HANDSHAKE];
     hs.read_message(hello, &mut payload).map_err(noise)?;
     let mut msg = [0u8; HANDSHAKE];
