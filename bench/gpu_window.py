@@ -404,10 +404,13 @@ def cmd_pairs(a):
             putters.append(put)
             getters.append({"name": f"getter{i}", "mount": getter, "dst": made[i], "sample": True,
                             "total": total, "key": key})
-        if a.window:
+        def open_getters(create):
             for m in getters:
-                m["fd"] = open_control(m["mount"], m["key"], True)
+                m["fd"] = open_control(m["mount"], m["key"], create)
                 write_table(m["fd"], data)
+
+        if a.window:
+            open_getters(True)
             cpu0, b0 = measure_begin(pids)
             t0 = time.monotonic()
             for m in getters:
@@ -421,9 +424,7 @@ def cmd_pairs(a):
             for put in putters:
                 put["transfer"] = commit(put["fd"], abi.PUT, src_name, sizes)
             wait_all(putters, time.monotonic(), 0, a.limit_s)
-            for m in getters:
-                m["fd"] = open_control(m["mount"], m["key"], False)
-                write_table(m["fd"], data)
+            open_getters(False)
             cpu0, b0 = measure_begin(pids)
             t0 = time.monotonic()
             for m in getters:
