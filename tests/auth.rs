@@ -1304,4 +1304,53 @@ fn a_node_agent_acts_in_its_callers_namespaces_only() {
         &["ls", "in-place", "-n", "team-a"],
     );
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+
+    // A seed names the key it got: team a puts the same bytes in the store; b, holding them,
+    // cannot make the node a source of a's version, neither naming a's key nor its own.
+    ok(kt_as(
+        &server.addr,
+        &none,
+        &[("KT_TOKEN", "tok-a")],
+        &["put", "w", "--src", file.to_str().unwrap(), "-n", "team-a"],
+    ));
+    let (version, manifest) = rt.block_on(async {
+        let cred = ktfs::auth::Credential::token("tok-a").unwrap();
+        let store = ktfs::rpc::client::connect_store(&server.addr, &cred)
+            .await
+            .unwrap();
+        let r = store
+            .resolve(ktfs::proto::ResolveRequest {
+                namespace: "team-a".into(),
+                key: "w".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        (r.version, r.manifest)
+    });
+    let seed = |ns: &str, key: &str, token: &str| {
+        let mut call = tonic::Request::new(ktfs::proto::AddSourceRequest {
+            version: version.clone(),
+            manifest: manifest.clone(),
+            files: vec![LocalFile {
+                entry_path: String::new(),
+                disk_path: file.display().to_string(),
+            }],
+            namespace: ns.into(),
+            key: key.into(),
+        });
+        call.metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        rt.block_on(async {
+            let mut a = ktfs::rpc::client::connect_agent(&agent.socket)
+                .await
+                .unwrap();
+            a.add_source(call).await.map(|_| ())
+        })
+    };
+    let err = seed("team-a", "w", "tok-b").unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err}");
+    let err = seed("team-b", "in-place", "tok-b").unwrap_err();
+    assert!(err.message().contains("is not at version"), "{err}");
+    seed("team-a", "w", "tok-a").expect("a seeds its own key's version");
 }

@@ -174,6 +174,7 @@ fn fake_peer(server: &str, ip: &str, node: &str, version_hex: &str, answer: Arc<
             .add_location(AddLocationRequest {
                 version: unhex(version_hex),
                 node_id: node.into(),
+                ..Default::default()
             })
             .await
             .unwrap();

@@ -152,9 +152,16 @@ impl Agent for AgentHandler {
         req: Request<AddSourceRequest>,
     ) -> Result<Response<AddSourceResponse>, Status> {
         let caller = Caller::of(&req)?;
+        // The store checks the key against the caller's own credential, presented beside the
+        // node's, as a local publish does.
+        let credential = self
+            .cfg
+            .credential
+            .acting_for(req.metadata().get(AUTHORIZATION).cloned());
         let r = req.into_inner();
         let version = Version::from_slice(&r.version).ok_or_else(|| invalid("bad version"))?;
         let m = checked(r.manifest)?;
+        let (namespace, key) = (r.namespace.clone(), r.key.clone());
         let blocks = self.blocks.clone();
         let started = std::time::Instant::now();
         let open = move |p: &std::path::Path| caller.open(p);
@@ -163,13 +170,15 @@ impl Agent for AgentHandler {
             .map_err(|e| to_status(Fault::Internal, e.to_string()))?
             .map_err(in_place_status)?;
         let registered_ms = started.elapsed().as_millis() as u64;
-        let store = client::connect_store(&self.cfg.server, &self.cfg.credential)
+        let store = client::connect_store(&self.cfg.server, &credential)
             .await
             .map_err(client_status)?;
         store
             .add_location(AddLocationRequest {
                 version: version.0.to_vec(),
                 node_id: self.cfg.node_id.clone(),
+                namespace,
+                key,
             })
             .await
             .map_err(client_status)?;

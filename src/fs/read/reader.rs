@@ -320,6 +320,8 @@ impl Reader {
                     .add_location(AddLocationRequest {
                         version: version.0.to_vec(),
                         node_id: node,
+                        // The mount's own read: the node's word, as a node's.
+                        ..Default::default()
                     })
                     .await;
                 if let Err(e) = r {

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 
 use tonic::{Request, Response, Status};
 
+use super::state::namespace_for;
 use super::state::StoreHandler;
 use crate::auth::ticket::{self, Grant};
 use crate::meta::MetaError;
@@ -12,8 +13,9 @@ use crate::proto::{
     AddLocationRequest, AddLocationResponse, HeartbeatRequest, HeartbeatResponse,
     RegisterNodeRequest, RegisterNodeResponse, TicketPublicKey,
 };
-use crate::server::auth::{expiry_of, principal};
-use crate::server::status::{blocking, invalid, parse_version};
+use crate::rpc::status::{to_status, Fault};
+use crate::server::auth::{expiry_of, principal, OnBehalf};
+use crate::server::status::{blocking, invalid, parse_key, parse_version};
 
 pub(super) async fn register_node(
     handler: &StoreHandler,
@@ -107,10 +109,30 @@ pub(super) async fn add_location(
     handler: &StoreHandler,
     req: Request<AddLocationRequest>,
 ) -> Result<Response<AddLocationResponse>, Status> {
-    let caller = principal(&req)?;
+    principal(&req)?.may_act_for_node(&req.get_ref().node_id)?;
+    // A node's agent seeding for a caller on its socket: the caller names the key it got, in
+    // a namespace it may use, and the version must be that key's, so that no caller makes a
+    // node a source of another namespace's versions.
+    let seeded_for = match req.extensions().get::<OnBehalf>() {
+        Some(_) => Some((
+            namespace_for(&req, &req.get_ref().namespace)?,
+            parse_key(&req.get_ref().key)?,
+        )),
+        None => None,
+    };
     let r = req.into_inner();
-    caller.may_act_for_node(&r.node_id)?;
     let version = parse_version(&r.version)?;
+    if let Some((ns, key)) = seeded_for {
+        let meta = handler.meta.clone();
+        let (at, asked) = (ns.clone(), key.clone());
+        let found = blocking(move || meta.resolve(&at, &asked)).await?;
+        if found.record.version != version.0 {
+            return Err(to_status(
+                Fault::Conflict,
+                format!("{ns}/{key} is not at version {version}: nothing to seed"),
+            ));
+        }
+    }
     let meta = handler.meta.clone();
     blocking(move || meta.add_location(&version, &r.node_id)).await?;
     Ok(Response::new(AddLocationResponse {}))

@@ -371,7 +371,8 @@ async fn fetch_one(
     record(report, &fetched, &layout, files.len(), version);
     if opts.seed {
         if let Some(a) = agent {
-            if seed(a, version, &m, files).await {
+            let got = (opts.namespace.as_str(), r.key.as_str(), &opts.credential);
+            if seed(a, version, &m, files, got).await {
                 report.seeded = true;
             }
         }
@@ -521,15 +522,22 @@ async fn seed(
     version: Version,
     m: &Manifest,
     files: Vec<LocalFile>,
+    (namespace, key, credential): (&str, &str, &Credential),
 ) -> bool {
-    let seeded = agent
-        .client
-        .add_source(AddSourceRequest {
-            version: version.0.to_vec(),
-            manifest: Some(m.clone()),
-            files,
-        })
-        .await;
+    // The agent seeds with its node's credential and this caller's, which it presents beside
+    // it: the store checks that the caller may read the key, and that it is at this version.
+    let mut call = tonic::Request::new(AddSourceRequest {
+        version: version.0.to_vec(),
+        manifest: Some(m.clone()),
+        files,
+        namespace: namespace.to_string(),
+        key: key.to_string(),
+    });
+    if let Some(v) = credential.value() {
+        call.metadata_mut()
+            .insert(crate::auth::credential::AUTHORIZATION, v);
+    }
+    let seeded = agent.client.add_source(call).await;
     match seeded {
         Ok(_) => true,
         Err(e) => {
