@@ -349,6 +349,7 @@ fn grpc_publish_resolve_rename_remove() -> Seed {
                 &AddLocationRequest {
                     version,
                     node_id: "n1".into(),
+                    ..Default::default()
                 },
             ),
             call(
