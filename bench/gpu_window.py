@@ -301,6 +301,15 @@ def measure_end(pids, cpu0, b0):
     }
 
 
+def verified(res, src, getters):
+    """After the clock: checks every getter holds the source's bytes, then prints `res`."""
+    for m in getters:
+        if not same_bytes(src, f"/dev/shm/{m['dst']}"):
+            sys.exit(f"{m['name']} on {m['mount']}: the received bytes differ from the source")
+    res["verified"] = True
+    print(json.dumps(res), flush=True)
+
+
 def tidy(members, made):
     """Closes the members' control files and removes the /dev/shm files made for the run."""
     for m in members:
@@ -374,12 +383,7 @@ def cmd_transfer(a, windowed: bool):
             res["putter_done_s"] = round(put["done_s"], 4)
         else:
             res["publish_s"] = round(put_s, 4)
-        # After the clock: every getter holds the source's bytes.
-        for m in members:
-            if not same_bytes(a.src, f"/dev/shm/{m['dst']}"):
-                sys.exit(f"{m['name']} on {m['mount']}: the received bytes differ from the source")
-        res["verified"] = True
-        print(json.dumps(res), flush=True)
+        verified(res, a.src, members)
     finally:
         tidy(members + ([put] if put else []), made)
 
@@ -436,11 +440,7 @@ def cmd_pairs(a):
         res["getters"] = [
             {k: m.get(k) for k in ("mount", "first_byte_s", "half_s", "done_s")} for m in getters
         ]
-        for m in getters:
-            if not same_bytes(a.src, f"/dev/shm/{m['dst']}"):
-                sys.exit(f"{m['name']} on {m['mount']}: the received bytes differ from the source")
-        res["verified"] = True
-        print(json.dumps(res), flush=True)
+        verified(res, a.src, getters)
     finally:
         tidy(getters + putters, made)
 

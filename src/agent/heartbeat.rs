@@ -33,22 +33,21 @@ pub(super) fn registered(
 ) {
     ticket.set(Bytes::from(r.ticket.clone()));
     let mut g = locks::write(gate);
-    *g = match verifiers_of(&r.ticket_keys) {
-        // The same verifiers, replaced in place by each heartbeat.
-        Some(keys) => match &*g {
-            Gate::Tickets { key, .. } => {
-                key.set(keys);
-                Gate::Tickets {
-                    key: key.clone(),
-                    versions: Some(versions.clone()),
-                }
-            }
-            _ => Gate::Tickets {
-                key: TicketVerifiers::new(keys),
-                versions: Some(versions.clone()),
-            },
-        },
-        None => Gate::Open,
+    let Some(keys) = verifiers_of(&r.ticket_keys) else {
+        *g = Gate::Open;
+        return;
+    };
+    // The verifiers a gate has already are replaced in place, as each heartbeat does.
+    let key = match &*g {
+        Gate::Tickets { key, .. } => {
+            key.set(keys);
+            key.clone()
+        }
+        _ => TicketVerifiers::new(keys),
+    };
+    *g = Gate::Tickets {
+        key,
+        versions: Some(versions.clone()),
     };
 }
 

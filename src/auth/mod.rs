@@ -5,8 +5,8 @@
 //! every connection ([`tls`]).
 //!
 //! These are the credentials and their checks; the store server's enforcement of them on each
-//! route (who a token belongs to, which namespace it may touch) is `server::auth`, which uses
-//! this module.
+//! route (who a token belongs to, which namespace it may touch) is the server's own auth layer,
+//! which uses this module.
 
 pub mod credential;
 pub mod gpu_secret;

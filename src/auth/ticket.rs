@@ -8,7 +8,7 @@
 //!
 //! A ticket is its grant, an expiry, the epoch of the key that signed it and an Ed25519
 //! signature by that key. The store server's signing key is rotated (daily, and whenever its
-//! shared token changes: `crate::server` keeps the epochs); node agents receive the public
+//! shared token changes; the server keeps the epochs in its data directory); node agents receive the public
 //! halves of the epochs in force when they register and with every heartbeat
 //! ([`TicketVerifiers`]), so a peer checks tickets without asking the server, a ticket dies with
 //! its epoch, and no node can mint one. Both check that a block

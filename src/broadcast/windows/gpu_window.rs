@@ -377,9 +377,7 @@ impl GpuWindowState {
                 .map(|f| f.message.clone())
                 .unwrap_or_default(),
             errno: self.failure.as_ref().map_or(0, |f| f.errno),
-            table_json: putter.map(|p| p.table_json.clone()).unwrap_or_default(),
             unique_id: putter.map(|p| p.unique_id.clone()).unwrap_or_default(),
-            flags: putter.map_or(0, |p| p.flags),
             finished: self.finished(),
             opened_unix_ms: self.opened_unix_ms,
             closed_unix_ms: self.closed_unix_ms,
