@@ -53,6 +53,12 @@ if cargo tree --no-default-features -p ktfs -e normal -i rocksdb >/dev/null 2>&1
 fi
 cargo check --no-default-features -p ktfs --lib --bins
 
+# What `kt put` remembers of its puts goes to a directory of this run, not the user's cache,
+# where indexes of earlier runs name servers long gone (whose addresses the tests reuse).
+KT_INDEX_DIR="$(mktemp -d)"
+export KT_INDEX_DIR
+trap 'rm -rf "$KT_INDEX_DIR"' EXIT
+
 cargo test --workspace
 
 # The Python package: its extension built in the profile the Rust tests used (so only it and

@@ -241,3 +241,61 @@ fn a_get_onto_a_modified_copy_takes_what_it_holds_and_fetches_a_delta() {
     assert_eq!(third["delta_blocks"], 0);
     assert!(third["bytes_transferred"].as_u64().unwrap() >= data.len() as u64);
 }
+
+/// A put whose index names a version the store never held (the store was replaced by an empty
+/// one at the same address) offers a patch, is refused, and publishes the whole manifest: the
+/// blocks it uploaded for the refused patch count, so the report says what crossed the network.
+#[test]
+fn a_put_against_a_store_that_forgot_its_base_counts_what_it_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = dir.path().join("index");
+    let put = |server: &str, src: &std::path::Path| -> serde_json::Value {
+        let out = Command::new(common::kt_bin())
+            .args(["put", "big", "--json", "--src", src.to_str().unwrap()])
+            .env("KT_SERVER", server)
+            .env("KT_AGENT", dir.path().join("no-agent.sock"))
+            .env("KT_INDEX_DIR", &index)
+            .env_remove("KT_NAMESPACE")
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let first = common::start_server("127.0.0.78", &dir.path().join("a"));
+    let addr = first.addr.clone();
+    let src = dir.path().join("big.bin");
+    let data = pseudo_random(3 << 20, 23);
+    std::fs::write(&src, &data).unwrap();
+    assert_eq!(put(&addr, &src)["bytes_transferred"], data.len() as u64);
+    assert!(first.stop().success());
+
+    let second = common::spawn_ready(&[
+        "server",
+        "--listen",
+        &addr,
+        "--data-dir",
+        dir.path().join("b").to_str().unwrap(),
+    ]);
+    assert_eq!(second.addr, addr);
+    let edited = with_line_inserted(&data);
+    std::fs::write(&src, &edited).unwrap();
+    let again = put(&addr, &src);
+    assert_eq!(again["sent_as"], "manifest", "{again}");
+    assert!(
+        again["bytes_transferred"].as_u64().unwrap() >= edited.len() as u64,
+        "{again}"
+    );
+    let out = dir.path().join("out.bin");
+    let got = common::kt_with(
+        &addr,
+        &dir.path().join("no-agent.sock"),
+        &["get", "big", "--dest", out.to_str().unwrap()],
+    );
+    assert!(got.status.success());
+    assert!(std::fs::read(&out).unwrap() == edited, "read back differs");
+}

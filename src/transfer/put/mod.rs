@@ -164,14 +164,14 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
                     publish_patch(store, &opts.server, &publish, &scanned, *bv, bm, progress)
                         .await?
                 }
-                None => None,
+                None => Patched::Refused { uploaded: 0 },
             };
             match patched {
-                Some(done) => {
+                Patched::Done(done) => {
                     sent_as = "patch";
                     (done.version, done.bytes_sent)
                 }
-                None => {
+                Patched::Refused { uploaded } => {
                     let jobs = upload_jobs(&scanned, |_| true);
                     let done = publish::publish(
                         store,
@@ -181,7 +181,7 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
                         progress,
                     )
                     .await?;
-                    (done.version, done.bytes_sent)
+                    (done.version, uploaded + done.bytes_sent)
                 }
             }
         }
@@ -288,10 +288,17 @@ async fn current(
     Ok(usable.then_some((v, m)))
 }
 
+/// What a patch publish came to.
+enum Patched {
+    Done(publish::Published),
+    Refused { uploaded: u64 },
+}
+
 /// Publishes `scanned` as a patch against `base`, sending only the blocks of changed files
-/// (inside the publish when they are few and small). `None` when the store would not take it
-/// (the key moved on since `base`, or lacks a block it was thought to hold): the caller sends
-/// the whole manifest.
+/// (inside the publish when they are few and small). `Refused` when the store would not take it
+/// (the key moved on since `base`, the store never held `base`, or it lacks a block it was
+/// thought to hold): the caller sends the whole manifest, and counts what the refused attempt
+/// uploaded, which the store keeps and the whole publish then finds present.
 async fn publish_patch(
     store: &Store,
     server: &str,
@@ -300,7 +307,7 @@ async fn publish_patch(
     base: Version,
     base_manifest: &Manifest,
     progress: &ProgressBar,
-) -> Result<Option<publish::Published>, PutError> {
+) -> Result<Patched, PutError> {
     let patch = manifest::diff(base_manifest, &scanned.manifest);
     let changed: HashSet<&str> = patch.upserts.iter().map(|e| e.path.as_str()).collect();
     let jobs = upload_jobs(scanned, |p| changed.contains(p));
@@ -318,7 +325,11 @@ async fn publish_patch(
     // deltas against the blocks they replace where that is smaller (the whole request names
     // the new manifest they are matched against).
     let (payload, uploaded) = match inline_blocks(&jobs)? {
-        Some(blocks) => (Payload::Inline(blocks), 0),
+        // Sent inside the publish: they cross the network whether or not it is taken.
+        Some(blocks) => {
+            let len = blocks.iter().map(|b| b.data.len() as u64).sum();
+            (Payload::Inline(blocks), len)
+        }
         None => {
             let sent = upload::upload_missing_for(store, server, whole, jobs, progress)
                 .await
@@ -328,12 +339,13 @@ async fn publish_patch(
     };
     match publish::publish(store, server, req, payload, progress).await {
         Ok(mut done) => {
-            done.bytes_sent += uploaded;
-            Ok(Some(done))
+            // The inline bytes the publish counted, or the blocks uploaded before it.
+            done.bytes_sent = uploaded;
+            Ok(Patched::Done(done))
         }
         Err(e) if e.fault() == Fault::Conflict => {
             tracing::debug!(error = %e, "the store refused the patch; sending the whole manifest");
-            Ok(None)
+            Ok(Patched::Refused { uploaded })
         }
         Err(e) => Err(e.into()),
     }
