@@ -17,9 +17,11 @@ cd "$(dirname "$0")/.."
 # libprotobuf-dev: the google/protobuf/*.proto that the CSI spec's csi.proto imports (kt-csi);
 # fuse3, attr (setfattr), git and python3: the mount tests drive the filesystem with them;
 # iproute2: the GPU test makes a pod of its own (a network namespace and a veth pair); rdiff:
-# tests/delta.rs applies ktfs's deltas with librsync's tool; rsync: bench/delta.sh's baseline.
+# tests/delta.rs applies ktfs's deltas with librsync's tool; rsync: bench/delta.sh's baseline;
+# etcd-server: cluster mode's metadata engine, which the engine's tests start and the second
+# pass below runs the metadata-heavy tests on (curl asks it whether it is up).
 APT_PACKAGES=(librocksdb-dev clang libclang-dev protobuf-compiler libprotobuf-dev fuse3 attr iproute2 git rdiff rsync
-    python3 python3-pip)
+    python3 python3-pip etcd-server curl)
 # kubernetes-validate: the offline Kubernetes schemas deploy/check.sh validates the manifests
 # against (tests/deploy.rs runs it); maturin builds the Python package, whose tests use pytest,
 # fsspec, numpy, pandas and pyarrow.
@@ -47,8 +49,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 # The client-only build holds nothing of RocksDB or FUSE, and compiles (checked, not built:
 # a build would put its `kt` where the tests expect the full one).
 if cargo tree --no-default-features -p ktfs -e normal -i rocksdb >/dev/null 2>&1 \
-    || cargo tree --no-default-features -p ktfs -e normal -i fuser >/dev/null 2>&1; then
-    echo "test.sh: the client-only build depends on rocksdb or fuser" >&2
+    || cargo tree --no-default-features -p ktfs -e normal -i fuser >/dev/null 2>&1 \
+    || cargo tree --no-default-features -p ktfs -e normal -i etcd-client >/dev/null 2>&1; then
+    echo "test.sh: the client-only build depends on rocksdb, fuser or etcd-client" >&2
     exit 1
 fi
 cargo check --no-default-features -p ktfs --lib --bins
@@ -57,7 +60,12 @@ cargo check --no-default-features -p ktfs --lib --bins
 # where indexes of earlier runs name servers long gone (whose addresses the tests reuse).
 KT_INDEX_DIR="$(mktemp -d)"
 export KT_INDEX_DIR
-trap 'rm -rf "$KT_INDEX_DIR"' EXIT
+ETCD_PID=
+cleanup() {
+    [ -n "$ETCD_PID" ] && kill "$ETCD_PID" 2>/dev/null && wait "$ETCD_PID" 2>/dev/null
+    rm -rf "$KT_INDEX_DIR" "${ETCD_DIR:-}"
+}
+trap cleanup EXIT
 
 cargo test --workspace
 
@@ -66,4 +74,26 @@ cargo test --workspace
 rm -rf target/wheels
 maturin build --profile dev -m python/Cargo.toml --out target/wheels --quiet
 pip_install --force-reinstall --no-deps target/wheels/ktfs-*.whl
+python3 -m pytest -q python/tests
+
+# The second pass: the metadata-heavy tests again, each store server's metadata on a real etcd
+# (one member on loopback, its data in memory, slow heartbeats for a starved machine) rather
+# than RocksDB: the two engines must answer alike (doc/cluster.md).
+ETCD_DIR="$(mktemp -d -p /dev/shm 2>/dev/null || mktemp -d)"
+ETCD_AT=127.0.0.108
+etcd --name kt --data-dir "$ETCD_DIR/data" \
+    --listen-client-urls "http://$ETCD_AT:2379" --advertise-client-urls "http://$ETCD_AT:2379" \
+    --listen-peer-urls "http://$ETCD_AT:2380" --initial-advertise-peer-urls "http://$ETCD_AT:2380" \
+    --initial-cluster "kt=http://$ETCD_AT:2380" --heartbeat-interval 250 --election-timeout 2500 \
+    >"$ETCD_DIR/log" 2>&1 &
+ETCD_PID=$!
+# Up once it answers its health check: at most 30 s, asked every 0.2 s.
+for _ in $(seq 150); do
+    curl -sf "http://$ETCD_AT:2379/health" >/dev/null && break
+    sleep 0.2
+done
+curl -sf "http://$ETCD_AT:2379/health" >/dev/null || { cat "$ETCD_DIR/log" >&2; exit 1; }
+export KT_TEST_META="etcd://$ETCD_AT:2379"
+cargo test --workspace --test semantics --test watch --test gc --test durability --test model \
+    --test posix --test cli --test auth --test tls
 python3 -m pytest -q python/tests

@@ -452,6 +452,9 @@ fn batch(db: &DB, ops: Vec<BatchOp>) -> Result<WriteBatch, DbError> {
         match op {
             BatchOp::Put(family, k, v) => batch.put_cf(cf(db, family)?, k, v),
             BatchOp::Delete(family, k) => batch.delete_cf(cf(db, family)?, k),
+            BatchOp::DeleteRange(family, from, to) => {
+                batch.delete_range_cf(cf(db, family)?, from, to)
+            }
         }
     }
     Ok(batch)
@@ -460,6 +463,8 @@ fn batch(db: &DB, ops: Vec<BatchOp>) -> Result<WriteBatch, DbError> {
 pub enum BatchOp {
     Put(&'static str, Vec<u8>, Vec<u8>),
     Delete(&'static str, Vec<u8>),
+    /// Every key from the first (included) to the second (excluded).
+    DeleteRange(&'static str, Vec<u8>, Vec<u8>),
 }
 
 #[cfg(test)]

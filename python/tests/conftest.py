@@ -69,7 +69,11 @@ def cluster(tmp_path_factory):
     """The store server and this node's agent; yields what tests need of them."""
     kt = kt_bin()
     d = tmp_path_factory.mktemp("kt")
-    server = Proc([kt, "server", "--listen", f"{IP}:0", "--data-dir", str(d / "store"), "--lease-secs", "10"])
+    # With KT_TEST_META=etcd://HOST:PORT (the test command's second pass), the metadata in etcd.
+    meta = os.environ.get("KT_TEST_META")
+    meta_args = ["--meta", f"{meta}/py-{d.name}-{os.getpid()}"] if meta else []
+    server = Proc([kt, "server", "--listen", f"{IP}:0", "--data-dir", str(d / "store"), "--lease-secs", "10"]
+                  + meta_args)
     sock = d / "agent.sock"
     agent = Proc(
         [kt, "agent", "--server", server.addr, "--listen", f"{IP}:0", "--cache-dir", str(d / "cache"),

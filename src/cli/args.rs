@@ -391,6 +391,11 @@ pub struct ServerArgs {
     pub listen: String,
     #[arg(long)]
     pub data_dir: PathBuf,
+    /// Where keys, manifests and attributes live: an etcd cluster,
+    /// `etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/PREFIX` (blocks stay in --data-dir).
+    /// Without it, RocksDB in --data-dir.
+    #[arg(long, value_name = "URL")]
+    pub meta: Option<ktfs::server::MetaSpec>,
     /// Seconds a node stays a source without a heartbeat.
     #[arg(long, default_value_t = 15)]
     pub lease_secs: u64,

@@ -70,11 +70,17 @@ fn server_tls(a: &ServerTlsArgs) -> Result<Option<ServerTls>> {
 
 pub async fn server(a: ServerArgs) -> Result<()> {
     let auth = auth_config(&a.auth).await?;
-    let srv = StoreServerProcess::bind(&a.listen, &a.data_dir, Duration::from_secs(a.lease_secs))
-        .await?
-        .with_auth(auth)
-        .with_tls(server_tls(&a.tls)?)
-        .with_gc((a.gc_interval_secs > 0).then(|| Duration::from_secs(a.gc_interval_secs)));
+    let srv = StoreServerProcess::bind_on(
+        &a.listen,
+        &a.data_dir,
+        Duration::from_secs(a.lease_secs),
+        ktfs::clock::system(),
+        &a.meta.unwrap_or_default(),
+    )
+    .await?
+    .with_auth(auth)
+    .with_tls(server_tls(&a.tls)?)
+    .with_gc((a.gc_interval_secs > 0).then(|| Duration::from_secs(a.gc_interval_secs)));
     let stop = shutdown_signal();
     println!("kt server listening on {}", srv.local_addr()?);
     Ok(srv.run(stop).await?)

@@ -59,6 +59,11 @@ pub trait MetaBackend: Send + Sync + 'static {
     fn write_synced(&self, ops: Vec<Op>) -> Result<(), BackendError>;
     /// Makes every write so far durable.
     fn flush(&self) -> Result<(), BackendError>;
+    /// Makes `changes` durable, each all or nothing, in order: group commit's batch. One synced
+    /// batch here; an engine whose transactions are bounded packs them into as few as fit.
+    fn commit(&self, changes: Vec<Vec<Op>>) -> Result<(), BackendError> {
+        self.write_synced(changes.concat())
+    }
 }
 
 pub const CF_KEYS: &str = "keys";

@@ -6,6 +6,7 @@
 //! the changes queued ahead of it will leave. Planned, its writes join the queue and the overlay,
 //! and the lock is released, so the next change plans while this one waits. Whoever waits when
 //! no batch is being written leads: it takes everything queued, writes it in one synced batch
+//! (on an engine with limits to a transaction, in as few as hold them: `MetaBackend::commit`)
 //! and tells the others (the followers) how it went; changes queued meanwhile make the next batch.
 //!
 //! A failed batch fails every change in it and every change queued behind it (they were planned
@@ -53,8 +54,9 @@ struct Planned {
 struct State {
     /// Each key a change not yet durable wrote.
     overlay: BTreeMap<(Table, Vec<u8>), Planned>,
-    /// The writes of changes no leader has taken yet, in the order they were planned.
-    queued: Vec<Op>,
+    /// The writes of changes no leader has taken yet, change by change, in the order they were
+    /// planned.
+    queued: Vec<Vec<Op>>,
     /// The number of the last change submitted.
     last: u64,
     /// Every change numbered up to this one is decided: durable or failed.
@@ -154,7 +156,7 @@ impl Commits {
             st.overlay
                 .insert((table, key.clone()), Planned { by: n, value });
         }
-        st.queued.extend(ops);
+        st.queued.push(ops);
         Ok(Ticket(n))
     }
 
@@ -208,10 +210,10 @@ impl Commits {
         backend: &dyn MetaBackend,
     ) -> std::sync::MutexGuard<'a, State> {
         st.leading = true;
-        let ops = std::mem::take(&mut st.queued);
+        let changes = std::mem::take(&mut st.queued);
         let (first, last) = (st.decided + 1, st.last);
         drop(st);
-        let written = backend.write_synced(ops);
+        let written = backend.commit(changes);
         let mut st = locks::lock(&self.state);
         st.stats.syncs += 1;
         match written {

@@ -18,6 +18,7 @@ mod attrs;
 pub mod backend;
 pub mod collected;
 mod commit;
+pub mod engine;
 mod error;
 pub mod gc;
 mod gpu;

@@ -24,6 +24,7 @@ use crate::blocks::store::{self, StoreBlocks, CF_BLOCKS};
 use crate::blocks::BlockError;
 use crate::clock::{self, SharedClock};
 use crate::db::{Db, DbError};
+use crate::meta::engine::{EngineError, EngineTables, EtcdEngine, EtcdUrl};
 use crate::meta::{self, MetaError, MetaStore};
 use crate::proto::store_server::StoreServer;
 use crate::rpc::MAX_RPC_MESSAGE;
@@ -159,8 +160,29 @@ pub enum ServerError {
     Blocks(#[from] BlockError),
     #[error(transparent)]
     Meta(#[from] MetaError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
     #[error("serving: {0}")]
     Serve(#[from] tonic::transport::Error),
+}
+
+/// Where a store server keeps its metadata (keys, manifests, attributes, locations).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum MetaSpec {
+    /// RocksDB in the data directory: the embedded default.
+    #[default]
+    Local,
+    /// An etcd cluster (`--meta etcd://HOST:PORT[,...]/PREFIX`); blocks stay in the data
+    /// directory until they move to an object store (doc/cluster.md).
+    Etcd(EtcdUrl),
+}
+
+impl std::str::FromStr for MetaSpec {
+    type Err = crate::meta::engine::BadEtcdUrl;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse().map(MetaSpec::Etcd)
+    }
 }
 
 /// A bound store server, ready to run.
@@ -186,6 +208,18 @@ impl StoreServerProcess {
         lease: Duration,
         clock: SharedClock,
     ) -> Result<Self, ServerError> {
+        Self::bind_on(listen, data_dir, lease, clock, &MetaSpec::Local).await
+    }
+
+    /// Opens the store with its metadata where `spec` says, its blocks in `data_dir`, and
+    /// binds `listen`.
+    pub async fn bind_on(
+        listen: &str,
+        data_dir: &Path,
+        lease: Duration,
+        clock: SharedClock,
+        spec: &MetaSpec,
+    ) -> Result<Self, ServerError> {
         let dir_err = |source| ServerError::DataDir {
             path: data_dir.display().to_string(),
             source,
@@ -203,7 +237,17 @@ impl StoreServerProcess {
             })?;
         let blocks = Arc::new(StoreBlocks::new(db.clone(), files));
         blocks.index_old_blocks()?;
-        let meta = MetaStore::new(db, blocks, lease, clock.clone());
+        let meta = match spec {
+            MetaSpec::Local => MetaStore::new(db, blocks, lease, clock.clone()),
+            MetaSpec::Etcd(url) => {
+                let url = url.clone();
+                let connect = move || async move { EtcdEngine::connect(&url).await };
+                let tables = tokio::task::spawn_blocking(move || EngineTables::connect(connect))
+                    .await
+                    .map_err(EngineError::other)??;
+                MetaStore::new(tables, blocks, lease, clock.clone())
+            }
+        };
         Ok(StoreServerProcess {
             listener,
             meta: Arc::new(meta),

@@ -25,20 +25,45 @@ pub fn kt_bin() -> &'static str {
 pub fn spawn_ready(args: &[&str]) -> Proc {
     let mut cmd = Command::new(kt_bin());
     cmd.args(args).env("RUST_LOG", "warn");
+    // A store server's metadata where `KT_TEST_META` says (see [`meta_args`]).
+    let data_dir = args
+        .iter()
+        .position(|a| *a == "--data-dir")
+        .and_then(|i| args.get(i + 1));
+    if let (Some("server"), Some(dir), false) =
+        (args.first().copied(), data_dir, args.contains(&"--meta"))
+    {
+        cmd.args(meta_args(Path::new(dir)));
+    }
     spawn_ready_cmd(cmd)
 }
 
 pub fn start_server(ip: &str, data_dir: &Path) -> Proc {
-    spawn_ready(&[
-        "server",
-        "--listen",
-        &format!("{ip}:0"),
-        "--data-dir",
-        data_dir.to_str().unwrap(),
+    let args = vec![
+        "server".to_string(),
+        "--listen".into(),
+        format!("{ip}:0"),
+        "--data-dir".into(),
+        data_dir.to_str().unwrap().into(),
         // Agents heartbeat every second; a lease this long survives a starved machine.
-        "--lease-secs",
-        "10",
-    ])
+        "--lease-secs".into(),
+        "10".into(),
+    ];
+    spawn_ready_owned(args)
+}
+
+/// Where a test's store server keeps its metadata: RocksDB in its data directory, or, with
+/// `KT_TEST_META=etcd://HOST:PORT` (the test command runs the metadata-heavy tests so a second
+/// time), the etcd there, under a prefix of the server's own, the same for a server restarted
+/// on the same data directory.
+pub fn meta_args(data_dir: &Path) -> Vec<String> {
+    match std::env::var("KT_TEST_META") {
+        Ok(base) if !base.is_empty() => {
+            let id = blake3::hash(data_dir.as_os_str().as_encoded_bytes()).to_hex();
+            vec!["--meta".into(), format!("{base}/t-{}", &id[..16])]
+        }
+        _ => Vec::new(),
+    }
 }
 
 pub struct AgentProc {
@@ -124,7 +149,8 @@ impl Cluster {
             .arg(dir.path().join("store"))
             .args(["--lease-secs", "10"])
             .env("RUST_LOG", "warn")
-            .env("KT_BENCH_TOPOLOGY", "tree");
+            .env("KT_BENCH_TOPOLOGY", "tree")
+            .args(meta_args(&dir.path().join("store")));
         Cluster {
             server: spawn_ready_cmd(cmd),
             dir,

@@ -6,6 +6,7 @@
 //! What only one crate needs (a `kt server` with the tests' flags, the CSI clients...) stays in
 //! that crate's tests, built on these pieces. Linux only: it reads `/proc` and calls `umount2`.
 
+pub mod etcd;
 pub mod tls;
 
 use std::ffi::CString;
@@ -72,21 +73,42 @@ impl Drop for Proc {
 ///
 /// Panics, naming the command, if it exits (or closes its stdout) before the ready line or has
 /// not printed it within [`READY_LIMIT`]; the process is killed and reaped first.
-pub fn spawn_ready(mut cmd: Command) -> Proc {
+pub fn spawn_ready(cmd: Command) -> Proc {
+    spawn_until(cmd, Stream::Stdout, READY_MARK)
+}
+
+/// Which output of a child [`spawn_until`] reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// Starts `cmd` and waits for the first line of its `stream` that contains `mark` (the other
+/// stream is the test's), as [`spawn_ready`] does for a ready line; the process's [`Proc::addr`]
+/// is what follows `listening on ` in that line, if anything. For programs not ours, which
+/// announce themselves in words of their own.
+pub fn spawn_until(mut cmd: Command, stream: Stream, mark: &str) -> Proc {
     let what = format!("{cmd:?}");
+    cmd.stdin(Stdio::null());
+    match stream {
+        Stream::Stdout => cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()),
+        Stream::Stderr => cmd.stdout(Stdio::inherit()).stderr(Stdio::piped()),
+    };
     let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
         .spawn()
         .unwrap_or_else(|e| panic!("spawning {what}: {e}"));
-    let stdout = child.stdout.take().expect("stdout is piped");
+    let out: Box<dyn std::io::Read + Send> = match stream {
+        Stream::Stdout => Box::new(child.stdout.take().expect("stdout is piped")),
+        Stream::Stderr => Box::new(child.stderr.take().expect("stderr is piped")),
+    };
     let (tx, rx) = mpsc::channel();
+    let mark = mark.to_string();
     std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
+        let mut lines = BufReader::new(out).lines();
         for line in lines.by_ref() {
             let Ok(line) = line else { break };
-            if line.contains(READY_MARK) {
+            if line.contains(&mark) {
                 let _ = tx.send(line);
                 break;
             }

@@ -290,7 +290,7 @@ async fn current(
 
 /// What a patch publish came to.
 enum Patched {
-    Done(publish::Published),
+    Done(Box<publish::Published>),
     Refused { uploaded: u64 },
 }
 
@@ -341,7 +341,7 @@ async fn publish_patch(
         Ok(mut done) => {
             // The inline bytes the publish counted, or the blocks uploaded before it.
             done.bytes_sent = uploaded;
-            Ok(Patched::Done(done))
+            Ok(Patched::Done(Box::new(done)))
         }
         Err(e) if e.fault() == Fault::Conflict => {
             tracing::debug!(error = %e, "the store refused the patch; sending the whole manifest");

@@ -1,0 +1,270 @@
+//! etcd as a metadata engine: every key under one prefix of the cluster's keyspace (so several
+//! stores, or a store and other users, share one etcd), reads linearizable, transactions as
+//! etcd's own compare-and-swap on modification revisions.
+
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KvClient, TxnOp,
+};
+
+use super::{prefix_end, EngineError, Entry, MetaEngine, Page, Revision, Txn, Write};
+
+/// How long a connection to etcd may take to open, and a request to be answered: beyond it the
+/// member is taken for gone and the call fails as unavailable, rather than hanging a publish.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An engine address: `etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/PREFIX`, as JuiceFS
+/// names its metadata engines. The prefix is required: it is this store's part of the
+/// keyspace.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdUrl {
+    pub endpoints: Vec<String>,
+    pub prefix: String,
+    pub user: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for EtcdUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password.
+        f.debug_struct("EtcdUrl")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .finish()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("bad etcd address {url:?}: {why} (expected etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/PREFIX)")]
+pub struct BadEtcdUrl {
+    url: String,
+    why: &'static str,
+}
+
+impl std::str::FromStr for EtcdUrl {
+    type Err = BadEtcdUrl;
+
+    fn from_str(url: &str) -> Result<Self, BadEtcdUrl> {
+        let bad = |why| BadEtcdUrl {
+            // A password in the address stays out of the error.
+            url: match url.rsplit_once('@') {
+                Some((_, host)) => format!("etcd://...@{host}"),
+                None => url.to_string(),
+            },
+            why,
+        };
+        let rest = url
+            .strip_prefix("etcd://")
+            .ok_or_else(|| bad("not an etcd:// address"))?;
+        let (hosts, prefix) = rest
+            .split_once('/')
+            .ok_or_else(|| bad("no /PREFIX after the hosts"))?;
+        let prefix = prefix.trim_end_matches('/');
+        if prefix.is_empty() {
+            return Err(bad("the prefix is empty"));
+        }
+        let (user, hosts) = match hosts.rsplit_once('@') {
+            Some((cred, hosts)) => {
+                let (u, p) = cred
+                    .split_once(':')
+                    .ok_or_else(|| bad("a user without a password"))?;
+                (Some((u.to_string(), p.to_string())), hosts)
+            }
+            None => (None, hosts),
+        };
+        let endpoints: Vec<String> = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|h| format!("http://{h}"))
+            .collect();
+        if endpoints.is_empty() {
+            return Err(bad("no hosts"));
+        }
+        if hosts.split(',').any(|h| !h.contains(':')) {
+            return Err(bad("a host without a port"));
+        }
+        Ok(EtcdUrl {
+            endpoints,
+            prefix: format!("{prefix}/"),
+            user,
+        })
+    }
+}
+
+/// A connection to an etcd cluster, and the prefix this store's keys live under.
+#[derive(Clone)]
+pub struct EtcdEngine {
+    kv: KvClient,
+    prefix: Vec<u8>,
+}
+
+impl EtcdEngine {
+    pub async fn connect(url: &EtcdUrl) -> Result<Self, EngineError> {
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_timeout(REQUEST_TIMEOUT)
+            // A member cut off from its cluster's leader answers nothing rather than stale data.
+            .with_require_leader(true);
+        if let Some((u, p)) = &url.user {
+            opts = opts.with_user(u, p);
+        }
+        let client = Client::connect(&url.endpoints, Some(opts))
+            .await
+            .map_err(fault)?;
+        Ok(EtcdEngine {
+            kv: client.kv_client(),
+            prefix: url.prefix.as_bytes().to_vec(),
+        })
+    }
+
+    fn full(&self, key: &[u8]) -> Vec<u8> {
+        let mut k = Vec::with_capacity(self.prefix.len() + key.len());
+        k.extend_from_slice(&self.prefix);
+        k.extend_from_slice(key);
+        k
+    }
+
+    fn entry(&self, kv: &etcd_client::KeyValue) -> Result<Entry, EngineError> {
+        let key = kv
+            .key()
+            .strip_prefix(&self.prefix[..])
+            .ok_or_else(|| EngineError::Other("etcd answered a key outside the prefix".into()))?;
+        Ok(Entry {
+            key: key.to_vec(),
+            value: kv.value().to_vec(),
+            modified: kv.mod_revision(),
+        })
+    }
+}
+
+/// What etcd's refusal means for the caller.
+fn fault(e: etcd_client::Error) -> EngineError {
+    use etcd_client::Error as E;
+    match e {
+        E::GRpcStatus(s) => {
+            let msg = s.message();
+            if msg.contains("too many operations") || msg.contains("request is too large") {
+                EngineError::TooLarge {
+                    compares: 0,
+                    writes: 0,
+                    bytes: 0,
+                }
+            } else if msg.contains("database space exceeded") {
+                EngineError::NoSpace(msg.to_string())
+            } else if matches!(
+                s.code(),
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+            ) {
+                EngineError::Unavailable(msg.to_string())
+            } else {
+                EngineError::Other(Box::new(s))
+            }
+        }
+        E::TransportError(t) => EngineError::Unavailable(t.to_string()),
+        E::IoError(io) => EngineError::Unavailable(io.to_string()),
+        other => EngineError::other(other),
+    }
+}
+
+fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> Revision {
+    h.map_or(0, etcd_client::ResponseHeader::revision)
+}
+
+#[async_trait::async_trait]
+impl MetaEngine for EtcdEngine {
+    async fn get(&self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
+        let resp = self
+            .kv
+            .clone()
+            .get(self.full(key), None)
+            .await
+            .map_err(fault)?;
+        resp.kvs().first().map(|kv| self.entry(kv)).transpose()
+    }
+
+    async fn range(
+        &self,
+        prefix: &[u8],
+        start: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Page, EngineError> {
+        let whole = self.full(prefix);
+        let start = match start {
+            Some(s) => self.full(s).max(whole.clone()),
+            None => whole.clone(),
+        };
+        // The store's prefix ends in '/', so the end of a non-empty prefix always exists.
+        let end = prefix_end(&whole).unwrap_or_else(|| vec![0]);
+        let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
+        let opts = GetOptions::new().with_range(end).with_limit(limit);
+        let resp = self
+            .kv
+            .clone()
+            .get(start, Some(opts))
+            .await
+            .map_err(fault)?;
+        let entries = resp
+            .kvs()
+            .iter()
+            .map(|kv| self.entry(kv))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Page {
+            entries,
+            more: resp.more(),
+            revision: header_revision(resp.header()),
+        })
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<Revision, EngineError> {
+        txn.check()?;
+        let compares: Vec<Compare> = txn
+            .compares
+            .iter()
+            .map(|c| Compare::mod_revision(self.full(&c.key), CompareOp::Equal, c.modified))
+            .collect();
+        let ops: Vec<TxnOp> = txn
+            .writes
+            .into_iter()
+            .map(|w| match w {
+                Write::Put { key, value } => TxnOp::put(self.full(&key), value, None),
+                Write::Delete { key } => TxnOp::delete(self.full(&key), None),
+            })
+            .collect();
+        let resp = self
+            .kv
+            .clone()
+            .txn(etcd_client::Txn::new().when(compares).and_then(ops))
+            .await
+            .map_err(fault)?;
+        match resp.succeeded() {
+            true => Ok(header_revision(resp.header())),
+            false => Err(EngineError::Conflict),
+        }
+    }
+
+    async fn delete_range(&self, prefix: &[u8]) -> Result<Revision, EngineError> {
+        let whole = self.full(prefix);
+        let end = prefix_end(&whole).unwrap_or_else(|| vec![0]);
+        let resp = self
+            .kv
+            .clone()
+            .delete(whole, Some(DeleteOptions::new().with_range(end)))
+            .await
+            .map_err(fault)?;
+        Ok(header_revision(resp.header()))
+    }
+
+    async fn revision(&self) -> Result<Revision, EngineError> {
+        // A count-only read of one key answers with the cluster's revision and no data.
+        let opts = GetOptions::new().with_count_only();
+        let resp = self
+            .kv
+            .clone()
+            .get(self.prefix.clone(), Some(opts))
+            .await
+            .map_err(fault)?;
+        Ok(header_revision(resp.header()))
+    }
+}

@@ -1,0 +1,321 @@
+//! The metadata's tables on an engine: each table a one-byte prefix of the engine's keyspace,
+//! served to the synchronous core (`MetaBackend`, which plans under its write lock on blocking
+//! threads) by a runtime of its own, so a call blocks only its caller's thread, from whatever
+//! thread it comes. Group commit's batch becomes as few transactions as the engine's limits
+//! hold, each change whole in one of them.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use super::{prefix_end, EngineError, MetaEngine, Txn, MAX_TXN_BYTES, MAX_TXN_OPS};
+use crate::meta::backend::{BackendError, KeyValue, MetaBackend, Op, Step, Table, Visit};
+
+/// Entries a page of a scan asks for: manifests are large (up to megabytes each), the rest
+/// small.
+fn page_len(table: Table) -> usize {
+    match table {
+        Table::Manifests => 4,
+        _ => 256,
+    }
+}
+
+fn tag(table: Table) -> u8 {
+    match table {
+        Table::Keys => b'k',
+        Table::Manifests => b'm',
+        Table::Locations => b'l',
+        Table::Attrs => b'a',
+        Table::Inodes => b'i',
+    }
+}
+
+fn engine_key(table: Table, key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(key.len() + 1);
+    k.push(tag(table));
+    k.extend_from_slice(key);
+    k
+}
+
+fn backend_err(e: EngineError) -> BackendError {
+    BackendError(Box::new(e))
+}
+
+/// One call on the engine, as the tables' runtime runs it.
+type Call<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, EngineError>> + Send>>;
+
+/// The tables on `engine`.
+pub struct EngineTables {
+    engine: Arc<dyn MetaEngine>,
+    /// `Some` until dropped: shut down without waiting, as a drop may come on an async thread.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl EngineTables {
+    /// Makes the engine with `connect` on the tables' own runtime (an engine's connections
+    /// live on the runtime that made them).
+    pub fn connect<E, F>(connect: impl FnOnce() -> F + Send + 'static) -> Result<Self, EngineError>
+    where
+        E: MetaEngine,
+        F: Future<Output = Result<E, EngineError>> + Send + 'static,
+    {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("kt-meta-engine")
+            .enable_all()
+            .build()
+            .map_err(EngineError::other)?;
+        let engine = on(&runtime, connect())?;
+        Ok(EngineTables {
+            engine: Arc::new(engine),
+            runtime: Some(runtime),
+        })
+    }
+
+    fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(Arc<dyn MetaEngine>) -> Call<T>,
+    ) -> Result<T, BackendError> {
+        let runtime = self.runtime.as_ref().expect("the runtime lives until drop");
+        on(runtime, f(self.engine.clone())).map_err(backend_err)
+    }
+
+    /// Pages of `table` from `start`, each handed to `f` until it says stop.
+    fn pages(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<Option<Vec<u8>>, BackendError>,
+    ) -> Result<(), BackendError> {
+        let whole = engine_key(table, prefix);
+        let mut start: Option<Vec<u8>> = None;
+        let limit = page_len(table);
+        loop {
+            let (w, s) = (whole.clone(), start.clone());
+            let page = self
+                .call(move |e| Box::pin(async move { e.range(&w, s.as_deref(), limit).await }))?;
+            let mut jump = None;
+            for en in &page.entries {
+                // Every key of the page carries the table's tag.
+                if let Some(next) = f(&en.key[1..], &en.value)? {
+                    jump = Some(next);
+                    break;
+                }
+            }
+            start = match jump {
+                Some(j) if j.is_empty() => return Ok(()),
+                Some(j) => Some(engine_key(table, &j)),
+                None => match page.next_start() {
+                    Some(s) => Some(s),
+                    None => return Ok(()),
+                },
+            };
+        }
+    }
+
+    /// The changes, packed in order into transactions within the engine's limits.
+    fn pack(changes: Vec<Vec<Op>>) -> Result<Vec<Txn>, EngineError> {
+        let mut txns = Vec::new();
+        let mut txn = Txn::new();
+        for change in changes {
+            let mut alone = Txn::new();
+            for op in change {
+                alone = match op {
+                    Op::Put(t, k, v) => alone.put(engine_key(t, &k), v),
+                    Op::Delete(t, k) => alone.delete(engine_key(t, &k)),
+                };
+            }
+            // A change that writes a key twice keeps its last write, as a batch does.
+            dedup_last(&mut alone);
+            alone.check()?;
+            let fits = txn.writes.len() + alone.writes.len() <= MAX_TXN_OPS
+                && txn.size() + alone.size() <= MAX_TXN_BYTES
+                && alone
+                    .writes
+                    .iter()
+                    .all(|w| !txn.writes.iter().any(|t| t.key() == w.key()));
+            if !fits {
+                txns.push(std::mem::take(&mut txn));
+            }
+            txn.writes.extend(alone.writes);
+        }
+        if !txn.writes.is_empty() {
+            txns.push(txn);
+        }
+        Ok(txns)
+    }
+}
+
+/// Keeps the last write of each key, in the order of those last writes.
+fn dedup_last(txn: &mut Txn) {
+    let mut seen = std::collections::HashSet::new();
+    let mut kept: Vec<_> = txn
+        .writes
+        .drain(..)
+        .rev()
+        .filter(|w| seen.insert(w.key().to_vec()))
+        .collect();
+    kept.reverse();
+    txn.writes = kept;
+}
+
+/// Runs `fut` on `runtime` and waits for it on this thread, whatever thread that is.
+fn on<T: Send + 'static>(
+    runtime: &tokio::runtime::Runtime,
+    fut: impl Future<Output = Result<T, EngineError>> + Send + 'static,
+) -> Result<T, EngineError> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    runtime.spawn(async move {
+        let _ = tx.send(fut.await);
+    });
+    rx.recv()
+        .map_err(|_| EngineError::Unavailable("the metadata engine's runtime stopped".into()))?
+}
+
+impl Drop for EngineTables {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl MetaBackend for EngineTables {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
+        let key = engine_key(table, key);
+        let entry = self.call(move |e| Box::pin(async move { e.get(&key).await }))?;
+        Ok(entry.map(|en| en.value))
+    }
+
+    fn scan_prefix(&self, table: Table, prefix: &[u8]) -> Result<Vec<KeyValue>, BackendError> {
+        let mut out = Vec::new();
+        self.pages(table, prefix, |k, v| {
+            out.push((k.to_vec(), v.to_vec()));
+            Ok(None)
+        })?;
+        Ok(out)
+    }
+
+    fn for_each(&self, table: Table, f: &mut Visit<'_>) -> Result<(), BackendError> {
+        self.pages(table, b"", |k, v| f(k, v).map(|()| None))
+    }
+
+    fn walk_prefix(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
+    ) -> Result<(), BackendError> {
+        self.pages(table, prefix, |k, v| {
+            Ok(match f(k, v) {
+                Step::Next => None,
+                // An empty start stops the walk: nothing comes after an all-0xff prefix.
+                Step::Past(n) => Some(prefix_end(&k[..n.min(k.len())]).unwrap_or_default()),
+                Step::Stop => Some(Vec::new()),
+            })
+        })
+    }
+
+    fn write(&self, ops: Vec<Op>) -> Result<(), BackendError> {
+        self.commit(vec![ops])
+    }
+
+    fn write_synced(&self, ops: Vec<Op>) -> Result<(), BackendError> {
+        self.commit(vec![ops])
+    }
+
+    fn flush(&self) -> Result<(), BackendError> {
+        // Every transaction was durable when it returned.
+        Ok(())
+    }
+
+    /// Checks every change against the limits before writing any; a transaction that fails
+    /// after earlier ones of the batch were written leaves those written (each change whole),
+    /// and the batch reports the failure, as a crash between them would.
+    fn commit(&self, changes: Vec<Vec<Op>>) -> Result<(), BackendError> {
+        for txn in Self::pack(changes).map_err(backend_err)? {
+            self.call(move |e| Box::pin(async move { e.txn(txn).await.map(|_| ()) }))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::engine::RocksEngine;
+
+    fn tables() -> (tempfile::TempDir, EngineTables) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let t = EngineTables::connect(move || async move { RocksEngine::open(&path) }).unwrap();
+        (dir, t)
+    }
+
+    #[test]
+    fn the_tables_keep_apart_and_walk_as_the_core_expects() {
+        let (_d, t) = tables();
+        let mut ops: Vec<Op> = (0..600)
+            .map(|i| Op::Put(Table::Keys, format!("ns\0d/{i:03}").into_bytes(), vec![1]))
+            .collect();
+        ops.push(Op::Put(Table::Attrs, b"ns\0d/000".to_vec(), vec![2]));
+        // 601 writes: more than one transaction holds, in one change, is refused whole.
+        assert!(t.commit(vec![ops.clone()]).is_err());
+        assert!(t.get(Table::Keys, b"ns\0d/000").unwrap().is_none());
+        // As many changes of one write each, they pack into a few transactions.
+        t.commit(ops.into_iter().map(|o| vec![o]).collect())
+            .unwrap();
+        assert_eq!(t.scan_prefix(Table::Keys, b"ns\0d/").unwrap().len(), 600);
+        assert_eq!(t.scan_prefix(Table::Attrs, b"").unwrap().len(), 1);
+        let mut n = 0;
+        t.for_each(Table::Keys, &mut |_, _| {
+            n += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(n, 600);
+        // Past the first 7 bytes ("ns\0d/0N"): one key per ten.
+        let mut seen = Vec::new();
+        t.walk_prefix(Table::Keys, b"ns\0d/", &mut |k, _| {
+            seen.push(k.to_vec());
+            Step::Past(7)
+        })
+        .unwrap();
+        assert_eq!(seen.len(), 60);
+        assert_eq!(seen[1], b"ns\0d/010");
+        let mut one = 0;
+        t.walk_prefix(Table::Keys, b"", &mut |_, _| {
+            one += 1;
+            Step::Stop
+        })
+        .unwrap();
+        assert_eq!(one, 1);
+    }
+
+    #[test]
+    fn a_change_that_writes_a_key_twice_keeps_the_last_write() {
+        let (_d, t) = tables();
+        t.write_synced(vec![
+            Op::Put(Table::Keys, b"k".to_vec(), b"1".to_vec()),
+            Op::Delete(Table::Keys, b"k".to_vec()),
+            Op::Put(Table::Keys, b"k".to_vec(), b"2".to_vec()),
+        ])
+        .unwrap();
+        assert_eq!(t.get(Table::Keys, b"k").unwrap().unwrap(), b"2");
+        // Two changes of one batch that write the same key: the later one wins.
+        t.commit(vec![
+            vec![Op::Put(Table::Keys, b"k".to_vec(), b"3".to_vec())],
+            vec![Op::Put(Table::Keys, b"k".to_vec(), b"4".to_vec())],
+        ])
+        .unwrap();
+        assert_eq!(t.get(Table::Keys, b"k").unwrap().unwrap(), b"4");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn called_from_an_async_thread_it_answers_and_drops_without_a_panic() {
+        let (_d, t) = tables();
+        t.write(vec![Op::Put(Table::Manifests, b"v".to_vec(), vec![9; 10])])
+            .unwrap();
+        assert_eq!(t.get(Table::Manifests, b"v").unwrap().unwrap().len(), 10);
+        drop(t);
+    }
+}
