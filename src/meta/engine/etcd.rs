@@ -8,7 +8,7 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KvClient, TxnOp,
 };
 
-use super::{prefix_end, EngineError, Entry, MetaEngine, Page, Revision, Txn, Write};
+use super::seam::{prefix_end, EngineError, Entry, MetaEngine, Page, Revision, Txn, Write};
 
 /// How long a connection to etcd may take to open, and a request to be answered: beyond it the
 /// member is taken for gone and the call fails as unavailable, rather than hanging a publish.

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::{prefix_end, EngineError, Entry, MetaEngine, Page, Revision, Txn, Write};
+use super::seam::{prefix_end, EngineError, Entry, MetaEngine, Page, Revision, Txn, Write};
 use crate::db::{BatchOp, Db, DbError};
 use crate::locks;
 

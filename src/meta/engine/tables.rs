@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use super::{prefix_end, EngineError, MetaEngine, Txn, MAX_TXN_BYTES, MAX_TXN_OPS};
+use super::seam::{prefix_end, EngineError, MetaEngine, Txn, MAX_TXN_BYTES, MAX_TXN_OPS};
 use crate::meta::backend::{BackendError, KeyValue, MetaBackend, Op, Step, Table, Visit};
 
 /// Entries a page of a scan asks for: manifests are large (up to megabytes each), the rest

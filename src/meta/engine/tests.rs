@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::seam::OP_OVERHEAD;
 use super::*;
 
 /// Each case gets its own part of the keyspace, so that the cases share one engine.
