@@ -62,8 +62,15 @@ KT_INDEX_DIR="$(mktemp -d)"
 export KT_INDEX_DIR
 ETCD_PID=
 cleanup() {
-    [ -n "$ETCD_PID" ] && kill "$ETCD_PID" 2>/dev/null && wait "$ETCD_PID" 2>/dev/null
+    # The run's own status, whatever stopping etcd answers (its SIGTERM would be 143).
+    local status=$?
+    set +e
+    if [ -n "$ETCD_PID" ]; then
+        kill "$ETCD_PID" 2>/dev/null
+        wait "$ETCD_PID" 2>/dev/null
+    fi
     rm -rf "$KT_INDEX_DIR" "${ETCD_DIR:-}"
+    exit "$status"
 }
 trap cleanup EXIT
 

@@ -156,6 +156,17 @@ pub fn hash_blocks(
     chunking: &Chunking,
     buf: &mut [u8],
 ) -> std::io::Result<(u64, Vec<BlockRef>)> {
+    hash_blocks_with(r, chunking, buf, &mut |_, _, _| {})
+}
+
+/// [`hash_blocks`], handing each block to `found` as it is cut (its reference, its offset in
+/// what `r` yields, its bytes): a put sends blocks while later ones are still being hashed.
+pub fn hash_blocks_with(
+    r: &mut impl Read,
+    chunking: &Chunking,
+    buf: &mut [u8],
+    found: &mut dyn FnMut(&BlockRef, u64, &[u8]),
+) -> std::io::Result<(u64, Vec<BlockRef>)> {
     let mut blocks = Vec::new();
     let mut size = 0u64;
     let (mut start, mut filled, mut eof) = (0usize, 0usize, false);
@@ -185,10 +196,12 @@ pub fn hash_blocks(
             break;
         }
         let block = &buf[start..start + cut];
-        blocks.push(BlockRef {
+        let r = BlockRef {
             hash: blake3::hash(block).as_bytes().to_vec(),
             len: cut as u32,
-        });
+        };
+        found(&r, size, block);
+        blocks.push(r);
         size += cut as u64;
         start += cut;
     }

@@ -6,6 +6,7 @@
 //! registers the files as in-place sources and publishes with itself as the origin: no bytes move.
 
 pub mod chunk;
+mod early;
 pub mod index;
 pub mod scan;
 
@@ -16,6 +17,7 @@ use std::sync::Arc;
 use indicatif::ProgressBar;
 use serde::Serialize;
 
+use self::early::EarlyUpload;
 use self::index::{Index, Known};
 use self::scan::{ScanError, ScanOptions, Scanned};
 use super::publish::{self, Payload, PublishError};
@@ -130,14 +132,18 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
         }
         None => Box::new(index::Nothing),
     };
-    let scan_opts = opts.scan.clone();
-    let srcs = opts.srcs.clone();
-    let scanned = tokio::task::spawn_blocking(move || scan::scan_known(&srcs, &scan_opts, &*known))
-        .await
-        .map_err(|e| ScanError::Io {
-            path: String::new(),
-            source: std::io::Error::other(e.to_string()),
-        })??;
+    // A new key: its blocks go to the store while later ones are hashed. With a version to
+    // patch, they wait for the scan, to go as deltas against the blocks they replace.
+    let early = match (opts.locale, &base) {
+        (Locale::Store, None) => Some(match store.as_ref() {
+            Some(s) => s.clone(),
+            None => store
+                .insert(opts.remotes.store(&opts.server, &opts.credential).await?)
+                .clone(),
+        }),
+        _ => None,
+    };
+    let (scanned, sent_early) = scan_sending(&opts, known, early, progress).await?;
     let m = &scanned.manifest;
     let publish = PublishRequest {
         namespace: ns.clone(),
@@ -181,7 +187,7 @@ pub async fn put(opts: PutOptions, progress: &ProgressBar) -> Result<PutReport, 
                         progress,
                     )
                     .await?;
-                    (done.version, uploaded + done.bytes_sent)
+                    (done.version, sent_early + uploaded + done.bytes_sent)
                 }
             }
         }
@@ -286,6 +292,42 @@ async fn current(
         && manifest::validate(&m).is_ok()
         && m.entries.iter().all(|e| e.kind() != EntryKind::Gpu);
     Ok(usable.then_some((v, m)))
+}
+
+/// Scans the sources; with `early`, sends each block the scan hashes to that store as it
+/// goes. Returns the scan and the bytes sent meanwhile.
+async fn scan_sending(
+    opts: &PutOptions,
+    known: Box<dyn Known + Send>,
+    early: Option<Store>,
+    progress: &ProgressBar,
+) -> Result<(Scanned, u64), PutError> {
+    let early = early.map(|s| {
+        EarlyUpload::start(
+            s,
+            opts.server.clone(),
+            opts.namespace.to_string(),
+            progress.clone(),
+        )
+    });
+    let sink = early.as_ref().map(EarlyUpload::sink);
+    let scan_opts = opts.scan.clone();
+    let srcs = opts.srcs.clone();
+    let scanned = tokio::task::spawn_blocking(move || match sink {
+        Some(sink) => scan::scan_streaming(&srcs, &scan_opts, &*known, &sink),
+        None => scan::scan_known(&srcs, &scan_opts, &*known),
+    })
+    .await
+    .map_err(|e| ScanError::Io {
+        path: String::new(),
+        source: std::io::Error::other(e.to_string()),
+    });
+    // Whatever the scan came to, the blocks queued are sent (or given up) first.
+    let sent = match early {
+        Some(e) => e.finish().await,
+        None => 0,
+    };
+    Ok((scanned??, sent))
 }
 
 /// What a patch publish came to.

@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use ignore::Match;
 
-use super::chunk::{hash_blocks, Chunking};
+use super::chunk::{hash_blocks_with, Chunking};
 use super::index::{self, Known, Nothing};
 use crate::manifest::{BlockRef, EntryKind, FileEntry, Manifest};
 use crate::proto::FileStat;
@@ -141,6 +141,21 @@ pub fn scan_known(
     opts: &ScanOptions,
     known: &dyn Known,
 ) -> Result<Scanned, ScanError> {
+    scan_streaming(srcs, opts, known, &|_, _, _, _| {})
+}
+
+/// What a scan hands over of each block it hashes: the file, the block's offset in it, its
+/// reference and its bytes. Called on the hashing threads, as blocks are cut.
+pub type BlockSink<'a> = dyn Fn(&Path, u64, &BlockRef, &[u8]) + Sync + 'a;
+
+/// [`scan_known`], handing every block it hashes to `sink` as it goes (blocks `known` gave are
+/// not read, so not handed over).
+pub fn scan_streaming(
+    srcs: &[String],
+    opts: &ScanOptions,
+    known: &dyn Known,
+    sink: &BlockSink<'_>,
+) -> Result<Scanned, ScanError> {
     if srcs.is_empty() {
         return Err(ScanError::NoSource);
     }
@@ -162,7 +177,7 @@ pub fn scan_known(
                 out.files
                     .push((String::new(), path.clone(), index::stat_of("", meta)));
             }
-            return finish(out.entries, out.files, opts.block_size, known);
+            return finish(out.entries, out.files, opts.block_size, known, sink);
         }
     }
 
@@ -200,7 +215,7 @@ pub fn scan_known(
             }
         }
     }
-    finish(out.entries, out.files, opts.block_size, known)
+    finish(out.entries, out.files, opts.block_size, known, sink)
 }
 
 fn utf8_name(path: &Path) -> Result<String, ScanError> {
@@ -391,6 +406,7 @@ fn finish(
     mut files: Vec<(String, PathBuf, FileStat)>,
     block_size: u32,
     known: &dyn Known,
+    sink: &BlockSink<'_>,
 ) -> Result<Scanned, ScanError> {
     entries.sort_by(|a, b| a.path.cmp(&b.path));
     if let Some(w) = entries.windows(2).find(|w| w[0].path == w[1].path) {
@@ -417,7 +433,7 @@ fn finish(
         .collect();
     let unknown: Vec<usize> = (0..files.len()).filter(|&i| blocks[i].is_none()).collect();
     let to_hash: Vec<(String, PathBuf)> = unknown.iter().map(|&i| files[i].clone()).collect();
-    let hashed = hash_files(&to_hash, &chunking)?;
+    let hashed = hash_files(&to_hash, &chunking, sink)?;
     for (i, h) in unknown.iter().zip(hashed) {
         blocks[*i] = Some(h);
     }
@@ -446,6 +462,7 @@ type HashResult = Result<(u64, Vec<BlockRef>), ScanError>;
 fn hash_files(
     files: &[(String, PathBuf)],
     chunking: &Chunking,
+    sink: &BlockSink<'_>,
 ) -> Result<Vec<(u64, Vec<BlockRef>)>, ScanError> {
     let results: Vec<Mutex<Option<HashResult>>> = files.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
@@ -460,7 +477,9 @@ fn hash_files(
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some((_, path)) = files.get(i) else { break };
-                    let r = hash_file(path, chunking, &mut buf);
+                    let r = hash_file_with(path, chunking, &mut buf, &mut |b, at, bytes| {
+                        sink(path, at, b, bytes)
+                    });
                     if let Ok(mut slot) = results[i].lock() {
                         *slot = Some(r);
                     }
@@ -488,13 +507,23 @@ pub fn hash_file(
     chunking: &Chunking,
     buf: &mut Vec<u8>,
 ) -> Result<(u64, Vec<BlockRef>), ScanError> {
+    hash_file_with(path, chunking, buf, &mut |_, _, _| {})
+}
+
+/// [`hash_file`], handing each block to `found` as it is cut.
+fn hash_file_with(
+    path: &Path,
+    chunking: &Chunking,
+    buf: &mut Vec<u8>,
+    found: &mut dyn FnMut(&BlockRef, u64, &[u8]),
+) -> Result<(u64, Vec<BlockRef>), ScanError> {
     let mut f = File::open(path).map_err(io_err(path))?;
     let len = f.metadata().map_err(io_err(path))?.len();
     let want = chunking.buffer_len(len);
     if buf.len() < want {
         buf.resize(want, 0);
     }
-    hash_blocks(&mut f, chunking, buf).map_err(io_err(path))
+    hash_blocks_with(&mut f, chunking, buf, found).map_err(io_err(path))
 }
 
 #[cfg(test)]
@@ -592,5 +621,48 @@ mod tests {
         assert!(!one.iter().any(|p| p.ends_with(".o")));
         // 1 .gitignore, 13 dirs with an inner dir, 12 a.rs, 13 f, and d03's .gitignore.
         assert_eq!(one.len(), 1 + 26 + 12 + 13 + 1);
+    }
+
+    /// Every block a scan hashes reaches the sink once, with its file and offset, as the
+    /// manifest records it; a file the index knows is not read, so not handed over.
+    #[test]
+    fn a_streaming_scan_hands_over_each_hashed_block_with_its_offset() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("src");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("a.bin"), b"0123456789").unwrap();
+        std::fs::write(d.join("b.bin"), b"abcdef").unwrap();
+        let opts = ScanOptions {
+            block_size: 4,
+            ..Default::default()
+        };
+        let seen = Mutex::new(Vec::new());
+        let s = scan_streaming(
+            &[format!("{}/", d.display())],
+            &opts,
+            &Nothing,
+            &|p, at, r, bytes| {
+                assert_eq!(bytes.len() as u32, r.len);
+                assert_eq!(blake3::hash(bytes).as_bytes()[..], r.hash[..]);
+                let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                seen.lock().unwrap().push((name, at, bytes.to_vec()));
+            },
+        )
+        .unwrap();
+        let mut seen = seen.into_inner().unwrap();
+        seen.sort();
+        let want: Vec<(String, u64, Vec<u8>)> = [
+            ("a.bin", 0, &b"0123"[..]),
+            ("a.bin", 4, b"4567"),
+            ("a.bin", 8, b"89"),
+            ("b.bin", 0, b"abcd"),
+            ("b.bin", 4, b"ef"),
+        ]
+        .iter()
+        .map(|(n, at, b)| (n.to_string(), *at, b.to_vec()))
+        .collect();
+        assert_eq!(seen, want);
+        let blocks: usize = s.manifest.entries.iter().map(|e| e.blocks.len()).sum();
+        assert_eq!(blocks, 5);
     }
 }
