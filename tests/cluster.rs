@@ -122,4 +122,27 @@ fn a_store_on_etcd_keeps_its_keys_there_for_any_server_of_the_same_prefix() {
     assert!(start.elapsed() < Duration::from_secs(30));
     let err = String::from_utf8_lossy(&failed.stderr);
     assert!(err.contains("metadata"), "{err}");
+
+    // A server whose etcd cannot be reached says so and exits, rather than listening.
+    let mut lost = std::process::Command::new(common::kt_bin())
+        .args(["server", "--listen", "127.0.0.115:0", "--data-dir"])
+        .arg(dir.path().join("four"))
+        .args(["--meta", &format!("etcd://{ip}:2379/kt-a")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let exited = test_support::eventually(Duration::from_secs(20), || {
+        matches!(lost.try_wait(), Ok(Some(_)))
+    });
+    if !exited {
+        let _ = lost.kill();
+    }
+    let out = lost.wait_with_output().unwrap();
+    assert!(
+        exited && !out.status.success(),
+        "a server without its etcd kept running"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("metadata engine cannot be reached"), "{err}");
 }

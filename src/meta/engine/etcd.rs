@@ -113,10 +113,14 @@ impl EtcdEngine {
         let client = Client::connect(&url.endpoints, Some(opts))
             .await
             .map_err(fault)?;
-        Ok(EtcdEngine {
+        let engine = EtcdEngine {
             kv: client.kv_client(),
             prefix: url.prefix.as_bytes().to_vec(),
-        })
+        };
+        // The client connects lazily: one request now, so a server whose etcd cannot be
+        // reached says so at its start rather than with its first publish.
+        engine.revision().await?;
+        Ok(engine)
     }
 
     fn full(&self, key: &[u8]) -> Vec<u8> {
