@@ -146,3 +146,66 @@ fn a_store_on_etcd_keeps_its_keys_there_for_any_server_of_the_same_prefix() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("metadata engine cannot be reached"), "{err}");
 }
+
+/// etcd's TLS passes through: a store server gives the CA, and its own certificate to a cluster
+/// that asks clients for one; without them it is refused at its start.
+#[test]
+fn a_store_reaches_an_etcd_over_tls_with_the_files_its_address_names() {
+    let ip = "127.0.0.120";
+    let dir = tempfile::tempdir().unwrap();
+    let pki = test_support::tls::Pki::new(&[ip]);
+    let (ca, cert, key) = pki.write(dir.path());
+    let etcd = Etcd::start_tls(ip, &ca, &cert, &key);
+    let url = format!(
+        "etcd://{ip}:2379/kt-tls?ca={}&cert={}&key={}",
+        ca.display(),
+        cert.display(),
+        key.display()
+    );
+    let server = server_on(ip, &dir.path().join("one"), &url);
+    let none = dir.path().join("no-agent.sock");
+    let src = dir.path().join("note.txt");
+    std::fs::write(&src, b"over tls\n").unwrap();
+    let put = kt_with(
+        &server.addr,
+        &none,
+        &["put", "tls/note", "--src", src.to_str().unwrap()],
+    );
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let ls = kt_with(&server.addr, &none, &["ls", "tls", "--json"]);
+    assert!(String::from_utf8_lossy(&ls.stdout).contains("note"));
+    drop(server);
+
+    // Without a client certificate (the cluster asks for one), or without the CA: no server.
+    for meta in [
+        format!("etcd://{ip}:2379/kt-tls?ca={}", ca.display()),
+        format!("etcd://{}/kt-tls", etcd.endpoint),
+    ] {
+        let out = std::process::Command::new(common::kt_bin())
+            .args(["server", "--listen", &format!("{ip}:0"), "--data-dir"])
+            .arg(dir.path().join("two"))
+            .args(["--meta", &meta])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = out;
+        let exited = test_support::eventually(Duration::from_secs(20), || {
+            matches!(out.try_wait(), Ok(Some(_)))
+        });
+        if !exited {
+            let _ = out.kill();
+        }
+        let done = out.wait_with_output().unwrap();
+        assert!(
+            exited && !done.status.success(),
+            "{meta}: the server started"
+        );
+        let err = String::from_utf8_lossy(&done.stderr);
+        assert!(err.contains("metadata engine"), "{meta}: {err}");
+    }
+}

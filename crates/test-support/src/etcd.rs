@@ -9,7 +9,7 @@ use std::process::Command;
 
 use crate::{spawn_until, Proc, Stream};
 
-/// What etcd logs once it answers clients.
+/// What etcd logs once it answers clients ("... insecurely" or "... securely").
 const SERVING: &str = "serving client traffic";
 
 pub struct Etcd {
@@ -22,13 +22,24 @@ pub struct Etcd {
 impl Etcd {
     /// One member on `ip` (client port 2379, peer port 2380 of that address).
     pub fn start(ip: &str) -> Etcd {
+        Self::start_with(ip, None)
+    }
+
+    /// [`Etcd::start`] with its client port on TLS: `ca`, `cert` and `key` are PEM files; clients
+    /// must present a certificate of `ca` (etcd's `--client-cert-auth`).
+    pub fn start_tls(ip: &str, ca: &Path, cert: &Path, key: &Path) -> Etcd {
+        Self::start_with(ip, Some((ca, cert, key)))
+    }
+
+    fn start_with(ip: &str, tls: Option<(&Path, &Path, &Path)>) -> Etcd {
         let shm = Path::new("/dev/shm");
         let data = match shm.is_dir() {
             true => tempfile::tempdir_in(shm),
             false => tempfile::tempdir(),
         }
         .expect("etcd's data directory");
-        let (client, peer) = (format!("http://{ip}:2379"), format!("http://{ip}:2380"));
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let (client, peer) = (format!("{scheme}://{ip}:2379"), format!("http://{ip}:2380"));
         let mut cmd = Command::new("etcd");
         cmd.args(["--name", "kt"])
             .arg("--data-dir")
@@ -40,6 +51,15 @@ impl Etcd {
             .args(["--initial-cluster", &format!("kt={peer}")])
             .args(["--heartbeat-interval", "250", "--election-timeout", "2500"])
             .args(["--logger", "zap", "--log-outputs", "stderr"]);
+        if let Some((ca, cert, key)) = tls {
+            cmd.arg("--trusted-ca-file")
+                .arg(ca)
+                .arg("--cert-file")
+                .arg(cert)
+                .arg("--key-file")
+                .arg(key)
+                .arg("--client-cert-auth");
+        }
         Etcd {
             proc: spawn_until(cmd, Stream::Stderr, SERVING),
             endpoint: format!("{ip}:2379"),

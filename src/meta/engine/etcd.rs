@@ -2,10 +2,12 @@
 //! stores, or a store and other users, share one etcd), reads linearizable, transactions as
 //! etcd's own compare-and-swap on modification revisions.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KvClient, TxnOp,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity,
+    KvClient, TlsOptions, TxnOp,
 };
 
 use super::seam::{prefix_end, EngineError, Entry, MetaEngine, Page, Revision, Txn, Write};
@@ -15,14 +17,26 @@ use super::seam::{prefix_end, EngineError, Entry, MetaEngine, Page, Revision, Tx
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// An engine address: `etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/PREFIX`, as JuiceFS
-/// names its metadata engines. The prefix is required: it is this store's part of the
-/// keyspace.
+/// An engine address: `etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/PREFIX[?TLS]`, as
+/// JuiceFS names its metadata engines. The prefix is required: it is this store's part of the
+/// keyspace. TLS, as etcd's own `--cacert`, `--cert` and `--key`: `ca=FILE` (the CA that signed
+/// the members' certificates; it turns TLS on), `cert=FILE&key=FILE` (this client's, for a
+/// cluster with `--client-cert-auth`), `server_name=NAME` (checked instead of the host dialled).
 #[derive(Clone, PartialEq, Eq)]
 pub struct EtcdUrl {
     pub endpoints: Vec<String>,
     pub prefix: String,
     pub user: Option<(String, String)>,
+    pub tls: Option<EtcdTls>,
+}
+
+/// Where the files of an etcd client's TLS are.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EtcdTls {
+    pub ca: PathBuf,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub server_name: Option<String>,
 }
 
 impl std::fmt::Debug for EtcdUrl {
@@ -32,6 +46,7 @@ impl std::fmt::Debug for EtcdUrl {
             .field("endpoints", &self.endpoints)
             .field("prefix", &self.prefix)
             .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -58,10 +73,36 @@ impl std::str::FromStr for EtcdUrl {
         let rest = url
             .strip_prefix("etcd://")
             .ok_or_else(|| bad("not an etcd:// address"))?;
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (hosts, prefix) = rest
             .split_once('/')
             .ok_or_else(|| bad("no /PREFIX after the hosts"))?;
         let prefix = prefix.trim_end_matches('/');
+        let mut tls = EtcdTls::default();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair
+                .split_once('=')
+                .ok_or_else(|| bad("a query without ="))?;
+            match name {
+                "ca" => tls.ca = PathBuf::from(value),
+                "cert" => tls.cert = Some(PathBuf::from(value)),
+                "key" => tls.key = Some(PathBuf::from(value)),
+                "server_name" => tls.server_name = Some(value.to_string()),
+                _ => return Err(bad("an unknown option (ca, cert, key, server_name)")),
+            }
+        }
+        let tls = match (tls.ca.as_os_str().is_empty(), &tls) {
+            (true, t) if *t == EtcdTls::default() => None,
+            (true, _) => return Err(bad("TLS options without ca=FILE")),
+            (false, t) if t.cert.is_some() != t.key.is_some() => {
+                return Err(bad("cert= and key= go together"))
+            }
+            (false, _) => Some(tls),
+        };
+        let scheme = match tls {
+            Some(_) => "https",
+            None => "http",
+        };
         if prefix.is_empty() {
             return Err(bad("the prefix is empty"));
         }
@@ -77,7 +118,7 @@ impl std::str::FromStr for EtcdUrl {
         let endpoints: Vec<String> = hosts
             .split(',')
             .filter(|h| !h.is_empty())
-            .map(|h| format!("http://{h}"))
+            .map(|h| format!("{scheme}://{h}"))
             .collect();
         if endpoints.is_empty() {
             return Err(bad("no hosts"));
@@ -89,6 +130,7 @@ impl std::str::FromStr for EtcdUrl {
             endpoints,
             prefix: format!("{prefix}/"),
             user,
+            tls,
         })
     }
 }
@@ -109,6 +151,9 @@ impl EtcdEngine {
             .with_require_leader(true);
         if let Some((u, p)) = &url.user {
             opts = opts.with_user(u, p);
+        }
+        if let Some(tls) = &url.tls {
+            opts = opts.with_tls(tls_options(tls)?);
         }
         let client = Client::connect(&url.endpoints, Some(opts))
             .await
@@ -141,6 +186,22 @@ impl EtcdEngine {
             modified: kv.mod_revision(),
         })
     }
+}
+
+fn tls_options(t: &EtcdTls) -> Result<TlsOptions, EngineError> {
+    let read = |p: &PathBuf| {
+        std::fs::read(p).map_err(|e| {
+            EngineError::Other(format!("etcd TLS: cannot read {}: {e}", p.display()).into())
+        })
+    };
+    let mut opts = TlsOptions::new().ca_certificate(Certificate::from_pem(read(&t.ca)?));
+    if let (Some(cert), Some(key)) = (&t.cert, &t.key) {
+        opts = opts.identity(Identity::from_pem(read(cert)?, read(key)?));
+    }
+    if let Some(name) = &t.server_name {
+        opts = opts.domain_name(name.clone());
+    }
+    Ok(opts)
 }
 
 /// What etcd's refusal means for the caller.

@@ -17,7 +17,7 @@ mod rocks;
 mod seam;
 mod tables;
 
-pub use etcd::{BadEtcdUrl, EtcdEngine, EtcdUrl};
+pub use etcd::{BadEtcdUrl, EtcdEngine, EtcdTls, EtcdUrl};
 pub use rocks::RocksEngine;
 pub use seam::*;
 pub use tables::EngineTables;

@@ -302,6 +302,18 @@ fn etcd_addresses() {
     assert_eq!(u.endpoints, ["http://h1:2379", "http://h2:2379"]);
     assert_eq!(u.prefix, "kt/prod/");
     assert_eq!(u.user, None);
+    let u: EtcdUrl =
+        "etcd://h1:2379/kt?ca=/c/ca.pem&cert=/c/me.pem&key=/c/me-key.pem&server_name=etcd"
+            .parse()
+            .unwrap();
+    assert_eq!(u.endpoints, ["https://h1:2379"]);
+    let tls = u.tls.unwrap();
+    assert_eq!(tls.ca, std::path::Path::new("/c/ca.pem"));
+    assert_eq!(
+        tls.key.as_deref(),
+        Some(std::path::Path::new("/c/me-key.pem"))
+    );
+    assert_eq!(tls.server_name.as_deref(), Some("etcd"));
     let u: EtcdUrl = "etcd://root:s3cret@h1:2379/kt".parse().unwrap();
     assert_eq!(u.user, Some(("root".into(), "s3cret".into())));
     assert!(!format!("{u:?}").contains("s3cret"));
@@ -312,6 +324,9 @@ fn etcd_addresses() {
         "etcd:///kt",
         "etcd://h1/kt",
         "etcd://root@h1:2379/kt",
+        "etcd://h1:2379/kt?cert=/a&key=/b",
+        "etcd://h1:2379/kt?ca=/a&cert=/b",
+        "etcd://h1:2379/kt?ca=/a&insecure=1",
     ] {
         let e = bad.parse::<EtcdUrl>().unwrap_err().to_string();
         assert!(!e.contains("s3cret"), "{e}");
