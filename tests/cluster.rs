@@ -26,6 +26,31 @@ fn server_on(ip: &str, data_dir: &Path, meta: &str) -> Proc {
     ])
 }
 
+/// Starts a store server on `meta` that must exit with an error (within 20 s, else it is killed
+/// and the test fails); returns what it printed on stderr.
+fn refused_server(ip: &str, data_dir: &Path, meta: &str) -> String {
+    let mut child = std::process::Command::new(common::kt_bin())
+        .args(["server", "--listen", &format!("{ip}:0"), "--data-dir"])
+        .arg(data_dir)
+        .args(["--meta", meta])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let exited = test_support::eventually(Duration::from_secs(20), || {
+        matches!(child.try_wait(), Ok(Some(_)))
+    });
+    if !exited {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        exited && !out.status.success(),
+        "{meta}: the server started"
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn a_store_on_etcd_keeps_its_keys_there_for_any_server_of_the_same_prefix() {
     let ip = "127.0.0.109";
@@ -124,26 +149,11 @@ fn a_store_on_etcd_keeps_its_keys_there_for_any_server_of_the_same_prefix() {
     assert!(err.contains("metadata"), "{err}");
 
     // A server whose etcd cannot be reached says so and exits, rather than listening.
-    let mut lost = std::process::Command::new(common::kt_bin())
-        .args(["server", "--listen", "127.0.0.115:0", "--data-dir"])
-        .arg(dir.path().join("four"))
-        .args(["--meta", &format!("etcd://{ip}:2379/kt-a")])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let exited = test_support::eventually(Duration::from_secs(20), || {
-        matches!(lost.try_wait(), Ok(Some(_)))
-    });
-    if !exited {
-        let _ = lost.kill();
-    }
-    let out = lost.wait_with_output().unwrap();
-    assert!(
-        exited && !out.status.success(),
-        "a server without its etcd kept running"
+    let err = refused_server(
+        ip,
+        &dir.path().join("four"),
+        &format!("etcd://{ip}:2379/kt-a"),
     );
-    let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("metadata engine cannot be reached"), "{err}");
 }
 
@@ -185,27 +195,7 @@ fn a_store_reaches_an_etcd_over_tls_with_the_files_its_address_names() {
         format!("etcd://{ip}:2379/kt-tls?ca={}", ca.display()),
         format!("etcd://{}/kt-tls", etcd.endpoint),
     ] {
-        let out = std::process::Command::new(common::kt_bin())
-            .args(["server", "--listen", &format!("{ip}:0"), "--data-dir"])
-            .arg(dir.path().join("two"))
-            .args(["--meta", &meta])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut out = out;
-        let exited = test_support::eventually(Duration::from_secs(20), || {
-            matches!(out.try_wait(), Ok(Some(_)))
-        });
-        if !exited {
-            let _ = out.kill();
-        }
-        let done = out.wait_with_output().unwrap();
-        assert!(
-            exited && !done.status.success(),
-            "{meta}: the server started"
-        );
-        let err = String::from_utf8_lossy(&done.stderr);
+        let err = refused_server(ip, &dir.path().join("two"), &meta);
         assert!(err.contains("metadata engine"), "{meta}: {err}");
     }
 }
