@@ -95,3 +95,35 @@ async fn blocks_reach_the_store_while_the_scan_goes_on() {
     let _ = stop.send(());
     served.await.unwrap().unwrap();
 }
+
+/// Two identical files hashed at once hand over the same block twice before the queue is
+/// drained (here: both before the task runs, on this one-thread runtime): it is sent once.
+#[tokio::test(flavor = "current_thread")]
+async fn a_block_handed_over_twice_in_one_batch_is_sent_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = StoreServerProcess::bind("127.0.0.116:0", dir.path(), Duration::from_secs(30))
+        .await
+        .unwrap();
+    let addr = srv.local_addr().unwrap().to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(srv.run(async move {
+        let _ = stopped.await;
+    }));
+    let store = ktfs::rpc::client::connect_store(&addr, &Credential::none())
+        .await
+        .unwrap();
+    let early = EarlyUpload::start(store.clone(), addr, "default".into(), ProgressBar::hidden());
+    let sink = early.sink();
+    let block = vec![7u8; 1 << 20];
+    let r = BlockRef {
+        hash: BlockHash::of(&block).0.to_vec(),
+        len: block.len() as u32,
+    };
+    sink(Path::new("a"), 0, &r, &block);
+    sink(Path::new("b"), 0, &r, &block);
+    drop(sink);
+    assert_eq!(early.finish().await, block.len() as u64);
+    assert!(!lacks(&store, &BlockHash::of(&block)).await);
+    let _ = stop.send(());
+    served.await.unwrap().unwrap();
+}

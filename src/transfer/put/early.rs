@@ -121,18 +121,27 @@ async fn drain(
     progress: ProgressBar,
 ) -> u64 {
     let mut sent = 0u64;
+    // Blocks already taken: identical files hashed on two threads hand over the same blocks,
+    // which must cross the network once.
+    let mut seen = std::collections::HashSet::new();
     while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
-        let mut bytes = batch[0].data.len();
-        while bytes < BATCH_BYTES && batch.len() < BATCH_BLOCKS {
-            // More only if it is already there; otherwise send what there is.
-            match rx.try_recv() {
-                Ok(f) => {
-                    bytes += f.data.len();
-                    batch.push(f);
-                }
-                Err(_) => break,
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        let mut next = Some(first);
+        while let Some(f) = next.take() {
+            if seen.insert(f.hash) {
+                bytes += f.data.len();
+                batch.push(f);
+            } else {
+                budget.give(f.data.len());
             }
+            // More only if it is already there; otherwise send what there is.
+            if bytes < BATCH_BYTES && batch.len() < BATCH_BLOCKS {
+                next = rx.try_recv().ok();
+            }
+        }
+        if batch.is_empty() {
+            continue;
         }
         let sending = send_batch(&store, &addr, &namespace, batch, &progress).await;
         budget.give(bytes);
