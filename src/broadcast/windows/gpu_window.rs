@@ -139,6 +139,21 @@ impl GpuWindowState {
         !self.members.is_empty() && self.members.iter().all(|m| m.fate != Fate::Waiting)
     }
 
+    /// Whether a join starts the group's next generation rather than joining this one: it
+    /// has finished, and if its quorum has not closed yet, no putter failed in it. A putter
+    /// whose key could not be published finishes at once, and may be the only member so far;
+    /// its window must stay to fail at the quorum naming it, or the members that join after
+    /// it would wait in a fresh window for a key no one puts.
+    pub(super) fn replaceable(&self) -> bool {
+        self.finished()
+            && (self.closed_by.is_some()
+                || self.failure.is_some()
+                || !self
+                    .members
+                    .iter()
+                    .any(|m| m.joiner.role == Role::Putter && matches!(m.fate, Fate::Failed(_))))
+    }
+
     /// How the window's broadcast ended, for the communicator it ran on.
     pub(super) fn ended(&self) -> Ended {
         if self.failure.is_some()

@@ -93,7 +93,7 @@ impl GpuWindows {
         if self
             .windows
             .get(&spec.group_id)
-            .is_none_or(|w| w.finished())
+            .is_none_or(GpuWindowState::replaceable)
         {
             self.generations += 1;
             let w = GpuWindowState::new(spec.clone(), self.generations, now);
@@ -573,6 +573,56 @@ mod tests {
             "{}",
             w.error
         );
+    }
+
+    #[test]
+    fn a_putter_that_failed_before_anyone_joined_still_fails_the_window_at_its_quorum() {
+        // The second putter of a key learns at publish that the key exists, and joins only to
+        // tell the window; when it is the first to join, the others must still meet it.
+        let clock = ManualClock::default();
+        let mut g = GpuWindows::default();
+        let ((w, _), d) = g
+            .join(
+                spec(3, 0, 0),
+                joiner("d", Role::Putter, 1),
+                ALIVE,
+                clock.now(),
+            )
+            .unwrap();
+        g.finish("g", w.generation, d, "key k already exists", clock.now())
+            .unwrap();
+        for (node, role) in [("a", Role::Putter), ("b", Role::Getter)] {
+            let ((next, _), _) = g
+                .join(spec(3, 0, 0), joiner(node, role, 1), ALIVE, clock.now())
+                .unwrap();
+            assert_eq!(next.generation, w.generation, "a fresh window was opened");
+        }
+        let (w, _) = g.view("g", w.generation, ALIVE, clock.now()).unwrap();
+        assert_eq!(w.errno, libc::EEXIST, "{}", w.error);
+        assert!(w.error.contains("on node d"), "{}", w.error);
+
+        // A window whose only members left before its quorum is replaced by the next join.
+        let mut g = GpuWindows::default();
+        let ((w, _), b) = g
+            .join(
+                spec(3, 0, 0),
+                joiner("b", Role::Getter, 1),
+                ALIVE,
+                clock.now(),
+            )
+            .unwrap();
+        g.finish("g", w.generation, b, "closed", clock.now())
+            .unwrap();
+        let ((next, _), member) = g
+            .join(
+                spec(3, 0, 0),
+                joiner("a", Role::Putter, 1),
+                ALIVE,
+                clock.now(),
+            )
+            .unwrap();
+        assert!(next.generation > w.generation);
+        assert_eq!(member, 0);
     }
 
     fn keyed(key: &str, node: &str, role: Role, digest: u8) -> GpuJoiner {
