@@ -1197,3 +1197,39 @@ fn get_makes_no_device_and_no_set_id_file_unless_asked() {
     assert_eq!(t.mode() & 0o7777, 0o6755);
     assert_eq!((t.uid(), t.gid()), (1234, 1234));
 }
+
+/// `kt get` of a tree of more files than the process may open (here 64): each file is opened
+/// while its blocks arrive, not all of them for the whole transfer (30,000 files failed with
+/// "Too many open files" under the default limit).
+#[test]
+fn a_tree_of_more_files_than_the_process_may_open_comes_back_whole() {
+    let c = Cluster::new("127.0.0.127");
+    let src = c.path("many");
+    fs::create_dir_all(&src).unwrap();
+    // Files whose bytes ride in the manifest, and files of blocks, together past the limit.
+    for i in 0..300 {
+        fs::write(src.join(format!("s{i:03}")), format!("{i}")).unwrap();
+    }
+    for i in 0..40u64 {
+        fs::write(src.join(format!("b{i:02}")), pseudo_random(200 << 10, i)).unwrap();
+    }
+    let contents = format!("{}/", src.display());
+    c.ok(None, &["put", "many", "--src", &contents]);
+    let dest = c.path("got");
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -n 64 && exec \"$0\" \"$@\"")
+        .arg(kt_bin())
+        .args(["get", "many", "--dest", dest.to_str().unwrap()])
+        .env("KT_SERVER", &c.server.addr)
+        .env("KT_AGENT", c.path("no-agent.sock"))
+        .env_remove("KT_NAMESPACE")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_same_tree(&src, &dest.join("many"));
+}

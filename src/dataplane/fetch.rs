@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -90,18 +90,41 @@ pub trait BlockSink: Send + Sync + 'static {
     }
 }
 
-/// Files that blocks are written into, at the `(file index, offset)` targets of each job.
+/// Files that blocks are written into, at the `(file index, offset)` targets of each job. A
+/// file is opened at its first write and closed once every byte it expects has come (or at
+/// once while [`KEEP_OPEN`] others are open): a tree of more files than the process may open
+/// is fetched all the same.
 pub struct Sinks {
-    files: Vec<(PathBuf, File, std::sync::Mutex<()>)>,
+    files: Vec<Sink>,
+    open: AtomicUsize,
+}
+
+/// How many files [`Sinks`] keeps open between writes.
+const KEEP_OPEN: usize = 256;
+
+struct Sink {
+    path: PathBuf,
+    state: std::sync::Mutex<SinkState>,
+}
+
+struct SinkState {
+    file: Option<File>,
+    /// Bytes still to be written into it.
+    left: u64,
 }
 
 impl Sinks {
-    pub fn new(files: Vec<(PathBuf, File)>) -> Self {
+    /// Files already made, each with the number of bytes the jobs will write into it.
+    pub fn new(files: Vec<(PathBuf, u64)>) -> Self {
         Sinks {
             files: files
                 .into_iter()
-                .map(|(p, f)| (p, f, std::sync::Mutex::new(())))
+                .map(|(path, left)| Sink {
+                    path,
+                    state: std::sync::Mutex::new(SinkState { file: None, left }),
+                })
                 .collect(),
+            open: AtomicUsize::new(0),
         }
     }
 }
@@ -113,18 +136,36 @@ impl BlockSink for Sinks {
 
     fn put(&self, job: &BlockJob, data: &Bytes) -> Result<(), TransferError> {
         for &(idx, off) in &job.targets {
-            let Some((path, file, lock)) = self.files.get(idx) else {
+            let Some(sink) = self.files.get(idx) else {
                 continue;
+            };
+            let failed = |source| TransferError::Write {
+                path: sink.path.display().to_string(),
+                source,
             };
             // Writes to one file are serialised by the kernel anyway (the inode lock), where
             // the waiting threads spin: measured, a tenth of a `kt get`'s CPU. Here they sleep.
-            let _one_writer = crate::locks::lock(lock);
-            crate::blocks::pieces::write_all_at(file, data, off).map_err(|source| {
-                TransferError::Write {
-                    path: path.display().to_string(),
-                    source,
+            let mut state = crate::locks::lock(&sink.state);
+            let file = match state.file.take() {
+                Some(f) => f,
+                None => {
+                    let f = std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(&sink.path)
+                        .map_err(failed)?;
+                    self.open.fetch_add(1, Ordering::SeqCst);
+                    f
                 }
-            })?;
+            };
+            let written = crate::blocks::pieces::write_all_at(&file, data, off);
+            state.left = state.left.saturating_sub(data.len() as u64);
+            if written.is_ok() && state.left > 0 && self.open.load(Ordering::SeqCst) <= KEEP_OPEN {
+                state.file = Some(file);
+            } else {
+                drop(file);
+                self.open.fetch_sub(1, Ordering::SeqCst);
+            }
+            written.map_err(failed)?;
         }
         Ok(())
     }

@@ -393,7 +393,7 @@ async fn a_piece_from_a_source_whose_block_lies_is_refused_and_taken_from_the_ne
     let path = dir.path().join("out");
     let file = std::fs::File::create(&path).unwrap();
     file.set_len(data.len() as u64 + 10).unwrap();
-    let sinks = Arc::new(Sinks::new(vec![(path.clone(), file)]));
+    let sinks = Arc::new(Sinks::new(vec![(path.clone(), data.len() as u64)]));
     let whole = BlockJob {
         hash,
         len: data.len() as u32,

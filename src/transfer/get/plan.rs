@@ -117,11 +117,14 @@ impl<'m> Layout<'m> {
                     if let Some(parent) = tmp.parent() {
                         fs::create_dir_all(parent).map_err(io(parent))?;
                     }
+                    // Closed again: a tree may hold more files than the process may open.
                     let f = File::create(tmp).map_err(io(tmp))?;
                     guard.0.push(tmp.clone());
                     f.set_len(e.size).map_err(io(tmp))?;
+                    drop(f);
                     let idx = files.len();
-                    files.push((tmp.clone(), f));
+                    let expected = e.blocks.iter().map(|b| u64::from(b.len)).sum();
+                    files.push((tmp.clone(), expected));
                     dests.push(path.to_path_buf());
                     let mut off = 0u64;
                     for b in &e.blocks {
@@ -210,7 +213,8 @@ impl<'m> Layout<'m> {
 
 /// The temporary files and the blocks that fill them.
 pub(super) struct Laid {
-    pub files: Vec<(PathBuf, File)>,
+    /// Each with the bytes its blocks write into it.
+    pub files: Vec<(PathBuf, u64)>,
     /// Where each of `files` lands (an older copy may be there).
     pub dests: Vec<PathBuf>,
     pub jobs: Vec<BlockJob>,
