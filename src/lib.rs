@@ -42,6 +42,8 @@ pub mod transfer;
 #[cfg(feature = "daemons")]
 pub mod agent;
 #[cfg(feature = "daemons")]
+pub mod bridge;
+#[cfg(feature = "daemons")]
 pub mod db;
 #[cfg(feature = "daemons")]
 pub mod fs;
@@ -49,5 +51,7 @@ pub mod fs;
 pub mod keeper;
 #[cfg(feature = "daemons")]
 pub mod meta;
+#[cfg(feature = "daemons")]
+pub mod objects;
 #[cfg(feature = "daemons")]
 pub mod server;

@@ -1,8 +1,9 @@
-//! Cluster mode's metadata on a real etcd (Debian's, one member on loopback): a store server
-//! started with `--meta etcd://...` keeps keys, manifests and attributes there, so a server on
-//! another data directory lists them (blocks stay on the data directory's disk until step 2 of
-//! doc/cluster.md moves them to an object store), another prefix of the same etcd sees none, and an etcd
-//! that is gone makes writes fail with an error rather than hang. (The test command also runs
+//! Cluster mode on a real etcd (Debian's, one member on loopback) and a real S3 server
+//! (s3s-fs): a store server started with `--meta etcd://...` keeps keys, manifests and
+//! attributes there, so a server on another data directory lists them, another prefix of the
+//! same etcd sees none, and an etcd that is gone makes writes fail with an error rather than
+//! hang; with `--blocks s3://...` too, its blocks and manifests are objects, and a server on an
+//! empty data directory serves everything another published. (The test command also runs
 //! the metadata-heavy tests a second time on etcd; this file needs no such pass.)
 
 mod common;
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::{kt_with, pseudo_random, spawn_ready};
 use test_support::etcd::Etcd;
+use test_support::s3::S3;
 use test_support::Proc;
 
 fn server_on(ip: &str, data_dir: &Path, meta: &str) -> Proc {
@@ -26,13 +28,14 @@ fn server_on(ip: &str, data_dir: &Path, meta: &str) -> Proc {
     ])
 }
 
-/// Starts a store server on `meta` that must exit with an error (within 20 s, else it is killed
-/// and the test fails); returns what it printed on stderr.
-fn refused_server(ip: &str, data_dir: &Path, meta: &str) -> String {
+/// Starts a store server with `args` (and `env`) that must exit with an error (within 20 s,
+/// else it is killed and the test fails); returns what it printed on stderr.
+fn refused_server(ip: &str, data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
     let mut child = std::process::Command::new(common::kt_bin())
         .args(["server", "--listen", &format!("{ip}:0"), "--data-dir"])
         .arg(data_dir)
-        .args(["--meta", meta])
+        .args(args)
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -46,7 +49,7 @@ fn refused_server(ip: &str, data_dir: &Path, meta: &str) -> String {
     let out = child.wait_with_output().unwrap();
     assert!(
         exited && !out.status.success(),
-        "{meta}: the server started"
+        "{args:?}: the server started"
     );
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -152,7 +155,8 @@ fn a_store_on_etcd_keeps_its_keys_there_for_any_server_of_the_same_prefix() {
     let err = refused_server(
         ip,
         &dir.path().join("four"),
-        &format!("etcd://{ip}:2379/kt-a"),
+        &["--meta", &format!("etcd://{ip}:2379/kt-a")],
+        &[],
     );
     assert!(err.contains("metadata engine cannot be reached"), "{err}");
 }
@@ -195,7 +199,112 @@ fn a_store_reaches_an_etcd_over_tls_with_the_files_its_address_names() {
         format!("etcd://{ip}:2379/kt-tls?ca={}", ca.display()),
         format!("etcd://{}/kt-tls", etcd.endpoint),
     ] {
-        let err = refused_server(ip, &dir.path().join("two"), &meta);
+        let err = refused_server(ip, &dir.path().join("two"), &["--meta", &meta], &[]);
         assert!(err.contains("metadata engine"), "{meta}: {err}");
     }
+}
+
+/// A store server on etcd (keys) and a real S3 server (blocks and manifests: s3s-fs) keeps
+/// nothing on its disk that another needs: a second server on an empty data directory serves
+/// what the first published, byte for byte; a manifest over etcd's request limit publishes (it
+/// is an object, not a value in etcd's transaction); and a server whose object store refuses it
+/// says so at its start.
+#[test]
+fn servers_on_etcd_and_s3_serve_each_others_keys_with_nothing_on_their_disks() {
+    let ip = "127.0.0.126";
+    let etcd = Etcd::start(ip);
+    let s3 = S3::start(ip, "kt-bucket");
+    let blocks = s3.url("kt-bucket", "cluster/one");
+    let dir = tempfile::tempdir().unwrap();
+    let none = dir.path().join("no-agent.sock");
+    let server = |data: &str| {
+        let mut cmd = std::process::Command::new(common::kt_bin());
+        cmd.args(["server", "--listen", &format!("{ip}:0"), "--data-dir"])
+            .arg(dir.path().join(data))
+            .args(["--meta", &etcd.url("kt-s3"), "--blocks", &blocks])
+            .envs(s3.env())
+            .env("RUST_LOG", "warn");
+        test_support::spawn_ready(cmd)
+    };
+    let ok = |server: &Proc, args: &[&str]| {
+        let out = kt_with(&server.addr, &none, args);
+        assert!(
+            out.status.success(),
+            "kt {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("many")).unwrap();
+    let big = pseudo_random(6 << 20, 41);
+    std::fs::write(src.join("big.bin"), &big).unwrap();
+    std::fs::write(src.join("small.txt"), b"hello s3\n").unwrap();
+    // Enough files of long names that their manifest outgrows one etcd request; empty, since
+    // each small block is an object of its own for now (doc/cluster.md).
+    let files = 8_000;
+    let long = "n".repeat(200);
+    for i in 0..files {
+        std::fs::write(src.join(format!("many/{long}-{i:05}")), b"").unwrap();
+    }
+    std::fs::write(src.join("many/12345"), b"12345").unwrap();
+
+    let first = server("one");
+    let many = format!("{}/", src.join("many").display());
+    let big_src = src.join("big.bin");
+    let small_src = src.join("small.txt");
+    for (key, what) in [
+        ("proj/big", big_src.to_str().unwrap()),
+        ("proj/small", small_src.to_str().unwrap()),
+        ("proj/many", many.as_str()),
+    ] {
+        ok(&first, &["put", key, "--src", what]);
+    }
+    assert!(first.stop().success());
+    let bucket = s3.root().join("kt-bucket/cluster/one");
+    let count = |d: &str| std::fs::read_dir(bucket.join(d)).map_or(0, |r| r.count());
+    assert!(count("blocks") >= 2, "the big file's blocks are objects");
+    let largest = std::fs::read_dir(bucket.join("manifests"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .max()
+        .unwrap();
+    assert!(
+        largest > 3 << 19,
+        "no manifest over etcd's limit: {largest} bytes"
+    );
+    assert!(
+        !dir.path().join("one/blocks").exists(),
+        "a block was written to the server's own disk"
+    );
+
+    // Another server, its data directory empty: everything it serves is etcd's and S3's.
+    let second = server("two");
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    for key in ["proj/big", "proj/small", "proj/many"] {
+        ok(&second, &["get", key, "--dest", out.to_str().unwrap()]);
+    }
+    assert!(std::fs::read(out.join("big")).unwrap() == big);
+    assert_eq!(std::fs::read(out.join("small")).unwrap(), b"hello s3\n");
+    assert_eq!(
+        std::fs::read_dir(out.join("many")).unwrap().count(),
+        files + 1
+    );
+    assert_eq!(std::fs::read(out.join("many/12345")).unwrap(), b"12345");
+    drop(second);
+
+    // Credentials the object store refuses: no server.
+    let err = refused_server(
+        ip,
+        &dir.path().join("three"),
+        &["--meta", &etcd.url("kt-s3"), "--blocks", &blocks],
+        &[
+            ("AWS_ACCESS_KEY_ID", "nobody"),
+            ("AWS_SECRET_ACCESS_KEY", "wrong"),
+        ],
+    );
+    assert!(
+        err.contains("object store s3://kt-bucket/cluster/one"),
+        "{err}"
+    );
 }

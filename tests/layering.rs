@@ -31,7 +31,7 @@ const MAX_LINES: usize = 800;
 
 /// The data model and the primitives everything may use.
 const DATA_MODEL: &[&str] = &[
-    "proto", "hash", "key", "manifest", "clock", "locks", "metrics", "db",
+    "proto", "hash", "key", "manifest", "clock", "locks", "metrics", "db", "bridge", "objects",
 ];
 
 /// Within the data model.
@@ -42,6 +42,8 @@ const DATA_MODEL_EDGES: &[(&str, &[&str])] = &[
     ("locks", &[]),
     ("metrics", &["locks"]),
     ("db", &["locks"]),
+    ("bridge", &[]),
+    ("objects", &["bridge"]),
     ("clock", &["locks"]),
     ("manifest", &["hash", "key", "proto"]),
 ];

@@ -48,6 +48,9 @@ pub enum BlockError {
     },
     #[error("this peer takes no uploads")]
     NoUploads,
+    #[cfg(feature = "daemons")]
+    #[error(transparent)]
+    Objects(#[from] crate::objects::ObjectError),
 }
 
 impl BlockError {
@@ -66,6 +69,8 @@ impl BlockError {
             #[cfg(feature = "daemons")]
             BlockError::Db(e) => e.is_no_space(),
             BlockError::NoUploads => false,
+            #[cfg(feature = "daemons")]
+            BlockError::Objects(_) => false,
         }
     }
 }

@@ -1,5 +1,7 @@
-//! The store server's blocks: small ones in RocksDB, large ones as files named by hash
-//! ([`BlockFiles`]), all of them in an index that says which exist and where.
+//! The store server's blocks, in one of two places: on its disk (small ones in RocksDB, large
+//! ones as files named by hash, [`BlockFiles`], all of them in an index that says which exist
+//! and where), or in an object store ([`Objects`]: cluster mode), each block an object named by
+//! its hash, which is its own index.
 //!
 //! Large blocks are written as files without a sync, and known to the store (held, served,
 //! counted by a publish's check) from a list in memory; the publish that first needs them makes
@@ -9,7 +11,7 @@
 //! sync once held every block write of the store (every tenant's) for its whole length.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
 
@@ -19,6 +21,7 @@ use super::{BlockError, BlockServe, Served};
 use crate::db::{BatchOp, Db};
 use crate::hash::{BlockHash, Scope};
 use crate::locks;
+use crate::objects::Objects;
 
 pub const CF_BLOCKS: &str = "blocks";
 /// Which blocks the store holds (hash -> length): asking RocksDB whether a blob-file value
@@ -34,7 +37,23 @@ pub const CF_BLOCK_REFS: &str = "block_refs";
 pub const FAMILIES: [&str; 3] = [CF_BLOCKS, CF_BLOCK_INDEX, CF_BLOCK_REFS];
 
 pub struct StoreBlocks {
+    /// The references (and on disk, small blocks and the index).
     pub(super) db: Db,
+    place: Place,
+    /// Blocks stored or asked about lately, which garbage collection keeps.
+    touched: Mutex<Touched<BlockHash>>,
+    /// References written or asked about lately, which garbage collection keeps too.
+    pub(super) touched_refs: Mutex<Touched<(Scope, BlockHash)>>,
+}
+
+/// Where the blocks' bytes are.
+enum Place {
+    Disk(Disk),
+    Objects(Arc<Objects>),
+}
+
+/// Blocks on the store server's own disk.
+struct Disk {
     files: BlockFiles,
     /// Block writes hold it shared and [`StoreBlocks::remove_orphan`] alone, so a file being
     /// written is never taken for an orphan before it is listed.
@@ -45,23 +64,49 @@ pub struct StoreBlocks {
     /// One [`StoreBlocks::make_durable`] at a time: a publish that finds nothing left to index
     /// must still wait for the sync under way of the blocks it names.
     syncing: Mutex<()>,
-    /// Blocks stored or asked about lately, which garbage collection keeps.
-    touched: Mutex<Touched<BlockHash>>,
-    /// References written or asked about lately, which garbage collection keeps too.
-    pub(super) touched_refs: Mutex<Touched<(Scope, BlockHash)>>,
 }
+
+/// A block's object name.
+fn object_name(hash: &BlockHash) -> String {
+    format!("{BLOCK_OBJECTS}{}", hash.hex())
+}
+
+/// Where in the object store the blocks are.
+const BLOCK_OBJECTS: &str = "blocks/";
 
 impl StoreBlocks {
     /// The blocks in `db` (which must have the [`FAMILIES`]) and `files`.
     pub fn new(db: Db, files: BlockFiles) -> Self {
+        Self::at(
+            db,
+            Place::Disk(Disk {
+                files,
+                write_gate: RwLock::new(()),
+                unindexed: Mutex::default(),
+                syncing: Mutex::new(()),
+            }),
+        )
+    }
+
+    /// The blocks in `objects`, their references in `db`.
+    pub fn on_objects(db: Db, objects: Arc<Objects>) -> Self {
+        Self::at(db, Place::Objects(objects))
+    }
+
+    fn at(db: Db, place: Place) -> Self {
         StoreBlocks {
             db,
-            files,
-            write_gate: RwLock::new(()),
-            unindexed: Mutex::default(),
-            syncing: Mutex::new(()),
+            place,
             touched: Mutex::new(Touched::default()),
             touched_refs: Mutex::new(Touched::default()),
+        }
+    }
+
+    /// The store's disk, if its blocks are there: `None` for an object store.
+    fn disk(&self) -> Option<&Disk> {
+        match &self.place {
+            Place::Disk(d) => Some(d),
+            Place::Objects(_) => None,
         }
     }
 
@@ -85,6 +130,16 @@ impl StoreBlocks {
         also: Vec<BatchOp>,
     ) -> Result<(), BlockError> {
         locks::lock(&self.touched).touch(*hash);
+        let disk = match &self.place {
+            Place::Disk(d) => d,
+            Place::Objects(o) => {
+                o.put(&object_name(hash), Bytes::copy_from_slice(data))?;
+                if !also.is_empty() {
+                    self.db.write(also)?;
+                }
+                return Ok(());
+            }
+        };
         let k = hash.as_bytes();
         let len = (data.len() as u32).to_be_bytes();
         // Small blocks go to RocksDB with the WAL, so many small files do not each force a sync
@@ -98,11 +153,11 @@ impl StoreBlocks {
             return Ok(self.db.write(ops)?);
         }
         {
-            let _gate = locks::read(&self.write_gate);
-            self.files
+            let _gate = locks::read(&disk.write_gate);
+            disk.files
                 .write(hash, data)
-                .map_err(|e| self.files.error(e))?;
-            locks::lock(&self.unindexed).insert(*hash, data.len() as u32);
+                .map_err(|e| disk.files.error(e))?;
+            locks::lock(&disk.unindexed).insert(*hash, data.len() as u32);
         }
         if !also.is_empty() {
             self.db.write(also)?;
@@ -121,13 +176,22 @@ impl StoreBlocks {
     pub fn stored_len(&self, hash: &BlockHash) -> Result<Option<u32>, BlockError> {
         // Whoever asks is about to publish (or upload) it.
         locks::lock(&self.touched).touch(*hash);
-        if let Some(len) = locks::lock(&self.unindexed).get(hash) {
+        let disk = match &self.place {
+            Place::Disk(d) => d,
+            Place::Objects(o) => {
+                // An object too long to be a block is not one the store wrote.
+                return Ok(o
+                    .len(&object_name(hash))?
+                    .and_then(|n| u32::try_from(n).ok()));
+            }
+        };
+        if let Some(len) = locks::lock(&disk.unindexed).get(hash) {
             return Ok(Some(*len));
         }
         let Some(v) = self.db.get(CF_BLOCK_INDEX, hash.as_bytes())? else {
             return Ok(None);
         };
-        if v.get(4) == Some(&IN_FILE) && !self.files.exists(hash) {
+        if v.get(4) == Some(&IN_FILE) && !disk.files.exists(hash) {
             return Ok(None);
         }
         // An entry too short to hold a length counts as missing: the next put writes it again.
@@ -152,7 +216,11 @@ impl StoreBlocks {
     /// A block's bytes for the data plane: an open file for a large block (sent with
     /// sendfile), the value itself for a small one.
     pub fn get(&self, hash: &BlockHash) -> Result<Option<Served>, BlockError> {
-        let unindexed = locks::lock(&self.unindexed).contains_key(hash);
+        let disk = match &self.place {
+            Place::Disk(d) => d,
+            Place::Objects(o) => return Ok(o.get(&object_name(hash))?.map(Served::Bytes)),
+        };
+        let unindexed = locks::lock(&disk.unindexed).contains_key(hash);
         let in_file = match unindexed {
             true => true,
             false => match self.db.get(CF_BLOCK_INDEX, hash.as_bytes())? {
@@ -161,10 +229,10 @@ impl StoreBlocks {
             },
         };
         if in_file {
-            let found = self
+            let found = disk
                 .files
                 .open_block(hash)
-                .map_err(|e| self.files.error(e))?;
+                .map_err(|e| disk.files.error(e))?;
             if found.is_none() {
                 tracing::warn!(block = %hash.hex(), "the index names a block file that is gone");
             }
@@ -181,7 +249,10 @@ impl StoreBlocks {
     /// Indexes the blocks of a store written before the index existed (a one-time pass that
     /// reads every block once).
     pub fn index_old_blocks(&self) -> Result<(), BlockError> {
-        if !self.db.is_empty(CF_BLOCK_INDEX)? || self.db.is_empty(CF_BLOCKS)? {
+        if self.disk().is_none()
+            || !self.db.is_empty(CF_BLOCK_INDEX)?
+            || self.db.is_empty(CF_BLOCKS)?
+        {
             return Ok(());
         }
         tracing::info!("indexing the blocks of a store written by an older ktfs");
@@ -208,7 +279,20 @@ impl StoreBlocks {
     /// Calls `f` with every block the store holds: those uploaded and not yet indexed, then
     /// those in the index.
     pub fn for_each_block(&self, mut f: impl FnMut(BlockHash)) -> Result<(), BlockError> {
-        let unindexed: Vec<BlockHash> = locks::lock(&self.unindexed).keys().copied().collect();
+        let disk = match &self.place {
+            Place::Disk(d) => d,
+            Place::Objects(o) => {
+                // Objects of other names under the prefix are not the store's blocks.
+                o.list(BLOCK_OBJECTS, |name| {
+                    if let Some(h) = BlockHash::from_hex(name) {
+                        f(h);
+                    }
+                    Ok(())
+                })?;
+                return Ok(());
+            }
+        };
+        let unindexed: Vec<BlockHash> = locks::lock(&disk.unindexed).keys().copied().collect();
         unindexed.into_iter().for_each(&mut f);
         self.db.for_each(CF_BLOCK_INDEX, |k, _| {
             if let Some(h) = BlockHash::from_slice(k) {
@@ -222,7 +306,16 @@ impl StoreBlocks {
     /// Deletes a block (index entry first, so a crash between leaves an orphan file, never an
     /// entry without its block); returns its length.
     pub fn remove(&self, hash: &BlockHash) -> Result<u64, BlockError> {
-        let unindexed = locks::lock(&self.unindexed).remove(hash);
+        let disk = match &self.place {
+            Place::Disk(d) => d,
+            Place::Objects(o) => {
+                let name = object_name(hash);
+                let len = o.len(&name)?.unwrap_or(0);
+                o.delete(&name)?;
+                return Ok(len);
+            }
+        };
+        let unindexed = locks::lock(&disk.unindexed).remove(hash);
         let len = match unindexed {
             Some(len) => len,
             None => self
@@ -236,14 +329,18 @@ impl StoreBlocks {
             BatchOp::Delete(CF_BLOCK_INDEX, k.clone()),
             BatchOp::Delete(CF_BLOCKS, k),
         ])?;
-        self.files.remove(hash).map_err(|e| self.files.error(e))?;
+        disk.files.remove(hash).map_err(|e| disk.files.error(e))?;
         Ok(u64::from(len))
     }
 
     /// Block files the index does not name: left by a crash between a file and its entry.
+    /// An object store has no index, so none.
     pub fn orphan_files(&self) -> Result<Vec<BlockHash>, BlockError> {
         let mut out = Vec::new();
-        for h in self.files.list().map_err(|e| self.files.error(e))? {
+        let Some(disk) = self.disk() else {
+            return Ok(out);
+        };
+        for h in disk.files.list().map_err(|e| disk.files.error(e))? {
             if self.db.get(CF_BLOCK_INDEX, h.as_bytes())?.is_none() {
                 out.push(h);
             }
@@ -253,21 +350,28 @@ impl StoreBlocks {
 
     /// Deletes an orphan block file if it still is one; whether it did.
     pub fn remove_orphan(&self, hash: &BlockHash) -> Result<bool, BlockError> {
-        let _gate = locks::write(&self.write_gate);
-        if locks::lock(&self.unindexed).contains_key(hash)
+        let Some(disk) = self.disk() else {
+            return Ok(false);
+        };
+        let _gate = locks::write(&disk.write_gate);
+        if locks::lock(&disk.unindexed).contains_key(hash)
             || self.db.get(CF_BLOCK_INDEX, hash.as_bytes())?.is_some()
         {
             return Ok(false);
         }
-        self.files.remove(hash).map_err(|e| self.files.error(e))?;
+        disk.files.remove(hash).map_err(|e| disk.files.error(e))?;
         Ok(true)
     }
 
     /// [`StoreBlocks::make_durable`] where one of `named` is not indexed yet (written, or in a
     /// sync under way); at once otherwise.
+    /// An object store's blocks are durable once written.
     pub fn make_durable_for(&self, named: &[BlockHash]) -> Result<(), BlockError> {
+        let Some(disk) = self.disk() else {
+            return Ok(());
+        };
         let waits = {
-            let unindexed = locks::lock(&self.unindexed);
+            let unindexed = locks::lock(&disk.unindexed);
             named.iter().any(|h| unindexed.contains_key(h))
         };
         match waits {
@@ -281,19 +385,22 @@ impl StoreBlocks {
     /// between the two leaves files the index does not know (uploaded again if asked for,
     /// collected as orphans), never an index entry without its block.
     pub fn make_durable(&self) -> Result<(), BlockError> {
-        let _one = locks::lock(&self.syncing);
+        let Some(disk) = self.disk() else {
+            return Ok(());
+        };
+        let _one = locks::lock(&disk.syncing);
         // Listed before the sync, so every one of them is a file the sync covers.
-        let listed: Vec<(BlockHash, u32)> = locks::lock(&self.unindexed)
+        let listed: Vec<(BlockHash, u32)> = locks::lock(&disk.unindexed)
             .iter()
             .map(|(h, len)| (*h, *len))
             .collect();
         if listed.is_empty() {
             return Ok(());
         }
-        self.files.sync().map_err(|e| self.files.error(e))?;
+        disk.files.sync().map_err(|e| disk.files.error(e))?;
         // Under the list's lock: a block collected since it was listed (its file gone) is not
         // indexed, and one collected after is found in the index.
-        let mut unindexed = locks::lock(&self.unindexed);
+        let mut unindexed = locks::lock(&disk.unindexed);
         let entries: Vec<BatchOp> = listed
             .iter()
             .filter(|(h, _)| unindexed.contains_key(h))
@@ -346,7 +453,8 @@ mod tests {
         let h = BlockHash::of(&data);
         {
             let s = store(dir.path());
-            let under_way = locks::lock(&s.syncing);
+            let disk = s.disk().unwrap();
+            let under_way = locks::lock(&disk.syncing);
             let (tx, rx) = std::sync::mpsc::channel();
             std::thread::scope(|scope| {
                 scope.spawn(|| {
@@ -360,10 +468,46 @@ mod tests {
             drop(under_way);
             assert!(s.db.get(CF_BLOCK_INDEX, h.as_bytes()).unwrap().is_none());
             s.make_durable().unwrap();
-            assert!(locks::lock(&s.unindexed).is_empty());
+            assert!(locks::lock(&disk.unindexed).is_empty());
         }
         let again = store(dir.path());
         assert_eq!(again.stored_len(&h).unwrap(), Some(data.len() as u32));
         assert!(again.orphan_files().unwrap().is_empty());
+    }
+
+    /// On an object store every block is an object of its own, durable once written, and
+    /// another store on the same objects (another replica) holds, serves and lists them.
+    #[test]
+    fn blocks_on_objects_are_held_served_and_collected_by_any_store_on_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = crate::objects::ObjectUrl::Dir(dir.path().join("objects"));
+        let on_objects = |db: &str| {
+            let db = Db::open(&dir.path().join(db), &FAMILIES, &[CF_BLOCKS]).unwrap();
+            StoreBlocks::on_objects(db, Arc::new(Objects::open(&url).unwrap()))
+        };
+        let small = b"small".to_vec();
+        let large = vec![9u8; MIN_FILE_BLOCK * 2];
+        let (hs, hl) = (BlockHash::of(&small), BlockHash::of(&large));
+        let one = on_objects("one");
+        one.put(&hs, &small).unwrap();
+        one.put(&hl, &large).unwrap();
+        one.make_durable().unwrap();
+        let two = on_objects("two");
+        assert_eq!(two.stored_len(&hl).unwrap(), Some(large.len() as u32));
+        assert_eq!(two.missing(&[hs, hl]).unwrap(), []);
+        match two.get(&hs).unwrap() {
+            Some(Served::Bytes(b)) => assert_eq!(&b[..], &small[..]),
+            _ => panic!("a block on objects is served from memory"),
+        }
+        let mut held = Vec::new();
+        two.for_each_block(|h| held.push(h)).unwrap();
+        held.sort_by_key(|h| h.0);
+        let mut want = vec![hs, hl];
+        want.sort_by_key(|h| h.0);
+        assert_eq!(held, want);
+        assert!(two.orphan_files().unwrap().is_empty());
+        assert_eq!(two.remove(&hl).unwrap(), large.len() as u64);
+        assert_eq!(one.stored_len(&hl).unwrap(), None);
+        assert!(one.get(&hl).unwrap().is_none());
     }
 }

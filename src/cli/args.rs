@@ -392,10 +392,16 @@ pub struct ServerArgs {
     #[arg(long)]
     pub data_dir: PathBuf,
     /// Where keys, manifests and attributes live: an etcd cluster,
-    /// `etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/PREFIX` (blocks stay in --data-dir).
+    /// `etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/PREFIX[?ca=F&cert=F&key=F]`.
     /// Without it, RocksDB in --data-dir.
     #[arg(long, value_name = "URL")]
     pub meta: Option<ktfs::server::MetaSpec>,
+    /// Where blocks and manifests live: an object store,
+    /// `s3://BUCKET/PREFIX[?endpoint=URL&region=R]`, `gs://BUCKET/PREFIX`,
+    /// `az://CONTAINER/PREFIX` or `file:///DIR` (credentials from the environment, as each
+    /// cloud's tools read them). Without it, in --data-dir.
+    #[arg(long, value_name = "URL")]
+    pub blocks: Option<ktfs::objects::ObjectUrl>,
     /// Seconds a node stays a source without a heartbeat.
     #[arg(long, default_value_t = 15)]
     pub lease_secs: u64,

@@ -15,7 +15,7 @@ use ktfs::k8s::api;
 use ktfs::k8s::tokens::ServiceAccountName;
 use ktfs::key::Namespace;
 use ktfs::server::auth::{AuthConfig, TokenReview};
-use ktfs::server::StoreServerProcess;
+use ktfs::server::{StoreServerProcess, StoreSpec};
 
 use kt_host::shutdown_signal;
 
@@ -75,7 +75,10 @@ pub async fn server(a: ServerArgs) -> Result<()> {
         &a.data_dir,
         Duration::from_secs(a.lease_secs),
         ktfs::clock::system(),
-        &a.meta.unwrap_or_default(),
+        &StoreSpec {
+            meta: a.meta.unwrap_or_default(),
+            blocks: a.blocks,
+        },
     )
     .await?
     .with_auth(auth)

@@ -26,6 +26,13 @@ impl BlockHash {
     pub fn hex(&self) -> String {
         to_hex(&self.0)
     }
+
+    /// From the 64 hex digits [`BlockHash::hex`] writes (an object's name, say).
+    pub fn from_hex(s: &str) -> Option<Self> {
+        blake3::Hash::from_hex(s)
+            .ok()
+            .map(|h| BlockHash(*h.as_bytes()))
+    }
 }
 
 impl fmt::Debug for BlockHash {

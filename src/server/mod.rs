@@ -24,8 +24,9 @@ use crate::blocks::store::{self, StoreBlocks, CF_BLOCKS};
 use crate::blocks::BlockError;
 use crate::clock::{self, SharedClock};
 use crate::db::{Db, DbError};
-use crate::meta::engine::{EngineError, EngineTables, EtcdEngine, EtcdUrl};
+use crate::meta::engine::{EngineError, EngineTables, EtcdEngine, EtcdUrl, ObjectManifests};
 use crate::meta::{self, MetaError, MetaStore};
+use crate::objects::{ObjectError, ObjectUrl, Objects};
 use crate::proto::store_server::StoreServer;
 use crate::rpc::MAX_RPC_MESSAGE;
 use auth::{AuthConfig, Authenticator};
@@ -162,6 +163,8 @@ pub enum ServerError {
     Meta(#[from] MetaError),
     #[error(transparent)]
     Engine(#[from] EngineError),
+    #[error(transparent)]
+    Objects(#[from] ObjectError),
     #[error("serving: {0}")]
     Serve(#[from] tonic::transport::Error),
 }
@@ -175,6 +178,14 @@ pub enum MetaSpec {
     /// An etcd cluster (`--meta etcd://HOST:PORT[,...]/PREFIX`); blocks stay in the data
     /// directory until they move to an object store (doc/cluster.md).
     Etcd(EtcdUrl),
+}
+
+/// Where a store server keeps its state: its metadata, and its blocks and manifests (an object
+/// store, or with `None` its data directory and its metadata).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreSpec {
+    pub meta: MetaSpec,
+    pub blocks: Option<ObjectUrl>,
 }
 
 impl std::str::FromStr for MetaSpec {
@@ -208,17 +219,17 @@ impl StoreServerProcess {
         lease: Duration,
         clock: SharedClock,
     ) -> Result<Self, ServerError> {
-        Self::bind_on(listen, data_dir, lease, clock, &MetaSpec::Local).await
+        Self::bind_on(listen, data_dir, lease, clock, &StoreSpec::default()).await
     }
 
-    /// Opens the store with its metadata where `spec` says, its blocks in `data_dir`, and
-    /// binds `listen`.
+    /// Opens the store with its metadata and blocks where `spec` says (by default in
+    /// `data_dir`), and binds `listen`.
     pub async fn bind_on(
         listen: &str,
         data_dir: &Path,
         lease: Duration,
         clock: SharedClock,
-        spec: &MetaSpec,
+        spec: &StoreSpec,
     ) -> Result<Self, ServerError> {
         let dir_err = |source| ServerError::DataDir {
             path: data_dir.display().to_string(),
@@ -228,24 +239,46 @@ impl StoreServerProcess {
         let mut families = meta::FAMILIES.to_vec();
         families.extend(store::FAMILIES);
         let db = Db::open(&data_dir.join("meta.rocksdb"), &families, &[CF_BLOCKS])?;
-        let files = BlockFiles::open(&data_dir.join("blocks")).map_err(dir_err)?;
+        let objects = match spec.blocks.clone() {
+            None => None,
+            Some(url) => Some(Arc::new(
+                tokio::task::spawn_blocking(move || Objects::open(&url))
+                    .await
+                    .map_err(EngineError::other)??,
+            )),
+        };
         let listener = TcpListener::bind(listen)
             .await
             .map_err(|source| ServerError::Listen {
                 addr: listen.to_string(),
                 source,
             })?;
-        let blocks = Arc::new(StoreBlocks::new(db.clone(), files));
+        let blocks = Arc::new(match &objects {
+            Some(o) => StoreBlocks::on_objects(db.clone(), o.clone()),
+            None => {
+                let files = BlockFiles::open(&data_dir.join("blocks")).map_err(dir_err)?;
+                StoreBlocks::new(db.clone(), files)
+            }
+        });
         blocks.index_old_blocks()?;
-        let meta = match spec {
-            MetaSpec::Local => MetaStore::new(db, blocks, lease, clock.clone()),
-            MetaSpec::Etcd(url) => {
+        let meta = match (&spec.meta, objects) {
+            (MetaSpec::Local, None) => MetaStore::new(db, blocks, lease, clock.clone()),
+            (MetaSpec::Local, Some(o)) => {
+                MetaStore::new(ObjectManifests::new(db, o), blocks, lease, clock.clone())
+            }
+            (MetaSpec::Etcd(url), objects) => {
                 let url = url.clone();
                 let connect = move || async move { EtcdEngine::connect(&url).await };
                 let tables = tokio::task::spawn_blocking(move || EngineTables::connect(connect))
                     .await
                     .map_err(EngineError::other)??;
-                MetaStore::new(tables, blocks, lease, clock.clone())
+                match objects {
+                    None => MetaStore::new(tables, blocks, lease, clock.clone()),
+                    Some(o) => {
+                        let tables = ObjectManifests::new(tables, o);
+                        MetaStore::new(tables, blocks, lease, clock.clone())
+                    }
+                }
             }
         };
         Ok(StoreServerProcess {

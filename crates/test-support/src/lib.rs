@@ -7,6 +7,7 @@
 //! that crate's tests, built on these pieces. Linux only: it reads `/proc` and calls `umount2`.
 
 pub mod etcd;
+pub mod s3;
 pub mod tls;
 
 use std::ffi::CString;

@@ -13,11 +13,13 @@
 mod tests;
 
 mod etcd;
+mod manifests;
 mod rocks;
 mod seam;
 mod tables;
 
 pub use etcd::{BadEtcdUrl, EtcdEngine, EtcdTls, EtcdUrl};
+pub use manifests::ObjectManifests;
 pub use rocks::RocksEngine;
 pub use seam::*;
 pub use tables::EngineTables;

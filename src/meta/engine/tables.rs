@@ -8,6 +8,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use super::seam::{prefix_end, EngineError, MetaEngine, Txn, MAX_TXN_BYTES, MAX_TXN_OPS};
+use crate::bridge::Bridge;
 use crate::meta::backend::{BackendError, KeyValue, MetaBackend, Op, Step, Table, Visit};
 
 /// Entries a page of a scan asks for: manifests are large (up to megabytes each), the rest
@@ -46,8 +47,7 @@ type Call<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, EngineError>> + S
 /// The tables on `engine`.
 pub struct EngineTables {
     engine: Arc<dyn MetaEngine>,
-    /// `Some` until dropped: shut down without waiting, as a drop may come on an async thread.
-    runtime: Option<tokio::runtime::Runtime>,
+    bridge: Bridge,
 }
 
 impl EngineTables {
@@ -58,16 +58,11 @@ impl EngineTables {
         E: MetaEngine,
         F: Future<Output = Result<E, EngineError>> + Send + 'static,
     {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("kt-meta-engine")
-            .enable_all()
-            .build()
-            .map_err(EngineError::other)?;
-        let engine = on(&runtime, connect())?;
+        let bridge = Bridge::new("kt-meta-engine").map_err(EngineError::other)?;
+        let engine = on(&bridge, connect())?;
         Ok(EngineTables {
             engine: Arc::new(engine),
-            runtime: Some(runtime),
+            bridge,
         })
     }
 
@@ -75,8 +70,7 @@ impl EngineTables {
         &self,
         f: impl FnOnce(Arc<dyn MetaEngine>) -> Call<T>,
     ) -> Result<T, BackendError> {
-        let runtime = self.runtime.as_ref().expect("the runtime lives until drop");
-        on(runtime, f(self.engine.clone())).map_err(backend_err)
+        on(&self.bridge, f(self.engine.clone())).map_err(backend_err)
     }
 
     /// Pages of `table` from `start`, each handed to `f` until it says stop.
@@ -158,25 +152,14 @@ fn dedup_last(txn: &mut Txn) {
     txn.writes = kept;
 }
 
-/// Runs `fut` on `runtime` and waits for it on this thread, whatever thread that is.
+/// Runs `fut` on the bridge's runtime and waits for it on this thread, whatever thread that is.
 fn on<T: Send + 'static>(
-    runtime: &tokio::runtime::Runtime,
+    bridge: &Bridge,
     fut: impl Future<Output = Result<T, EngineError>> + Send + 'static,
 ) -> Result<T, EngineError> {
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    runtime.spawn(async move {
-        let _ = tx.send(fut.await);
-    });
-    rx.recv()
-        .map_err(|_| EngineError::Unavailable("the metadata engine's runtime stopped".into()))?
-}
-
-impl Drop for EngineTables {
-    fn drop(&mut self) {
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
-    }
+    bridge
+        .run(fut)
+        .ok_or_else(|| EngineError::Unavailable("the metadata engine's runtime stopped".into()))?
 }
 
 impl MetaBackend for EngineTables {

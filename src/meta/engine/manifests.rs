@@ -1,0 +1,284 @@
+//! Manifests in the object store ([`ObjectManifests`]): a manifest may exceed what an etcd
+//! transaction carries (1.5 MiB), and it never changes (a version is the hash of its manifest),
+//! so it is written as an object named by its version before the transaction that names it,
+//! and each replica caches what it read.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+use crate::hash::Version;
+use crate::locks::lock;
+use crate::meta::backend::{BackendError, KeyValue, MetaBackend, Op, Step, Table, Visit};
+use crate::objects::Objects;
+
+/// What [`ObjectManifests::walk`] calls with each manifest.
+type Walk<'a> = dyn FnMut(&[u8], &[u8]) -> Result<Step, BackendError> + 'a;
+
+/// Where in the object store the manifests are.
+const MANIFEST_OBJECTS: &str = "manifests/";
+/// How many bytes of manifests a replica keeps in memory.
+const CACHE_BYTES: usize = 64 << 20;
+
+/// Any metadata backend, with its manifests table in `objects`.
+pub struct ObjectManifests<B> {
+    inner: B,
+    objects: Arc<Objects>,
+    cache: Mutex<Cache>,
+}
+
+/// Manifests read lately, the oldest let go of first past [`CACHE_BYTES`].
+#[derive(Default)]
+struct Cache {
+    by_key: HashMap<Vec<u8>, Arc<Vec<u8>>>,
+    order: VecDeque<Vec<u8>>,
+    bytes: usize,
+}
+
+impl Cache {
+    fn insert(&mut self, key: &[u8], value: Arc<Vec<u8>>) {
+        if value.len() > CACHE_BYTES / 4 || self.by_key.contains_key(key) {
+            return;
+        }
+        self.bytes += value.len();
+        self.by_key.insert(key.to_vec(), value);
+        self.order.push_back(key.to_vec());
+        while self.bytes > CACHE_BYTES {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(v) = self.by_key.remove(&old) {
+                self.bytes -= v.len();
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &[u8]) {
+        if let Some(v) = self.by_key.remove(key) {
+            self.bytes -= v.len();
+            self.order.retain(|k| k != key);
+        }
+    }
+}
+
+fn err(e: crate::objects::ObjectError) -> BackendError {
+    BackendError(Box::new(e))
+}
+
+/// A manifest's object name; `None` for a key that is no version (the table holds none).
+fn name(key: &[u8]) -> Option<String> {
+    Version::from_slice(key).map(|v| format!("{MANIFEST_OBJECTS}{}", v.hex()))
+}
+
+impl<B: MetaBackend> ObjectManifests<B> {
+    pub fn new(inner: B, objects: Arc<Objects>) -> Self {
+        ObjectManifests {
+            inner,
+            objects,
+            cache: Mutex::default(),
+        }
+    }
+
+    /// Every manifest whose key starts with `prefix`, in key order, read one at a time.
+    fn walk(&self, prefix: &[u8], f: &mut Walk<'_>) -> Result<(), BackendError> {
+        let mut keys = Vec::new();
+        self.objects
+            .list(MANIFEST_OBJECTS, |n| {
+                if let Some(v) = Version::from_hex(n) {
+                    keys.push(v.0.to_vec());
+                }
+                Ok(())
+            })
+            .map_err(err)?;
+        keys.retain(|k| k.starts_with(prefix));
+        keys.sort();
+        let mut past: Option<Vec<u8>> = None;
+        for k in keys {
+            if past.as_ref().is_some_and(|p| k.starts_with(p)) {
+                continue;
+            }
+            // One deleted since the listing is skipped.
+            let Some(v) = self.read(&k)? else {
+                continue;
+            };
+            match f(&k, &v)? {
+                Step::Next => past = None,
+                Step::Past(n) => past = Some(k[..n.min(k.len())].to_vec()),
+                Step::Stop => return Ok(()),
+            }
+        }
+        Ok(())
+    }
+
+    fn read(&self, key: &[u8]) -> Result<Option<Arc<Vec<u8>>>, BackendError> {
+        if let Some(v) = lock(&self.cache).by_key.get(key) {
+            return Ok(Some(v.clone()));
+        }
+        let Some(name) = name(key) else {
+            return Ok(None);
+        };
+        let Some(bytes) = self.objects.get(&name).map_err(err)? else {
+            return Ok(None);
+        };
+        let v = Arc::new(bytes.to_vec());
+        lock(&self.cache).insert(key, v.clone());
+        Ok(Some(v))
+    }
+
+    /// Writes the manifests `ops` put and hands back the rest, and the manifests they delete
+    /// (deleted once the rest is written: a key is never left naming a manifest gone).
+    fn split(&self, ops: Vec<Op>) -> Result<(Vec<Op>, Vec<Vec<u8>>), BackendError> {
+        let mut rest = Vec::with_capacity(ops.len());
+        let mut deletes = Vec::new();
+        for op in ops {
+            match op {
+                Op::Put(Table::Manifests, k, v) => {
+                    let name = name(&k).ok_or_else(|| {
+                        BackendError("a manifest's key is no version".to_string().into())
+                    })?;
+                    self.objects.put(&name, Bytes::from(v)).map_err(err)?;
+                }
+                Op::Delete(Table::Manifests, k) => deletes.push(k),
+                op => rest.push(op),
+            }
+        }
+        Ok((rest, deletes))
+    }
+
+    fn delete(&self, keys: Vec<Vec<u8>>) -> Result<(), BackendError> {
+        for k in keys {
+            lock(&self.cache).remove(&k);
+            if let Some(name) = name(&k) {
+                self.objects.delete(&name).map_err(err)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<B: MetaBackend> MetaBackend for ObjectManifests<B> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
+        match table {
+            Table::Manifests => Ok(self.read(key)?.map(|v| v.to_vec())),
+            t => self.inner.get(t, key),
+        }
+    }
+
+    fn scan_prefix(&self, table: Table, prefix: &[u8]) -> Result<Vec<KeyValue>, BackendError> {
+        if table != Table::Manifests {
+            return self.inner.scan_prefix(table, prefix);
+        }
+        let mut out = Vec::new();
+        self.walk(prefix, &mut |k, v| {
+            out.push((k.to_vec(), v.to_vec()));
+            Ok(Step::Next)
+        })?;
+        Ok(out)
+    }
+
+    fn for_each(&self, table: Table, f: &mut Visit<'_>) -> Result<(), BackendError> {
+        if table != Table::Manifests {
+            return self.inner.for_each(table, f);
+        }
+        self.walk(b"", &mut |k, v| f(k, v).map(|()| Step::Next))
+    }
+
+    fn walk_prefix(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
+    ) -> Result<(), BackendError> {
+        if table != Table::Manifests {
+            return self.inner.walk_prefix(table, prefix, f);
+        }
+        self.walk(prefix, &mut |k, v| Ok(f(k, v)))
+    }
+
+    fn write(&self, ops: Vec<Op>) -> Result<(), BackendError> {
+        let (rest, deletes) = self.split(ops)?;
+        if !rest.is_empty() {
+            self.inner.write(rest)?;
+        }
+        self.delete(deletes)
+    }
+
+    fn write_synced(&self, ops: Vec<Op>) -> Result<(), BackendError> {
+        let (rest, deletes) = self.split(ops)?;
+        if !rest.is_empty() {
+            self.inner.write_synced(rest)?;
+        }
+        self.delete(deletes)
+    }
+
+    fn flush(&self) -> Result<(), BackendError> {
+        self.inner.flush()
+    }
+
+    fn commit(&self, changes: Vec<Vec<Op>>) -> Result<(), BackendError> {
+        let mut kept = Vec::with_capacity(changes.len());
+        let mut deletes = Vec::new();
+        for change in changes {
+            let (rest, d) = self.split(change)?;
+            deletes.extend(d);
+            if !rest.is_empty() {
+                kept.push(rest);
+            }
+        }
+        if !kept.is_empty() {
+            self.inner.commit(kept)?;
+        }
+        self.delete(deletes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::engine::{EngineTables, RocksEngine};
+    use crate::objects::ObjectUrl;
+
+    /// Over etcd's limits in one transaction, a manifest still commits: it is an object, and
+    /// the engine's transaction carries the key alone; walks see manifests in key order, and a
+    /// deleted one is gone from the cache too.
+    #[test]
+    fn manifests_are_objects_beside_an_engine_whose_transactions_they_outgrow() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("engine");
+        let tables = EngineTables::connect(move || async move { RocksEngine::open(&db) }).unwrap();
+        let objects = Objects::open(&ObjectUrl::Dir(dir.path().join("objects"))).unwrap();
+        let m = ObjectManifests::new(tables, Arc::new(objects));
+        let big = vec![7u8; 2 << 20];
+        let (v1, v2) = ([1u8; 32].to_vec(), [2u8; 32].to_vec());
+        m.commit(vec![vec![
+            Op::Put(Table::Manifests, v2.clone(), b"two".to_vec()),
+            Op::Put(Table::Manifests, v1.clone(), big.clone()),
+            Op::Put(Table::Keys, b"ns\0k".to_vec(), v1.clone()),
+        ]])
+        .unwrap();
+        assert_eq!(m.get(Table::Manifests, &v1).unwrap(), Some(big.clone()));
+        assert_eq!(m.get(Table::Keys, b"ns\0k").unwrap(), Some(v1.clone()));
+        let mut walked = Vec::new();
+        m.for_each(Table::Manifests, &mut |k, v| {
+            walked.push((k.to_vec(), v.len()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(walked, [(v1.clone(), big.len()), (v2.clone(), 3)]);
+        let mut first = Vec::new();
+        m.walk_prefix(Table::Manifests, b"", &mut |k, _| {
+            first.push(k.to_vec());
+            Step::Stop
+        })
+        .unwrap();
+        assert_eq!(first, std::slice::from_ref(&v1));
+        // Not a version: refused before anything is written.
+        let bad = m.write(vec![Op::Put(Table::Manifests, b"short".to_vec(), vec![])]);
+        assert!(bad.is_err());
+        m.write_synced(vec![Op::Delete(Table::Manifests, v1.clone())])
+            .unwrap();
+        assert_eq!(m.get(Table::Manifests, &v1).unwrap(), None);
+        assert_eq!(m.scan_prefix(Table::Manifests, b"").unwrap().len(), 1);
+    }
+}
