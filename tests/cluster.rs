@@ -28,6 +28,17 @@ fn server_on(ip: &str, data_dir: &Path, meta: &str) -> Proc {
     ])
 }
 
+/// `kt ARGS` against `server`, which must succeed; its stdout.
+fn ok_with(server: &Proc, agent: &Path, args: &[&str]) -> String {
+    let out = kt_with(&server.addr, agent, args);
+    assert!(
+        out.status.success(),
+        "kt {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// Starts a store server with `args` (and `env`) that must exit with an error (within 20 s,
 /// else it is killed and the test fails); returns what it printed on stderr.
 fn refused_server(ip: &str, data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
@@ -60,15 +71,7 @@ fn a_store_on_etcd_keeps_its_keys_there_for_any_server_of_the_same_prefix() {
     let etcd = Etcd::start(ip);
     let dir = tempfile::tempdir().unwrap();
     let none = dir.path().join("no-agent.sock");
-    let ok = |server: &Proc, args: &[&str]| {
-        let out = kt_with(&server.addr, &none, args);
-        assert!(
-            out.status.success(),
-            "kt {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let ok = |server: &Proc, args: &[&str]| ok_with(server, &none, args);
     let src = dir.path().join("src");
     std::fs::create_dir_all(src.join("sub")).unwrap();
     std::fs::write(src.join("small.txt"), b"hello etcd\n").unwrap();
@@ -226,14 +229,7 @@ fn servers_on_etcd_and_s3_serve_each_others_keys_with_nothing_on_their_disks() {
             .env("RUST_LOG", "warn");
         test_support::spawn_ready(cmd)
     };
-    let ok = |server: &Proc, args: &[&str]| {
-        let out = kt_with(&server.addr, &none, args);
-        assert!(
-            out.status.success(),
-            "kt {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let ok = |server: &Proc, args: &[&str]| ok_with(server, &none, args);
     let src = dir.path().join("src");
     std::fs::create_dir_all(src.join("many")).unwrap();
     let big = pseudo_random(6 << 20, 41);
