@@ -13,6 +13,44 @@ use ktfs::rpc::Store;
 use ktfs::server::StoreServerProcess;
 use ktfs::transfer::put::early::EarlyUpload;
 
+/// A store server in this process, on a data directory of its own.
+struct Server {
+    addr: String,
+    store: Store,
+    stop: tokio::sync::oneshot::Sender<()>,
+    served: tokio::task::JoinHandle<Result<(), ktfs::server::ServerError>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    async fn start() -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let srv = StoreServerProcess::bind("127.0.0.116:0", dir.path(), Duration::from_secs(30))
+            .await
+            .unwrap();
+        let addr = srv.local_addr().unwrap().to_string();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(srv.run(async move {
+            let _ = stopped.await;
+        }));
+        let store = ktfs::rpc::client::connect_store(&addr, &Credential::none())
+            .await
+            .unwrap();
+        Server {
+            addr,
+            store,
+            stop,
+            served,
+            _dir: dir,
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.served.await.unwrap().unwrap();
+    }
+}
+
 async fn lacks(store: &Store, hash: &BlockHash) -> bool {
     let resp = store
         .missing_blocks(MissingBlocksRequest {
@@ -28,18 +66,8 @@ async fn lacks(store: &Store, hash: &BlockHash) -> bool {
 /// goes on, not after it. A block the store holds is not sent again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocks_reach_the_store_while_the_scan_goes_on() {
-    let dir = tempfile::tempdir().unwrap();
-    let srv = StoreServerProcess::bind("127.0.0.116:0", dir.path(), Duration::from_secs(30))
-        .await
-        .unwrap();
-    let addr = srv.local_addr().unwrap().to_string();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(srv.run(async move {
-        let _ = stopped.await;
-    }));
-    let store = ktfs::rpc::client::connect_store(&addr, &Credential::none())
-        .await
-        .unwrap();
+    let server = Server::start().await;
+    let (addr, store) = (server.addr.clone(), server.store.clone());
     let early = EarlyUpload::start(
         store.clone(),
         addr.clone(),
@@ -92,26 +120,15 @@ async fn blocks_reach_the_store_while_the_scan_goes_on() {
     for b in &blocks {
         assert!(!lacks(&store, &BlockHash::of(b)).await);
     }
-    let _ = stop.send(());
-    served.await.unwrap().unwrap();
+    server.stop().await;
 }
 
 /// Two identical files hashed at once hand over the same block twice before the queue is
 /// drained (here: both before the task runs, on this one-thread runtime): it is sent once.
 #[tokio::test(flavor = "current_thread")]
 async fn a_block_handed_over_twice_in_one_batch_is_sent_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let srv = StoreServerProcess::bind("127.0.0.116:0", dir.path(), Duration::from_secs(30))
-        .await
-        .unwrap();
-    let addr = srv.local_addr().unwrap().to_string();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(srv.run(async move {
-        let _ = stopped.await;
-    }));
-    let store = ktfs::rpc::client::connect_store(&addr, &Credential::none())
-        .await
-        .unwrap();
+    let server = Server::start().await;
+    let (addr, store) = (server.addr.clone(), server.store.clone());
     let early = EarlyUpload::start(store.clone(), addr, "default".into(), ProgressBar::hidden());
     let sink = early.sink();
     let block = vec![7u8; 1 << 20];
@@ -124,6 +141,5 @@ async fn a_block_handed_over_twice_in_one_batch_is_sent_once() {
     drop(sink);
     assert_eq!(early.finish().await, block.len() as u64);
     assert!(!lacks(&store, &BlockHash::of(&block)).await);
-    let _ = stop.send(());
-    served.await.unwrap().unwrap();
+    server.stop().await;
 }
