@@ -98,8 +98,9 @@ impl<B: MetaBackend> ObjectManifests<B> {
             if past.as_ref().is_some_and(|p| k.starts_with(p)) {
                 continue;
             }
-            // One deleted since the listing is skipped.
-            let Some(v) = self.read(&k)? else {
+            // One deleted since the listing is skipped. A walk (collection reads every
+            // manifest) leaves the cache to the reads that will come again.
+            let Some(v) = self.read(&k, false)? else {
                 continue;
             };
             match f(&k, &v)? {
@@ -111,7 +112,8 @@ impl<B: MetaBackend> ObjectManifests<B> {
         Ok(())
     }
 
-    fn read(&self, key: &[u8]) -> Result<Option<Arc<Vec<u8>>>, BackendError> {
+    /// A manifest, from the cache or the store (kept in the cache if `keep`).
+    fn read(&self, key: &[u8], keep: bool) -> Result<Option<Arc<Vec<u8>>>, BackendError> {
         if let Some(v) = lock(&self.cache).by_key.get(key) {
             return Ok(Some(v.clone()));
         }
@@ -122,7 +124,9 @@ impl<B: MetaBackend> ObjectManifests<B> {
             return Ok(None);
         };
         let v = Arc::new(bytes.to_vec());
-        lock(&self.cache).insert(key, v.clone());
+        if keep {
+            lock(&self.cache).insert(key, v.clone());
+        }
         Ok(Some(v))
     }
 
@@ -160,7 +164,7 @@ impl<B: MetaBackend> ObjectManifests<B> {
 impl<B: MetaBackend> MetaBackend for ObjectManifests<B> {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
         match table {
-            Table::Manifests => Ok(self.read(key)?.map(|v| v.to_vec())),
+            Table::Manifests => Ok(self.read(key, true)?.map(|v| v.to_vec())),
             t => self.inner.get(t, key),
         }
     }
