@@ -304,3 +304,103 @@ fn servers_on_etcd_and_s3_serve_each_others_keys_with_nothing_on_their_disks() {
         "{err}"
     );
 }
+
+/// `kt server migrate` copies a stopped single server's data directory into etcd and S3: a
+/// server on those, its own data directory empty, serves every key byte for byte, and a second
+/// run copies the same again. A data directory its server still holds, or one that holds no
+/// store, is refused.
+#[test]
+fn a_single_servers_store_migrates_into_etcd_and_s3() {
+    let ip = "127.0.0.129";
+    let etcd = Etcd::start(ip);
+    let s3 = S3::start(ip, "kt-bucket");
+    let dir = tempfile::tempdir().unwrap();
+    let none = dir.path().join("no-agent.sock");
+    let (meta, blocks) = (etcd.url("kt-migrated"), s3.url("kt-bucket", "migrated"));
+    let kt_server = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(common::kt_bin());
+        cmd.arg("server")
+            .args(args)
+            .envs(s3.env())
+            .env("RUST_LOG", "warn");
+        cmd
+    };
+    let single_dir = dir.path().join("single");
+    let single_dir = single_dir.to_str().unwrap();
+    let migrate = |from: &str| {
+        kt_server(&[
+            "migrate", "--from", from, "--meta", &meta, "--blocks", &blocks, "--json",
+        ])
+        .output()
+        .unwrap()
+    };
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    let big = pseudo_random(5 << 20, 51);
+    std::fs::write(src.join("sub/big.bin"), &big).unwrap();
+    std::fs::write(src.join("small.txt"), b"migrated\n").unwrap();
+    let tree = format!("{}/", src.display());
+    let small = src.join("small.txt");
+
+    let single = test_support::spawn_ready(kt_server(&[
+        "--listen",
+        &format!("{ip}:0"),
+        "--data-dir",
+        single_dir,
+    ]));
+    ok_with(&single, &none, &["put", "proj/tree", "--src", &tree]);
+    ok_with(
+        &single,
+        &none,
+        &["put", "proj/one", "--src", small.to_str().unwrap()],
+    );
+    let held = migrate(single_dir);
+    assert!(!held.status.success(), "migrated a store its server holds");
+    let err = String::from_utf8_lossy(&held.stderr);
+    assert!(err.contains("still running"), "{err}");
+    assert!(single.stop().success());
+
+    let mut copied = None;
+    for _ in 0..2 {
+        let out = migrate(single_dir);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(report["blocks"].as_u64().unwrap() >= 2, "{report}");
+        assert!(report["entries"].as_u64().unwrap() >= 4, "{report}");
+        assert!(copied.is_none_or(|c| c == report), "{report}");
+        copied = Some(report);
+    }
+
+    let replica = test_support::spawn_ready(kt_server(&[
+        "--listen",
+        &format!("{ip}:0"),
+        "--data-dir",
+        dir.path().join("replica").to_str().unwrap(),
+        "--meta",
+        &meta,
+        "--blocks",
+        &blocks,
+    ]));
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    for key in ["proj/tree", "proj/one"] {
+        ok_with(
+            &replica,
+            &none,
+            &["get", key, "--dest", out.to_str().unwrap()],
+        );
+    }
+    assert!(std::fs::read(out.join("tree/sub/big.bin")).unwrap() == big);
+    assert_eq!(std::fs::read(out.join("one")).unwrap(), b"migrated\n");
+    drop(replica);
+
+    let nothing = dir.path().join("nothing");
+    let refused = migrate(nothing.to_str().unwrap());
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("holds no store"), "{err}");
+}

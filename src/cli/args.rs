@@ -385,12 +385,42 @@ pub struct RmArgs {
 }
 
 #[cfg(feature = "daemons")]
+#[derive(Subcommand)]
+pub enum ServerAction {
+    /// Copy a stopped single server's data directory (its RocksDB metadata and its blocks)
+    /// into etcd and an object store, for servers started with the same --meta and --blocks.
+    /// Running it again finishes an interrupted one.
+    Migrate(Box<MigrateArgs>),
+}
+
+#[cfg(feature = "daemons")]
 #[derive(Args)]
+pub struct MigrateArgs {
+    /// The single server's data directory (its server stopped).
+    #[arg(long)]
+    pub from: PathBuf,
+    /// Where the metadata goes: `etcd://HOST:PORT[,...]/PREFIX[?...]`, as `kt server --meta`.
+    #[arg(long, value_name = "URL")]
+    pub meta: ktfs::server::MetaSpec,
+    /// Where the blocks and manifests go, as `kt server --blocks`.
+    #[arg(long, value_name = "URL")]
+    pub blocks: ktfs::objects::ObjectUrl,
+    /// Print what was copied as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[cfg(feature = "daemons")]
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct ServerArgs {
+    #[command(subcommand)]
+    pub action: Option<ServerAction>,
     #[arg(long, default_value = "0.0.0.0:7447")]
     pub listen: String,
-    #[arg(long)]
-    pub data_dir: PathBuf,
+    /// Required to serve; `migrate` names its own.
+    #[arg(long, required = true)]
+    pub data_dir: Option<PathBuf>,
     /// Where keys, manifests and attributes live: an etcd cluster,
     /// `etcd://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/PREFIX[?ca=F&cert=F&key=F]`.
     /// Without it, RocksDB in --data-dir.

@@ -69,10 +69,17 @@ fn server_tls(a: &ServerTlsArgs) -> Result<Option<ServerTls>> {
 }
 
 pub async fn server(a: ServerArgs) -> Result<()> {
+    if let Some(ServerAction::Migrate(m)) = a.action {
+        return migrate(m).await;
+    }
+    // Required by the arguments wherever no subcommand is given.
+    let data_dir = a
+        .data_dir
+        .ok_or_else(|| anyhow::anyhow!("kt server needs --data-dir"))?;
     let auth = auth_config(&a.auth).await?;
     let srv = StoreServerProcess::bind_on(
         &a.listen,
-        &a.data_dir,
+        &data_dir,
         Duration::from_secs(a.lease_secs),
         ktfs::clock::system(),
         &StoreSpec {
@@ -87,6 +94,31 @@ pub async fn server(a: ServerArgs) -> Result<()> {
     let stop = shutdown_signal();
     println!("kt server listening on {}", srv.local_addr()?);
     Ok(srv.run(stop).await?)
+}
+
+async fn migrate(m: Box<MigrateArgs>) -> Result<()> {
+    let to = StoreSpec {
+        meta: m.meta,
+        blocks: Some(m.blocks),
+    };
+    let done = ktfs::server::migrate(&m.from, &to).await?;
+    if m.json {
+        let out = serde_json::json!({
+            "entries": done.entries,
+            "blocks": done.blocks,
+            "block_bytes": done.block_bytes,
+        });
+        println!("{out}");
+    } else {
+        println!(
+            "migrated {}: {} metadata entries, {} blocks ({} bytes)",
+            m.from.display(),
+            done.entries,
+            done.blocks,
+            done.block_bytes
+        );
+    }
+    Ok(())
 }
 
 fn hostname() -> String {

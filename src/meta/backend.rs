@@ -66,6 +66,46 @@ pub trait MetaBackend: Send + Sync + 'static {
     }
 }
 
+/// A boxed backend is one: the store server picks its backend where it starts.
+impl<T: MetaBackend + ?Sized> MetaBackend for Box<T> {
+    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
+        (**self).get(table, key)
+    }
+
+    fn scan_prefix(&self, table: Table, prefix: &[u8]) -> Result<Vec<KeyValue>, BackendError> {
+        (**self).scan_prefix(table, prefix)
+    }
+
+    fn for_each(&self, table: Table, f: &mut Visit<'_>) -> Result<(), BackendError> {
+        (**self).for_each(table, f)
+    }
+
+    fn walk_prefix(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
+    ) -> Result<(), BackendError> {
+        (**self).walk_prefix(table, prefix, f)
+    }
+
+    fn write(&self, ops: Vec<Op>) -> Result<(), BackendError> {
+        (**self).write(ops)
+    }
+
+    fn write_synced(&self, ops: Vec<Op>) -> Result<(), BackendError> {
+        (**self).write_synced(ops)
+    }
+
+    fn flush(&self) -> Result<(), BackendError> {
+        (**self).flush()
+    }
+
+    fn commit(&self, changes: Vec<Vec<Op>>) -> Result<(), BackendError> {
+        (**self).commit(changes)
+    }
+}
+
 pub const CF_KEYS: &str = "keys";
 pub const CF_MANIFESTS: &str = "manifests";
 pub const CF_LOCATIONS: &str = "locations";

@@ -5,10 +5,15 @@
 
 pub mod auth;
 mod handler;
+mod migrate;
 mod patch;
+mod spec;
 mod status;
 mod tickets;
 pub mod watch;
+
+pub use migrate::{migrate, MigrateError, Migrated};
+pub use spec::{MetaSpec, OpenError, StoreSpec};
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -24,9 +29,8 @@ use crate::blocks::store::{self, StoreBlocks, CF_BLOCKS};
 use crate::blocks::BlockError;
 use crate::clock::{self, SharedClock};
 use crate::db::{Db, DbError};
-use crate::meta::engine::{EngineError, EngineTables, EtcdEngine, EtcdUrl, ObjectManifests};
+use crate::meta::engine::EngineError;
 use crate::meta::{self, MetaError, MetaStore};
-use crate::objects::{ObjectError, ObjectUrl, Objects};
 use crate::proto::store_server::StoreServer;
 use crate::rpc::MAX_RPC_MESSAGE;
 use auth::{AuthConfig, Authenticator};
@@ -164,36 +168,9 @@ pub enum ServerError {
     #[error(transparent)]
     Engine(#[from] EngineError),
     #[error(transparent)]
-    Objects(#[from] ObjectError),
+    Open(#[from] OpenError),
     #[error("serving: {0}")]
     Serve(#[from] tonic::transport::Error),
-}
-
-/// Where a store server keeps its metadata (keys, manifests, attributes, locations).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum MetaSpec {
-    /// RocksDB in the data directory: the embedded default.
-    #[default]
-    Local,
-    /// An etcd cluster (`--meta etcd://HOST:PORT[,...]/PREFIX`); blocks stay in the data
-    /// directory until they move to an object store (doc/cluster.md).
-    Etcd(EtcdUrl),
-}
-
-/// Where a store server keeps its state: its metadata, and its blocks and manifests (an object
-/// store, or with `None` its data directory and its metadata).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StoreSpec {
-    pub meta: MetaSpec,
-    pub blocks: Option<ObjectUrl>,
-}
-
-impl std::str::FromStr for MetaSpec {
-    type Err = crate::meta::engine::BadEtcdUrl;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        s.parse().map(MetaSpec::Etcd)
-    }
 }
 
 /// A bound store server, ready to run.
@@ -239,14 +216,7 @@ impl StoreServerProcess {
         let mut families = meta::FAMILIES.to_vec();
         families.extend(store::FAMILIES);
         let db = Db::open(&data_dir.join("meta.rocksdb"), &families, &[CF_BLOCKS])?;
-        let objects = match spec.blocks.clone() {
-            None => None,
-            Some(url) => Some(Arc::new(
-                tokio::task::spawn_blocking(move || Objects::open(&url))
-                    .await
-                    .map_err(EngineError::other)??,
-            )),
-        };
+        let objects = spec::open_objects(spec).await?;
         let listener = TcpListener::bind(listen)
             .await
             .map_err(|source| ServerError::Listen {
@@ -261,26 +231,8 @@ impl StoreServerProcess {
             }
         });
         blocks.index_old_blocks()?;
-        let meta = match (&spec.meta, objects) {
-            (MetaSpec::Local, None) => MetaStore::new(db, blocks, lease, clock.clone()),
-            (MetaSpec::Local, Some(o)) => {
-                MetaStore::new(ObjectManifests::new(db, o), blocks, lease, clock.clone())
-            }
-            (MetaSpec::Etcd(url), objects) => {
-                let url = url.clone();
-                let connect = move || async move { EtcdEngine::connect(&url).await };
-                let tables = tokio::task::spawn_blocking(move || EngineTables::connect(connect))
-                    .await
-                    .map_err(EngineError::other)??;
-                match objects {
-                    None => MetaStore::new(tables, blocks, lease, clock.clone()),
-                    Some(o) => {
-                        let tables = ObjectManifests::new(tables, o);
-                        MetaStore::new(tables, blocks, lease, clock.clone())
-                    }
-                }
-            }
-        };
+        let backend = spec::open_backend(&spec.meta, db, objects).await?;
+        let meta = MetaStore::new(backend, blocks, lease, clock.clone());
         Ok(StoreServerProcess {
             listener,
             meta: Arc::new(meta),

@@ -1,0 +1,143 @@
+//! `kt server migrate`: a single server's data directory copied into cluster mode's engines
+//! (its metadata into etcd, its blocks and manifests into an object store), so that servers
+//! started on those serve every key the single server held.
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use crate::blocks::files::BlockFiles;
+use crate::blocks::store::{self, StoreBlocks, CF_BLOCKS};
+use crate::blocks::{BlockError, Served};
+use crate::db::{Db, DbError};
+use crate::hash::BlockHash;
+use crate::meta;
+use crate::meta::backend::{BackendError, MetaBackend, Op, Table};
+
+use super::spec::{open_backend, open_objects, MetaSpec, OpenError, StoreSpec};
+
+/// Writes go to the engine in changes of this many entries (each entry its own change, packed
+/// into as few transactions as etcd's limits hold).
+const BATCH: usize = 512;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error("{0}")]
+    Bad(String),
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    #[error("the data directory's database (is its server still running?): {0}")]
+    Db(#[from] DbError),
+    #[error(transparent)]
+    Blocks(#[from] BlockError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error("block {0} of the data directory does not match its hash: not copied")]
+    Corrupt(String),
+}
+
+/// What a migration copied.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Migrated {
+    /// Entries of the metadata's tables (keys, manifests, locations, attributes, inodes).
+    pub entries: u64,
+    pub blocks: u64,
+    pub block_bytes: u64,
+}
+
+/// Copies the store in `from` (a stopped single server's data directory) to where `to` says:
+/// its metadata must be an etcd and its blocks an object store. Copies every entry and block
+/// whole; running it again copies the same bytes again (a version is the hash of its
+/// manifest, a block's name its hash), so an interrupted migration is finished by another.
+pub async fn migrate(from: &Path, to: &StoreSpec) -> Result<Migrated, MigrateError> {
+    if to.meta == MetaSpec::Local || to.blocks.is_none() {
+        return Err(MigrateError::Bad(
+            "a migration needs both --meta etcd://... and --blocks URL".into(),
+        ));
+    }
+    let db_dir = from.join("meta.rocksdb");
+    if !db_dir.is_dir() {
+        return Err(MigrateError::Bad(format!(
+            "{} holds no store (no meta.rocksdb)",
+            from.display()
+        )));
+    }
+    let mut families = meta::FAMILIES.to_vec();
+    families.extend(store::FAMILIES);
+    let db = Db::open(&db_dir, &families, &[CF_BLOCKS])?;
+    let files = BlockFiles::open(&from.join("blocks")).map_err(|source| BlockError::Files {
+        dir: from.join("blocks").display().to_string(),
+        source,
+    })?;
+    let source = StoreBlocks::new(db.clone(), files);
+    let Some(objects) = open_objects(to).await? else {
+        return Err(MigrateError::Bad("no object store to migrate to".into()));
+    };
+    let target_blocks = StoreBlocks::on_objects(db.clone(), objects.clone());
+    let target = open_backend(&to.meta, db.clone(), Some(objects)).await?;
+    tokio::task::spawn_blocking(move || {
+        let mut done = Migrated::default();
+        // Blocks first: a key copied is then never without its blocks.
+        copy_blocks(&source, &target_blocks, &mut done)?;
+        copy_tables(&db, target.as_ref(), &mut done)?;
+        Ok(done)
+    })
+    .await
+    .map_err(|e| MigrateError::Bad(e.to_string()))?
+}
+
+fn copy_blocks(
+    source: &StoreBlocks,
+    target: &StoreBlocks,
+    done: &mut Migrated,
+) -> Result<(), MigrateError> {
+    let mut hashes = Vec::new();
+    source.for_each_block(|h| hashes.push(h))?;
+    for h in hashes {
+        let bytes = match source.get(&h)? {
+            None => continue,
+            Some(Served::Bytes(b)) => b.to_vec(),
+            Some(Served::File(f, len)) => {
+                let mut buf = vec![0u8; len as usize];
+                f.read_exact_at(&mut buf, 0)
+                    .map_err(|source| BlockError::Files {
+                        dir: format!("the block file of {}", h.hex()),
+                        source,
+                    })?;
+                buf
+            }
+        };
+        if BlockHash::of(&bytes) != h {
+            return Err(MigrateError::Corrupt(h.hex()));
+        }
+        target.put(&h, &bytes)?;
+        done.blocks += 1;
+        done.block_bytes += bytes.len() as u64;
+    }
+    Ok(())
+}
+
+fn copy_tables(db: &Db, target: &dyn MetaBackend, done: &mut Migrated) -> Result<(), MigrateError> {
+    let source: &dyn MetaBackend = db;
+    for table in [
+        Table::Manifests,
+        Table::Inodes,
+        Table::Attrs,
+        Table::Keys,
+        Table::Locations,
+    ] {
+        let mut batch: Vec<Vec<Op>> = Vec::with_capacity(BATCH);
+        source.for_each(table, &mut |k, v| {
+            batch.push(vec![Op::Put(table, k.to_vec(), v.to_vec())]);
+            if batch.len() == BATCH {
+                done.entries += batch.len() as u64;
+                target.commit(std::mem::take(&mut batch))?;
+            }
+            Ok(())
+        })?;
+        done.entries += batch.len() as u64;
+        if !batch.is_empty() {
+            target.commit(batch)?;
+        }
+    }
+    Ok(())
+}

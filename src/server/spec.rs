@@ -1,0 +1,81 @@
+//! Where a store server keeps its state ([`StoreSpec`]: its metadata, its blocks and
+//! manifests), and the backends those addresses open.
+
+use std::sync::Arc;
+
+use crate::db::Db;
+use crate::meta::backend::MetaBackend;
+use crate::meta::engine::{EngineError, EngineTables, EtcdEngine, EtcdUrl, ObjectManifests};
+use crate::objects::{ObjectError, ObjectUrl, Objects};
+
+/// What the metadata engine or the object store answered when they were opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Objects(#[from] ObjectError),
+}
+
+/// Where a store server keeps its metadata (keys, manifests, attributes, locations).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum MetaSpec {
+    /// RocksDB in the data directory: the embedded default.
+    #[default]
+    Local,
+    /// An etcd cluster (`--meta etcd://HOST:PORT[,...]/PREFIX`); blocks stay in the data
+    /// directory until they move to an object store (doc/cluster.md).
+    Etcd(EtcdUrl),
+}
+
+/// Where a store server keeps its state: its metadata, and its blocks and manifests (an object
+/// store, or with `None` its data directory and its metadata).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoreSpec {
+    pub meta: MetaSpec,
+    pub blocks: Option<ObjectUrl>,
+}
+
+impl std::str::FromStr for MetaSpec {
+    type Err = crate::meta::engine::BadEtcdUrl;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse().map(MetaSpec::Etcd)
+    }
+}
+
+/// The object store `spec` names, if it names one.
+pub(super) async fn open_objects(spec: &StoreSpec) -> Result<Option<Arc<Objects>>, OpenError> {
+    let Some(url) = spec.blocks.clone() else {
+        return Ok(None);
+    };
+    let objects = tokio::task::spawn_blocking(move || Objects::open(&url))
+        .await
+        .map_err(EngineError::other)??;
+    Ok(Some(Arc::new(objects)))
+}
+
+/// The metadata backend `meta` names (RocksDB: `db`), its manifests in `objects` if given.
+pub(super) async fn open_backend(
+    meta: &MetaSpec,
+    db: Db,
+    objects: Option<Arc<Objects>>,
+) -> Result<Box<dyn MetaBackend>, OpenError> {
+    let tables = match meta {
+        MetaSpec::Local => None,
+        MetaSpec::Etcd(url) => {
+            let url = url.clone();
+            let connect = move || async move { EtcdEngine::connect(&url).await };
+            let tables = tokio::task::spawn_blocking(move || EngineTables::connect(connect))
+                .await
+                .map_err(EngineError::other)??;
+            Some(tables)
+        }
+    };
+    Ok(match (tables, objects) {
+        (None, None) => Box::new(db),
+        (None, Some(o)) => Box::new(ObjectManifests::new(db, o)),
+        (Some(t), None) => Box::new(t),
+        (Some(t), Some(o)) => Box::new(ObjectManifests::new(t, o)),
+    })
+}
