@@ -287,7 +287,6 @@ fn servers_on_etcd_and_s3_serve_each_others_keys_with_nothing_on_their_disks() {
         files + 1
     );
     assert_eq!(std::fs::read(out.join("many/12345")).unwrap(), b"12345");
-    drop(second);
 
     // Credentials the object store refuses: no server.
     let err = refused_server(
@@ -303,6 +302,39 @@ fn servers_on_etcd_and_s3_serve_each_others_keys_with_nothing_on_their_disks() {
         err.contains("object store s3://kt-bucket/cluster/one"),
         "{err}"
     );
+
+    // Ready (grpc.health.v1, no token) while etcd and S3 answer; not while S3 is gone.
+    assert_eq!(health(&second.addr), SERVING);
+    s3.proc.kill();
+    assert!(
+        test_support::eventually(Duration::from_secs(20), || health(&second.addr)
+            == NOT_SERVING),
+        "still ready with its object store gone"
+    );
+}
+
+const SERVING: i32 = 1;
+const NOT_SERVING: i32 = 2;
+
+/// The store server's overall health status (grpc.health.v1, service ""), as a probe asks.
+fn health(addr: &str) -> i32 {
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = HealthClient::new(channel);
+        let req = HealthCheckRequest {
+            service: String::new(),
+        };
+        client.check(req).await.unwrap().into_inner().status
+    })
 }
 
 /// `kt server migrate` copies a stopped single server's data directory into etcd and S3: a

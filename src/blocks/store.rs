@@ -102,6 +102,14 @@ impl StoreBlocks {
         }
     }
 
+    /// Whether the blocks' place answers now: an object store's one listing; a disk does.
+    pub fn check(&self) -> Result<(), BlockError> {
+        match &self.place {
+            Place::Disk(_) => Ok(()),
+            Place::Objects(o) => Ok(o.check()?),
+        }
+    }
+
     /// The store's disk, if its blocks are there: `None` for an object store.
     fn disk(&self) -> Option<&Disk> {
         match &self.place {

@@ -64,6 +64,11 @@ pub trait MetaBackend: Send + Sync + 'static {
     fn commit(&self, changes: Vec<Vec<Op>>) -> Result<(), BackendError> {
         self.write_synced(changes.concat())
     }
+    /// Whether the backend answers now (a remote engine's one request); a local one always
+    /// does. A store server is ready while it does.
+    fn check(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
 }
 
 /// A boxed backend is one: the store server picks its backend where it starts.
@@ -103,6 +108,10 @@ impl<T: MetaBackend + ?Sized> MetaBackend for Box<T> {
 
     fn commit(&self, changes: Vec<Vec<Op>>) -> Result<(), BackendError> {
         (**self).commit(changes)
+    }
+
+    fn check(&self) -> Result<(), BackendError> {
+        (**self).check()
     }
 }
 

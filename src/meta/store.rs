@@ -94,6 +94,12 @@ impl MetaStore {
         Ok(self.backend.flush()?)
     }
 
+    /// Whether the metadata's engine and the blocks' place answer now.
+    pub fn check(&self) -> Result<(), MetaError> {
+        self.backend.check()?;
+        Ok(self.blocks.check()?)
+    }
+
     /// The state of queued commits.
     pub fn commit_stats(&self) -> CommitStats {
         self.commits.stats()

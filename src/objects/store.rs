@@ -71,7 +71,7 @@ impl Objects {
 
     /// One listing of the prefix's first level (a page at most, however many objects it
     /// holds): the store answers, and takes the credentials.
-    fn check(&self) -> Result<(), ObjectError> {
+    pub fn check(&self) -> Result<(), ObjectError> {
         let store = self.store.clone();
         let top = Path::from(self.prefix.clone());
         self.run(async move { store.list_with_delimiter(Some(&top)).await.map(|_| ()) })

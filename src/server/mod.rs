@@ -7,6 +7,7 @@ pub mod auth;
 mod handler;
 mod migrate;
 mod patch;
+mod ready;
 mod spec;
 mod status;
 mod tickets;
@@ -337,6 +338,9 @@ impl StoreServerProcess {
             tokio::spawn(collect_every(meta, every))
         });
         let rotation = keys.map(|keys| tokio::spawn(rotate_every(keys)));
+        // Probes carry no token: the health service stands outside authentication.
+        let (reporter, health) = tonic_health::server::health_reporter();
+        let readiness = tokio::spawn(ready::report(self.meta.clone(), reporter));
         let svc = auth::layer::authenticated(svc, Arc::new(Authenticator::new(self.auth)));
         // Watch streams never end by themselves: a shutdown ends them, else it would wait on
         // them forever.
@@ -345,7 +349,9 @@ impl StoreServerProcess {
             shutdown.await;
             watchers.close();
         };
-        let router = tonic::transport::Server::builder().add_service(svc);
+        let router = tonic::transport::Server::builder()
+            .add_service(svc)
+            .add_service(health);
         let blocks = self.meta.blocks().clone();
         let gate = shared(gate);
         crate::dataplane::port::serve(
@@ -357,6 +363,7 @@ impl StoreServerProcess {
             shutdown,
         )
         .await?;
+        readiness.abort();
         if let Some(gc) = gc {
             gc.abort();
         }

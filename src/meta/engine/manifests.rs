@@ -220,6 +220,11 @@ impl<B: MetaBackend> MetaBackend for ObjectManifests<B> {
         self.inner.flush()
     }
 
+    fn check(&self) -> Result<(), BackendError> {
+        self.inner.check()?;
+        self.objects.check().map_err(err)
+    }
+
     fn commit(&self, changes: Vec<Vec<Op>>) -> Result<(), BackendError> {
         let mut kept = Vec::with_capacity(changes.len());
         let mut deletes = Vec::new();

@@ -211,6 +211,10 @@ impl MetaBackend for EngineTables {
         Ok(())
     }
 
+    fn check(&self) -> Result<(), BackendError> {
+        self.call(|e| Box::pin(async move { e.revision().await.map(|_| ()) }))
+    }
+
     /// Checks every change against the limits before writing any; a transaction that fails
     /// after earlier ones of the batch were written leaves those written (each change whole),
     /// and the batch reports the failure, as a crash between them would.
