@@ -57,8 +57,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 if cargo tree --no-default-features -p ktfs -e normal -i rocksdb >/dev/null 2>&1 \
     || cargo tree --no-default-features -p ktfs -e normal -i fuser >/dev/null 2>&1 \
     || cargo tree --no-default-features -p ktfs -e normal -i etcd-client >/dev/null 2>&1 \
-    || cargo tree --no-default-features -p ktfs -e normal -i object_store >/dev/null 2>&1; then
-    echo "test.sh: the client-only build depends on rocksdb, fuser, etcd-client or object_store" >&2
+    || cargo tree --no-default-features -p ktfs -e normal -i object_store >/dev/null 2>&1 \
+    || cargo tree --no-default-features -p ktfs -e normal -i tonic-health >/dev/null 2>&1; then
+    echo "test.sh: the client-only build depends on a store server's crate (rocksdb, fuser, etcd-client, object_store, tonic-health)" >&2
     exit 1
 fi
 cargo check --no-default-features -p ktfs --lib --bins
