@@ -339,13 +339,25 @@ impl Db {
         &self,
         family: &'static str,
         prefix: &[u8],
+        f: impl FnMut(&[u8], &[u8]) -> Step,
+    ) -> Result<(), DbError> {
+        self.walk_prefix_from(family, prefix, (prefix, None), f)
+    }
+
+    /// As [`Db::walk_prefix`] over a span: from the first key at or after `span.0`, and
+    /// before `span.1` where given (a page of a listing).
+    pub fn walk_prefix_from(
+        &self,
+        family: &'static str,
+        prefix: &[u8],
+        span: (&[u8], Option<&[u8]>),
         mut f: impl FnMut(&[u8], &[u8]) -> Step,
     ) -> Result<(), DbError> {
         let db = self.db()?;
         let mut it = db.raw_iterator_cf(cf(&db, family)?);
-        it.seek(prefix);
+        it.seek(span.0.max(prefix));
         while let (Some(k), Some(v)) = (it.key(), it.value()) {
-            if !k.starts_with(prefix) {
+            if !k.starts_with(prefix) || span.1.is_some_and(|to| k >= to) {
                 break;
             }
             match f(k, v) {

@@ -1233,3 +1233,131 @@ fn a_tree_of_more_files_than_the_process_may_open_comes_back_whole() {
     );
     assert_same_tree(&src, &dest.join("many"));
 }
+
+/// Two long lists of names are the same (told by their lengths and first difference only).
+fn same(got: Vec<String>, want: &[String], what: &str) {
+    let first = got.iter().zip(want).position(|(g, w)| g != w);
+    assert!(
+        got == want,
+        "{what}: {} names, {} wanted, first difference at {first:?}",
+        got.len(),
+        want.len()
+    );
+}
+
+/// A listing larger than one answer's page comes whole through every reader: `kt ls` (one
+/// level and recursive, printed page by page), `kt get`, and the mount's `readdir`; the
+/// store's own first page holds at most its page and says where the next begins. Keys come
+/// from the key table (5,300, some of them directories) and from a published tree's manifest
+/// (5,200 files).
+#[test]
+fn a_listing_larger_than_a_page_comes_whole_through_every_reader() {
+    use ktfs::proto::{ListRequest, PublishBatchRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let (up, sock, mnt) = kt_up(dir.path(), "127.0.0.130");
+    let kt = |args: &[&str]| {
+        let o = kt_with(&up.addr, &sock, args);
+        assert!(
+            o.status.success(),
+            "kt {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        o
+    };
+    let name = |i: usize| match i % 10 {
+        0 => format!("d{i:05}/f"),
+        _ => format!("k{i:05}"),
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let first = rt.block_on(async {
+        let store = ktfs::rpc::client::connect_store(&up.addr, &ktfs::auth::Credential::none())
+            .await
+            .unwrap();
+        let all: Vec<usize> = (0..5300).collect();
+        for chunk in all.chunks(256) {
+            let items = chunk
+                .iter()
+                .map(|&i| one_block_publish(&format!("many/{}", name(i)), b"x", b"x".to_vec()))
+                .collect();
+            let results = store
+                .publish_batch(PublishBatchRequest {
+                    namespace: "default".into(),
+                    items,
+                    watcher: 0,
+                })
+                .await
+                .unwrap()
+                .results;
+            assert!(results.iter().all(|r| r.published.is_some()));
+        }
+        store
+            .list(ListRequest {
+                namespace: "default".into(),
+                prefix: "many".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+    });
+    assert_eq!(first.entries.len(), 5000, "the store's page");
+    assert_eq!(first.next, first.entries[4999].name);
+
+    let ls = |args: &[&str]| {
+        let v: serde_json::Value = serde_json::from_slice(&kt(args).stdout).unwrap();
+        ls_names(&v)
+    };
+    let mut want: Vec<String> = (0..5300)
+        .map(|i| match i % 10 {
+            0 => format!("d{i:05}/"),
+            _ => format!("k{i:05}"),
+        })
+        .collect();
+    want.sort();
+    same(ls(&["ls", "many", "--json"]), &want, "kt ls");
+    let mut deep: Vec<String> = (0..5300).map(name).collect();
+    deep.sort();
+    same(ls(&["ls", "-r", "many", "--json"]), &deep, "kt ls -r");
+    let text = String::from_utf8(kt(&["ls", "many"]).stdout).unwrap();
+    assert_eq!(text.lines().count(), 5300);
+
+    let src = dir.path().join("tree");
+    fs::create_dir_all(&src).unwrap();
+    for i in 0..5200 {
+        fs::write(src.join(format!("f{i:05}")), b"t").unwrap();
+    }
+    kt(&["put", "tree", "--src", &format!("{}/", src.display())]);
+    want = (0..5200).map(|i| format!("f{i:05}")).collect();
+    same(
+        ls(&["ls", "-r", "tree", "--json"]),
+        &want,
+        "kt ls -r of a tree",
+    );
+
+    let got = dir.path().join("got");
+    kt(&["get", "many", "--dest", got.to_str().unwrap()]);
+    let mut files = 0;
+    for e in fs::read_dir(got.join("many")).unwrap() {
+        let e = e.unwrap();
+        files += if e.file_type().unwrap().is_dir() {
+            fs::read_dir(e.path()).unwrap().count()
+        } else {
+            1
+        };
+    }
+    assert_eq!(files, 5300);
+    let mut seen: Vec<String> = fs::read_dir(mnt.join("many"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    seen.sort();
+    let mut top: Vec<String> = (0..5300)
+        .map(|i| match i % 10 {
+            0 => format!("d{i:05}"),
+            _ => format!("k{i:05}"),
+        })
+        .collect();
+    top.sort();
+    same(seen, &top, "the mount's readdir");
+    assert_eq!(fs::read_dir(mnt.join("tree")).unwrap().count(), 5200);
+    assert!(up.stop().success());
+}

@@ -410,13 +410,11 @@ fn ls(
         let _forward = t.reach().await?;
         let store = client::connect_store(&t.server, &t.credential).await?;
         let resp = store
-            .list(ListRequest {
-                watcher: 0,
+            .list_all(ListRequest {
                 namespace: t.namespace.to_string(),
                 prefix: prefix.map(|p| p.to_string()).unwrap_or_default(),
                 recursive,
-                dir_only: false,
-                ahead: 0,
+                ..Default::default()
             })
             .await?;
         if !resp.exists {

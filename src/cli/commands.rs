@@ -361,48 +361,53 @@ pub async fn ls(mut a: LsArgs) -> Result<()> {
     };
     let ns = namespace(&a.common)?;
     let store = client::connect_store(&a.common.server, &reached.credential).await?;
-    let resp = store
-        .list(ListRequest {
-            watcher: 0,
-            namespace: ns.to_string(),
-            prefix: prefix.as_ref().map(|p| p.to_string()).unwrap_or_default(),
-            recursive: a.recursive,
-            dir_only: false,
-            ahead: 0,
-        })
+    // Printed a page at a time: a listing of a million keys is never held whole.
+    let json = a.common.json;
+    let mut printed = 0usize;
+    let first = store
+        .list_each(
+            ListRequest {
+                namespace: ns.to_string(),
+                prefix: prefix.as_ref().map(|p| p.to_string()).unwrap_or_default(),
+                recursive: a.recursive,
+                ..Default::default()
+            },
+            |page| -> Result<()> {
+                let mut text = String::new();
+                for e in page {
+                    let e = LsEntry {
+                        locale: if e.locale() == Locale::Local && !e.origin_node.is_empty() {
+                            e.origin_node.clone()
+                        } else {
+                            "store".into()
+                        },
+                        name: e.name,
+                        is_directory: e.is_directory,
+                        size: e.size,
+                    };
+                    if json {
+                        text.push(if printed == 0 { '[' } else { ',' });
+                        text.push_str(&serde_json::to_string(&e)?);
+                    } else {
+                        let size = if e.is_directory {
+                            "-".into()
+                        } else {
+                            human(e.size)
+                        };
+                        text.push_str(&format!("{size:>10}  {:<12}  {}\n", e.locale, e.name));
+                    }
+                    printed += 1;
+                }
+                std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes())?;
+                Ok(())
+            },
+        )
         .await?;
-    if !resp.exists {
+    if !first.exists {
         return Err(CliError::NotFound(a.key.unwrap_or_default()).into());
     }
-    let entries: Vec<LsEntry> = resp
-        .entries
-        .into_iter()
-        .map(|e| LsEntry {
-            locale: if e.locale() == Locale::Local && !e.origin_node.is_empty() {
-                e.origin_node.clone()
-            } else {
-                "store".into()
-            },
-            name: e.name,
-            is_directory: e.is_directory,
-            size: e.size,
-        })
-        .collect();
-    if a.common.json {
-        print_json(&entries)?;
-    } else {
-        for e in entries {
-            println!(
-                "{:>10}  {:<12}  {}",
-                if e.is_directory {
-                    "-".into()
-                } else {
-                    human(e.size)
-                },
-                e.locale,
-                e.name
-            );
-        }
+    if json {
+        println!("{}", if printed == 0 { "[]" } else { "]" });
     }
     Ok(())
 }

@@ -8,7 +8,7 @@ pub use crate::db::Step;
 use crate::db::{BatchOp, Db};
 
 /// A table of the metadata.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Table {
     /// `namespace NUL key` -> `KeyRecord`.
     Keys,
@@ -52,6 +52,19 @@ pub trait MetaBackend: Send + Sync + 'static {
         table: Table,
         prefix: &[u8],
         f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
+    ) -> Result<(), BackendError> {
+        self.walk_from(table, prefix, (prefix, None), f)
+    }
+    /// As [`MetaBackend::walk_prefix`] over a span `(from, to)`: from the first key at or
+    /// after `from` (a page of a listing starts where the last one ended, without reading
+    /// what came before) and, where `to` is given, before it (an engine that counts a range
+    /// to answer part of it is asked for no more than the span).
+    fn walk_from(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        span: (&[u8], Option<&[u8]>),
+        f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
     ) -> Result<(), BackendError>;
     /// Applies every op or none.
     fn write(&self, ops: Vec<Op>) -> Result<(), BackendError>;
@@ -85,13 +98,14 @@ impl<T: MetaBackend + ?Sized> MetaBackend for Box<T> {
         (**self).for_each(table, f)
     }
 
-    fn walk_prefix(
+    fn walk_from(
         &self,
         table: Table,
         prefix: &[u8],
+        span: (&[u8], Option<&[u8]>),
         f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
     ) -> Result<(), BackendError> {
-        (**self).walk_prefix(table, prefix, f)
+        (**self).walk_from(table, prefix, span, f)
     }
 
     fn write(&self, ops: Vec<Op>) -> Result<(), BackendError> {
@@ -177,13 +191,14 @@ impl MetaBackend for Db {
         r.map_err(err)
     }
 
-    fn walk_prefix(
+    fn walk_from(
         &self,
         table: Table,
         prefix: &[u8],
+        span: (&[u8], Option<&[u8]>),
         f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
     ) -> Result<(), BackendError> {
-        Db::walk_prefix(self, family(table), prefix, f).map_err(err)
+        Db::walk_prefix_from(self, family(table), prefix, span, f).map_err(err)
     }
 
     fn write(&self, ops: Vec<Op>) -> Result<(), BackendError> {

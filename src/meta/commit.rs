@@ -15,12 +15,21 @@
 //!
 //! Readers outside the write lock see only the stored state: never a change that is not yet
 //! durable, which a crash or a failed batch could still take back.
+//!
+//! The planner's reads of keys, attributes and inodes are remembered: nothing changes them but
+//! the changes queued here (this server is their one writer; a collection pass, which writes
+//! around the queue under the write lock, forgets them), so a batch of publishes into one
+//! directory asks the engine for the directory once, not once each (on etcd each read is a
+//! round trip). A stored batch forgets the reads of what it wrote; a failed one, all of them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Condvar, Mutex};
 
 use super::backend::{BackendError, MetaBackend, Op, Table};
 use crate::locks;
+
+/// The most reads remembered; past it they are forgotten and read again.
+const MAX_READS: usize = 16_384;
 
 /// Why a change failed that was not the first of its batch to learn it.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +63,8 @@ struct Planned {
 struct State {
     /// Each key a change not yet durable wrote.
     overlay: BTreeMap<(Table, Vec<u8>), Planned>,
+    /// What the planner read from the stored state, where no queued change wrote.
+    reads: HashMap<(Table, Vec<u8>), Option<Vec<u8>>>,
     /// The writes of changes no leader has taken yet, change by change, in the order they were
     /// planned.
     queued: Vec<Vec<Op>>,
@@ -112,16 +123,33 @@ impl Commits {
         locks::lock(&self.state).epoch
     }
 
-    /// What changes not yet durable leave at `key`: `None` where they did not write it,
-    /// `Some(None)` where they deleted it.
-    pub fn planned(&self, table: Table, key: &[u8]) -> Option<Option<Vec<u8>>> {
+    /// What a change being planned sees at `key` without asking the stored state: what
+    /// changes not yet durable leave there, or what was read there since it last changed.
+    pub fn planned_or_read(&self, table: Table, key: &[u8]) -> Option<Option<Vec<u8>>> {
         let st = locks::lock(&self.state);
-        if st.overlay.is_empty() {
-            return None;
+        let at = (table, key.to_vec());
+        match st.overlay.get(&at) {
+            Some(p) => Some(p.value.clone()),
+            None => st.reads.get(&at).cloned(),
         }
-        st.overlay
-            .get(&(table, key.to_vec()))
-            .map(|p| p.value.clone())
+    }
+
+    /// Remembers what the planner (holding the write lock) read at `key` from the stored
+    /// state, where the overlay had nothing: only a change it queues can change it now.
+    pub fn remember(&self, table: Table, key: &[u8], value: Option<Vec<u8>>) {
+        if !matches!(table, Table::Keys | Table::Attrs | Table::Inodes) {
+            return;
+        }
+        let mut st = locks::lock(&self.state);
+        if st.reads.len() >= MAX_READS {
+            st.reads.clear();
+        }
+        st.reads.insert((table, key.to_vec()), value);
+    }
+
+    /// Forgets every read remembered: the stored state was written around the queue.
+    pub fn forget_reads(&self) {
+        locks::lock(&self.state).reads.clear();
     }
 
     /// What changes not yet durable leave at the keys that start with `prefix`, in key order.
@@ -219,8 +247,16 @@ impl Commits {
         match written {
             Ok(()) => {
                 st.decided = last;
-                // Now stored: a later change's value of the same key stays until its own batch.
-                st.overlay.retain(|_, p| p.by > last);
+                // Now stored: a later change's value of the same key stays until its own batch,
+                // and a read remembered from before the batch is no longer what is stored.
+                let State { overlay, reads, .. } = &mut *st;
+                overlay.retain(|k, p| {
+                    if p.by > last {
+                        return true;
+                    }
+                    reads.remove(k);
+                    false
+                });
             }
             Err(e) => {
                 // Changes queued behind the batch were planned on it: they fail with it.
@@ -235,6 +271,7 @@ impl Commits {
                 st.decided = through;
                 st.queued.clear();
                 st.overlay.clear();
+                st.reads.clear();
                 st.epoch += 1;
             }
         }

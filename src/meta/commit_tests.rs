@@ -54,13 +54,14 @@ impl MetaBackend for GatedDb {
     fn for_each(&self, table: Table, f: &mut Visit<'_>) -> Result<(), BackendError> {
         MetaBackend::for_each(&self.db, table, f)
     }
-    fn walk_prefix(
+    fn walk_from(
         &self,
         table: Table,
         prefix: &[u8],
+        span: (&[u8], Option<&[u8]>),
         f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
     ) -> Result<(), BackendError> {
-        MetaBackend::walk_prefix(&self.db, table, prefix, &mut |k, v| {
+        MetaBackend::walk_from(&self.db, table, prefix, span, &mut |k, v| {
             self.gate.rows.fetch_add(1, Ordering::SeqCst);
             f(k, v)
         })

@@ -185,7 +185,9 @@ impl MetaStore {
         }
         // Manifests and keys first: a crash after this leaves blocks no one names, which the
         // next pass takes.
-        self.backend.write(ops)?;
+        let written = self.backend.write(ops);
+        self.commits.forget_reads();
+        written?;
         for h in candidates {
             if live_blocks.contains(&h) || self.blocks.was_touched(&h) {
                 continue;

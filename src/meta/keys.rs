@@ -120,11 +120,25 @@ pub(crate) fn overlay(e: &mut ListEntry, a: Option<&PathAttrs>) {
     }
 }
 
-pub(crate) fn manifest_listing(m: &Manifest, r: &KeyRecord, recursive: bool) -> Vec<ListEntry> {
-    m.entries
+/// The entries a listing of the key (or the directory inside it) `m` shows, those whose path
+/// comes after `after` (the first page: all, the root of a one-file key included), at most
+/// `limit`. A manifest is sorted by path, which is the listing's order, so a page of a tree
+/// of a million files costs its own entries, not the tree's.
+pub(crate) fn manifest_listing(
+    m: &Manifest,
+    r: &KeyRecord,
+    recursive: bool,
+    (after, limit): (&str, usize),
+) -> Vec<ListEntry> {
+    let from = match after {
+        "" => 0,
+        after => m.entries.partition_point(|e| e.path.as_str() <= after),
+    };
+    m.entries[from..]
         .iter()
         .filter(|e| !e.path.is_empty() || !manifest::is_directory(m))
         .filter(|e| recursive || !e.path.contains('/'))
+        .take(limit)
         .map(|e| file_entry(e.path.clone(), e, r))
         .collect()
 }

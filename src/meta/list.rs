@@ -8,6 +8,7 @@ use prost::Message;
 
 use super::error::MetaError;
 use super::keys::{file_entry, key_entry, manifest_listing, overlay};
+use super::reads::Page;
 use super::store::MetaStore;
 use super::txn::{Loc, Txn};
 use crate::key::{KeyPath, Namespace};
@@ -24,7 +25,19 @@ impl MetaStore {
         prefix: Option<&KeyPath>,
         recursive: bool,
     ) -> Result<ListResponse, MetaError> {
-        self.list_with(ns, prefix, recursive, false)
+        self.list_with(ns, prefix, recursive, false, Page::WHOLE)
+    }
+
+    /// One page of [`MetaStore::list`]: the entries after `page.after`, within its bounds, and
+    /// in `next` where the following page begins (empty after the last).
+    pub fn list_page(
+        &self,
+        ns: &Namespace,
+        prefix: Option<&KeyPath>,
+        recursive: bool,
+        page: Page<'_>,
+    ) -> Result<ListResponse, MetaError> {
+        self.list_with(ns, prefix, recursive, false, page)
     }
 
     /// The entry of the directory at `prefix` (the namespace's root for none) alone: its
@@ -34,7 +47,7 @@ impl MetaStore {
         ns: &Namespace,
         prefix: Option<&KeyPath>,
     ) -> Result<ListResponse, MetaError> {
-        self.list_with(ns, prefix, false, true)
+        self.list_with(ns, prefix, false, true, Page::WHOLE)
     }
 
     fn list_with(
@@ -43,7 +56,12 @@ impl MetaStore {
         prefix: Option<&KeyPath>,
         recursive: bool,
         dir_only: bool,
+        page: Page<'_>,
     ) -> Result<ListResponse, MetaError> {
+        let page = Page {
+            limit: page.limit.max(1),
+            ..page
+        };
         let t = Txn::new(self, ns);
         let base = prefix.map_or("", KeyPath::as_str);
         let mut out: BTreeMap<String, ListEntry> = BTreeMap::new();
@@ -54,6 +72,7 @@ impl MetaStore {
             ..Default::default()
         };
         let loc = match prefix {
+            Some(p) if !page.after.is_empty() => t.locate_listed(p.as_str())?,
             Some(p) => t.locate(p.as_str())?,
             None => Loc::Implicit,
         };
@@ -73,14 +92,16 @@ impl MetaStore {
                 exists: loc.exists(),
                 dir,
                 ahead: Vec::new(),
+                next: String::new(),
             });
         }
         let mut dir = match &loc {
             Loc::Key { record } => {
                 let m = t.manifest_of(base, record)?;
-                for e in manifest_listing(&m, record, recursive) {
-                    out.insert(e.name.trim_end_matches('/').to_string(), e);
-                }
+                take(
+                    &mut out,
+                    manifest_listing(&m, record, recursive, page.of_manifest()),
+                );
                 Some(key_entry("", record))
             }
             Loc::Entry {
@@ -92,29 +113,54 @@ impl MetaStore {
                 let full = t.manifest_of(key, record)?;
                 let m = manifest::subtree(&full, sub)
                     .ok_or_else(|| MetaError::NotFound(base.to_string()))?;
-                for e in manifest_listing(&m, record, recursive) {
-                    out.insert(e.name.trim_end_matches('/').to_string(), e);
-                }
+                take(
+                    &mut out,
+                    manifest_listing(&m, record, recursive, page.of_manifest()),
+                );
                 Some(file_entry(String::new(), entry, record))
             }
             Loc::Implicit => Some(bare_dir()),
             Loc::Nothing => None,
         };
-        self.list_keys(&t, prefix, recursive, &mut out, bare_dir)?;
-        // One scan of the attributes below, as the keys below were scanned: no lookup each.
-        let below = self.attrs_below(ns, base, !recursive)?;
-        for (name, e) in out.iter_mut() {
-            overlay(e, below.get(name.as_str()));
+        let more = self.list_keys(ns, prefix, recursive, page, &mut out, bare_dir)?;
+        // Each source gave at least every name up to the greatest it gave, so the page's first
+        // `limit` names miss none.
+        let mut entries = Vec::new();
+        let mut bytes = 0;
+        let mut cut = false;
+        for (name, e) in out {
+            if entries.len() >= page.limit || (bytes >= page.max_bytes && !entries.is_empty()) {
+                cut = true;
+                break;
+            }
+            bytes += e.encoded_len() + ENTRY_SLACK;
+            entries.push((name, e));
         }
+        let next = match entries.last() {
+            Some((last, _)) if cut || more => last.clone(),
+            _ => String::new(),
+        };
+        // One scan of the attributes of the page's names, as the keys were scanned: no lookup
+        // each.
+        let upto = (!next.is_empty()).then_some(next.as_str());
+        let below = self.attrs_below(ns, base, !recursive, (page.after, upto))?;
+        let entries = entries
+            .into_iter()
+            .map(|(name, mut e)| {
+                overlay(&mut e, below.get(name.as_str()));
+                e
+            })
+            .collect();
         if let Some(d) = dir.as_mut() {
             overlay(d, t.attrs(base)?.as_ref());
             d.name.clear();
         }
         Ok(ListResponse {
-            entries: out.into_values().collect(),
+            entries,
             exists: loc.exists(),
             dir,
             ahead: Vec::new(),
+            next,
         })
     }
 
@@ -179,16 +225,19 @@ impl MetaStore {
         Ok(true)
     }
 
+    /// The keys of a page of the listing into `out`; says whether more may follow.
     fn list_keys(
         &self,
-        t: &Txn<'_>,
+        ns: &Namespace,
         prefix: Option<&KeyPath>,
         recursive: bool,
+        page: Page<'_>,
         out: &mut BTreeMap<String, ListEntry>,
         bare_dir: impl Fn() -> ListEntry,
-    ) -> Result<(), MetaError> {
+    ) -> Result<bool, MetaError> {
         if !recursive {
-            for (name, r) in t.children(prefix.map(KeyPath::as_str))? {
+            let (children, more) = self.children_page(ns, prefix.map(KeyPath::as_str), page)?;
+            for (name, r) in children {
                 match r {
                     Some(r) => {
                         out.insert(name.clone(), key_entry(&name, &r));
@@ -201,13 +250,24 @@ impl MetaStore {
                     }
                 }
             }
-            return Ok(());
+            return Ok(more);
         }
         let strip = prefix.map_or(0, |p| p.as_str().len() + 1);
-        for (name, r) in t.descendants(prefix.map(KeyPath::as_str))? {
+        let (keys, more) = self.descendants_page(ns, prefix.map(KeyPath::as_str), page)?;
+        for (name, r) in keys {
             out.insert(name[strip..].to_string(), key_entry(&name[strip..], &r));
         }
-        Ok(())
+        Ok(more)
+    }
+}
+
+/// What an entry costs an answer beyond its own encoding (its tag and length).
+const ENTRY_SLACK: usize = 8;
+
+/// A manifest's entries, by name (a directory's without its '/').
+fn take(out: &mut BTreeMap<String, ListEntry>, entries: Vec<ListEntry>) {
+    for e in entries {
+        out.insert(e.name.trim_end_matches('/').to_string(), e);
     }
 }
 

@@ -37,12 +37,15 @@ mod txn;
 #[cfg(test)]
 mod commit_tests;
 #[cfg(test)]
+mod list_tests;
+#[cfg(test)]
 mod tests;
 
 pub use backend::{BackendError, MetaBackend, FAMILIES};
 pub use commit::{CommitStats, Ticket};
 pub use error::MetaError;
 pub use publish::Publish;
+pub use reads::Page;
 pub(crate) use reads::View;
 pub use references::Rebuilt;
 pub use resolve::Resolved;

@@ -7,13 +7,40 @@ use std::collections::{BTreeMap, HashMap};
 
 use prost::Message;
 
-use super::backend::{KeyValue, Step, Table};
+use super::backend::{KeyValue, MetaBackend, Step, Table};
 use super::error::MetaError;
 use super::keys::{self, key_bytes, live};
 use super::store::MetaStore;
 use crate::key::Namespace;
 use crate::manifest::{EntryKind, Manifest};
 use crate::proto::{KeyRecord, PathAttrs};
+
+/// A page of a listing: the names after `after` in byte order (a directory's without its
+/// trailing '/'), at most `limit` of them and about `max_bytes` of answer.
+#[derive(Clone, Copy, Debug)]
+pub struct Page<'a> {
+    pub after: &'a str,
+    pub limit: usize,
+    pub max_bytes: usize,
+}
+
+impl Page<'_> {
+    /// All of it, in one.
+    pub const WHOLE: Page<'static> = Page {
+        after: "",
+        limit: usize::MAX,
+        max_bytes: usize::MAX,
+    };
+
+    /// What a manifest gives a page: one entry past the limit, so that the page knows more
+    /// follow.
+    pub(super) fn of_manifest(&self) -> (&str, usize) {
+        (self.after, self.limit.saturating_add(1))
+    }
+}
+
+/// A name directly below a directory: a key with its record, or (`None`) a directory of keys.
+pub(crate) type Child = (String, Option<KeyRecord>);
 
 /// Which state a read sees.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,9 +58,12 @@ impl MetaStore {
         // The overlay first: a batch leaves it only once stored, so a value is in one or the
         // other (or both) at any moment.
         if view == View::Planned {
-            if let Some(v) = self.commits.planned(table, key) {
+            if let Some(v) = self.commits.planned_or_read(table, key) {
                 return Ok(v);
             }
+            let v = self.backend.get(table, key)?;
+            self.commits.remember(table, key, v.clone());
+            return Ok(v);
         }
         Ok(self.backend.get(table, key)?)
     }
@@ -95,10 +125,21 @@ impl MetaStore {
         &self,
         table: Table,
         prefix: &[u8],
+        f: impl FnMut(&[u8], &[u8]) -> Result<Step, MetaError>,
+    ) -> Result<(), MetaError> {
+        self.walk_from(table, prefix, (prefix, None), f)
+    }
+
+    /// As [`MetaStore::walk_prefix`] over a span (see [`MetaBackend::walk_from`]).
+    fn walk_from(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        span: (&[u8], Option<&[u8]>),
         mut f: impl FnMut(&[u8], &[u8]) -> Result<Step, MetaError>,
     ) -> Result<(), MetaError> {
         let mut failed = None;
-        self.backend.walk_prefix(table, prefix, &mut |k, v| {
+        self.backend.walk_from(table, prefix, span, &mut |k, v| {
             f(k, v).unwrap_or_else(|e| {
                 failed = Some(e);
                 Step::Stop
@@ -123,12 +164,14 @@ impl MetaStore {
 
     /// The stored attributes of the paths strictly below `path`, by their path relative to
     /// it: of every path below, or with `one_level` of the names directly in it alone (without
-    /// reading what lies deeper).
+    /// reading what lies deeper); of those after `page_of.0` and up to `page_of.1` alone where
+    /// given (a page of a listing).
     pub(super) fn attrs_below(
         &self,
         ns: &Namespace,
         path: &str,
         one_level: bool,
+        page_of: (&str, Option<&str>),
     ) -> Result<HashMap<String, PathAttrs>, MetaError> {
         let prefix = if path.is_empty() {
             key_bytes(ns, "")
@@ -137,7 +180,10 @@ impl MetaStore {
         };
         let mut out = HashMap::new();
         let corrupt = || MetaError::Corrupt("path attributes".into());
-        self.walk_prefix(Table::Attrs, &prefix, |k, v| {
+        let from = after(&prefix, page_of.0);
+        // The first key after the page's last name; no further.
+        let to = page_of.1.map(|last| after(&prefix, last));
+        self.walk_from(Table::Attrs, &prefix, (&from, to.as_deref()), |k, v| {
             let rel = k.get(prefix.len()..).ok_or_else(corrupt)?;
             if rel.is_empty() {
                 return Ok(Step::Next);
@@ -267,14 +313,17 @@ impl MetaStore {
     }
 
     /// The level directly below `key` (the namespace's top for `None`) as a listing of it
-    /// shows it, in name order: each live key there with its record, and each name live keys
+    /// shows it, in key order (a directory where its first live key lies): each live key there with its record, and each name live keys
     /// lie below as a directory (`None`), found by reading keys below it only until one is
-    /// live: a listing of a namespace's root does not read every key in the namespace.
-    pub(crate) fn children(
+    /// live: a listing of a namespace's root does not read every key in the namespace. A page
+    /// of it: the names after `page.after`, at least every one up to the greatest returned,
+    /// and whether the walk stopped before the end (more may follow).
+    pub(crate) fn children_page(
         &self,
         ns: &Namespace,
         key: Option<&str>,
-    ) -> Result<Vec<(String, Option<KeyRecord>)>, MetaError> {
+        page: Page<'_>,
+    ) -> Result<(Vec<Child>, bool), MetaError> {
         let prefix = match key {
             Some(k) => key_bytes(ns, &format!("{k}/")),
             None => key_bytes(ns, ""),
@@ -283,26 +332,109 @@ impl MetaStore {
         let name =
             |b: &[u8]| String::from_utf8(b.to_vec()).map_err(|e| MetaError::Corrupt(e.to_string()));
         let mut out = Vec::new();
-        self.walk_prefix(Table::Keys, &prefix, |k, v| {
-            let rel = k
-                .get(prefix.len()..)
-                .ok_or_else(|| MetaError::Corrupt("a stored key's name".into()))?;
-            let r = self.name_record(View::Stored, ns, v)?;
-            if !self.visible(&r, now) {
-                return Ok(Step::Next);
+        let mut more = false;
+        self.walk_from(
+            Table::Keys,
+            &prefix,
+            (&after(&prefix, page.after), None),
+            |k, v| {
+                if out.len() >= page.limit {
+                    more = true;
+                    return Ok(Step::Stop);
+                }
+                let rel = k
+                    .get(prefix.len()..)
+                    .ok_or_else(|| MetaError::Corrupt("a stored key's name".into()))?;
+                let r = self.name_record(View::Stored, ns, v)?;
+                if !self.visible(&r, now) {
+                    return Ok(Step::Next);
+                }
+                Ok(match rel.iter().position(|&b| b == b'/') {
+                    Some(i) => {
+                        let n = name(&rel[..i])?;
+                        if n.as_str() > page.after {
+                            out.push((n, None));
+                        }
+                        Step::Past(prefix.len() + i + 1)
+                    }
+                    None => {
+                        out.push((name(rel)?, Some(r)));
+                        Step::Next
+                    }
+                })
+            },
+        )?;
+        if more {
+            self.directories_passed_over(ns, key, page.after, &mut out)?;
+        }
+        Ok((out, more))
+    }
+
+    /// A directory's keys ("d/x") lie after the names that begin with its name and a byte
+    /// below '/' ("d.x", "d-x"), so a walk cut short after such a name may not have reached a
+    /// directory that comes before it in name order: each name that could be one is asked for.
+    fn directories_passed_over(
+        &self,
+        ns: &Namespace,
+        key: Option<&str>,
+        after: &str,
+        out: &mut Vec<Child>,
+    ) -> Result<(), MetaError> {
+        let Some(last) = out.iter().map(|(n, _)| n.clone()).max() else {
+            return Ok(());
+        };
+        // Bytes below '/' are ASCII, so each cut falls between characters.
+        for (i, _) in last.bytes().enumerate().filter(|&(i, b)| i > 0 && b < b'/') {
+            let s = &last[..i];
+            if s <= after || out.iter().any(|(n, _)| n == s) {
+                continue;
             }
-            Ok(match rel.iter().position(|&b| b == b'/') {
-                Some(i) => {
-                    out.push((name(&rel[..i])?, None));
-                    Step::Past(prefix.len() + i + 1)
+            let path = key.map_or_else(|| s.to_string(), |k| format!("{k}/{s}"));
+            if self.any_descendant(View::Stored, ns, &path, |_| false)? {
+                out.push((s.to_string(), None));
+            }
+        }
+        Ok(())
+    }
+
+    /// A page of the live keys strictly below `key` (all keys for the root) as readers see
+    /// them: those whose name relative to `key` comes after `page.after`, at most
+    /// `page.limit`, and whether more may follow.
+    pub(crate) fn descendants_page(
+        &self,
+        ns: &Namespace,
+        key: Option<&str>,
+        page: Page<'_>,
+    ) -> Result<(Vec<(String, KeyRecord)>, bool), MetaError> {
+        let prefix = match key {
+            Some(k) => key_bytes(ns, &format!("{k}/")),
+            None => key_bytes(ns, ""),
+        };
+        let skip = ns.as_str().len() + 1;
+        let now = self.now_ms();
+        let mut out = Vec::new();
+        let mut more = false;
+        self.walk_from(
+            Table::Keys,
+            &prefix,
+            (&after(&prefix, page.after), None),
+            |k, v| {
+                if out.len() >= page.limit {
+                    more = true;
+                    return Ok(Step::Stop);
                 }
-                None => {
-                    out.push((name(rel)?, Some(r)));
-                    Step::Next
+                let r = self.name_record(View::Stored, ns, v)?;
+                if self.visible(&r, now) {
+                    let name = k
+                        .get(skip..)
+                        .and_then(|n| String::from_utf8(n.to_vec()).ok())
+                        .ok_or_else(|| MetaError::Corrupt("a stored key's name".into()))?;
+                    out.push((name, r));
                 }
-            })
-        })?;
-        Ok(out)
+                Ok(Step::Next)
+            },
+        )?;
+        Ok((out, more))
     }
 
     /// Whether a live key lies strictly below `key`, leaving out the names `skip` says a
@@ -330,4 +462,15 @@ impl MetaStore {
             Ok(self.visible(&r, now))
         })
     }
+}
+
+/// The first key of a page that begins after the name `name` below `prefix` (from the first
+/// for none): past `name` itself, not past what lies below it, which sorts after it.
+fn after(prefix: &[u8], name: &str) -> Vec<u8> {
+    let mut from = prefix.to_vec();
+    if !name.is_empty() {
+        from.extend_from_slice(name.as_bytes());
+        from.push(0);
+    }
+    from
 }

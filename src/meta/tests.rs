@@ -948,14 +948,15 @@ impl MetaBackend for Counting {
         self.read();
         MetaBackend::for_each(&self.inner, table, f)
     }
-    fn walk_prefix(
+    fn walk_from(
         &self,
         table: Table,
         prefix: &[u8],
+        span: (&[u8], Option<&[u8]>),
         f: &mut dyn FnMut(&[u8], &[u8]) -> backend::Step,
     ) -> Result<(), BackendError> {
         self.read();
-        MetaBackend::walk_prefix(&self.inner, table, prefix, f)
+        MetaBackend::walk_from(&self.inner, table, prefix, span, f)
     }
     fn write(&self, ops: Vec<backend::Op>) -> Result<(), BackendError> {
         MetaBackend::write(&self.inner, ops)
@@ -1011,4 +1012,48 @@ fn a_deep_key_costs_reads_in_proportion_to_its_depth() {
     assert!(c256 <= 5 * c64, "64 segments: {c64} reads; 256: {c256}");
     let deeper = format!("{}f", "a/".repeat(crate::key::MAX_DEPTH));
     assert_eq!(KeyPath::parse(&deeper), Err(crate::key::KeyError::TooDeep));
+}
+
+/// On etcd each read is a round trip: a batch of publishes into one directory reads the
+/// directory once, not once each, as the planner remembers what it read (11 reads a publish
+/// before, 5 now: the new key, its attributes, and walks below it and its directory). What a
+/// stored batch wrote is read again.
+#[test]
+fn the_planner_remembers_its_reads_until_a_stored_change_changes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut families = FAMILIES.to_vec();
+    families.extend(store::FAMILIES);
+    let db = Db::open(&dir.path().join("db"), &families, &[CF_BLOCKS]).unwrap();
+    let files = BlockFiles::open(&dir.path().join("blocks")).unwrap();
+    let blocks = Arc::new(StoreBlocks::new(db.clone(), files));
+    let reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let clock = ManualClock::default();
+    let backend = Counting {
+        inner: db,
+        reads: reads.clone(),
+    };
+    let meta = MetaStore::new(backend, blocks, Duration::from_secs(30), clock.shared());
+    for b in [&b"x"[..], b"y"] {
+        meta.blocks().put(&BlockHash::of(b), b).unwrap();
+    }
+    let ns = Namespace::default();
+    meta.publish(Publish::new(&ns, &k("big/k0"), &one_file(b"x")))
+        .unwrap();
+    let before = reads.load(std::sync::atomic::Ordering::Relaxed);
+    for i in 1..=20 {
+        meta.publish(Publish::new(&ns, &k(&format!("big/k{i}")), &one_file(b"x")))
+            .unwrap();
+    }
+    let each = (reads.load(std::sync::atomic::Ordering::Relaxed) - before) / 20;
+    assert!(each <= 6, "{each} reads a publish into one directory");
+
+    // Stored, a key is what the next plan sees: another version without force is refused,
+    // and once removed the key is free again.
+    assert!(matches!(
+        meta.publish(Publish::new(&ns, &k("big/k3"), &one_file(b"y"))),
+        Err(MetaError::Exists(_))
+    ));
+    meta.remove(&ns, &k("big/k3"), false, false).unwrap();
+    meta.publish(Publish::new(&ns, &k("big/k3"), &one_file(b"y")))
+        .unwrap();
 }

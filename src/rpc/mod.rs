@@ -8,6 +8,7 @@ pub mod faulty;
 pub mod gpu_window;
 pub mod groups;
 pub mod limits;
+pub mod listing;
 pub mod status;
 pub mod store;
 

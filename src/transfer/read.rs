@@ -200,12 +200,11 @@ pub async fn stat(store: &Store, namespace: &str, key: &KeyPath) -> Result<Stat,
         Err(e) if e.is_not_found() => {
             let listed = store
                 .list(ListRequest {
-                    watcher: 0,
                     namespace: namespace.to_string(),
                     prefix: key.to_string(),
-                    recursive: false,
-                    dir_only: false,
-                    ahead: 0,
+                    // Whether it is a directory is the question: its own entry answers it.
+                    dir_only: true,
+                    ..Default::default()
                 })
                 .await
                 .map_err(|s| not_found(s, key))?;

@@ -149,13 +149,13 @@ impl FsCore {
         crate::metrics::MOUNT_METADATA_REQUESTS.inc();
         let store = self.store();
         Ok(store
-            .list(ListRequest {
+            .list_all(ListRequest {
                 watcher: self.listings.watcher(),
                 namespace: self.ns(),
                 prefix: path.to_string(),
-                recursive: false,
                 dir_only,
                 ahead,
+                ..Default::default()
             })
             .await?)
     }

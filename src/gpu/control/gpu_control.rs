@@ -247,13 +247,11 @@ impl GpuControl {
     pub async fn list(&self, prefix: Option<&KeyPath>) -> Result<Vec<(String, bool)>, GpuError> {
         let store = self.store.clone();
         let resp = store
-            .list(ListRequest {
-                watcher: 0,
+            .list_all(ListRequest {
                 namespace: self.namespace.to_string(),
                 prefix: prefix.map(|p| p.to_string()).unwrap_or_default(),
                 recursive: true,
-                dir_only: false,
-                ahead: 0,
+                ..Default::default()
             })
             .await?;
         let mut out: std::collections::BTreeMap<String, bool> = Default::default();

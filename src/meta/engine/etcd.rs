@@ -136,6 +136,9 @@ impl std::str::FromStr for EtcdUrl {
 }
 
 /// A connection to an etcd cluster, and the prefix this store's keys live under.
+/// The largest answer taken from etcd (tonic's default is 4 MiB).
+const MAX_ANSWER: usize = 128 << 20;
+
 #[derive(Clone)]
 pub struct EtcdEngine {
     kv: KvClient,
@@ -159,13 +162,54 @@ impl EtcdEngine {
             .await
             .map_err(fault)?;
         let engine = EtcdEngine {
-            kv: client.kv_client(),
+            // A page of up to 4,096 keys of up to 16 KiB each, with their records.
+            kv: client.kv_client().max_decoding_message_size(MAX_ANSWER),
             prefix: url.prefix.as_bytes().to_vec(),
         };
         // The client connects lazily: one request now, so a server whose etcd cannot be
         // reached says so at its start rather than with its first publish.
         engine.revision().await?;
         Ok(engine)
+    }
+
+    /// A page of `prefix` from `start`, before `end` where given: etcd counts every key of
+    /// the range it is asked for, so a bound keeps a page's cost to what it needs.
+    async fn range_to(
+        &self,
+        prefix: &[u8],
+        start: Option<&[u8]>,
+        end: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Page, EngineError> {
+        let whole = self.full(prefix);
+        let start = match start {
+            Some(s) => self.full(s).max(whole.clone()),
+            None => whole.clone(),
+        };
+        // The store's prefix ends in '/', so the end of a non-empty prefix always exists.
+        let mut end_of = prefix_end(&whole).unwrap_or_else(|| vec![0]);
+        if let Some(e) = end {
+            end_of = end_of.min(self.full(e));
+        }
+        let end = end_of;
+        let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
+        let opts = GetOptions::new().with_range(end).with_limit(limit);
+        let resp = self
+            .kv
+            .clone()
+            .get(start, Some(opts))
+            .await
+            .map_err(fault)?;
+        let entries = resp
+            .kvs()
+            .iter()
+            .map(|kv| self.entry(kv))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Page {
+            entries,
+            more: resp.more(),
+            revision: header_revision(resp.header()),
+        })
     }
 
     fn full(&self, key: &[u8]) -> Vec<u8> {
@@ -255,31 +299,17 @@ impl MetaEngine for EtcdEngine {
         start: Option<&[u8]>,
         limit: usize,
     ) -> Result<Page, EngineError> {
-        let whole = self.full(prefix);
-        let start = match start {
-            Some(s) => self.full(s).max(whole.clone()),
-            None => whole.clone(),
-        };
-        // The store's prefix ends in '/', so the end of a non-empty prefix always exists.
-        let end = prefix_end(&whole).unwrap_or_else(|| vec![0]);
-        let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
-        let opts = GetOptions::new().with_range(end).with_limit(limit);
-        let resp = self
-            .kv
-            .clone()
-            .get(start, Some(opts))
-            .await
-            .map_err(fault)?;
-        let entries = resp
-            .kvs()
-            .iter()
-            .map(|kv| self.entry(kv))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Page {
-            entries,
-            more: resp.more(),
-            revision: header_revision(resp.header()),
-        })
+        self.range_to(prefix, start, None, limit).await
+    }
+
+    async fn range_before(
+        &self,
+        prefix: &[u8],
+        start: Option<&[u8]>,
+        end: &[u8],
+        limit: usize,
+    ) -> Result<Page, EngineError> {
+        self.range_to(prefix, start, Some(end), limit).await
     }
 
     async fn txn(&self, txn: Txn) -> Result<Revision, EngineError> {

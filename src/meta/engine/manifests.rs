@@ -81,7 +81,12 @@ impl<B: MetaBackend> ObjectManifests<B> {
     }
 
     /// Every manifest whose key starts with `prefix`, in key order, read one at a time.
-    fn walk(&self, prefix: &[u8], f: &mut Walk<'_>) -> Result<(), BackendError> {
+    fn walk(
+        &self,
+        prefix: &[u8],
+        span: (&[u8], Option<&[u8]>),
+        f: &mut Walk<'_>,
+    ) -> Result<(), BackendError> {
         let mut keys = Vec::new();
         self.objects
             .list(MANIFEST_OBJECTS, |n| {
@@ -91,7 +96,11 @@ impl<B: MetaBackend> ObjectManifests<B> {
                 Ok(())
             })
             .map_err(err)?;
-        keys.retain(|k| k.starts_with(prefix));
+        keys.retain(|k| {
+            k.starts_with(prefix)
+                && k.as_slice() >= span.0
+                && span.1.is_none_or(|to| k.as_slice() < to)
+        });
         keys.sort();
         let mut past: Option<Vec<u8>> = None;
         for k in keys {
@@ -174,7 +183,7 @@ impl<B: MetaBackend> MetaBackend for ObjectManifests<B> {
             return self.inner.scan_prefix(table, prefix);
         }
         let mut out = Vec::new();
-        self.walk(prefix, &mut |k, v| {
+        self.walk(prefix, (prefix, None), &mut |k, v| {
             out.push((k.to_vec(), v.to_vec()));
             Ok(Step::Next)
         })?;
@@ -185,19 +194,20 @@ impl<B: MetaBackend> MetaBackend for ObjectManifests<B> {
         if table != Table::Manifests {
             return self.inner.for_each(table, f);
         }
-        self.walk(b"", &mut |k, v| f(k, v).map(|()| Step::Next))
+        self.walk(b"", (b"", None), &mut |k, v| f(k, v).map(|()| Step::Next))
     }
 
-    fn walk_prefix(
+    fn walk_from(
         &self,
         table: Table,
         prefix: &[u8],
+        span: (&[u8], Option<&[u8]>),
         f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
     ) -> Result<(), BackendError> {
         if table != Table::Manifests {
-            return self.inner.walk_prefix(table, prefix, f);
+            return self.inner.walk_from(table, prefix, span, f);
         }
-        self.walk(prefix, &mut |k, v| Ok(f(k, v)))
+        self.walk(prefix, span, &mut |k, v| Ok(f(k, v)))
     }
 
     fn write(&self, ops: Vec<Op>) -> Result<(), BackendError> {

@@ -4,7 +4,9 @@
 //! thread it comes. Group commit's batch becomes as few transactions as the engine's limits
 //! hold, each change whole in one of them.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::seam::{prefix_end, EngineError, MetaEngine, Txn, MAX_TXN_BYTES, MAX_TXN_OPS};
@@ -13,12 +15,18 @@ use crate::meta::backend::{BackendError, KeyValue, MetaBackend, Op, Step, Table,
 
 /// Entries a page of a scan asks for: manifests are large (up to megabytes each), the rest
 /// small.
-fn page_len(table: Table) -> usize {
+/// How many entries a page of `table` starts at, and the most it grows to while pages stay
+/// small: a walk of a million keys is a few hundred requests, not thousands, and each asks
+/// etcd to count the rest of the range (its cost grows with what lies beyond the page).
+fn page_len(table: Table) -> (usize, usize) {
     match table {
-        Table::Manifests => 4,
-        _ => 256,
+        Table::Manifests => (4, 4),
+        _ => (256, 4096),
     }
 }
+
+/// A page of about this many bytes or fewer lets the next one be twice as long.
+const SMALL_PAGE: usize = 256 << 10;
 
 fn tag(table: Table) -> u8 {
     match table {
@@ -48,6 +56,11 @@ type Call<T> = std::pin::Pin<Box<dyn Future<Output = Result<T, EngineError>> + S
 pub struct EngineTables {
     engine: Arc<dyn MetaEngine>,
     bridge: Bridge,
+    /// The page length the last walk grew to. A walk that goes on from within its prefix (a
+    /// listing's next page, thousands of entries) starts there, as on etcd each request
+    /// counts the rest of the range; one from the prefix's start (whether anything lies
+    /// below, most often) starts small.
+    grown: AtomicUsize,
 }
 
 impl EngineTables {
@@ -61,6 +74,7 @@ impl EngineTables {
         let bridge = Bridge::new("kt-meta-engine").map_err(EngineError::other)?;
         let engine = on(&bridge, connect())?;
         Ok(EngineTables {
+            grown: AtomicUsize::new(page_len(Table::Keys).0),
             engine: Arc::new(engine),
             bridge,
         })
@@ -78,15 +92,41 @@ impl EngineTables {
         &self,
         table: Table,
         prefix: &[u8],
+        span: (&[u8], Option<&[u8]>),
         mut f: impl FnMut(&[u8], &[u8]) -> Result<Option<Vec<u8>>, BackendError>,
     ) -> Result<(), BackendError> {
         let whole = engine_key(table, prefix);
-        let mut start: Option<Vec<u8>> = None;
-        let limit = page_len(table);
+        let (from, to) = span;
+        let mut start = (from > prefix).then(|| engine_key(table, from));
+        let end = to.map(|t| engine_key(table, t));
+        let (least, most) = page_len(table);
+        let mut limit = match (table, &start) {
+            (Table::Manifests, _) | (_, None) => least,
+            _ => self.grown.load(Ordering::Relaxed).clamp(least, most),
+        };
         loop {
-            let (w, s) = (whole.clone(), start.clone());
-            let page = self
-                .call(move |e| Box::pin(async move { e.range(&w, s.as_deref(), limit).await }))?;
+            let (w, s, e) = (whole.clone(), start.clone(), end.clone());
+            let page = self.call(move |en| {
+                Box::pin(async move {
+                    match e {
+                        Some(e) => en.range_before(&w, s.as_deref(), &e, limit).await,
+                        None => en.range(&w, s.as_deref(), limit).await,
+                    }
+                })
+            })?;
+            let bytes: usize = page
+                .entries
+                .iter()
+                .map(|en| en.key.len() + en.value.len())
+                .sum();
+            limit = if bytes <= SMALL_PAGE {
+                (limit * 2).min(most)
+            } else {
+                (limit / 2).max(least)
+            };
+            if table != Table::Manifests {
+                self.grown.store(limit, Ordering::Relaxed);
+            }
             let mut jump = None;
             for en in &page.entries {
                 // Every key of the page carries the table's tag.
@@ -106,10 +146,16 @@ impl EngineTables {
         }
     }
 
-    /// The changes, packed in order into transactions within the engine's limits.
+    /// The changes, packed in order into transactions within the engine's limits. A key a
+    /// later change writes again takes that write in the transaction it is in (etcd refuses a
+    /// key twice in one): the state after the transaction is the state after the changes one
+    /// by one, and a batch of publishes into one directory (each touching the directory) is a
+    /// few transactions, not one each.
     fn pack(changes: Vec<Vec<Op>>) -> Result<Vec<Txn>, EngineError> {
         let mut txns = Vec::new();
         let mut txn = Txn::new();
+        let mut at: HashMap<Vec<u8>, usize> = HashMap::new();
+        let mut bytes = 0;
         for change in changes {
             let mut alone = Txn::new();
             for op in change {
@@ -121,16 +167,36 @@ impl EngineTables {
             // A change that writes a key twice keeps its last write, as a batch does.
             dedup_last(&mut alone);
             alone.check()?;
-            let fits = txn.writes.len() + alone.writes.len() <= MAX_TXN_OPS
-                && txn.size() + alone.size() <= MAX_TXN_BYTES
-                && alone
-                    .writes
-                    .iter()
-                    .all(|w| !txn.writes.iter().any(|t| t.key() == w.key()));
-            if !fits {
+            let new_keys = alone
+                .writes
+                .iter()
+                .filter(|w| !at.contains_key(w.key()))
+                .count();
+            let replaced: usize = alone
+                .writes
+                .iter()
+                .filter_map(|w| at.get(w.key()))
+                .map(|&i| txn.writes[i].size())
+                .sum();
+            let grown = bytes - replaced + alone.size();
+            if txn.writes.len() + new_keys > MAX_TXN_OPS || grown > MAX_TXN_BYTES {
                 txns.push(std::mem::take(&mut txn));
+                at.clear();
+                bytes = 0;
             }
-            txn.writes.extend(alone.writes);
+            bytes += alone.size();
+            for w in alone.writes {
+                match at.get(w.key()) {
+                    Some(&i) => {
+                        bytes -= txn.writes[i].size();
+                        txn.writes[i] = w;
+                    }
+                    None => {
+                        at.insert(w.key().to_vec(), txn.writes.len());
+                        txn.writes.push(w);
+                    }
+                }
+            }
         }
         if !txn.writes.is_empty() {
             txns.push(txn);
@@ -171,7 +237,7 @@ impl MetaBackend for EngineTables {
 
     fn scan_prefix(&self, table: Table, prefix: &[u8]) -> Result<Vec<KeyValue>, BackendError> {
         let mut out = Vec::new();
-        self.pages(table, prefix, |k, v| {
+        self.pages(table, prefix, (prefix, None), |k, v| {
             out.push((k.to_vec(), v.to_vec()));
             Ok(None)
         })?;
@@ -179,16 +245,17 @@ impl MetaBackend for EngineTables {
     }
 
     fn for_each(&self, table: Table, f: &mut Visit<'_>) -> Result<(), BackendError> {
-        self.pages(table, b"", |k, v| f(k, v).map(|()| None))
+        self.pages(table, b"", (b"", None), |k, v| f(k, v).map(|()| None))
     }
 
-    fn walk_prefix(
+    fn walk_from(
         &self,
         table: Table,
         prefix: &[u8],
+        span: (&[u8], Option<&[u8]>),
         f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
     ) -> Result<(), BackendError> {
-        self.pages(table, prefix, |k, v| {
+        self.pages(table, prefix, span, |k, v| {
             Ok(match f(k, v) {
                 Step::Next => None,
                 // An empty start stops the walk: nothing comes after an all-0xff prefix.
@@ -269,6 +336,14 @@ mod tests {
         .unwrap();
         assert_eq!(seen.len(), 60);
         assert_eq!(seen[1], b"ns\0d/010");
+        // From a key within the prefix: a page of a listing begins there.
+        let mut from = Vec::new();
+        t.walk_from(Table::Keys, b"ns\0d/", (b"ns\0d/5\0", None), &mut |k, _| {
+            from.push(k.to_vec());
+            Step::Next
+        })
+        .unwrap();
+        assert_eq!((from.len(), from[0].as_slice()), (100, &b"ns\0d/500"[..]));
         let mut one = 0;
         t.walk_prefix(Table::Keys, b"", &mut |_, _| {
             one += 1;
@@ -276,6 +351,38 @@ mod tests {
         })
         .unwrap();
         assert_eq!(one, 1);
+    }
+
+    /// A batch of publishes into one directory touches the directory in each: the later
+    /// writes of it join the transaction the earlier ones are in, so 256 changes make three
+    /// transactions (128 writes each at most), not 256, and the directory keeps the last.
+    #[test]
+    fn changes_that_write_one_key_again_pack_into_few_transactions() {
+        let (_d, t) = tables();
+        let changes: Vec<Vec<Op>> = (0..256u32)
+            .map(|i| {
+                vec![
+                    Op::Put(Table::Keys, format!("ns\0d/{i:03}").into_bytes(), vec![1]),
+                    Op::Put(Table::Attrs, b"ns\0d".to_vec(), i.to_be_bytes().to_vec()),
+                ]
+            })
+            .collect();
+        let txns = EngineTables::pack(changes.clone()).unwrap();
+        assert_eq!(
+            txns.len(),
+            3,
+            "{:?}",
+            txns.iter().map(|t| t.writes.len()).collect::<Vec<_>>()
+        );
+        for txn in &txns {
+            txn.check().unwrap();
+        }
+        t.commit(changes).unwrap();
+        assert_eq!(
+            t.get(Table::Attrs, b"ns\0d").unwrap().unwrap(),
+            255u32.to_be_bytes()
+        );
+        assert_eq!(t.scan_prefix(Table::Keys, b"ns\0d/").unwrap().len(), 256);
     }
 
     #[test]

@@ -123,6 +123,18 @@ async fn ranges_come_in_pages_in_key_order(e: &dyn MetaEngine, p: &[u8]) {
         .await
         .unwrap();
     assert_eq!(past.entries.len(), 1);
+    // A span: from in/03 and before in/06, whatever the limit; no more after its end.
+    let span = e
+        .range_before(&prefix, Some(&k(p, "in/03")), &k(p, "in/06"), 100)
+        .await
+        .unwrap();
+    let values: Vec<&[u8]> = span.entries.iter().map(|en| &en.value[..]).collect();
+    assert_eq!((values, span.more), (vec![&b"v3"[..], b"v4", b"v5"], false));
+    let cut = e
+        .range_before(&prefix, None, &k(p, "in/06"), 2)
+        .await
+        .unwrap();
+    assert_eq!((cut.entries.len(), cut.more), (2, true));
     // A start before the prefix starts at its first key.
     let from_before = e.range(&prefix, Some(p), 2).await.unwrap();
     assert_eq!(from_before.entries[0].key, k(p, "in/00"));

@@ -9,7 +9,7 @@ use super::state::{namespace_for, StoreHandler};
 use crate::auth::ticket::{self, Grant};
 use crate::hash::Version;
 use crate::key::{KeyPath, Namespace};
-use crate::meta::{MetaError, MetaStore};
+use crate::meta::{MetaError, MetaStore, Page};
 use crate::proto::{
     EntryKind, ListRequest, ListResponse, Locale, ResolveManyRequest, ResolveManyResponse,
     ResolveRequest, ResolveResponse, ResolveResult,
@@ -24,6 +24,11 @@ const MAX_RESOLVE_MANY: usize = 256;
 /// message, and a few milliseconds of the server's time.
 const LIST_AHEAD_MAX: usize = 8192;
 const LIST_AHEAD_BYTES: usize = 1 << 20;
+/// The most entries of a listing one answer holds; a caller asks for the rest page by page.
+const LIST_PAGE: usize = 5000;
+/// About the most bytes of entries one answer holds: with the listings ahead (a whole first
+/// page alone) an answer stays under 4 MiB, whatever the names.
+const LIST_PAGE_BYTES: usize = 3 << 20;
 
 /// What `Resolve` answers for `key`, but its read ticket.
 fn resolve_key(
@@ -180,8 +185,17 @@ pub(super) async fn list(
         if r.dir_only {
             return meta.list_dir_only(&ns, prefix.as_ref());
         }
-        let mut l = meta.list(&ns, prefix.as_ref(), r.recursive)?;
-        if r.ahead > 0 && !r.recursive && l.exists {
+        let page = Page {
+            after: &r.after,
+            limit: match r.limit {
+                0 => LIST_PAGE,
+                n => (n as usize).min(LIST_PAGE),
+            },
+            max_bytes: LIST_PAGE_BYTES,
+        };
+        let mut l = meta.list_page(&ns, prefix.as_ref(), r.recursive, page)?;
+        let whole = r.after.is_empty() && l.next.is_empty();
+        if r.ahead > 0 && !r.recursive && l.exists && whole {
             let budget = (r.ahead as usize).min(LIST_AHEAD_MAX);
             l.ahead = meta.listings_ahead(&ns, prefix.as_ref(), &l, budget, LIST_AHEAD_BYTES)?;
         }

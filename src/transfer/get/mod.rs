@@ -223,13 +223,11 @@ fn link_name(first: &Path, to: &Path) -> Result<bool, GetError> {
 /// each entry's path from the get's root.
 async fn keys_below(store: &Store, opts: &GetOptions) -> Result<Vec<(String, u64)>, GetError> {
     let list = store
-        .list(ListRequest {
-            watcher: 0,
+        .list_all(ListRequest {
             namespace: opts.namespace.to_string(),
             prefix: opts.key.to_string(),
             recursive: true,
-            dir_only: false,
-            ahead: 0,
+            ..Default::default()
         })
         .await;
     let list = match list {
