@@ -121,6 +121,7 @@ impl InPlace {
             if meta.len() != entry.size {
                 return Err(InPlaceError::Changed(f.disk_path.clone()));
             }
+            let at = resolved_path(&file, &f.disk_path);
             let mut offset = 0u64;
             for (index, b) in entry.blocks.iter().enumerate() {
                 let hash = manifest::block_hash(b)
@@ -140,9 +141,9 @@ impl InPlace {
                     }
                 }
                 let mut places = self.places(&hash)?;
-                places.retain(|p| p.disk_path != f.disk_path || p.offset != offset);
+                places.retain(|p| p.disk_path != at || p.offset != offset);
                 places.push(LocalBlock {
-                    disk_path: f.disk_path.clone(),
+                    disk_path: at.clone(),
                     offset,
                     len: b.len,
                     file_size: meta.len(),
@@ -181,11 +182,10 @@ impl InPlace {
                 path: f.disk_path.clone(),
                 source,
             };
-            let meta = open(Path::new(&f.disk_path))
-                .and_then(|file| file.metadata())
-                .map_err(disk)?;
+            let file = open(Path::new(&f.disk_path)).map_err(disk)?;
+            let meta = file.metadata().map_err(disk)?;
             places.push(LocalBlock {
-                disk_path: f.disk_path.clone(),
+                disk_path: resolved_path(&file, &f.disk_path),
                 offset: 0,
                 len: 0,
                 file_size: meta.len(),
@@ -336,6 +336,66 @@ pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
     Ok(f)
 }
 
+/// Opens a registered file again, following no symbolic link on the way (`openat2` with
+/// `RESOLVE_NO_SYMLINKS`; the path was recorded resolved, [`resolved_path`]): a path swapped
+/// for a link to a device or a FIFO is refused before the target is opened (opening some
+/// devices does something: a watchdog arms), not after. Without blocking, regular files only.
+fn open_in_place(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: an all-zero open_how is its documented default.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_NO_SYMLINKS;
+    // SAFETY: a valid C string and an open_how of the size passed; the kernel returns a new
+    // descriptor this function then owns, or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    let file = match fd {
+        -1 => {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENOSYS) {
+                return Err(e);
+            }
+            // A kernel before 5.6: no link as the last component, at least.
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOFOLLOW)
+                .open(path)?
+        }
+        // SAFETY: a descriptor the kernel just returned, owned by no one else.
+        fd => unsafe { std::fs::File::from_raw_fd(fd as i32) },
+    };
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    Ok(file)
+}
+
+/// The path of an open file with every link resolved, as the agent sees it (where a
+/// registration records it, for [`open_in_place`]); `given` where the kernel cannot say.
+fn resolved_path(file: &std::fs::File, given: &str) -> String {
+    use std::os::fd::AsRawFd;
+    std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .ok()
+        .and_then(|p| p.into_os_string().into_string().ok())
+        .filter(|p| p.starts_with('/') && !p.ends_with(" (deleted)"))
+        .unwrap_or_else(|| given.to_string())
+}
+
 /// How a registration opens the files it is handed: as the agent ([`open_regular`]), or with
 /// the rights of the process that handed them (the agent's socket); regular files only.
 pub type Opener<'a> = &'a (dyn Fn(&Path) -> std::io::Result<std::fs::File> + Sync);
@@ -344,10 +404,14 @@ pub type Opener<'a> = &'a (dyn Fn(&Path) -> std::io::Result<std::fs::File> + Syn
 /// modification time). Opened without blocking: a file swapped for a FIFO with no writer held
 /// a blocking thread for good.
 fn open_unchanged(p: &LocalBlock) -> Option<std::fs::File> {
-    let f = match open_regular(Path::new(&p.disk_path)) {
+    let f = match open_in_place(Path::new(&p.disk_path)) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
             tracing::warn!(path = %p.disk_path, "published file is no longer a regular file; not serving it");
+            return None;
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            tracing::warn!(path = %p.disk_path, "published path goes through a symbolic link now; not serving it");
             return None;
         }
         Err(_) => return None,
@@ -441,6 +505,65 @@ mod tests {
         assert!(p.sweep_seeds(&[], 100).unwrap().0.is_empty());
         std::fs::remove_file(&c1.disk_path).unwrap();
         assert_eq!(p.sweep_seeds(&[], 100).unwrap().0, [v]);
+    }
+
+    /// Watches `path` for opens (inotify's `IN_OPEN`): the second call says whether any
+    /// happened since the first, from the kernel's queue, without waiting.
+    fn watch_opens(path: &Path) -> impl Fn() -> bool {
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: plain system calls on a valid C string; the descriptor is this test's.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        assert!(fd >= 0);
+        assert!(unsafe { libc::inotify_add_watch(fd, c.as_ptr(), libc::IN_OPEN) } >= 0);
+        move || {
+            let mut buf = [0u8; 4096];
+            // SAFETY: reads into a buffer of the length given.
+            let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+            n > 0
+        }
+    }
+
+    /// A registered path swapped for a symbolic link (to a file of the same bytes, here; to a
+    /// device, an attacker's choice) is refused before the link's target is opened, where
+    /// following it opened the target and only then saw another file. A path registered
+    /// through a link among its directories is recorded resolved, and served.
+    #[test]
+    fn a_registered_path_swapped_for_a_link_is_refused_before_its_target_is_opened() {
+        use crate::proto::{BlockRef, FileEntry};
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("db"), &[CF_LOCAL, CF_SEEDS], &[]).unwrap();
+        let p = InPlace::new(db);
+        let data = b"served in place".to_vec();
+        std::fs::create_dir(dir.path().join("real")).unwrap();
+        std::fs::write(dir.path().join("real/f"), &data).unwrap();
+        symlink(dir.path().join("real"), dir.path().join("via")).unwrap();
+        let h = BlockHash::of(&data);
+        let m = Manifest {
+            entries: vec![FileEntry {
+                size: data.len() as u64,
+                blocks: vec![BlockRef {
+                    hash: h.0.to_vec(),
+                    len: data.len() as u32,
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let f = LocalFile {
+            entry_path: String::new(),
+            disk_path: dir.path().join("via/f").display().to_string(),
+        };
+        p.register(&m, &[f], Check::Hashes, &open_regular).unwrap();
+        assert_eq!(p.read_range(&h, 0, data.len()).as_deref(), Some(&data[..]));
+
+        let target = dir.path().join("target");
+        std::fs::write(&target, &data).unwrap();
+        let opened = watch_opens(&target);
+        std::fs::remove_file(dir.path().join("real/f")).unwrap();
+        symlink(&target, dir.path().join("real/f")).unwrap();
+        assert!(p.read_range(&h, 0, data.len()).is_none());
+        assert!(!opened(), "the link's target was opened");
     }
 
     #[test]
