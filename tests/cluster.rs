@@ -436,3 +436,71 @@ fn a_single_servers_store_migrates_into_etcd_and_s3() {
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("holds no store"), "{err}");
 }
+
+/// etcd full (its NOSPACE alarm, past `--quota-backend-bytes`) is a full disk to writers: a
+/// put fails as `no_space` (ENOSPC through a mount), says the metadata is out of space, and
+/// leaves nothing half there; reads go on. A prefix a newer ktfs wrote (its layout's number,
+/// beside the tables) is refused at the server's start.
+#[test]
+fn a_full_etcd_is_no_space_to_writers_and_a_newer_layout_is_refused_at_the_start() {
+    let ip = "127.0.0.134";
+    let etcd = Etcd::start_with_quota(ip, 2 << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let none = dir.path().join("no-agent.sock");
+    // The layout's number, as a newer build would leave it.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use ktfs::meta::engine::{EtcdEngine, MetaEngine, Txn};
+        let url = etcd.url("newer").parse().unwrap();
+        let engine = EtcdEngine::connect(&url).await.unwrap();
+        engine.txn(Txn::new().put("schema", "2")).await.unwrap();
+    });
+    let refused = refused_server(
+        ip,
+        &dir.path().join("two"),
+        &["--meta", &etcd.url("newer")],
+        &[],
+    );
+    assert!(refused.contains("newer ktfs"), "{refused}");
+
+    let server = server_on(ip, &dir.path().join("one"), &etcd.url("full"));
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..2000 {
+        let name = format!("a-file-with-a-name-long-enough-to-weigh-in-the-manifest-{i:05}");
+        std::fs::write(src.join(name), format!("{i}")).unwrap();
+    }
+    let mut failure = None;
+    for round in 0..40 {
+        // Another version each round: a manifest of its own.
+        std::fs::write(src.join("round"), format!("{round}")).unwrap();
+        let key = format!("tree/{round}");
+        let out = kt_with(
+            &server.addr,
+            &none,
+            &[
+                "put",
+                &key,
+                "--src",
+                &format!("{}/", src.display()),
+                "--json",
+            ],
+        );
+        if !out.status.success() {
+            failure = Some((key, out));
+            break;
+        }
+    }
+    let (key, out) = failure.expect("etcd never filled");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["error"]["kind"], "no_space", "{json}");
+    assert_eq!(out.status.code(), Some(1));
+    let message = json["error"]["message"].as_str().unwrap();
+    assert!(message.contains("out of space"), "{message}");
+    // Reads go on; the refused key is not there.
+    let listed = ok_with(&server, &none, &["ls", "tree", "--json"]);
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let names = common::ls_names(&listed);
+    assert!(!names.is_empty() && !names.contains(&key.replace("tree/", "")));
+    drop(server);
+}

@@ -33,8 +33,12 @@ const MAX_READS: usize = 16_384;
 
 /// Why a change failed that was not the first of its batch to learn it.
 #[derive(Debug, thiserror::Error)]
-#[error("committing the metadata failed: {0}")]
-pub struct CommitFailed(String);
+#[error("committing the metadata failed: {message}")]
+pub struct CommitFailed {
+    message: String,
+    /// The batch failed for want of space (every change in it is told so).
+    pub(super) no_space: bool,
+}
 
 /// A change queued for commit: its number, which [`Commits::wait`] takes.
 #[must_use = "a queued change is durable only once waited for"]
@@ -86,6 +90,7 @@ struct Failure {
     first: u64,
     last: u64,
     error: String,
+    no_space: bool,
     unseen: u64,
 }
 
@@ -102,7 +107,10 @@ impl State {
         };
         let f = &mut self.failures[i];
         f.unseen -= 1;
-        let error = CommitFailed(f.error.clone());
+        let error = CommitFailed {
+            message: f.error.clone(),
+            no_space: f.no_space,
+        };
         if f.unseen == 0 {
             self.failures.swap_remove(i);
         }
@@ -170,9 +178,10 @@ impl Commits {
     pub fn submit(&self, ops: Vec<Op>, epoch: u64) -> Result<Ticket, BackendError> {
         let mut st = locks::lock(&self.state);
         if st.epoch != epoch {
-            return Err(BackendError(Box::new(CommitFailed(
-                "an earlier change this one was planned on failed to commit".into(),
-            ))));
+            return Err(BackendError(Box::new(CommitFailed {
+                message: "an earlier change this one was planned on failed to commit".into(),
+                no_space: false,
+            })));
         }
         st.last += 1;
         let n = st.last;
@@ -266,6 +275,7 @@ impl Commits {
                     first,
                     last: through,
                     error: e.to_string(),
+                    no_space: e.is_no_space(),
                     unseen: through - first + 1,
                 });
                 st.decided = through;

@@ -22,16 +22,22 @@ pub struct Etcd {
 impl Etcd {
     /// One member on `ip` (client port 2379, peer port 2380 of that address).
     pub fn start(ip: &str) -> Etcd {
-        Self::start_with(ip, None)
+        Self::start_with(ip, None, &[])
+    }
+
+    /// [`Etcd::start`] with a backend quota of `bytes` (`--quota-backend-bytes`): past it etcd
+    /// raises its NOSPACE alarm and refuses writes.
+    pub fn start_with_quota(ip: &str, bytes: u64) -> Etcd {
+        Self::start_with(ip, None, &["--quota-backend-bytes", &bytes.to_string()])
     }
 
     /// [`Etcd::start`] with its client port on TLS: `ca`, `cert` and `key` are PEM files; clients
     /// must present a certificate of `ca` (etcd's `--client-cert-auth`).
     pub fn start_tls(ip: &str, ca: &Path, cert: &Path, key: &Path) -> Etcd {
-        Self::start_with(ip, Some((ca, cert, key)))
+        Self::start_with(ip, Some((ca, cert, key)), &[])
     }
 
-    fn start_with(ip: &str, tls: Option<(&Path, &Path, &Path)>) -> Etcd {
+    fn start_with(ip: &str, tls: Option<(&Path, &Path, &Path)>, extra: &[&str]) -> Etcd {
         let shm = Path::new("/dev/shm");
         let data = match shm.is_dir() {
             true => tempfile::tempdir_in(shm),
@@ -50,7 +56,8 @@ impl Etcd {
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("kt={peer}")])
             .args(["--heartbeat-interval", "250", "--election-timeout", "2500"])
-            .args(["--logger", "zap", "--log-outputs", "stderr"]);
+            .args(["--logger", "zap", "--log-outputs", "stderr"])
+            .args(extra);
         if let Some((ca, cert, key)) = tls {
             cmd.arg("--trusted-ca-file")
                 .arg(ca)

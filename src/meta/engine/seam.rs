@@ -173,6 +173,9 @@ pub enum EngineError {
     NoSpace(String),
     #[error("the metadata engine cannot be reached: {0}")]
     Unavailable(String),
+    /// The engine holds a layout this server cannot serve.
+    #[error("{0}")]
+    Schema(String),
     #[error("the metadata engine: {0}")]
     Other(#[source] Box<dyn std::error::Error + Send + Sync>),
 }

@@ -25,6 +25,49 @@ fn page_len(table: Table) -> (usize, usize) {
     }
 }
 
+/// The layout of the tables in an engine, as this build writes it. A server of an older build
+/// refuses an engine a newer one has written (a rolling upgrade's old replicas stop rather
+/// than misread what the new ones write); a newer build upgrades an older layout, or refuses
+/// it, at its start.
+pub const SCHEMA: u32 = 1;
+
+/// Where the layout's number lies, beside the tables (whose keys begin with their tag).
+const SCHEMA_KEY: &[u8] = b"schema";
+
+/// Checks the engine's layout against this build's, writing it where the engine holds none
+/// yet (a new prefix, or one a build before the number wrote).
+async fn settle_schema(engine: &dyn MetaEngine) -> Result<(), EngineError> {
+    let found = match engine.get(SCHEMA_KEY).await? {
+        Some(e) => std::str::from_utf8(&e.value)
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .ok_or_else(|| {
+                EngineError::Schema(format!(
+                    "the metadata's layout is {:?}, not a number this server knows",
+                    String::from_utf8_lossy(&e.value)
+                ))
+            })?,
+        None => {
+            let claim = Txn::new()
+                .when_modified_at(SCHEMA_KEY, 0)
+                .put(SCHEMA_KEY, SCHEMA.to_string());
+            return match engine.txn(claim).await {
+                // Another server wrote it meanwhile: read what it wrote.
+                Ok(_) => Ok(()),
+                Err(EngineError::Conflict) => Box::pin(settle_schema(engine)).await,
+                Err(e) => Err(e),
+            };
+        }
+    };
+    if found > SCHEMA {
+        return Err(EngineError::Schema(format!(
+            "the metadata was written by a newer ktfs (layout {found}; this server knows {SCHEMA}): \
+             upgrade this server"
+        )));
+    }
+    Ok(())
+}
+
 /// A page of about this many bytes or fewer lets the next one be twice as long.
 const SMALL_PAGE: usize = 256 << 10;
 
@@ -73,9 +116,12 @@ impl EngineTables {
     {
         let bridge = Bridge::new("kt-meta-engine").map_err(EngineError::other)?;
         let engine = on(&bridge, connect())?;
+        let engine: Arc<dyn MetaEngine> = Arc::new(engine);
+        let at = engine.clone();
+        on(&bridge, async move { settle_schema(at.as_ref()).await })?;
         Ok(EngineTables {
             grown: AtomicUsize::new(page_len(Table::Keys).0),
-            engine: Arc::new(engine),
+            engine,
             bridge,
         })
     }
@@ -383,6 +429,33 @@ mod tests {
             255u32.to_be_bytes()
         );
         assert_eq!(t.scan_prefix(Table::Keys, b"ns\0d/").unwrap().len(), 256);
+    }
+
+    /// The layout's number is written at the first start; an engine a newer build wrote is
+    /// refused at the start, before anything is read or written as this build's layout.
+    #[test]
+    fn an_engine_a_newer_build_wrote_is_refused_at_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = |p: std::path::PathBuf| {
+            EngineTables::connect(move || async move { RocksEngine::open(&p) })
+        };
+        let t = open(dir.path().to_path_buf()).unwrap();
+        let read = |t: &EngineTables| {
+            t.call(|e| Box::pin(async move { e.get(SCHEMA_KEY).await }))
+                .unwrap()
+                .map(|en| en.value)
+        };
+        assert_eq!(read(&t), Some(SCHEMA.to_string().into_bytes()));
+        drop(t);
+        // Started again, the same build serves it.
+        let t = open(dir.path().to_path_buf()).unwrap();
+        t.call(|e| Box::pin(async move { e.txn(Txn::new().put(SCHEMA_KEY, "999")).await }))
+            .unwrap();
+        drop(t);
+        match open(dir.path().to_path_buf()) {
+            Err(EngineError::Schema(m)) => assert!(m.contains("newer ktfs"), "{m}"),
+            other => panic!("a newer layout was served: {:?}", other.err()),
+        }
     }
 
     #[test]
