@@ -428,7 +428,55 @@ fn a_single_servers_store_migrates_into_etcd_and_s3() {
     }
     assert!(std::fs::read(out.join("tree/sub/big.bin")).unwrap() == big);
     assert_eq!(std::fs::read(out.join("one")).unwrap(), b"migrated\n");
+    // A key only cluster mode has seen.
+    let later = dir.path().join("later.bin");
+    std::fs::write(&later, pseudo_random(300 << 10, 52)).unwrap();
+    ok_with(
+        &replica,
+        &none,
+        &["put", "proj/later", "--src", later.to_str().unwrap()],
+    );
     drop(replica);
+
+    // And back: etcd and S3 into a data directory a single server serves alone.
+    let back_dir = dir.path().join("back");
+    let back = kt_server(&[
+        "migrate",
+        "--to",
+        back_dir.to_str().unwrap(),
+        "--meta",
+        &meta,
+        "--blocks",
+        &blocks,
+        "--json",
+    ])
+    .output()
+    .unwrap();
+    assert!(
+        back.status.success(),
+        "{}",
+        String::from_utf8_lossy(&back.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&back.stdout).unwrap();
+    assert!(report["blocks"].as_u64().unwrap() >= 3, "{report}");
+    let mut alone = std::process::Command::new(common::kt_bin());
+    alone
+        .args(["server", "--listen", &format!("{ip}:0"), "--data-dir"])
+        .arg(&back_dir);
+    let single = test_support::spawn_ready(alone);
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    for key in ["proj/tree", "proj/one", "proj/later"] {
+        ok_with(
+            &single,
+            &none,
+            &["get", key, "--dest", home.to_str().unwrap()],
+        );
+    }
+    assert!(std::fs::read(home.join("tree/sub/big.bin")).unwrap() == big);
+    assert_eq!(std::fs::read(home.join("one")).unwrap(), b"migrated\n");
+    assert!(std::fs::read(home.join("later")).unwrap() == std::fs::read(&later).unwrap());
+    drop(single);
 
     let nothing = dir.path().join("nothing");
     let refused = migrate(nothing.to_str().unwrap());

@@ -388,8 +388,9 @@ pub struct RmArgs {
 #[derive(Subcommand)]
 pub enum ServerAction {
     /// Copy a stopped single server's data directory (its RocksDB metadata and its blocks)
-    /// into etcd and an object store, for servers started with the same --meta and --blocks.
-    /// Running it again finishes an interrupted one.
+    /// into etcd and an object store, for servers started with the same --meta and --blocks;
+    /// or with --to, etcd and the object store (their servers stopped) back into a data
+    /// directory for a single server. Running it again finishes an interrupted one.
     Migrate(Box<MigrateArgs>),
 }
 
@@ -397,12 +398,17 @@ pub enum ServerAction {
 #[derive(Args)]
 pub struct MigrateArgs {
     /// The single server's data directory (its server stopped).
+    #[arg(long, required_unless_present = "to", conflicts_with = "to")]
+    pub from: Option<PathBuf>,
+    /// The other way: the data directory a single server is to serve, copied from --meta and
+    /// --blocks (their servers stopped).
     #[arg(long)]
-    pub from: PathBuf,
-    /// Where the metadata goes: `etcd://HOST:PORT[,...]/PREFIX[?...]`, as `kt server --meta`.
+    pub to: Option<PathBuf>,
+    /// Where the metadata goes (comes from, with --to): `etcd://HOST:PORT[,...]/PREFIX[?...]`,
+    /// as `kt server --meta`.
     #[arg(long, value_name = "URL")]
     pub meta: ktfs::server::MetaSpec,
-    /// Where the blocks and manifests go, as `kt server --blocks`.
+    /// Where the blocks and manifests go (come from, with --to), as `kt server --blocks`.
     #[arg(long, value_name = "URL")]
     pub blocks: ktfs::objects::ObjectUrl,
     /// Print what was copied as JSON.

@@ -97,11 +97,15 @@ pub async fn server(a: ServerArgs) -> Result<()> {
 }
 
 async fn migrate(m: Box<MigrateArgs>) -> Result<()> {
-    let to = StoreSpec {
+    let engines = StoreSpec {
         meta: m.meta,
         blocks: Some(m.blocks),
     };
-    let done = ktfs::server::migrate(&m.from, &to).await?;
+    let (done, dir) = match (&m.from, &m.to) {
+        (Some(from), _) => (ktfs::server::migrate(from, &engines).await?, from),
+        (None, Some(to)) => (ktfs::server::migrate_back(&engines, to).await?, to),
+        (None, None) => anyhow::bail!("--from DIR or --to DIR"),
+    };
     if m.json {
         let out = serde_json::json!({
             "entries": done.entries,
@@ -112,7 +116,7 @@ async fn migrate(m: Box<MigrateArgs>) -> Result<()> {
     } else {
         println!(
             "migrated {}: {} metadata entries, {} blocks ({} bytes)",
-            m.from.display(),
+            dir.display(),
             done.entries,
             done.blocks,
             done.block_bytes

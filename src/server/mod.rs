@@ -13,7 +13,7 @@ mod status;
 mod tickets;
 pub mod watch;
 
-pub use migrate::{migrate, MigrateError, Migrated};
+pub use migrate::{migrate, migrate_back, MigrateError, Migrated};
 pub use spec::{MetaSpec, OpenError, StoreSpec};
 
 use std::net::SocketAddr;
