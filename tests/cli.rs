@@ -415,6 +415,17 @@ fn filters_and_gitignore() {
 
 /// `kt up` in `dir` on `ip`: the process (ready once its mount is), its agent socket and
 /// its mount point.
+/// `kt ARGS` against the store at `addr` and the agent at `sock`, which must succeed.
+fn kt_ok(addr: &str, sock: &std::path::Path, args: &[&str]) -> Output {
+    let o = kt_with(addr, sock, args);
+    assert!(
+        o.status.success(),
+        "kt {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
 fn kt_up(dir: &std::path::Path, ip: &str) -> (Proc, std::path::PathBuf, std::path::PathBuf) {
     let sock = dir.join("agent.sock");
     let mnt = dir.join("kt");
@@ -739,15 +750,7 @@ fn publish_refuses_block_lengths_the_store_contradicts() {
 fn a_prefix_is_one_tree_for_get_ls_rm_and_the_mount() {
     let dir = tempfile::tempdir().unwrap();
     let (up, sock, mnt) = kt_up(dir.path(), "127.0.0.74");
-    let kt = |args: &[&str]| {
-        let o = kt_with(&up.addr, &sock, args);
-        assert!(
-            o.status.success(),
-            "kt {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        o
-    };
+    let kt = |args: &[&str]| kt_ok(&up.addr, &sock, args);
     // A `kt put` directory with single-file keys below it and beside its files.
     let src = dir.path().join("src");
     fs::create_dir_all(src.join("a")).unwrap();
@@ -1255,15 +1258,7 @@ fn a_listing_larger_than_a_page_comes_whole_through_every_reader() {
     use ktfs::proto::{ListRequest, PublishBatchRequest};
     let dir = tempfile::tempdir().unwrap();
     let (up, sock, mnt) = kt_up(dir.path(), "127.0.0.130");
-    let kt = |args: &[&str]| {
-        let o = kt_with(&up.addr, &sock, args);
-        assert!(
-            o.status.success(),
-            "kt {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        o
-    };
+    let kt = |args: &[&str]| kt_ok(&up.addr, &sock, args);
     let name = |i: usize| match i % 10 {
         0 => format!("d{i:05}/f"),
         _ => format!("k{i:05}"),

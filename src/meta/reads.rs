@@ -294,10 +294,7 @@ impl MetaStore {
         ns: &Namespace,
         key: Option<&str>,
     ) -> Result<Vec<(String, KeyRecord)>, MetaError> {
-        let prefix = match key {
-            Some(k) => key_bytes(ns, &format!("{k}/")),
-            None => key_bytes(ns, ""),
-        };
+        let prefix = below(ns, key);
         let skip = ns.as_str().len() + 1;
         let mut out = Vec::new();
         let now = self.now_ms();
@@ -313,61 +310,78 @@ impl MetaStore {
     }
 
     /// The level directly below `key` (the namespace's top for `None`) as a listing of it
-    /// shows it, in key order (a directory where its first live key lies): each live key there with its record, and each name live keys
-    /// lie below as a directory (`None`), found by reading keys below it only until one is
-    /// live: a listing of a namespace's root does not read every key in the namespace. A page
-    /// of it: the names after `page.after`, at least every one up to the greatest returned,
-    /// and whether the walk stopped before the end (more may follow).
+    /// shows it, in key order (a directory where its first live key lies): each live key there
+    /// with its record, and each name live keys lie below as a directory (`None`), found by
+    /// reading keys below it only until one is live: a listing of a namespace's root does not
+    /// read every key in the namespace. A page of it: the names after `page.after`, at least
+    /// every one up to the greatest returned, and whether the walk stopped before the end (more
+    /// may follow).
     pub(crate) fn children_page(
         &self,
         ns: &Namespace,
         key: Option<&str>,
         page: Page<'_>,
     ) -> Result<(Vec<Child>, bool), MetaError> {
-        let prefix = match key {
-            Some(k) => key_bytes(ns, &format!("{k}/")),
-            None => key_bytes(ns, ""),
-        };
-        let now = self.now_ms();
+        let prefix = below(ns, key);
         let name =
             |b: &[u8]| String::from_utf8(b.to_vec()).map_err(|e| MetaError::Corrupt(e.to_string()));
         let mut out = Vec::new();
-        let mut more = false;
-        self.walk_from(
-            Table::Keys,
-            &prefix,
-            (&after(&prefix, page.after), None),
-            |k, v| {
-                if out.len() >= page.limit {
-                    more = true;
-                    return Ok(Step::Stop);
-                }
-                let rel = k
-                    .get(prefix.len()..)
-                    .ok_or_else(|| MetaError::Corrupt("a stored key's name".into()))?;
-                let r = self.name_record(View::Stored, ns, v)?;
-                if !self.visible(&r, now) {
-                    return Ok(Step::Next);
-                }
-                Ok(match rel.iter().position(|&b| b == b'/') {
-                    Some(i) => {
-                        let n = name(&rel[..i])?;
-                        if n.as_str() > page.after {
-                            out.push((n, None));
-                        }
-                        Step::Past(prefix.len() + i + 1)
+        let more = self.walk_page(ns, &prefix, page, |k, r| {
+            let rel = k
+                .get(prefix.len()..)
+                .ok_or_else(|| MetaError::Corrupt("a stored key's name".into()))?;
+            Ok(match rel.iter().position(|&b| b == b'/') {
+                Some(i) => {
+                    let n = name(&rel[..i])?;
+                    let took = n.as_str() > page.after;
+                    if took {
+                        out.push((n, None));
                     }
-                    None => {
-                        out.push((name(rel)?, Some(r)));
-                        Step::Next
-                    }
-                })
-            },
-        )?;
+                    (Step::Past(prefix.len() + i + 1), took)
+                }
+                None => {
+                    out.push((name(rel)?, Some(r)));
+                    (Step::Next, true)
+                }
+            })
+        })?;
         if more {
             self.directories_passed_over(ns, key, page.after, &mut out)?;
         }
         Ok((out, more))
+    }
+
+    /// Walks the live keys of `prefix` from the page's start, as readers see them, handing
+    /// each to `f` (which says where to go and whether it took the key) until the page holds
+    /// its limit; says whether it stopped with keys left to read.
+    fn walk_page(
+        &self,
+        ns: &Namespace,
+        prefix: &[u8],
+        page: Page<'_>,
+        mut f: impl FnMut(&[u8], KeyRecord) -> Result<(Step, bool), MetaError>,
+    ) -> Result<bool, MetaError> {
+        let now = self.now_ms();
+        let (mut taken, mut more) = (0usize, false);
+        self.walk_from(
+            Table::Keys,
+            prefix,
+            (&after(prefix, page.after), None),
+            |k, v| {
+                if taken >= page.limit {
+                    more = true;
+                    return Ok(Step::Stop);
+                }
+                let r = self.name_record(View::Stored, ns, v)?;
+                if !self.visible(&r, now) {
+                    return Ok(Step::Next);
+                }
+                let (step, took) = f(k, r)?;
+                taken += usize::from(took);
+                Ok(step)
+            },
+        )?;
+        Ok(more)
     }
 
     /// A directory's keys ("d/x") lie after the names that begin with its name and a byte
@@ -406,34 +420,16 @@ impl MetaStore {
         key: Option<&str>,
         page: Page<'_>,
     ) -> Result<(Vec<(String, KeyRecord)>, bool), MetaError> {
-        let prefix = match key {
-            Some(k) => key_bytes(ns, &format!("{k}/")),
-            None => key_bytes(ns, ""),
-        };
         let skip = ns.as_str().len() + 1;
-        let now = self.now_ms();
         let mut out = Vec::new();
-        let mut more = false;
-        self.walk_from(
-            Table::Keys,
-            &prefix,
-            (&after(&prefix, page.after), None),
-            |k, v| {
-                if out.len() >= page.limit {
-                    more = true;
-                    return Ok(Step::Stop);
-                }
-                let r = self.name_record(View::Stored, ns, v)?;
-                if self.visible(&r, now) {
-                    let name = k
-                        .get(skip..)
-                        .and_then(|n| String::from_utf8(n.to_vec()).ok())
-                        .ok_or_else(|| MetaError::Corrupt("a stored key's name".into()))?;
-                    out.push((name, r));
-                }
-                Ok(Step::Next)
-            },
-        )?;
+        let more = self.walk_page(ns, &below(ns, key), page, |k, r| {
+            let name = k
+                .get(skip..)
+                .and_then(|n| String::from_utf8(n.to_vec()).ok())
+                .ok_or_else(|| MetaError::Corrupt("a stored key's name".into()))?;
+            out.push((name, r));
+            Ok((Step::Next, true))
+        })?;
         Ok((out, more))
     }
 
@@ -461,6 +457,14 @@ impl MetaStore {
             let r = self.name_record(view, ns, v)?;
             Ok(self.visible(&r, now))
         })
+    }
+}
+
+/// Where the keys strictly below `key` (every key of `ns` for none) begin.
+fn below(ns: &Namespace, key: Option<&str>) -> Vec<u8> {
+    match key {
+        Some(k) => key_bytes(ns, &format!("{k}/")),
+        None => key_bytes(ns, ""),
     }
 }
 

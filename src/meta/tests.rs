@@ -969,12 +969,12 @@ impl MetaBackend for Counting {
     }
 }
 
-/// A new key brings its parents into being, and the reads its publish makes of the backend grow
-/// in proportion to its depth: asking each parent where it lies read every record above it
-/// again (quadratic: 8,000 one-letter segments took 117 s under the write lock). Past
-/// `MAX_DEPTH` segments a key is refused before it reaches the store.
-#[test]
-fn a_deep_key_costs_reads_in_proportion_to_its_depth() {
+/// A store over a backend that counts its reads, and the count.
+fn counting_store() -> (
+    tempfile::TempDir,
+    MetaStore,
+    Arc<std::sync::atomic::AtomicU64>,
+) {
     let dir = tempfile::tempdir().unwrap();
     let mut families = FAMILIES.to_vec();
     families.extend(store::FAMILIES);
@@ -982,12 +982,22 @@ fn a_deep_key_costs_reads_in_proportion_to_its_depth() {
     let files = BlockFiles::open(&dir.path().join("blocks")).unwrap();
     let blocks = Arc::new(StoreBlocks::new(db.clone(), files));
     let reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let clock = ManualClock::default();
     let backend = Counting {
         inner: db,
         reads: reads.clone(),
     };
+    let clock = ManualClock::default();
     let meta = MetaStore::new(backend, blocks, Duration::from_secs(30), clock.shared());
+    (dir, meta, reads)
+}
+
+/// A new key brings its parents into being, and the reads its publish makes of the backend grow
+/// in proportion to its depth: asking each parent where it lies read every record above it
+/// again (quadratic: 8,000 one-letter segments took 117 s under the write lock). Past
+/// `MAX_DEPTH` segments a key is refused before it reaches the store.
+#[test]
+fn a_deep_key_costs_reads_in_proportion_to_its_depth() {
+    let (_dir, meta, reads) = counting_store();
     meta.register_node(NodeInfo {
         node_id: "n1".into(),
         ..Default::default()
@@ -1020,19 +1030,7 @@ fn a_deep_key_costs_reads_in_proportion_to_its_depth() {
 /// stored batch wrote is read again.
 #[test]
 fn the_planner_remembers_its_reads_until_a_stored_change_changes_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut families = FAMILIES.to_vec();
-    families.extend(store::FAMILIES);
-    let db = Db::open(&dir.path().join("db"), &families, &[CF_BLOCKS]).unwrap();
-    let files = BlockFiles::open(&dir.path().join("blocks")).unwrap();
-    let blocks = Arc::new(StoreBlocks::new(db.clone(), files));
-    let reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let clock = ManualClock::default();
-    let backend = Counting {
-        inner: db,
-        reads: reads.clone(),
-    };
-    let meta = MetaStore::new(backend, blocks, Duration::from_secs(30), clock.shared());
+    let (_dir, meta, reads) = counting_store();
     for b in [&b"x"[..], b"y"] {
         meta.blocks().put(&BlockHash::of(b), b).unwrap();
     }

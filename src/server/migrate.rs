@@ -62,19 +62,8 @@ pub async fn migrate(from: &Path, to: &StoreSpec) -> Result<Migrated, MigrateErr
             from.display()
         )));
     }
-    let mut families = meta::FAMILIES.to_vec();
-    families.extend(store::FAMILIES);
-    let db = Db::open(&db_dir, &families, &[CF_BLOCKS])?;
-    let files = BlockFiles::open(&from.join("blocks")).map_err(|source| BlockError::Files {
-        dir: from.join("blocks").display().to_string(),
-        source,
-    })?;
-    let source = StoreBlocks::new(db.clone(), files);
-    let Some(objects) = open_objects(to).await? else {
-        return Err(MigrateError::Bad("no object store to migrate to".into()));
-    };
-    let target_blocks = StoreBlocks::on_objects(db.clone(), objects.clone());
-    let target = open_backend(&to.meta, db.clone(), Some(objects)).await?;
+    let (db, source) = open_dir(from)?;
+    let (target_blocks, target) = open_engines(to, &db).await?;
     tokio::task::spawn_blocking(move || {
         let mut done = Migrated::default();
         // Blocks first: a key copied is then never without its blocks.
@@ -97,23 +86,12 @@ pub async fn migrate_back(from: &StoreSpec, to: &Path) -> Result<Migrated, Migra
             "a migration back needs both --meta etcd://... and --blocks URL".into(),
         ));
     }
-    let mut families = meta::FAMILIES.to_vec();
-    families.extend(store::FAMILIES);
     std::fs::create_dir_all(to).map_err(|source| BlockError::Files {
         dir: to.display().to_string(),
         source,
     })?;
-    let db = Db::open(&to.join("meta.rocksdb"), &families, &[CF_BLOCKS])?;
-    let files = BlockFiles::open(&to.join("blocks")).map_err(|source| BlockError::Files {
-        dir: to.join("blocks").display().to_string(),
-        source,
-    })?;
-    let target_blocks = StoreBlocks::new(db.clone(), files);
-    let Some(objects) = open_objects(from).await? else {
-        return Err(MigrateError::Bad("no object store to migrate from".into()));
-    };
-    let source_blocks = StoreBlocks::on_objects(db.clone(), objects.clone());
-    let source = open_backend(&from.meta, db.clone(), Some(objects)).await?;
+    let (db, target_blocks) = open_dir(to)?;
+    let (source_blocks, source) = open_engines(from, &db).await?;
     tokio::task::spawn_blocking(move || {
         let mut done = Migrated::default();
         copy_blocks(&source_blocks, &target_blocks, &mut done)?;
@@ -124,6 +102,33 @@ pub async fn migrate_back(from: &StoreSpec, to: &Path) -> Result<Migrated, Migra
     })
     .await
     .map_err(|e| MigrateError::Bad(e.to_string()))?
+}
+
+/// A data directory's database and blocks, as a single server keeps them.
+fn open_dir(dir: &Path) -> Result<(Db, StoreBlocks), MigrateError> {
+    let mut families = meta::FAMILIES.to_vec();
+    families.extend(store::FAMILIES);
+    let db = Db::open(&dir.join("meta.rocksdb"), &families, &[CF_BLOCKS])?;
+    let files = BlockFiles::open(&dir.join("blocks")).map_err(|source| BlockError::Files {
+        dir: dir.join("blocks").display().to_string(),
+        source,
+    })?;
+    Ok((db.clone(), StoreBlocks::new(db, files)))
+}
+
+/// The blocks and metadata of cluster mode's engines `spec` names.
+async fn open_engines(
+    spec: &StoreSpec,
+    db: &Db,
+) -> Result<(StoreBlocks, Box<dyn MetaBackend>), MigrateError> {
+    let Some(objects) = open_objects(spec).await? else {
+        return Err(MigrateError::Bad("no object store named".into()));
+    };
+    let blocks = StoreBlocks::on_objects(db.clone(), objects.clone());
+    Ok((
+        blocks,
+        open_backend(&spec.meta, db.clone(), Some(objects)).await?,
+    ))
 }
 
 fn copy_blocks(
