@@ -38,28 +38,6 @@ pub type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), BackendError> + 'a;
 #[error("metadata backend: {0}")]
 pub struct BackendError(#[source] pub Box<dyn std::error::Error + Send + Sync>);
 
-impl BackendError {
-    /// Whether the backend refused a write for want of space: a full disk under RocksDB, an
-    /// engine that says so (etcd's NOSPACE alarm), or a batch of group commit that failed so.
-    /// Writers are told ENOSPC, not an internal error.
-    pub fn is_no_space(&self) -> bool {
-        let e = self.0.as_ref();
-        if let Some(e) = e.downcast_ref::<crate::db::DbError>() {
-            return e.is_no_space();
-        }
-        if let Some(e) = e.downcast_ref::<super::engine::EngineError>() {
-            return matches!(e, super::engine::EngineError::NoSpace(_));
-        }
-        if let Some(e) = e.downcast_ref::<super::commit::CommitFailed>() {
-            return e.no_space;
-        }
-        if let Some(e) = e.downcast_ref::<BackendError>() {
-            return e.is_no_space();
-        }
-        false
-    }
-}
-
 pub trait MetaBackend: Send + Sync + 'static {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError>;
     /// Every entry whose key starts with `prefix`, in key order.

@@ -28,6 +28,26 @@ use std::sync::{Condvar, Mutex};
 use super::backend::{BackendError, MetaBackend, Op, Table};
 use crate::locks;
 
+/// Whether the backend refused a write for want of space: a full disk under RocksDB, an
+/// engine that says so (etcd's NOSPACE alarm), or a batch of group commit that failed so.
+/// Writers are told ENOSPC, not an internal error.
+pub fn out_of_space(e: &BackendError) -> bool {
+    let e = e.0.as_ref();
+    if let Some(e) = e.downcast_ref::<crate::db::DbError>() {
+        return e.is_no_space();
+    }
+    if let Some(e) = e.downcast_ref::<super::engine::EngineError>() {
+        return matches!(e, super::engine::EngineError::NoSpace(_));
+    }
+    if let Some(e) = e.downcast_ref::<CommitFailed>() {
+        return e.no_space;
+    }
+    if let Some(e) = e.downcast_ref::<BackendError>() {
+        return out_of_space(e);
+    }
+    false
+}
+
 /// The most reads remembered; past it they are forgotten and read again.
 const MAX_READS: usize = 16_384;
 
@@ -37,7 +57,7 @@ const MAX_READS: usize = 16_384;
 pub struct CommitFailed {
     message: String,
     /// The batch failed for want of space (every change in it is told so).
-    pub(super) no_space: bool,
+    no_space: bool,
 }
 
 /// A change queued for commit: its number, which [`Commits::wait`] takes.
@@ -275,7 +295,7 @@ impl Commits {
                     first,
                     last: through,
                     error: e.to_string(),
-                    no_space: e.is_no_space(),
+                    no_space: out_of_space(&e),
                     unseen: through - first + 1,
                 });
                 st.decided = through;

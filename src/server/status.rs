@@ -19,7 +19,7 @@ fn meta_fault(e: &MetaError) -> Fault {
         MetaError::Conflict(_) | MetaError::MissingBlocks(_) => Fault::Conflict,
         MetaError::BadRequest(_) | MetaError::Manifest(_) => Fault::Invalid,
         MetaError::Blocks(b) if b.is_no_space() => Fault::NoSpace,
-        MetaError::Backend(e) if e.is_no_space() => Fault::NoSpace,
+        MetaError::Backend(e) if crate::meta::out_of_space(e) => Fault::NoSpace,
         MetaError::Backend(_) | MetaError::Corrupt(_) | MetaError::Blocks(_) => Fault::Internal,
     }
 }
