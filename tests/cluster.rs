@@ -552,3 +552,53 @@ fn a_full_etcd_is_no_space_to_writers_and_a_newer_layout_is_refused_at_the_start
     assert!(!names.is_empty() && !names.contains(&key.replace("tree/", "")));
     drop(server);
 }
+
+/// etcd with authentication on: a store server given a user and password in its address
+/// (`etcd://USER:PASSWORD@HOST:PORT/PREFIX`, a user whose role may read and write PREFIX/ only)
+/// serves; a wrong password, or none, stops it at its start with an error that says so.
+#[test]
+fn a_store_reaches_an_etcd_with_authentication_as_the_user_its_address_names() {
+    let ip = "127.0.0.135";
+    let etcd = Etcd::start(ip);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use etcd_client::{Client, Permission};
+        let mut c = Client::connect([etcd.endpoint.as_str()], None)
+            .await
+            .unwrap();
+        c.role_add("root").await.unwrap();
+        c.user_add("root", "root-pw", None).await.unwrap();
+        c.user_grant_role("root", "root").await.unwrap();
+        c.role_add("kt").await.unwrap();
+        c.role_grant_permission("kt", Permission::read_write("kt-auth/").with_prefix())
+            .await
+            .unwrap();
+        c.user_add("kt", "s3cret", None).await.unwrap();
+        c.user_grant_role("kt", "kt").await.unwrap();
+        c.auth_enable().await.unwrap();
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let none = dir.path().join("no-agent.sock");
+    let with = |user: &str| format!("etcd://{user}{}/kt-auth", etcd.endpoint);
+    let server = server_on(ip, &dir.path().join("one"), &with("kt:s3cret@"));
+    let file = dir.path().join("f");
+    std::fs::write(&file, b"behind a password\n").unwrap();
+    ok_with(
+        &server,
+        &none,
+        &["put", "k", "--src", file.to_str().unwrap()],
+    );
+    let got = dir.path().join("got");
+    ok_with(
+        &server,
+        &none,
+        &["get", "k", "--dest", got.to_str().unwrap()],
+    );
+    assert_eq!(std::fs::read(&got).unwrap(), b"behind a password\n");
+    drop(server);
+
+    for (user, says) in [("kt:wrong@", "authentication"), ("", "user name")] {
+        let refused = refused_server(ip, &dir.path().join("two"), &["--meta", &with(user)], &[]);
+        assert!(refused.to_lowercase().contains(says), "{user}: {refused}");
+    }
+}
