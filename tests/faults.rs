@@ -15,9 +15,9 @@ use ktfs::dataplane::faulty::{FaultyDial, Misbehave};
 use ktfs::dataplane::peers::{Peers, Tcp};
 use ktfs::fs::names::inode::ROOT;
 use ktfs::key::{KeyPath, Namespace};
-use ktfs::proto::{Locale, ResolveRequest, WindowSpec};
+use ktfs::proto::{ListRequest, Locale, ResolveRequest, WindowSpec};
 use ktfs::rpc::client::{connect_store, Store};
-use ktfs::rpc::faulty::FaultyStore;
+use ktfs::rpc::faulty::{FaultyStore, Injected};
 use ktfs::rpc::status::Fault;
 use ktfs::transfer::get::{self, GetOptions};
 use ktfs::transfer::put::scan::ScanOptions;
@@ -134,6 +134,35 @@ fn a_put_whose_publish_fails_leaves_no_key_and_its_retry_uploads_nothing() {
     let got = rig.dir.path().join("got.bin");
     rig.kt(&["get", "model.bin", "--dest", got.to_str().unwrap()]);
     assert!(std::fs::read(&got).unwrap() == data);
+}
+
+/// A store server whose listing pages do not go forward (each names as the next page the one
+/// just asked for) fails the listing with an error, where its reader would ask forever.
+#[test]
+fn a_listing_whose_pages_do_not_go_forward_fails_rather_than_asking_forever() {
+    let rig = Rig::new();
+    let src = rig.dir.path().join("f");
+    std::fs::write(&src, b"one").unwrap();
+    rig.kt(&["put", "dir/f", "--src", src.to_str().unwrap()]);
+    rig.rt.block_on(async {
+        let real = connect_store(&rig.server, &Credential::none())
+            .await
+            .unwrap();
+        let faulty = Arc::new(FaultyStore::new(real));
+        faulty.inject(Some("list"), 1, Injected::NoProgress);
+        let store = Store::shared(faulty.clone());
+        let listing = store.list_all(ListRequest {
+            namespace: "default".into(),
+            prefix: "dir".into(),
+            ..Default::default()
+        });
+        let err = tokio::time::timeout(Duration::from_secs(30), listing)
+            .await
+            .expect("the listing never ended")
+            .expect_err("a listing that does not go forward");
+        assert!(err.to_string().contains("does not go past"), "{err}");
+        assert_eq!(faulty.calls(Some("list")), 2);
+    });
 }
 
 /// A mount reads a file whose blocks node `a` holds; every connection to `a` ends partway into

@@ -35,6 +35,9 @@ pub enum Injected {
     Fail(Fault),
     /// Never answers (the caller's own deadline ends it).
     Stall,
+    /// A listing's answer whose next page begins where this one did (a server that would
+    /// have its caller ask forever); other calls pass.
+    NoProgress,
 }
 
 struct Rule {
@@ -111,7 +114,16 @@ impl FaultyStore {
                 message: format!("injected: call {of_rpc} of {rpc} fails"),
             })),
             Some(Injected::Stall) => std::future::pending().await,
+            Some(Injected::NoProgress) => Ok(()),
         }
+    }
+
+    /// Whether the `n`th call of `rpc` (counted already) is to make no progress.
+    fn no_progress(&self, rpc: &'static str) -> bool {
+        let n = lock(&self.calls).get(rpc).copied().unwrap_or(0);
+        lock(&self.rules)
+            .iter()
+            .any(|r| matches!(r.what, Injected::NoProgress) && r.rpc == Some(rpc) && r.nth <= n)
     }
 }
 
@@ -171,7 +183,12 @@ impl StoreApi for FaultyStore {
 
     async fn list(&self, req: ListRequest) -> Result<ListResponse, ClientError> {
         self.before("list").await?;
-        self.inner.list(req).await
+        let after = req.after.clone();
+        let mut page = self.inner.list(req).await?;
+        if self.no_progress("list") {
+            page.next = if after.is_empty() { "~".into() } else { after };
+        }
+        Ok(page)
     }
 
     async fn remove(&self, req: RemoveRequest) -> Result<RemoveResponse, ClientError> {

@@ -3,6 +3,7 @@
 //! pages one after another.
 
 use super::error::ClientError;
+use super::status::{Fault, RemoteError};
 use super::store::Store;
 use crate::proto::{ListEntry, ListRequest, ListResponse};
 
@@ -41,6 +42,17 @@ impl Store {
                 // Removed while it was read: what was read of it stands, as a listing read a
                 // moment earlier would have.
                 break;
+            }
+            // Pages go forward, or the server would have its caller ask forever.
+            if !page.next.is_empty() && page.next <= req.after {
+                return Err(ClientError::Remote(RemoteError {
+                    fault: Fault::Internal,
+                    message: format!(
+                        "the store server's listing of {:?} does not go past {:?}",
+                        req.prefix, req.after
+                    ),
+                })
+                .into());
             }
             next = std::mem::take(&mut page.next);
             f(page.entries)?;
