@@ -1308,6 +1308,11 @@ fn a_listing_larger_than_a_page_comes_whole_through_every_reader() {
         })
         .collect();
     want.sort();
+    // What the mount's readdir shows: the same names, a directory's without its '/'.
+    let top: Vec<String> = want
+        .iter()
+        .map(|n| n.trim_end_matches('/').to_string())
+        .collect();
     same(ls(&["ls", "many", "--json"]), &want, "kt ls");
     let mut deep: Vec<String> = (0..5300).map(name).collect();
     deep.sort();
@@ -1345,13 +1350,6 @@ fn a_listing_larger_than_a_page_comes_whole_through_every_reader() {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     seen.sort();
-    let mut top: Vec<String> = (0..5300)
-        .map(|i| match i % 10 {
-            0 => format!("d{i:05}"),
-            _ => format!("k{i:05}"),
-        })
-        .collect();
-    top.sort();
     same(seen, &top, "the mount's readdir");
     assert_eq!(fs::read_dir(mnt.join("tree")).unwrap().count(), 5200);
     assert!(up.stop().success());
