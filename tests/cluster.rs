@@ -602,3 +602,112 @@ fn a_store_reaches_an_etcd_with_authentication_as_the_user_its_address_names() {
         assert!(refused.to_lowercase().contains(says), "{user}: {refused}");
     }
 }
+
+/// Several replicas of one store (cluster mode): one owns it and serves, the others stand by
+/// and name it; when the owner dies a standby takes over and a client that names every
+/// replica (`KT_SERVER=a,b`) goes on, losing nothing; an owner that was paused past its claim
+/// stops once it learns another took over; and a replica restarted on its data directory takes
+/// its own dead claim back at once rather than wait for it to run out.
+#[test]
+fn replicas_on_etcd_take_over_from_a_dead_owner_and_a_deposed_one_stops() {
+    let ip = "127.0.0.136";
+    let etcd = Etcd::start(ip);
+    let s3 = S3::start(ip, "kt-bucket");
+    let blocks = s3.url("kt-bucket", "replicas");
+    let dir = tempfile::tempdir().unwrap();
+    let none = dir.path().join("no-agent.sock");
+    let replica = |data: &str, ttl: &str| {
+        let mut cmd = std::process::Command::new(common::kt_bin());
+        cmd.args(["server", "--listen", &format!("{ip}:0"), "--data-dir"])
+            .arg(dir.path().join(data))
+            .args(["--meta", &etcd.url("kt-rep"), "--blocks", &blocks])
+            .args(["--owner-ttl-secs", ttl])
+            .envs(s3.env())
+            .env("RUST_LOG", "warn");
+        test_support::spawn_ready(cmd)
+    };
+    let ok = |servers: &str, args: &[&str]| {
+        let out = kt_with(servers, &none, args);
+        assert!(
+            out.status.success(),
+            "kt {args:?} at {servers}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let files: Vec<_> = (0..3)
+        .map(|i| {
+            let f = dir.path().join(format!("f{i}"));
+            std::fs::write(&f, pseudo_random((1 << 20) + i, 60 + i as u64)).unwrap();
+            f
+        })
+        .collect();
+    let put = |servers: &str, i: usize| {
+        let key = format!("rep/k{i}");
+        ok(servers, &["put", &key, "--src", files[i].to_str().unwrap()]);
+    };
+
+    let a = replica("a", "2");
+    let b = replica("b", "2");
+    let both = format!("{},{}", a.addr, b.addr);
+    put(&both, 0);
+    // The standby serves nothing itself, and says where the owner is.
+    let refused = kt_with(&b.addr, &none, &["ls", "rep"]);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("stands by") && err.contains(&a.addr), "{err}");
+
+    // The owner dies: the next put through either replica waits for B to take over.
+    a.kill();
+    put(&both, 1);
+    let out = dir.path().join("out");
+    for (i, file) in files.iter().enumerate().take(2) {
+        let dest = out.join(format!("k{i}"));
+        ok(
+            &both,
+            &[
+                "get",
+                &format!("rep/k{i}"),
+                "--dest",
+                dest.to_str().unwrap(),
+            ],
+        );
+        assert!(std::fs::read(&dest).unwrap() == std::fs::read(file).unwrap());
+    }
+
+    // B is paused past its claim's time: C takes over, and B, let go on, stops rather than
+    // serve or write as an owner it no longer is.
+    let mut c = replica("c", "30");
+    // SAFETY: signalling our own child, not yet reaped.
+    unsafe { libc::kill(b.pid() as i32, libc::SIGSTOP) };
+    let c_owns = test_support::eventually(Duration::from_secs(30), || {
+        kt_with(&c.addr, &none, &["ls", "rep"]).status.success()
+    });
+    assert!(c_owns, "C never took over from the paused owner");
+    let c_first = format!("{},{}", c.addr, b.addr);
+    put(&c_first, 2);
+    unsafe { libc::kill(b.pid() as i32, libc::SIGCONT) };
+    let mut b = b;
+    let stopped = test_support::eventually(Duration::from_secs(20), || {
+        matches!(b.child.try_wait(), Ok(Some(_)))
+    });
+    assert!(stopped, "the deposed owner still runs");
+    assert!(!b.child.wait().unwrap().success());
+
+    // C is killed and restarted on its data directory: it takes its dead claim back at once
+    // (its claim's time is 30 s), so a client of it alone is served from its first call.
+    let _ = c.child.kill();
+    let _ = c.child.wait();
+    drop(c);
+    let c = replica("c", "30");
+    let listed = ok(&c.addr, &["ls", "rep", "--json"]);
+    for i in 0..3 {
+        assert!(listed.contains(&format!("k{i}")), "{listed}");
+    }
+    let dest = out.join("k2");
+    ok(
+        &c.addr,
+        &["get", "rep/k2", "--dest", dest.to_str().unwrap()],
+    );
+    assert!(std::fs::read(&dest).unwrap() == std::fs::read(&files[2]).unwrap());
+}

@@ -346,8 +346,20 @@ pub fn client() -> io::Result<Option<Arc<ClientTls>>> {
 }
 
 /// Connects to `addr`, `peer`'s, for `plane`, over TLS where this process trusts a CA. The
-/// caller bounds the time it takes.
+/// caller bounds the time it takes. A store of several replicas (`a,b,c`) is reached at the
+/// first that answers: any of them serves the store's blocks.
 pub async fn connect(addr: &str, plane: Plane, peer: Peer) -> io::Result<Conn> {
+    let mut failed = None;
+    for one in addr.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        match connect_one(one, plane, peer).await {
+            Ok(conn) => return Ok(conn),
+            Err(e) => failed = Some(e),
+        }
+    }
+    Err(failed.unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address")))
+}
+
+async fn connect_one(addr: &str, plane: Plane, peer: Peer) -> io::Result<Conn> {
     let tls = client()?;
     let tcp = TcpStream::connect(addr).await?;
     tcp.set_nodelay(true)?;

@@ -438,6 +438,14 @@ pub struct ServerArgs {
     /// cloud's tools read them). Without it, in --data-dir.
     #[arg(long, value_name = "URL")]
     pub blocks: Option<ktfs::objects::ObjectUrl>,
+    /// The address clients reach this server at (HOST:PORT), which replicas that stand by
+    /// name to callers. Default: --listen, or this host's name where --listen is a wildcard.
+    #[arg(long, env = "KT_ADVERTISE", value_name = "HOST:PORT")]
+    pub advertise: Option<String>,
+    /// With --meta: seconds the owner's claim on the store lives without renewal; a replica
+    /// standing by takes a dead owner's place within about this long.
+    #[arg(long, default_value_t = 3)]
+    pub owner_ttl_secs: u64,
     /// Seconds a node stays a source without a heartbeat.
     #[arg(long, default_value_t = 15)]
     pub lease_secs: u64,

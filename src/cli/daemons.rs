@@ -15,7 +15,7 @@ use ktfs::k8s::api;
 use ktfs::k8s::tokens::ServiceAccountName;
 use ktfs::key::Namespace;
 use ktfs::server::auth::{AuthConfig, TokenReview};
-use ktfs::server::{StoreServerProcess, StoreSpec};
+use ktfs::server::{hostname, StoreServerProcess, StoreSpec};
 
 use kt_host::shutdown_signal;
 
@@ -90,7 +90,9 @@ pub async fn server(a: ServerArgs) -> Result<()> {
     .await?
     .with_auth(auth)
     .with_tls(server_tls(&a.tls)?)
-    .with_gc((a.gc_interval_secs > 0).then(|| Duration::from_secs(a.gc_interval_secs)));
+    .with_gc((a.gc_interval_secs > 0).then(|| Duration::from_secs(a.gc_interval_secs)))
+    .with_advertise(a.advertise.clone())
+    .with_owner_ttl(Duration::from_secs(a.owner_ttl_secs));
     let stop = shutdown_signal();
     println!("kt server listening on {}", srv.local_addr()?);
     Ok(srv.run(stop).await?)
@@ -123,14 +125,6 @@ async fn migrate(m: Box<MigrateArgs>) -> Result<()> {
         );
     }
     Ok(())
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "node".into())
 }
 
 fn agent_config(a: AgentArgs) -> Result<AgentConfig> {

@@ -28,24 +28,38 @@ use std::sync::{Condvar, Mutex};
 use super::backend::{BackendError, MetaBackend, Op, Table};
 use crate::locks;
 
-/// Whether the backend refused a write for want of space: a full disk under RocksDB, an
-/// engine that says so (etcd's NOSPACE alarm), or a batch of group commit that failed so.
-/// Writers are told ENOSPC, not an internal error.
-pub fn out_of_space(e: &BackendError) -> bool {
+/// Why the backend refused a write, where its writers are told more than an internal error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// For want of space: a full disk under RocksDB, etcd's NOSPACE alarm. Writers are told
+    /// ENOSPC.
+    NoSpace,
+    /// This replica does not own the store (cluster mode): the caller is told to go to the
+    /// one that does.
+    NotOwner,
+}
+
+/// Why the backend refused `e`'s write, as the engine said or as the batch of group commit it
+/// was part of failed.
+pub fn refusal(e: &BackendError) -> Option<Refusal> {
     let e = e.0.as_ref();
     if let Some(e) = e.downcast_ref::<crate::db::DbError>() {
-        return e.is_no_space();
+        return e.is_no_space().then_some(Refusal::NoSpace);
     }
     if let Some(e) = e.downcast_ref::<super::engine::EngineError>() {
-        return matches!(e, super::engine::EngineError::NoSpace(_));
+        return match e {
+            super::engine::EngineError::NoSpace(_) => Some(Refusal::NoSpace),
+            super::engine::EngineError::NotOwner(_) => Some(Refusal::NotOwner),
+            _ => None,
+        };
     }
     if let Some(e) = e.downcast_ref::<CommitFailed>() {
-        return e.no_space;
+        return e.refusal;
     }
     if let Some(e) = e.downcast_ref::<BackendError>() {
-        return out_of_space(e);
+        return refusal(e);
     }
-    false
+    None
 }
 
 /// The most reads remembered; past it they are forgotten and read again.
@@ -56,8 +70,8 @@ const MAX_READS: usize = 16_384;
 #[error("committing the metadata failed: {message}")]
 pub struct CommitFailed {
     message: String,
-    /// The batch failed for want of space (every change in it is told so).
-    no_space: bool,
+    /// Why the backend refused the batch, where it said (every change in it is told so).
+    refusal: Option<Refusal>,
 }
 
 /// A change queued for commit: its number, which [`Commits::wait`] takes.
@@ -110,7 +124,7 @@ struct Failure {
     first: u64,
     last: u64,
     error: String,
-    no_space: bool,
+    refusal: Option<Refusal>,
     unseen: u64,
 }
 
@@ -129,7 +143,7 @@ impl State {
         f.unseen -= 1;
         let error = CommitFailed {
             message: f.error.clone(),
-            no_space: f.no_space,
+            refusal: f.refusal,
         };
         if f.unseen == 0 {
             self.failures.swap_remove(i);
@@ -200,7 +214,7 @@ impl Commits {
         if st.epoch != epoch {
             return Err(BackendError(Box::new(CommitFailed {
                 message: "an earlier change this one was planned on failed to commit".into(),
-                no_space: false,
+                refusal: None,
             })));
         }
         st.last += 1;
@@ -295,7 +309,7 @@ impl Commits {
                     first,
                     last: through,
                     error: e.to_string(),
-                    no_space: out_of_space(&e),
+                    refusal: refusal(&e),
                     unseen: through - first + 1,
                 });
                 st.decided = through;

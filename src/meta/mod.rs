@@ -42,7 +42,7 @@ mod list_tests;
 mod tests;
 
 pub use backend::{BackendError, MetaBackend, FAMILIES};
-pub use commit::{out_of_space, CommitStats, Ticket};
+pub use commit::{refusal, CommitStats, Refusal, Ticket};
 pub use error::MetaError;
 pub use publish::Publish;
 pub use reads::Page;

@@ -221,9 +221,32 @@ fn change(m: Result<WatchDown, tonic::Status>) -> Result<WatchDown, ClientError>
     m.map_err(ClientError::from)
 }
 
+/// The replicas a store address names: `a,b,c` (cluster mode), or one.
+fn replicas(addr: &str) -> Option<Vec<&str>> {
+    let all: Vec<&str> = addr
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .collect();
+    (all.len() > 1).then_some(all)
+}
+
+/// The store served by the replicas at `addrs`, each connected on first use.
+fn replicated(addrs: &[&str], credential: &Credential) -> Result<Store, ClientError> {
+    let each = addrs
+        .iter()
+        .map(|a| Ok((a.to_string(), store_lazy(a, credential)?)))
+        .collect::<Result<Vec<_>, ClientError>>()?;
+    Ok(Store::new(super::replicas::Replicas::new(each)))
+}
+
 /// Connects to a store server at `host:port`, presenting `credential` on every call (over TLS
-/// where this process trusts a CA).
+/// where this process trusts a CA). Several addresses (`a,b,c`) name the replicas of one
+/// store (cluster mode): calls go to whichever owns it, and move on when it goes.
 pub async fn connect_store(addr: &str, credential: &Credential) -> Result<Store, ClientError> {
+    if let Some(all) = replicas(addr) {
+        return replicated(&all, credential);
+    }
     let unreachable = |reason: String| ClientError::Unreachable {
         addr: addr.to_string(),
         reason,
@@ -248,6 +271,9 @@ pub async fn connect_store(addr: &str, credential: &Credential) -> Result<Store,
 /// A store client that connects on first use and reconnects after failures: for long-lived
 /// processes (the mount) that must outlive a store server restart.
 pub fn store_lazy(addr: &str, credential: &Credential) -> Result<Store, ClientError> {
+    if let Some(all) = replicas(addr) {
+        return replicated(&all, credential);
+    }
     let endpoint = store_endpoint(addr)?;
     let channel = match tls_connector(addr).map_err(|e| ClientError::Unreachable {
         addr: addr.to_string(),

@@ -109,10 +109,10 @@ impl FaultyStore {
             .map(|r| r.what);
         match hit {
             None => Ok(()),
-            Some(Injected::Fail(fault)) => Err(ClientError::Remote(RemoteError {
+            Some(Injected::Fail(fault)) => Err(ClientError::Remote(RemoteError::new(
                 fault,
-                message: format!("injected: call {of_rpc} of {rpc} fails"),
-            })),
+                format!("injected: call {of_rpc} of {rpc} fails"),
+            ))),
             Some(Injected::Stall) => std::future::pending().await,
             Some(Injected::NoProgress) => Ok(()),
         }

@@ -45,13 +45,13 @@ impl Store {
             }
             // Pages go forward, or the server would have its caller ask forever.
             if !page.next.is_empty() && page.next <= req.after {
-                return Err(ClientError::Remote(RemoteError {
-                    fault: Fault::Internal,
-                    message: format!(
+                return Err(ClientError::Remote(RemoteError::new(
+                    Fault::Internal,
+                    format!(
                         "the store server's listing of {:?} does not go past {:?}",
                         req.prefix, req.after
                     ),
-                })
+                ))
                 .into());
             }
             next = std::mem::take(&mut page.next);

@@ -9,6 +9,7 @@ pub mod gpu_window;
 pub mod groups;
 pub mod limits;
 pub mod listing;
+pub mod replicas;
 pub mod status;
 pub mod store;
 

@@ -12,6 +12,10 @@ use tonic::{Code, Status};
 /// gRPC metadata key carrying the errno a filesystem should report for a failed call.
 pub const ERRNO_KEY: &str = "kt-errno";
 
+/// gRPC metadata key by which a store server that stands by names the replica that owns the
+/// store (cluster mode): its client goes there.
+pub const OWNER_HEADER: &str = "kt-owner";
+
 /// What kind of failure an error is, as every edge understands it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Fault {
@@ -150,6 +154,18 @@ pub fn to_status(fault: Fault, message: impl Into<String>) -> Status {
 pub struct RemoteError {
     pub fault: Fault,
     pub message: String,
+    /// Where the store's owner is, when a replica that stands by answered.
+    pub owner: Option<String>,
+}
+
+impl RemoteError {
+    pub fn new(fault: Fault, message: impl Into<String>) -> Self {
+        RemoteError {
+            fault,
+            message: message.into(),
+            owner: None,
+        }
+    }
 }
 
 impl From<Status> for RemoteError {
@@ -166,9 +182,15 @@ impl From<Status> for RemoteError {
             Code::Unauthenticated => Fault::Unauthenticated,
             code => by_errno.unwrap_or_else(|| Fault::from_code(code)),
         };
+        let owner = s
+            .metadata()
+            .get(OWNER_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         RemoteError {
             fault,
             message: s.message().to_string(),
+            owner,
         }
     }
 }

@@ -127,7 +127,7 @@ async fn open_engines(
     let blocks = StoreBlocks::on_objects(db.clone(), objects.clone());
     Ok((
         blocks,
-        open_backend(&spec.meta, db.clone(), Some(objects)).await?,
+        open_backend(&spec.meta, db.clone(), Some(objects), None).await?,
     ))
 }
 

@@ -4,10 +4,12 @@
 //! on one port.
 
 pub mod auth;
+mod duties;
 mod handler;
 mod migrate;
 mod patch;
 mod ready;
+mod role;
 mod spec;
 mod status;
 mod tickets;
@@ -30,7 +32,7 @@ use crate::blocks::store::{self, StoreBlocks, CF_BLOCKS};
 use crate::blocks::BlockError;
 use crate::clock::{self, SharedClock};
 use crate::db::{Db, DbError};
-use crate::meta::engine::EngineError;
+use crate::meta::engine::{Elector, EngineError, EtcdUrl, Fence, Standing, DEFAULT_OWNER_TTL};
 use crate::meta::{self, MetaError, MetaStore};
 use crate::proto::store_server::StoreServer;
 use crate::rpc::MAX_RPC_MESSAGE;
@@ -48,47 +50,6 @@ pub const BENCH_PIECES: &str = "KT_BENCH_PIECES";
 /// How often garbage is collected when nothing says otherwise: also the least time a block
 /// uploaded for a publish, or a removed version's unread block, is kept.
 pub const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(600);
-
-/// Collects garbage every `every`, off the async threads; a failed pass is logged and the next
-/// one tries again.
-/// Rotates the ticket keys when due, looking every minute (well within the time a new epoch is
-/// announced before it signs). A key that cannot be kept on disk is not used: the one in force
-/// goes on signing, and the next look tries again.
-async fn rotate_every(keys: Arc<tickets::TicketKeys>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(60));
-    loop {
-        tick.tick().await;
-        let k = keys.clone();
-        match tokio::task::spawn_blocking(move || k.rotate()).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "rotating the ticket keys"),
-            Err(e) => tracing::warn!(error = %e, "rotating the ticket keys"),
-        }
-    }
-}
-
-async fn collect_every(meta: Arc<MetaStore>, every: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
-    loop {
-        tick.tick().await;
-        let m = meta.clone();
-        match tokio::task::spawn_blocking(move || m.collect_garbage()).await {
-            Ok(Ok(r)) if r == Default::default() => tracing::debug!("nothing to collect"),
-            Ok(Ok(r)) => tracing::info!(
-                blocks = r.blocks,
-                bytes = r.block_bytes,
-                manifests = r.manifests,
-                expired_keys = r.expired_keys,
-                orphan_files = r.orphan_files,
-                "collected garbage"
-            ),
-            Ok(Err(e)) => tracing::warn!(error = %e, "garbage collection failed"),
-            Err(e) => tracing::warn!(error = %e, "garbage collection panicked"),
-        }
-    }
-}
 
 /// What `/metrics` reads of the server's state when scraped.
 fn register_gauges(meta: &Arc<MetaStore>, handler: &StoreHandler) {
@@ -172,6 +133,33 @@ pub enum ServerError {
     Open(#[from] OpenError),
     #[error("serving: {0}")]
     Serve(#[from] tonic::transport::Error),
+    /// Another replica owns the store now: this one stopped, and serves again only from a
+    /// fresh start, as a standby (its memory of the store is not the owner's).
+    #[error("this store server lost its claim on the store ({0}); another replica owns it")]
+    Deposed(String),
+}
+
+/// This machine's name (a pod's, in Kubernetes).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "node".into())
+}
+
+/// How a replica of a store on etcd takes part in electing its owner.
+struct Election {
+    url: EtcdUrl,
+    fence: Arc<Fence>,
+}
+
+/// How this server owns its store.
+enum Ownership {
+    /// From its start, alone: the owner's work runs until the server stops.
+    Single(duties::Running),
+    /// Through an election; the task answers why the claim was lost, if it was.
+    Elected(tokio::task::JoinHandle<Option<String>>),
 }
 
 /// A bound store server, ready to run.
@@ -183,6 +171,11 @@ pub struct StoreServerProcess {
     tls: Option<ServerTls>,
     data_dir: std::path::PathBuf,
     gc_every: Option<Duration>,
+    /// Where the metadata is on etcd: the owner's election (several replicas may serve).
+    election: Option<Election>,
+    /// The address clients reach this server at, which a standby names to them.
+    advertise: Option<String>,
+    owner_ttl: Duration,
 }
 
 impl StoreServerProcess {
@@ -232,7 +225,15 @@ impl StoreServerProcess {
             }
         });
         blocks.index_old_blocks()?;
-        let backend = spec::open_backend(&spec.meta, db, objects).await?;
+        let election = match &spec.meta {
+            MetaSpec::Local => None,
+            MetaSpec::Etcd(url) => Some(Election {
+                url: url.clone(),
+                fence: Arc::default(),
+            }),
+        };
+        let fence = election.as_ref().map(|e| e.fence.clone());
+        let backend = spec::open_backend(&spec.meta, db, objects, fence).await?;
         let meta = MetaStore::new(backend, blocks, lease, clock.clone());
         Ok(StoreServerProcess {
             listener,
@@ -242,7 +243,36 @@ impl StoreServerProcess {
             tls: None,
             data_dir: data_dir.to_path_buf(),
             gc_every: Some(DEFAULT_GC_INTERVAL),
+            election,
+            advertise: None,
+            owner_ttl: DEFAULT_OWNER_TTL,
         })
+    }
+
+    /// The address this server's clients reach it at, where it differs from the one it
+    /// listens on (a wildcard, a Service): a replica that stands by names the owner's.
+    pub fn with_advertise(mut self, addr: Option<String>) -> Self {
+        self.advertise = addr;
+        self
+    }
+
+    /// How long the owner's claim lives without renewal: a standby takes a dead owner's place
+    /// within about this long.
+    pub fn with_owner_ttl(mut self, ttl: Duration) -> Self {
+        self.owner_ttl = ttl;
+        self
+    }
+
+    /// What this server names itself to the others.
+    fn advertised(&self) -> String {
+        if let Some(a) = &self.advertise {
+            return a.clone();
+        }
+        match self.listener.local_addr() {
+            Ok(a) if !a.ip().is_unspecified() => a.to_string(),
+            Ok(a) => format!("{}:{}", hostname(), a.port()),
+            Err(_) => String::new(),
+        }
     }
 
     /// How often garbage is collected (`None`: never).
@@ -286,14 +316,45 @@ impl StoreServerProcess {
                 (Some(Arc::new(keys)), Some(seed))
             }
         };
-        // With tenants, a namespace names only the blocks it references; a store that kept
-        // no references has them rebuilt from its keys before it serves.
-        let meta = self.meta.clone();
-        let tenants = !self.auth.is_open();
-        tokio::task::spawn_blocking(move || meta.separate_namespaces(tenants))
-            .await
-            .map_err(|e| ServerError::Meta(MetaError::Corrupt(e.to_string())))?
-            .map_err(ServerError::Meta)?;
+        let advertised = self.advertised();
+        let duties = duties::Duties {
+            meta: self.meta.clone(),
+            tenants: !self.auth.is_open(),
+            gc_every: self.gc_every,
+            keys: keys.clone(),
+        };
+        // A single server owns its store from the start; a replica of a store on etcd stands
+        // by until it is elected, answering calls with where the owner is.
+        let (standing, standing_rx) =
+            tokio::sync::watch::channel(Standing::Standby { owner: None });
+        let (stop_owning, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (owned, fence) = match self.election {
+            None => {
+                let running = duties.start().await?;
+                standing.send_replace(Standing::Owner);
+                (Ownership::Single(running), None)
+            }
+            Some(e) => {
+                let id = duties::replica_id(&self.data_dir).map_err(data_dir_error)?;
+                let mut elector =
+                    Elector::connect(&e.url, &advertised, &id, self.owner_ttl).await?;
+                // A first try before anything is served, so that a store's only server (or
+                // one restarted) answers its first calls as the owner.
+                let owned = match elector.try_once(&standing).await {
+                    Some(claim) => Some(
+                        duties::take_over(claim, &e.fence, &duties, &standing)
+                            .await
+                            .map_err(ServerError::Deposed)?,
+                    ),
+                    None => None,
+                };
+                let stop = async move {
+                    let _ = stopped.await;
+                };
+                let task = duties::elected(elector, owned, e.fence.clone(), standing, duties, stop);
+                (Ownership::Elected(tokio::spawn(task)), Some(e.fence))
+            }
+        };
         let gate = match &keys {
             None => Gate::Open,
             Some(keys) => Gate::Tickets {
@@ -333,20 +394,23 @@ impl StoreServerProcess {
                  namespace's keys (--token-file, --token-review)"
             );
         }
-        let gc = self.gc_every.map(|every| {
-            let meta = self.meta.clone();
-            tokio::spawn(collect_every(meta, every))
-        });
-        let rotation = keys.map(|keys| tokio::spawn(rotate_every(keys)));
         // Probes carry no token: the health service stands outside authentication.
         let (reporter, health) = tonic_health::server::health_reporter();
         let readiness = tokio::spawn(ready::report(self.meta.clone(), reporter));
         let svc = auth::layer::authenticated(svc, Arc::new(Authenticator::new(self.auth)));
+        let svc = role::owner_only(svc, standing_rx);
         // Watch streams never end by themselves: a shutdown ends them, else it would wait on
-        // them forever.
+        // them forever. A replica that lost its claim stops too.
         let watchers = handler_watchers;
+        let deposed = fence.clone();
         let shutdown = async move {
-            shutdown.await;
+            match deposed {
+                None => shutdown.await,
+                Some(f) => tokio::select! {
+                    _ = shutdown => {}
+                    _ = f.broken() => {}
+                },
+            }
             watchers.close();
         };
         let router = tonic::transport::Server::builder()
@@ -364,13 +428,18 @@ impl StoreServerProcess {
         )
         .await?;
         readiness.abort();
-        if let Some(gc) = gc {
-            gc.abort();
-        }
-        if let Some(rotation) = rotation {
-            rotation.abort();
-        }
+        let _ = stop_owning.send(());
+        let lost = match owned {
+            Ownership::Single(running) => {
+                drop(running);
+                None
+            }
+            Ownership::Elected(task) => task.await.unwrap_or_else(|e| Some(e.to_string())),
+        };
         self.meta.flush()?;
-        Ok(())
+        match lost {
+            Some(why) => Err(ServerError::Deposed(why)),
+            None => Ok(()),
+        }
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::db::Db;
 use crate::meta::backend::MetaBackend;
-use crate::meta::engine::{EngineError, EngineTables, EtcdEngine, EtcdUrl, ObjectManifests};
+use crate::meta::engine::{EngineError, EngineTables, EtcdEngine, EtcdUrl, Fence, ObjectManifests};
 use crate::objects::{ObjectError, ObjectUrl, Objects};
 
 /// What the metadata engine or the object store answered when they were opened.
@@ -55,11 +55,13 @@ pub(super) async fn open_objects(spec: &StoreSpec) -> Result<Option<Arc<Objects>
     Ok(Some(Arc::new(objects)))
 }
 
-/// The metadata backend `meta` names (RocksDB: `db`), its manifests in `objects` if given.
+/// The metadata backend `meta` names (RocksDB: `db`), its manifests in `objects` if given;
+/// on an engine several replicas may serve, writing only while `fence` holds.
 pub(super) async fn open_backend(
     meta: &MetaSpec,
     db: Db,
     objects: Option<Arc<Objects>>,
+    fence: Option<Arc<Fence>>,
 ) -> Result<Box<dyn MetaBackend>, OpenError> {
     let tables = match meta {
         MetaSpec::Local => None,
@@ -69,7 +71,10 @@ pub(super) async fn open_backend(
             let tables = tokio::task::spawn_blocking(move || EngineTables::connect(connect))
                 .await
                 .map_err(EngineError::other)??;
-            Some(tables)
+            Some(match fence {
+                Some(f) => tables.fenced(f),
+                None => tables,
+            })
         }
     };
     Ok(match (tables, objects) {

@@ -6,7 +6,7 @@ use tonic::Status;
 use crate::broadcast::windows::BroadcastError;
 use crate::hash::Version;
 use crate::key::{KeyPath, Namespace};
-use crate::meta::MetaError;
+use crate::meta::{MetaError, Refusal};
 use crate::rpc::status::{to_status, Fault};
 
 fn meta_fault(e: &MetaError) -> Fault {
@@ -19,13 +19,22 @@ fn meta_fault(e: &MetaError) -> Fault {
         MetaError::Conflict(_) | MetaError::MissingBlocks(_) => Fault::Conflict,
         MetaError::BadRequest(_) | MetaError::Manifest(_) => Fault::Invalid,
         MetaError::Blocks(b) if b.is_no_space() => Fault::NoSpace,
-        MetaError::Backend(e) if crate::meta::out_of_space(e) => Fault::NoSpace,
-        MetaError::Backend(_) | MetaError::Corrupt(_) | MetaError::Blocks(_) => Fault::Internal,
+        MetaError::Backend(e) => match crate::meta::refusal(e) {
+            Some(Refusal::NoSpace) => Fault::NoSpace,
+            Some(Refusal::NotOwner) => Fault::Unreachable,
+            None => Fault::Internal,
+        },
+        MetaError::Corrupt(_) | MetaError::Blocks(_) => Fault::Internal,
     }
 }
 
 impl From<MetaError> for Status {
     fn from(e: MetaError) -> Self {
+        if let MetaError::Backend(b) = &e {
+            if crate::meta::refusal(b) == Some(Refusal::NotOwner) {
+                return super::role::not_owner(e.to_string(), "");
+            }
+        }
         let fault = meta_fault(&e);
         if matches!(fault, Fault::Internal | Fault::NoSpace) {
             tracing::error!(error = %e, "store failure");

@@ -26,7 +26,7 @@ pub const ANNOUNCE: std::time::Duration = std::time::Duration::from_secs(10 * 60
 /// Versions whose block sets are kept: the versions being fetched now.
 const VERSIONS_KEPT: usize = 256;
 
-fn random_seed() -> std::io::Result<[u8; 32]> {
+pub(super) fn random_seed() -> std::io::Result<[u8; 32]> {
     let mut key = [0u8; 32];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key))?;
@@ -35,7 +35,7 @@ fn random_seed() -> std::io::Result<[u8; 32]> {
 
 /// Writes `bytes` to `path` whole (a temporary name, synced, renamed over), readable by this
 /// user only: a crash leaves the old file or the new one.
-fn write_secret(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(super) fn write_secret(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::OpenOptions::new()
         .write(true)

@@ -128,10 +128,7 @@ impl FsCore {
                 return settles
                     .into_iter()
                     .map(|(i, _)| {
-                        let e = crate::rpc::RemoteError {
-                            fault,
-                            message: why.clone(),
-                        };
+                        let e = crate::rpc::RemoteError::new(fault, why.clone());
                         (i, FsError::Remote(e.into()))
                     })
                     .collect();

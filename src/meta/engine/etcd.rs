@@ -147,20 +147,7 @@ pub struct EtcdEngine {
 
 impl EtcdEngine {
     pub async fn connect(url: &EtcdUrl) -> Result<Self, EngineError> {
-        let mut opts = ConnectOptions::new()
-            .with_connect_timeout(CONNECT_TIMEOUT)
-            .with_timeout(REQUEST_TIMEOUT)
-            // A member cut off from its cluster's leader answers nothing rather than stale data.
-            .with_require_leader(true);
-        if let Some((u, p)) = &url.user {
-            opts = opts.with_user(u, p);
-        }
-        if let Some(tls) = &url.tls {
-            opts = opts.with_tls(tls_options(tls)?);
-        }
-        let client = Client::connect(&url.endpoints, Some(opts))
-            .await
-            .map_err(fault)?;
+        let client = client(url).await?;
         let engine = EtcdEngine {
             // A page of up to 4,096 keys of up to 16 KiB each, with their records.
             kv: client.kv_client().max_decoding_message_size(MAX_ANSWER),
@@ -232,6 +219,24 @@ impl EtcdEngine {
     }
 }
 
+/// A client of the cluster `url` names, with its timeouts, TLS and user.
+pub(super) async fn client(url: &EtcdUrl) -> Result<Client, EngineError> {
+    let mut opts = ConnectOptions::new()
+        .with_connect_timeout(CONNECT_TIMEOUT)
+        .with_timeout(REQUEST_TIMEOUT)
+        // A member cut off from its cluster's leader answers nothing rather than stale data.
+        .with_require_leader(true);
+    if let Some((u, p)) = &url.user {
+        opts = opts.with_user(u, p);
+    }
+    if let Some(tls) = &url.tls {
+        opts = opts.with_tls(tls_options(tls)?);
+    }
+    Client::connect(&url.endpoints, Some(opts))
+        .await
+        .map_err(fault)
+}
+
 fn tls_options(t: &EtcdTls) -> Result<TlsOptions, EngineError> {
     let read = |p: &PathBuf| {
         std::fs::read(p).map_err(|e| {
@@ -249,7 +254,7 @@ fn tls_options(t: &EtcdTls) -> Result<TlsOptions, EngineError> {
 }
 
 /// What etcd's refusal means for the caller.
-fn fault(e: etcd_client::Error) -> EngineError {
+pub(super) fn fault(e: etcd_client::Error) -> EngineError {
     use etcd_client::Error as E;
     match e {
         E::GRpcStatus(s) => {
@@ -277,7 +282,7 @@ fn fault(e: etcd_client::Error) -> EngineError {
     }
 }
 
-fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> Revision {
+pub(super) fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> Revision {
     h.map_or(0, etcd_client::ResponseHeader::revision)
 }
 

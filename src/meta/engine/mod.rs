@@ -13,13 +13,17 @@
 mod tests;
 
 mod etcd;
+mod fence;
 mod manifests;
+mod owner;
 mod rocks;
 mod seam;
 mod tables;
 
 pub use etcd::{BadEtcdUrl, EtcdEngine, EtcdTls, EtcdUrl};
+pub use fence::{Fence, OWNER_KEY};
 pub use manifests::ObjectManifests;
+pub use owner::{Claim, Elector, Standing, DEFAULT_OWNER_TTL};
 pub use rocks::RocksEngine;
 pub use seam::*;
 pub use tables::EngineTables;

@@ -176,6 +176,10 @@ pub enum EngineError {
     /// The engine holds a layout this server cannot serve.
     #[error("{0}")]
     Schema(String),
+    /// This replica does not own the store (it stands by, or another replica took it over):
+    /// nothing was written.
+    #[error("this replica does not own the store's metadata: {0}; nothing was written")]
+    NotOwner(String),
     #[error("the metadata engine: {0}")]
     Other(#[source] Box<dyn std::error::Error + Send + Sync>),
 }

@@ -9,7 +9,10 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::seam::{prefix_end, EngineError, MetaEngine, Txn, MAX_TXN_BYTES, MAX_TXN_OPS};
+use super::fence::Fence;
+use super::seam::{
+    prefix_end, Compare, EngineError, MetaEngine, Txn, MAX_TXN_BYTES, MAX_TXN_OPS, OP_OVERHEAD,
+};
 use crate::bridge::Bridge;
 use crate::meta::backend::{BackendError, KeyValue, MetaBackend, Op, Step, Table, Visit};
 
@@ -104,6 +107,8 @@ pub struct EngineTables {
     /// counts the rest of the range; one from the prefix's start (whether anything lies
     /// below, most often) starts small.
     grown: AtomicUsize,
+    /// Where several replicas may serve the engine, the claim every write must still hold.
+    fence: Option<Arc<Fence>>,
 }
 
 impl EngineTables {
@@ -123,7 +128,14 @@ impl EngineTables {
             grown: AtomicUsize::new(page_len(Table::Keys).0),
             engine,
             bridge,
+            fence: None,
         })
+    }
+
+    /// Writes only while `fence` holds: a replica that does not own the store writes nothing.
+    pub fn fenced(mut self, fence: Arc<Fence>) -> Self {
+        self.fence = Some(fence);
+        self
     }
 
     fn call<T: Send + 'static>(
@@ -197,13 +209,20 @@ impl EngineTables {
     /// key twice in one): the state after the transaction is the state after the changes one
     /// by one, and a batch of publishes into one directory (each touching the directory) is a
     /// few transactions, not one each.
-    fn pack(changes: Vec<Vec<Op>>) -> Result<Vec<Txn>, EngineError> {
+    ///
+    /// With a `fence`, every transaction compares it too (its bytes counted in the limits).
+    fn pack(changes: Vec<Vec<Op>>, fence: Option<&Compare>) -> Result<Vec<Txn>, EngineError> {
+        let new_txn = || Txn {
+            compares: fence.into_iter().cloned().collect(),
+            writes: Vec::new(),
+        };
+        let fence_bytes = fence.map_or(0, |c| c.key.len() + OP_OVERHEAD);
         let mut txns = Vec::new();
-        let mut txn = Txn::new();
+        let mut txn = new_txn();
         let mut at: HashMap<Vec<u8>, usize> = HashMap::new();
-        let mut bytes = 0;
+        let mut bytes = fence_bytes;
         for change in changes {
-            let mut alone = Txn::new();
+            let mut alone = new_txn();
             for op in change {
                 alone = match op {
                     Op::Put(t, k, v) => alone.put(engine_key(t, &k), v),
@@ -213,6 +232,7 @@ impl EngineTables {
             // A change that writes a key twice keeps its last write, as a batch does.
             dedup_last(&mut alone);
             alone.check()?;
+            let alone_bytes = alone.size() - fence_bytes;
             let new_keys = alone
                 .writes
                 .iter()
@@ -224,13 +244,13 @@ impl EngineTables {
                 .filter_map(|w| at.get(w.key()))
                 .map(|&i| txn.writes[i].size())
                 .sum();
-            let grown = bytes - replaced + alone.size();
+            let grown = bytes - replaced + alone_bytes;
             if txn.writes.len() + new_keys > MAX_TXN_OPS || grown > MAX_TXN_BYTES {
-                txns.push(std::mem::take(&mut txn));
+                txns.push(std::mem::replace(&mut txn, new_txn()));
                 at.clear();
-                bytes = 0;
+                bytes = fence_bytes;
             }
-            bytes += alone.size();
+            bytes += alone_bytes;
             for w in alone.writes {
                 match at.get(w.key()) {
                     Some(&i) => {
@@ -331,9 +351,28 @@ impl MetaBackend for EngineTables {
     /// Checks every change against the limits before writing any; a transaction that fails
     /// after earlier ones of the batch were written leaves those written (each change whole),
     /// and the batch reports the failure, as a crash between them would.
+    ///
+    /// A fenced transaction whose compare fails was refused because another replica owns the
+    /// store now (nothing else compares): the fence is broken, and this replica writes no more.
     fn commit(&self, changes: Vec<Vec<Op>>) -> Result<(), BackendError> {
-        for txn in Self::pack(changes).map_err(backend_err)? {
-            self.call(move |e| Box::pin(async move { e.txn(txn).await.map(|_| ()) }))?;
+        let fence = match &self.fence {
+            Some(f) => Some(f.compare().map_err(backend_err)?),
+            None => None,
+        };
+        for txn in Self::pack(changes, fence.as_ref()).map_err(backend_err)? {
+            let engine = self.engine.clone();
+            match on(&self.bridge, async move { engine.txn(txn).await }) {
+                Ok(_) => {}
+                Err(EngineError::Conflict) if fence.is_some() => {
+                    if let Some(f) = &self.fence {
+                        f.broke();
+                    }
+                    return Err(backend_err(EngineError::NotOwner(
+                        "another replica took the store over".into(),
+                    )));
+                }
+                Err(e) => return Err(backend_err(e)),
+            }
         }
         Ok(())
     }
@@ -342,7 +381,7 @@ impl MetaBackend for EngineTables {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::engine::RocksEngine;
+    use crate::meta::engine::{RocksEngine, OWNER_KEY};
 
     fn tables() -> (tempfile::TempDir, EngineTables) {
         let dir = tempfile::tempdir().unwrap();
@@ -413,7 +452,7 @@ mod tests {
                 ]
             })
             .collect();
-        let txns = EngineTables::pack(changes.clone()).unwrap();
+        let txns = EngineTables::pack(changes.clone(), None).unwrap();
         assert_eq!(
             txns.len(),
             3,
@@ -433,6 +472,31 @@ mod tests {
 
     /// The layout's number is written at the first start; an engine a newer build wrote is
     /// refused at the start, before anything is read or written as this build's layout.
+    /// A replica writes only while the owner key is still at its claim: once another claim
+    /// replaced it, a batch writes nothing, and the fence stays broken.
+    #[test]
+    fn a_fenced_replica_writes_only_while_its_claim_stands() {
+        let (_dir, t) = tables();
+        let fence = Arc::new(Fence::default());
+        let t = t.fenced(fence.clone());
+        let put = |k: &str| vec![vec![Op::Put(Table::Keys, k.into(), b"v".to_vec())]];
+        let err = t.commit(put("standing-by")).unwrap_err();
+        assert!(err.to_string().contains("stands by"), "{err}");
+        let claim = |who: &'static str| {
+            t.call(move |e| Box::pin(async move { e.txn(Txn::new().put(OWNER_KEY, who)).await }))
+                .unwrap()
+        };
+        fence.hold(claim("me"));
+        t.commit(put("owned")).unwrap();
+        assert!(t.get(Table::Keys, b"owned").unwrap().is_some());
+        claim("another replica");
+        let err = t.commit(put("deposed")).unwrap_err();
+        assert!(err.to_string().contains("took the store over"), "{err}");
+        assert!(t.get(Table::Keys, b"deposed").unwrap().is_none());
+        assert!(fence.is_broken());
+        assert!(t.commit(put("after")).is_err());
+    }
+
     #[test]
     fn an_engine_a_newer_build_wrote_is_refused_at_the_start() {
         let dir = tempfile::tempdir().unwrap();

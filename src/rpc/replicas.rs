@@ -1,0 +1,224 @@
+//! A store served by several replicas (cluster mode: `KT_SERVER=a,b,c`), as one [`StoreApi`]:
+//! each call goes to the replica that answered last, and moves on where that one is gone or
+//! does not own the store. A replica that stands by names the owner (`kt-owner`), so the next
+//! try goes there; while a dead owner's claim runs out and a standby takes over (a few
+//! seconds), calls wait and try again rather than fail.
+//!
+//! What may be tried again: a call no replica took (it could not connect, or a replica that
+//! stands by refused it) always; a call that was cut off after it was sent only if doing it
+//! twice does what doing it once does (reads; a publish, since a version is the hash of its
+//! manifest and publishing the version a key is at already succeeds; setting attributes;
+//! heartbeats). A rename or a remove cut off by a replica's death fails as it did before, as
+//! the caller cannot know whether it was done.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use super::error::ClientError;
+use super::status::Fault;
+use super::store::{Store, StoreApi, WatchDowns, WatchUps};
+use crate::proto::{
+    AddLocationRequest, AddLocationResponse, ExchangeRequest, GetWindowRequest, GpuAwaitRequest,
+    GpuFinishRequest, GpuFinishResponse, GpuJoinRequest, GpuJoinResponse, GpuWindow,
+    HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse, LeaveRequest, LeaveResponse,
+    LinkRequest, LinkResponse, ListRequest, ListResponse, MissingBlocksRequest,
+    MissingBlocksResponse, NewParentRequest, NewParentResponse, PublishBatchRequest,
+    PublishBatchResponse, PublishGpuRequest, PublishRequest, PublishResponse, RegisterNodeRequest,
+    RegisterNodeResponse, RegistrationSecretRequest, RegistrationSecretResponse, RemoveRequest,
+    RemoveResponse, RenameRequest, RenameResponse, ResolveManyRequest, ResolveManyResponse,
+    ResolveRequest, ResolveResponse, SetAttrRequest, SetAttrResponse, SwarmSyncReply,
+    SwarmSyncRequest, VersionBlocksRequest, VersionBlocksResponse,
+};
+
+/// How long a call keeps looking for the owner: beyond a dead owner's claim's time (3 s by
+/// default) and a standby's look at it, with room for a slow etcd.
+pub const FAILOVER_WITHIN: Duration = Duration::from_secs(20);
+
+/// The longest pause between two rounds of the replicas.
+const MAX_PAUSE: Duration = Duration::from_secs(1);
+
+/// The replicas of one store, as one.
+pub struct Replicas {
+    replicas: Vec<(String, Store)>,
+    /// The replica that answered last.
+    current: AtomicUsize,
+    within: Duration,
+}
+
+/// Whether a call may be sent again after it failed so.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// Doing it twice does what doing it once does.
+    Always,
+    /// Only where no replica took it.
+    Untaken,
+}
+
+type Call<'a, T> = Pin<Box<dyn Future<Output = Result<T, ClientError>> + Send + 'a>>;
+
+impl Replicas {
+    /// `replicas`, each an address and its client; calls go to the first until it fails.
+    pub fn new(replicas: Vec<(String, Store)>) -> Self {
+        Replicas {
+            replicas,
+            current: AtomicUsize::new(0),
+            within: FAILOVER_WITHIN,
+        }
+    }
+
+    /// How long a call keeps looking for a replica that serves it.
+    pub fn within(mut self, within: Duration) -> Self {
+        self.within = within;
+        self
+    }
+
+    /// Where a failed call goes next: the owner a standby named, if it is one of the
+    /// replicas, else the replica after the one that failed.
+    fn move_on(&self, from: usize, e: &ClientError) {
+        let named = match e {
+            ClientError::Remote(r) => r.owner.as_deref().filter(|o| !o.is_empty()),
+            _ => None,
+        };
+        let next = named
+            .and_then(|o| self.replicas.iter().position(|(a, _)| a == o))
+            .unwrap_or((from + 1) % self.replicas.len());
+        // Another call may have moved on already; it knows as much as this one.
+        let _ = self
+            .current
+            .compare_exchange(from, next, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// Calls `f` on one replica after another until one serves it, for at most `within`.
+    async fn call<'a, T>(
+        &'a self,
+        retry: Retry,
+        mut f: impl FnMut(&'a Store) -> Call<'a, T>,
+    ) -> Result<T, ClientError> {
+        let deadline = Instant::now() + self.within;
+        let mut pause = Duration::from_millis(50);
+        let mut failed_in_round = 0;
+        loop {
+            let at = self.current.load(Ordering::SeqCst) % self.replicas.len();
+            let e = match f(&self.replicas[at].1).await {
+                Err(e) if moves_on(&e, retry) => e,
+                answered => return answered,
+            };
+            tracing::debug!(replica = %self.replicas[at].0, error = %e, "trying another replica");
+            self.move_on(at, &e);
+            failed_in_round += 1;
+            if failed_in_round >= self.replicas.len() {
+                // Every replica was tried: wait for a standby to take a dead owner's place.
+                failed_in_round = 0;
+                if Instant::now() + pause > deadline {
+                    return Err(e);
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_PAUSE);
+            }
+        }
+    }
+}
+
+/// Whether a call that failed with `e` goes to another replica.
+fn moves_on(e: &ClientError, retry: Retry) -> bool {
+    match e {
+        // Nothing was sent.
+        ClientError::Unreachable { .. } => true,
+        ClientError::AgentUnreachable { .. } => false,
+        // A replica that does not own the store refused it: nothing was done.
+        ClientError::Remote(r) if r.owner.is_some() => true,
+        ClientError::Remote(r) if r.fault == Fault::Unreachable => {
+            retry == Retry::Always || never_connected(&r.message)
+        }
+        ClientError::Remote(_) => false,
+    }
+}
+
+/// Whether a transport failure happened before the call could be sent (the connection was
+/// never made).
+fn never_connected(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    [
+        "connect error",
+        "connection refused",
+        "error trying to connect",
+        "dns error",
+    ]
+    .iter()
+    .any(|s| m.contains(s))
+}
+
+/// One method per RPC: the request is cloned for each try.
+macro_rules! routed {
+    ($($name:ident($req:ty) -> $resp:ty, $retry:expr;)*) => {
+        #[async_trait::async_trait]
+        impl StoreApi for Replicas {
+            $(
+                async fn $name(&self, req: $req) -> Result<$resp, ClientError> {
+                    self.call($retry, |s| {
+                        let req = req.clone();
+                        Box::pin(async move { s.$name(req).await })
+                    })
+                    .await
+                }
+            )*
+
+            /// A watch goes to the owner, its first messages sent again on each try (the
+            /// owner reads the first before it answers); once one takes it, what the watcher
+            /// sends after goes there.
+            async fn watch(&self, mut ups: WatchUps) -> Result<WatchDowns, ClientError> {
+                let mut early = Vec::new();
+                let (down, tx) = self
+                    .call(Retry::Always, |s| {
+                        while let Ok(m) = ups.try_recv() {
+                            early.push(m);
+                        }
+                        let (tx, rx) = tokio::sync::mpsc::channel(early.len().max(1) + 16);
+                        for m in &early {
+                            let _ = tx.try_send(m.clone());
+                        }
+                        Box::pin(async move { s.watch(rx).await.map(|d| (d, tx)) })
+                    })
+                    .await?;
+                tokio::spawn(async move {
+                    while let Some(m) = ups.recv().await {
+                        if tx.send(m).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                Ok(down)
+            }
+        }
+    };
+}
+
+routed! {
+    register_node(RegisterNodeRequest) -> RegisterNodeResponse, Retry::Always;
+    heartbeat(HeartbeatRequest) -> HeartbeatResponse, Retry::Always;
+    missing_blocks(MissingBlocksRequest) -> MissingBlocksResponse, Retry::Always;
+    publish(PublishRequest) -> PublishResponse, Retry::Always;
+    publish_batch(PublishBatchRequest) -> PublishBatchResponse, Retry::Always;
+    publish_gpu(PublishGpuRequest) -> PublishResponse, Retry::Untaken;
+    resolve(ResolveRequest) -> ResolveResponse, Retry::Always;
+    resolve_many(ResolveManyRequest) -> ResolveManyResponse, Retry::Always;
+    list(ListRequest) -> ListResponse, Retry::Always;
+    remove(RemoveRequest) -> RemoveResponse, Retry::Untaken;
+    add_location(AddLocationRequest) -> AddLocationResponse, Retry::Always;
+    version_blocks(VersionBlocksRequest) -> VersionBlocksResponse, Retry::Always;
+    rename(RenameRequest) -> RenameResponse, Retry::Untaken;
+    exchange(ExchangeRequest) -> RenameResponse, Retry::Untaken;
+    link(LinkRequest) -> LinkResponse, Retry::Untaken;
+    set_attr(SetAttrRequest) -> SetAttrResponse, Retry::Always;
+    join_broadcast(JoinRequest) -> JoinResponse, Retry::Untaken;
+    new_parent(NewParentRequest) -> NewParentResponse, Retry::Untaken;
+    leave_broadcast(LeaveRequest) -> LeaveResponse, Retry::Untaken;
+    swarm_sync(SwarmSyncRequest) -> SwarmSyncReply, Retry::Untaken;
+    get_window(GetWindowRequest) -> crate::proto::Window, Retry::Always;
+    registration_secret(RegistrationSecretRequest) -> RegistrationSecretResponse, Retry::Always;
+    join_gpu_window(GpuJoinRequest) -> GpuJoinResponse, Retry::Untaken;
+    await_gpu_window(GpuAwaitRequest) -> GpuWindow, Retry::Untaken;
+    finish_gpu_window(GpuFinishRequest) -> GpuFinishResponse, Retry::Untaken;
+}
