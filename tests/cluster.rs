@@ -605,11 +605,12 @@ fn a_store_reaches_an_etcd_with_authentication_as_the_user_its_address_names() {
 
 /// Several replicas of one store (cluster mode): one owns it and serves, the others stand by
 /// and name it; when the owner dies a standby takes over and a client that names every
-/// replica (`KT_SERVER=a,b`) goes on, losing nothing; an owner that was paused past its claim
+/// replica (`KT_SERVER=a,b`) goes on, losing nothing, a mount's reads and writes too; an owner that was paused past its claim
 /// stops once it learns another took over; and a replica restarted on its data directory takes
 /// its own dead claim back at once rather than wait for it to run out.
 #[test]
 fn replicas_on_etcd_take_over_from_a_dead_owner_and_a_deposed_one_stops() {
+    test_support::require_fuse();
     let ip = "127.0.0.136";
     let etcd = Etcd::start(ip);
     let s3 = S3::start(ip, "kt-bucket");
@@ -657,9 +658,32 @@ fn replicas_on_etcd_take_over_from_a_dead_owner_and_a_deposed_one_stops() {
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("stands by") && err.contains(&a.addr), "{err}");
 
+    // A mount of both replicas reads a key whole.
+    let mount = common::start_mount(ip, &both, &dir.path().join("node"), "rep-node", &[]);
+    let k0 = std::fs::read(&files[0]).unwrap();
+    assert!(std::fs::read(mount.path("rep/k0")).unwrap() == k0);
+
     // The owner dies: the next put through either replica waits for B to take over.
     a.kill();
     put(&both, 1);
+    // The mount goes on: what it read, what was published since, and a write of its own.
+    assert!(std::fs::read(mount.path("rep/k0")).unwrap() == k0);
+    let k1 = std::fs::read(&files[1]).unwrap();
+    assert!(
+        test_support::eventually(Duration::from_secs(20), || std::fs::read(
+            mount.path("rep/k1")
+        )
+        .is_ok_and(|b| b == k1)),
+        "the mount never saw the key published after the takeover"
+    );
+    std::fs::write(mount.path("rep/written"), b"through the new owner\n").unwrap();
+    drop(mount);
+    let dest = dir.path().join("written");
+    ok(
+        &both,
+        &["get", "rep/written", "--dest", dest.to_str().unwrap()],
+    );
+    assert_eq!(std::fs::read(&dest).unwrap(), b"through the new owner\n");
     let out = dir.path().join("out");
     for (i, file) in files.iter().enumerate().take(2) {
         let dest = out.join(format!("k{i}"));

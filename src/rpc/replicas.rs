@@ -132,8 +132,22 @@ fn moves_on(e: &ClientError, retry: Retry) -> bool {
         ClientError::Remote(r) if r.fault == Fault::Unreachable => {
             retry == Retry::Always || never_connected(&r.message)
         }
-        ClientError::Remote(_) => false,
+        // The connection broke under the call (tonic says so with another code).
+        ClientError::Remote(r) => retry == Retry::Always && cut_off(&r.message),
     }
+}
+
+/// Whether a call failed because its connection broke, not because a replica answered so.
+fn cut_off(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    [
+        "transport error",
+        "h2 protocol error",
+        "connection reset",
+        "broken pipe",
+    ]
+    .iter()
+    .any(|s| m.contains(s))
 }
 
 /// Whether a transport failure happened before the call could be sent (the connection was
