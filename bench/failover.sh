@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# Failover of cluster mode (issue 44): three replicas of one store on a three-member etcd (its
+# data on /dev/shm, slow heartbeats so that a starved machine is not taken for a failure) and
+# an S3 server (s3s-fs); CLIENTS clients doing PUTS `kt put`s of small random files in all,
+# each naming every replica (KT_SERVER=a,b,c); `kill -9` of the owning replica once half the
+# puts were acknowledged, then of one etcd member at three quarters. Afterwards every
+# acknowledged put is read back (`kt get` through the replicas) and compared, and the listing
+# must hold no key no client put. The same load on a single RocksDB server, in the same run, is
+# the baseline. Reports the longest pause between two acknowledged puts (how long writes
+# stopped), failed puts, lost puts, and a replica restarted from nothing: the time to its
+# ready line. Appends its section to bench/RESULTS.md (replacing an earlier one).
+#
+#   bash bench/failover.sh      # KT=path/to/kt (default target/debug/kt)
+#                               # KT_BENCH_FAILOVER_PUTS (default 1000)
+#                               # KT_BENCH_FAILOVER_CLIENTS (default 8)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KT=${KT:-$PWD/target/debug/kt}
+PUTS=${KT_BENCH_FAILOVER_PUTS:-1000}
+CLIENTS=${KT_BENCH_FAILOVER_CLIENTS:-8}
+WORK=$(mktemp -d)
+SHM=$(mktemp -d -p /dev/shm)
+trap 'kill -9 $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$WORK" "$SHM"' EXIT
+export KT_AGENT=$WORK/none.sock RUST_LOG=warn
+export AWS_ACCESS_KEY_ID=kt-test-access AWS_SECRET_ACCESS_KEY=kt-test-secret
+IP=127.0.0.14
+now() { date +%s.%N; }
+
+# A three-member etcd on 127.0.0.141-143.
+cluster=""
+for m in 1 2 3; do cluster+="${cluster:+,}m$m=http://${IP}$m:2380"; done
+for m in 1 2 3; do
+    etcd --name "m$m" --data-dir "$SHM/m$m" \
+        --listen-client-urls "http://${IP}$m:2379" --advertise-client-urls "http://${IP}$m:2379" \
+        --listen-peer-urls "http://${IP}$m:2380" --initial-advertise-peer-urls "http://${IP}$m:2380" \
+        --initial-cluster "$cluster" --heartbeat-interval 250 --election-timeout 2500 \
+        >"$WORK/etcd$m.log" 2>&1 &
+    eval "ETCD$m=$!"
+done
+for _ in $(seq 150); do curl -sf "http://${IP}1:2379/health" >/dev/null && break; sleep 0.2; done
+META="etcd://${IP}1:2379,${IP}2:2379,${IP}3:2379/kt-failover"
+mkdir -p "$WORK/s3/bucket"
+s3s-fs --host "${IP}4" --port 9000 --access-key "$AWS_ACCESS_KEY_ID" \
+    --secret-key "$AWS_SECRET_ACCESS_KEY" "$WORK/s3" >"$WORK/s3.log" 2>&1 &
+for _ in $(seq 100); do curl -s "http://${IP}4:9000" >/dev/null && break; sleep 0.1; done
+BLOCKS="s3://bucket/failover?endpoint=http://${IP}4:9000&region=us-east-1"
+
+# Starts a server named NAME with FLAGS; sets PID_<NAME> and ADDR_<NAME>.
+serve() { # NAME FLAGS...
+    local name=$1; shift
+    "$KT" server --listen "${IP}5:0" --data-dir "$WORK/$name" "$@" >"$WORK/$name.log" 2>&1 &
+    eval "PID_$name=$!"
+    for _ in $(seq 300); do grep -q listening "$WORK/$name.log" && break; sleep 0.05; done
+    eval "ADDR_$name=$(sed -n 's/.*listening on //p' "$WORK/$name.log" | head -1)"
+}
+
+# CLIENTS clients putting PUTS small files in all to SERVERS; each acknowledged put is a line
+# "seconds key sha256" in $WORK/acked.N, each failed one in $WORK/failed.N.
+load() { # SERVERS TAG
+    local servers=$1 tag=$2
+    rm -f "$WORK"/acked.* "$WORK"/failed.*
+    for c in $(seq "$CLIENTS"); do
+        (
+            for j in $(seq $((PUTS / CLIENTS))); do
+                f="$WORK/src.$c"
+                head -c 4096 /dev/urandom >"$f"
+                key="$tag/c$c/k$j"
+                if KT_SERVER=$servers "$KT" put "$key" --src "$f" >/dev/null 2>>"$WORK/put.err"; then
+                    echo "$(now) $key $(sha256sum <"$f" | cut -d' ' -f1)" >>"$WORK/acked.$c"
+                else
+                    echo "$key" >>"$WORK/failed.$c"
+                fi
+            done
+        ) &
+    done
+}
+acked() { cat "$WORK"/acked.* 2>/dev/null | wc -l; }
+failed() { cat "$WORK"/failed.* 2>/dev/null | wc -l; }
+# The longest pause between two acknowledged puts, in seconds.
+longest_pause() {
+    cat "$WORK"/acked.* | sort -n | awk 'NR > 1 && $1 - p > m { m = $1 - p } { p = $1 } END { printf "%.2f", m }'
+}
+# Reads every acknowledged put back through SERVERS: prints "lost wrong".
+check() { # SERVERS TAG
+    local servers=$1 tag=$2 lost=0 wrong=0
+    while read -r _ key sha; do
+        if KT_SERVER=$servers "$KT" get "$key" --dest "$WORK/back" >/dev/null 2>&1; then
+            [ "$(sha256sum <"$WORK/back" | cut -d' ' -f1)" = "$sha" ] || wrong=$((wrong + 1))
+        else
+            lost=$((lost + 1))
+        fi
+        rm -f "$WORK/back"
+    done < <(cat "$WORK"/acked.*)
+    # No key at a version no client put: every listed key was one a client tried.
+    local stray
+    stray=$(KT_SERVER=$servers "$KT" ls -r "$tag" | grep -v '/$' | while read -r k; do
+        grep -q " $tag/$k " "$WORK"/acked.* || grep -qx "$tag/$k" "$WORK"/failed.* 2>/dev/null || echo "$k"
+    done | wc -l)
+    echo "$lost $wrong $stray"
+}
+
+# The baseline: the same load on a single RocksDB server.
+serve single
+start=$(now)
+load "$ADDR_single" base
+while [ $(( $(acked) + $(failed) )) -lt $(( PUTS / CLIENTS * CLIENTS )) ]; do sleep 0.2; done
+base_time=$(python3 -c "print('%.1f' % ($(now) - $start))")
+base_pause=$(longest_pause)
+base_failed=$(failed)
+read -r base_lost base_wrong base_stray < <(check "$ADDR_single" base)
+kill "$PID_single"
+
+# Three replicas on etcd and S3.
+for r in a b c; do serve "$r" --meta "$META" --blocks "$BLOCKS"; done
+ALL="$ADDR_a,$ADDR_b,$ADDR_c"
+owner=""
+for r in a b c; do
+    eval "addr=\$ADDR_$r"
+    KT_SERVER=$addr "$KT" ls >/dev/null 2>&1 && owner=$r
+done
+start=$(now)
+load "$ALL" chaos
+total=$(( PUTS / CLIENTS * CLIENTS ))
+while [ "$(acked)" -lt $((total / 2)) ]; do sleep 0.05; done
+eval "kill -9 \$PID_$owner"
+killed_at=$(now)
+while [ "$(acked)" -lt $((total * 3 / 4)) ] && [ $(( $(acked) + $(failed) )) -lt "$total" ]; do sleep 0.05; done
+kill -9 "$ETCD3"
+while [ $(( $(acked) + $(failed) )) -lt "$total" ]; do sleep 0.2; done
+chaos_time=$(python3 -c "print('%.1f' % ($(now) - $start))")
+chaos_pause=$(longest_pause)
+resumed=$(cat "$WORK"/acked.* | sort -n | awk -v k="$killed_at" '$1 > k { printf "%.2f", $1 - k; exit }')
+read -r lost wrong stray < <(check "$ALL" chaos)
+chaos_failed=$(failed)
+
+# A replica restarted from nothing (an empty data directory): the time to its ready line.
+s=$(now)
+serve fresh --meta "$META" --blocks "$BLOCKS"
+fresh=$(python3 -c "print('%.2f' % ($(now) - $s))")
+
+section=$(cat <<EOF
+## Failover (issue 44): three replicas on a three-member etcd and S3, kill -9 of the owner and of an etcd member
+
+\`bash bench/failover.sh\` ($(date -u +%Y-%m-%d), $(git rev-parse --short HEAD), debug build, loopback, 2 cores; etcd 3.4 on /dev/shm with
+250 ms heartbeats and a 2.5 s election timeout; s3s-fs; $CLIENTS clients, $total \`kt put\`s of 4 KiB each, every client naming the three
+replicas; the owner killed at put $((total / 2)), etcd member 3 at put $((total * 3 / 4)); claims of 3 s).
+
+| run | wall time | longest pause between acknowledged puts | failed puts | acknowledged puts lost | read back other bytes | keys no client put |
+|---|---|---|---|---|---|---|
+| single RocksDB server, no kills | ${base_time} s | ${base_pause} s | $base_failed | $base_lost | $base_wrong | $base_stray |
+| 3 replicas, owner and an etcd member killed | ${chaos_time} s | ${chaos_pause} s | $chaos_failed | $lost | $wrong | $stray |
+
+Writes resumed ${resumed} s after the owner was killed (the first acknowledged put after the kill; target 5 s). A replica started
+from an empty data directory printed its ready line after ${fresh} s (target 2 s), as a standby.
+EOF
+)
+python3 - "$section" <<'PY'
+import re, sys
+path = "bench/RESULTS.md"
+text = open(path).read()
+head = "## Failover (issue 44)"
+new = sys.argv[1].strip() + "\n"
+if head in text:
+    start = text.index(head)
+    nxt = text.find("\n## ", start + 1)
+    text = text[:start] + new + (text[nxt + 1:] if nxt != -1 else "")
+else:
+    text = text.rstrip("\n") + "\n\n" + new
+open(path, "w").write(text)
+PY
+echo "$section"
+[ "$lost" = 0 ] && [ "$wrong" = 0 ] && [ "$stray" = 0 ]
