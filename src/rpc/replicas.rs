@@ -36,8 +36,9 @@ use crate::proto::{
 /// default) and a standby's look at it, with room for a slow etcd.
 pub const FAILOVER_WITHIN: Duration = Duration::from_secs(20);
 
-/// The longest pause between two rounds of the replicas.
-const MAX_PAUSE: Duration = Duration::from_secs(1);
+/// The longest pause between two rounds of the replicas: a round costs each replica a refusal,
+/// and a takeover is noticed within this much of its end.
+const MAX_PAUSE: Duration = Duration::from_millis(250);
 
 /// The replicas of one store, as one.
 pub struct Replicas {

@@ -10,6 +10,7 @@ use etcd_client::{
     KvClient, TlsOptions, TxnOp,
 };
 
+use super::members::Members;
 use super::seam::{prefix_end, EngineError, Entry, MetaEngine, Page, Revision, Txn, Write};
 
 /// How long a connection to etcd may take to open, and a request to be answered: beyond it the
@@ -141,16 +142,20 @@ const MAX_ANSWER: usize = 128 << 20;
 
 #[derive(Clone)]
 pub struct EtcdEngine {
-    kv: KvClient,
+    members: std::sync::Arc<Members>,
     prefix: Vec<u8>,
+}
+
+/// A read's or a transaction's KV client on `c`: a page of up to 4,096 keys of up to 16 KiB
+/// each, with their records, is taken whole.
+fn kv(c: Client) -> KvClient {
+    c.kv_client().max_decoding_message_size(MAX_ANSWER)
 }
 
 impl EtcdEngine {
     pub async fn connect(url: &EtcdUrl) -> Result<Self, EngineError> {
-        let client = client(url).await?;
         let engine = EtcdEngine {
-            // A page of up to 4,096 keys of up to 16 KiB each, with their records.
-            kv: client.kv_client().max_decoding_message_size(MAX_ANSWER),
+            members: std::sync::Arc::new(Members::new(url)),
             prefix: url.prefix.as_bytes().to_vec(),
         };
         // The client connects lazily: one request now, so a server whose etcd cannot be
@@ -182,11 +187,12 @@ impl EtcdEngine {
         let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
         let opts = GetOptions::new().with_range(end).with_limit(limit);
         let resp = self
-            .kv
-            .clone()
-            .get(start, Some(opts))
-            .await
-            .map_err(fault)?;
+            .members
+            .call(|c| {
+                let (start, opts) = (start.clone(), opts.clone());
+                async move { kv(c).get(start, Some(opts)).await }
+            })
+            .await?;
         let entries = resp
             .kvs()
             .iter()
@@ -219,8 +225,9 @@ impl EtcdEngine {
     }
 }
 
-/// A client of the cluster `url` names, with its timeouts, TLS and user.
-pub(super) async fn client(url: &EtcdUrl) -> Result<Client, EngineError> {
+/// A client of one member of the cluster `url` names (`endpoint`, one of its endpoints), with
+/// its timeouts, TLS and user.
+pub(super) async fn connect_one(url: &EtcdUrl, endpoint: &str) -> Result<Client, EngineError> {
     let mut opts = ConnectOptions::new()
         .with_connect_timeout(CONNECT_TIMEOUT)
         .with_timeout(REQUEST_TIMEOUT)
@@ -232,9 +239,7 @@ pub(super) async fn client(url: &EtcdUrl) -> Result<Client, EngineError> {
     if let Some(tls) = &url.tls {
         opts = opts.with_tls(tls_options(tls)?);
     }
-    Client::connect(&url.endpoints, Some(opts))
-        .await
-        .map_err(fault)
+    Client::connect([endpoint], Some(opts)).await.map_err(fault)
 }
 
 fn tls_options(t: &EtcdTls) -> Result<TlsOptions, EngineError> {
@@ -289,12 +294,14 @@ pub(super) fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> Revisi
 #[async_trait::async_trait]
 impl MetaEngine for EtcdEngine {
     async fn get(&self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
+        let key = self.full(key);
         let resp = self
-            .kv
-            .clone()
-            .get(self.full(key), None)
-            .await
-            .map_err(fault)?;
+            .members
+            .call(|c| {
+                let key = key.clone();
+                async move { kv(c).get(key, None).await }
+            })
+            .await?;
         resp.kvs().first().map(|kv| self.entry(kv)).transpose()
     }
 
@@ -332,12 +339,14 @@ impl MetaEngine for EtcdEngine {
                 Write::Delete { key } => TxnOp::delete(self.full(&key), None),
             })
             .collect();
+        let txn = etcd_client::Txn::new().when(compares).and_then(ops);
         let resp = self
-            .kv
-            .clone()
-            .txn(etcd_client::Txn::new().when(compares).and_then(ops))
-            .await
-            .map_err(fault)?;
+            .members
+            .call(|c| {
+                let txn = txn.clone();
+                async move { kv(c).txn(txn).await }
+            })
+            .await?;
         match resp.succeeded() {
             true => Ok(header_revision(resp.header())),
             false => Err(EngineError::Conflict),
@@ -347,12 +356,14 @@ impl MetaEngine for EtcdEngine {
     async fn delete_range(&self, prefix: &[u8]) -> Result<Revision, EngineError> {
         let whole = self.full(prefix);
         let end = prefix_end(&whole).unwrap_or_else(|| vec![0]);
+        let opts = DeleteOptions::new().with_range(end);
         let resp = self
-            .kv
-            .clone()
-            .delete(whole, Some(DeleteOptions::new().with_range(end)))
-            .await
-            .map_err(fault)?;
+            .members
+            .call(|c| {
+                let (whole, opts) = (whole.clone(), opts.clone());
+                async move { kv(c).delete(whole, Some(opts)).await }
+            })
+            .await?;
         Ok(header_revision(resp.header()))
     }
 
@@ -360,11 +371,12 @@ impl MetaEngine for EtcdEngine {
         // A count-only read of one key answers with the cluster's revision and no data.
         let opts = GetOptions::new().with_count_only();
         let resp = self
-            .kv
-            .clone()
-            .get(self.prefix.clone(), Some(opts))
-            .await
-            .map_err(fault)?;
+            .members
+            .call(|c| {
+                let (key, opts) = (self.prefix.clone(), opts.clone());
+                async move { kv(c).get(key, Some(opts)).await }
+            })
+            .await?;
         Ok(header_revision(resp.header()))
     }
 }

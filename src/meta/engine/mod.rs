@@ -15,6 +15,7 @@ mod tests;
 mod etcd;
 mod fence;
 mod manifests;
+mod members;
 mod owner;
 mod rocks;
 mod seam;

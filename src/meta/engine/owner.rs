@@ -14,13 +14,14 @@
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn,
-    TxnOp, TxnOpResponse,
+    Compare, CompareOp, GetOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp,
+    TxnOpResponse,
 };
 use tokio::sync::watch;
 
-use super::etcd::{client, fault, header_revision, EtcdUrl};
+use super::etcd::{fault, header_revision, EtcdUrl};
 use super::fence::OWNER_KEY;
+use super::members::Members;
 use super::seam::{EngineError, Revision};
 
 /// Where a replica stands, as its answers tell callers.
@@ -41,7 +42,7 @@ pub const DEFAULT_OWNER_TTL: Duration = Duration::from_secs(3);
 
 /// A replica's part in electing the owner of one store.
 pub struct Elector {
-    client: Client,
+    members: Members,
     key: Vec<u8>,
     /// The address this replica's clients reach it at, which the claim names.
     me: String,
@@ -86,7 +87,7 @@ impl Elector {
         let mut key = url.prefix.as_bytes().to_vec();
         key.extend_from_slice(OWNER_KEY);
         Ok(Elector {
-            client: client(url).await?,
+            members: Members::new(url),
             key,
             me: me.to_string(),
             id: id.to_string(),
@@ -98,9 +99,15 @@ impl Elector {
         i64::try_from(self.ttl.as_secs()).unwrap_or(i64::MAX)
     }
 
-    /// How often a standby looks at the owner key, and an owner renews its lease.
+    /// How often an owner renews its lease.
     fn tick(&self) -> Duration {
         (self.ttl / 3).min(Duration::from_millis(500))
+    }
+
+    /// How often a standby looks at the owner key: a dead owner's place is taken within this
+    /// much of its claim's end.
+    fn look(&self) -> Duration {
+        (self.ttl / 4).min(Duration::from_millis(250))
     }
 
     /// Waits until this replica owns the store, telling `standing` meanwhile where the owner
@@ -111,7 +118,7 @@ impl Elector {
             if let Some(claim) = self.try_once(standing).await {
                 return claim;
             }
-            tokio::time::sleep(self.tick()).await;
+            tokio::time::sleep(self.look()).await;
         }
     }
 
@@ -130,11 +137,14 @@ impl Elector {
     /// Claims the owner key if no one holds it, or if this replica's previous life does:
     /// the claim, or where the owner is.
     async fn try_claim(&mut self) -> Result<Result<Claim, Option<String>>, EngineError> {
+        let key = self.key.clone();
         let held = self
-            .client
-            .get(self.key.clone(), None)
-            .await
-            .map_err(fault)?;
+            .members
+            .call(|mut c| {
+                let key = key.clone();
+                async move { c.get(key, None).await }
+            })
+            .await?;
         // The claim must still be the one read when it is written: absent, or this replica's
         // old one at the revision it was read at.
         let expected = match held.kvs().first() {
@@ -149,11 +159,11 @@ impl Elector {
             }
         };
         let asked = Instant::now();
+        let ttl = self.ttl_secs();
         let lease = self
-            .client
-            .lease_grant(self.ttl_secs(), None)
-            .await
-            .map_err(fault)?
+            .members
+            .call(|mut c| async move { c.lease_grant(ttl, None).await })
+            .await?
             .id();
         let claim = Txn::new()
             .when([expected])
@@ -163,7 +173,13 @@ impl Elector {
                 Some(PutOptions::new().with_lease(lease)),
             )])
             .or_else([TxnOp::get(self.key.clone(), Some(GetOptions::new()))]);
-        let resp = self.client.txn(claim).await.map_err(fault)?;
+        let resp = self
+            .members
+            .call(|mut c| {
+                let claim = claim.clone();
+                async move { c.txn(claim).await }
+            })
+            .await?;
         if resp.succeeded() {
             tracing::info!(owner = %self.me, "this replica owns the store now");
             return Ok(Ok(Claim {
@@ -173,7 +189,7 @@ impl Elector {
             }));
         }
         // Another replica claimed it first; the lease is not needed.
-        let _ = self.client.lease_revoke(lease).await;
+        let _ = self.revoke(lease).await;
         let owner = resp.op_responses().into_iter().find_map(|r| match r {
             TxnOpResponse::Get(g) => g.kvs().first().map(|kv| read_claim(kv.value()).0),
             _ => None,
@@ -197,7 +213,7 @@ impl Elector {
         loop {
             tokio::select! {
                 _ = &mut stop => {
-                    if let Err(e) = self.client.lease_revoke(claim.lease).await {
+                    if let Err(e) = self.revoke(claim.lease).await {
                         tracing::warn!(error = %e, "giving up the claim on the store");
                     }
                     return Ok(());
@@ -231,6 +247,13 @@ impl Elector {
         }
     }
 
+    async fn revoke(&self, lease: i64) -> Result<(), EngineError> {
+        self.members
+            .call(|mut c| async move { c.lease_revoke(lease).await })
+            .await
+            .map(|_| ())
+    }
+
     /// One renewal: whether the lease still lives.
     async fn renew(
         &mut self,
@@ -239,16 +262,23 @@ impl Elector {
     ) -> Result<bool, EngineError> {
         if stream.is_none() {
             // Opening the stream renews the lease once, and says whether it lives.
-            return match self.client.lease_keep_alive(lease).await {
-                Ok(opened) => {
-                    *stream = Some(opened);
-                    Ok(true)
-                }
-                Err(etcd_client::Error::LeaseKeepAliveError(m)) if m.contains("not found") => {
-                    Ok(false)
-                }
-                Err(e) => Err(fault(e)),
-            };
+            let opened = self
+                .members
+                .call(|mut c| async move {
+                    match c.lease_keep_alive(lease).await {
+                        Ok(opened) => Ok(Some(opened)),
+                        Err(etcd_client::Error::LeaseKeepAliveError(m))
+                            if m.contains("not found") =>
+                        {
+                            Ok(None)
+                        }
+                        Err(e) => Err(e),
+                    }
+                })
+                .await?;
+            let lives = opened.is_some();
+            *stream = opened;
+            return Ok(lives);
         }
         let Some((keeper, answers)) = stream.as_mut() else {
             return Err(EngineError::Unavailable("no renewal stream".into()));

@@ -302,6 +302,19 @@ async fn etcd_answers_the_suite() {
         .entries
         .is_empty());
 
+    // A member down (listed first here: nothing listens there) is passed over, at the start
+    // and after: any member answers for the cluster.
+    let mut with_one_down = url.clone();
+    with_one_down
+        .endpoints
+        .insert(0, "http://127.0.0.79:1".to_string());
+    let both = EtcdEngine::connect(&with_one_down).await.unwrap();
+    both.txn(Txn::new().put("a/members", "any")).await.unwrap();
+    assert_eq!(
+        both.get(b"a/members").await.unwrap().map(|e| e.value),
+        Some(b"any".to_vec())
+    );
+
     // A member that is gone is an engine that cannot be reached, not a hang.
     drop(etcd);
     let gone = engine.get(b"a/x").await;
