@@ -13,22 +13,11 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 pub use super::error::ClientError;
 use super::limits::MAX_RPC_MESSAGE;
+use super::store::messages::*;
 use super::store::{StoreApi, WatchDowns, WatchUps};
 use crate::auth::credential::Credential;
 use crate::proto::agent_client::AgentClient;
 use crate::proto::store_client::StoreClient;
-use crate::proto::{
-    AddLocationRequest, AddLocationResponse, ExchangeRequest, GetWindowRequest, GpuAwaitRequest,
-    GpuFinishRequest, GpuFinishResponse, GpuJoinRequest, GpuJoinResponse, GpuWindow,
-    HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse, LeaveRequest, LeaveResponse,
-    LinkRequest, LinkResponse, ListRequest, ListResponse, MissingBlocksRequest,
-    MissingBlocksResponse, NewParentRequest, NewParentResponse, PublishBatchRequest,
-    PublishBatchResponse, PublishGpuRequest, PublishRequest, PublishResponse, RegisterNodeRequest,
-    RegisterNodeResponse, RegistrationSecretRequest, RegistrationSecretResponse, RemoveRequest,
-    RemoveResponse, RenameRequest, RenameResponse, ResolveManyRequest, ResolveManyResponse,
-    ResolveRequest, ResolveResponse, SetAttrRequest, SetAttrResponse, SwarmSyncReply,
-    SwarmSyncRequest, VersionBlocksRequest, VersionBlocksResponse, WatchDown, Window,
-};
 
 /// Where the node's agent (root's) listens when nothing says otherwise: a directory of root's
 /// that every user may enter, a socket every user may connect to (the agent acts for each caller

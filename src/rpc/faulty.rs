@@ -13,20 +13,9 @@ use std::sync::Mutex;
 
 use super::error::ClientError;
 use super::status::{Fault, RemoteError};
+use super::store::messages::*;
 use super::store::{Store, StoreApi, WatchDowns, WatchUps};
 use crate::locks::lock;
-use crate::proto::{
-    AddLocationRequest, AddLocationResponse, ExchangeRequest, GetWindowRequest, GpuAwaitRequest,
-    GpuFinishRequest, GpuFinishResponse, GpuJoinRequest, GpuJoinResponse, GpuWindow,
-    HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse, LeaveRequest, LeaveResponse,
-    LinkRequest, LinkResponse, ListRequest, ListResponse, MissingBlocksRequest,
-    MissingBlocksResponse, NewParentRequest, NewParentResponse, PublishBatchRequest,
-    PublishBatchResponse, PublishGpuRequest, PublishRequest, PublishResponse, RegisterNodeRequest,
-    RegisterNodeResponse, RegistrationSecretRequest, RegistrationSecretResponse, RemoveRequest,
-    RemoveResponse, RenameRequest, RenameResponse, ResolveManyRequest, ResolveManyResponse,
-    ResolveRequest, ResolveResponse, SetAttrRequest, SetAttrResponse, SwarmSyncReply,
-    SwarmSyncRequest, VersionBlocksRequest, VersionBlocksResponse, Window,
-};
 
 /// What an injected call does instead of reaching the store.
 #[derive(Clone, Copy, Debug)]

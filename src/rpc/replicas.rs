@@ -18,19 +18,8 @@ use std::time::{Duration, Instant};
 
 use super::error::ClientError;
 use super::status::Fault;
+use super::store::messages::*;
 use super::store::{Store, StoreApi, WatchDowns, WatchUps};
-use crate::proto::{
-    AddLocationRequest, AddLocationResponse, ExchangeRequest, GetWindowRequest, GpuAwaitRequest,
-    GpuFinishRequest, GpuFinishResponse, GpuJoinRequest, GpuJoinResponse, GpuWindow,
-    HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse, LeaveRequest, LeaveResponse,
-    LinkRequest, LinkResponse, ListRequest, ListResponse, MissingBlocksRequest,
-    MissingBlocksResponse, NewParentRequest, NewParentResponse, PublishBatchRequest,
-    PublishBatchResponse, PublishGpuRequest, PublishRequest, PublishResponse, RegisterNodeRequest,
-    RegisterNodeResponse, RegistrationSecretRequest, RegistrationSecretResponse, RemoveRequest,
-    RemoveResponse, RenameRequest, RenameResponse, ResolveManyRequest, ResolveManyResponse,
-    ResolveRequest, ResolveResponse, SetAttrRequest, SetAttrResponse, SwarmSyncReply,
-    SwarmSyncRequest, VersionBlocksRequest, VersionBlocksResponse,
-};
 
 /// How long a call keeps looking for the owner: beyond a dead owner's claim's time (3 s by
 /// default) and a standby's look at it, with room for a slow etcd.
@@ -231,7 +220,7 @@ routed! {
     new_parent(NewParentRequest) -> NewParentResponse, Retry::Untaken;
     leave_broadcast(LeaveRequest) -> LeaveResponse, Retry::Untaken;
     swarm_sync(SwarmSyncRequest) -> SwarmSyncReply, Retry::Untaken;
-    get_window(GetWindowRequest) -> crate::proto::Window, Retry::Always;
+    get_window(GetWindowRequest) -> Window, Retry::Always;
     registration_secret(RegistrationSecretRequest) -> RegistrationSecretResponse, Retry::Always;
     join_gpu_window(GpuJoinRequest) -> GpuJoinResponse, Retry::Untaken;
     await_gpu_window(GpuAwaitRequest) -> GpuWindow, Retry::Untaken;

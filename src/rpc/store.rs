@@ -13,18 +13,25 @@ use std::sync::Arc;
 use tokio_stream::Stream;
 
 use super::error::ClientError;
-use crate::proto::{
-    AddLocationRequest, AddLocationResponse, ExchangeRequest, GetWindowRequest, GpuAwaitRequest,
-    GpuFinishRequest, GpuFinishResponse, GpuJoinRequest, GpuJoinResponse, GpuWindow,
-    HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse, LeaveRequest, LeaveResponse,
-    LinkRequest, LinkResponse, ListRequest, ListResponse, MissingBlocksRequest,
-    MissingBlocksResponse, NewParentRequest, NewParentResponse, PublishBatchRequest,
-    PublishBatchResponse, PublishGpuRequest, PublishRequest, PublishResponse, RegisterNodeRequest,
-    RegisterNodeResponse, RegistrationSecretRequest, RegistrationSecretResponse, RemoveRequest,
-    RemoveResponse, RenameRequest, RenameResponse, ResolveManyRequest, ResolveManyResponse,
-    ResolveRequest, ResolveResponse, SetAttrRequest, SetAttrResponse, SwarmSyncReply,
-    SwarmSyncRequest, VersionBlocksRequest, VersionBlocksResponse, WatchDown, WatchUp, Window,
-};
+use messages::*;
+
+/// The request and response messages of the store's RPCs, for the implementations of
+/// [`StoreApi`] to import at once.
+pub mod messages {
+    pub use crate::proto::{
+        AddLocationRequest, AddLocationResponse, ExchangeRequest, GetWindowRequest,
+        GpuAwaitRequest, GpuFinishRequest, GpuFinishResponse, GpuJoinRequest, GpuJoinResponse,
+        GpuWindow, HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse, LeaveRequest,
+        LeaveResponse, LinkRequest, LinkResponse, ListRequest, ListResponse, MissingBlocksRequest,
+        MissingBlocksResponse, NewParentRequest, NewParentResponse, PublishBatchRequest,
+        PublishBatchResponse, PublishGpuRequest, PublishRequest, PublishResponse,
+        RegisterNodeRequest, RegisterNodeResponse, RegistrationSecretRequest,
+        RegistrationSecretResponse, RemoveRequest, RemoveResponse, RenameRequest, RenameResponse,
+        ResolveManyRequest, ResolveManyResponse, ResolveRequest, ResolveResponse, SetAttrRequest,
+        SetAttrResponse, SwarmSyncReply, SwarmSyncRequest, VersionBlocksRequest,
+        VersionBlocksResponse, WatchDown, WatchUp, Window,
+    };
+}
 
 /// What a watcher sends up its watch: acknowledgements and lease renewals.
 pub type WatchUps = tokio::sync::mpsc::Receiver<WatchUp>;
