@@ -1,4 +1,5 @@
-//! The members of an etcd cluster, one client each. etcd's own client balances its requests
+//! The members of an etcd cluster and how they are reached: one client each (with its
+//! timeouts, TLS and user), and what their refusals mean for a caller. etcd's own client balances its requests
 //! over every member it is given, and with one member down it kept sending some of them there:
 //! measured, a store server given three members, one of them killed, failed at its start with
 //! "tcp connect error" for more than 5 s. Any member answers (a follower forwards to the
@@ -13,10 +14,18 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use etcd_client::Client;
+use std::path::PathBuf;
+use std::time::Duration;
 
-use super::etcd::{connect_one, fault, EtcdUrl};
-use super::seam::EngineError;
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+
+use super::etcd_url::{EtcdTls, EtcdUrl};
+use super::seam::{EngineError, Revision};
+
+/// How long a connection to etcd may take to open, and a request to be answered: beyond it the
+/// member is taken for gone and the call fails as unavailable, rather than hanging a publish.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub(super) struct Members {
     url: EtcdUrl,
@@ -74,4 +83,70 @@ impl Members {
         }
         Err(failed.unwrap_or_else(|| EngineError::Unavailable("no etcd member".into())))
     }
+}
+
+/// A client of one member of the cluster `url` names (`endpoint`, one of its endpoints), with
+/// its timeouts, TLS and user.
+async fn connect_one(url: &EtcdUrl, endpoint: &str) -> Result<Client, EngineError> {
+    let mut opts = ConnectOptions::new()
+        .with_connect_timeout(CONNECT_TIMEOUT)
+        .with_timeout(REQUEST_TIMEOUT)
+        // A member cut off from its cluster's leader answers nothing rather than stale data.
+        .with_require_leader(true);
+    if let Some((u, p)) = &url.user {
+        opts = opts.with_user(u, p);
+    }
+    if let Some(tls) = &url.tls {
+        opts = opts.with_tls(tls_options(tls)?);
+    }
+    Client::connect([endpoint], Some(opts)).await.map_err(fault)
+}
+
+fn tls_options(t: &EtcdTls) -> Result<TlsOptions, EngineError> {
+    let read = |p: &PathBuf| {
+        std::fs::read(p).map_err(|e| {
+            EngineError::Other(format!("etcd TLS: cannot read {}: {e}", p.display()).into())
+        })
+    };
+    let mut opts = TlsOptions::new().ca_certificate(Certificate::from_pem(read(&t.ca)?));
+    if let (Some(cert), Some(key)) = (&t.cert, &t.key) {
+        opts = opts.identity(Identity::from_pem(read(cert)?, read(key)?));
+    }
+    if let Some(name) = &t.server_name {
+        opts = opts.domain_name(name.clone());
+    }
+    Ok(opts)
+}
+
+/// What etcd's refusal means for the caller.
+pub(super) fn fault(e: etcd_client::Error) -> EngineError {
+    use etcd_client::Error as E;
+    match e {
+        E::GRpcStatus(s) => {
+            let msg = s.message();
+            if msg.contains("too many operations") || msg.contains("request is too large") {
+                EngineError::TooLarge {
+                    compares: 0,
+                    writes: 0,
+                    bytes: 0,
+                }
+            } else if msg.contains("database space exceeded") {
+                EngineError::NoSpace(msg.to_string())
+            } else if matches!(
+                s.code(),
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+            ) {
+                EngineError::Unavailable(msg.to_string())
+            } else {
+                EngineError::Other(Box::new(s))
+            }
+        }
+        E::TransportError(t) => EngineError::Unavailable(t.to_string()),
+        E::IoError(io) => EngineError::Unavailable(io.to_string()),
+        other => EngineError::other(other),
+    }
+}
+
+pub(super) fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> Revision {
+    h.map_or(0, etcd_client::ResponseHeader::revision)
 }

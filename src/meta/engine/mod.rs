@@ -13,6 +13,7 @@
 mod tests;
 
 mod etcd;
+mod etcd_url;
 mod fence;
 mod manifests;
 mod members;
@@ -21,7 +22,8 @@ mod rocks;
 mod seam;
 mod tables;
 
-pub use etcd::{BadEtcdUrl, EtcdEngine, EtcdTls, EtcdUrl};
+pub use etcd::EtcdEngine;
+pub use etcd_url::{BadEtcdUrl, EtcdTls, EtcdUrl};
 pub use fence::{Fence, OWNER_KEY};
 pub use manifests::ObjectManifests;
 pub use owner::{Claim, Elector, Standing, DEFAULT_OWNER_TTL};

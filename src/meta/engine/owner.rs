@@ -19,9 +19,9 @@ use etcd_client::{
 };
 use tokio::sync::watch;
 
-use super::etcd::{fault, header_revision, EtcdUrl};
+use super::etcd_url::EtcdUrl;
 use super::fence::OWNER_KEY;
-use super::members::Members;
+use super::members::{fault, header_revision, Members};
 use super::seam::{EngineError, Revision};
 
 /// Where a replica stands, as its answers tell callers.
