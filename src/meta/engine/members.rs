@@ -1,6 +1,7 @@
 //! The members of an etcd cluster and how they are reached: one client each (with its
-//! timeouts, TLS and user), and what their refusals mean for a caller. etcd's own client balances its requests
-//! over every member it is given, and with one member down it kept sending some of them there:
+//! timeouts, TLS and user), and what their refusals mean for a caller. etcd's own client
+//! balances its requests over every member it is given, and with one member down it kept
+//! sending some of them there:
 //! measured, a store server given three members, one of them killed, failed at its start with
 //! "tcp connect error" for more than 5 s. Any member answers (a follower forwards to the
 //! leader), so a request goes to the member that answered last and, where that one cannot be
