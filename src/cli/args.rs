@@ -446,6 +446,12 @@ pub struct ServerArgs {
     /// standing by takes a dead owner's place within about this long.
     #[arg(long, default_value_t = 3)]
     pub owner_ttl_secs: u64,
+    /// With authentication: a file holding a secret (32 bytes or more) every replica of the
+    /// store shares, a Kubernetes Secret they all mount; their ticket keys are derived from it,
+    /// so a ticket one replica gave holds at the others. Without it, each server keeps keys of
+    /// its own in --data-dir.
+    #[arg(long, env = "KT_TICKET_SECRET", value_name = "FILE")]
+    pub ticket_secret: Option<PathBuf>,
     /// Seconds a node stays a source without a heartbeat.
     #[arg(long, default_value_t = 15)]
     pub lease_secs: u64,

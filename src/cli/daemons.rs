@@ -92,7 +92,8 @@ pub async fn server(a: ServerArgs) -> Result<()> {
     .with_tls(server_tls(&a.tls)?)
     .with_gc((a.gc_interval_secs > 0).then(|| Duration::from_secs(a.gc_interval_secs)))
     .with_advertise(a.advertise.clone())
-    .with_owner_ttl(Duration::from_secs(a.owner_ttl_secs));
+    .with_owner_ttl(Duration::from_secs(a.owner_ttl_secs))
+    .with_ticket_secret(a.ticket_secret.clone());
     let stop = shutdown_signal();
     println!("kt server listening on {}", srv.local_addr()?);
     Ok(srv.run(stop).await?)

@@ -115,6 +115,9 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+    /// The shared ticket secret could not be read, or is none (its error names the file).
+    #[error("the ticket secret")]
+    TicketSecret(#[source] std::io::Error),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: String,
@@ -176,6 +179,9 @@ pub struct StoreServerProcess {
     /// The address clients reach this server at, which a standby names to them.
     advertise: Option<String>,
     owner_ttl: Duration,
+    /// A file holding the secret the replicas of a store share, which their ticket keys are
+    /// derived from (else each keeps keys of its own in its data directory).
+    ticket_secret: Option<std::path::PathBuf>,
 }
 
 impl StoreServerProcess {
@@ -246,6 +252,7 @@ impl StoreServerProcess {
             election,
             advertise: None,
             owner_ttl: DEFAULT_OWNER_TTL,
+            ticket_secret: None,
         })
     }
 
@@ -260,6 +267,13 @@ impl StoreServerProcess {
     /// within about this long.
     pub fn with_owner_ttl(mut self, ttl: Duration) -> Self {
         self.owner_ttl = ttl;
+        self
+    }
+
+    /// Signs tickets with keys derived from the secret in `path`, which every replica of the
+    /// store shares, rather than with keys of its own data directory.
+    pub fn with_ticket_secret(mut self, path: Option<std::path::PathBuf>) -> Self {
+        self.ticket_secret = path;
         self
     }
 
@@ -310,9 +324,20 @@ impl StoreServerProcess {
             true => (None, None),
             false => {
                 let mark = tickets::token_mark(self.auth.shared_token.as_deref());
-                let keys = tickets::TicketKeys::load_or_create(&self.data_dir, mark)
-                    .map_err(data_dir_error)?;
-                let seed = tickets::load_or_create_key(&self.data_dir).map_err(data_dir_error)?;
+                let (keys, seed) = match &self.ticket_secret {
+                    // The replicas of a store sign with the keys their shared secret gives.
+                    Some(path) => {
+                        let secret =
+                            tickets::SharedSecret::read(path).map_err(ServerError::TicketSecret)?;
+                        let seed = secret.gpu_key();
+                        (tickets::TicketKeys::shared(secret, mark), seed)
+                    }
+                    None => (
+                        tickets::TicketKeys::load_or_create(&self.data_dir, mark)
+                            .map_err(data_dir_error)?,
+                        tickets::load_or_create_key(&self.data_dir).map_err(data_dir_error)?,
+                    ),
+                };
                 (Some(Arc::new(keys)), Some(seed))
             }
         };

@@ -1,6 +1,7 @@
 //! The store server's side of data-plane tickets (`crate::auth::ticket`): its signing keys by
-//! epoch ([`TicketKeys`]), kept in the data directory so that tickets outlive a restart, rotated
-//! daily and whenever the shared token changes; the seed the GPU host key is derived from; and
+//! epoch ([`TicketKeys`]), kept in the data directory so that tickets outlive a restart (or, for
+//! the replicas of a store, derived from a secret they share), rotated daily and whenever the
+//! shared token changes; the seed the GPU host key is derived from; and
 //! the check that a block served under a read ticket is one of that version's.
 
 use std::collections::{HashMap, HashSet};
@@ -85,9 +86,59 @@ struct Epochs {
 /// The store server's ticket signing keys by epoch, with the verifiers of those in force that
 /// its own data plane checks with (and nodes are sent).
 pub struct TicketKeys {
-    path: std::path::PathBuf,
+    source: Source,
     epochs: Mutex<Epochs>,
     verifiers: TicketVerifiers,
+}
+
+/// Where the epochs' keys come from.
+enum Source {
+    /// Random seeds, kept in a file of the data directory.
+    File(std::path::PathBuf),
+    /// Derived from a secret every replica of a store shares (cluster mode: a Kubernetes
+    /// Secret they all mount) and the epoch's number, which the clock gives: the replicas sign
+    /// and check with the same keys, and a new owner honours the tickets the last one gave,
+    /// with nothing kept or told between them.
+    Shared(SharedSecret),
+}
+
+/// A secret the replicas of a store share, as read from its file.
+#[derive(Clone)]
+pub struct SharedSecret([u8; 32]);
+
+/// The least a shared secret's file holds: 32 bytes, as `openssl rand -hex 32` or 32 random
+/// bytes give.
+const SHARED_SECRET_MIN: usize = 32;
+
+impl SharedSecret {
+    /// The secret in `path` (its bytes, trailing whitespace aside); an error names the file.
+    pub fn read(path: &Path) -> std::io::Result<SharedSecret> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        let end = bytes
+            .iter()
+            .rposition(|b| !b.is_ascii_whitespace())
+            .map_or(0, |i| i + 1);
+        if end < SHARED_SECRET_MIN {
+            return Err(bad(
+                path,
+                &format!("a secret of {end} bytes; at least {SHARED_SECRET_MIN} are needed"),
+            ));
+        }
+        Ok(SharedSecret(*blake3::hash(&bytes[..end]).as_bytes()))
+    }
+
+    fn derive(&self, what: &[u8]) -> [u8; 32] {
+        *blake3::Hasher::new_keyed(&self.0)
+            .update(what)
+            .finalize()
+            .as_bytes()
+    }
+
+    /// The seed of the GPU host key, the same on every replica.
+    pub fn gpu_key(&self) -> TicketKey {
+        TicketKey::from_bytes(&self.derive(b"ktfs gpu host key")).expect("32 bytes")
+    }
 }
 
 fn unix_now() -> u64 {
@@ -199,6 +250,38 @@ impl Epochs {
     fn verifiers(&self) -> Vec<TicketVerifier> {
         self.keys.iter().map(|k| k.key.verifier()).collect()
     }
+
+    /// The epochs in force at `now` from a shared secret: epoch `n` signs from `(n - 1)` days
+    /// after 1970, announced [`ANNOUNCE`] before; the one before is kept. Its seed is the
+    /// secret's hash of its number and the shared token's mark, so a changed token changes
+    /// every key.
+    fn derived(secret: &SharedSecret, token: [u8; 32], now: u64) -> Epochs {
+        let day = ROTATE_EVERY.as_secs();
+        let signing = u32::try_from(now / day + 1).unwrap_or(u32::MAX);
+        let next_from = u64::from(signing) * day;
+        let last = match now + ANNOUNCE.as_secs() >= next_from {
+            true => signing.saturating_add(1),
+            false => signing,
+        };
+        let keys = (signing.saturating_sub(1).max(1)..=last)
+            .map(|epoch| {
+                let mut what = b"ktfs ticket epoch".to_vec();
+                what.extend_from_slice(&token);
+                what.extend_from_slice(&epoch.to_le_bytes());
+                let from = u64::from(epoch - 1) * day;
+                Epoch {
+                    key: TicketKey::of_epoch(&secret.derive(&what), epoch).expect("32 bytes"),
+                    made: from,
+                    signs_from: from,
+                }
+            })
+            .collect();
+        Epochs { token, keys }
+    }
+
+    fn numbers(&self) -> Vec<u32> {
+        self.keys.iter().map(|k| k.key.epoch()).collect()
+    }
 }
 
 impl TicketKeys {
@@ -226,12 +309,26 @@ impl TicketKeys {
         }
         epochs.rotate(now)?;
         write_secret(&path, epochs.text().as_bytes())?;
-        let verifiers = TicketVerifiers::new(epochs.verifiers());
-        Ok(TicketKeys {
-            path,
+        Ok(TicketKeys::of(Source::File(path), epochs))
+    }
+
+    /// The epochs `secret` gives (a store's replicas share it), under the shared token
+    /// `token` names: nothing is kept on disk.
+    pub fn shared(secret: SharedSecret, token: [u8; 32]) -> TicketKeys {
+        Self::shared_at(secret, token, unix_now())
+    }
+
+    fn shared_at(secret: SharedSecret, token: [u8; 32], now: u64) -> TicketKeys {
+        let epochs = Epochs::derived(&secret, token, now);
+        TicketKeys::of(Source::Shared(secret), epochs)
+    }
+
+    fn of(source: Source, epochs: Epochs) -> TicketKeys {
+        TicketKeys {
+            source,
+            verifiers: TicketVerifiers::new(epochs.verifiers()),
             epochs: Mutex::new(epochs),
-            verifiers,
-        })
+        }
     }
 
     /// A ticket for `grant`, valid for `ttl`, signed by the epoch that signs now.
@@ -258,14 +355,26 @@ impl TicketKeys {
 
     fn rotate_at(&self, now: u64) -> std::io::Result<bool> {
         let mut epochs = locks::lock(&self.epochs);
-        let mut next = Epochs {
-            token: epochs.token,
-            keys: epochs.keys.clone(),
+        let next = match &self.source {
+            Source::File(path) => {
+                let mut next = Epochs {
+                    token: epochs.token,
+                    keys: epochs.keys.clone(),
+                };
+                if !next.rotate(now)? {
+                    return Ok(false);
+                }
+                write_secret(path, next.text().as_bytes())?;
+                next
+            }
+            Source::Shared(secret) => {
+                let next = Epochs::derived(secret, epochs.token, now);
+                if next.numbers() == epochs.numbers() {
+                    return Ok(false);
+                }
+                next
+            }
         };
-        if !next.rotate(now)? {
-            return Ok(false);
-        }
-        write_secret(&self.path, next.text().as_bytes())?;
         *epochs = next;
         self.verifiers.set(epochs.verifiers());
         tracing::info!(
@@ -414,6 +523,54 @@ mod epoch_tests {
         // A file that is not one is an error, not a fresh key.
         std::fs::write(dir.path().join(EPOCHS_FILE), "key 1 2\n").unwrap();
         assert!(TicketKeys::load_at(dir.path(), token_mark(Some("b")), 5_020).is_err());
+    }
+
+    /// Replicas that share a secret sign and check with the same keys, epoch by epoch, with
+    /// nothing on disk: a ticket one gave holds at another, across a rotation too; another
+    /// secret's, or another shared token's, does not.
+    #[test]
+    fn replicas_sharing_a_secret_honour_each_others_tickets() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("secret");
+        std::fs::write(&file, "0123456789abcdef0123456789abcdef\n").unwrap();
+        let secret = SharedSecret::read(&file).unwrap();
+        let mark = token_mark(Some("t"));
+        let t0 = 20_000 * DAY + DAY / 2;
+        let a = TicketKeys::shared_at(secret.clone(), mark, t0);
+        let b = TicketKeys::shared_at(secret.clone(), mark, t0 + 60);
+        let from_a = a.issue(&Grant::Node, NODE_TTL_FOR_TEST);
+        assert_eq!(b.verifiers().verify(&from_a), Ok(Grant::Node));
+        assert_eq!(
+            secret.gpu_key().as_bytes(),
+            SharedSecret::read(&file).unwrap().gpu_key().as_bytes()
+        );
+        // The next epoch is announced, then signs; the one before still holds.
+        assert!(!b.rotate_at(t0 + DAY / 4).unwrap());
+        let announce = t0 + DAY / 2 - ANNOUNCE.as_secs();
+        assert!(b.rotate_at(announce).unwrap());
+        let next = 20_002;
+        assert_eq!(
+            locks::lock(&b.epochs).numbers(),
+            vec![next - 2, next - 1, next]
+        );
+        assert!(b.rotate_at(t0 + DAY / 2).unwrap());
+        assert_eq!(
+            locks::lock(&b.epochs).signing(t0 + DAY / 2).key.epoch(),
+            next
+        );
+        let from_b = b.issue(&Grant::Node, NODE_TTL_FOR_TEST);
+        assert!(a.rotate_at(t0 + DAY / 2 + 1).unwrap());
+        assert_eq!(a.verifiers().verify(&from_b), Ok(Grant::Node));
+        assert_eq!(b.verifiers().verify(&from_a), Ok(Grant::Node));
+        // Another secret, or another shared token: other keys.
+        std::fs::write(&file, "another secret, long enough to be one").unwrap();
+        let other = TicketKeys::shared_at(SharedSecret::read(&file).unwrap(), mark, t0);
+        assert!(other.verifiers().verify(&from_a).is_err());
+        let retoken = TicketKeys::shared_at(secret, token_mark(Some("u")), t0);
+        assert!(retoken.verifiers().verify(&from_a).is_err());
+        // A secret too short to be one is refused.
+        std::fs::write(&file, "short\n").unwrap();
+        assert!(SharedSecret::read(&file).is_err());
     }
 
     const NODE_TTL_FOR_TEST: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
