@@ -226,3 +226,49 @@ routed! {
     await_gpu_window(GpuAwaitRequest) -> GpuWindow, Retry::Untaken;
     finish_gpu_window(GpuFinishRequest) -> GpuFinishResponse, Retry::Untaken;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rpc::RemoteError;
+
+    fn remote(fault: Fault, message: &str, owner: Option<&str>) -> ClientError {
+        let mut e = RemoteError::new(fault, message);
+        e.owner = owner.map(str::to_string);
+        ClientError::Remote(e)
+    }
+
+    /// What goes to another replica: a call no replica took, always; one cut off after it was
+    /// sent, only where doing it twice does what once does; an answer, never.
+    #[test]
+    fn a_call_moves_on_only_where_sending_it_again_is_safe() {
+        let refused = remote(
+            Fault::Unreachable,
+            "tcp connect error: Connection refused",
+            None,
+        );
+        let standby = remote(Fault::Unreachable, "stands by", Some("10.0.0.2:7447"));
+        let unknown_owner = remote(Fault::Unreachable, "stands by", Some(""));
+        let cut = remote(Fault::Internal, "transport error", None);
+        let broken = remote(Fault::Unreachable, "connection reset by peer", None);
+        for retry in [Retry::Always, Retry::Untaken] {
+            assert!(moves_on(&refused, retry));
+            assert!(moves_on(&standby, retry));
+            assert!(moves_on(&unknown_owner, retry));
+        }
+        assert!(moves_on(&cut, Retry::Always));
+        assert!(moves_on(&broken, Retry::Always));
+        assert!(
+            !moves_on(&cut, Retry::Untaken),
+            "a rename cut off could be done twice"
+        );
+        assert!(!moves_on(&broken, Retry::Untaken));
+        for answered in [
+            remote(Fault::NotFound, "no such key", None),
+            remote(Fault::Exists, "exists", None),
+            remote(Fault::Internal, "a corrupt record", None),
+        ] {
+            assert!(!moves_on(&answered, Retry::Always), "{answered}");
+        }
+    }
+}
