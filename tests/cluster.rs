@@ -436,22 +436,26 @@ fn a_single_servers_store_migrates_into_etcd_and_s3() {
         &none,
         &["put", "proj/later", "--src", later.to_str().unwrap()],
     );
-    drop(replica);
+    // Not while a server serves the store: a copy of a store being written is none.
+    let back_to = |to: &Path| {
+        kt_server(&["migrate", "--to", to.to_str().unwrap(), "--meta", &meta])
+            .args(["--blocks", &blocks, "--json"])
+            .output()
+            .unwrap()
+    };
+    let served = back_to(&dir.path().join("busy"));
+    assert!(!served.status.success(), "migrated a store a server serves");
+    let err = String::from_utf8_lossy(&served.stderr);
+    assert!(
+        err.contains("serves") && err.contains(&replica.addr),
+        "{err}"
+    );
+    // A server that stops gives its claim up: the store is free at once.
+    assert!(replica.stop().success());
 
     // And back: etcd and S3 into a data directory a single server serves alone.
     let back_dir = dir.path().join("back");
-    let back = kt_server(&[
-        "migrate",
-        "--to",
-        back_dir.to_str().unwrap(),
-        "--meta",
-        &meta,
-        "--blocks",
-        &blocks,
-        "--json",
-    ])
-    .output()
-    .unwrap();
+    let back = back_to(&back_dir);
     assert!(
         back.status.success(),
         "{}",

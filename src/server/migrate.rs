@@ -13,6 +13,7 @@ use crate::db::{Db, DbError};
 use crate::hash::BlockHash;
 use crate::meta;
 use crate::meta::backend::{BackendError, MetaBackend, Op, Table};
+use crate::meta::engine::{EtcdEngine, MetaEngine, OWNER_KEY};
 
 use super::spec::{open_backend, open_objects, MetaSpec, OpenError, StoreSpec};
 
@@ -121,6 +122,7 @@ async fn open_engines(
     spec: &StoreSpec,
     db: &Db,
 ) -> Result<(StoreBlocks, Box<dyn MetaBackend>), MigrateError> {
+    no_server_on(spec).await?;
     let Some(objects) = open_objects(spec).await? else {
         return Err(MigrateError::Bad("no object store named".into()));
     };
@@ -129,6 +131,24 @@ async fn open_engines(
         blocks,
         open_backend(&spec.meta, db.clone(), Some(objects), None).await?,
     ))
+}
+
+/// A migration copies a store no server writes: one a replica owns (its owner key is held) is
+/// refused, either way.
+async fn no_server_on(spec: &StoreSpec) -> Result<(), MigrateError> {
+    let MetaSpec::Etcd(url) = &spec.meta else {
+        return Ok(());
+    };
+    let engine = EtcdEngine::connect(url).await.map_err(OpenError::from)?;
+    let Some(claim) = engine.get(OWNER_KEY).await.map_err(OpenError::from)? else {
+        return Ok(());
+    };
+    let claim = String::from_utf8_lossy(&claim.value);
+    Err(MigrateError::Bad(format!(
+        "a store server serves {} (its owner is at {}): stop every server of it first",
+        url.prefix.trim_end_matches('/'),
+        claim.split_whitespace().next().unwrap_or("?")
+    )))
 }
 
 fn copy_blocks(
