@@ -5,6 +5,7 @@
 
 pub mod auth;
 mod duties;
+mod guard;
 mod handler;
 mod migrate;
 mod patch;

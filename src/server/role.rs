@@ -4,31 +4,36 @@
 //! once (`rpc::replicas`). Nothing of the call reaches a handler: a standby's memory holds
 //! none of the store's state.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use tokio::sync::watch;
 use tonic::codegen::http;
 
+use super::guard::{guarded, BoxFuture, Guard, Guarded};
 use crate::meta::engine::Standing;
 use crate::rpc::status::{to_status, Fault, OWNER_HEADER};
 
 /// `inner`, answered only while `standing` says this replica owns the store.
-pub fn owner_only<S>(inner: S, standing: watch::Receiver<Standing>) -> OwnerOnly<S> {
-    OwnerOnly { inner, standing }
+pub fn owner_only<S>(inner: S, standing: watch::Receiver<Standing>) -> Guarded<S, OwnerOnly> {
+    guarded(inner, OwnerOnly(standing))
 }
 
+/// The check that this replica owns the store.
 #[derive(Clone)]
-pub struct OwnerOnly<S> {
-    inner: S,
-    standing: watch::Receiver<Standing>,
-}
+pub struct OwnerOnly(watch::Receiver<Standing>);
 
-impl<S: tonic::server::NamedService> tonic::server::NamedService for OwnerOnly<S> {
-    const NAME: &'static str = S::NAME;
+impl Guard for OwnerOnly {
+    fn admit<B: Send + 'static>(
+        &self,
+        req: http::Request<B>,
+    ) -> BoxFuture<Result<http::Request<B>, tonic::Status>> {
+        let refused = refusal(&self.0.borrow());
+        Box::pin(async move {
+            match refused {
+                None => Ok(req),
+                Some(status) => Err(status),
+            }
+        })
+    }
 }
-
 /// The answer of a replica that does not serve, or `None` where it owns the store.
 pub(super) fn refusal(standing: &Standing) -> Option<tonic::Status> {
     let (message, owner) = match standing {
@@ -57,37 +62,4 @@ pub(super) fn not_owner(message: impl Into<String>, owner: &str) -> tonic::Statu
         status.metadata_mut().insert(OWNER_HEADER, v);
     }
     status
-}
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-
-impl<S, B> tower::Service<http::Request<B>> for OwnerOnly<S>
-where
-    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let refused = refusal(&self.standing.borrow());
-        // The service that was polled ready is the one to call; the clone takes its place.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
-            match refused {
-                None => inner.call(req).await,
-                Some(status) => Ok(status.into_http()),
-            }
-        })
-    }
 }

@@ -2,55 +2,29 @@
 //! any handler runs, so a new RPC cannot forget it. The principal travels to the handler in the
 //! request's extensions.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use tonic::codegen::http;
 
 use super::{jwt_expiry, AuthError, Authenticator, Expiry, OnBehalf, Principal};
 use crate::auth::credential::{AUTHORIZATION, NO_CREDENTIAL, ON_BEHALF};
+use crate::server::guard::{guarded, BoxFuture, Guard, Guarded};
 
 /// `inner`, behind `auth`.
-pub fn authenticated<S>(inner: S, auth: Arc<Authenticator>) -> Authenticated<S> {
-    Authenticated { inner, auth }
+pub fn authenticated<S>(inner: S, auth: Arc<Authenticator>) -> Guarded<S, Authenticate> {
+    guarded(inner, Authenticate(auth))
 }
 
+/// The check of a call's credentials.
 #[derive(Clone)]
-pub struct Authenticated<S> {
-    inner: S,
-    auth: Arc<Authenticator>,
-}
+pub struct Authenticate(Arc<Authenticator>);
 
-impl<S: tonic::server::NamedService> tonic::server::NamedService for Authenticated<S> {
-    const NAME: &'static str = S::NAME;
-}
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-
-impl<S, B> tower::Service<http::Request<B>> for Authenticated<S>
-where
-    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        // The service that was polled ready is the one to call; the clone takes its place.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let auth = self.auth.clone();
+impl Guard for Authenticate {
+    fn admit<B: Send + 'static>(
+        &self,
+        mut req: http::Request<B>,
+    ) -> BoxFuture<Result<http::Request<B>, tonic::Status>> {
+        let auth = self.0.clone();
         Box::pin(async move {
             let header = req.headers().get(AUTHORIZATION).map(|v| v.as_bytes());
             let peer = req
@@ -86,12 +60,12 @@ where
                     if let Some(at) = expiry {
                         req.extensions_mut().insert(Expiry(at));
                     }
-                    inner.call(req).await
+                    Ok(req)
                 }
                 Err(e) => {
                     crate::metrics::AUTH_REFUSED.inc();
                     tracing::info!(error = %e, path = %req.uri().path(), "refused a call");
-                    Ok(tonic::Status::from(e).into_http())
+                    Err(tonic::Status::from(e))
                 }
             }
         })
