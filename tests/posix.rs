@@ -639,6 +639,62 @@ fn ctime_and_directory_times_move_as_on_a_local_filesystem_and_are_shared() {
     }
 }
 
+/// A close publishes what was written through the mount, and changes nothing of the file: its
+/// ctime and mtime stay those of its last change, on this node and the next (pjdfstest's
+/// `ftruncate::unchanged_ctime_failed` closes a new file after a refused ftruncate).
+#[test]
+fn a_close_leaves_the_times_of_the_file_it_publishes() {
+    let c = Cluster::new("127.0.0.148");
+    let a = start_mount("127.0.0.148", &c.server.addr, &c.path("a"), "px-c1", &[]);
+    let b = start_mount("127.0.0.149", &c.server.addr, &c.path("b"), "px-c2", &[]);
+    let nap = || std::thread::sleep(std::time::Duration::from_millis(30));
+    // A new file, never written: a refused ftruncate, then the close that publishes it.
+    let f = a.path("new");
+    let fd = open_fd(&f, libc::O_CREAT | libc::O_RDONLY, 0o644);
+    let made = lstat(&f);
+    nap();
+    // SAFETY: a valid descriptor.
+    let r = unsafe { libc::ftruncate(fd.as_raw_fd(), 123) };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EINVAL)
+    );
+    nap();
+    drop(fd);
+    let closed = lstat(&f);
+    assert_eq!(
+        (ctime(&closed), mtime(&closed)),
+        (ctime(&made), mtime(&made)),
+        "the close of an unwritten file moved its times"
+    );
+    // A written file: its times are the last write's, not the close's.
+    let g = a.path("written");
+    let fd = open_fd(&g, libc::O_CREAT | libc::O_WRONLY, 0o644);
+    pwrite(&fd, b"bytes", 0);
+    let written = fstat(&fd).unwrap();
+    nap();
+    drop(fd);
+    let closed = lstat(&g);
+    assert_eq!(
+        (ctime(&closed), mtime(&closed)),
+        (ctime(&written), mtime(&written)),
+        "the close of a written file moved its times"
+    );
+    for (name, want) in [("new", &made), ("written", &written)] {
+        let there = b.path(name);
+        assert!(
+            eventually(std::time::Duration::from_secs(5), || {
+                let st = lstat(&there);
+                (ctime(&st), mtime(&st)) == (ctime(want), mtime(want))
+            }),
+            "{name} on the other node: {:?} vs {:?}",
+            (ctime(&lstat(&there)), mtime(&lstat(&there))),
+            (ctime(want), mtime(want))
+        );
+    }
+}
+
 #[test]
 fn other_users_meet_the_checks_a_local_filesystem_makes() {
     use std::os::unix::fs::PermissionsExt;
@@ -712,6 +768,158 @@ fn other_users_meet_the_checks_a_local_filesystem_makes() {
     std::os::unix::fs::chown(a.path("p/sg"), None, Some(4000)).unwrap();
     assert!(user(format!("chmod 2755 {p}/sg")).0);
     assert_eq!(lstat(&a.path("p/sg")).st_mode & 0o7777, 0o755);
+}
+
+/// Python `code` (the system's python3: a user may not reach root's own) run as uid 1000 with effective gid `gid` and `gid` its only group: a user
+/// whose group is not its primary one (1000) when `gid` is another.
+fn as_user_in(gid: u32, code: &str) -> (bool, String) {
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid", "1000", "--regid", &gid.to_string()])
+        .args(["--groups", &gid.to_string(), "/usr/bin/python3", "-c", code])
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The cases of pjdfstest's Rust port run as a user other than root (`*::uid_gid_eq_euid_egid`,
+/// `*::unchanged_ctime_failed`, `rename::write_access_required_subdir`,
+/// `{ftruncate,posix_fallocate}::affected_*create_flags*`, `utimensat::{nobody,write_perm}`,
+/// `chmod::clear_isgid_bit`), each as its case makes it.
+#[test]
+fn a_user_of_another_group_creates_and_is_refused_as_on_a_local_filesystem() {
+    use std::os::unix::fs::PermissionsExt;
+    let c = Cluster::new("127.0.0.20");
+    let a = start_mount("127.0.0.20", &c.server.addr, &c.path("a"), "px-u", &[]);
+    for d in [c.path(""), c.path("a")] {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mode =
+        |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+    // A directory root gave the user: what it makes there is its uid's, and its effective
+    // gid's (or the directory's), whatever its primary group.
+    let own = a.path("own");
+    std::fs::create_dir(&own).unwrap();
+    std::os::unix::fs::chown(&own, Some(1000), Some(1000)).unwrap();
+    let o = own.display();
+    let (ok, err) = as_user_in(
+        2000,
+        &format!(
+            "import os\nos.close(os.open('{o}/f', os.O_CREAT | os.O_WRONLY, 0o644))\n\
+             os.mkdir('{o}/d')\nos.mkfifo('{o}/p')\nos.mknod('{o}/s', 0o644 | 0o140000)"
+        ),
+    );
+    assert!(ok, "{err}");
+    for name in ["f", "d", "p", "s"] {
+        let (uid, gid) = owner(&own.join(name));
+        assert_eq!(uid, 1000, "{name}'s owner");
+        assert!(gid == 2000 || gid == 1000, "{name}'s group: {gid}");
+    }
+
+    // A file made with no permission at all is still open for what its open asked.
+    let w = a.path("w");
+    std::fs::create_dir(&w).unwrap();
+    mode(&w, 0o777);
+    let (ok, err) = as_user_in(
+        1000,
+        &format!(
+            "import os\nfd = os.open('{}/u', os.O_CREAT | os.O_RDWR, 0)\n\
+             os.ftruncate(fd, 0)\nos.posix_fallocate(fd, 0, 1)\nos.write(fd, b'x')",
+            w.display()
+        ),
+    );
+    assert!(ok, "{err}");
+
+    // Refused calls change nothing: not the ctime of another name of the file.
+    std::fs::write(a.path("victim"), b"root's").unwrap();
+    std::fs::hard_link(a.path("victim"), a.path("victim-link")).unwrap();
+    let c0 = ctime(&lstat(&a.path("victim-link")));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let root = a.path("");
+    let code = format!(
+        "import os
+calls = (
+    lambda: os.unlink('{r}/victim'),
+    lambda: os.rename('{r}/victim', '{o}/moved'),
+    lambda: os.truncate('{r}/victim', 0),
+)
+for call in calls:
+    try:
+        call()
+        raise SystemExit('done')
+    except PermissionError:
+        pass",
+        r = root.display()
+    );
+    let (ok, err) = as_user_in(1000, &code);
+    assert!(ok, "{err}");
+    assert_eq!(
+        ctime(&lstat(&a.path("victim-link"))),
+        c0,
+        "refused calls moved the ctime"
+    );
+
+    // Moving a directory to another parent needs write access to it (its ".." changes); a
+    // file moves with write access to both directories alone.
+    let (from, to) = (a.path("from"), a.path("to"));
+    for d in [&from, &to] {
+        std::fs::create_dir(d).unwrap();
+        mode(d, 0o777);
+    }
+    std::fs::create_dir(from.join("sub")).unwrap();
+    mode(&from.join("sub"), 0o700);
+    std::fs::write(from.join("file"), b"root's").unwrap();
+    let (f, t) = (from.display(), to.display());
+    let (ok, err) = as_user_in(
+        1000,
+        &format!(
+            "import os
+try:
+    os.rename('{f}/sub', '{t}/sub')
+    raise SystemExit('moved')
+except PermissionError:
+    pass
+os.rename('{f}/file', '{t}/file')"
+        ),
+    );
+    assert!(ok, "{err}");
+    assert!(to.join("file").exists() && from.join("sub").exists());
+
+    // utimensat: explicit times need ownership, write permission or not (EPERM).
+    for (name, m) in [("ro", 0o644), ("rw", 0o666)] {
+        let p = a.path(name);
+        std::fs::write(&p, b"x").unwrap();
+        mode(&p, m);
+        let (ok, err) = as_user_in(
+            1000,
+            &format!(
+                "import os, errno
+try:
+    os.utime('{}', (1900000000, 1950000000))
+except PermissionError as e:
+    assert e.errno == errno.EPERM, e
+else:
+    raise SystemExit('set')",
+                p.display()
+            ),
+        );
+        assert!(ok, "{name}: {err}");
+    }
+
+    // The owner in the file's group keeps set-group-ID through chmod, and drops it.
+    let sg = a.path("sg");
+    std::fs::write(&sg, b"x").unwrap();
+    std::os::unix::fs::chown(&sg, Some(1000), Some(1000)).unwrap();
+    for m in [0o2755, 0o755] {
+        let (ok, err) = as_user_in(
+            1000,
+            &format!("import os\nos.chmod('{}', {m})", sg.display()),
+        );
+        assert!(ok, "{err}");
+        assert_eq!(lstat(&sg).st_mode & 0o7777, m);
+    }
 }
 
 #[test]

@@ -29,6 +29,10 @@ pub struct Publish<'a> {
     pub ttl_secs: u64,
     /// Whether whatever is at `key` is replaced; without it, only the same version is.
     pub force: bool,
+    /// When the writer last changed what it publishes (seconds and nanoseconds since the
+    /// epoch): the key's ctime. A mount publishes a file at its close, and a close changes
+    /// nothing of it. `None`, or a time past this server's clock: the commit's own time.
+    pub changed: Option<(i64, u32)>,
 }
 
 impl<'a> Publish<'a> {
@@ -44,6 +48,7 @@ impl<'a> Publish<'a> {
             origin: "",
             ttl_secs: 0,
             force: false,
+            changed: None,
         }
     }
 }
@@ -154,11 +159,13 @@ impl MetaStore {
             t.drop_attrs(path)?;
         }
         // Stamped to the nanosecond, as its directory is (a key's record keeps milliseconds).
-        t.touch(path, false)?;
-        t.put_key(
+        let at = p.changed.filter(|c| *c < t.now()).unwrap_or(t.now());
+        t.touch_at(path, false, at)?;
+        t.put_key_at(
             path,
             manifest.clone(),
             &Lineage::fresh(p.locale, p.origin, p.ttl_secs, self.now_ms()),
+            at,
         )?;
         Ok((version, t.submit()?))
     }

@@ -623,6 +623,41 @@ fn paths_keep_times_of_their_own_that_move_with_them_and_go_with_them() {
 }
 
 #[test]
+fn a_publish_stamps_the_writers_last_change_never_a_time_past_the_servers_clock() {
+    let (_d, meta, clock) = store_on(DEFAULT_TEST_LEASE);
+    let ns = Namespace::default();
+    meta.blocks().put(&BlockHash::of(b"f"), b"f").unwrap();
+    let ctime = |key: &str| {
+        let e = meta.list_dir_only(&ns, Some(&k(key))).unwrap().dir.unwrap();
+        (e.ctime_sec, e.ctime_nsec)
+    };
+    let now = || crate::clock::Clock::now(&clock).unix();
+    let written = now();
+    clock.advance(Duration::from_millis(1500));
+    let publish = |key: &str, changed| {
+        meta.publish(Publish {
+            changed,
+            ..Publish::new(&ns, &k(key), &one_file(b"f"))
+        })
+        .unwrap();
+    };
+    publish("written", Some(written));
+    assert_eq!(
+        ctime("written"),
+        written,
+        "the close's time, not the write's"
+    );
+    publish("ahead", Some((now().0 + 3600, 0)));
+    assert_eq!(
+        ctime("ahead"),
+        now(),
+        "a writer's clock ahead of the server's"
+    );
+    publish("told-nothing", None);
+    assert_eq!(ctime("told-nothing"), now());
+}
+
+#[test]
 fn hard_links_are_names_of_one_inode_record() {
     let (_d, meta) = store(DEFAULT_TEST_LEASE);
     let ns = Namespace::default();

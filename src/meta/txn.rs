@@ -189,6 +189,11 @@ impl<'m> Txn<'m> {
         }
     }
 
+    /// When this change happens (see [`Txn::now`]).
+    pub fn now(&self) -> (i64, u32) {
+        self.now
+    }
+
     /// What `path` shows beyond its entry, pending edits applied.
     pub fn attrs(&self, path: &str) -> Result<Option<PathAttrs>, MetaError> {
         match self.attrs.get(path) {
@@ -263,7 +268,12 @@ impl<'m> Txn<'m> {
     /// Stamps a change of `path`'s metadata (its ctime) now, and with `entries` a change of a
     /// directory's entries (its mtime too).
     pub fn touch(&mut self, path: &str, entries: bool) -> Result<(), MetaError> {
-        let (s, n) = self.now;
+        self.touch_at(path, entries, self.now)
+    }
+
+    /// [`Txn::touch`] at `at` rather than now.
+    pub fn touch_at(&mut self, path: &str, entries: bool, at: (i64, u32)) -> Result<(), MetaError> {
+        let (s, n) = at;
         // A directory (its entries changed) is never a hard link: no record to look up.
         let linked = match entries {
             true => None,
@@ -533,11 +543,23 @@ impl<'m> Txn<'m> {
 
     /// Puts `m` at `key`; through a name of a hard-linked file, into its inode.
     pub fn put_key(&mut self, key: &str, m: Manifest, lineage: &Lineage) -> Result<(), MetaError> {
+        self.put_key_at(key, m, lineage, self.now)
+    }
+
+    /// [`Txn::put_key`] of content changed at `at` (a hard-linked file's inode takes it as its
+    /// ctime).
+    pub fn put_key_at(
+        &mut self,
+        key: &str,
+        m: Manifest,
+        lineage: &Lineage,
+        at: (i64, u32),
+    ) -> Result<(), MetaError> {
         let version = manifest::version_of(&m);
         let mut r = record_for(&m, &version, lineage);
         if let Some(cur) = self.record(key)?.filter(|c| c.inode != 0) {
             (r.inode, r.nlink) = (cur.inode, cur.nlink);
-            (r.ctime_sec, r.ctime_nsec) = self.now;
+            (r.ctime_sec, r.ctime_nsec) = at;
             self.inodes.insert(cur.inode, Some((r, Some(m))));
             self.pending
                 .insert(key.to_string(), Pending::Link(cur.inode));

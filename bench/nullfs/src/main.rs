@@ -2,6 +2,10 @@
 //! bench/fuse.sh times a `cp -r` into it beside the one into a mount: the ceiling of any FUSE
 //! create path on the machine. `nullfs MOUNTPOINT` (8 threads; `NT=n` for others).
 //!
+//! It also lists its directories and reads its files back (zeros of each file's size), so a
+//! `cat *` of a copied tree costs the kernel's requests for it and nothing else: the ceiling of
+//! a first read of many small files (bench/smallfiles.sh).
+//!
 //! It gets the requests a ktfs mount gets for each created file (seven): mounted with
 //! `default_permissions`, so a create in a directory makes the kernel fetch the directory's
 //! attributes again before the next, and answering `getxattr` (no attribute), so the kernel asks
@@ -14,8 +18,8 @@ use std::time::{Duration, SystemTime};
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
-    OpenFlags, ReplyAttr, ReplyCreate, ReplyEmpty, ReplyEntry, ReplyWrite, ReplyXattr, Request,
-    WriteFlags,
+    OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
+    ReplyWrite, ReplyXattr, Request, WriteFlags,
 };
 
 const TTL: Duration = Duration::from_secs(1);
@@ -127,6 +131,47 @@ impl Filesystem for Null {
             a.size = a.size.max(offset + data.len() as u64);
         }
         reply.written(data.len() as u32)
+    }
+    fn read(
+        &self,
+        _r: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _f: OpenFlags,
+        _l: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let len = self.attrs.lock().unwrap().get(&ino.0).map_or(0, |a| a.size);
+        let n = len.saturating_sub(offset).min(u64::from(size)) as usize;
+        reply.data(&vec![0u8; n])
+    }
+    fn readdir(
+        &self,
+        _r: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let mut entries: Vec<(u64, String)> = self
+            .names
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|((parent, _), _)| *parent == ino.0)
+            .map(|((_, name), child)| (*child, name.clone()))
+            .collect();
+        entries.sort();
+        let attrs = self.attrs.lock().unwrap();
+        for (i, (child, name)) in entries.iter().enumerate().skip(offset as usize) {
+            let kind = attrs.get(child).map_or(FileType::RegularFile, |a| a.kind);
+            if reply.add(INodeNo(*child), i as u64 + 1, kind, name) {
+                break;
+            }
+        }
+        reply.ok()
     }
     fn getxattr(&self, _r: &Request, _i: INodeNo, _n: &OsStr, _s: u32, reply: ReplyXattr) {
         reply.error(Errno::ENODATA)

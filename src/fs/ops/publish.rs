@@ -90,6 +90,7 @@ impl FsCore {
             }
         };
         let (mtime_sec, mtime_nsec) = to_unix(*lock(&s.mtime));
+        let (ctime_sec, ctime_nsec) = to_unix(*lock(&s.ctime));
         let (uid, gid) = *lock(&s.owner);
         let m = Manifest {
             block_size: chunking.max_block(),
@@ -145,6 +146,10 @@ impl FsCore {
             force: true,
             manifest: Some(m),
             watcher,
+            // Its last change here, not the close that publishes it.
+            changed_unix_ns: ctime_sec
+                .saturating_mul(1_000_000_000)
+                .saturating_add(i64::from(ctime_nsec)),
             ..Default::default()
         };
         Ok(Some(Prepared {

@@ -31,6 +31,7 @@ struct Item {
     origin: String,
     ttl_secs: u64,
     force: bool,
+    changed: Option<(i64, u32)>,
 }
 
 /// `paths` and the directory of each: what a publish's maker is answered about.
@@ -64,7 +65,13 @@ fn check_item(r: PublishRequest) -> Result<Item, Status> {
         origin: r.origin_node,
         ttl_secs: r.ttl_secs,
         force: r.force,
+        changed: changed_at(r.changed_unix_ns),
     })
+}
+
+/// A publish's `changed_unix_ns` as seconds and nanoseconds; 0 (or less): none.
+fn changed_at(ns: i64) -> Option<(i64, u32)> {
+    (ns > 0).then_some((ns / 1_000_000_000, (ns % 1_000_000_000) as u32))
 }
 
 /// Publishes the items of a batch: each queued as a change of its own, then all made durable
@@ -84,6 +91,7 @@ fn publish_items(
                 origin: &i.origin,
                 ttl_secs: i.ttl_secs,
                 force: i.force,
+                changed: i.changed,
                 ..Publish::new(ns, &i.key, &i.manifest)
             })?;
             Ok((i.key, v, t))
@@ -183,6 +191,7 @@ pub(super) async fn publish(
             origin: &r.origin_node,
             ttl_secs: r.ttl_secs,
             force: r.force,
+            changed: changed_at(r.changed_unix_ns),
         })?;
         let parent = key.as_str().rsplit_once('/').map(|(p, _)| p);
         let parent = parent.map(KeyPath::parse).transpose().ok().flatten();
