@@ -268,6 +268,75 @@ stop_server() {
     forget_pid "$SERVER_PID"
 }
 
+# ---- mounts (the caller sets WORK, KT and SERVER_ADDR) --------------------------------------------
+drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+
+declare -A MPID MDIR
+# start_mount NAME IP [ARGS...]: `kt mount` as node NAME on IP, with a fresh cache dir; waits until
+# it says it is ready and the mount point is mounted.
+start_mount() {
+    local name=$1 ip=$2 i pid dir=$WORK/mnt/$1
+    shift 2
+    mkdir -p "$dir" "$WORK/cache/$name"
+    "$KT" mount "$dir" --server "$SERVER_ADDR" --listen "$ip:0" --cache-dir "$WORK/cache/$name" \
+        --socket "$WORK/$name.sock" --node-id "$name" "$@" \
+        >"$WORK/mount-$name.out" 2>"$WORK/mount-$name.err" &
+    pid=$!
+    MOUNT_PIDS+=("$pid")
+    MOUNT_DIRS+=("$dir")
+    MPID[$name]=$pid
+    MDIR[$name]=$dir
+    for i in $(seq 300); do
+        if grep -q "^kt agent $name listening on" "$WORK/mount-$name.out" && is_mounted "$dir"; then
+            log "mount $name (pid $pid): $(head -1 "$WORK/mount-$name.out")"
+            return 0
+        fi
+        kill -0 "$pid" 2>/dev/null || { tail -5 "$WORK/mount-$name.err" >&2; die "kt mount $name exited"; }
+        sleep 0.1
+    done
+    die "kt mount $name not ready within 30 s"
+}
+stop_mount() { # NAME
+    local name=$1 pid=${MPID[$1]} dir=${MDIR[$1]} i keep_p=() keep_d=()
+    stop_mount_pid "$pid" "$dir"
+    is_mounted "$dir" && die "$dir is still mounted"
+    for i in "${!MOUNT_PIDS[@]}"; do
+        [[ ${MOUNT_PIDS[i]} == "$pid" ]] && continue
+        keep_p+=("${MOUNT_PIDS[i]}")
+        keep_d+=("${MOUNT_DIRS[i]}")
+    done
+    MOUNT_PIDS=("${keep_p[@]}")
+    MOUNT_DIRS=("${keep_d[@]}")
+    unset "MPID[$name]" "MDIR[$name]"
+}
+
+# Per-phase accounting of the long-lived processes (server and mounts): snapshot, then deltas.
+declare -A C0
+snap() { # NAME... : CPU snapshot and peak-RSS reset of these processes ("server" or a mount name)
+    local n pid
+    for n in "$@"; do
+        pid=$([[ $n == server ]] && echo "$SERVER_PID" || echo "${MPID[$n]}")
+        C0[$n]=$(proc_cpu "$pid")
+        C0[$n.us]=$(proc_cpu_us "$pid")
+        reset_hwm "$pid"
+    done
+}
+cpu_of() { # NAME: CPU-s since snap
+    local pid
+    pid=$([[ $1 == server ]] && echo "$SERVER_PID" || echo "${MPID[$1]}")
+    sub_s "${C0[$1]}" "$(proc_cpu "$pid")"
+}
+us_of() { # NAME: "user U sys S" since snap
+    local pid u0 s0 u1 s1
+    pid=$([[ $1 == server ]] && echo "$SERVER_PID" || echo "${MPID[$1]}")
+    read -r u0 s0 <<<"${C0[$1.us]}"
+    read -r u1 s1 <<<"$(proc_cpu_us "$pid")"
+    echo "user $(sub_s "$u0" "$u1"), sys $(sub_s "$s0" "$s1")"
+}
+hwm_of() { # NAME: VmHWM in KiB
+    proc_hwm_kb "${MPID[$1]}"
+}
+
 # ---- RESULTS.md sections ------------------------------------------------------------------------
 # bench/RESULTS.md is shared: e2e.sh writes the top of it (header, end-to-end table,
 # micro-benchmarks); fuse.sh owns the part between these markers, which e2e.sh carries over.

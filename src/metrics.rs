@@ -182,6 +182,16 @@ pub static MOUNT_METADATA_REQUESTS: Counter = Counter::new(
     "",
     "Listings and resolves a mount asked the store server for (what its caches did not answer).",
 );
+pub static MOUNT_OPEN_RESOLVES: Counter = Counter::new(
+    "kt_mount_open_resolves_total",
+    "",
+    "Opens that waited for a resolve of their own (nothing kept ahead answered them).",
+);
+pub static MOUNT_RESOLVED_AHEAD: Counter = Counter::new(
+    "kt_mount_resolved_ahead_total",
+    "",
+    "Batches of a directory's small files a mount resolved in the background, ahead of a reader.",
+);
 pub static MOUNT_BLOCK_LOOKUPS: Counter = Counter::new(
     "kt_mount_block_lookups_total",
     "",
@@ -253,8 +263,10 @@ pub static FUSE_FLUSH_SECONDS: Histogram = Histogram::new(
     "Time of a filesystem operation in the mount's core.",
 );
 
-static COUNTERS: [&Counter; 27] = [
+static COUNTERS: [&Counter; 29] = [
     &MOUNT_METADATA_REQUESTS,
+    &MOUNT_OPEN_RESOLVES,
+    &MOUNT_RESOLVED_AHEAD,
     &MOUNT_BLOCK_LOOKUPS,
     &KERNEL_SETTLE_WAITS,
     &READDIRPLUS_NAMES,

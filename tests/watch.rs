@@ -281,6 +281,52 @@ fn a_mount_making_directories_is_not_told_of_its_own_mkdirs() {
     assert_eq!(metric(&c.server.addr, "kt_watch_lapsed_total"), 0.0);
 }
 
+/// A reader going through a directory of small files waits for the store once: soon after
+/// it enters a batch resolved ahead, the mount asks for the next one in the background, so the
+/// opens at each batch's end find their versions kept.
+#[test]
+fn the_next_batch_of_small_files_is_resolved_before_the_reader_reaches_it() {
+    let (_c, a, b) = two_nodes("127.0.0.8", "127.0.0.10");
+    let agent = b.proc.as_ref().expect("running").addr.clone();
+    std::fs::create_dir(a.path("many")).unwrap();
+    let body = |i: usize| format!("file {i:03} ").repeat(100);
+    for i in 0..200 {
+        std::fs::write(a.path(&format!("many/f{i:03}")), body(i)).unwrap();
+    }
+    assert_eq!(std::fs::read_dir(b.path("many")).unwrap().count(), 200);
+    let waited = || metric(&agent, "kt_mount_open_resolves_total");
+    let ahead = || metric(&agent, "kt_mount_resolved_ahead_total");
+    let (waited0, ahead0) = (waited(), ahead());
+    let read = |range: std::ops::Range<usize>| {
+        for i in range {
+            let f = b.path(&format!("many/f{i:03}"));
+            assert_eq!(std::fs::read_to_string(f).unwrap(), body(i), "f{i:03}");
+        }
+    };
+    // The first open resolves 64 files; the 5th asks for the next 64 in the background, and
+    // so on: each batch is waited for here before the reader reaches it, as a reader slower
+    // than one round trip per batch would find it.
+    for (files, batches) in [(0..40, 1.0), (40..110, 2.0), (110..170, 3.0)] {
+        read(files);
+        assert!(
+            eventually(Duration::from_secs(10), || ahead() - ahead0 >= batches),
+            "batch {batches} was not resolved ahead"
+        );
+    }
+    read(170..200);
+    assert_eq!(waited() - waited0, 1.0, "opens that waited for a resolve");
+    // A reader going straight through asks once too (one that reaches a batch still under way
+    // waits for it).
+    std::fs::rename(a.path("many"), a.path("again")).unwrap();
+    assert_eq!(std::fs::read_dir(b.path("again")).unwrap().count(), 200);
+    let waited0 = waited();
+    for i in 0..200 {
+        let f = b.path(&format!("again/f{i:03}"));
+        assert_eq!(std::fs::read_to_string(f).unwrap(), body(i), "f{i:03}");
+    }
+    assert_eq!(waited() - waited0, 1.0, "opens that asked again");
+}
+
 /// A mount reading a directory of small files it never opened asks for their versions a
 /// batch at a time (an open resolves, with its own file, the small files after it, their bytes
 /// inline), and a file changed on another node after it was resolved ahead, but before it was

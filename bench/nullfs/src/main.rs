@@ -4,7 +4,9 @@
 //!
 //! It also lists its directories and reads its files back (zeros of each file's size), so a
 //! `cat *` of a copied tree costs the kernel's requests for it and nothing else: the ceiling of
-//! a first read of many small files (bench/smallfiles.sh).
+//! a first read of many small files (bench/smallfiles.sh). Its listings carry attributes, as a
+//! mount's do, so the kernel looks up no name it listed: a read costs an open, a read and a
+//! release, as on a mount.
 //!
 //! It gets the requests a ktfs mount gets for each created file (seven): mounted with
 //! `default_permissions`, so a create in a directory makes the kernel fetch the directory's
@@ -17,9 +19,9 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
-    OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyWrite, ReplyXattr, Request, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyWrite, ReplyXattr, Request, WriteFlags,
 };
 
 const TTL: Duration = Duration::from_secs(1);
@@ -66,6 +68,22 @@ impl Null {
             .insert((parent, name.to_string_lossy().into()), *next);
         self.attrs.lock().unwrap().insert(*next, a);
         a
+    }
+}
+
+impl Null {
+    /// The entries of directory `dir`, in the order they were made.
+    fn children(&self, dir: u64) -> Vec<(u64, String)> {
+        let mut entries: Vec<(u64, String)> = self
+            .names
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|((parent, _), _)| *parent == dir)
+            .map(|((_, name), child)| (*child, name.clone()))
+            .collect();
+        entries.sort();
+        entries
     }
 }
 
@@ -147,6 +165,29 @@ impl Filesystem for Null {
         let n = len.saturating_sub(offset).min(u64::from(size)) as usize;
         reply.data(&vec![0u8; n])
     }
+    fn init(&mut self, _r: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config
+            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
+        Ok(())
+    }
+    fn readdirplus(
+        &self,
+        _r: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let entries = self.children(ino.0);
+        let attrs = self.attrs.lock().unwrap();
+        for (i, (child, name)) in entries.iter().enumerate().skip(offset as usize) {
+            let Some(a) = attrs.get(child) else { continue };
+            if reply.add(INodeNo(*child), i as u64 + 1, name, &TTL, a, Generation(0)) {
+                break;
+            }
+        }
+        reply.ok()
+    }
     fn readdir(
         &self,
         _r: &Request,
@@ -155,15 +196,7 @@ impl Filesystem for Null {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let mut entries: Vec<(u64, String)> = self
-            .names
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|((parent, _), _)| *parent == ino.0)
-            .map(|((_, name), child)| (*child, name.clone()))
-            .collect();
-        entries.sort();
+        let entries = self.children(ino.0);
         let attrs = self.attrs.lock().unwrap();
         for (i, (child, name)) in entries.iter().enumerate().skip(offset as usize) {
             let kind = attrs.get(child).map_or(FileType::RegularFile, |a| a.kind);

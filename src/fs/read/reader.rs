@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
+use super::ahead::{Ahead, RESOLVE_AHEAD, RESOLVE_AHEAD_BYTES};
 use super::file::{file_entry, joined, ReadFile, Span, READAHEAD_BLOCKS};
 use super::loader::{Loader, Route};
 use crate::blocks::node::NodeBlocks;
@@ -23,19 +24,14 @@ use crate::dataplane::sources::{order_sources, NodeRef};
 use crate::fs::config::FsConfig;
 use crate::fs::error::{FsError, FsResult};
 use crate::fs::names::listings::Listings;
-use crate::hash::{BlockHash, Version};
+use crate::hash::Version;
 use crate::locks::lock;
-use crate::manifest::FileEntry;
 use crate::proto::{
-    AddLocationRequest, InlineBlock, Locale, ResolveManyRequest, ResolveRequest, ResolveResponse,
+    AddLocationRequest, InlineBlock, ResolveManyRequest, ResolveRequest, ResolveResponse,
     ResolveResult, WindowSpec,
 };
 use crate::rpc::client::Store;
 use crate::rpc::{implicit_group, ClientError, Fault, MAX_INLINE_FILE};
-
-/// Small files of a directory resolved with the one being opened, at most, and their bytes.
-const RESOLVE_AHEAD: usize = 63;
-const RESOLVE_AHEAD_BYTES: u64 = 768 << 10;
 
 /// What reading holds: the loader of blocks, the version each inode showed when last opened,
 /// and the versions this node registered as a source of.
@@ -46,7 +42,9 @@ pub struct Reader {
     peers: Peers,
     listings: Arc<Listings>,
     blocks: Arc<NodeBlocks>,
-    pub(crate) loader: Loader,
+    pub(crate) loader: Arc<Loader>,
+    /// Versions resolved ahead of the opens, with a batch asked in the background.
+    ahead: Arc<Ahead>,
     /// The version each inode showed when last opened, to keep the kernel's page cache only
     /// while it is still right.
     opened: Mutex<HashMap<u64, Version>>,
@@ -63,9 +61,16 @@ impl Reader {
         rt: tokio::runtime::Handle,
     ) -> Self {
         let (store, peers) = remotes;
+        let loader = Arc::new(Loader::new(blocks.clone(), rt));
         Reader {
             peers,
-            loader: Loader::new(blocks.clone(), rt),
+            ahead: Arc::new(Ahead::new(
+                cfg.clone(),
+                store.clone(),
+                listings.clone(),
+                loader.clone(),
+            )),
+            loader,
             cfg,
             store,
             listings,
@@ -85,15 +90,22 @@ impl Reader {
         // Under the watch's lease an unchanged file opens with no request: a change of it is
         // told (and forgets this) before its writer is answered.
         let since = self.listings.epoch();
-        let (r, inline) = match self.listings.resolved(path) {
-            Some(r) => (r, Vec::new()),
+        let mut kept = self.listings.resolved(path);
+        if kept.is_none() && self.ahead.wait_for(path).await {
+            kept = self.listings.resolved(path);
+        }
+        let (r, inline) = match kept {
+            Some(r) => {
+                self.ahead.read_on(path);
+                (r, Vec::new())
+            }
             None => self.ask_resolve(path, since).await?,
         };
         let entry = file_entry(&r)?;
         let version = Version::from_slice(&r.version)
             .ok_or_else(|| FsError::BadManifest("malformed version".into()))?;
-        self.take_inline(&entry, inline);
-        if self.may_keep(&r) {
+        self.ahead.take_inline(&entry, inline);
+        if self.ahead.may_keep(&r) {
             self.listings.put_resolved(path, r.clone(), since);
         }
         let node_ticket = self.cfg.node_ticket.get();
@@ -186,6 +198,7 @@ impl Reader {
         since: u64,
     ) -> FsResult<(Arc<ResolveResponse>, Vec<InlineBlock>)> {
         crate::metrics::MOUNT_METADATA_REQUESTS.inc();
+        crate::metrics::MOUNT_OPEN_RESOLVES.inc();
         let store = self.store.clone();
         let next = self
             .listings
@@ -194,6 +207,7 @@ impl Reader {
             let mut keys = Vec::with_capacity(next.len() + 1);
             keys.push(path.to_string());
             keys.extend(next);
+            self.ahead.asked(&keys);
             let asked = store
                 .resolve_many(ResolveManyRequest {
                     watcher: self.listings.watcher(),
@@ -240,7 +254,7 @@ impl Reader {
         let first = results.next().ok_or(FsError::NotFound)?;
         for (key, res) in keys[1..].iter().zip(results) {
             if let Some(r) = res.resolved {
-                self.keep_ahead(key, r, since);
+                self.ahead.keep(key, r, since);
             }
         }
         match first.resolved {
@@ -253,56 +267,6 @@ impl Reader {
                 Err(ClientError::from(status).into())
             }
         }
-    }
-
-    /// Keeps a version resolved ahead of its open, once its bytes are here: a kept version
-    /// whose bytes are not would cost its reader a fetch, where a resolve of its own would
-    /// have brought them inline. Anything odd in it is left for its own open to find.
-    fn keep_ahead(&self, path: &str, mut r: ResolveResponse, since: u64) {
-        let Ok(entry) = file_entry(&r) else {
-            return;
-        };
-        let inline = std::mem::take(&mut r.inline_blocks);
-        let held = self.take_inline(&entry, inline);
-        let here = entry
-            .blocks
-            .iter()
-            .all(|b| BlockHash::from_slice(&b.hash).is_some_and(|h| held.contains(&h)));
-        if (here || r.locale() != Locale::Store) && self.may_keep(&r) {
-            self.listings.put_resolved(path, Arc::new(r), since);
-        }
-    }
-
-    /// Whether a resolved version may be kept under the lease: an expiry is not told to
-    /// watchers, and a read ticket runs out (the node's own ticket lasts as long as the node),
-    /// so such answers are asked for at every open.
-    fn may_keep(&self, r: &ResolveResponse) -> bool {
-        r.expires_unix_ms == 0 && (!self.cfg.node_ticket.get().is_empty() || r.ticket.is_empty())
-    }
-
-    /// Keeps the blocks a resolve sent inline (a small file), so its reads need no fetch. Only
-    /// blocks of the entry are taken; one that fails its hash is dropped (the read fetches it).
-    /// The node does not register as a source of them: the store sends a small file's bytes
-    /// inline to every reader, so no one would ask this node, and the registration cost the
-    /// server a write per file read.
-    /// Returns the blocks of the entry this node now holds from them.
-    fn take_inline(&self, entry: &FileEntry, blocks: Vec<InlineBlock>) -> HashSet<BlockHash> {
-        let mut held = HashSet::new();
-        for b in blocks {
-            let Some(hash) = BlockHash::from_slice(&b.hash) else {
-                continue;
-            };
-            if !entry.blocks.iter().any(|e| e.hash == b.hash) {
-                continue;
-            }
-            match self.loader.accept(hash, Bytes::from(b.data)) {
-                Ok(()) => {
-                    held.insert(hash);
-                }
-                Err(e) => tracing::warn!(error = %e, "inline block dropped"),
-            }
-        }
-        held
     }
 
     /// Registers this node as a location of `version` once, in the background: a reader
