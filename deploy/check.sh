@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Offline checks of deploy/ (CI runs this): render the kustomization and its TLS variants,
-# validate every object and the examples against the Kubernetes schemas (strict: unknown fields
-# fail), then the cross-file consistency checks. Needs python3 with PyYAML and
+# Offline checks of deploy/ (CI runs this): render the kustomization and its TLS and cluster
+# variants, validate every object and the examples against the Kubernetes schemas (strict:
+# unknown fields fail), then the cross-file consistency checks. Needs python3 with PyYAML and
 # kubernetes-validate (`pip install kubernetes-validate`); kubectl is optional (when present, its
 # rendering must agree with render.py's). Run from anywhere: bash deploy/check.sh
 set -euo pipefail
@@ -21,14 +21,18 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 tmp="$(cd "$tmp" && pwd -P)"
 
-# The variants, NAME|COMPONENTS|MODE: the components of deploy/ it turns on, and what
-# consistency.py's --tls expects of it. Each but the base is rendered from an overlay in $tmp,
-# as a user's own overlay turns them on (kustomize refuses an overlay inside its base's
-# directory).
+# The variants, NAME|COMPONENTS|TLS|STORE: the components of deploy/ it turns on, and what
+# consistency.py's --tls and --store expect of it. Each but the base is rendered from an overlay
+# in $tmp, as a user's own overlay turns them on (kustomize refuses an overlay inside its base's
+# directory). cluster comes before tls in one and after it in another: the components append to
+# the same lists, and either order must keep both.
 variants=(
-  "base||none"
-  "tls|tls|secret"
-  "tls+cert-manager|tls tls/cert-manager|cert-manager"
+  "base||none|single"
+  "tls|tls|secret|single"
+  "tls+cert-manager|tls tls/cert-manager|cert-manager|single"
+  "cluster|cluster|none|cluster"
+  "cluster+tls+cert-manager|cluster tls tls/cert-manager|cert-manager|cluster"
+  "tls+cluster|tls cluster|secret|cluster"
 )
 
 # a. Render. render.py always runs; kubectl, where installed, must give the same objects.
@@ -106,10 +110,12 @@ python3 -m kubernetes_validate --strict --quiet -k "$K8S_VERSION" "$tmp"/docs/*.
 [[ "$custom" -gt 0 ]] || die "the tls/cert-manager variant rendered no cert-manager object"
 
 # c. Cross-file consistency of each variant, TLS included: all or nothing, one Secret, the
-# mounted paths the flags and KT_TLS_CA name, the certificate's names (see consistency.py).
+# mounted paths the flags and KT_TLS_CA name, the certificate's names (see consistency.py); and
+# the store's mode: one server on a claim, or replicas that every client lists by the names they
+# advertise (see consistency_cluster.py).
 for i in "${!variants[@]}"; do
-  IFS='|' read -r name _ mode <<<"${variants[$i]}"
-  python3 "$dir/consistency.py" "$dir" "${rendered[$i]}" --tls "$mode" \
+  IFS='|' read -r name _ tls store <<<"${variants[$i]}"
+  python3 "$dir/consistency.py" "$dir" "${rendered[$i]}" --tls "$tls" --store "$store" \
     || die "consistency checks of the $name variant failed"
 done
 

@@ -2,6 +2,7 @@
 """Cross-file checks of deploy/ that no schema can make.
 
     consistency.py DEPLOY_DIR RENDERED_YAML [--tls none|secret|cert-manager]
+                   [--store single|cluster]
 
 RENDERED_YAML is the rendered kustomization (render.py or `kubectl kustomize`); the examples and
 the Dockerfile are read from DEPLOY_DIR. Checks that the names one file uses for something another
@@ -18,9 +19,15 @@ and tls/cert-manager), that and each Secret is the one a cert-manager Certificat
 store's with the names of the store Service and KT_TLS_SERVER_NAME, the nodes' with
 KT_TLS_NODE_NAME and none of the store's, both signed by one CA Issuer whose CA a self-signed
 Issuer signs; cert-manager objects, which no Kubernetes schema covers, are checked for their
-shape here. Prints every mismatch and exits 1 on any.
+shape here.
+
+`--store` says what the store must be (default `single`): `single`, one server on its data
+directory; `cluster` (the cluster component), replicas over etcd and an object store, which
+every client lists by the names they advertise (consistency_cluster.py). Prints every mismatch
+and exits 1 on any.
 """
 
+import argparse
 import json
 import posixpath
 import re
@@ -28,7 +35,11 @@ import shlex
 import sys
 from pathlib import Path
 
-import yaml
+from consistency_cluster import STORE_MODES, check_store_mode
+from consistency_common import (DNS_NAME, argv, env_value, error, errors, flag, headless,
+                                image_repo_tag, is_server, kt_servers, load, mount_volume,
+                                name_of, pod_specs, program, resolve_port, secret_file,
+                                selects, server_lists)
 
 KT_IMAGE = "ktfs/kt"
 SIDECAR_REGISTRY = "registry.k8s.io/sig-storage/"
@@ -37,84 +48,6 @@ KUBELET_PLUGINS = "/var/lib/kubelet/plugins"
 CLASS_PARAMETERS = {"namespace", "prefix", "locale", "shareWithNamespaces"}
 # What an inline volume may say: its namespace is its pod's, and it grants nothing.
 INLINE_ATTRIBUTES = {"namespace", "prefix", "locale"}
-
-errors = []
-
-
-def error(check, msg):
-    errors.append(f"[{check}] {msg}")
-
-
-def load(path):
-    with open(path) as f:
-        return [d for d in yaml.safe_load_all(f) if d is not None]
-
-
-def name_of(doc):
-    ns = doc["metadata"].get("namespace")
-    return f"{doc['kind']}/{ns + '/' if ns else ''}{doc['metadata']['name']}"
-
-
-def pod_specs(docs):
-    """(owner description, namespace, pod template labels, pod spec) of every workload."""
-    for doc in docs:
-        kind, spec = doc["kind"], doc.get("spec") or {}
-        ns = doc["metadata"].get("namespace", "default")
-        if kind == "Pod":
-            yield name_of(doc), ns, doc["metadata"].get("labels", {}), spec
-        elif kind in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"):
-            t = spec["template"]
-            yield name_of(doc), ns, t.get("metadata", {}).get("labels", {}), t["spec"]
-        elif kind == "CronJob":
-            t = spec["jobTemplate"]["spec"]["template"]
-            yield name_of(doc), ns, t.get("metadata", {}).get("labels", {}), t["spec"]
-
-
-def argv(container):
-    return list(container.get("command") or []) + list(container.get("args") or [])
-
-
-def flag(args, name):
-    """Every value of --name, given as `--name=value` or `--name value`."""
-    values = []
-    for i, a in enumerate(args):
-        if a.startswith(name + "="):
-            values.append(a[len(name) + 1:])
-        elif a == name and i + 1 < len(args):
-            values.append(args[i + 1])
-    return values
-
-
-def program(container):
-    args = argv(container)
-    return posixpath.basename(args[0]) if args else None
-
-
-def image_repo_tag(image):
-    digestless = image.split("@", 1)[0]
-    last = digestless.rsplit("/", 1)[-1]
-    if ":" in last:
-        repo, tag = digestless.rsplit(":", 1)
-        return repo, tag
-    return digestless, None
-
-
-def mount_volume(container, path):
-    """The name of the volume the container mounts at path, or None."""
-    for m in container.get("volumeMounts") or []:
-        if m["mountPath"].rstrip("/") == path.rstrip("/"):
-            return m["name"]
-    return None
-
-
-def resolve_port(container, port):
-    """A probe's or targetPort's port (number or name) as the container's port number."""
-    if isinstance(port, int):
-        return port
-    for p in container.get("ports") or []:
-        if p.get("name") == port:
-            return p["containerPort"]
-    return None
 
 
 # --- the checks -----------------------------------------------------------------------------
@@ -245,9 +178,7 @@ def check_socket(pods, driver):
 
 def check_store_port(base, examples, pods):
     c = "store port"
-    servers = [(o, ns, labels, spec, k) for o, ns, labels, spec in pods
-               for k in spec.get("containers") or []
-               if program(k) == "kt" and argv(k)[1:2] == ["server"]]
+    servers = kt_servers(pods)
     if len(servers) != 1:
         error(c, f"expected one container running `kt server`, found {len(servers)}")
         return
@@ -261,18 +192,28 @@ def check_store_port(base, examples, pods):
     if listen_port not in ports:
         error(c, f"{owner}: kt server listens on {listen_port}, containerPorts are {ports}")
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
-        tcp = (ctr.get(probe) or {}).get("tcpSocket")
-        if tcp and resolve_port(ctr, tcp["port"]) != listen_port:
-            error(c, f"{owner}: {probe} checks port {tcp['port']!r}, the server listens on "
-                     f"{listen_port}")
+        for how in ("tcpSocket", "grpc", "httpGet"):
+            checked = (ctr.get(probe) or {}).get(how)
+            if checked and resolve_port(ctr, checked["port"]) != listen_port:
+                error(c, f"{owner}: {probe} checks port {checked['port']!r}, the server listens "
+                         f"on {listen_port}")
+        # The kubelet's gRPC probes speak no TLS, and a port with a certificate answers only
+        # plain HTTP (/metrics, /ready) in the clear: such a probe would never pass.
+        if (ctr.get(probe) or {}).get("grpc") and flag(argv(ctr), "--tls-cert"):
+            error(c, f"{owner}: {probe} is a gRPC probe, which cannot reach a port that speaks "
+                     f"TLS; an httpGet of /ready can")
+        http = (ctr.get(probe) or {}).get("httpGet")
+        if http and (http.get("path") != "/ready" or http.get("scheme", "HTTP") != "HTTP"):
+            error(c, f"{owner}: {probe} asks {http.get('scheme', 'HTTP')} {http.get('path')!r}; "
+                     f"the server answers its readiness at HTTP /ready")
     sts = [d for d in base if d["kind"] == "StatefulSet" and name_of(d) == owner]
-    services = [d for d in base if d["kind"] == "Service"
-                and d["metadata"].get("namespace", "default") == ns
-                and (d["spec"].get("selector") or {})
-                and all(labels.get(k) == v for k, v in d["spec"]["selector"].items())]
+    services = [d for d in base if d["kind"] == "Service" and selects(d, ns, labels)]
     if not services:
         error(c, f"no Service in {ns} selects the pods of {owner}")
         return
+    # A headless Service has no address of its own: its name, and POD.SERVICE.NAMESPACE of each
+    # pod of the StatefulSet it governs, resolve to the pods, which clients then dial on the
+    # server's own port whatever the Service's is (consistency_cluster.py has the two agree).
     addresses = {}
     for svc in services:
         for p in svc["spec"]["ports"]:
@@ -281,23 +222,33 @@ def check_store_port(base, examples, pods):
                 error(c, f"{name_of(svc)}: port {p['port']} targets {p.get('targetPort')!r} "
                          f"= {target}, the server listens on {listen_port}")
             else:
-                addresses[(svc["metadata"]["name"], ns)] = p["port"]
-    if sts and sts[0]["spec"].get("serviceName") not in [s["metadata"]["name"] for s in services]:
-        error(c, f"{owner}: serviceName {sts[0]['spec'].get('serviceName')!r} is not a Service "
-                 f"selecting its pods")
+                addresses[(svc["metadata"]["name"], ns)] = (listen_port if headless(svc)
+                                                            else p["port"])
+    governing = sts[0]["spec"].get("serviceName") if sts else None
+    if sts and governing not in [s["metadata"]["name"] for s in services]:
+        error(c, f"{owner}: serviceName {governing!r} is not a Service selecting its pods")
+    replica = None
+    if any(headless(s) and s["metadata"]["name"] == governing for s in services):
+        replica = re.compile(re.escape(sts[0]["metadata"]["name"]) + r"-\d+")
     for o, _, _, spec in pods + list(pod_specs(examples)):
         for k in spec.get("containers") or []:
-            for server in flag(argv(k), "--server"):
-                host, _, port = server.rpartition(":")
-                labels_ = host.split(".")
-                svc_port = addresses.get(tuple(labels_[:2])) if len(labels_) >= 2 else None
-                if svc_port is None:
-                    error(c, f"{o}: {k['name']} --server {server}: {host} is not "
-                             f"SERVICE.NAMESPACE of a Service in front of kt server "
-                             f"({', '.join(f'{s}.{n}' for s, n in addresses)})")
-                elif not port.isdigit() or int(port) != svc_port:
-                    error(c, f"{o}: {k['name']} --server {server}: port {port}, the Service "
-                             f"listens on {svc_port}")
+            for where, servers_ in server_lists(k):
+                for server in servers_:
+                    host, _, port = server.rpartition(":")
+                    labels_ = host.split(".")
+                    key = tuple(labels_[:2])
+                    if (replica and len(labels_) >= 3 and replica.fullmatch(labels_[0])
+                            and tuple(labels_[1:3]) == (governing, ns)):
+                        key = (governing, ns)
+                    svc_port = addresses.get(key) if len(labels_) >= 2 else None
+                    if svc_port is None:
+                        error(c, f"{o}: {k['name']} {where}: {host} is not SERVICE.NAMESPACE "
+                                 f"of a Service in front of kt server "
+                                 f"({', '.join(f'{s}.{n}' for s, n in addresses)})"
+                                 + (f" nor a replica's {governing}.{ns} name" if replica else ""))
+                    elif not port.isdigit() or int(port) != svc_port:
+                        error(c, f"{o}: {k['name']} {where}: {server} has port {port}, the "
+                                 f"store is there on {svc_port}")
 
 
 def check_images(base, examples):
@@ -433,51 +384,6 @@ CERT_MANAGER_GROUP = "cert-manager.io"
 # The keys of a kubernetes.io/tls Secret as cert-manager writes it (and `kubectl create secret
 # tls` plus ca.crt): which file each TLS setting must name.
 CERT_KEY, KEY_KEY, CA_KEY = "tls.crt", "tls.key", "ca.crt"
-LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
-DNS_NAME = re.compile(rf"^(?=.{{1,253}}$){LABEL}(\.{LABEL})*$")
-
-
-def env_value(container, name):
-    """(present, literal value) of an env var; a valueFrom is present with value None."""
-    for e in container.get("env") or []:
-        if e["name"] == name:
-            return True, e.get("value")
-    return False, None
-
-
-def secret_file(spec, container, path):
-    """(Secret name, key) of the file at path in the container, or (None, reason)."""
-    mounts = [m for m in container.get("volumeMounts") or []
-              if path == m["mountPath"].rstrip("/")
-              or path.startswith(m["mountPath"].rstrip("/") + "/")]
-    if not mounts:
-        return None, f"no volume is mounted where {path} is"
-    m = max(mounts, key=lambda m: len(m["mountPath"]))
-    vols = {v["name"]: v for v in spec.get("volumes") or []}
-    vol = vols.get(m["name"])
-    if vol is None:
-        return None, f"{path} is on volume {m['name']!r}, which the pod does not define"
-    if "secret" not in vol:
-        return None, f"{path} is on volume {m['name']!r}, which is not a secret volume"
-    sec = vol["secret"]
-    if sec.get("optional"):
-        return None, (f"volume {m['name']!r} is optional: the pod would start without "
-                      f"{path}")
-    rel = path[len(m["mountPath"].rstrip("/")) + 1:]
-    if m.get("subPath"):
-        if rel:
-            return None, f"{path} is below a subPath mount of one file"
-        rel = m["subPath"]
-    items = sec.get("items")
-    if items is None:
-        if not rel or "/" in rel:
-            return None, f"{path} is no key of Secret {sec.get('secretName')!r}"
-        return sec.get("secretName"), rel
-    keys = [i["key"] for i in items if i["path"] == rel]
-    if not keys:
-        return None, (f"{path}: volume {m['name']!r} projects only "
-                      f"{sorted(i['path'] for i in items)} of Secret {sec.get('secretName')!r}")
-    return sec.get("secretName"), keys[0]
 
 
 def tls_roles(pods):
@@ -489,7 +395,7 @@ def tls_roles(pods):
     for owner, ns, _, spec in pods:
         for k in (spec.get("initContainers") or []) + (spec.get("containers") or []):
             prog, args = program(k), argv(k)
-            if prog == "kt" and args[1:2] == ["server"]:
+            if is_server(k):
                 yield owner, ns, spec, k, "server"
             elif prog == "kt" and args[1:2] in (["agent"], ["mount"]):
                 yield owner, ns, spec, k, "agent"
@@ -632,28 +538,36 @@ def check_tls(base, pods, mode):
     if store is None or node is None or ns is None:
         return
 
-    # The store's names: the one the pods check, the store Service's, every --server's host.
+    # The store's names. A client checks the store against its KT_TLS_SERVER_NAME (or
+    # --tls-server-name) whatever address it dials, and every process here that dials sets one
+    # (above): the certificate must hold that name, and the names of each Service with an
+    # address of its own in front of kt server, for clients that dial it without one and check
+    # the host they dial (`kt --server kt-store.kt-system:7447`). The hosts a process with a
+    # server name dials need not be there: in cluster mode each replica is dialled by a name of
+    # its own (POD.SERVICE.NAMESPACE.svc of a headless Service, as are that Service's), all
+    # present the one certificate, and the clients check the one name. Only a process without
+    # a server name (reported above) checks its --server hosts, which then must be there.
+    # The nodes' certificate carries none of these, nor any host a client dials the store at:
+    # to a client that checks that host, it would pass for the store.
     store_names = {n: "KT_TLS_SERVER_NAME" for n in names["store name"]}
-    server_pods = [(o, pns, labels) for o, pns, labels, sp in pods
-                   for k in sp.get("containers") or []
-                   if program(k) == "kt" and argv(k)[1:2] == ["server"]]
+    dialled = {}
+    server_pods = [(pns, labels) for _, pns, labels, _, _ in kt_servers(pods)]
     for svc in base:
-        if svc["kind"] != "Service":
-            continue
-        sel = (svc.get("spec") or {}).get("selector") or {}
-        sns = svc["metadata"].get("namespace", "default")
-        if sel and any(pns == sns and all(labels.get(k) == v for k, v in sel.items())
-                       for _, pns, labels in server_pods):
-            n = svc["metadata"]["name"]
+        if svc["kind"] == "Service" and any(selects(svc, *p) for p in server_pods):
+            n, sns = svc["metadata"]["name"], svc["metadata"].get("namespace", "default")
             for name in (f"{n}.{sns}", f"{n}.{sns}.svc"):
-                store_names[name] = f"Service {sns}/{n}"
+                (dialled if headless(svc) else store_names)[name] = f"Service {sns}/{n}"
     for _, _, _, k, _ in roles:
-        for server in flag(argv(k), "--server"):
-            store_names.setdefault(server.rpartition(":")[0], f"{k['name']} --server {server}")
+        by_name = any(get(k) for _, get, _ in NAME)
+        for where, servers in server_lists(k):
+            for server in servers:
+                (dialled if by_name else store_names).setdefault(server.rpartition(":")[0],
+                                                                 f"{k['name']} {where}")
     node_names = {n: "KT_TLS_NODE_NAME" for n in names["node name"]}
     issuers = set()
     for secret, wanted, forbidden, whose in ((store, store_names, node_names, "the nodes'"),
-                                             (node, node_names, store_names, "the store's")):
+                                             (node, node_names, {**dialled, **store_names},
+                                              "the store's")):
         issuer = check_certificate(cm, secret, ns, wanted, forbidden, whose)
         if issuer is not None:
             issuers.add(issuer)
@@ -851,16 +765,14 @@ def check_cert_manager_shapes(cm):
 
 
 def main(argv_):
-    args = argv_[1:]
-    mode = "none"
-    if len(args) == 4 and args[2] == "--tls" and args[3] in TLS_MODES:
-        mode = args[3]
-        args = args[:2]
-    if len(args) != 2:
-        print("usage: consistency.py DEPLOY_DIR RENDERED_YAML [--tls none|secret|cert-manager]",
-              file=sys.stderr)
-        return 2
-    deploy, rendered = args
+    parser = argparse.ArgumentParser(prog="consistency.py",
+                                     description="Cross-file checks of deploy/.")
+    parser.add_argument("deploy", metavar="DEPLOY_DIR")
+    parser.add_argument("rendered", metavar="RENDERED_YAML")
+    parser.add_argument("--tls", choices=TLS_MODES, default="none")
+    parser.add_argument("--store", choices=STORE_MODES, default="single")
+    opts = parser.parse_args(argv_[1:])
+    deploy, rendered, mode = opts.deploy, opts.rendered, opts.tls
     base = load(rendered)
     examples = [d for p in sorted((Path(deploy) / "examples").glob("*.yaml")) for d in load(p)]
     pods = list(pod_specs(base))
@@ -869,6 +781,7 @@ def main(argv_):
     check_socket(pods, driver)
     check_volumes(base, examples, pods + example_pods, driver)
     check_store_port(base, examples, pods)
+    check_store_mode(base, pods, example_pods, opts.store)
     check_images(base, examples)
     check_service_accounts(base, pods)
     check_dockerfile(deploy, base, examples)
@@ -876,8 +789,8 @@ def main(argv_):
     check_env_references(pods + example_pods)
     check_tls(base, pods, mode)
     if errors:
-        print(f"deploy: {len(errors)} consistency error(s) ({rendered}, --tls {mode}):",
-              file=sys.stderr)
+        print(f"deploy: {len(errors)} consistency error(s) ({rendered}, --tls {mode}, "
+              f"--store {opts.store}):", file=sys.stderr)
         for e in errors:
             print(f"  {e}", file=sys.stderr)
         return 1

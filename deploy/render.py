@@ -11,10 +11,13 @@ never silently disagree with `kubectl kustomize`:
   first, recursively);
 - `components:` directories holding a kustomization.yaml of `kind: Component`: after the
   resources, each adds its own resources and applies its patches to everything so far, as
-  kustomize does (deploy/tls and deploy/tls/cert-manager are components);
+  kustomize does (deploy/tls, deploy/tls/cert-manager and deploy/cluster are components);
 - `patches:` with `path:` and a `target:` of `kind`/`name` (optionally `group`, `version`,
   `namespace`), each file a JSON 6902 patch written as a YAML list of operations (`add`,
-  `remove`, `replace`, `test`); a strategic-merge patch or an inline `patch:` is refused;
+  `remove`, `replace`, `test`); a strategic-merge patch or an inline `patch:` is refused, and
+  so is an `add` onto a member that exists (RFC 6902 replaces it, which would silently drop
+  what the base or another component put there: lists are appended to with `/-`, and a value
+  is changed by `test` and `replace`);
 - `namespace:`: objects of namespaced kinds get `metadata.namespace`; cluster-scoped kinds are
   left alone.
 
@@ -211,6 +214,9 @@ def json_patch_op(doc, op):
             raise PatchError(f"test failed: {parent[i]!r} is not {op['value']!r}")
     elif isinstance(parent, dict):
         if kind == "add":
+            if last in parent:
+                raise PatchError(f"{op['path']} exists, and an add would replace it; append "
+                                 "to a list with /-, or test and replace a value")
             parent[last] = op["value"]
             return
         if last not in parent:

@@ -360,6 +360,24 @@ fn series(name: &str, labels: &str, extra: &str) -> String {
 }
 
 /// The text exposition format (version 0.0.4) of everything above.
+/// Whether this process serves what it is for, as `GET /ready` on its port answers (a plain
+/// HTTP probe, which works where the port speaks TLS, unlike Kubernetes' gRPC probes): unset
+/// (404: the process never said, as an agent does not), ready (200), not ready (503).
+static READY: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Says whether this process is ready (see [`ready`]).
+pub fn set_ready(ready: bool) {
+    READY.store(if ready { 1 } else { 2 }, Ordering::Relaxed);
+}
+
+/// Whether this process is ready; `None` where it never said.
+pub fn ready() -> Option<bool> {
+    match READY.load(Ordering::Relaxed) {
+        0 => None,
+        r => Some(r == 1),
+    }
+}
+
 pub fn render() -> String {
     let mut out = String::new();
     let mut described = std::collections::HashSet::new();

@@ -303,14 +303,18 @@ fn servers_on_etcd_and_s3_serve_each_others_keys_with_nothing_on_their_disks() {
         "{err}"
     );
 
-    // Ready (grpc.health.v1, no token) while etcd and S3 answer; not while S3 is gone.
+    // Ready (grpc.health.v1, no token; and `GET /ready`, an HTTP probe's) while etcd and S3
+    // answer; not while S3 is gone.
+    let ready = || common::http_get(&second.addr, "/ready");
     assert_eq!(health(&second.addr), SERVING);
+    assert!(ready().starts_with("HTTP/1.1 200"), "{}", ready());
     s3.proc.kill();
     assert!(
         test_support::eventually(Duration::from_secs(20), || health(&second.addr)
             == NOT_SERVING),
         "still ready with its object store gone"
     );
+    assert!(ready().starts_with("HTTP/1.1 503"), "{}", ready());
 }
 
 const SERVING: i32 = 1;
@@ -738,4 +742,106 @@ fn replicas_on_etcd_take_over_from_a_dead_owner_and_a_deposed_one_stops() {
         &["get", "rep/k2", "--dest", dest.to_str().unwrap()],
     );
     assert!(std::fs::read(&dest).unwrap() == std::fs::read(&files[2]).unwrap());
+}
+
+/// Replicas with authentication: a client without the token is refused by both; they share
+/// the ticket secret, so a ticket one gave reads blocks at the other's data plane; and an
+/// authenticated mount reads on through the owner's death.
+#[test]
+fn authenticated_replicas_honour_each_others_tickets_and_a_mount_reads_through_the_owners_death() {
+    test_support::require_fuse();
+    let ip = "127.0.0.30";
+    let etcd = Etcd::start(ip);
+    let s3 = S3::start(ip, "kt-bucket");
+    let blocks = s3.url("kt-bucket", "auth");
+    let dir = tempfile::tempdir().unwrap();
+    let none = dir.path().join("no-agent.sock");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "shared-token\n").unwrap();
+    let secret = dir.path().join("ticket-secret");
+    std::fs::write(&secret, pseudo_random(48, 77)).unwrap();
+    let replica = |data: &str| {
+        let mut cmd = std::process::Command::new(common::kt_bin());
+        cmd.args(["server", "--listen", &format!("{ip}:0"), "--data-dir"])
+            .arg(dir.path().join(data))
+            .args(["--meta", &etcd.url("kt-auth"), "--blocks", &blocks])
+            .args(["--owner-ttl-secs", "2", "--token-file"])
+            .arg(&token)
+            .arg("--ticket-secret")
+            .arg(&secret)
+            .envs(s3.env())
+            .env("RUST_LOG", "warn");
+        test_support::spawn_ready(cmd)
+    };
+    let a = replica("a");
+    let b = replica("b");
+    let both = format!("{},{}", a.addr, b.addr);
+    let with_token = [("KT_TOKEN_FILE", token.to_str().unwrap())];
+    // Several blocks each, so a read goes over the data plane with a ticket, not inline.
+    let files: Vec<_> = (0..3)
+        .map(|i| {
+            let f = dir.path().join(format!("f{i}"));
+            std::fs::write(&f, pseudo_random((9 << 20) + i, 90 + i as u64)).unwrap();
+            f
+        })
+        .collect();
+    let put = |i: usize| {
+        let key = format!("auth/k{i}");
+        let out = common::kt_env(
+            &both,
+            &none,
+            &with_token,
+            &["put", &key, "--src", files[i].to_str().unwrap()],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    put(0);
+    put(1);
+    for server in [&a.addr, &b.addr] {
+        let out = common::kt_env(server, &none, &[("KT_TOKEN", "guess")], &["ls", "auth"]);
+        assert!(
+            !out.status.success(),
+            "{server} served a caller without the token"
+        );
+    }
+    // A client that lists the standby first is sent to the owner for the key, and fetches the
+    // blocks from the standby's data plane, on the ticket the owner gave.
+    let standby_first = format!("{},{}", b.addr, a.addr);
+    let dest = dir.path().join("got");
+    let out = common::kt_env(
+        &standby_first,
+        &none,
+        &with_token,
+        &["get", "auth/k0", "--dest", dest.to_str().unwrap()],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read(&dest).unwrap() == std::fs::read(&files[0]).unwrap());
+    let mount = common::start_mount(
+        ip,
+        &both,
+        &dir.path().join("node"),
+        "auth-node",
+        &["--token-file", token.to_str().unwrap()],
+    );
+    assert!(std::fs::read(mount.path("auth/k0")).unwrap() == std::fs::read(&files[0]).unwrap());
+
+    // The owner dies. k1, never read on the node, comes from the new owner's data plane on the
+    // ticket the first one gave; k2 is published through it.
+    a.kill();
+    put(2);
+    for i in [1, 2] {
+        let want = std::fs::read(&files[i]).unwrap();
+        let read = test_support::eventually(Duration::from_secs(20), || {
+            std::fs::read(mount.path(&format!("auth/k{i}"))).is_ok_and(|got| got == want)
+        });
+        assert!(read, "k{i} was not read after the takeover");
+    }
 }

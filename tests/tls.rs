@@ -136,16 +136,12 @@ fn both_planes_speak_tls_only_when_given_a_certificate() {
         "certificate",
     );
 
-    // A scrape needs neither the CA nor the token.
-    let metrics = {
-        use std::io::{Read, Write};
-        let mut c = std::net::TcpStream::connect(&server.addr).unwrap();
-        write!(c, "GET /metrics HTTP/1.1\r\nHost: kt\r\n\r\n").unwrap();
-        let mut out = String::new();
-        c.read_to_string(&mut out).unwrap();
-        out
-    };
+    // A scrape needs neither the CA nor the token, nor does a readiness probe (an HTTP one:
+    // Kubernetes' gRPC probes speak no TLS).
+    let metrics = common::http_get(&server.addr, "/metrics");
     assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    let ready = common::http_get(&server.addr, "/ready");
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
 
     // Node A publishes in place: only its TLS port holds the blocks.
     let local = pseudo_random(2 << 20, 12);

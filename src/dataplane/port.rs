@@ -44,7 +44,8 @@ async fn protocol(stream: &TcpStream) -> Protocol {
     }
 }
 
-/// Answers one HTTP/1.1 request: `/metrics` (no credential: names and counts only), else 404.
+/// Answers one HTTP/1.1 request: `/metrics` (no credential: names and counts only), `/ready`
+/// (a store server's readiness, for a Kubernetes HTTP probe), else 404.
 async fn serve_http<S>(mut stream: S) -> std::io::Result<()>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -69,8 +70,10 @@ where
         .ok()
         .and_then(|h| h.split_whitespace().nth(1))
         .unwrap_or("");
-    let (status, body) = match path.split('?').next() {
-        Some("/metrics") => ("200 OK", crate::metrics::render()),
+    let (status, body) = match (path.split('?').next(), crate::metrics::ready()) {
+        (Some("/metrics"), _) => ("200 OK", crate::metrics::render()),
+        (Some("/ready"), Some(true)) => ("200 OK", "ready\n".to_string()),
+        (Some("/ready"), Some(false)) => ("503 Service Unavailable", "not ready\n".to_string()),
         _ => ("404 Not Found", "only /metrics here\n".to_string()),
     };
     let resp = format!(

@@ -1,7 +1,9 @@
 //! Readiness: the standard gRPC health service (`grpc.health.v1`, which Kubernetes' grpc probes
 //! ask), SERVING while the metadata's engine and the blocks' object store answer, NOT_SERVING
 //! while either does not, so that a replica cut off from etcd or S3 leaves its Service's
-//! endpoints until they answer again. A store on its own disk is always ready.
+//! endpoints until they answer again. A store on its own disk is always ready. The same answer
+//! is `GET /ready` on the port (`crate::metrics::ready`), for an HTTP probe: a port that speaks
+//! TLS still answers plain HTTP there, where Kubernetes' gRPC probes cannot reach it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +40,7 @@ pub(super) async fn report(meta: Arc<MetaStore>, reporter: HealthReporter) {
                 Some(why) => tracing::warn!(error = %why, "not ready"),
             }
             reporter.set_service_status("", now).await;
+            crate::metrics::set_ready(failed.is_none());
             was = Some(now);
         }
         tokio::time::sleep(EVERY).await;
