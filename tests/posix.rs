@@ -1131,3 +1131,45 @@ fn hard_links_are_two_names_of_one_file_on_every_node() {
         assert_eq!(std::fs::read(got.join("d/h")).unwrap(), b"two, and longer");
     }
 }
+
+/// A directory of more keys than the store's engine commits in one change (etcd: 128
+/// operations; each key moves several records) cannot be renamed atomically there: rename(2)
+/// answers EXDEV, as between two filesystems, so `mv` copies it and removes the original. On
+/// RocksDB it moves in one change. Either way nothing is lost (the test command's second pass
+/// runs this on etcd).
+#[test]
+fn a_directory_too_large_to_move_in_one_change_is_refused_as_cross_device_and_mv_copies_it() {
+    let c = Cluster::new("127.0.0.5");
+    let a = start_mount("127.0.0.5", &c.server.addr, &c.path("a"), "px-mv", &[]);
+    std::fs::create_dir(a.path("big")).unwrap();
+    let body = |i: usize| format!("file {i}\n").repeat(i % 7 + 1);
+    for i in 0..150 {
+        std::fs::write(a.path(&format!("big/f{i:03}")), body(i)).unwrap();
+    }
+    match std::fs::rename(a.path("big"), a.path("moved")) {
+        Ok(()) => assert!(!a.path("big").exists()),
+        Err(e) => {
+            assert_eq!(e.raw_os_error(), Some(libc::EXDEV), "{e}");
+            assert_eq!(std::fs::read_dir(a.path("big")).unwrap().count(), 150);
+            assert!(
+                !a.path("moved").exists(),
+                "a refused rename moved something"
+            );
+            let out = std::process::Command::new("mv")
+                .arg(a.path("big"))
+                .arg(a.path("moved"))
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(!a.path("big").exists());
+        }
+    }
+    for i in 0..150 {
+        let got = std::fs::read_to_string(a.path(&format!("moved/f{i:03}"))).unwrap();
+        assert_eq!(got, body(i), "f{i:03}");
+    }
+}

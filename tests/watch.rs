@@ -317,7 +317,10 @@ fn the_next_batch_of_small_files_is_resolved_before_the_reader_reaches_it() {
     assert_eq!(waited() - waited0, 1.0, "opens that waited for a resolve");
     // A reader going straight through asks once too (one that reaches a batch still under way
     // waits for it).
-    std::fs::rename(a.path("many"), a.path("again")).unwrap();
+    std::fs::create_dir(a.path("again")).unwrap();
+    for i in 0..200 {
+        std::fs::write(a.path(&format!("again/f{i:03}")), body(i)).unwrap();
+    }
     assert_eq!(std::fs::read_dir(b.path("again")).unwrap().count(), 200);
     let waited0 = waited();
     for i in 0..200 {

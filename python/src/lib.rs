@@ -101,7 +101,8 @@ impl Failure {
             Some(Fault::Timeout) => Kind::BroadcastTimeout.err(m),
             Some(Fault::Unavailable) => Kind::Unavailable.err(m),
             Some(Fault::Denied | Fault::Unauthenticated) => Kind::PermissionDenied.err(m),
-            Some(Fault::NoSpace | Fault::Unimplemented | Fault::Internal) | None => Kind::Kt.err(m),
+            Some(Fault::NoSpace | Fault::TooLarge | Fault::Unimplemented | Fault::Internal)
+            | None => Kind::Kt.err(m),
         }
     }
 }

@@ -43,7 +43,7 @@ pub fn exit_code(f: Fault) -> i32 {
         Fault::Timeout => 7,
         Fault::Unavailable => 8,
         Fault::Denied | Fault::Unauthenticated => 9,
-        Fault::NoSpace | Fault::Unimplemented | Fault::Internal => 1,
+        Fault::NoSpace | Fault::TooLarge | Fault::Unimplemented | Fault::Internal => 1,
     }
 }
 

@@ -39,6 +39,8 @@ pub enum FsError {
     BadHandle,
     #[error("operation not permitted")]
     NotPermitted,
+    #[error("the change cannot be made atomically here")]
+    CrossDevice,
     #[error("{0}")]
     Invalid(String),
     #[error("{0} is not supported")]
@@ -100,6 +102,7 @@ impl FsError {
             FsError::Stale => libc::ESTALE,
             FsError::BadHandle => libc::EBADF,
             FsError::NotPermitted => libc::EPERM,
+            FsError::CrossDevice => libc::EXDEV,
             FsError::NotSupported(_) => libc::ENOTSUP,
             FsError::NoAttr => libc::ENODATA,
             FsError::Name(KeyError::SegmentTooLong(_) | KeyError::TooLong | KeyError::TooDeep) => {

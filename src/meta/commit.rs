@@ -37,6 +37,9 @@ pub enum Refusal {
     /// This replica does not own the store (cluster mode): the caller is told to go to the
     /// one that does.
     NotOwner,
+    /// One change larger than the engine commits at once (etcd's 128 operations): refused
+    /// whole, since split it would be no longer one change. A rename's caller is told EXDEV.
+    TooLarge,
 }
 
 /// Why the backend refused `e`'s write, as the engine said or as the batch of group commit it
@@ -50,6 +53,7 @@ pub fn refusal(e: &BackendError) -> Option<Refusal> {
         return match e {
             super::engine::EngineError::NoSpace(_) => Some(Refusal::NoSpace),
             super::engine::EngineError::NotOwner(_) => Some(Refusal::NotOwner),
+            super::engine::EngineError::TooLarge { .. } => Some(Refusal::TooLarge),
             _ => None,
         };
     }

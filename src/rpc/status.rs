@@ -43,6 +43,9 @@ pub enum Fault {
     Unauthenticated,
     /// The peer does not know the call (a server older than the caller).
     Unimplemented,
+    /// One change larger than the metadata engine commits at once (etcd: 128 operations),
+    /// refused whole: a rename of a directory of many keys, say.
+    TooLarge,
     /// Anything else: a bug, a corrupt record, a failed disk.
     Internal,
 }
@@ -63,6 +66,7 @@ impl Fault {
             Fault::Denied => Code::PermissionDenied,
             Fault::Unauthenticated => Code::Unauthenticated,
             Fault::Unimplemented => Code::Unimplemented,
+            Fault::TooLarge => Code::OutOfRange,
             Fault::Internal => Code::Internal,
         }
     }
@@ -80,6 +84,7 @@ impl Fault {
             Fault::Timeout => libc::ETIMEDOUT,
             Fault::Denied | Fault::Unauthenticated => libc::EACCES,
             Fault::Unimplemented => libc::ENOTSUP,
+            Fault::TooLarge => libc::E2BIG,
             Fault::Conflict | Fault::Unreachable | Fault::Unavailable | Fault::Internal => {
                 libc::EIO
             }
@@ -103,6 +108,7 @@ impl Fault {
             Fault::Denied => "denied",
             Fault::Unauthenticated => "unauthenticated",
             Fault::Unimplemented => "unimplemented",
+            Fault::TooLarge => "too_large",
             Fault::Internal => "internal",
         }
     }
@@ -118,6 +124,7 @@ impl Fault {
             libc::ENOSPC => Fault::NoSpace,
             libc::ETIMEDOUT => Fault::Timeout,
             libc::EACCES => Fault::Denied,
+            libc::E2BIG => Fault::TooLarge,
             _ => return None,
         })
     }

@@ -22,6 +22,7 @@ fn meta_fault(e: &MetaError) -> Fault {
         MetaError::Backend(e) => match crate::meta::refusal(e) {
             Some(Refusal::NoSpace) => Fault::NoSpace,
             Some(Refusal::NotOwner) => Fault::Unreachable,
+            Some(Refusal::TooLarge) => Fault::TooLarge,
             None => Fault::Internal,
         },
         MetaError::Corrupt(_) | MetaError::Blocks(_) => Fault::Internal,

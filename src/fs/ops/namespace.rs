@@ -300,7 +300,8 @@ impl FsCore {
                 no_replace: flags & libc::RENAME_NOREPLACE != 0,
                 watcher: self.listings.watcher(),
             })
-            .await?;
+            .await
+            .map_err(too_large_to_move)?;
         self.move_staged(&[(&from, &to)]).await;
         self.inodes().rename(&from, &to);
         self.invalidate_below(&from);
@@ -326,7 +327,8 @@ impl FsCore {
                 b: b.clone(),
                 watcher: self.listings.watcher(),
             })
-            .await?;
+            .await
+            .map_err(too_large_to_move)?;
         self.move_staged(&[(&a, &b), (&b, &a)]).await;
         self.inodes().exchange(&a, &b);
         for p in [&a, &b] {
@@ -482,5 +484,15 @@ impl FsCore {
             s.unlinked.store(true, Ordering::SeqCst);
             self.retire(&s).await;
         }
+    }
+}
+
+/// A rename the store's engine cannot commit as one change (a directory of many keys on etcd)
+/// is one this filesystem cannot make atomically: EXDEV, on which `mv` copies and removes, as
+/// between two filesystems, rather than failing.
+fn too_large_to_move(e: crate::rpc::ClientError) -> FsError {
+    match e.fault() {
+        crate::rpc::Fault::TooLarge => FsError::CrossDevice,
+        _ => e.into(),
     }
 }
