@@ -22,7 +22,7 @@
 #
 # Everything listens on 127.0.0.1 only. All processes it starts and its temporary directory are
 # removed on exit, on failure and on Ctrl-C. Nothing is dropped from the page cache: the source
-# is read warm by every tool alike. The section that bench/fuse.sh wrote into RESULTS.md is kept.
+# is read warm by every tool alike. Every section of RESULTS.md after its own is kept.
 #
 # The plain TCP baseline is socat with a 1 MiB buffer on both ends (`-b 1048576`): with its
 # default 8 KiB buffer socat is bound by its own read/write syscalls, not by TCP, so that pair
@@ -268,6 +268,12 @@ criterion_table() {
     done
 }
 
+# What FILE holds after its micro-benchmarks table: from the first section that follows it.
+after_micro_benchmarks() { # FILE
+    [[ -f $1 ]] || return 0
+    awk 'seen && (/^<!-- bench\// || /^## /) { keep = 1 } keep { print } /^## Micro-benchmarks/ { seen = 1 }' "$1"
+}
+
 {
     echo "# Benchmark results"
     echo
@@ -343,8 +349,9 @@ criterion_table() {
     echo "## Micro-benchmarks"
     echo
     criterion_table
-    # The filesystem and broadcast sections, as bench/fuse.sh and bench/broadcast.sh last wrote them.
-    blocks=$(other_blocks "$RESULTS")
+    # Every section after this one, as the other bench scripts and the notes by hand last wrote
+    # them (keeping only the marked ones lost the unmarked: a rerun here dropped 330 lines).
+    blocks=$(after_micro_benchmarks "$RESULTS")
     if [[ -n $blocks ]]; then
         echo
         printf '%s\n' "$blocks"

@@ -342,12 +342,6 @@ hwm_of() { # NAME: VmHWM in KiB
 # micro-benchmarks); fuse.sh owns the part between these markers, which e2e.sh carries over.
 FUSE_BEGIN='<!-- bench/fuse.sh: begin -->'
 FUSE_END='<!-- bench/fuse.sh: end -->'
-# Every section that another bench script wrote into FILE (fuse.sh, broadcast.sh under any
-# section name), markers included, in their order.
-other_blocks() { # FILE
-    [[ -f $1 ]] || return 0
-    awk '/^<!-- bench\/.*: begin -->$/ { on = 1 } on { print } /^<!-- bench\/.*: end -->$/ { on = 0; print "" }' "$1"
-}
 # FILE without its fuse.sh block.
 without_fuse_block() {
     [[ -f $1 ]] || return 0
