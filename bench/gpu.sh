@@ -122,25 +122,7 @@ mkdir -p "$WORK/mnt" "$WORK/cache"
 # ---- processes ----------------------------------------------------------------------------------
 declare -A MPID MDIR WPID
 start_mount() { # NAME IP [SERVER [MORE MOUNT ARGS...]]
-    local name=$1 ip=$2 i pid dir=$WORK/mnt/$1
-    mkdir -p "$dir" "$WORK/cache/$name"
-    "$KT" mount "$dir" --server "${3:-$SERVER_ADDR}" --listen "$ip:0" --cache-dir "$WORK/cache/$name" \
-        --socket "$WORK/$name.sock" --node-id "gpu-bench-$name" --heartbeat-secs 1 "${@:4}" \
-        >"$WORK/mount-$name.out" 2>"$WORK/mount-$name.err" &
-    pid=$!
-    MOUNT_PIDS+=("$pid")
-    MOUNT_DIRS+=("$dir")
-    MPID[$name]=$pid
-    MDIR[$name]=$dir
-    for i in $(seq 300); do
-        if grep -qs "^kt agent gpu-bench-$name listening on" "$WORK/mount-$name.out" && is_mounted "$dir"; then
-            log "mount $name (pid $pid): $(head -1 "$WORK/mount-$name.out")"
-            return 0
-        fi
-        kill -0 "$pid" 2>/dev/null || { tail -5 "$WORK/mount-$name.err" >&2; die "kt mount $name exited"; }
-        sleep 0.1
-    done
-    die "kt mount $name not ready within 30 s"
+    mount_node "$1" "$2" "${3:-$SERVER_ADDR}" "gpu-bench-$1" --heartbeat-secs 1 "${@:4}"
 }
 worker_of() { # MOUNT-PID: the pid of its `kt gpu-worker` child, or nothing
     local c

@@ -272,14 +272,15 @@ stop_server() {
 drop_caches() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 
 declare -A MPID MDIR
-# start_mount NAME IP [ARGS...]: `kt mount` as node NAME on IP, with a fresh cache dir; waits until
-# it says it is ready and the mount point is mounted.
-start_mount() {
-    local name=$1 ip=$2 i pid dir=$WORK/mnt/$1
-    shift 2
+# mount_node NAME IP SERVER NODE-ID [ARGS...]: `kt mount` of SERVER as node NODE-ID on IP, at
+# WORK/mnt/NAME with a fresh cache dir; waits until it says it is ready and the mount point is
+# mounted.
+mount_node() {
+    local name=$1 ip=$2 server=$3 node=$4 i pid dir=$WORK/mnt/$1
+    shift 4
     mkdir -p "$dir" "$WORK/cache/$name"
-    "$KT" mount "$dir" --server "$SERVER_ADDR" --listen "$ip:0" --cache-dir "$WORK/cache/$name" \
-        --socket "$WORK/$name.sock" --node-id "$name" "$@" \
+    "$KT" mount "$dir" --server "$server" --listen "$ip:0" --cache-dir "$WORK/cache/$name" \
+        --socket "$WORK/$name.sock" --node-id "$node" "$@" \
         >"$WORK/mount-$name.out" 2>"$WORK/mount-$name.err" &
     pid=$!
     MOUNT_PIDS+=("$pid")
@@ -287,7 +288,7 @@ start_mount() {
     MPID[$name]=$pid
     MDIR[$name]=$dir
     for i in $(seq 300); do
-        if grep -q "^kt agent $name listening on" "$WORK/mount-$name.out" && is_mounted "$dir"; then
+        if grep -qs "^kt agent $node listening on" "$WORK/mount-$name.out" && is_mounted "$dir"; then
             log "mount $name (pid $pid): $(head -1 "$WORK/mount-$name.out")"
             return 0
         fi
@@ -295,6 +296,10 @@ start_mount() {
         sleep 0.1
     done
     die "kt mount $name not ready within 30 s"
+}
+# start_mount NAME IP [ARGS...]: mount_node of SERVER_ADDR as node NAME.
+start_mount() {
+    mount_node "$1" "$2" "$SERVER_ADDR" "$1" "${@:3}"
 }
 stop_mount() { # NAME
     local name=$1 pid=${MPID[$1]} dir=${MDIR[$1]} i keep_p=() keep_d=()
