@@ -493,3 +493,79 @@ fn the_kernel_forgets_a_name_another_node_changed_whatever_its_ttl() {
     std::fs::remove_file(a.path("t/old")).unwrap();
     assert!(std::fs::metadata(b.path("t/old")).is_err());
 }
+
+/// `kt mount --stale-reads`: with no store server reachable, the mount goes on reading what it
+/// holds (the listings and versions it last saw, the blocks it cached) and refuses writes with
+/// EROFS; once a server answers again, writes go through.
+#[test]
+fn a_mount_with_stale_reads_reads_what_it_holds_while_no_server_answers() {
+    let ip = "127.0.0.9";
+    let Cluster { dir, server, .. } = Cluster::new(ip);
+    let addr = server.addr.clone();
+    let a = start_mount(
+        ip,
+        &addr,
+        &dir.path().join("a"),
+        "stale-a",
+        &["--stale-reads"],
+    );
+    std::fs::create_dir(a.path("d")).unwrap();
+    let big = pseudo_random(3 << 20, 5);
+    std::fs::write(a.path("d/small"), b"small\n").unwrap();
+    std::fs::write(a.path("d/big"), &big).unwrap();
+    let names = || {
+        let mut v: Vec<String> = std::fs::read_dir(a.path("d"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(std::fs::read(a.path("d/small")).unwrap(), b"small\n");
+    assert!(std::fs::read(a.path("d/big")).unwrap() == big);
+    assert_eq!(names(), ["big", "small"]);
+
+    server.kill();
+    let refused = || {
+        std::fs::create_dir(a.path("probe"))
+            .err()
+            .and_then(|e| e.raw_os_error())
+            == Some(libc::EROFS)
+    };
+    assert!(
+        eventually(Duration::from_secs(10), refused),
+        "writes were not refused with the server gone"
+    );
+    // Past every lease and listing lifetime: what it holds, as it last saw it.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(names(), ["big", "small"]);
+    assert_eq!(std::fs::read(a.path("d/small")).unwrap(), b"small\n");
+    assert!(std::fs::read(a.path("d/big")).unwrap() == big);
+    assert_eq!(
+        std::fs::metadata(a.path("d/big")).unwrap().len(),
+        big.len() as u64
+    );
+    let write = std::fs::write(a.path("d/new"), b"x").unwrap_err();
+    assert_eq!(write.raw_os_error(), Some(libc::EROFS), "{write}");
+
+    // The server is back (the same data directory and address): writes go through again.
+    let store = dir.path().join("store");
+    let _server = spawn_ready(&[
+        "server",
+        "--listen",
+        &addr,
+        "--data-dir",
+        store.to_str().unwrap(),
+        "--lease-secs",
+        "10",
+    ]);
+    assert!(
+        eventually(Duration::from_secs(20), || std::fs::write(
+            a.path("d/after"),
+            b"back\n"
+        )
+        .is_ok()),
+        "writes stayed refused with the server back"
+    );
+    assert_eq!(std::fs::read(a.path("d/after")).unwrap(), b"back\n");
+}

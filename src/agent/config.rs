@@ -76,6 +76,7 @@ impl AgentConfig {
             worker_exe: std::env::current_exe().unwrap_or_else(|_| "kt".into()),
             worker_host: self.worker_host(),
             writeback: false,
+            stale_reads: false,
         }
     }
 }

@@ -90,6 +90,7 @@ impl HostedMounts {
             .cfg
             .fs_config(ns.clone(), locale, req.read_only, req.fanout);
         fs.writeback = req.writeback;
+        fs.stale_reads = req.stale_reads;
         let (blocks, at) = (self.blocks.clone(), mp.clone());
         let keeper = self.cfg.fd_keeper.clone().map(KeeperClient::new);
         let (path, read_only) = (req.mountpoint.clone(), req.read_only);
@@ -130,6 +131,7 @@ impl HostedMounts {
                 .cfg
                 .fs_config(ns.clone(), locale, req.read_only, req.fanout);
             fs.writeback = req.writeback;
+            fs.stale_reads = req.stale_reads;
             let (blocks, k) = (self.blocks.clone(), keeper.clone());
             let mounted =
                 tokio::task::spawn_blocking(move || session::resume(blocks, fs, k, record, fd))

@@ -151,6 +151,11 @@ pub struct AttachArgs {
     /// nodes see a file when its publish lands; fsync of a file or directory waits for it.
     #[arg(long)]
     pub writeback: bool,
+    /// Stale reads: with no store server reachable, go on reading what this node holds (the
+    /// listings and versions it last saw, the blocks it cached), refusing writes with EROFS,
+    /// until one answers again. Off: such reads fail (close-to-open holds).
+    #[arg(long)]
+    pub stale_reads: bool,
     #[command(flatten)]
     pub common: Common,
 }
@@ -560,6 +565,11 @@ pub struct MountArgs {
     /// nodes see a file when its publish lands; fsync of a file or directory waits for it.
     #[arg(long)]
     pub writeback: bool,
+    /// Stale reads: with no store server reachable, go on reading what this node holds (the
+    /// listings and versions it last saw, the blocks it cached), refusing writes with EROFS,
+    /// until one answers again. Off: such reads fail (close-to-open holds).
+    #[arg(long)]
+    pub stale_reads: bool,
     #[command(flatten)]
     pub agent: AgentArgs,
 }

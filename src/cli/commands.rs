@@ -216,6 +216,7 @@ pub async fn attach(a: AttachArgs) -> Result<()> {
             read_only: a.read_only,
             fanout: a.fanout,
             writeback: a.writeback,
+            stale_reads: a.stale_reads,
         })
         .await
         .map_err(ClientError::from)?

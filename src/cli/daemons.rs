@@ -227,6 +227,7 @@ pub async fn mount(a: MountArgs) -> Result<()> {
     let agent = start_agent(agent_config(a.agent)?).await?;
     let mut fs = fs_config(&agent, &a.namespace, a.locale, a.read_only, a.fanout)?;
     fs.writeback = a.writeback;
+    fs.stale_reads = a.stale_reads;
     let mounted = session::mount(agent.blocks(), fs, &a.mountpoint)?;
     let stop = shutdown_signal();
     print_agent_ready(&agent);

@@ -35,4 +35,8 @@ pub struct FsConfig {
     pub worker_host: String,
     /// Closes return once journaled; publishes follow (see [`writeback`]).
     pub writeback: bool,
+    /// With no store server reachable, what this mount holds is still read (the listings and
+    /// versions it last saw, the blocks it cached), and writes fail with EROFS until one
+    /// answers again (doc/SEMANTICS.md, "Stale reads").
+    pub stale_reads: bool,
 }

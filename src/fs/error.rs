@@ -145,3 +145,12 @@ fn transfer_errno(t: &TransferError) -> i32 {
         _ => libc::EIO,
     }
 }
+
+/// Whether a fault is the want of a store server to answer (rather than an answer): what a
+/// mount with stale reads answers from what it last saw.
+pub(crate) fn unreachable_fault(f: crate::rpc::Fault) -> bool {
+    matches!(
+        f,
+        crate::rpc::Fault::Unreachable | crate::rpc::Fault::Timeout
+    )
+}

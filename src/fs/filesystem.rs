@@ -238,7 +238,9 @@ impl FsCore {
     }
 
     pub(super) fn writable(&self) -> FsResult<()> {
-        if self.cfg.read_only {
+        // With stale reads, a mount cut off from every store server is read-only until one
+        // answers (a write could not be published, and would pass for one that was).
+        if self.cfg.read_only || (self.cfg.stale_reads && self.listings.unreachable()) {
             Err(FsError::ReadOnly)
         } else {
             Ok(())

@@ -48,7 +48,7 @@ pub(crate) async fn run(core: Weak<FsCore>) {
             Ended::Broken(why) => {
                 tracing::debug!(%why, "the watch of the namespace broke; watching again");
                 if let Some(c) = core.upgrade() {
-                    c.listings.lease_lost();
+                    c.listings.lease_lost(c.cfg.stale_reads);
                     c.kernel_forget_all();
                 }
             }
@@ -79,7 +79,16 @@ async fn watch_once(core: &Weak<FsCore>, store: crate::rpc::client::Store, ns: S
     }
     let mut down = match store.watch(up_rx).await {
         Ok(r) => r,
-        Err(e) => return Ended::Broken(e.to_string().to_string()),
+        Err(e) => {
+            // The watch asks again and again: with no store server there, the mount knows
+            // it before a reader's call does (stale reads, writes refused).
+            if crate::fs::error::unreachable_fault(e.fault()) {
+                if let Some(c) = core.upgrade() {
+                    c.listings.reached(false);
+                }
+            }
+            return Ended::Broken(e.to_string().to_string());
+        }
     };
     let mut acked = 0u64;
     // When the kernel must have forgotten what it holds on the lease's word, unless the lease

@@ -66,6 +66,8 @@ pub struct Listings {
     /// The number the server gave this mount's watch (0: none yet): a publish that names it
     /// is not told back to this mount, which takes the change from the publish's answer.
     watcher: AtomicU64,
+    /// Whether the last call to the store server found none reachable (see `stale_reads`).
+    unreachable: std::sync::atomic::AtomicBool,
 }
 
 impl Listings {
@@ -81,7 +83,40 @@ impl Listings {
             resolved: Mutex::default(),
             lease: Mutex::default(),
             watcher: AtomicU64::new(0),
+            unreachable: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether the last call to the store server found none reachable.
+    pub(crate) fn unreachable(&self) -> bool {
+        self.unreachable.load(Ordering::SeqCst)
+    }
+
+    /// A call to the store server reached one (`true`), or found none reachable.
+    pub(crate) fn reached(&self, reached: bool) {
+        self.unreachable.store(!reached, Ordering::SeqCst);
+    }
+
+    /// `path`'s listing as last seen, however old, for a mount with stale reads while no store
+    /// server answers.
+    pub(crate) fn last_listing(&self, path: &str) -> Option<Entries> {
+        lock(&self.cached).get(path).map(|(_, e, _)| e.clone())
+    }
+
+    /// `path`'s own entry as last seen, however old (`Some(None)`: seen as nothing there).
+    pub(crate) fn last_own(&self, path: &str) -> Option<Option<ListEntry>> {
+        if let Some((_, e)) = lock(&self.own).get(path) {
+            return Some(e.clone());
+        }
+        let (dir, name) = split(path);
+        let cached = lock(&self.cached);
+        let (_, entries, _) = cached.get(dir)?;
+        Some(entries.get(name).cloned())
+    }
+
+    /// `path`'s resolved version as last seen, lease or not (see [`Listings::last_listing`]).
+    pub(crate) fn last_resolved(&self, path: &str) -> Option<Arc<crate::proto::ResolveResponse>> {
+        lock(&self.resolved).get(path).map(|(_, r)| r.clone())
     }
 
     /// Whether what was cached at `at` still holds: within the TTL, or while the lease does
@@ -197,6 +232,7 @@ impl Listings {
         if !self.leased() {
             self.clear();
         }
+        self.reached(true);
         *lock(&self.lease) = Some(until);
     }
 
@@ -260,10 +296,17 @@ impl Listings {
 
     /// The watch broke: nothing cached is trusted past its TTL, and what was cached may have
     /// missed changes.
-    pub(crate) fn lease_lost(&self) {
+    pub(crate) fn lease_lost(&self, keep_last: bool) {
         self.watcher.store(0, Ordering::SeqCst);
         *lock(&self.lease) = None;
-        self.clear();
+        if keep_last {
+            // Kept for stale reads alone (`last_listing`, `last_resolved`): without the lease
+            // only what is younger than LISTING_TTL is taken as fresh, as on a mount with no
+            // watch, and a new lease begins with nothing cached.
+            self.epoch.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.clear();
+        }
     }
 
     /// `path`'s cached listing while the lease holds: every change to it since it was taken

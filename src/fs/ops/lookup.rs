@@ -148,7 +148,7 @@ impl FsCore {
     ) -> FsResult<crate::proto::ListResponse> {
         crate::metrics::MOUNT_METADATA_REQUESTS.inc();
         let store = self.store();
-        Ok(store
+        let asked = store
             .list_all(ListRequest {
                 watcher: self.listings.watcher(),
                 namespace: self.ns(),
@@ -157,7 +157,43 @@ impl FsCore {
                 ahead,
                 ..Default::default()
             })
-            .await?)
+            .await;
+        match self.reached(asked) {
+            Err(e) if self.cfg.stale_reads && self.listings.unreachable() => {
+                self.last_seen(path, dir_only).ok_or_else(|| e.into())
+            }
+            answered => Ok(answered?),
+        }
+    }
+    /// Notes whether a call's answer came from a store server or found none reachable.
+    pub(crate) fn reached<T>(
+        &self,
+        answered: Result<T, crate::rpc::ClientError>,
+    ) -> Result<T, crate::rpc::ClientError> {
+        match &answered {
+            Ok(_) => self.listings.reached(true),
+            Err(e) if unreachable(e) => self.listings.reached(false),
+            Err(_) => {}
+        }
+        answered
+    }
+    /// What this mount last saw of `path` (its listing, or with `dir_only` its own entry), as
+    /// a store server's answer: stale reads while none is reachable.
+    fn last_seen(&self, path: &str, dir_only: bool) -> Option<crate::proto::ListResponse> {
+        if dir_only {
+            let own = self.listings.last_own(path)?;
+            return Some(crate::proto::ListResponse {
+                exists: own.is_some(),
+                dir: own,
+                ..Default::default()
+            });
+        }
+        let entries = self.listings.last_listing(path)?;
+        Some(crate::proto::ListResponse {
+            exists: true,
+            entries: entries.values().cloned().collect(),
+            ..Default::default()
+        })
     }
     pub(crate) async fn fetch_listing_uncached(&self, path: &str) -> FsResult<Entries> {
         let resp = self.list_rpc(path, false, 0).await?;
@@ -386,4 +422,9 @@ impl FsCore {
         }
         Ok(e.symlink_target)
     }
+}
+
+/// Whether a call failed for want of a store server to answer it (rather than an answer).
+fn unreachable(e: &crate::rpc::ClientError) -> bool {
+    crate::fs::error::unreachable_fault(e.fault())
 }

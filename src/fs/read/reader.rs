@@ -99,7 +99,13 @@ impl Reader {
                 self.ahead.read_on(path);
                 (r, Vec::new())
             }
-            None => self.ask_resolve(path, since).await?,
+            None => match self.ask_resolve(path, since).await {
+                Ok(asked) => {
+                    self.listings.reached(true);
+                    asked
+                }
+                Err(e) => (self.last_resolved(path, &e).ok_or(e)?, Vec::new()),
+            },
         };
         let entry = file_entry(&r)?;
         let version = Version::from_slice(&r.version)
@@ -185,6 +191,20 @@ impl Reader {
             .await
             .map_err(|e| tracing::debug!(error = %e, "no window for this read"))
             .ok()
+    }
+
+    /// With stale reads, the version `path` showed when last resolved here, where `e` says no
+    /// store server answered.
+    fn last_resolved(&self, path: &str, e: &FsError) -> Option<Arc<ResolveResponse>> {
+        let FsError::Remote(c) = e else { return None };
+        if !crate::fs::error::unreachable_fault(c.fault()) {
+            return None;
+        }
+        self.listings.reached(false);
+        self.cfg
+            .stale_reads
+            .then(|| self.listings.last_resolved(path))
+            .flatten()
     }
 
     /// Asks the store server for `path`'s version. Under the lease, the small files that
