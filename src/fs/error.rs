@@ -130,6 +130,14 @@ impl FsError {
         }
     }
 
+    /// The fault of a call to the store server this failed with, where it is one.
+    pub(crate) fn fault(&self) -> Option<crate::rpc::Fault> {
+        match self {
+            FsError::Remote(e) => Some(e.fault()),
+            _ => None,
+        }
+    }
+
     /// Whether this is ENOENT, the one error some callers expect and handle.
     pub fn is_not_found(&self) -> bool {
         self.errno() == libc::ENOENT

@@ -97,6 +97,17 @@ impl Listings {
         self.unreachable.store(!reached, Ordering::SeqCst);
     }
 
+    /// Notes how a call to the store server ended: answered (`None`), or failed with `fault`,
+    /// which says no server was reachable or is an answer of one. Whether the store stays
+    /// unreachable is then what [`Listings::unreachable`] answers.
+    pub(crate) fn called(&self, fault: Option<crate::rpc::Fault>) {
+        match fault {
+            None => self.reached(true),
+            Some(f) if crate::fs::error::unreachable_fault(f) => self.reached(false),
+            Some(_) => self.reached(true),
+        }
+    }
+
     /// `path`'s listing as last seen, however old, for a mount with stale reads while no store
     /// server answers.
     pub(crate) fn last_listing(&self, path: &str) -> Option<Entries> {

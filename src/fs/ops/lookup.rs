@@ -158,24 +158,14 @@ impl FsCore {
                 ..Default::default()
             })
             .await;
-        match self.reached(asked) {
+        self.listings
+            .called(asked.as_ref().err().map(crate::rpc::ClientError::fault));
+        match asked {
             Err(e) if self.cfg.stale_reads && self.listings.unreachable() => {
                 self.last_seen(path, dir_only).ok_or_else(|| e.into())
             }
             answered => Ok(answered?),
         }
-    }
-    /// Notes whether a call's answer came from a store server or found none reachable.
-    pub(crate) fn reached<T>(
-        &self,
-        answered: Result<T, crate::rpc::ClientError>,
-    ) -> Result<T, crate::rpc::ClientError> {
-        match &answered {
-            Ok(_) => self.listings.reached(true),
-            Err(e) if unreachable(e) => self.listings.reached(false),
-            Err(_) => {}
-        }
-        answered
     }
     /// What this mount last saw of `path` (its listing, or with `dir_only` its own entry), as
     /// a store server's answer: stale reads while none is reachable.
@@ -422,9 +412,4 @@ impl FsCore {
         }
         Ok(e.symlink_target)
     }
-}
-
-/// Whether a call failed for want of a store server to answer it (rather than an answer).
-fn unreachable(e: &crate::rpc::ClientError) -> bool {
-    crate::fs::error::unreachable_fault(e.fault())
 }

@@ -99,13 +99,15 @@ impl Reader {
                 self.ahead.read_on(path);
                 (r, Vec::new())
             }
-            None => match self.ask_resolve(path, since).await {
-                Ok(asked) => {
-                    self.listings.reached(true);
-                    asked
+            None => {
+                let asked = self.ask_resolve(path, since).await;
+                self.listings
+                    .called(asked.as_ref().err().and_then(FsError::fault));
+                match asked {
+                    Ok(asked) => asked,
+                    Err(e) => (self.last_resolved(path).ok_or(e)?, Vec::new()),
                 }
-                Err(e) => (self.last_resolved(path, &e).ok_or(e)?, Vec::new()),
-            },
+            }
         };
         let entry = file_entry(&r)?;
         let version = Version::from_slice(&r.version)
@@ -193,16 +195,10 @@ impl Reader {
             .ok()
     }
 
-    /// With stale reads, the version `path` showed when last resolved here, where `e` says no
-    /// store server answered.
-    fn last_resolved(&self, path: &str, e: &FsError) -> Option<Arc<ResolveResponse>> {
-        let FsError::Remote(c) = e else { return None };
-        if !crate::fs::error::unreachable_fault(c.fault()) {
-            return None;
-        }
-        self.listings.reached(false);
-        self.cfg
-            .stale_reads
+    /// With stale reads while no store server answers, the version `path` showed when last
+    /// resolved here.
+    fn last_resolved(&self, path: &str) -> Option<Arc<ResolveResponse>> {
+        (self.cfg.stale_reads && self.listings.unreachable())
             .then(|| self.listings.last_resolved(path))
             .flatten()
     }
