@@ -1,10 +1,13 @@
 //! A load generator for the store server's metadata, over its gRPC API: `publish` fills a
 //! prefix with keys in batches (a mount's write-back queue does the same), `list` reads a
-//! prefix page by page and reports the largest answer. The benches drive it (bench/list.sh).
+//! prefix page by page and reports the largest answer, `resolve` resolves keys of several
+//! namespaces from several replicas at once, as many `kt get`s would. The benches drive it
+//! (bench/list.sh, bench/replicas.sh).
 //!
 //!   cargo build --example load
 //!   load publish ADDR NAMESPACE PREFIX KEYS [CONCURRENCY]
 //!   load list ADDR NAMESPACE PREFIX
+//!   load resolve ADDR[,ADDR...] NAMESPACE[,NAMESPACE...] PREFIX KEYS SECONDS [CONCURRENCY]
 
 use std::time::Instant;
 
@@ -13,6 +16,7 @@ use clap::{Parser, Subcommand};
 use ktfs::auth::Credential;
 use ktfs::proto::{
     BlockRef, FileEntry, InlineBlock, ListRequest, Manifest, PublishBatchRequest, PublishRequest,
+    ResolveRequest,
 };
 use ktfs::rpc::client::connect_store;
 use prost::Message;
@@ -40,6 +44,68 @@ enum What {
         namespace: String,
         prefix: String,
     },
+    /// For SECONDS, CONCURRENCY callers (each on one replica of ADDRS and one namespace of
+    /// NAMESPACES, in turn) resolve PREFIX/k0000000 ... of the first KEYS keys at random;
+    /// prints how many were answered, a second.
+    Resolve {
+        addrs: String,
+        namespaces: String,
+        prefix: String,
+        keys: usize,
+        seconds: f64,
+        #[arg(default_value_t = 16)]
+        concurrency: usize,
+    },
+}
+
+/// Resolves of random keys by `concurrency` callers spread over `addrs` and `namespaces`, for
+/// `seconds`: how many were answered.
+async fn resolve_load(
+    addrs: &str,
+    namespaces: &str,
+    prefix: &str,
+    keys: usize,
+    seconds: f64,
+    concurrency: usize,
+) -> Result<u64> {
+    let mut stores = Vec::new();
+    for a in addrs.split(',') {
+        stores.push(connect_store(a, &Credential::none()).await?);
+    }
+    let namespaces: Vec<String> = namespaces.split(',').map(String::from).collect();
+    let until = Instant::now() + std::time::Duration::from_secs_f64(seconds);
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..concurrency.max(1) {
+        let store = stores[i % stores.len()].clone();
+        let ns = namespaces[i % namespaces.len()].clone();
+        let prefix = prefix.to_string();
+        tasks.spawn(async move {
+            // A cheap generator of its own per caller: xorshift, seeded by the caller's number.
+            let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ (i as u64 + 1);
+            let mut answered = 0u64;
+            while Instant::now() < until {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let key = format!("{prefix}/k{:07}", x as usize % keys.max(1));
+                store
+                    .resolve(ResolveRequest {
+                        namespace: ns.clone(),
+                        key,
+                        ..Default::default()
+                    })
+                    .await
+                    .with_context(|| format!("resolving in {ns}"))?;
+                answered += 1;
+            }
+            Ok::<_, anyhow::Error>(answered)
+        });
+    }
+    let mut answered = 0;
+    while let Some(r) = tasks.join_next().await {
+        answered += r.context("a resolving task")??;
+    }
+    Ok(answered)
 }
 
 const BATCH: usize = 256;
@@ -152,6 +218,23 @@ async fn main() -> Result<()> {
             println!(
                 "entries={entries} pages={pages} largest_answer_bytes={largest} seconds={:.1}",
                 start.elapsed().as_secs_f64()
+            );
+        }
+        What::Resolve {
+            addrs,
+            namespaces,
+            prefix,
+            keys,
+            seconds,
+            concurrency,
+        } => {
+            let start = Instant::now();
+            let answered =
+                resolve_load(&addrs, &namespaces, &prefix, keys, seconds, concurrency).await?;
+            let s = start.elapsed().as_secs_f64();
+            println!(
+                "resolved={answered} seconds={s:.1} per_second={:.0}",
+                answered as f64 / s
             );
         }
     }

@@ -660,8 +660,12 @@ fn replicas_on_etcd_take_over_from_a_dead_owner_and_a_deposed_one_stops() {
     let b = replica("b", "2");
     let both = format!("{},{}", a.addr, b.addr);
     put(&both, 0);
-    // The standby serves nothing itself, and says where the owner is.
-    let refused = kt_with(&b.addr, &none, &["ls", "rep"]);
+    // The standby writes nothing itself, and says where the owner is.
+    let refused = kt_with(
+        &b.addr,
+        &none,
+        &["put", "rep/by-b", "--src", files[1].to_str().unwrap()],
+    );
     assert!(!refused.status.success());
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("stands by") && err.contains(&a.addr), "{err}");
@@ -844,4 +848,119 @@ fn authenticated_replicas_honour_each_others_tickets_and_a_mount_reads_through_t
         });
         assert!(read, "k{i} was not read after the takeover");
     }
+}
+
+/// A replica that stands by answers the reads of callers without a lease (`kt ls`, `kt get`)
+/// from etcd, naming the sources the owner would: a key published in place on a node is got
+/// through the standby alone, from that node, whose lease the standby reads in etcd; once the
+/// node is gone, its lease runs out there too and the standby names it no more. A read with
+/// a lease (a mount's, which its watch covers) stays the owner's.
+#[test]
+fn a_standby_answers_lease_free_reads_with_the_nodes_the_owner_knows() {
+    test_support::require_fuse();
+    let ip = "127.0.0.31";
+    let etcd = Etcd::start(ip);
+    let s3 = S3::start(ip, "kt-bucket");
+    let blocks = s3.url("kt-bucket", "reads");
+    let dir = tempfile::tempdir().unwrap();
+    let none = dir.path().join("no-agent.sock");
+    let replica = |data: &str| {
+        let mut cmd = std::process::Command::new(common::kt_bin());
+        cmd.args(["server", "--listen", &format!("{ip}:0"), "--data-dir"])
+            .arg(dir.path().join(data))
+            .args(["--meta", &etcd.url("kt-reads"), "--blocks", &blocks])
+            .args(["--owner-ttl-secs", "2", "--lease-secs", "3"])
+            .envs(s3.env())
+            .env("RUST_LOG", "warn");
+        test_support::spawn_ready(cmd)
+    };
+    let a = replica("a");
+    let b = replica("b");
+    let both = format!("{},{}", a.addr, b.addr);
+    let stored = dir.path().join("stored");
+    std::fs::write(&stored, pseudo_random(300_000, 31)).unwrap();
+    let local = dir.path().join("local");
+    std::fs::write(&local, pseudo_random(200_000, 32)).unwrap();
+    let agent = common::start_agent(ip, &both, &dir.path().join("n1"), "reads-n1");
+    let put = |sock: &Path, key: &str, src: &Path, extra: &[&str]| {
+        let mut args = vec!["put", key, "--src", src.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = kt_with(&both, sock, &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    put(&none, "reads/stored", &stored, &[]);
+    put(&agent.socket, "reads/local", &local, &["--locale", "local"]);
+
+    // The standby alone lists, and gets each key: the stored one from the object store, the
+    // local one from the node that published it.
+    let listed = ok_with(&b, &none, &["ls", "reads", "--json"]);
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(common::ls_names(&listed), ["local", "stored"]);
+    let got = dir.path().join("got-stored");
+    ok_with(
+        &b,
+        &none,
+        &["get", "reads/stored", "--dest", got.to_str().unwrap()],
+    );
+    assert!(std::fs::read(&got).unwrap() == std::fs::read(&stored).unwrap());
+    let got = dir.path().join("got-local");
+    let from_node = ok_with(
+        &b,
+        &none,
+        &[
+            "get",
+            "reads/local",
+            "--dest",
+            got.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    let from_node: serde_json::Value = serde_json::from_str(&from_node).unwrap();
+    assert_eq!(
+        common::listed_sources(&from_node),
+        ["reads-n1"],
+        "{from_node}"
+    );
+    assert!(std::fs::read(&got).unwrap() == std::fs::read(&local).unwrap());
+
+    // A read that asks for a lease (a mount's, naming its watch) is the owner's: the standby
+    // refuses it, naming the owner, and answers the same read without one.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (leased, lease_free) = rt.block_on(async {
+        let store = ktfs::rpc::client::connect_store(&b.addr, &ktfs::auth::Credential::none())
+            .await
+            .unwrap();
+        let read = |watcher| ktfs::proto::ResolveRequest {
+            watcher,
+            namespace: "default".into(),
+            key: "reads/stored".into(),
+            inline_up_to: 0,
+        };
+        (store.resolve(read(7)).await, store.resolve(read(0)).await)
+    });
+    let refused = leased.expect_err("the standby answered a read with a lease");
+    assert!(refused.to_string().contains("stands by"), "{refused}");
+    match refused {
+        ktfs::rpc::ClientError::Remote(r) => assert_eq!(r.owner.as_deref(), Some(&*a.addr)),
+        other => panic!("{other}"),
+    }
+    assert!(lease_free.is_ok_and(|r| r.key == "reads/stored"));
+
+    // The node dies: its lease runs out in etcd, and the standby names no source for it.
+    drop(agent);
+    let got = dir.path().join("got-after");
+    let gone = test_support::eventually(Duration::from_secs(15), || {
+        let out = kt_with(
+            &b.addr,
+            &none,
+            &["get", "reads/local", "--dest", got.to_str().unwrap()],
+        );
+        assert!(!out.status.success(), "a get from a dead node succeeded");
+        String::from_utf8_lossy(&out.stderr).contains("no source holds this version")
+    });
+    assert!(gone, "the standby still names the dead node");
 }

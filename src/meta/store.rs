@@ -70,6 +70,12 @@ impl MetaStore {
         }
     }
 
+    /// Keeps the node leases in `shared` too, where every replica of the store sees them.
+    pub fn sharing_nodes(mut self, shared: std::sync::Arc<dyn super::nodes::SharedNodes>) -> Self {
+        self.nodes.share(shared);
+        self
+    }
+
     /// How many changes edited a hard-linked file's inode record so far: a watcher told of a
     /// change that moved it is told that everything changed.
     pub fn inode_changes(&self) -> u64 {

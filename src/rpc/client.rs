@@ -220,11 +220,23 @@ fn replicas(addr: &str) -> Option<Vec<&str>> {
     (all.len() > 1).then_some(all)
 }
 
+/// How often a client of several replicas asks each connection whether its replica answers,
+/// and how long it waits: a replica that hangs (stopped, cut off) fails the calls sent to it
+/// within about their sum, which then go to another, rather than wait for the call's timeout.
+const REPLICA_PING: Duration = Duration::from_secs(5);
+const REPLICA_PING_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The store served by the replicas at `addrs`, each connected on first use.
 fn replicated(addrs: &[&str], credential: &Credential) -> Result<Store, ClientError> {
     let each = addrs
         .iter()
-        .map(|a| Ok((a.to_string(), store_lazy(a, credential)?)))
+        .map(|a| {
+            let endpoint = store_endpoint(a)?
+                .http2_keep_alive_interval(REPLICA_PING)
+                .keep_alive_timeout(REPLICA_PING_TIMEOUT)
+                .keep_alive_while_idle(true);
+            Ok((a.to_string(), lazy_on(a, endpoint, credential)?))
+        })
         .collect::<Result<Vec<_>, ClientError>>()?;
     Ok(Store::new(super::replicas::Replicas::new(each)))
 }
@@ -263,7 +275,11 @@ pub fn store_lazy(addr: &str, credential: &Credential) -> Result<Store, ClientEr
     if let Some(all) = replicas(addr) {
         return replicated(&all, credential);
     }
-    let endpoint = store_endpoint(addr)?;
+    lazy_on(addr, store_endpoint(addr)?, credential)
+}
+
+/// A client of the store server at `addr` through `endpoint`, connected on first use.
+fn lazy_on(addr: &str, endpoint: Endpoint, credential: &Credential) -> Result<Store, ClientError> {
     let channel = match tls_connector(addr).map_err(|e| ClientError::Unreachable {
         addr: addr.to_string(),
         reason: e.to_string(),

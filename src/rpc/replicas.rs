@@ -1,6 +1,8 @@
 //! A store served by several replicas (cluster mode: `KT_SERVER=a,b,c`), as one [`StoreApi`]:
 //! each call goes to the replica that answered last, and moves on where that one is gone or
-//! does not own the store. A replica that stands by names the owner (`kt-owner`), so the next
+//! does not own the store. Reads of a caller that holds no lease (resolves and listings with
+//! no watcher: `kt get`, Python) go to a replica this client picked at random, which answers
+//! them where it may (see `server::role`), so that many readers spread over the replicas. A replica that stands by names the owner (`kt-owner`), so the next
 //! try goes there; while a dead owner's claim runs out and a standby takes over (a few
 //! seconds), calls wait and try again rather than fail.
 //!
@@ -34,7 +36,36 @@ pub struct Replicas {
     replicas: Vec<(String, Store)>,
     /// The replica that answered last.
     current: AtomicUsize,
+    /// The replica that answered a lease-free read last.
+    reader: AtomicUsize,
     within: Duration,
+}
+
+/// Which replica a call goes to first.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// The one that answered last: the owner, most often.
+    Owner,
+    /// This client's reader.
+    Reader,
+}
+
+/// Where a read goes: a caller with a lease (a mount's watch) reads at the owner, which tells
+/// it of changes; one without, at its reader.
+fn reads(watcher: u64) -> Route {
+    match watcher {
+        0 => Route::Reader,
+        _ => Route::Owner,
+    }
+}
+
+/// A replica for this process's reads: one picked by chance, so that the readers of a store
+/// spread over its replicas.
+fn pick(replicas: usize) -> usize {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() as usize);
+    (nanos ^ std::process::id() as usize) % replicas.max(1)
 }
 
 /// Whether a call may be sent again after it failed so.
@@ -52,6 +83,7 @@ impl Replicas {
     /// `replicas`, each an address and its client; calls go to the first until it fails.
     pub fn new(replicas: Vec<(String, Store)>) -> Self {
         Replicas {
+            reader: AtomicUsize::new(pick(replicas.len())),
             replicas,
             current: AtomicUsize::new(0),
             within: FAILOVER_WITHIN,
@@ -66,7 +98,7 @@ impl Replicas {
 
     /// Where a failed call goes next: the owner a standby named, if it is one of the
     /// replicas, else the replica after the one that failed.
-    fn move_on(&self, from: usize, e: &ClientError) {
+    fn move_on(&self, route: Route, from: usize, e: &ClientError) {
         let named = match e {
             ClientError::Remote(r) => r.owner.as_deref().filter(|o| !o.is_empty()),
             _ => None,
@@ -76,13 +108,21 @@ impl Replicas {
             .unwrap_or((from + 1) % self.replicas.len());
         // Another call may have moved on already; it knows as much as this one.
         let _ = self
-            .current
+            .at(route)
             .compare_exchange(from, next, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    fn at(&self, route: Route) -> &AtomicUsize {
+        match route {
+            Route::Owner => &self.current,
+            Route::Reader => &self.reader,
+        }
     }
 
     /// Calls `f` on one replica after another until one serves it, for at most `within`.
     async fn call<'a, T>(
         &'a self,
+        route: Route,
         retry: Retry,
         mut f: impl FnMut(&'a Store) -> Call<'a, T>,
     ) -> Result<T, ClientError> {
@@ -90,13 +130,13 @@ impl Replicas {
         let mut pause = Duration::from_millis(50);
         let mut failed_in_round = 0;
         loop {
-            let at = self.current.load(Ordering::SeqCst) % self.replicas.len();
+            let at = self.at(route).load(Ordering::SeqCst) % self.replicas.len();
             let e = match f(&self.replicas[at].1).await {
                 Err(e) if moves_on(&e, retry) => e,
                 answered => return answered,
             };
             tracing::debug!(replica = %self.replicas[at].0, error = %e, "trying another replica");
-            self.move_on(at, &e);
+            self.move_on(route, at, &e);
             failed_in_round += 1;
             if failed_in_round >= self.replicas.len() {
                 // Every replica was tried: wait for a standby to take a dead owner's place.
@@ -135,6 +175,9 @@ fn cut_off(message: &str) -> bool {
         "h2 protocol error",
         "connection reset",
         "broken pipe",
+        // The replica stopped answering its connection's pings (`rpc::client`).
+        "keep-alive",
+        "keepalive",
     ]
     .iter()
     .any(|s| m.contains(s))
@@ -154,14 +197,16 @@ fn never_connected(message: &str) -> bool {
     .any(|s| m.contains(s))
 }
 
-/// One method per RPC: the request is cloned for each try.
+/// One method per RPC: the request is cloned for each try; `route` says from the request where
+/// it goes first.
 macro_rules! routed {
-    ($($name:ident($req:ty) -> $resp:ty, $retry:expr;)*) => {
+    ($($name:ident($req:ty) -> $resp:ty, $retry:expr, $route:expr;)*) => {
         #[async_trait::async_trait]
         impl StoreApi for Replicas {
             $(
                 async fn $name(&self, req: $req) -> Result<$resp, ClientError> {
-                    self.call($retry, |s| {
+                    let route: fn(&$req) -> Route = $route;
+                    self.call(route(&req), $retry, |s| {
                         let req = req.clone();
                         Box::pin(async move { s.$name(req).await })
                     })
@@ -175,7 +220,7 @@ macro_rules! routed {
             async fn watch(&self, mut ups: WatchUps) -> Result<WatchDowns, ClientError> {
                 let mut early = Vec::new();
                 let (down, tx) = self
-                    .call(Retry::Always, |s| {
+                    .call(Route::Owner, Retry::Always, |s| {
                         while let Ok(m) = ups.try_recv() {
                             early.push(m);
                         }
@@ -200,31 +245,31 @@ macro_rules! routed {
 }
 
 routed! {
-    register_node(RegisterNodeRequest) -> RegisterNodeResponse, Retry::Always;
-    heartbeat(HeartbeatRequest) -> HeartbeatResponse, Retry::Always;
-    missing_blocks(MissingBlocksRequest) -> MissingBlocksResponse, Retry::Always;
-    publish(PublishRequest) -> PublishResponse, Retry::Always;
-    publish_batch(PublishBatchRequest) -> PublishBatchResponse, Retry::Always;
-    publish_gpu(PublishGpuRequest) -> PublishResponse, Retry::Untaken;
-    resolve(ResolveRequest) -> ResolveResponse, Retry::Always;
-    resolve_many(ResolveManyRequest) -> ResolveManyResponse, Retry::Always;
-    list(ListRequest) -> ListResponse, Retry::Always;
-    remove(RemoveRequest) -> RemoveResponse, Retry::Untaken;
-    add_location(AddLocationRequest) -> AddLocationResponse, Retry::Always;
-    version_blocks(VersionBlocksRequest) -> VersionBlocksResponse, Retry::Always;
-    rename(RenameRequest) -> RenameResponse, Retry::Untaken;
-    exchange(ExchangeRequest) -> RenameResponse, Retry::Untaken;
-    link(LinkRequest) -> LinkResponse, Retry::Untaken;
-    set_attr(SetAttrRequest) -> SetAttrResponse, Retry::Always;
-    join_broadcast(JoinRequest) -> JoinResponse, Retry::Untaken;
-    new_parent(NewParentRequest) -> NewParentResponse, Retry::Untaken;
-    leave_broadcast(LeaveRequest) -> LeaveResponse, Retry::Untaken;
-    swarm_sync(SwarmSyncRequest) -> SwarmSyncReply, Retry::Untaken;
-    get_window(GetWindowRequest) -> Window, Retry::Always;
-    registration_secret(RegistrationSecretRequest) -> RegistrationSecretResponse, Retry::Always;
-    join_gpu_window(GpuJoinRequest) -> GpuJoinResponse, Retry::Untaken;
-    await_gpu_window(GpuAwaitRequest) -> GpuWindow, Retry::Untaken;
-    finish_gpu_window(GpuFinishRequest) -> GpuFinishResponse, Retry::Untaken;
+    register_node(RegisterNodeRequest) -> RegisterNodeResponse, Retry::Always, |_| Route::Owner;
+    heartbeat(HeartbeatRequest) -> HeartbeatResponse, Retry::Always, |_| Route::Owner;
+    missing_blocks(MissingBlocksRequest) -> MissingBlocksResponse, Retry::Always, |_| Route::Owner;
+    publish(PublishRequest) -> PublishResponse, Retry::Always, |_| Route::Owner;
+    publish_batch(PublishBatchRequest) -> PublishBatchResponse, Retry::Always, |_| Route::Owner;
+    publish_gpu(PublishGpuRequest) -> PublishResponse, Retry::Untaken, |_| Route::Owner;
+    resolve(ResolveRequest) -> ResolveResponse, Retry::Always, |r| reads(r.watcher);
+    resolve_many(ResolveManyRequest) -> ResolveManyResponse, Retry::Always, |r| reads(r.watcher);
+    list(ListRequest) -> ListResponse, Retry::Always, |r| reads(r.watcher);
+    remove(RemoveRequest) -> RemoveResponse, Retry::Untaken, |_| Route::Owner;
+    add_location(AddLocationRequest) -> AddLocationResponse, Retry::Always, |_| Route::Owner;
+    version_blocks(VersionBlocksRequest) -> VersionBlocksResponse, Retry::Always, |_| Route::Owner;
+    rename(RenameRequest) -> RenameResponse, Retry::Untaken, |_| Route::Owner;
+    exchange(ExchangeRequest) -> RenameResponse, Retry::Untaken, |_| Route::Owner;
+    link(LinkRequest) -> LinkResponse, Retry::Untaken, |_| Route::Owner;
+    set_attr(SetAttrRequest) -> SetAttrResponse, Retry::Always, |_| Route::Owner;
+    join_broadcast(JoinRequest) -> JoinResponse, Retry::Untaken, |_| Route::Owner;
+    new_parent(NewParentRequest) -> NewParentResponse, Retry::Untaken, |_| Route::Owner;
+    leave_broadcast(LeaveRequest) -> LeaveResponse, Retry::Untaken, |_| Route::Owner;
+    swarm_sync(SwarmSyncRequest) -> SwarmSyncReply, Retry::Untaken, |_| Route::Owner;
+    get_window(GetWindowRequest) -> Window, Retry::Always, |_| Route::Owner;
+    registration_secret(RegistrationSecretRequest) -> RegistrationSecretResponse, Retry::Always, |_| Route::Owner;
+    join_gpu_window(GpuJoinRequest) -> GpuJoinResponse, Retry::Untaken, |_| Route::Owner;
+    await_gpu_window(GpuAwaitRequest) -> GpuWindow, Retry::Untaken, |_| Route::Owner;
+    finish_gpu_window(GpuFinishRequest) -> GpuFinishResponse, Retry::Untaken, |_| Route::Owner;
 }
 
 #[cfg(test)]

@@ -33,7 +33,9 @@ use crate::blocks::store::{self, StoreBlocks, CF_BLOCKS};
 use crate::blocks::BlockError;
 use crate::clock::{self, SharedClock};
 use crate::db::{Db, DbError};
-use crate::meta::engine::{Elector, EngineError, EtcdUrl, Fence, Standing, DEFAULT_OWNER_TTL};
+use crate::meta::engine::{
+    Elector, EngineError, EtcdNodes, EtcdUrl, Fence, Standing, DEFAULT_OWNER_TTL,
+};
 use crate::meta::{self, MetaError, MetaStore};
 use crate::proto::store_server::StoreServer;
 use crate::rpc::MAX_RPC_MESSAGE;
@@ -183,6 +185,8 @@ pub struct StoreServerProcess {
     /// A file holding the secret the replicas of a store share, which their ticket keys are
     /// derived from (else each keeps keys of its own in its data directory).
     ticket_secret: Option<std::path::PathBuf>,
+    /// Whether the blocks are in an object store every replica reaches.
+    shared_blocks: bool,
 }
 
 impl StoreServerProcess {
@@ -240,8 +244,12 @@ impl StoreServerProcess {
             }),
         };
         let fence = election.as_ref().map(|e| e.fence.clone());
+        let shared_blocks = objects.is_some();
         let backend = spec::open_backend(&spec.meta, db, objects, fence).await?;
-        let meta = MetaStore::new(backend, blocks, lease, clock.clone());
+        let mut meta = MetaStore::new(backend, blocks, lease, clock.clone());
+        if let MetaSpec::Etcd(url) = &spec.meta {
+            meta = meta.sharing_nodes(Arc::new(EtcdNodes::new(url)?));
+        }
         Ok(StoreServerProcess {
             listener,
             meta: Arc::new(meta),
@@ -254,6 +262,7 @@ impl StoreServerProcess {
             advertise: None,
             owner_ttl: DEFAULT_OWNER_TTL,
             ticket_secret: None,
+            shared_blocks,
         })
     }
 
@@ -343,6 +352,10 @@ impl StoreServerProcess {
             }
         };
         let advertised = self.advertised();
+        // A standby answers reads where what it answers (blocks, tickets) holds at every
+        // replica: the blocks in an object store, tickets signed with the shared keys or none.
+        let reads_anywhere =
+            self.shared_blocks && (self.auth.is_open() || self.ticket_secret.is_some());
         let duties = duties::Duties {
             meta: self.meta.clone(),
             tenants: !self.auth.is_open(),
@@ -404,6 +417,7 @@ impl StoreServerProcess {
             gpu_windows: Default::default(),
             gpu_changed: Default::default(),
             watchers: Default::default(),
+            standing: standing_rx.clone(),
         };
         register_gauges(&self.meta, &handler);
         let handler_watchers = handler.watchers.clone();
@@ -424,7 +438,7 @@ impl StoreServerProcess {
         let (reporter, health) = tonic_health::server::health_reporter();
         let readiness = tokio::spawn(ready::report(self.meta.clone(), reporter));
         let svc = auth::layer::authenticated(svc, Arc::new(Authenticator::new(self.auth)));
-        let svc = role::owner_only(svc, standing_rx);
+        let svc = role::owner_only(svc, standing_rx, reads_anywhere);
         // Watch streams never end by themselves: a shutdown ends them, else it would wait on
         // them forever. A replica that lost its claim stops too.
         let watchers = handler_watchers;

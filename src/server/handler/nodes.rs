@@ -32,7 +32,13 @@ pub(super) async fn register_node(
         return Err(invalid("node needs an id and a data address ip:port"));
     }
     tracing::info!(node = %node.node_id, addr = %node.data_addr, "node registered");
-    handler.meta.register_node(node);
+    // Where the leases are etcd's too, registering waits on it: off the async threads.
+    let meta = handler.meta.clone();
+    blocking(move || {
+        meta.register_node(node);
+        Ok(())
+    })
+    .await?;
     Ok(Response::new(RegisterNodeResponse {
         lease_secs: handler.meta.lease().as_secs() as u32,
         ticket: handler.ticket(&Grant::Node, ticket::NODE_TTL, expires),
@@ -55,7 +61,8 @@ pub(super) async fn heartbeat(
     let expires = expiry_of(&req);
     let r = req.into_inner();
     caller.may_act_for_node(&r.node_id)?;
-    let known = handler.meta.heartbeat(&r.node_id);
+    let (meta, node) = (handler.meta.clone(), r.node_id.clone());
+    let known = blocking(move || Ok(meta.heartbeat(&node))).await?;
     let open = r
         .open_versions
         .iter()

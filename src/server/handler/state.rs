@@ -11,8 +11,10 @@ use crate::broadcast::windows::Broadcasts;
 use crate::broadcast::windows::GpuWindows;
 use crate::clock::SharedClock;
 use crate::key::Namespace;
+use crate::meta::engine::Standing;
 use crate::meta::MetaStore;
 use crate::server::auth::{group_namespace, may_use};
+use crate::server::role::refusal;
 use crate::server::status::parse_ns;
 use crate::server::tickets::TicketKeys;
 use crate::server::watch::Watchers;
@@ -35,6 +37,8 @@ pub struct StoreHandler {
     pub(crate) watchers: Arc<Watchers>,
     /// Swarm members whose syncs wait for fetches, by window, generation and member.
     pub(crate) swarm_waits: Arc<std::sync::Mutex<SwarmWaits>>,
+    /// Whether this replica owns the store (a single server always does).
+    pub(crate) standing: tokio::sync::watch::Receiver<Standing>,
 }
 
 pub(crate) type SwarmWaits =
@@ -65,6 +69,16 @@ pub(super) fn window_for<T>(req: &Request<T>, group: &str) -> Result<(), Status>
 }
 
 impl StoreHandler {
+    /// Refuses a read for watcher `watcher` (0: none) where its lease cannot be held: only the
+    /// owner tells watchers of changes, so a standby answers lease-free reads alone, and names
+    /// the owner for the others.
+    pub(super) fn leased_here(&self, watcher: u64) -> Result<(), Status> {
+        match watcher {
+            0 => Ok(()),
+            _ => refusal(&self.standing.borrow()).map_or(Ok(()), Err),
+        }
+    }
+
     pub(super) fn change(&self, ns: &Namespace, paths: Vec<String>) -> Change {
         Change {
             ns: ns.clone(),

@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# Metadata throughput against the number of replicas (issue 44): one store on etcd (one member,
+# its data on /dev/shm) and S3 (s3s-fs), each replica held to 0.4 CPU by a cgroup (cgroup v2's
+# cpu.max, or v1's cpu.cfs_quota_us), and a load generator in Rust (bench/load.rs `resolve`)
+# resolving random keys of 4 namespaces with CONCURRENCY callers, as many `kt get`s would: a
+# caller with no lease may be answered by any replica, the owner or one standing by. The same
+# load against one replica, then spread over two and three, and a single RocksDB server held to
+# the same 0.4 CPU as the scale. etcd's and the generator's CPU are reported to show that
+# neither is what limits. Appends its section to bench/RESULTS.md (replacing an earlier one).
+#
+#   bash bench/replicas.sh   # KT_BENCH_REPLICAS_KEYS (per namespace, default 1000)
+#                            # KT_BENCH_REPLICAS_SECONDS (each row, default 10)
+#                            # KT_BENCH_REPLICAS_CONCURRENCY (default 16)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KEYS=${KT_BENCH_REPLICAS_KEYS:-1000}
+SECONDS_EACH=${KT_BENCH_REPLICAS_SECONDS:-10}
+CONCURRENCY=${KT_BENCH_REPLICAS_CONCURRENCY:-16}
+QUOTA_US=40000
+PERIOD_US=100000
+cargo build --quiet --bin kt --example load
+KT=$PWD/target/debug/kt
+LOAD=$PWD/target/debug/examples/load
+WORK=$(mktemp -d)
+SHM=$(mktemp -d -p /dev/shm)
+CG=""
+cleanup() {
+    kill -9 $(jobs -p) 2>/dev/null || true
+    wait 2>/dev/null || true
+    for g in ${CG}; do rmdir "$g" 2>/dev/null || true; done
+    rm -rf "$WORK" "$SHM"
+}
+trap cleanup EXIT
+export KT_AGENT=$WORK/none.sock RUST_LOG=warn
+export AWS_ACCESS_KEY_ID=kt-test-access AWS_SECRET_ACCESS_KEY=kt-test-secret
+HZ=$(getconf CLK_TCK)
+IP=127.0.0.22
+NAMESPACES=bench-a,bench-b,bench-c,bench-d
+
+cpu_s() { awk -v hz="$HZ" '{ sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / hz }' "/proc/$1/stat"; }
+sub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+
+# A cgroup holding PID to 0.4 CPU.
+limit() { # NAME PID
+    local g
+    if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+        g=/sys/fs/cgroup/kt-bench-$1
+        mkdir -p "$g"
+        echo "$QUOTA_US $PERIOD_US" >"$g/cpu.max"
+    else
+        g=/sys/fs/cgroup/cpu/kt-bench-$1
+        mkdir -p "$g"
+        echo "$PERIOD_US" >"$g/cpu.cfs_period_us"
+        echo "$QUOTA_US" >"$g/cpu.cfs_quota_us"
+    fi
+    echo "$2" >"$g/cgroup.procs"
+    CG="$CG $g"
+}
+
+etcd --name m1 --data-dir "$SHM/m1" \
+    --listen-client-urls "http://${IP}2:2379" --advertise-client-urls "http://${IP}2:2379" \
+    --listen-peer-urls "http://${IP}2:2380" --initial-advertise-peer-urls "http://${IP}2:2380" \
+    --initial-cluster "m1=http://${IP}2:2380" --heartbeat-interval 250 --election-timeout 2500 \
+    >"$WORK/etcd.log" 2>&1 &
+ETCD=$!
+for _ in $(seq 150); do curl -sf "http://${IP}2:2379/health" >/dev/null && break; sleep 0.2; done
+mkdir -p "$WORK/s3/bucket"
+s3s-fs --host "${IP}3" --port 9000 --access-key "$AWS_ACCESS_KEY_ID" \
+    --secret-key "$AWS_SECRET_ACCESS_KEY" "$WORK/s3" >"$WORK/s3.log" 2>&1 &
+for _ in $(seq 100); do curl -s "http://${IP}3:9000" >/dev/null && break; sleep 0.1; done
+META="etcd://${IP}2:2379/kt-replicas"
+BLOCKS="s3://bucket/replicas?endpoint=http://${IP}3:9000&region=us-east-1"
+
+# Starts a server named NAME with FLAGS, held to 0.4 CPU; sets PID_<NAME> and ADDR_<NAME>.
+serve() { # NAME FLAGS...
+    local name=$1; shift
+    "$KT" server --listen "${IP}4:0" --data-dir "$WORK/$name" "$@" >"$WORK/$name.log" 2>&1 &
+    eval "PID_$name=$!"
+    for _ in $(seq 300); do grep -q listening "$WORK/$name.log" && break; sleep 0.05; done
+    eval "ADDR_$name=$(sed -n 's/.*listening on //p' "$WORK/$name.log" | head -1)"
+    limit "$name" "$!"
+}
+
+fill() { # ADDR
+    for ns in ${NAMESPACES//,/ }; do
+        "$LOAD" publish "$1" "$ns" keys "$KEYS" 4 >/dev/null
+    done
+}
+
+ROWS=""
+# One row: the load against ADDRS; NAME... are the servers whose CPU is reported.
+row() { # LABEL ADDRS NAME...
+    local label=$1 addrs=$2; shift 2
+    local before=() n e0 e1 out g
+    for n in "$@"; do eval "before+=(\$(cpu_s \$PID_$n))"; done
+    e0=$(cpu_s "$ETCD")
+    out=$(python3 -c '
+import resource, subprocess, sys
+out = subprocess.run(sys.argv[1:], check=True, capture_output=True, text=True).stdout
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(out.strip(), "generator_cpu=%.2f" % (r.ru_utime + r.ru_stime))' \
+        "$LOAD" resolve "$addrs" "$NAMESPACES" keys "$KEYS" "$SECONDS_EACH" "$CONCURRENCY")
+    e1=$(cpu_s "$ETCD")
+    local rate secs gen servers="" i=0
+    rate=$(sed -n 's/.*per_second=\([0-9]*\).*/\1/p' <<<"$out")
+    secs=$(sed -n 's/.*seconds=\([0-9.]*\).*/\1/p' <<<"$out")
+    gen=$(sed -n 's/.*generator_cpu=\([0-9.]*\).*/\1/p' <<<"$out")
+    for n in "$@"; do
+        eval "g=\$(cpu_s \$PID_$n)"
+        servers+="${servers:+ + }$(awk -v a="${before[$i]}" -v b="$g" -v s="$secs" 'BEGIN { printf "%.2f", (b - a) / s }')"
+        i=$((i + 1))
+    done
+    local etcd_share gen_share
+    etcd_share=$(awk -v a="$e0" -v b="$e1" -v s="$secs" 'BEGIN { printf "%.2f", (b - a) / s }')
+    gen_share=$(awk -v g="$gen" -v s="$secs" 'BEGIN { printf "%.2f", g / s }')
+    eval "RATE_$label=$rate"
+    ROWS+="| $label | $rate | $servers | $etcd_share | $gen_share |"$'\n'
+    echo "$label: $out" >&2
+}
+
+# The scale: a single RocksDB server, held the same.
+serve single
+fill "$ADDR_single"
+row single "$ADDR_single" single
+kill "$PID_single"
+
+for r in a b c; do serve "$r" --meta "$META" --blocks "$BLOCKS"; done
+fill "$ADDR_a"
+row one "$ADDR_a" a
+row two "$ADDR_a,$ADDR_b" a b
+row three "$ADDR_a,$ADDR_b,$ADDR_c" a b c
+
+two_x=$(awk -v a="$RATE_one" -v b="$RATE_two" 'BEGIN { printf "%.2f", b / a }')
+three_x=$(awk -v a="$RATE_one" -v b="$RATE_three" 'BEGIN { printf "%.2f", b / a }')
+rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+section=$(cat <<EOF
+## Metadata throughput against replicas (issue 44)
+
+\`bash bench/replicas.sh\` at $rev ($(date -u +%F), debug build, 2 cores): resolves of random keys of 4
+namespaces ($KEYS keys each) by $CONCURRENCY callers of bench/load.rs (\`load resolve\`, no lease: any
+replica answers), for ${SECONDS_EACH} s a row, each store server held to 0.4 CPU by a cgroup; etcd one
+member on /dev/shm, blocks and manifests on s3s-fs. CPU columns are CPU-seconds a second of wall time.
+
+| replicas | resolves/s | replicas' CPU | etcd's CPU | generator's CPU |
+|---|---|---|---|---|
+${ROWS}
+Two replicas: **${two_x}x** one (target 1.6x); three: ${three_x}x.
+EOF
+)
+python3 - "$section" <<'PY'
+import re, sys
+section = sys.argv[1].rstrip() + "\n"
+path = "bench/RESULTS.md"
+text = open(path).read()
+head = "## Metadata throughput against replicas (issue 44)"
+if head in text:
+    start = text.index(head)
+    nxt = text.find("\n## ", start + 1)
+    text = text[:start] + section + (text[nxt + 1:] if nxt != -1 else "")
+else:
+    text = text.rstrip() + "\n\n" + section
+open(path, "w").write(text)
+PY
+echo "$section"
