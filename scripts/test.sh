@@ -19,9 +19,10 @@ cd "$(dirname "$0")/.."
 # iproute2: the GPU test makes a pod of its own (a network namespace and a veth pair); rdiff:
 # tests/delta.rs applies ktfs's deltas with librsync's tool; rsync: bench/delta.sh's baseline;
 # etcd-server: cluster mode's metadata engine, which the engine's tests start and the second
-# pass below runs the metadata-heavy tests on (curl asks it whether it is up).
+# pass below runs the metadata-heavy tests on (curl asks it whether it is up); etcd-client:
+# etcdctl, which backs etcd up and restores it in tests/cluster.rs.
 APT_PACKAGES=(librocksdb-dev clang libclang-dev protobuf-compiler libprotobuf-dev fuse3 attr iproute2 git rdiff rsync
-    python3 python3-pip etcd-server curl)
+    python3 python3-pip etcd-server etcd-client curl)
 # kubernetes-validate: the offline Kubernetes schemas deploy/check.sh validates the manifests
 # against (tests/deploy.rs runs it); maturin builds the Python package, whose tests use pytest,
 # fsspec, numpy, pandas and pyarrow.

@@ -152,6 +152,11 @@ pub static GC_BLOCKS: Counter = Counter::new(
     "",
     "Blocks garbage collection deleted on the store.",
 );
+pub static GC_PASSES: Counter = Counter::new(
+    "kt_gc_passes_total",
+    "",
+    "Garbage collection passes the store finished.",
+);
 pub static GC_BYTES: Counter = Counter::new(
     "kt_gc_bytes_total",
     "",
@@ -263,7 +268,7 @@ pub static FUSE_FLUSH_SECONDS: Histogram = Histogram::new(
     "Time of a filesystem operation in the mount's core.",
 );
 
-static COUNTERS: [&Counter; 29] = [
+static COUNTERS: [&Counter; 30] = [
     &MOUNT_METADATA_REQUESTS,
     &MOUNT_OPEN_RESOLVES,
     &MOUNT_RESOLVED_AHEAD,
@@ -292,6 +297,7 @@ static COUNTERS: [&Counter; 29] = [
     &CACHE_FULL_DISK,
     &GC_BLOCKS,
     &GC_BYTES,
+    &GC_PASSES,
     &AUTH_REFUSED,
 ];
 

@@ -464,6 +464,12 @@ pub struct ServerArgs {
     /// version's blocks stay for readers that still have it open.
     #[arg(long, default_value_t = 600)]
     pub gc_interval_secs: u64,
+    /// Seconds garbage collection keeps a version or block no key names before deleting it
+    /// (0: it deletes at the first pass that finds it so). Set it to at least how long backups
+    /// of the metadata (etcd snapshots) are kept: a backup no older restores to keys whose
+    /// blocks exist.
+    #[arg(long, env = "KT_GC_GRACE_SECS", default_value_t = 0)]
+    pub gc_grace_secs: u64,
     #[command(flatten)]
     pub auth: ServerAuthArgs,
     #[command(flatten)]

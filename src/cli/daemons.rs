@@ -91,6 +91,7 @@ pub async fn server(a: ServerArgs) -> Result<()> {
     .with_auth(auth)
     .with_tls(server_tls(&a.tls)?)
     .with_gc((a.gc_interval_secs > 0).then(|| Duration::from_secs(a.gc_interval_secs)))
+    .with_gc_grace(Duration::from_secs(a.gc_grace_secs))
     .with_advertise(a.advertise.clone())
     .with_owner_ttl(Duration::from_secs(a.owner_ttl_secs))
     .with_ticket_secret(a.ticket_secret.clone());

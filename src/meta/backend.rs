@@ -20,6 +20,8 @@ pub enum Table {
     Attrs,
     /// `namespace NUL id` -> `KeyRecord`: a hard-linked file, which its names point to.
     Inodes,
+    /// `stamp number` -> what garbage collection buried then (`meta::graveyard`).
+    Graveyard,
 }
 
 /// One write of an atomic batch.
@@ -134,6 +136,7 @@ pub const CF_MANIFESTS: &str = "manifests";
 pub const CF_LOCATIONS: &str = "locations";
 pub const CF_ATTRS: &str = "attrs";
 pub const CF_FILE_INODES: &str = "file_inodes";
+pub const CF_GRAVEYARD: &str = "graveyard";
 /// The column families the RocksDB backend needs.
 pub const FAMILIES: &[&str] = &[
     CF_KEYS,
@@ -141,6 +144,7 @@ pub const FAMILIES: &[&str] = &[
     CF_LOCATIONS,
     CF_ATTRS,
     CF_FILE_INODES,
+    CF_GRAVEYARD,
 ];
 
 fn family(t: Table) -> &'static str {
@@ -150,6 +154,7 @@ fn family(t: Table) -> &'static str {
         Table::Locations => CF_LOCATIONS,
         Table::Attrs => CF_ATTRS,
         Table::Inodes => CF_FILE_INODES,
+        Table::Graveyard => CF_GRAVEYARD,
     }
 }
 

@@ -11,6 +11,10 @@
 //! idempotent and each step leaves nothing that names what is gone: a block's index entry goes
 //! before its file, so a crash between them leaves an orphan file, which the next pass takes.
 //!
+//! With a grace (`--gc-grace-secs`, at least as long as the metadata's backups are kept), what a
+//! pass finds dead is buried first and deleted by the first pass after the grace that finds it
+//! dead still (`graveyard`).
+//!
 //! A version open on a node whose lease holds is live too (nodes say what they have open with
 //! every heartbeat), so a file removed while a reader holds it open stays readable to its end.
 //! Every block taken is remembered for a while (`collected`), and nodes, told of them with their
@@ -23,6 +27,7 @@ use prost::Message;
 
 use super::backend::{BackendError, Op, Table};
 use super::error::MetaError;
+use super::graveyard::Buried;
 use super::keys::live;
 use super::reads::View;
 use super::references::{note_scope, Scopes};
@@ -176,7 +181,32 @@ impl MetaStore {
                 }
             }
         }
-        for v in dead_versions.iter().filter(|v| !live_versions.contains(v)) {
+        let dead_now = dead_versions
+            .into_iter()
+            .filter(|v| !live_versions.contains(v));
+        let blocks_now = candidates
+            .into_iter()
+            .filter(|h| !live_blocks.contains(h) && !self.blocks.was_touched(h));
+        // With a grace, what is dead now is buried, and what was buried long enough goes.
+        let (versions_due, blocks_due): (Vec<Version>, Vec<BlockHash>) = match self.gc_grace_ms() {
+            0 => (dead_now.collect(), blocks_now.collect()),
+            grace => {
+                let dead = dead_now
+                    .map(Buried::Version)
+                    .chain(blocks_now.map(Buried::Block))
+                    .collect();
+                let due = self.settle_graveyard(&dead, grace, now.max(0) as u64)?;
+                let mut split = (Vec::new(), Vec::new());
+                for b in due {
+                    match b {
+                        Buried::Version(v) => split.0.push(v),
+                        Buried::Block(h) => split.1.push(h),
+                    }
+                }
+                split
+            }
+        };
+        for v in &versions_due {
             ops.push(Op::Delete(Table::Manifests, v.0.to_vec()));
             for (k, _) in self.backend.scan_prefix(Table::Locations, &v.0)? {
                 ops.push(Op::Delete(Table::Locations, k));
@@ -184,14 +214,14 @@ impl MetaStore {
             report.manifests += 1;
         }
         // Manifests and keys first: a crash after this leaves blocks no one names, which the
-        // next pass takes.
-        let written = self.backend.write(ops);
+        // next pass takes. Each deletion is a change of its own (none needs another), so a
+        // pass that takes more than one transaction of etcd holds is written in several.
+        let written = self
+            .backend
+            .commit(ops.into_iter().map(|op| vec![op]).collect());
         self.commits.forget_reads();
         written?;
-        for h in candidates {
-            if live_blocks.contains(&h) || self.blocks.was_touched(&h) {
-                continue;
-            }
+        for h in blocks_due {
             let bytes = self.blocks.remove(&h)?;
             report.block_bytes += bytes;
             report.blocks += 1;

@@ -11,7 +11,7 @@
 //! concern: reads of the stored state (`reads`), publishing (`publish`), lookups and listings
 //! (`resolve`, `list`), changes of names (`names`) and attributes (`attrs`), nodes and
 //! locations (`locations`), GPU keys (`gpu`), the namespaces' references to blocks
-//! (`references`) and garbage collection ([`gc`]).
+//! (`references`) and garbage collection ([`gc`], what it keeps for a grace in `graveyard`).
 
 mod ancestry;
 mod attrs;
@@ -22,6 +22,7 @@ pub mod engine;
 mod error;
 pub mod gc;
 mod gpu;
+mod graveyard;
 mod keys;
 mod list;
 mod locations;
@@ -36,6 +37,8 @@ mod txn;
 
 #[cfg(test)]
 mod commit_tests;
+#[cfg(test)]
+mod gc_tests;
 #[cfg(test)]
 mod list_tests;
 #[cfg(test)]

@@ -40,6 +40,9 @@ pub struct MetaStore {
     /// Whether a namespace names in its publishes only the blocks it references (see
     /// `crate::blocks::refs`): on where callers are authenticated.
     pub(super) separate_namespaces: AtomicBool,
+    /// How long garbage collection keeps what it found dead before deleting it, in ms (0: it
+    /// deletes at once).
+    gc_grace_ms: AtomicU64,
 }
 
 /// A number for this run of the server, different from the last one's: the time it started.
@@ -67,7 +70,19 @@ impl MetaStore {
             collected: Collected::new(run_epoch()),
             inode_changes: Default::default(),
             separate_namespaces: AtomicBool::new(false),
+            gc_grace_ms: AtomicU64::new(0),
         }
+    }
+
+    /// Keeps what collection finds dead for `grace` before deleting it (`graveyard`): a backup
+    /// of the metadata no older than that restores to keys whose blocks exist.
+    pub fn set_gc_grace(&self, grace: Duration) {
+        let ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        self.gc_grace_ms.store(ms, Ordering::SeqCst);
+    }
+
+    pub(super) fn gc_grace_ms(&self) -> u64 {
+        self.gc_grace_ms.load(Ordering::SeqCst)
     }
 
     /// Keeps the node leases in `shared` too, where every replica of the store sees them.

@@ -141,7 +141,11 @@ async fn collect_every(meta: Arc<MetaStore>, every: Duration) {
     loop {
         tick.tick().await;
         let m = meta.clone();
-        match tokio::task::spawn_blocking(move || m.collect_garbage()).await {
+        let pass = tokio::task::spawn_blocking(move || m.collect_garbage()).await;
+        if matches!(pass, Ok(Ok(_))) {
+            crate::metrics::GC_PASSES.inc();
+        }
+        match pass {
             Ok(Ok(r)) if r == Default::default() => tracing::debug!("nothing to collect"),
             Ok(Ok(r)) => tracing::info!(
                 blocks = r.blocks,

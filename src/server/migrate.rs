@@ -193,6 +193,7 @@ fn copy_tables(
         Table::Attrs,
         Table::Keys,
         Table::Locations,
+        Table::Graveyard,
     ] {
         let mut batch: Vec<Vec<Op>> = Vec::with_capacity(BATCH);
         source.for_each(table, &mut |k, v| {

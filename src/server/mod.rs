@@ -305,6 +305,12 @@ impl StoreServerProcess {
         self
     }
 
+    /// How long collection keeps what it found dead before deleting it (see `meta::gc`).
+    pub fn with_gc_grace(self, grace: Duration) -> Self {
+        self.meta.set_gc_grace(grace);
+        self
+    }
+
     /// The certificate of the server's port: with one, both planes speak TLS only.
     pub fn with_tls(mut self, tls: Option<ServerTls>) -> Self {
         self.tls = tls;

@@ -37,19 +37,66 @@ impl Etcd {
         Self::start_with(ip, Some((ca, cert, key)), &[])
     }
 
+    /// Saves a snapshot of its data in `path` (`etcdctl snapshot save`; Debian's package
+    /// `etcd-client`, which the test command installs): a backup.
+    pub fn snapshot(&self, path: &Path) {
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.endpoint, "snapshot", "save"])
+            .arg(path)
+            .output()
+            .expect("etcdctl");
+        assert!(
+            out.status.success(),
+            "etcdctl snapshot save: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// One member on `ip` whose data is restored from the snapshot at `path` (`etcdctl
+    /// snapshot restore`): the etcd of the moment the snapshot was taken.
+    pub fn restore(ip: &str, path: &Path) -> Etcd {
+        let data = data_dir();
+        let restored = data.path().join("restored");
+        let peer = format!("http://{ip}:2380");
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["snapshot", "restore"])
+            .arg(path)
+            .arg("--data-dir")
+            .arg(&restored)
+            .args(["--name", "kt", "--initial-cluster", &format!("kt={peer}")])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .output()
+            .expect("etcdctl");
+        assert!(
+            out.status.success(),
+            "etcdctl snapshot restore: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self::start_on(ip, (data, restored), None, &[])
+    }
+
     fn start_with(ip: &str, tls: Option<(&Path, &Path, &Path)>, extra: &[&str]) -> Etcd {
-        let shm = Path::new("/dev/shm");
-        let data = match shm.is_dir() {
-            true => tempfile::tempdir_in(shm),
-            false => tempfile::tempdir(),
-        }
-        .expect("etcd's data directory");
+        let data = data_dir();
+        let at = data.path().to_path_buf();
+        Self::start_on(ip, (data, at), tls, extra)
+    }
+
+    /// etcd on `ip` with its data in `data`'s path (a temporary directory's, or one in it).
+    fn start_on(
+        ip: &str,
+        data: (tempfile::TempDir, std::path::PathBuf),
+        tls: Option<(&Path, &Path, &Path)>,
+        extra: &[&str],
+    ) -> Etcd {
+        let (data, at) = data;
         let scheme = if tls.is_some() { "https" } else { "http" };
         let (client, peer) = (format!("{scheme}://{ip}:2379"), format!("http://{ip}:2380"));
         let mut cmd = Command::new("etcd");
         cmd.args(["--name", "kt"])
             .arg("--data-dir")
-            .arg(data.path())
+            .arg(&at)
             .args(["--listen-client-urls", &client])
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
@@ -78,4 +125,14 @@ impl Etcd {
     pub fn url(&self, prefix: &str) -> String {
         format!("etcd://{}/{prefix}", self.endpoint)
     }
+}
+
+/// A temporary directory for etcd's data, on `/dev/shm` where there is one.
+fn data_dir() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    match shm.is_dir() {
+        true => tempfile::tempdir_in(shm),
+        false => tempfile::tempdir(),
+    }
+    .expect("etcd's data directory")
 }

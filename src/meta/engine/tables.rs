@@ -81,6 +81,7 @@ fn tag(table: Table) -> u8 {
         Table::Locations => b'l',
         Table::Attrs => b'a',
         Table::Inodes => b'i',
+        Table::Graveyard => b'g',
     }
 }
 
