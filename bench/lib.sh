@@ -454,3 +454,50 @@ EOF
     wait_listening "$port" "$!"
     DST=rsync://$1:$port/m/
 }
+
+# ---- cluster mode: etcd and an S3 server on loopback ---------------------------------------------
+# start_etcd IP DATA_DIR: one etcd member on IP (client port 2379, peer 2380), its data in
+# DATA_DIR (put it on /dev/shm), heartbeats slowed so that a starved machine is not taken for a
+# dead member; waits until it answers. Sets ETCD_PID.
+start_etcd() {
+    etcd --name m1 --data-dir "$2" \
+        --listen-client-urls "http://$1:2379" --advertise-client-urls "http://$1:2379" \
+        --listen-peer-urls "http://$1:2380" --initial-advertise-peer-urls "http://$1:2380" \
+        --initial-cluster "m1=http://$1:2380" --heartbeat-interval 250 --election-timeout 2500 \
+        >"$WORK/etcd.log" 2>&1 &
+    ETCD_PID=$!
+    PIDS+=("$ETCD_PID")
+    local i
+    for i in $(seq 150); do curl -sf "http://$1:2379/health" >/dev/null && return 0; sleep 0.2; done
+    die "etcd on $1 did not answer within 30 s"
+}
+# start_s3 IP: s3s-fs on IP:9000 over WORK/s3 with a bucket `bucket`, the keys
+# AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (which the caller exports); waits until it answers.
+start_s3() {
+    mkdir -p "$WORK/s3/bucket"
+    s3s-fs --host "$1" --port 9000 --access-key "$AWS_ACCESS_KEY_ID" \
+        --secret-key "$AWS_SECRET_ACCESS_KEY" "$WORK/s3" >"$WORK/s3.log" 2>&1 &
+    PIDS+=("$!")
+    local i
+    for i in $(seq 100); do curl -s "http://$1:9000" >/dev/null && return 0; sleep 0.1; done
+    die "s3s-fs on $1 did not answer within 10 s"
+}
+
+# replace_section SECTION: puts SECTION (markdown whose first line is its `## ` heading) in
+# bench/RESULTS.md in place of the section with the same heading, or at its end.
+replace_section() {
+    python3 - "$1" <<'PY'
+import sys
+section = sys.argv[1].rstrip() + "\n"
+path = "bench/RESULTS.md"
+text = open(path).read()
+head = section.splitlines()[0]
+if head in text:
+    start = text.index(head)
+    nxt = text.find("\n## ", start + 1)
+    text = text[:start] + section + (text[nxt + 1:] if nxt != -1 else "")
+else:
+    text = text.rstrip() + "\n\n" + section
+open(path, "w").write(text)
+PY
+}

@@ -13,6 +13,8 @@
 #                            # KT_BENCH_REPLICAS_CONCURRENCY (default 16)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+LOG_TAG=replicas
+source bench/lib.sh
 KEYS=${KT_BENCH_REPLICAS_KEYS:-1000}
 SECONDS_EACH=${KT_BENCH_REPLICAS_SECONDS:-10}
 CONCURRENCY=${KT_BENCH_REPLICAS_CONCURRENCY:-16}
@@ -33,12 +35,9 @@ cleanup() {
 trap cleanup EXIT
 export KT_AGENT=$WORK/none.sock RUST_LOG=warn
 export AWS_ACCESS_KEY_ID=kt-test-access AWS_SECRET_ACCESS_KEY=kt-test-secret
-HZ=$(getconf CLK_TCK)
 IP=127.0.0.22
 NAMESPACES=bench-a,bench-b,bench-c,bench-d
 
-cpu_s() { awk -v hz="$HZ" '{ sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / hz }' "/proc/$1/stat"; }
-sub() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 
 # A cgroup holding PID to 0.4 CPU.
 limit() { # NAME PID
@@ -57,17 +56,9 @@ limit() { # NAME PID
     CG="$CG $g"
 }
 
-etcd --name m1 --data-dir "$SHM/m1" \
-    --listen-client-urls "http://${IP}2:2379" --advertise-client-urls "http://${IP}2:2379" \
-    --listen-peer-urls "http://${IP}2:2380" --initial-advertise-peer-urls "http://${IP}2:2380" \
-    --initial-cluster "m1=http://${IP}2:2380" --heartbeat-interval 250 --election-timeout 2500 \
-    >"$WORK/etcd.log" 2>&1 &
-ETCD=$!
-for _ in $(seq 150); do curl -sf "http://${IP}2:2379/health" >/dev/null && break; sleep 0.2; done
-mkdir -p "$WORK/s3/bucket"
-s3s-fs --host "${IP}3" --port 9000 --access-key "$AWS_ACCESS_KEY_ID" \
-    --secret-key "$AWS_SECRET_ACCESS_KEY" "$WORK/s3" >"$WORK/s3.log" 2>&1 &
-for _ in $(seq 100); do curl -s "http://${IP}3:9000" >/dev/null && break; sleep 0.1; done
+start_etcd "${IP}2" "$SHM/m1"
+ETCD=$ETCD_PID
+start_s3 "${IP}3"
 META="etcd://${IP}2:2379/kt-replicas"
 BLOCKS="s3://bucket/replicas?endpoint=http://${IP}3:9000&region=us-east-1"
 
@@ -92,21 +83,21 @@ ROWS=""
 row() { # LABEL ADDRS NAME...
     local label=$1 addrs=$2; shift 2
     local before=() n e0 e1 out g
-    for n in "$@"; do eval "before+=(\$(cpu_s \$PID_$n))"; done
-    e0=$(cpu_s "$ETCD")
+    for n in "$@"; do eval "before+=(\$(proc_cpu \$PID_$n))"; done
+    e0=$(proc_cpu "$ETCD")
     out=$(python3 -c '
 import resource, subprocess, sys
 out = subprocess.run(sys.argv[1:], check=True, capture_output=True, text=True).stdout
 r = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(out.strip(), "generator_cpu=%.2f" % (r.ru_utime + r.ru_stime))' \
         "$LOAD" resolve "$addrs" "$NAMESPACES" keys "$KEYS" "$SECONDS_EACH" "$CONCURRENCY")
-    e1=$(cpu_s "$ETCD")
+    e1=$(proc_cpu "$ETCD")
     local rate secs gen servers="" i=0
     rate=$(sed -n 's/.*per_second=\([0-9]*\).*/\1/p' <<<"$out")
     secs=$(sed -n 's/.*seconds=\([0-9.]*\).*/\1/p' <<<"$out")
     gen=$(sed -n 's/.*generator_cpu=\([0-9.]*\).*/\1/p' <<<"$out")
     for n in "$@"; do
-        eval "g=\$(cpu_s \$PID_$n)"
+        eval "g=\$(proc_cpu \$PID_$n)"
         servers+="${servers:+ + }$(awk -v a="${before[$i]}" -v b="$g" -v s="$secs" 'BEGIN { printf "%.2f", (b - a) / s }')"
         i=$((i + 1))
     done
@@ -136,7 +127,7 @@ rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 section=$(cat <<EOF
 ## Metadata throughput against replicas (issue 44)
 
-\`bash bench/replicas.sh\` at $rev ($(date -u +%F), debug build, 2 cores): resolves of random keys of 4
+\`bash bench/replicas.sh\` at $rev ($(date -u +%F), dev-profile build (the tests' one), 2 cores): resolves of random keys of 4
 namespaces ($KEYS keys each) by $CONCURRENCY callers of bench/load.rs (\`load resolve\`, no lease: any
 replica answers), for ${SECONDS_EACH} s a row, each store server held to 0.4 CPU by a cgroup; etcd one
 member on /dev/shm, blocks and manifests on s3s-fs. CPU columns are CPU-seconds a second of wall time.
@@ -147,18 +138,5 @@ ${ROWS}
 Two replicas: **${two_x}x** one (target 1.6x); three: ${three_x}x.
 EOF
 )
-python3 - "$section" <<'PY'
-import re, sys
-section = sys.argv[1].rstrip() + "\n"
-path = "bench/RESULTS.md"
-text = open(path).read()
-head = "## Metadata throughput against replicas (issue 44)"
-if head in text:
-    start = text.index(head)
-    nxt = text.find("\n## ", start + 1)
-    text = text[:start] + section + (text[nxt + 1:] if nxt != -1 else "")
-else:
-    text = text.rstrip() + "\n\n" + section
-open(path, "w").write(text)
-PY
+replace_section "$section"
 echo "$section"

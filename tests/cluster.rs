@@ -65,6 +65,25 @@ fn refused_server(ip: &str, data_dir: &Path, args: &[&str], env: &[(&str, &str)]
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// A store server of the store on `etcd` at `prefix` whose blocks are `blocks` (an `s3://`
+/// URL of `s3`), listening on `ip`, its data directory `data`, with `extra` flags.
+fn replica_on(
+    ip: &str,
+    (etcd, prefix): (&Etcd, &str),
+    (s3, blocks): (&S3, &str),
+    data: &Path,
+    extra: &[&str],
+) -> Proc {
+    let mut cmd = std::process::Command::new(common::kt_bin());
+    cmd.args(["server", "--listen", &format!("{ip}:0"), "--data-dir"])
+        .arg(data)
+        .args(["--meta", &etcd.url(prefix), "--blocks", blocks])
+        .args(extra)
+        .envs(s3.env())
+        .env("RUST_LOG", "warn");
+    test_support::spawn_ready(cmd)
+}
+
 #[test]
 fn a_store_on_etcd_keeps_its_keys_there_for_any_server_of_the_same_prefix() {
     let ip = "127.0.0.109";
@@ -221,13 +240,8 @@ fn servers_on_etcd_and_s3_serve_each_others_keys_with_nothing_on_their_disks() {
     let dir = tempfile::tempdir().unwrap();
     let none = dir.path().join("no-agent.sock");
     let server = |data: &str| {
-        let mut cmd = std::process::Command::new(common::kt_bin());
-        cmd.args(["server", "--listen", &format!("{ip}:0"), "--data-dir"])
-            .arg(dir.path().join(data))
-            .args(["--meta", &etcd.url("kt-s3"), "--blocks", &blocks])
-            .envs(s3.env())
-            .env("RUST_LOG", "warn");
-        test_support::spawn_ready(cmd)
+        let at = dir.path().join(data);
+        replica_on(ip, (&etcd, "kt-s3"), (&s3, &blocks), &at, &[])
     };
     let ok = |server: &Proc, args: &[&str]| ok_with(server, &none, args);
     let src = dir.path().join("src");
@@ -626,14 +640,9 @@ fn replicas_on_etcd_take_over_from_a_dead_owner_and_a_deposed_one_stops() {
     let dir = tempfile::tempdir().unwrap();
     let none = dir.path().join("no-agent.sock");
     let replica = |data: &str, ttl: &str| {
-        let mut cmd = std::process::Command::new(common::kt_bin());
-        cmd.args(["server", "--listen", &format!("{ip}:0"), "--data-dir"])
-            .arg(dir.path().join(data))
-            .args(["--meta", &etcd.url("kt-rep"), "--blocks", &blocks])
-            .args(["--owner-ttl-secs", ttl])
-            .envs(s3.env())
-            .env("RUST_LOG", "warn");
-        test_support::spawn_ready(cmd)
+        let at = dir.path().join(data);
+        let ttl = ["--owner-ttl-secs", ttl];
+        replica_on(ip, (&etcd, "kt-rep"), (&s3, &blocks), &at, &ttl)
     };
     let ok = |servers: &str, args: &[&str]| {
         let out = kt_with(servers, &none, args);
@@ -765,17 +774,17 @@ fn authenticated_replicas_honour_each_others_tickets_and_a_mount_reads_through_t
     let secret = dir.path().join("ticket-secret");
     std::fs::write(&secret, pseudo_random(48, 77)).unwrap();
     let replica = |data: &str| {
-        let mut cmd = std::process::Command::new(common::kt_bin());
-        cmd.args(["server", "--listen", &format!("{ip}:0"), "--data-dir"])
-            .arg(dir.path().join(data))
-            .args(["--meta", &etcd.url("kt-auth"), "--blocks", &blocks])
-            .args(["--owner-ttl-secs", "2", "--token-file"])
-            .arg(&token)
-            .arg("--ticket-secret")
-            .arg(&secret)
-            .envs(s3.env())
-            .env("RUST_LOG", "warn");
-        test_support::spawn_ready(cmd)
+        let at = dir.path().join(data);
+        let (token, secret) = (token.to_str().unwrap(), secret.to_str().unwrap());
+        let auth = [
+            "--owner-ttl-secs",
+            "2",
+            "--token-file",
+            token,
+            "--ticket-secret",
+            secret,
+        ];
+        replica_on(ip, (&etcd, "kt-auth"), (&s3, &blocks), &at, &auth)
     };
     let a = replica("a");
     let b = replica("b");
@@ -857,7 +866,6 @@ fn authenticated_replicas_honour_each_others_tickets_and_a_mount_reads_through_t
 /// a lease (a mount's, which its watch covers) stays the owner's.
 #[test]
 fn a_standby_answers_lease_free_reads_with_the_nodes_the_owner_knows() {
-    test_support::require_fuse();
     let ip = "127.0.0.31";
     let etcd = Etcd::start(ip);
     let s3 = S3::start(ip, "kt-bucket");
@@ -865,14 +873,9 @@ fn a_standby_answers_lease_free_reads_with_the_nodes_the_owner_knows() {
     let dir = tempfile::tempdir().unwrap();
     let none = dir.path().join("no-agent.sock");
     let replica = |data: &str| {
-        let mut cmd = std::process::Command::new(common::kt_bin());
-        cmd.args(["server", "--listen", &format!("{ip}:0"), "--data-dir"])
-            .arg(dir.path().join(data))
-            .args(["--meta", &etcd.url("kt-reads"), "--blocks", &blocks])
-            .args(["--owner-ttl-secs", "2", "--lease-secs", "3"])
-            .envs(s3.env())
-            .env("RUST_LOG", "warn");
-        test_support::spawn_ready(cmd)
+        let at = dir.path().join(data);
+        let short = ["--owner-ttl-secs", "2", "--lease-secs", "3"];
+        replica_on(ip, (&etcd, "kt-reads"), (&s3, &blocks), &at, &short)
     };
     let a = replica("a");
     let b = replica("b");
@@ -978,14 +981,9 @@ fn an_etcd_snapshot_restores_to_keys_whose_blocks_the_grace_kept() {
     let dir = tempfile::tempdir().unwrap();
     let none = dir.path().join("no-agent.sock");
     let server = |etcd: &Etcd, data: &str| {
-        let mut cmd = std::process::Command::new(common::kt_bin());
-        cmd.args(["server", "--listen", &format!("{ip}:0"), "--data-dir"])
-            .arg(dir.path().join(data))
-            .args(["--meta", &etcd.url("kt-backup"), "--blocks", &blocks])
-            .args(["--gc-interval-secs", "1", "--gc-grace-secs", "10"])
-            .envs(s3.env())
-            .env("RUST_LOG", "warn");
-        test_support::spawn_ready(cmd)
+        let at = dir.path().join(data);
+        let gc = ["--gc-interval-secs", "1", "--gc-grace-secs", "10"];
+        replica_on(ip, (etcd, "kt-backup"), (&s3, &blocks), &at, &gc)
     };
     let passes = |s: &Proc, n: f64| {
         let from = common::metric(&s.addr, "kt_gc_passes_total");

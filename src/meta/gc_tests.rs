@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::tests::one_block;
 use super::*;
 use crate::blocks::files::BlockFiles;
 use crate::blocks::store::{self, StoreBlocks, CF_BLOCKS};
@@ -11,7 +12,6 @@ use crate::clock::ManualClock;
 use crate::db::Db;
 use crate::hash::BlockHash;
 use crate::key::{KeyPath, Namespace};
-use crate::manifest::{BlockRef, EntryKind, FileEntry, Manifest};
 use crate::meta::engine::{EngineTables, RocksEngine};
 
 /// The blocks of a store in `dir`.
@@ -21,21 +21,6 @@ fn blocks_in(dir: &std::path::Path) -> (Db, Arc<StoreBlocks>) {
     let db = Db::open(&dir.join("db"), &families, &[CF_BLOCKS]).unwrap();
     let files = BlockFiles::open(&dir.join("blocks")).unwrap();
     (db.clone(), Arc::new(StoreBlocks::new(db, files)))
-}
-
-fn one_block(data: &[u8]) -> Manifest {
-    Manifest {
-        block_size: 1 << 20,
-        entries: vec![FileEntry {
-            kind: EntryKind::File as i32,
-            size: data.len() as u64,
-            blocks: vec![BlockRef {
-                hash: BlockHash::of(data).0.to_vec(),
-                len: data.len() as u32,
-            }],
-            ..Default::default()
-        }],
-    }
 }
 
 fn k(s: &str) -> KeyPath {

@@ -725,7 +725,7 @@ fn hard_links_are_names_of_one_inode_record() {
 }
 
 /// A one-block file of any block size.
-fn one_block(data: &[u8]) -> Manifest {
+pub(super) fn one_block(data: &[u8]) -> Manifest {
     Manifest {
         block_size: crate::manifest::MAX_BLOCK_SIZE,
         ..one_file(data)
