@@ -8,20 +8,25 @@
 # must hold no key no client put. The same load on a single RocksDB server, in the same run, is
 # the baseline. Reports the longest pause between two acknowledged puts (how long writes
 # stopped), failed puts, lost puts, and a replica restarted from nothing: the time to its
-# ready line, and with every other replica stopped the time until it serves as the owner. Appends its section to bench/RESULTS.md (replacing an earlier one).
+# ready line, and with every other replica stopped the time until it serves as the owner. A
+# mount of the replicas reads throughout the kills (files it read before, and each round the
+# key a client put last): failed reads and the longest stall. Appends its section to
+# bench/RESULTS.md (replacing an earlier one).
 #
 #   bash bench/failover.sh      # KT=path/to/kt (default target/debug/kt)
 #                               # KT_BENCH_FAILOVER_PUTS (default 1000)
 #                               # KT_BENCH_FAILOVER_CLIENTS (default 8)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+LOG_TAG=failover
+source bench/lib.sh
 KT=${KT:-$PWD/target/debug/kt}
 PUTS=${KT_BENCH_FAILOVER_PUTS:-1000}
 CLIENTS=${KT_BENCH_FAILOVER_CLIENTS:-8}
 WORK=$(mktemp -d)
 SHM=$(mktemp -d -p /dev/shm)
 # KT_BENCH_KEEP=DIR keeps the servers' and etcd's logs there.
-trap 'kill -9 $(jobs -p) 2>/dev/null; wait 2>/dev/null; [ -n "${KT_BENCH_KEEP:-}" ] && mkdir -p "$KT_BENCH_KEEP" && cp "$WORK"/*.log "$WORK"/put.err "$KT_BENCH_KEEP"/ 2>/dev/null; rm -rf "$WORK" "$SHM"' EXIT
+trap 'set +e; kill -9 $(jobs -p) 2>/dev/null; pkill -9 -P $$ 2>/dev/null; wait 2>/dev/null; [ -n "${KT_BENCH_KEEP:-}" ] && mkdir -p "$KT_BENCH_KEEP" && cp "$WORK"/*.log "$WORK"/put.err "$KT_BENCH_KEEP"/ 2>/dev/null; rm -rf "$WORK" "$SHM"' EXIT
 export KT_AGENT=$WORK/none.sock RUST_LOG=warn
 export AWS_ACCESS_KEY_ID=kt-test-access AWS_SECRET_ACCESS_KEY=kt-test-secret
 IP=127.0.0.14
@@ -127,8 +132,42 @@ ALL="$ADDR_a,$ADDR_b,$ADDR_c"
 owner=""
 for r in a b c; do
     eval "addr=\$ADDR_$r"
-    KT_SERVER=$addr "$KT" ls >/dev/null 2>&1 && owner=$r
+    # A write: standbys answer reads too.
+    echo "$r" >"$WORK/probe"
+    KT_SERVER=$addr "$KT" put "probe/$r" --src "$WORK/probe" >/dev/null 2>&1 && owner=$r
 done
+# A mount of the three replicas reading throughout: a few files it read once (its cache
+# holds them) and, each round, the key a client put last (a lookup the owner answers). A
+# round's time is logged when every read gave the right bytes, a failed read when one did not.
+for k in $(seq 8); do
+    head -c 262144 /dev/urandom >"$WORK/read$k"
+    KT_SERVER=$ALL "$KT" put "read/k$k" --src "$WORK/read$k" >/dev/null
+done
+mkdir -p "$WORK/mnt" "$WORK/mcache"
+"$KT" mount "$WORK/mnt" --server "$ALL" --listen "${IP}6:0" --cache-dir "$WORK/mcache" \
+    --socket "$WORK/m.sock" --node-id reader >"$WORK/mount.log" 2>&1 &
+MOUNT=$!
+for _ in $(seq 300); do mountpoint -q "$WORK/mnt" && break; sleep 0.1; done
+mountpoint -q "$WORK/mnt" || { tail "$WORK/mount.log" >&2; exit 1; }
+trap 'set +e; touch "$WORK/stop"; fusermount3 -uz "$WORK/mnt" 2>/dev/null; kill -9 $(jobs -p) 2>/dev/null; pkill -9 -P $$ 2>/dev/null; wait 2>/dev/null; [ -n "${KT_BENCH_KEEP:-}" ] && mkdir -p "$KT_BENCH_KEEP" && cp "$WORK"/*.log "$WORK"/put.err "$KT_BENCH_KEEP"/ 2>/dev/null; rm -rf "$WORK" "$SHM"' EXIT
+reads() {
+    local k line key sha ok
+    while [ ! -e "$WORK/stop" ]; do
+        ok=1
+        for k in $(seq 8); do
+            cmp -s "$WORK/mnt/read/k$k" "$WORK/read$k" || ok=0
+        done
+        line=$({ cat "$WORK"/acked.* 2>/dev/null || true; } | tail -1)
+        if [ -n "$line" ]; then
+            read -r _ _ key sha <<<"$line"
+            [ "$(sha256sum <"$WORK/mnt/$key" 2>/dev/null | cut -d' ' -f1)" = "$sha" ] || ok=0
+        fi
+        if [ "$ok" = 1 ]; then now >>"$WORK/reads.ok"; else echo "$(now) ${key:-}" >>"$WORK/reads.failed"; fi
+        sleep 0.1
+    done
+}
+reads &
+READER=$!
 start=$(now)
 load "$ALL" chaos
 total=$(( PUTS / CLIENTS * CLIENTS ))
@@ -148,6 +187,13 @@ eval "kill -9 \$ETCD$leader"
 etcd_killed_at=$(now)
 while [ $(( $(acked) + $(failed) )) -lt "$total" ]; do sleep 0.2; done
 chaos_time=$(python3 -c "print('%.1f' % ($(now) - $start))")
+touch "$WORK/stop"
+wait "$READER" || true
+read_rounds=$(wc -l <"$WORK/reads.ok")
+read_failed=$({ cat "$WORK/reads.failed" 2>/dev/null || true; } | wc -l)
+read_stall=$(sort -n "$WORK/reads.ok" | awk '{ if (n++ && $1 - p > m) m = $1 - p; p = $1 } END { printf "%.2f", m }')
+fusermount3 -u "$WORK/mnt" 2>/dev/null || fusermount3 -uz "$WORK/mnt" 2>/dev/null || true
+kill "$MOUNT" 2>/dev/null || true
 chaos_pause=$(longest_pause)
 resumed=$(resumed_after "$killed_at")
 etcd_resumed=$(resumed_after "$etcd_killed_at")
@@ -190,23 +236,16 @@ replicas; the owner killed at put $((total / 2)), the etcd member that leads at 
 
 The owner's kill: the longest pause between acknowledged puts around it ${owner_pause} s, and the first put begun after it was
 acknowledged ${resumed} s after it (target: writes resume within 5 s). The etcd leader's kill: ${etcd_pause} s and ${etcd_resumed} s.
+A mount of the three replicas read throughout ($read_rounds rounds of 8 files it had read and the key a client put last, every
+0.1 s): $read_failed rounds read wrong bytes or failed (target 0), and the longest time between two good rounds was ${read_stall} s
+(target: a stall of at most 5 s).
 A replica started from an empty data directory printed its ready line after ${fresh} s (target 2 s), as a standby; with every
 replica stopped, one started from an empty data directory served its first call, as the owner, ${alone} s after its start.
 EOF
 )
-python3 - "$section" <<'PY'
-import re, sys
-path = "bench/RESULTS.md"
-text = open(path).read()
-head = "## Failover (issue 44)"
-new = sys.argv[1].strip() + "\n"
-if head in text:
-    start = text.index(head)
-    nxt = text.find("\n## ", start + 1)
-    text = text[:start] + new + (text[nxt + 1:] if nxt != -1 else "")
-else:
-    text = text.rstrip("\n") + "\n\n" + new
-open(path, "w").write(text)
-PY
+replace_section "$section"
 echo "$section"
-[ "$lost" = 0 ] && [ "$wrong" = 0 ] && [ "$stray" = 0 ]
+if [ "$lost" != 0 ] || [ "$wrong" != 0 ] || [ "$stray" != 0 ] || [ "$read_failed" != 0 ]; then
+    echo "failover: lost=$lost wrong=$wrong stray=$stray failed_reads=$read_failed" >&2
+    exit 1
+fi

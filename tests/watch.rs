@@ -77,6 +77,39 @@ fn a_change_on_one_node_is_seen_by_the_next_lookup_on_another() {
     assert_eq!(metric(&c.server.addr, "kt_watch_lapsed_total"), 0.0);
 }
 
+/// A key put by a client (not a mount) under directories that were not there makes them: a
+/// mount that saw them missing (a lookup, its listing of the directory above) sees the whole
+/// new path as soon as the put returns, as it does a new directory under one that exists.
+#[test]
+fn a_key_put_under_directories_a_mount_saw_missing_is_seen_as_soon_as_the_put_returns() {
+    let (c, a, _b) = two_nodes("127.0.0.202", "127.0.0.203");
+    let src = c.path("src");
+    std::fs::write(&src, b"under new directories\n").unwrap();
+    let names = |dir: &str| -> Vec<String> {
+        std::fs::read_dir(a.path(dir))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect()
+    };
+    std::fs::create_dir(a.path("old")).unwrap();
+    assert!(std::fs::metadata(a.path("fresh")).is_err());
+    assert!(std::fs::metadata(a.path("fresh/sub/k")).is_err());
+    assert!(std::fs::metadata(a.path("old/sub")).is_err());
+    assert!(!names("").contains(&"fresh".to_string()));
+    assert!(names("old").is_empty());
+    for key in ["fresh/sub/k", "old/sub/k"] {
+        c.ok(None, &["put", key, "--src", src.to_str().unwrap()]);
+        assert_eq!(
+            std::fs::read(a.path(key)).unwrap(),
+            b"under new directories\n",
+            "{key}"
+        );
+    }
+    assert!(names("").contains(&"fresh".to_string()));
+    assert_eq!(names("old"), ["sub"]);
+    assert_eq!(names("fresh/sub"), ["k"]);
+}
+
 #[test]
 fn a_change_is_told_only_to_the_mounts_that_cached_what_it_changes() {
     let (c, a, b) = two_nodes("127.0.0.251", "127.0.0.252");

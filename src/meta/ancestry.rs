@@ -84,6 +84,20 @@ impl Txn<'_> {
         self.touch_parent(top)
     }
 
+    /// The highest directory above `path` that is not there, which a new entry at `path`
+    /// brings into being (`None`: its directory exists).
+    pub fn topmost_missing(&self, path: &str) -> Result<Option<String>, MetaError> {
+        let a = self.ancestors(path)?;
+        let mut top = None;
+        for i in 0..a.paths.len() {
+            if self.locate_ancestor(&a, i)?.exists() {
+                break;
+            }
+            top = Some(a.paths[i].to_string());
+        }
+        Ok(top)
+    }
+
     /// Forgets the attributes of the directories above `path` that no longer exist: a parent
     /// of keys goes with its last key, and one made again later starts afresh.
     pub fn prune_vanished(&mut self, path: &str) -> Result<(), MetaError> {

@@ -17,6 +17,16 @@ pub struct Resolved {
 }
 
 impl MetaStore {
+    /// The highest directory above `key` that is not there now: what publishing `key` would
+    /// bring into being (`None`: its directory exists).
+    pub fn directory_made_by(
+        &self,
+        ns: &Namespace,
+        key: &KeyPath,
+    ) -> Result<Option<String>, MetaError> {
+        Txn::new(self, ns).topmost_missing(key.as_str())
+    }
+
     pub fn locate(&self, ns: &Namespace, key: &KeyPath) -> Result<Loc, MetaError> {
         Txn::new(self, ns).locate(key.as_str())
     }

@@ -186,6 +186,14 @@ impl Watchers {
         ))
     }
 
+    /// Whether a watcher of `ns` other than `except` is registered.
+    pub fn watched_besides(&self, ns: &str, except: u64) -> bool {
+        lock(&self.inner)
+            .list
+            .iter()
+            .any(|(id, w)| w.ns == ns && *id != except)
+    }
+
     /// Watchers now registered (all namespaces).
     pub fn count(&self) -> usize {
         lock(&self.inner).list.len()

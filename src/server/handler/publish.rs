@@ -137,6 +137,7 @@ pub(super) async fn publish(
         caller.may_publish_in_place(&r.origin_node)?;
     }
     let change = handler.change(&ns, vec![key.to_string()]);
+    let change = handler.with_made_directories(change, r.watcher).await?;
     let since = handler.watchers.now();
     let inline = checked_inline(r.inline_blocks)?;
     let mut stored = false;
@@ -246,6 +247,7 @@ pub(super) async fn publish_batch(
         .map(|i| i.key.to_string())
         .collect();
     let change = handler.change(&ns, keys);
+    let change = handler.with_made_directories(change, r.watcher).await?;
     let since = handler.watchers.now();
     let meta = handler.meta.clone();
     let nsb = ns.clone();

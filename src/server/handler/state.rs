@@ -15,7 +15,7 @@ use crate::meta::engine::Standing;
 use crate::meta::MetaStore;
 use crate::server::auth::{group_namespace, may_use};
 use crate::server::role::refusal;
-use crate::server::status::parse_ns;
+use crate::server::status::{blocking, parse_ns};
 use crate::server::tickets::TicketKeys;
 use crate::server::watch::Watchers;
 
@@ -77,6 +77,46 @@ impl StoreHandler {
             0 => Ok(()),
             _ => refusal(&self.standing.borrow()).map_or(Ok(()), Err),
         }
+    }
+
+    /// Adds to `change` the highest directory each of its keys brings into being (a key put
+    /// under directories that are not there makes them), where another mount watches the
+    /// namespace: the mounts that hold the listing above such a directory are told, and forget
+    /// it. Asked of the stored state before the change; a directory made meanwhile by another
+    /// change is told twice, not missed.
+    pub(super) async fn with_made_directories(
+        &self,
+        mut change: Change,
+        except: u64,
+    ) -> Result<Change, Status> {
+        if !self.watchers.watched_besides(change.ns.as_str(), except) {
+            return Ok(change);
+        }
+        // One key of each directory: what a key makes depends on its directory alone.
+        let mut by_dir = std::collections::BTreeMap::new();
+        for p in &change.paths {
+            by_dir
+                .entry(crate::server::watch::dir_of(p).to_string())
+                .or_insert_with(|| p.clone());
+        }
+        let (meta, ns) = (self.meta.clone(), change.ns.clone());
+        let made = blocking(move || {
+            let mut made = Vec::new();
+            for key in by_dir.into_values() {
+                let Ok(key) = crate::key::KeyPath::parse(&key) else {
+                    continue;
+                };
+                made.extend(meta.directory_made_by(&ns, &key)?);
+            }
+            Ok(made)
+        })
+        .await?;
+        for m in made {
+            if !change.paths.contains(&m) {
+                change.paths.push(m);
+            }
+        }
+        Ok(change)
     }
 
     pub(super) fn change(&self, ns: &Namespace, paths: Vec<String>) -> Change {
