@@ -51,13 +51,9 @@ s3s-fs --host "${IP}4" --port 9000 --access-key "$AWS_ACCESS_KEY_ID" \
 for _ in $(seq 100); do curl -s "http://${IP}4:9000" >/dev/null && break; sleep 0.1; done
 BLOCKS="s3://bucket/failover?endpoint=http://${IP}4:9000&region=us-east-1"
 
-# Starts a server named NAME with FLAGS; sets PID_<NAME> and ADDR_<NAME>.
-serve() { # NAME FLAGS...
-    local name=$1; shift
-    "$KT" server --listen "${IP}5:0" --data-dir "$WORK/$name" "$@" >"$WORK/$name.log" 2>&1 &
-    eval "PID_$name=$!"
-    for _ in $(seq 300); do grep -q listening "$WORK/$name.log" && break; sleep 0.05; done
-    eval "ADDR_$name=$(sed -n 's/.*listening on //p' "$WORK/$name.log" | head -1)"
+# A server named NAME with FLAGS (bench/lib.sh's `serve`); sets PID_<NAME> and ADDR_<NAME>.
+replica() { # NAME FLAGS...
+    serve "$1" "${IP}5:0" "${@:2}"
 }
 
 # CLIENTS clients putting PUTS small files in all to SERVERS; each acknowledged put is a line
@@ -116,7 +112,7 @@ for e in json.load(sys.stdin):
 }
 
 # The baseline: the same load on a single RocksDB server.
-serve single
+replica single
 start=$(now)
 load "$ADDR_single" base
 while [ $(( $(acked) + $(failed) )) -lt $(( PUTS / CLIENTS * CLIENTS )) ]; do sleep 0.2; done
@@ -127,7 +123,7 @@ read -r base_lost base_wrong base_stray < <(check "$ADDR_single" base)
 kill "$PID_single"
 
 # Three replicas on etcd and S3.
-for r in a b c; do serve "$r" --meta "$META" --blocks "$BLOCKS"; done
+for r in a b c; do replica "$r" --meta "$META" --blocks "$BLOCKS"; done
 ALL="$ADDR_a,$ADDR_b,$ADDR_c"
 owner=""
 for r in a b c; do
@@ -204,7 +200,7 @@ chaos_failed=$(failed)
 
 # A replica restarted from nothing (an empty data directory): the time to its ready line.
 s=$(now)
-serve fresh --meta "$META" --blocks "$BLOCKS"
+replica fresh --meta "$META" --blocks "$BLOCKS"
 fresh=$(python3 -c "print('%.2f' % ($(now) - $s))")
 
 # Every replica stopped (a stop gives its claim up), then one from nothing: the time until it
@@ -215,7 +211,7 @@ for r in a b c fresh; do
     wait "$pid" 2>/dev/null || true
 done
 s=$(now)
-serve alone --meta "$META" --blocks "$BLOCKS"
+replica alone --meta "$META" --blocks "$BLOCKS"
 for _ in $(seq 1500); do
     KT_SERVER=$ADDR_alone "$KT" ls >/dev/null 2>&1 && break
     sleep 0.02

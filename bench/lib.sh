@@ -483,6 +483,17 @@ start_s3() {
     die "s3s-fs on $1 did not answer within 10 s"
 }
 
+# serve NAME LISTEN FLAGS...: a `kt server` named NAME listening on LISTEN (HOST:0), its data
+# in WORK/NAME, with FLAGS; waits for its ready line. Sets PID_<NAME> and ADDR_<NAME>.
+serve() {
+    local name=$1 listen=$2 i
+    shift 2
+    "$KT" server --listen "$listen" --data-dir "$WORK/$name" "$@" >"$WORK/$name.log" 2>&1 &
+    eval "PID_$name=$!"
+    for i in $(seq 300); do grep -q listening "$WORK/$name.log" && break; sleep 0.05; done
+    eval "ADDR_$name=$(sed -n 's/.*listening on //p' "$WORK/$name.log" | head -1)"
+}
+
 # replace_section SECTION: puts SECTION (markdown whose first line is its `## ` heading) in
 # bench/RESULTS.md in place of the section with the same heading, or at its end.
 replace_section() {

@@ -62,14 +62,11 @@ start_s3 "${IP}3"
 META="etcd://${IP}2:2379/kt-replicas"
 BLOCKS="s3://bucket/replicas?endpoint=http://${IP}3:9000&region=us-east-1"
 
-# Starts a server named NAME with FLAGS, held to 0.4 CPU; sets PID_<NAME> and ADDR_<NAME>.
-serve() { # NAME FLAGS...
-    local name=$1; shift
-    "$KT" server --listen "${IP}4:0" --data-dir "$WORK/$name" "$@" >"$WORK/$name.log" 2>&1 &
-    eval "PID_$name=$!"
-    for _ in $(seq 300); do grep -q listening "$WORK/$name.log" && break; sleep 0.05; done
-    eval "ADDR_$name=$(sed -n 's/.*listening on //p' "$WORK/$name.log" | head -1)"
-    limit "$name" "$!"
+# A server named NAME with FLAGS (bench/lib.sh's `serve`), held to 0.4 CPU; sets PID_<NAME>
+# and ADDR_<NAME>.
+replica() { # NAME FLAGS...
+    serve "$1" "${IP}4:0" "${@:2}"
+    eval "limit \"\$1\" \$PID_$1"
 }
 
 fill() { # ADDR
@@ -110,12 +107,12 @@ print(out.strip(), "generator_cpu=%.2f" % (r.ru_utime + r.ru_stime))' \
 }
 
 # The scale: a single RocksDB server, held the same.
-serve single
+replica single
 fill "$ADDR_single"
 row single "$ADDR_single" single
 kill "$PID_single"
 
-for r in a b c; do serve "$r" --meta "$META" --blocks "$BLOCKS"; done
+for r in a b c; do replica "$r" --meta "$META" --blocks "$BLOCKS"; done
 fill "$ADDR_a"
 row one "$ADDR_a" a
 row two "$ADDR_a,$ADDR_b" a b
