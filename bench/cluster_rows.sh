@@ -40,10 +40,10 @@ S3="http://${IP}3:9000"
 # The two stores: a single server, and a replica on etcd and S3.
 mkdir -p "$WORK/single" "$WORK/cluster"
 start_server "$WORK/single" "${IP}4:0"
-SINGLE_ADDR=$SERVER_ADDR SINGLE_PID=$SERVER_PID
+SINGLE_ADDR=$SERVER_ADDR
 start_server "$WORK/cluster" "${IP}5:0" --meta "etcd://${IP}2:2379/kt-rows" \
     --blocks "s3://bucket/rows?endpoint=$S3&region=us-east-1"
-CLUSTER_ADDR=$SERVER_ADDR CLUSTER_PID=$SERVER_PID
+CLUSTER_ADDR=$SERVER_ADDR
 
 # The files.
 mkdir -p "$WORK/src/files"

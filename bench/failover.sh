@@ -45,10 +45,7 @@ for m in 1 2 3; do
 done
 for _ in $(seq 150); do curl -sf "http://${IP}1:2379/health" >/dev/null && break; sleep 0.2; done
 META="etcd://${IP}1:2379,${IP}2:2379,${IP}3:2379/kt-failover"
-mkdir -p "$WORK/s3/bucket"
-s3s-fs --host "${IP}4" --port 9000 --access-key "$AWS_ACCESS_KEY_ID" \
-    --secret-key "$AWS_SECRET_ACCESS_KEY" "$WORK/s3" >"$WORK/s3.log" 2>&1 &
-for _ in $(seq 100); do curl -s "http://${IP}4:9000" >/dev/null && break; sleep 0.1; done
+start_s3 "${IP}4"
 BLOCKS="s3://bucket/failover?endpoint=http://${IP}4:9000&region=us-east-1"
 
 # A server named NAME with FLAGS (bench/lib.sh's `serve`); sets PID_<NAME> and ADDR_<NAME>.
