@@ -506,7 +506,7 @@ head = section.splitlines()[0]
 if head in text:
     start = text.index(head)
     nxt = text.find("\n## ", start + 1)
-    text = text[:start] + section + (text[nxt + 1:] if nxt != -1 else "")
+    text = text[:start] + section + ("\n" + text[nxt + 1:] if nxt != -1 else "")
 else:
     text = text.rstrip() + "\n\n" + section
 open(path, "w").write(text)

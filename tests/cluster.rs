@@ -1053,3 +1053,84 @@ fn an_etcd_snapshot_restores_to_keys_whose_blocks_the_grace_kept() {
         "collection kept dead blocks past their grace"
     );
 }
+
+/// A store on a three-member etcd goes on through the `kill -9` of etcd's leader: every put of
+/// four writers succeeds, none waits out etcd's own timeout of an unanswered request (10 s with
+/// these members' election timeout of 2.5 s), and every key reads back. The store's member is
+/// a follower, where a request in flight when its leader dies gets no answer: before, such a
+/// put waited 10 s, and while the owner could not renew its claim (the election) its calls
+/// were refused at once, so a client of this one server failed.
+#[test]
+fn a_store_on_three_etcd_members_rides_out_the_kill_of_their_leader() {
+    let ips = ["127.0.0.204", "127.0.0.205", "127.0.0.206"];
+    let mut members = test_support::etcd::cluster(&ips);
+    let leader = test_support::etcd::leader(&members);
+    // A follower first: the member the server asks until it fails.
+    let mut order: Vec<usize> = (0..ips.len()).filter(|&i| i != leader).collect();
+    order.push(leader);
+    let endpoints: Vec<String> = order.iter().map(|&i| format!("{}:2379", ips[i])).collect();
+    let meta = format!("etcd://{}/kt-lead", endpoints.join(","));
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_on("127.0.0.208", &dir.path().join("data"), &meta);
+    let none = dir.path().join("no-agent.sock");
+
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let results = std::thread::scope(|s| {
+        let writers: Vec<_> = (0..4)
+            .map(|w| {
+                let (server, none, dir, stop) = (&server, &none, dir.path(), &stop);
+                s.spawn(move || {
+                    let mut done = Vec::new();
+                    for j in 0.. {
+                        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            break;
+                        }
+                        let src = dir.join(format!("w{w}-{j}"));
+                        std::fs::write(&src, pseudo_random(4096, (w * 1000 + j) as u64)).unwrap();
+                        let key = format!("lead/w{w}/k{j}");
+                        let began = Instant::now();
+                        let out = kt_with(
+                            &server.addr,
+                            none,
+                            &["put", &key, "--src", src.to_str().unwrap()],
+                        );
+                        done.push((key, src, began.elapsed(), out));
+                    }
+                    done
+                })
+            })
+            .collect();
+        // Puts are going on when the leader dies, and for 12 s after.
+        std::thread::sleep(Duration::from_secs(2));
+        members.remove(leader).proc.kill();
+        std::thread::sleep(Duration::from_secs(12));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        writers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert!(results.len() >= 8, "{} puts in 14 s", results.len());
+    let longest = results.iter().map(|r| r.2).max().unwrap();
+    for (key, _, took, out) in &results {
+        assert!(
+            out.status.success(),
+            "put {key} failed after {took:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(longest < Duration::from_secs(9), "a put took {longest:?}");
+    for (key, src, _, _) in &results {
+        let back = dir.path().join("back");
+        ok_with(
+            &server,
+            &none,
+            &["get", key, "--dest", back.to_str().unwrap()],
+        );
+        assert!(
+            std::fs::read(&back).unwrap() == std::fs::read(src).unwrap(),
+            "{key}"
+        );
+        std::fs::remove_file(&back).unwrap();
+    }
+}

@@ -10,6 +10,13 @@
 //! readers spread over the replicas and a publish the owner acknowledged is seen by all of
 //! them (close-to-open). A mount's reads, which its watch's lease must cover, go to the owner:
 //! the handler refuses them here as any other call (`leased_here`).
+//!
+//! An owner unsure of its claim holds a call (up to [`HOLD`]) until it knows, rather than
+//! refuse it at once: its renewal is unanswered while etcd elects a leader (measured: 3 to 6 s
+//! with bench/failover.sh's etcd), and a client of this one replica (a `kt put` naming one
+//! server) had nowhere else to go and failed; once a renewal answers, the call goes on.
+
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tonic::codegen::http;
@@ -25,6 +32,11 @@ const READS: [&str; 3] = [
     "/ktfs.v1.Store/List",
 ];
 
+/// How long a call waits for an owner unsure of its claim to learn whether it holds it: longer
+/// than etcd's election with its timeout at its largest usual setting (2.5 s, twice), shorter
+/// than any caller's deadline.
+const HOLD: Duration = Duration::from_secs(10);
+
 /// `inner`, answered only while `standing` says this replica owns the store, but for reads
 /// where `reads` says any replica may answer them.
 pub fn owner_only<S>(
@@ -32,7 +44,14 @@ pub fn owner_only<S>(
     standing: watch::Receiver<Standing>,
     reads: bool,
 ) -> Guarded<S, OwnerOnly> {
-    guarded(inner, OwnerOnly { standing, reads })
+    guarded(
+        inner,
+        OwnerOnly {
+            standing,
+            reads,
+            hold: HOLD,
+        },
+    )
 }
 
 /// The check that this replica owns the store.
@@ -41,6 +60,8 @@ pub struct OwnerOnly {
     standing: watch::Receiver<Standing>,
     /// Whether this replica answers reads of callers without a lease while it stands by.
     reads: bool,
+    /// How long a call waits while this replica is unsure of its claim.
+    hold: Duration,
 }
 
 impl Guard for OwnerOnly {
@@ -49,11 +70,19 @@ impl Guard for OwnerOnly {
         req: http::Request<B>,
     ) -> BoxFuture<Result<http::Request<B>, tonic::Status>> {
         let read = self.reads && READS.contains(&req.uri().path());
-        let refused = match read {
-            true => None,
-            false => refusal(&self.standing.borrow()),
-        };
+        let (mut standing, hold) = (self.standing.clone(), self.hold);
         Box::pin(async move {
+            if read {
+                return Ok(req);
+            }
+            let unsure = *standing.borrow_and_update() == Standing::Unsure;
+            if unsure {
+                // Whatever the wait ends with (an answer, the time, a replica shutting down),
+                // the standing then decides.
+                let _ =
+                    tokio::time::timeout(hold, standing.wait_for(|s| *s != Standing::Unsure)).await;
+            }
+            let refused = refusal(&standing.borrow());
             match refused {
                 None => Ok(req),
                 Some(status) => Err(status),
@@ -89,4 +118,54 @@ pub(super) fn not_owner(message: impl Into<String>, owner: &str) -> tonic::Statu
         status.metadata_mut().insert(OWNER_HEADER, v);
     }
     status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(guard: &OwnerOnly) -> tokio::task::JoinHandle<Result<(), tonic::Status>> {
+        let req = http::Request::builder()
+            .uri("/ktfs.v1.Store/Publish")
+            .body(())
+            .unwrap();
+        let admitted = guard.admit(req);
+        tokio::spawn(async move { admitted.await.map(|_| ()) })
+    }
+
+    #[tokio::test]
+    async fn an_unsure_owner_holds_a_call_until_it_knows_and_then_answers_as_it_stands() {
+        let (tx, rx) = watch::channel(Standing::Unsure);
+        let guard = OwnerOnly {
+            standing: rx,
+            reads: false,
+            hold: Duration::from_millis(300),
+        };
+        // Its renewal answers: the call goes on.
+        let held = call(&guard);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!held.is_finished(), "an unsure owner refused at once");
+        tx.send_replace(Standing::Owner);
+        held.await.unwrap().unwrap();
+
+        // Another replica took the store over: refused, naming it.
+        tx.send_replace(Standing::Unsure);
+        let held = call(&guard);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        tx.send_replace(Standing::Standby {
+            owner: Some("127.0.0.1:7000".into()),
+        });
+        let refused = held.await.unwrap().unwrap_err();
+        assert_eq!(
+            refused.metadata().get(OWNER_HEADER).unwrap(),
+            "127.0.0.1:7000"
+        );
+
+        // Nothing said within the hold: refused, to try again.
+        tx.send_replace(Standing::Unsure);
+        let started = tokio::time::Instant::now();
+        let refused = call(&guard).await.unwrap().unwrap_err();
+        assert!(started.elapsed() >= guard.hold);
+        assert!(refused.message().contains("try again"), "{refused:?}");
+    }
 }

@@ -1,6 +1,6 @@
 //! A real etcd server for the tests of cluster mode's metadata engine: Debian's `etcd`
-//! (package `etcd-server`, which the test command installs), one member on a loopback address,
-//! its data on `/dev/shm` where there is one, so that its fsyncs cost what memory costs.
+//! (package `etcd-server`, which the test command installs), one member on a loopback address
+//! (or a cluster of several, [`cluster`]), its data on `/dev/shm` where there is one, so that its fsyncs cost what memory costs.
 //! Heartbeat and election are slowed down so that a starved machine does not pass for a dead
 //! member.
 
@@ -92,19 +92,9 @@ impl Etcd {
     ) -> Etcd {
         let (data, at) = data;
         let scheme = if tls.is_some() { "https" } else { "http" };
-        let (client, peer) = (format!("{scheme}://{ip}:2379"), format!("http://{ip}:2380"));
-        let mut cmd = Command::new("etcd");
-        cmd.args(["--name", "kt"])
-            .arg("--data-dir")
-            .arg(&at)
-            .args(["--listen-client-urls", &client])
-            .args(["--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer])
-            .args(["--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("kt={peer}")])
-            .args(["--heartbeat-interval", "250", "--election-timeout", "2500"])
-            .args(["--logger", "zap", "--log-outputs", "stderr"])
-            .args(extra);
+        let initial = format!("kt=http://{ip}:2380");
+        let mut cmd = member_command(ip, scheme, &at, ("kt", &initial));
+        cmd.args(extra);
         if let Some((ca, cert, key)) = tls {
             cmd.arg("--trusted-ca-file")
                 .arg(ca)
@@ -125,6 +115,76 @@ impl Etcd {
     pub fn url(&self, prefix: &str) -> String {
         format!("etcd://{}/{prefix}", self.endpoint)
     }
+}
+
+/// Three members of one cluster (or as many as `ips`), one on each address, started together
+/// (a member answers clients once a quorum of the cluster is up).
+pub fn cluster(ips: &[&str]) -> Vec<Etcd> {
+    let initial = ips
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| format!("m{i}=http://{ip}:2380"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let starting: Vec<_> = ips
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| {
+            let (ip, initial) = (ip.to_string(), initial.clone());
+            std::thread::spawn(move || {
+                let data = data_dir();
+                let cmd = member_command(&ip, "http", data.path(), (&format!("m{i}"), &initial));
+                Etcd {
+                    proc: spawn_until(cmd, Stream::Stderr, SERVING),
+                    endpoint: format!("{ip}:2379"),
+                    _data: data,
+                }
+            })
+        })
+        .collect();
+    starting
+        .into_iter()
+        .map(|t| t.join().expect("an etcd member started"))
+        .collect()
+}
+
+/// Which of `members` (one cluster's) leads it now, as `etcdctl endpoint status` tells.
+pub fn leader(members: &[Etcd]) -> usize {
+    let endpoints: Vec<&str> = members.iter().map(|m| m.endpoint.as_str()).collect();
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &endpoints.join(","), "endpoint", "status"])
+        .output()
+        .expect("etcdctl");
+    // A line an endpoint: "ENDPOINT, ID, VERSION, DB SIZE, IS LEADER, ...".
+    let text = String::from_utf8_lossy(&out.stdout);
+    let leading = text
+        .lines()
+        .find(|l| l.split(", ").nth(4) == Some("true"))
+        .and_then(|l| l.split(", ").next())
+        .unwrap_or_else(|| panic!("no member leads: {text}"));
+    endpoints
+        .iter()
+        .position(|e| *e == leading)
+        .expect("the leader is one of the members")
+}
+
+/// The command of the etcd member `name` of the cluster `initial` (etcd's
+/// `--initial-cluster`) on `ip`, its data at `data`.
+fn member_command(ip: &str, scheme: &str, data: &Path, (name, initial): (&str, &str)) -> Command {
+    let (client, peer) = (format!("{scheme}://{ip}:2379"), format!("http://{ip}:2380"));
+    let mut cmd = Command::new("etcd");
+    cmd.args(["--name", name])
+        .arg("--data-dir")
+        .arg(data)
+        .args(["--listen-client-urls", &client])
+        .args(["--advertise-client-urls", &client])
+        .args(["--listen-peer-urls", &peer])
+        .args(["--initial-advertise-peer-urls", &peer])
+        .args(["--initial-cluster", initial])
+        .args(["--heartbeat-interval", "250", "--election-timeout", "2500"])
+        .args(["--logger", "zap", "--log-outputs", "stderr"]);
+    cmd
 }
 
 /// A temporary directory for etcd's data, on `/dev/shm` where there is one.

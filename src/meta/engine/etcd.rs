@@ -33,6 +33,7 @@ impl EtcdEngine {
         // The client connects lazily: one request now, so a server whose etcd cannot be
         // reached says so at its start rather than with its first publish.
         engine.revision().await?;
+        engine.members.learn_term().await;
         Ok(engine)
     }
 
@@ -148,7 +149,7 @@ impl MetaEngine for EtcdEngine {
         let txn = etcd_client::Txn::new().when(compares).and_then(ops);
         let resp = self
             .members
-            .call(|c| {
+            .write(|c| {
                 let txn = txn.clone();
                 async move { kv(c).txn(txn).await }
             })
@@ -165,7 +166,7 @@ impl MetaEngine for EtcdEngine {
         let opts = DeleteOptions::new().with_range(end);
         let resp = self
             .members
-            .call(|c| {
+            .write(|c| {
                 let (whole, opts) = (whole.clone(), opts.clone());
                 async move { kv(c).delete(whole, Some(opts)).await }
             })

@@ -10,9 +10,22 @@
 //! A request that failed for want of a member may be sent again: a read does no harm, and a
 //! transaction either compares what it read (it fails rather than applies twice) or puts and
 //! deletes what it names, which applied twice leaves what applied once does.
+//!
+//! A request that a member took but does not answer (the member is a follower whose leader
+//! died: etcd holds the request until its own timeout, 5 s and two election timeouts) is sent
+//! on: measured with bench/failover.sh's etcd (elections of 2.5 s), writes after the leader's
+//! `kill -9` stopped for 10 s when the store's member was a follower. A read is sent on after
+//! a read attempt (2 s). A write is sent on only once etcd's term moved past the one it was sent
+//! in: the leader it went to is gone, and it was either lost with it or committed by the next
+//! leader before anything sent since. A write given up while it may still apply could apply
+//! after a later one (a key put back to what it held before), so one that is merely slow is
+//! waited for.
+//!
+//! A request that met a reset connection ("transport error", which tonic answers as
+//! `Unknown`) goes on to the next member too: before, it failed the call.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use std::path::PathBuf;
@@ -26,7 +39,31 @@ use super::seam::{EngineError, Revision};
 /// How long a connection to etcd may take to open, and a request to be answered: beyond it the
 /// member is taken for gone and the call fails as unavailable, rather than hanging a publish.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long requests wait, and for what.
+#[derive(Clone, Copy, Debug)]
+struct Timing {
+    /// How long a request may go round the members.
+    request: Duration,
+    /// How long one member has to answer a read before it goes to the next: a healthy member
+    /// answers in milliseconds, and a new leader is elected within about two election
+    /// timeouts.
+    read_attempt: Duration,
+    /// How long a write waits before etcd is first asked whether its leader changed, and then
+    /// between two askings.
+    first_look: Duration,
+    look: Duration,
+    /// The pause before going round the members again, once none of them answered.
+    round_pause: Duration,
+}
+
+const TIMING: Timing = Timing {
+    request: Duration::from_secs(10),
+    read_attempt: Duration::from_secs(2),
+    first_look: Duration::from_secs(1),
+    look: Duration::from_millis(500),
+    round_pause: Duration::from_millis(100),
+};
 
 pub(super) struct Members {
     url: EtcdUrl,
@@ -34,6 +71,26 @@ pub(super) struct Members {
     clients: Mutex<Vec<Option<Client>>>,
     /// The member that answered last.
     at: AtomicUsize,
+    /// The latest raft term etcd answered with (0: none yet).
+    term: AtomicU64,
+    timing: Timing,
+}
+
+/// An answer of etcd's that names the raft term it was given in.
+pub(super) trait Headed {
+    fn header(&self) -> Option<&etcd_client::ResponseHeader>;
+}
+
+impl Headed for etcd_client::TxnResponse {
+    fn header(&self) -> Option<&etcd_client::ResponseHeader> {
+        self.header()
+    }
+}
+
+impl Headed for etcd_client::DeleteResponse {
+    fn header(&self) -> Option<&etcd_client::ResponseHeader> {
+        self.header()
+    }
 }
 
 impl Members {
@@ -42,6 +99,8 @@ impl Members {
             url: url.clone(),
             clients: Mutex::new(vec![None; url.endpoints.len()]),
             at: AtomicUsize::new(0),
+            term: AtomicU64::new(0),
+            timing: TIMING,
         }
     }
 
@@ -56,25 +115,123 @@ impl Members {
         Ok(c)
     }
 
-    /// `f` on a member's client: on the one that answered last, then on each other once while
-    /// none can be reached.
+    /// A read (or a request whose second application does no harm, whenever it lands): `f`
+    /// on a member's client, on the one that answered last, then on the next while none
+    /// answers, round the members until the request's time (10 s).
     pub async fn call<T, F, Fut>(&self, mut f: F) -> Result<T, EngineError>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
+        self.round(|c, _| {
+            let asked = f(c);
+            async move {
+                match tokio::time::timeout(self.timing.read_attempt, asked).await {
+                    Ok(answer) => answer.map_err(fault),
+                    Err(_) => Err(EngineError::Unavailable("no answer in time".into())),
+                }
+            }
+        })
+        .await
+    }
+
+    /// A write (a transaction, a deletion): as [`Members::call`], but sent to another member
+    /// only where it cannot apply late (see the module's comment).
+    pub async fn write<T, F, Fut>(&self, mut f: F) -> Result<T, EngineError>
+    where
+        T: Headed,
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let answer = self
+            .round(|c, until| {
+                let before = self.term.load(Ordering::Relaxed);
+                let asked = f(c);
+                async move {
+                    tokio::pin!(asked);
+                    let mut wait = self.timing.first_look;
+                    loop {
+                        if let Ok(answer) = tokio::time::timeout(wait, &mut asked).await {
+                            return answer.map_err(fault);
+                        }
+                        if tokio::time::Instant::now() >= until {
+                            return Err(EngineError::Unavailable("no answer in time".into()));
+                        }
+                        if self.term_after(before).await {
+                            return Err(EngineError::Unavailable(
+                                "etcd's leader changed while the write was in flight".into(),
+                            ));
+                        }
+                        wait = self.timing.look;
+                    }
+                }
+            })
+            .await?;
+        self.learn(answer.header());
+        Ok(answer)
+    }
+
+    /// Learns etcd's current term, which later writes compare with.
+    pub async fn learn_term(&self) {
+        self.term_after(u64::MAX).await;
+    }
+
+    fn learn(&self, header: Option<&etcd_client::ResponseHeader>) {
+        if let Some(h) = header {
+            self.term.fetch_max(h.raft_term(), Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the first member that answers says etcd's term is past `before` (known: not 0).
+    async fn term_after(&self, before: u64) -> bool {
+        for j in 0..self.url.endpoints.len() {
+            let Ok(c) = self.client(j).await else {
+                continue;
+            };
+            let asked =
+                tokio::time::timeout(self.timing.look, c.maintenance_client().status()).await;
+            if let Ok(Ok(status)) = asked {
+                self.learn(status.header());
+                return before != 0 && status.raft_term() > before;
+            }
+        }
+        false
+    }
+
+    /// `attempt(client, until)` on a member's client: on the member that answered last, then
+    /// the next while it is unavailable, round the members until `until` (the request's time (10 s)
+    /// from now).
+    async fn round<T, A, Fut>(&self, mut attempt: A) -> Result<T, EngineError>
+    where
+        A: FnMut(Client, tokio::time::Instant) -> Fut,
+        Fut: Future<Output = Result<T, EngineError>>,
+    {
         let n = self.url.endpoints.len();
         let first = self.at.load(Ordering::Relaxed) % n;
-        let mut failed = None;
-        for i in (first..n).chain(0..first) {
+        let until = tokio::time::Instant::now() + self.timing.request;
+        let mut tried = 0;
+        loop {
+            let i = (first + tried) % n;
             let answer = match self.client(i).await {
-                Ok(c) => f(c).await.map_err(fault),
+                Ok(c) => attempt(c, until).await,
                 Err(e) => Err(e),
             };
             match answer {
                 Err(EngineError::Unavailable(why)) => {
                     tracing::debug!(member = %self.url.endpoints[i], error = %why, "trying another etcd member");
-                    failed = Some(EngineError::Unavailable(why));
+                    tried += 1;
+                    let now = tokio::time::Instant::now();
+                    if now >= until {
+                        return Err(EngineError::Unavailable(why));
+                    }
+                    if tried % n == 0 {
+                        tokio::time::sleep(
+                            self.timing
+                                .round_pause
+                                .min(until.saturating_duration_since(now)),
+                        )
+                        .await;
+                    }
                 }
                 answered => {
                     self.at.store(i, Ordering::Relaxed);
@@ -82,7 +239,6 @@ impl Members {
                 }
             }
         }
-        Err(failed.unwrap_or_else(|| EngineError::Unavailable("no etcd member".into())))
     }
 }
 
@@ -91,7 +247,7 @@ impl Members {
 async fn connect_one(url: &EtcdUrl, endpoint: &str) -> Result<Client, EngineError> {
     let mut opts = ConnectOptions::new()
         .with_connect_timeout(CONNECT_TIMEOUT)
-        .with_timeout(REQUEST_TIMEOUT)
+        .with_timeout(TIMING.request)
         // A member cut off from its cluster's leader answers nothing rather than stale data.
         .with_require_leader(true);
     if let Some((u, p)) = &url.user {
@@ -136,7 +292,8 @@ pub(super) fn fault(e: etcd_client::Error) -> EngineError {
             } else if matches!(
                 s.code(),
                 tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
-            ) {
+            ) || broken_connection(&s)
+            {
                 EngineError::Unavailable(msg.to_string())
             } else {
                 EngineError::Other(Box::new(s))
@@ -148,6 +305,134 @@ pub(super) fn fault(e: etcd_client::Error) -> EngineError {
     }
 }
 
+/// Whether `s` is tonic's word for a connection that broke under the request (a member killed
+/// while it was asked), which it answers as `Unknown`, not as `Unavailable`.
+fn broken_connection(s: &tonic::Status) -> bool {
+    let mut source = std::error::Error::source(s);
+    while let Some(e) = source {
+        if e.is::<tonic::transport::Error>() || e.is::<std::io::Error>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
 pub(super) fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> Revision {
     h.map_or(0, etcd_client::ResponseHeader::revision)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU32;
+
+    use super::*;
+
+    /// A hundredth of the times.
+    const FAST: Timing = Timing {
+        request: Duration::from_millis(100),
+        read_attempt: Duration::from_millis(20),
+        first_look: Duration::from_millis(10),
+        look: Duration::from_millis(5),
+        round_pause: Duration::from_millis(1),
+    };
+
+    fn members(n: usize) -> Members {
+        // Clients connect on their first request, which these tests never send; nothing
+        // listens on these ports.
+        let mut m = Members::new(&EtcdUrl {
+            endpoints: (1..=n).map(|i| format!("127.0.0.{i}:1")).collect(),
+            prefix: "kt/".into(),
+            user: None,
+            tls: None,
+        });
+        m.timing = FAST;
+        m
+    }
+
+    #[tokio::test]
+    async fn a_member_that_takes_a_request_and_never_answers_is_left_for_the_next() {
+        let m = members(3);
+        let asked = AtomicU32::new(0);
+        let started = tokio::time::Instant::now();
+        let answer = m
+            .call(|_| {
+                let n = asked.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    if n == 0 {
+                        std::future::pending::<()>().await;
+                    }
+                    Ok(n)
+                }
+            })
+            .await
+            .unwrap();
+        assert_eq!(answer, 1);
+        assert!(started.elapsed() >= FAST.read_attempt);
+        // The member that answered is asked first from now on.
+        assert_eq!(m.at.load(Ordering::Relaxed), 1);
+    }
+
+    struct Written;
+
+    impl Headed for Written {
+        fn header(&self) -> Option<&etcd_client::ResponseHeader> {
+            None
+        }
+    }
+
+    #[tokio::test]
+    async fn a_write_that_may_still_apply_is_waited_for_not_sent_again() {
+        // No member answers whether etcd's leader changed (nothing listens there): the write
+        // sent may still apply, so it is not sent to another member, which could apply it
+        // after a later one.
+        let m = members(3);
+        let asked = AtomicU32::new(0);
+        let started = tokio::time::Instant::now();
+        let e = m
+            .write(|_| {
+                asked.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    std::future::pending::<()>().await;
+                    Ok(Written)
+                }
+            })
+            .await
+            .err()
+            .unwrap();
+        assert!(matches!(e, EngineError::Unavailable(_)), "{e}");
+        assert!(started.elapsed() >= FAST.request);
+        assert_eq!(asked.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn members_are_asked_round_and_round_until_the_request_timeout() {
+        let m = members(2);
+        let asked = AtomicU32::new(0);
+        let refused = || {
+            let e = etcd_client::Error::GRpcStatus(tonic::Status::unavailable("no leader"));
+            asked.fetch_add(1, Ordering::Relaxed);
+            async move { Err::<(), _>(e) }
+        };
+        let started = tokio::time::Instant::now();
+        let e = m.call(|_| refused()).await.unwrap_err();
+        assert!(matches!(e, EngineError::Unavailable(_)), "{e}");
+        assert!(started.elapsed() >= FAST.request);
+        // Round and round, a pause between two rounds: more than one try each.
+        assert!(asked.load(Ordering::Relaxed) > 4, "{asked:?}");
+    }
+
+    #[test]
+    fn a_connection_broken_under_a_request_is_unavailable_not_a_failure() {
+        // tonic answers a reset connection as `Unknown`, its cause the transport's error.
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let status = tonic::Status::from_error(Box::new(io));
+        assert_eq!(status.code(), tonic::Code::Unknown);
+        let e = fault(etcd_client::Error::GRpcStatus(status));
+        assert!(matches!(e, EngineError::Unavailable(_)), "{e}");
+        let other = fault(etcd_client::Error::GRpcStatus(tonic::Status::unknown(
+            "odd",
+        )));
+        assert!(!matches!(other, EngineError::Unavailable(_)), "{other}");
+    }
 }
