@@ -1134,3 +1134,33 @@ fn a_store_on_three_etcd_members_rides_out_the_kill_of_their_leader() {
         std::fs::remove_file(&back).unwrap();
     }
 }
+
+/// The owner reads what it wrote itself from memory (only it writes the tables, under its
+/// claim): a mount writing small files into one directory costs etcd 3 reads a file (what no
+/// one read yet: the new key, whether anything lies below it), not 9, and what it reads back
+/// is what was written.
+#[test]
+fn an_owner_reads_back_what_it_wrote_from_memory_not_from_etcd() {
+    test_support::require_fuse();
+    let ip = "127.0.0.209";
+    let etcd = Etcd::start(ip);
+    let dir = tempfile::tempdir().unwrap();
+    let server = server_on(ip, &dir.path().join("data"), &etcd.url("kt-owned"));
+    let mount = common::start_mount(ip, &server.addr, &dir.path().join("node"), "owned", &[]);
+    std::fs::create_dir(mount.path("d")).unwrap();
+    std::fs::write(mount.path("d/first"), b"warm").unwrap();
+    let files = 40;
+    let before = etcd.answered("Range");
+    for i in 0..files {
+        std::fs::write(mount.path(&format!("d/f{i}")), pseudo_random(4096, i)).unwrap();
+    }
+    let reads = etcd.answered("Range") - before;
+    assert!(
+        reads <= 5 * files,
+        "{reads} reads of etcd for {files} files (3 a file; 9 without the owner's memory)"
+    );
+    for i in 0..files {
+        let back = std::fs::read(mount.path(&format!("d/f{i}"))).unwrap();
+        assert!(back == pseudo_random(4096, i), "d/f{i}");
+    }
+}

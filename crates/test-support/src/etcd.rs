@@ -111,6 +111,23 @@ impl Etcd {
         }
     }
 
+    /// How many requests of gRPC method `method` of its KV service (`Range`, `Txn`, ...) it
+    /// answered without error so far, from its metrics.
+    pub fn answered(&self, method: &str) -> u64 {
+        let out = Command::new("curl")
+            .args(["-sf", &format!("http://{}/metrics", self.endpoint)])
+            .output()
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let of = format!("grpc_method=\"{method}\"");
+        text.lines()
+            .filter(|l| l.starts_with("grpc_server_handled_total{") && l.contains(&of))
+            .filter(|l| l.contains("grpc_code=\"OK\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .map(|n| n as u64)
+            .sum()
+    }
+
     /// The address a store is given: `etcd://HOST:PORT/PREFIX`.
     pub fn url(&self, prefix: &str) -> String {
         format!("etcd://{}/{prefix}", self.endpoint)

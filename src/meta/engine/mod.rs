@@ -18,6 +18,7 @@ mod fence;
 mod manifests;
 mod members;
 mod nodes;
+mod owned;
 mod owner;
 mod rocks;
 mod seam;

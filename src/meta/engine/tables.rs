@@ -10,8 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::fence::Fence;
+use super::owned::{Lookup, OwnedReads};
 use super::seam::{
-    prefix_end, Compare, EngineError, MetaEngine, Txn, MAX_TXN_BYTES, MAX_TXN_OPS, OP_OVERHEAD,
+    prefix_end, Compare, EngineError, MetaEngine, Txn, Write, MAX_TXN_BYTES, MAX_TXN_OPS,
+    OP_OVERHEAD,
 };
 use crate::bridge::Bridge;
 use crate::meta::backend::{BackendError, KeyValue, MetaBackend, Op, Step, Table, Visit};
@@ -110,6 +112,8 @@ pub struct EngineTables {
     grown: AtomicUsize,
     /// Where several replicas may serve the engine, the claim every write must still hold.
     fence: Option<Arc<Fence>>,
+    /// What this replica read and wrote while it owns the store.
+    owned: OwnedReads,
 }
 
 impl EngineTables {
@@ -130,6 +134,7 @@ impl EngineTables {
             engine,
             bridge,
             fence: None,
+            owned: OwnedReads::default(),
         })
     }
 
@@ -137,6 +142,12 @@ impl EngineTables {
     pub fn fenced(mut self, fence: Arc<Fence>) -> Self {
         self.fence = Some(fence);
         self
+    }
+
+    /// The revision of the claim this replica writes under, while it holds one.
+    fn claim(&self) -> Option<super::seam::Revision> {
+        let fence = self.fence.as_ref()?;
+        fence.compare().ok().map(|c| c.modified)
     }
 
     fn call<T: Send + 'static>(
@@ -203,6 +214,36 @@ impl EngineTables {
                 },
             };
         }
+    }
+
+    /// Sends `txns` in order, until one fails; what each applied one wrote goes to `applied`.
+    /// A fenced transaction whose compare fails was refused because another replica owns the
+    /// store now (nothing else compares): the fence is broken, and this replica writes no more.
+    fn send(
+        &self,
+        txns: Vec<Txn>,
+        applied: &mut Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    ) -> Result<(), BackendError> {
+        for txn in txns {
+            let engine = self.engine.clone();
+            let writes = txn.writes.clone();
+            match on(&self.bridge, async move { engine.txn(txn).await }) {
+                Ok(_) => applied.extend(writes.into_iter().map(|w| match w {
+                    Write::Put { key, value } => (key, Some(value)),
+                    Write::Delete { key } => (key, None),
+                })),
+                Err(EngineError::Conflict) if self.fence.is_some() => {
+                    if let Some(f) = &self.fence {
+                        f.broke();
+                    }
+                    return Err(backend_err(EngineError::NotOwner(
+                        "another replica took the store over".into(),
+                    )));
+                }
+                Err(e) => return Err(backend_err(e)),
+            }
+        }
+        Ok(())
     }
 
     /// The changes, packed in order into transactions within the engine's limits. A key a
@@ -298,8 +339,19 @@ fn on<T: Send + 'static>(
 impl MetaBackend for EngineTables {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
         let key = engine_key(table, key);
-        let entry = self.call(move |e| Box::pin(async move { e.get(&key).await }))?;
-        Ok(entry.map(|en| en.value))
+        let known = self.claim().map(|claim| self.owned.get(claim, &key));
+        let ticket = match known {
+            Some(Lookup::Known(value)) => return Ok(value),
+            Some(Lookup::Read(ticket)) => Some(ticket),
+            None => None,
+        };
+        let asked = key.clone();
+        let entry = self.call(move |e| Box::pin(async move { e.get(&asked).await }))?;
+        let value = entry.map(|en| en.value);
+        if let Some(t) = ticket {
+            self.owned.fill(t, &key, value.as_deref());
+        }
+        Ok(value)
     }
 
     fn scan_prefix(&self, table: Table, prefix: &[u8]) -> Result<Vec<KeyValue>, BackendError> {
@@ -352,30 +404,21 @@ impl MetaBackend for EngineTables {
     /// Checks every change against the limits before writing any; a transaction that fails
     /// after earlier ones of the batch were written leaves those written (each change whole),
     /// and the batch reports the failure, as a crash between them would.
-    ///
-    /// A fenced transaction whose compare fails was refused because another replica owns the
-    /// store now (nothing else compares): the fence is broken, and this replica writes no more.
     fn commit(&self, changes: Vec<Vec<Op>>) -> Result<(), BackendError> {
         let fence = match &self.fence {
             Some(f) => Some(f.compare().map_err(backend_err)?),
             None => None,
         };
-        for txn in Self::pack(changes, fence.as_ref()).map_err(backend_err)? {
-            let engine = self.engine.clone();
-            match on(&self.bridge, async move { engine.txn(txn).await }) {
-                Ok(_) => {}
-                Err(EngineError::Conflict) if fence.is_some() => {
-                    if let Some(f) = &self.fence {
-                        f.broke();
-                    }
-                    return Err(backend_err(EngineError::NotOwner(
-                        "another replica took the store over".into(),
-                    )));
-                }
-                Err(e) => return Err(backend_err(e)),
-            }
-        }
-        Ok(())
+        let txns = Self::pack(changes, fence.as_ref()).map_err(backend_err)?;
+        let Some(claim) = fence.as_ref().map(|c| c.modified) else {
+            return self.send(txns, &mut Vec::new());
+        };
+        let written = txns.iter().flat_map(|t| t.writes.iter().map(Write::key));
+        let ticket = self.owned.writing(claim, written);
+        let mut applied = Vec::new();
+        let sent = self.send(txns, &mut applied);
+        self.owned.written(ticket, applied);
+        sent
     }
 }
 
