@@ -229,8 +229,8 @@ fn a_store_reaches_an_etcd_over_tls_with_the_files_its_address_names() {
 /// A store server on etcd (keys) and a real S3 server (blocks and manifests: s3s-fs) keeps
 /// nothing on its disk that another needs: a second server on an empty data directory serves
 /// what the first published, byte for byte; a manifest over etcd's request limit publishes (it
-/// is an object, not a value in etcd's transaction); and a server whose object store refuses it
-/// says so at its start.
+/// is an object, not a value in etcd's transaction), a small one stays in etcd; and a server
+/// whose object store refuses it says so at its start.
 #[test]
 fn servers_on_etcd_and_s3_serve_each_others_keys_with_nothing_on_their_disks() {
     let ip = "127.0.0.126";
@@ -281,6 +281,13 @@ fn servers_on_etcd_and_s3_serve_each_others_keys_with_nothing_on_their_disks() {
     assert!(
         largest > 3 << 19,
         "no manifest over etcd's limit: {largest} bytes"
+    );
+    // The small manifests (the big file's few blocks, the small file's one) stay in etcd, in
+    // the transaction that publishes them: only the tree's is an object.
+    assert_eq!(
+        count("manifests"),
+        1,
+        "small manifests were written as objects"
     );
     assert!(
         !dir.path().join("one/blocks").exists(),
@@ -523,7 +530,8 @@ fn a_full_etcd_is_no_space_to_writers_and_a_newer_layout_is_refused_at_the_start
         use ktfs::meta::engine::{EtcdEngine, MetaEngine, Txn};
         let url = etcd.url("newer").parse().unwrap();
         let engine = EtcdEngine::connect(&url).await.unwrap();
-        engine.txn(Txn::new().put("schema", "2")).await.unwrap();
+        let newer = (ktfs::meta::engine::SCHEMA + 1).to_string();
+        engine.txn(Txn::new().put("schema", newer)).await.unwrap();
     });
     let refused = refused_server(
         ip,

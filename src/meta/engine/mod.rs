@@ -32,4 +32,4 @@ pub use nodes::EtcdNodes;
 pub use owner::{Claim, Elector, Standing, DEFAULT_OWNER_TTL};
 pub use rocks::RocksEngine;
 pub use seam::*;
-pub use tables::EngineTables;
+pub use tables::{EngineTables, SCHEMA};

@@ -34,7 +34,10 @@ fn page_len(table: Table) -> (usize, usize) {
 /// refuses an engine a newer one has written (a rolling upgrade's old replicas stop rather
 /// than misread what the new ones write); a newer build upgrades an older layout, or refuses
 /// it, at its start.
-pub const SCHEMA: u32 = 1;
+///
+/// 1: every manifest an object where the store has an object store; 2: small manifests in the
+/// tables (`manifests::INLINE_MAX`), which a build of layout 1 would not find.
+pub const SCHEMA: u32 = 2;
 
 /// Where the layout's number lies, beside the tables (whose keys begin with their tag).
 const SCHEMA_KEY: &[u8] = b"schema";
@@ -42,10 +45,11 @@ const SCHEMA_KEY: &[u8] = b"schema";
 /// Checks the engine's layout against this build's, writing it where the engine holds none
 /// yet (a new prefix, or one a build before the number wrote).
 async fn settle_schema(engine: &dyn MetaEngine) -> Result<(), EngineError> {
-    let found = match engine.get(SCHEMA_KEY).await? {
+    let (found, modified) = match engine.get(SCHEMA_KEY).await? {
         Some(e) => std::str::from_utf8(&e.value)
             .ok()
             .and_then(|v| v.trim().parse::<u32>().ok())
+            .map(|n| (n, e.modified))
             .ok_or_else(|| {
                 EngineError::Schema(format!(
                     "the metadata's layout is {:?}, not a number this server knows",
@@ -69,6 +73,18 @@ async fn settle_schema(engine: &dyn MetaEngine) -> Result<(), EngineError> {
             "the metadata was written by a newer ktfs (layout {found}; this server knows {SCHEMA}): \
              upgrade this server"
         )));
+    }
+    if found < SCHEMA {
+        // Every layout before this one reads as this one does; from now on a server of an
+        // older build refuses the store at its start.
+        let upgrade = Txn::new()
+            .when_modified_at(SCHEMA_KEY, modified)
+            .put(SCHEMA_KEY, SCHEMA.to_string());
+        return match engine.txn(upgrade).await {
+            Ok(_) => Ok(()),
+            Err(EngineError::Conflict) => Box::pin(settle_schema(engine)).await,
+            Err(e) => Err(e),
+        };
     }
     Ok(())
 }
@@ -542,7 +558,7 @@ mod tests {
     }
 
     #[test]
-    fn an_engine_a_newer_build_wrote_is_refused_at_the_start() {
+    fn an_engine_a_newer_build_wrote_is_refused_and_an_older_layout_upgraded_at_the_start() {
         let dir = tempfile::tempdir().unwrap();
         let open = |p: std::path::PathBuf| {
             EngineTables::connect(move || async move { RocksEngine::open(&p) })
@@ -553,6 +569,12 @@ mod tests {
                 .unwrap()
                 .map(|en| en.value)
         };
+        assert_eq!(read(&t), Some(SCHEMA.to_string().into_bytes()));
+        // An older layout is brought up to this one at the start.
+        t.call(|e| Box::pin(async move { e.txn(Txn::new().put(SCHEMA_KEY, "1")).await }))
+            .unwrap();
+        drop(t);
+        let t = open(dir.path().to_path_buf()).unwrap();
         assert_eq!(read(&t), Some(SCHEMA.to_string().into_bytes()));
         drop(t);
         // Started again, the same build serves it.
