@@ -19,7 +19,10 @@
 //! in: the leader it went to is gone, and it was either lost with it or committed by the next
 //! leader before anything sent since. A write given up while it may still apply could apply
 //! after a later one (a key put back to what it held before), so one that is merely slow is
-//! waited for.
+//! waited for. The term a write is compared with is the latest this replica learnt (at its
+//! start, and from every write's answer): a write slower than a second right after an
+//! election no write of this replica saw is taken for one sent in the older term and sent
+//! again, the one case where a late write could still land after a later one.
 //!
 //! A request that met a reset connection ("transport error", which tonic answers as
 //! `Unknown`) goes on to the next member too: before, it failed the call.
@@ -199,8 +202,8 @@ impl Members {
     }
 
     /// `attempt(client, until)` on a member's client: on the member that answered last, then
-    /// the next while it is unavailable, round the members until `until` (the request's time (10 s)
-    /// from now).
+    /// the next while it is unavailable, round the members until `until` (the request's time,
+    /// 10 s, from now).
     async fn round<T, A, Fut>(&self, mut attempt: A) -> Result<T, EngineError>
     where
         A: FnMut(Client, tokio::time::Instant) -> Fut,
