@@ -39,6 +39,9 @@ struct State {
     writing: usize,
 }
 
+/// What a write is known to have written: each key's new value, or `None` where it deleted it.
+pub(super) type Applied = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+
 /// What a read or a write saw at its start, to fill the cache with at its end.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Ticket {
@@ -109,7 +112,7 @@ impl OwnedReads {
 
     /// The write `ticket` began was answered: `applied` is what it is known to have written
     /// (a key's new value, or `None` where it deleted it).
-    pub fn written(&self, ticket: Ticket, applied: Vec<(Vec<u8>, Option<Vec<u8>>)>) {
+    pub fn written(&self, ticket: Ticket, applied: Applied) {
         let mut s = self.state(ticket.claim);
         // No other write began or ended while this one was out, and none was out before it.
         let alone = s.era == ticket.era && s.writing == 1;

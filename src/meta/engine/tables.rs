@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::fence::Fence;
-use super::owned::{Lookup, OwnedReads};
+use super::owned::{Applied, Lookup, OwnedReads};
 use super::seam::{
     prefix_end, Compare, EngineError, MetaEngine, Txn, Write, MAX_TXN_BYTES, MAX_TXN_OPS,
     OP_OVERHEAD,
@@ -235,22 +235,23 @@ impl EngineTables {
         }
     }
 
-    /// Sends `txns` in order, until one fails; what each applied one wrote goes to `applied`.
+    /// Sends `txns` in order, until one fails; what each applied one wrote goes to `applied`
+    /// where it is asked for (the owner's memory; a copy of each write otherwise not made).
     /// A fenced transaction whose compare fails was refused because another replica owns the
     /// store now (nothing else compares): the fence is broken, and this replica writes no more.
-    fn send(
-        &self,
-        txns: Vec<Txn>,
-        applied: &mut Vec<(Vec<u8>, Option<Vec<u8>>)>,
-    ) -> Result<(), BackendError> {
+    fn send(&self, txns: Vec<Txn>, mut applied: Option<&mut Applied>) -> Result<(), BackendError> {
         for txn in txns {
             let engine = self.engine.clone();
-            let writes = txn.writes.clone();
+            let writes = applied.is_some().then(|| txn.writes.clone());
             match on(&self.bridge, async move { engine.txn(txn).await }) {
-                Ok(_) => applied.extend(writes.into_iter().map(|w| match w {
-                    Write::Put { key, value } => (key, Some(value)),
-                    Write::Delete { key } => (key, None),
-                })),
+                Ok(_) => {
+                    if let (Some(applied), Some(writes)) = (applied.as_deref_mut(), writes) {
+                        applied.extend(writes.into_iter().map(|w| match w {
+                            Write::Put { key, value } => (key, Some(value)),
+                            Write::Delete { key } => (key, None),
+                        }));
+                    }
+                }
                 Err(EngineError::Conflict) if self.fence.is_some() => {
                     if let Some(f) = &self.fence {
                         f.broke();
@@ -430,12 +431,12 @@ impl MetaBackend for EngineTables {
         };
         let txns = Self::pack(changes, fence.as_ref()).map_err(backend_err)?;
         let Some(claim) = fence.as_ref().map(|c| c.modified) else {
-            return self.send(txns, &mut Vec::new());
+            return self.send(txns, None);
         };
         let written = txns.iter().flat_map(|t| t.writes.iter().map(Write::key));
         let ticket = self.owned.writing(claim, written);
         let mut applied = Vec::new();
-        let sent = self.send(txns, &mut applied);
+        let sent = self.send(txns, Some(&mut applied));
         self.owned.written(ticket, applied);
         sent
     }
@@ -443,6 +444,7 @@ impl MetaBackend for EngineTables {
 
 #[cfg(test)]
 mod tests {
+    use super::super::seam::{Entry, Page, Revision};
     use super::*;
     use crate::meta::engine::{RocksEngine, OWNER_KEY};
 
@@ -568,7 +570,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl MetaEngine for Counted {
-        async fn get(&self, key: &[u8]) -> Result<Option<super::super::seam::Entry>, EngineError> {
+        async fn get(&self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
             self.inner.get(key).await
         }
         async fn range(
@@ -576,20 +578,17 @@ mod tests {
             prefix: &[u8],
             start: Option<&[u8]>,
             limit: usize,
-        ) -> Result<super::super::seam::Page, EngineError> {
+        ) -> Result<Page, EngineError> {
             self.pages.fetch_add(1, Ordering::Relaxed);
             self.inner.range(prefix, start, limit).await
         }
-        async fn txn(&self, txn: Txn) -> Result<super::super::seam::Revision, EngineError> {
+        async fn txn(&self, txn: Txn) -> Result<Revision, EngineError> {
             self.inner.txn(txn).await
         }
-        async fn delete_range(
-            &self,
-            prefix: &[u8],
-        ) -> Result<super::super::seam::Revision, EngineError> {
+        async fn delete_range(&self, prefix: &[u8]) -> Result<Revision, EngineError> {
             self.inner.delete_range(prefix).await
         }
-        async fn revision(&self) -> Result<super::super::seam::Revision, EngineError> {
+        async fn revision(&self) -> Result<Revision, EngineError> {
             self.inner.revision().await
         }
     }
