@@ -774,6 +774,115 @@ fn a_service_account_token_reaches_its_own_namespace_only() {
     assert!(reviews_of_a <= 2, "tok-a reviewed {reviews_of_a} times");
 }
 
+/// A pod in team-a on node n1: its tokens as Kubernetes 1.21 to 1.29 review them (the pod named,
+/// its node not) and as 1.30 and later do (the node named); one bound to no pod; the node
+/// agent's of a DaemonSet pod on n1, reviewed the older way.
+fn bound_world() -> World {
+    let mut w = World::default();
+    let sa = |ns: &str, name: &str| format!("system:serviceaccount:{ns}:{name}");
+    let ktfs = vec!["ktfs".to_string()];
+    for t in ["tok-pod-named", "tok-node-named", "tok-unbound"] {
+        w.tokens
+            .insert(t.into(), (sa("team-a", "runner"), ktfs.clone()));
+    }
+    w.tokens.insert(
+        "tok-agent".into(),
+        (sa("kt-system", "kt-csi-node"), ktfs.clone()),
+    );
+    w.token_pods
+        .insert("tok-pod-named".into(), "runner-0".into());
+    w.token_nodes.insert("tok-node-named".into(), "n1".into());
+    w.token_pods
+        .insert("tok-agent".into(), "kt-csi-node-x1".into());
+    for (ns, pod) in [("team-a", "runner-0"), ("kt-system", "kt-csi-node-x1")] {
+        w.pods.push(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "namespace": ns},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]}
+        }));
+    }
+    w
+}
+
+/// Issue 42: the node a pod names when it joins a broadcast or GPU window is the node its token
+/// is bound to, as the API says, not its own word (other members fetch from the node a member
+/// names; a GPU window moves tensors within a node by CUDA IPC). Before, any pod named any node.
+#[test]
+fn a_pod_names_in_windows_the_node_its_token_is_bound_to_and_no_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::start("127.0.0.214", bound_world());
+    let server = review_server("127.0.0.215", &api, dir.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store_of = |token: &'static str| {
+            let addr = server.addr.clone();
+            async move {
+                let cred = ktfs::auth::Credential::token(token).unwrap();
+                ktfs::rpc::client::connect_store(&addr, &cred)
+                    .await
+                    .unwrap()
+            }
+        };
+        let join = |node: &str| ktfs::proto::JoinRequest {
+            namespace: "team-a".into(),
+            key: "k/w".into(),
+            version: vec![0; 32],
+            node_id: node.into(),
+            ..Default::default()
+        };
+        let gpu_join = |node: &str| ktfs::proto::GpuJoinRequest {
+            namespace: "team-a".into(),
+            key: "k/g".into(),
+            node_id: node.into(),
+            worker_addr: "127.0.0.215:1".into(),
+            registration: 5,
+            ..Default::default()
+        };
+        for token in ["tok-pod-named", "tok-node-named"] {
+            let store = store_of(token).await;
+            let err = store.join_broadcast(join("n2")).await.unwrap_err();
+            assert_eq!(err.code(), tonic::Code::PermissionDenied, "{token}: {err}");
+            assert!(
+                err.to_string().contains("pod on node n1") && err.to_string().contains("own node"),
+                "{token}: {err}"
+            );
+            let err = store.join_gpu_window(gpu_join("n2")).await.unwrap_err();
+            assert_eq!(err.code(), tonic::Code::PermissionDenied, "{token}: {err}");
+            // As n1 it gets past the check (to the version it named, which is no key's).
+            let err = store.join_broadcast(join("n1")).await.unwrap_err();
+            assert_ne!(err.code(), tonic::Code::PermissionDenied, "{token}: {err}");
+            if let Err(err) = store.join_gpu_window(gpu_join("n1")).await {
+                assert_ne!(err.code(), tonic::Code::PermissionDenied, "{token}: {err}");
+            }
+        }
+        // A token bound to no pod says nothing of where its holder runs: a broadcast window takes
+        // it as a member on no node, a GPU window refuses the node it names.
+        let store = store_of("tok-unbound").await;
+        let err = store.join_broadcast(join("n1")).await.unwrap_err();
+        assert_ne!(err.code(), tonic::Code::PermissionDenied, "{err}");
+        let err = store.join_gpu_window(gpu_join("n1")).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err}");
+        assert!(err.to_string().contains("no pod binding"), "{err}");
+        if let Err(err) = store.join_gpu_window(gpu_join("")).await {
+            assert_ne!(err.code(), tonic::Code::PermissionDenied, "{err}");
+        }
+    });
+    // The node agent's token, its pod named alone, acts for n1 only.
+    let n2_dir = dir.path().join("n2");
+    let why = an_agent_that_must_stop(node_agent(&server.addr, &n2_dir, "n2", "tok-agent"));
+    assert!(
+        why.contains("refused this node") && why.contains("on node n1") && why.contains("\"n2\""),
+        "{why}"
+    );
+    // The pod is asked of the API once per review, not per call.
+    let got = api.seen.lock().unwrap().pods_got.clone();
+    assert_eq!(
+        got.iter().filter(|p| *p == "team-a/runner-0").count(),
+        1,
+        "{got:?}"
+    );
+}
+
 #[test]
 fn a_laptop_presents_a_token_the_api_issued_never_its_own() {
     let dir = tempfile::tempdir().unwrap();

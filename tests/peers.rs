@@ -611,3 +611,99 @@ fn an_agent_opens_what_its_callers_name_with_their_rights_only() {
     );
     assert_eq!(fs::read(&got).unwrap(), data);
 }
+
+/// The groups a caller's files are opened with are those it connected with (SO_PEERGROUPS), not
+/// what `/proc` says of its process's leader now: a thread of another identity, a connection
+/// handed on or a pid reused would otherwise lend the caller someone else's groups (issue 42).
+/// Here the caller is a thread of uid 65534 in group 4242 of this test's process, whose leader
+/// is in neither group: a file of group 4242 opens, one of group 4343 does not.
+#[test]
+fn a_caller_on_an_agents_socket_opens_files_with_the_groups_it_connected_with() {
+    use ktfs::proto::{
+        BlockRef, EntryKind, FileEntry, LocalFile, Manifest, PublishLocalRequest, PublishRequest,
+    };
+    use std::os::unix::fs::{chown, PermissionsExt};
+    let c = Cluster::new("127.0.0.216");
+    let node_dir = c.path("n1");
+    fs::create_dir_all(&node_dir).unwrap();
+    let agent = start_agent("127.0.0.217", &c.server.addr, &node_dir, "n1");
+    let files = c.path("files");
+    fs::create_dir_all(&files).unwrap();
+    for d in [c.dir.path(), files.as_path()] {
+        fs::set_permissions(d, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let data = pseudo_random(8192, 216);
+    let (ours, theirs) = (files.join("ours"), files.join("theirs"));
+    for (path, group) in [(&ours, 4242), (&theirs, 4343)] {
+        fs::write(path, &data).unwrap();
+        chown(path, Some(0), Some(group)).unwrap();
+        fs::set_permissions(path, fs::Permissions::from_mode(0o640)).unwrap();
+    }
+    let manifest = Manifest {
+        block_size: 4 << 20,
+        entries: vec![FileEntry {
+            kind: EntryKind::File as i32,
+            size: data.len() as u64,
+            blocks: vec![BlockRef {
+                hash: blake3::hash(&data).as_bytes().to_vec(),
+                len: data.len() as u32,
+            }],
+            mode: 0o644,
+            ..Default::default()
+        }],
+    };
+    let publish = move |key: &str, path: &std::path::Path| PublishLocalRequest {
+        publish: Some(PublishRequest {
+            namespace: "default".into(),
+            key: key.into(),
+            manifest: Some(manifest.clone()),
+            ..Default::default()
+        }),
+        files: vec![LocalFile {
+            entry_path: String::new(),
+            disk_path: path.display().to_string(),
+        }],
+    };
+    let sock = agent.socket.clone();
+    let answers = std::thread::spawn(move || {
+        // SAFETY: raw setgroups/setresgid/setresuid(2) of this thread alone, which ends after.
+        unsafe {
+            let groups = [4242u32];
+            assert_eq!(libc::syscall(libc::SYS_setgroups, 1, groups.as_ptr()), 0);
+            assert_eq!(libc::syscall(libc::SYS_setresgid, 65534, 65534, 65534), 0);
+            assert_eq!(libc::syscall(libc::SYS_setresuid, 65534, 65534, 65534), 0);
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut agent = ktfs::rpc::client::connect_agent(&sock).await.unwrap();
+            let mut say = Vec::new();
+            for (key, path) in [("ours", &ours), ("theirs", &theirs)] {
+                let got = agent.publish_local(publish(key, path)).await;
+                say.push(
+                    got.map(|_| "published".to_string())
+                        .map_err(|e| e.message().to_string()),
+                );
+            }
+            say
+        })
+    })
+    .join()
+    .unwrap();
+    let leader = fs::read_to_string("/proc/self/status").unwrap();
+    let groups = leader.lines().find(|l| l.starts_with("Groups:")).unwrap();
+    assert!(
+        !groups.contains("4242") && !groups.contains("4343"),
+        "{groups}"
+    );
+    assert_eq!(answers[0].as_deref(), Ok("published"), "{answers:?}");
+    assert!(
+        answers[1]
+            .as_ref()
+            .unwrap_err()
+            .contains("Permission denied"),
+        "{answers:?}"
+    );
+}

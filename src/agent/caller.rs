@@ -1,5 +1,5 @@
-//! Who called on the agent's socket (its peer credentials, SO_PEERCRED), and the files such a
-//! caller names, opened with the caller's rights rather than the agent's.
+//! Who called on the agent's socket (its peer credentials, SO_PEERCRED and SO_PEERGROUPS: see
+//! `peer`), and the files such a caller names, opened with the caller's rights rather than the agent's.
 //!
 //! The agent usually runs as root. A path a caller names is opened on a blocking thread whose
 //! filesystem identity (fsuid, fsgid, supplementary groups: per thread on Linux, through the
@@ -13,6 +13,7 @@ use std::path::Path;
 
 use tonic::Status;
 
+use super::peer::PeerInfo;
 use crate::blocks::in_place::open_regular;
 use crate::rpc::status::{to_status, Fault};
 
@@ -22,25 +23,25 @@ pub struct Caller {
     pub uid: u32,
     pub gid: u32,
     pub pid: Option<i32>,
+    /// Its supplementary groups when it connected; None where the kernel did not say.
+    pub groups: Option<Vec<libc::gid_t>>,
 }
 
 impl Caller {
     /// The caller of `req`, from the socket's peer credentials.
     pub fn of<T>(req: &tonic::Request<T>) -> Result<Caller, Status> {
-        let cred = req
-            .extensions()
-            .get::<tonic::transport::server::UdsConnectInfo>()
-            .and_then(|c| c.peer_cred)
-            .ok_or_else(|| {
-                to_status(
-                    Fault::Denied,
-                    "the agent could not tell who called (no peer credentials)",
-                )
-            })?;
+        let peer = req.extensions().get::<PeerInfo>();
+        let cred = peer.and_then(|p| p.uds.peer_cred).ok_or_else(|| {
+            to_status(
+                Fault::Denied,
+                "the agent could not tell who called (no peer credentials)",
+            )
+        })?;
         Ok(Caller {
             uid: cred.uid(),
             gid: cred.gid(),
             pid: cred.pid(),
+            groups: peer.and_then(|p| p.groups.as_deref().map(<[_]>::to_vec)),
         })
     }
 
@@ -83,8 +84,12 @@ impl Caller {
         Ok(file)
     }
 
-    /// The caller's supplementary groups, from its process's status; none if it is gone.
+    /// The caller's supplementary groups: the socket's word, else (a kernel before 4.13) its
+    /// process's status; none if it is gone.
     fn groups(&self) -> Vec<libc::gid_t> {
+        if let Some(groups) = &self.groups {
+            return groups.clone();
+        }
         let Some(pid) = self.pid else {
             return Vec::new();
         };
@@ -177,6 +182,7 @@ mod tests {
             uid: 65534,
             gid: 65534,
             pid: None,
+            groups: Some(Vec::new()),
         };
         let err = nobody.open(&secret).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");

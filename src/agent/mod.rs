@@ -8,6 +8,7 @@ mod config;
 mod heartbeat;
 pub mod hosted;
 mod local_rpc;
+mod peer;
 mod versions;
 
 use std::net::SocketAddr;
@@ -16,7 +17,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tokio::net::{TcpListener, UnixListener};
-use tokio_stream::wrappers::UnixListenerStream;
 
 pub use config::{AgentConfig, DEFAULT_HEARTBEAT};
 use hosted::HostedMounts;
@@ -283,10 +283,7 @@ impl AgentProcess {
             .max_encoding_message_size(MAX_RPC_MESSAGE);
         let unix = tonic::transport::Server::builder()
             .add_service(svc)
-            .serve_with_incoming_shutdown(
-                UnixListenerStream::new(self.unix),
-                wait(stop_rx.clone()),
-            );
+            .serve_with_incoming_shutdown(peer::accepted(self.unix), wait(stop_rx.clone()));
         let peer = port::serve(
             self.listener,
             None,

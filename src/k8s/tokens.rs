@@ -6,7 +6,7 @@
 use k8s_openapi::api::authentication::v1::{
     TokenRequest, TokenRequestSpec, TokenReview, TokenReviewSpec,
 };
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::{Api, PostParams};
 use kube::Client;
 
@@ -51,13 +51,21 @@ impl std::fmt::Display for ServiceAccountName {
     }
 }
 
+/// The pod a token is bound to, as TokenReview names it: Kubernetes 1.21 and later name the
+/// pod of a projected token, 1.30 and later its node too.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Binding {
+    /// `authentication.kubernetes.io/pod-name`.
+    pub pod: Option<String>,
+    /// `authentication.kubernetes.io/node-name`.
+    pub node: Option<String>,
+}
+
 /// What the API said of a token.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Review {
-    /// A ServiceAccount's token, valid now for one of the audiences; with the node its pod
-    /// runs on, where the token is bound to a pod and the API says so (TokenReview's
-    /// `authentication.kubernetes.io/node-name` extra, Kubernetes 1.30 and later).
-    ServiceAccount(ServiceAccountName, Option<String>),
+    /// A ServiceAccount's token, valid now for one of the audiences, and what it is bound to.
+    ServiceAccount(ServiceAccountName, Binding),
     /// Valid, but not a ServiceAccount's (a user's token): ktfs takes pods' and agents' only.
     OtherUser(String),
     Rejected(String),
@@ -65,6 +73,8 @@ pub enum Review {
 
 /// Where TokenReview names the node of the pod a token is bound to.
 pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+/// Where TokenReview names the pod a token is bound to.
+pub const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
 
 /// Asks the API whose `token` is (TokenReview; the caller needs `create` on `tokenreviews`).
 /// `audiences` empty means the API server's own.
@@ -90,18 +100,38 @@ pub async fn review(
         return Ok(Review::Rejected(why));
     }
     let user = status.user.unwrap_or_default();
-    let node = user
-        .extra
-        .as_ref()
-        .and_then(|extra| extra.get(NODE_NAME_EXTRA))
-        .and_then(|names| names.first())
-        .filter(|n| !n.is_empty())
-        .cloned();
-    let name = user.username.unwrap_or_default();
+    let extra = |name: &str| {
+        user.extra
+            .as_ref()
+            .and_then(|extra| extra.get(name))
+            .and_then(|values| values.first())
+            .filter(|v| !v.is_empty())
+            .cloned()
+    };
+    let binding = Binding {
+        pod: extra(POD_NAME_EXTRA),
+        node: extra(NODE_NAME_EXTRA),
+    };
+    let name = user.username.clone().unwrap_or_default();
     Ok(match ServiceAccountName::from_username(&name) {
-        Some(sa) => Review::ServiceAccount(sa, node),
+        Some(sa) => Review::ServiceAccount(sa, binding),
         None => Review::OtherUser(name),
     })
+}
+
+/// The node pod `namespace/pod` runs on (none while it is not scheduled, or where it is gone);
+/// the caller needs `get` on `pods`.
+pub async fn node_of_pod(
+    client: Client,
+    namespace: &str,
+    pod: &str,
+) -> Result<Option<String>, ClusterError> {
+    let pods: Api<Pod> = Api::namespaced(client, namespace);
+    let found = pods.get_opt(pod).await?;
+    Ok(found
+        .and_then(|p| p.spec)
+        .and_then(|s| s.node_name)
+        .filter(|n| !n.is_empty()))
 }
 
 /// A token of ServiceAccount `sa` for `audience`, valid for `seconds` (TokenRequest; RBAC

@@ -1,8 +1,8 @@
 //! A fake Kubernetes API server for tests: plain HTTP on 127.0.0.x, just the calls ktfs makes
 //! (get a node, get a service, list pods by label, and the pod port-forward WebSocket in the
 //! `v4.channel.k8s.io` protocol, which it serves by connecting to a real address, as a kubelet
-//! connects to the pod; TokenReview, and TokenRequest for the ServiceAccounts it holds). It
-//! records every port a port-forward asked for, and every review.
+//! connects to the pod; get a pod; TokenReview, and TokenRequest for the ServiceAccounts it
+//! holds). It records every port a port-forward asked for, every review and every pod got.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -32,6 +32,9 @@ pub struct World {
     /// Tokens bound to a pod: token -> the node the pod runs on (TokenReview says so in the
     /// user's extra, as Kubernetes 1.30 and later do).
     pub token_nodes: BTreeMap<String, String>,
+    /// Tokens bound to a pod: token -> the pod's name, which TokenReview names alone (as
+    /// Kubernetes 1.21 to 1.29 do) where `token_nodes` has no entry; the pod is in `pods`.
+    pub token_pods: BTreeMap<String, String>,
     /// ServiceAccounts ("namespace/name") whose tokens the kubeconfig's user may request.
     pub service_accounts: Vec<String>,
 }
@@ -80,6 +83,8 @@ pub struct Seen {
     pub issued: BTreeMap<String, (String, Vec<String>)>,
     /// The specs of every TokenReview asked.
     pub reviews: Vec<serde_json::Value>,
+    /// Every pod got by name ("namespace/name").
+    pub pods_got: Vec<String>,
 }
 
 pub struct FakeApi {
@@ -189,7 +194,7 @@ async fn serve(
         let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
         post(world, seen, path, &body)
     } else {
-        route(world, path, query)
+        route(world, seen, path, query)
     };
     let resp = format!(
         "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -244,6 +249,10 @@ fn post(
                     if let Some(node) = world.token_nodes.get(token) {
                         user["extra"] = serde_json::json!({
                             "authentication.kubernetes.io/node-name": [node]
+                        });
+                    } else if let Some(pod) = world.token_pods.get(token) {
+                        user["extra"] = serde_json::json!({
+                            "authentication.kubernetes.io/pod-name": [pod]
                         });
                     }
                     serde_json::json!({"authenticated": true, "user": user, "audiences": asked})
@@ -306,7 +315,7 @@ fn not_found(what: &str) -> (&'static str, String) {
     )
 }
 
-fn route(world: &World, path: &str, query: &str) -> (&'static str, String) {
+fn route(world: &World, seen: &Mutex<Seen>, path: &str, query: &str) -> (&'static str, String) {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     match parts.as_slice() {
         ["api", "v1", "nodes", name] => match world.nodes.get(*name) {
@@ -324,6 +333,17 @@ fn route(world: &World, path: &str, query: &str) -> (&'static str, String) {
             match world.services.get(&format!("{ns}/{name}")) {
                 Some(s) => ("200 OK", s.to_string()),
                 None => not_found(&format!("service {ns}/{name}")),
+            }
+        }
+        ["api", "v1", "namespaces", ns, "pods", name] => {
+            seen.lock().unwrap().pods_got.push(format!("{ns}/{name}"));
+            match world
+                .pods
+                .iter()
+                .find(|p| p["metadata"]["namespace"] == *ns && p["metadata"]["name"] == *name)
+            {
+                Some(p) => ("200 OK", p.to_string()),
+                None => not_found(&format!("pod {ns}/{name}")),
             }
         }
         ["api", "v1", "namespaces", ns, "pods"] => {

@@ -11,7 +11,9 @@
 //!   and the API names the pod's node, that node only: the node id it registers, heartbeats and
 //!   announces locations for must be that node's name, so one node cannot add or withdraw
 //!   another's copies; any other ServiceAccount may use its own namespace only, whatever the
-//!   call names.
+//!   call names, and names in broadcast and GPU windows the node of the pod its token is bound
+//!   to, or none. The node of a bound token is TokenReview's (Kubernetes 1.30 and later), or
+//!   the pod's `spec.nodeName`, asked of the API (1.21 to 1.29 name the pod only).
 //! - Neither configured: anyone may do anything, as before authentication existed (the server
 //!   warns at start).
 
@@ -56,8 +58,12 @@ pub enum Principal {
         sa: ServiceAccountName,
         node: Option<String>,
     },
-    /// A pod, or a laptop with a token the API issued for a ServiceAccount.
-    Account(ServiceAccountName),
+    /// A pod, or a laptop with a token the API issued for a ServiceAccount; `node`: the node
+    /// of the pod its token is bound to, where the API says.
+    Account {
+        sa: ServiceAccountName,
+        node: Option<String>,
+    },
     /// The holder of a node token (see [`crate::auth::node_token`]): a node agent that may act
     /// for that node only.
     NodeToken(String),
@@ -70,7 +76,10 @@ impl std::fmt::Display for Principal {
             Principal::Operator => f.write_str("the shared token's holder"),
             Principal::Node { sa, node: None } => write!(f, "node agent {sa}"),
             Principal::Node { sa, node: Some(n) } => write!(f, "node agent {sa} on node {n}"),
-            Principal::Account(sa) => write!(f, "ServiceAccount {sa}"),
+            Principal::Account { sa, node: None } => write!(f, "ServiceAccount {sa}"),
+            Principal::Account { sa, node: Some(n) } => {
+                write!(f, "ServiceAccount {sa} of a pod on node {n}")
+            }
             Principal::NodeToken(n) => write!(f, "the node token of node {n}"),
         }
     }
@@ -80,7 +89,7 @@ impl Principal {
     /// Whether the caller may read and change the keys of namespace `ns`.
     pub fn may_use(&self, ns: &str) -> Result<(), Status> {
         match self {
-            Principal::Account(sa) if sa.namespace != ns => Err(to_status(
+            Principal::Account { sa, .. } if sa.namespace != ns => Err(to_status(
                 Fault::Denied,
                 format!("{self} may use namespace {} only, not {ns}", sa.namespace),
             )),
@@ -91,7 +100,7 @@ impl Principal {
     /// Whether the caller may act as a node: ask what a node asks.
     pub fn may_be_a_node(&self) -> Result<(), Status> {
         match self {
-            Principal::Account(_) => Err(to_status(
+            Principal::Account { .. } => Err(to_status(
                 Fault::Denied,
                 format!("{self} is not a node agent"),
             )),
@@ -110,7 +119,7 @@ impl Principal {
     /// that node's agent alone, which registered the files it serves them from. A pod naming a
     /// node could otherwise have that node serve whatever its manifest names.
     pub fn may_publish_in_place(&self, origin: &str) -> Result<(), Status> {
-        if let Principal::Account(_) = self {
+        if let Principal::Account { .. } = self {
             return Err(to_status(
                 Fault::Denied,
                 format!(
@@ -127,7 +136,11 @@ impl Principal {
     /// a node agent bound to its node names that node only.
     pub fn may_name_node(&self, node_id: &str) -> Result<(), Status> {
         match self {
-            Principal::Node { node: Some(n), .. } | Principal::NodeToken(n) if n != node_id => {
+            Principal::Node { node: Some(n), .. }
+            | Principal::NodeToken(n)
+            | Principal::Account { node: Some(n), .. }
+                if n != node_id =>
+            {
                 Err(to_status(
                     Fault::Denied,
                     format!("{self} may act for its own node only, not node {node_id:?}"),
@@ -135,6 +148,26 @@ impl Principal {
             }
             _ => Ok(()),
         }
+    }
+
+    /// The node a member of a broadcast or GPU window is taken to be on, where it says
+    /// `claimed` (empty: none). Other members fetch from the node a member names, and a GPU
+    /// window moves tensors within one node by CUDA IPC: a caller bound to a node names that
+    /// node or none; a ServiceAccount whose token is bound to no pod has nothing that says
+    /// where it runs, so its word is not taken (it joins as a member on no node, which serves
+    /// no one, rather than being refused).
+    pub fn node_claim(&self, claimed: &str) -> Result<String, Status> {
+        if claimed.is_empty() {
+            return Ok(String::new());
+        }
+        self.may_name_node(claimed)?;
+        Ok(match self {
+            Principal::Account { node: None, .. } => {
+                tracing::debug!(caller = %self, claimed, "a node claim no pod binding backs: dropped");
+                String::new()
+            }
+            _ => claimed.to_string(),
+        })
     }
 }
 
@@ -145,6 +178,32 @@ pub struct TokenReview {
     pub audiences: Vec<String>,
     /// The ServiceAccounts of node agents.
     pub nodes: Vec<ServiceAccountName>,
+}
+
+impl TokenReview {
+    /// The node of the pod a token of `sa` is bound to: the review's word where it has one,
+    /// else the pod's as the API has it now. A pod is never moved to another node, so the
+    /// answer holds as long as the review.
+    async fn node_of(
+        &self,
+        sa: &ServiceAccountName,
+        bound: tokens::Binding,
+    ) -> Result<Option<String>, AuthError> {
+        let Some(pod) = bound.pod.filter(|_| bound.node.is_none()) else {
+            return Ok(bound.node);
+        };
+        let asked = tokens::node_of_pod(self.client.clone(), &sa.namespace, &pod);
+        tokio::time::timeout(REVIEW_PATIENCE, asked)
+            .await
+            .map_err(|_| AuthError::Unavailable(format!("no answer in {REVIEW_PATIENCE:?}")))?
+            .map_err(|e| {
+                AuthError::Unavailable(format!(
+                    "the node of pod {}/{pod}, whose token this is (the store server needs `get` \
+                     on pods, deploy/rbac.yaml): {e}",
+                    sa.namespace
+                ))
+            })
+    }
 }
 
 /// What the server accepts.
@@ -274,10 +333,14 @@ impl Authenticator {
             .map_err(|_| AuthError::Unavailable(format!("no answer in {REVIEW_PATIENCE:?}")))?
             .map_err(|e| AuthError::Unavailable(e.to_string()))?;
         let principal = match answer {
-            Review::ServiceAccount(sa, node) if review.nodes.contains(&sa) => {
-                Ok(Principal::Node { sa, node })
+            Review::ServiceAccount(sa, bound) => {
+                let node = review.node_of(&sa, bound).await?;
+                Ok(if review.nodes.contains(&sa) {
+                    Principal::Node { sa, node }
+                } else {
+                    Principal::Account { sa, node }
+                })
             }
-            Review::ServiceAccount(sa, _) => Ok(Principal::Account(sa)),
             Review::OtherUser(user) => Err(format!(
                 "{user} is not a ServiceAccount; ktfs takes ServiceAccount tokens (from a \
                  laptop, `kt --kubeconfig` asks for one)"
@@ -352,7 +415,7 @@ impl Principal {
     /// its socket).
     pub fn may_act_on_behalf(&self) -> Result<(), AuthError> {
         match self {
-            Principal::Account(_) => Err(AuthError::Refused(format!(
+            Principal::Account { .. } => Err(AuthError::Refused(format!(
                 "{self} acts for itself only: only a node agent presents a caller's credential"
             ))),
             _ => Ok(()),
@@ -382,7 +445,10 @@ mod tests {
 
     #[test]
     fn an_account_uses_its_own_namespace_only_and_is_no_node() {
-        let p = Principal::Account(sa("team-a", "default"));
+        let p = Principal::Account {
+            sa: sa("team-a", "default"),
+            node: None,
+        };
         assert!(p.may_use("team-a").is_ok());
         let denied = p.may_use("team-b").unwrap_err();
         assert_eq!(denied.code(), tonic::Code::PermissionDenied);
@@ -401,6 +467,31 @@ mod tests {
             assert!(p.may_be_a_node().is_ok());
             assert!(p.may_act_for_node("n1").is_ok());
         }
+    }
+
+    #[test]
+    fn a_member_of_a_window_is_on_the_node_its_token_is_bound_to_or_on_none() {
+        let bound = Principal::Account {
+            sa: sa("team-a", "default"),
+            node: Some("n1".into()),
+        };
+        assert_eq!(bound.node_claim("n1").unwrap(), "n1");
+        assert_eq!(bound.node_claim("").unwrap(), "");
+        let err = bound.node_claim("n2").unwrap_err();
+        assert_eq!(err.code(), tonic::Code::PermissionDenied);
+        // Bound to no pod: what it says of its node is not taken, nor refused.
+        let unbound = Principal::Account {
+            sa: sa("team-a", "default"),
+            node: None,
+        };
+        assert_eq!(unbound.node_claim("n1").unwrap(), "");
+        // An operator, and a node agent whose token names no node, are taken at their word.
+        assert_eq!(Principal::Operator.node_claim("n2").unwrap(), "n2");
+        let agent = Principal::Node {
+            sa: sa("kt-system", "kt-node"),
+            node: None,
+        };
+        assert_eq!(agent.node_claim("n2").unwrap(), "n2");
     }
 
     #[test]

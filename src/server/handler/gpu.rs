@@ -12,6 +12,7 @@ use crate::proto::{
     GpuWindow, RegistrationSecretRequest, RegistrationSecretResponse,
 };
 use crate::rpc;
+use crate::rpc::status::{to_status, Fault};
 use crate::server::auth::{group_namespace, principal};
 use crate::server::status::parse_key;
 
@@ -61,7 +62,18 @@ pub(super) async fn join_gpu_window(
 ) -> Result<Response<GpuJoinResponse>, Status> {
     let remote_ip = req.remote_addr().map(|a| a.ip().to_string());
     let ns = namespace_for(&req, &req.get_ref().namespace)?;
-    principal(&req)?.may_name_node(&req.get_ref().node_id)?;
+    // A member names the node of its worker: within a node, tensors move by CUDA IPC.
+    let caller = principal(&req)?;
+    if caller.node_claim(&req.get_ref().node_id)? != req.get_ref().node_id {
+        return Err(to_status(
+            Fault::Denied,
+            format!(
+                "{caller} names node {:?} in a GPU window, and no pod binding of its token says \
+                 it runs there",
+                req.get_ref().node_id
+            ),
+        ));
+    }
     let r = req.into_inner();
     parse_key(&r.key)?;
     let mut spec = r.window.clone().unwrap_or_default();

@@ -141,8 +141,9 @@ pub(super) async fn join_broadcast(
     let remote_ip = req.remote_addr().map(|a| a.ip().to_string());
     let ns = namespace_for(&req, &req.get_ref().namespace)?;
     // A member that names its node is served from that node: a node's agent names its own.
-    principal(&req)?.may_name_node(&req.get_ref().node_id)?;
-    let r = req.into_inner();
+    let node = principal(&req)?.node_claim(&req.get_ref().node_id)?;
+    let mut r = req.into_inner();
+    r.node_id = node;
     let version = parse_version(&r.version)?;
     let seeds = handler.seeds(&r.namespace, &r.key, &r.version).await?;
     let mut spec = r.window.clone().unwrap_or_default();
