@@ -61,7 +61,7 @@ impl EtcdEngine {
         let opts = GetOptions::new().with_range(end).with_limit(limit);
         let resp = self
             .members
-            .call(|c| {
+            .read(|c| {
                 let (start, opts) = (start.clone(), opts.clone());
                 async move { kv(c).get(start, Some(opts)).await }
             })
@@ -104,7 +104,7 @@ impl MetaEngine for EtcdEngine {
         let key = self.full(key);
         let resp = self
             .members
-            .call(|c| {
+            .read(|c| {
                 let key = key.clone();
                 async move { kv(c).get(key, None).await }
             })
@@ -179,7 +179,7 @@ impl MetaEngine for EtcdEngine {
         let opts = GetOptions::new().with_count_only();
         let resp = self
             .members
-            .call(|c| {
+            .read(|c| {
                 let (key, opts) = (self.prefix.clone(), opts.clone());
                 async move { kv(c).get(key, Some(opts)).await }
             })

@@ -20,9 +20,11 @@
 //! leader before anything sent since. A write given up while it may still apply could apply
 //! after a later one (a key put back to what it held before), so one that is merely slow is
 //! waited for. The term a write is compared with is the latest this replica learnt (at its
-//! start, and from every write's answer): a write slower than a second right after an
-//! election no write of this replica saw is taken for one sent in the older term and sent
-//! again, the one case where a late write could still land after a later one.
+//! start, and from every read's and write's answer): a write slower than a second right after
+//! an election that no answer since this replica's last read named is taken for one sent in the
+//! older term and sent again, the one case where a late write could still land after a later
+//! one. A publish reads what it changes just before it writes, so that window is the time
+//! between its reads and its write.
 //!
 //! A request that met a reset connection ("transport error", which tonic answers as
 //! `Unknown`) goes on to the next member too: before, it failed the call.
@@ -81,20 +83,24 @@ pub(super) struct Members {
 
 /// An answer of etcd's that names the raft term it was given in.
 pub(super) trait Headed {
-    fn header(&self) -> Option<&etcd_client::ResponseHeader>;
+    fn raft_term(&self) -> Option<u64>;
 }
 
-impl Headed for etcd_client::TxnResponse {
-    fn header(&self) -> Option<&etcd_client::ResponseHeader> {
-        self.header()
-    }
+macro_rules! headed {
+    ($($t:ty),*) => {$(
+        impl Headed for $t {
+            fn raft_term(&self) -> Option<u64> {
+                self.header().map(|h| h.raft_term())
+            }
+        }
+    )*};
 }
 
-impl Headed for etcd_client::DeleteResponse {
-    fn header(&self) -> Option<&etcd_client::ResponseHeader> {
-        self.header()
-    }
-}
+headed!(
+    etcd_client::TxnResponse,
+    etcd_client::DeleteResponse,
+    etcd_client::GetResponse
+);
 
 impl Members {
     pub fn new(url: &EtcdUrl) -> Self {
@@ -138,6 +144,19 @@ impl Members {
         .await
     }
 
+    /// A read of keys: as [`Members::call`], and its answer's term learnt, so that the term a
+    /// write is compared with is as fresh as the last read (a publish reads before it writes).
+    pub async fn read<T, F, Fut>(&self, f: F) -> Result<T, EngineError>
+    where
+        T: Headed,
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let answer = self.call(f).await?;
+        self.learn(answer.raft_term());
+        Ok(answer)
+    }
+
     /// A write (a transaction, a deletion): as [`Members::call`], but sent to another member
     /// only where it cannot apply late (see the module's comment).
     pub async fn write<T, F, Fut>(&self, mut f: F) -> Result<T, EngineError>
@@ -170,7 +189,7 @@ impl Members {
                 }
             })
             .await?;
-        self.learn(answer.header());
+        self.learn(answer.raft_term());
         Ok(answer)
     }
 
@@ -179,9 +198,9 @@ impl Members {
         self.term_after(u64::MAX).await;
     }
 
-    fn learn(&self, header: Option<&etcd_client::ResponseHeader>) {
-        if let Some(h) = header {
-            self.term.fetch_max(h.raft_term(), Ordering::Relaxed);
+    fn learn(&self, term: Option<u64>) {
+        if let Some(t) = term {
+            self.term.fetch_max(t, Ordering::Relaxed);
         }
     }
 
@@ -194,7 +213,7 @@ impl Members {
             let asked =
                 tokio::time::timeout(self.timing.look, c.maintenance_client().status()).await;
             if let Ok(Ok(status)) = asked {
-                self.learn(status.header());
+                self.learn(status.header().map(|h| h.raft_term()));
                 return before != 0 && status.raft_term() > before;
             }
         }
@@ -379,9 +398,29 @@ mod tests {
     struct Written;
 
     impl Headed for Written {
-        fn header(&self) -> Option<&etcd_client::ResponseHeader> {
+        fn raft_term(&self) -> Option<u64> {
             None
         }
+    }
+
+    /// A read's answer, given in a term.
+    struct Read(u64);
+
+    impl Headed for Read {
+        fn raft_term(&self) -> Option<u64> {
+            Some(self.0)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_read_teaches_the_term_later_writes_are_compared_with() {
+        let m = members(1);
+        m.learn(Some(3));
+        m.read(|_| async { Ok(Read(7)) }).await.unwrap();
+        assert_eq!(m.term.load(Ordering::Relaxed), 7);
+        // An answer of an older term (a member behind) teaches nothing.
+        m.read(|_| async { Ok(Read(5)) }).await.unwrap();
+        assert_eq!(m.term.load(Ordering::Relaxed), 7);
     }
 
     #[tokio::test]
