@@ -32,6 +32,9 @@
 #   KT_BENCH_QUIET_WAIT / KT_BENCH_QUIET_TOTAL  see bench/lib.sh
 #   KT_BENCH_PIECES   "blocks": the store server's swarms trade whole blocks only, never pieces
 #                     smaller than blocks (a switch of this benchmark, to measure what they give)
+#   KT_BENCH_GET_LOG  RUST_LOG of every `kt get` (e.g. ktfs=debug), and KT_BENCH_KEEP_LOGS a
+#                     directory where each way's getters' stderr and end times are kept (WAY-N/):
+#                     a timeline of where a broadcast's time goes
 #
 # Needs root (network namespaces, tc). Addresses exist only inside the namespaces it creates;
 # everything it starts and creates is removed on exit, failure and Ctrl-C.
@@ -111,6 +114,7 @@ wave() { # NODE... -- FLAGS...
         mkdir -p "$WORK/dest/n$i"
         (
             in_ns "n$i" env KT_SERVER="$STORE_ADDR" KT_AGENT="$WORK/n$i/agent.sock" \
+                ${KT_BENCH_GET_LOG:+RUST_LOG=$KT_BENCH_GET_LOG} \
                 /usr/bin/time -v -o "$WORK/get-n$i.time" \
                 "$KT" get "$KEY" -d "$WORK/dest/n$i/f" --json "${flags[@]}" \
                 >"$WORK/get-n$i.json" 2>"$WORK/get-n$i.err"
@@ -190,6 +194,14 @@ run_way() { # WAY N
     esac
     TOTAL=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
     CPU=$(busy_s "$b0" "$(busy_ticks)")
+    if [[ -n ${KT_BENCH_KEEP_LOGS:-} ]]; then
+        local kept=$KT_BENCH_KEEP_LOGS/$way-$n
+        mkdir -p "$kept"
+        cp "$WORK"/get-n*.err "$WORK/ends" "$kept/"
+        # The wall clock of the common start, to set the getters' log lines against.
+        date -u -d "@$t0" '+%Y-%m-%dT%H:%M:%S.%6NZ' >"$kept/start"
+        rm -f "$WORK"/get-n*.err
+    fi
     settle $( [[ $way == single ]] && echo 1 || seq "$n")
     STORE_MIB=$(awk '$1 == "store" { s += $2 } END { printf "%.0f", s / 1048576 }' "$WORK/served")
     AGENT_RSS=$(agents_hwm)

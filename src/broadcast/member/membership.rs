@@ -418,6 +418,7 @@ pub async fn fetch_in_window(
             return Ok((got, None));
         }
     };
+    tracing::debug!("get: joined the window");
     let part = fetch_through(&member, jobs, sinks, fallback, "", progress).await?;
     Ok((part.complete(fallback.is_empty())?, Some(member)))
 }

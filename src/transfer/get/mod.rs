@@ -104,6 +104,7 @@ pub async fn get(opts: GetOptions, progress: &ProgressBar) -> Result<GetReport, 
         ..Default::default()
     };
     let resolved = resolve(&store, &opts.namespace, &opts.key).await?;
+    tracing::debug!("get: resolved");
     let dest_dir_like = opts.dest.ends_with('/') || Path::new(&opts.dest).is_dir();
     // A prefix is a directory whatever made it: a `kt put` directory, a directory made in a
     // mount, or nothing but keys below it. Its tree is the union of its own manifest (if any)
@@ -297,6 +298,10 @@ async fn fetch_one(
     report: &mut GetReport,
 ) -> Result<(), GetError> {
     let version = Version::from_slice(&r.version).ok_or(GetError::BadVersion)?;
+    // Where a get's time goes, at debug level (RUST_LOG=ktfs::transfer=debug).
+    let began = std::time::Instant::now();
+    let stage =
+        |what: &str| tracing::debug!(ms = began.elapsed().as_millis() as u64, "get: {what}");
     let entries = entries_in(&m, at, filter);
     if entries.is_empty() {
         return Ok(());
@@ -328,6 +333,7 @@ async fn fetch_one(
     if let (true, false, Some(a)) = (opts.seed, jobs.is_empty(), agent.as_deref_mut()) {
         offer = Offer::open(&mut a.client, version, &m, layout.receiving()?).await;
     }
+    stage("offered");
     let sink = Arc::new(Announcing {
         inner: Arc::new(Sinks::new(laid.files)),
         tx: offer.as_ref().map(Offer::announcer),
@@ -362,8 +368,10 @@ async fn fetch_one(
         membership::fetch_in_window(store, &opts.server, spec, jobs, sink, &sources, progress)
             .await?
     };
+    stage("fetched");
     fetched.add(by_delta);
     layout.finish(&mut guard)?;
+    stage("laid out");
 
     let files = layout.seeded()?;
     record(report, &fetched, &layout, files.len(), version);
@@ -373,6 +381,7 @@ async fn fetch_one(
             if seed(a, version, &m, files, got).await {
                 report.seeded = true;
             }
+            stage("seeded");
         }
     }
     // A member whose agent did not take the files over holds nothing others may fetch: it
@@ -381,9 +390,11 @@ async fn fetch_one(
         m.leave(offer.is_none() || report.seeded).await;
         report.broadcast.push(m.report().await);
     }
+    stage("left the window");
     if let Some(o) = offer {
         o.close().await;
     }
+    stage("done");
     Ok(())
 }
 
