@@ -7,9 +7,9 @@
 //! yet here waits for it (up to a bound) instead of being refused. When the getter's stream ends,
 //! for whatever reason, its offer ends with it and the waiters are told at once.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,6 +31,30 @@ pub struct Place {
     pub len: u32,
 }
 
+/// A block this agent hashed where it lies in a file of an offer, serving it: the file's device
+/// and inode, where the block starts, and its hash. A seed of the same files need not hash it
+/// again (`InPlace::register_known`); bytes changed since are still never served, as every
+/// read of a place is checked against its hash.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Checked {
+    pub dev: u64,
+    pub ino: u64,
+    pub offset: u64,
+    pub hash: BlockHash,
+}
+
+impl Checked {
+    fn of(p: &Place, hash: BlockHash) -> Option<Checked> {
+        let m = p.file.metadata().ok()?;
+        Some(Checked {
+            dev: m.dev(),
+            ino: m.ino(),
+            offset: p.offset,
+            hash,
+        })
+    }
+}
+
 #[derive(Default)]
 struct Offer {
     /// Every block this offer will hold, and where.
@@ -40,6 +64,8 @@ struct Offer {
     /// Blocks received in pieces (a swarm's sub-block pieces), not yet whole: the pieces
     /// written and verified so far, served before the block is whole.
     pieces: HashMap<BlockHash, Pieces>,
+    /// Blocks hashed here, whole or every piece, as they were served.
+    checked: HashSet<Checked>,
 }
 
 /// The pieces of one block written so far.
@@ -48,6 +74,8 @@ struct Pieces {
     log2: u8,
     cvs: Vec<Cv>,
     ready: Vec<bool>,
+    /// The pieces hashed here as they were served.
+    checked: Vec<bool>,
 }
 
 #[derive(Default)]
@@ -130,6 +158,7 @@ impl InFlight {
                         log2,
                         cvs: cvs.to_vec(),
                         ready: vec![false; cut.count() as usize],
+                        checked: vec![false; cut.count() as usize],
                     },
                 );
             }
@@ -147,31 +176,70 @@ impl InFlight {
     /// Piece `index` of a block received in pieces of `2^log2` bytes, if it is written: read
     /// from the getter's file and checked against its value.
     pub fn read_piece(&self, hash: &BlockHash, log2: u8, index: u32) -> Option<Piece> {
-        let found: Vec<(Place, Cut, Vec<Cv>)> = {
+        let found: Vec<(u64, Place, Cut, Vec<Cv>)> = {
             let st = lock(&self.state);
             st.offers
-                .values()
-                .filter_map(|o| {
+                .iter()
+                .filter_map(|(&id, o)| {
                     let p = o.pieces.get(hash)?;
                     let ready = p.log2 == log2 && p.ready.get(index as usize) == Some(&true);
                     let place = o.expected.get(hash)?.first()?.clone();
-                    ready.then(|| (place, p.cut, p.cvs.clone()))
+                    ready.then(|| (id, place, p.cut, p.cvs.clone()))
                 })
                 .collect()
         };
-        found.into_iter().find_map(|(place, cut, cvs)| {
+        found.into_iter().find_map(|(id, place, cut, cvs)| {
             let r = cut.range(index)?;
             let mut buf = vec![0u8; (r.end - r.start) as usize];
             place
                 .file
                 .read_exact_at(&mut buf, place.offset + r.start)
                 .ok()?;
-            cut.check_piece(&cvs, index, &buf).then(|| Piece {
+            if !cut.check_piece(&cvs, index, &buf) {
+                return None;
+            }
+            self.piece_checked(id, &place, *hash, (log2, &cvs), index);
+            Some(Piece {
                 index,
                 cvs,
                 data: Bytes::from(buf),
             })
         })
+    }
+
+    /// Notes piece `index` of `hash` (pieces of `2^log2` bytes with values `cvs`) hashed at
+    /// `place` of offer `id`: once every piece is, the block is, since its values were checked
+    /// against its hash when they were given.
+    fn piece_checked(&self, id: u64, place: &Place, hash: BlockHash, of: (u8, &[Cv]), index: u32) {
+        let Some(c) = Checked::of(place, hash) else {
+            return;
+        };
+        let mut st = lock(&self.state);
+        let Some(o) = st.offers.get_mut(&id) else {
+            return;
+        };
+        let Some(p) = o
+            .pieces
+            .get_mut(&hash)
+            .filter(|p| p.log2 == of.0 && p.cvs == of.1)
+        else {
+            return;
+        };
+        if let Some(done) = p.checked.get_mut(index as usize) {
+            *done = true;
+        }
+        if p.checked.iter().all(|&d| d) {
+            o.checked.insert(c);
+        }
+    }
+
+    /// Every block hashed here as it was served, in the offers open now.
+    pub fn checked(&self) -> HashSet<Checked> {
+        let st = lock(&self.state);
+        st.offers
+            .values()
+            .flat_map(|o| o.checked.iter().copied())
+            .collect()
     }
 
     /// Whether an offer will hold this piece but does not yet (nor the whole block).
@@ -206,13 +274,13 @@ impl InFlight {
         self.changed.send_modify(|n| *n += 1);
     }
 
-    fn lookup(&self, hash: &BlockHash) -> (Vec<Place>, bool) {
+    fn lookup(&self, hash: &BlockHash) -> (Vec<(u64, Place)>, bool) {
         let st = lock(&self.state);
         let mut places = Vec::new();
         let mut expected = false;
-        for o in st.offers.values() {
+        for (&id, o) in &st.offers {
             if let Some(p) = o.ready.get(hash) {
-                places.extend(p.iter().cloned());
+                places.extend(p.iter().map(|p| (id, p.clone())));
             }
             expected |= o.expected.contains_key(hash);
         }
@@ -222,10 +290,18 @@ impl InFlight {
     /// A ready block's bytes, read from the getter's file and checked against the hash.
     pub fn read(&self, hash: &BlockHash) -> Option<Bytes> {
         let (places, _) = self.lookup(hash);
-        places.iter().find_map(|p| {
+        places.iter().find_map(|(id, p)| {
             let mut buf = vec![0u8; p.len as usize];
             p.file.read_exact_at(&mut buf, p.offset).ok()?;
-            (BlockHash::of(&buf) == *hash).then(|| Bytes::from(buf))
+            if BlockHash::of(&buf) != *hash {
+                return None;
+            }
+            if let Some(c) = Checked::of(p, *hash) {
+                if let Some(o) = lock(&self.state).offers.get_mut(id) {
+                    o.checked.insert(c);
+                }
+            }
+            Some(Bytes::from(buf))
         })
     }
 
@@ -370,6 +446,8 @@ mod tests {
             .expect("piece 1");
         assert_eq!(&got.data[..], &data[r.start as usize..r.end as usize]);
         assert!(got.check(&h, &cut, 1));
+        // One piece of four hashed as it was served is not the block hashed.
+        assert!(inf.checked().is_empty());
         // Only what was said to be ready, of that cut, and while its bytes still match.
         assert!(inf.read_piece(&h, 16, 0).is_none());
         assert!(inf.read_piece(&h, 17, 0).is_none());
@@ -382,5 +460,41 @@ mod tests {
         assert!(inf.read_piece(&h, 16, 1).is_none());
         inf.close(id);
         assert!(inf.read_piece(&h, 16, 1).is_none());
+    }
+
+    #[test]
+    fn a_block_is_known_hashed_once_every_piece_was_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i * 3 % 253) as u8).collect();
+        let h = BlockHash::of(&data);
+        let cut = Cut::new(200_000, 1 << 16).unwrap();
+        let cvs = cut.cvs(&data).unwrap();
+        std::fs::write(&path, &data).unwrap();
+        let file = Arc::new(File::open(&path).unwrap());
+        let inf = InFlight::default();
+        let place = Place {
+            file: file.clone(),
+            offset: 0,
+            len: 200_000,
+        };
+        let id = inf.open(HashMap::from([(h, vec![place])]));
+        let all: Vec<u32> = (0..cut.count()).collect();
+        inf.ready_pieces(id, &h, 16, &cvs, &all);
+        for &i in &all {
+            assert!(inf.checked().is_empty(), "piece {i}");
+            assert!(inf.read_piece(&h, 16, i).is_some());
+        }
+        let meta = file.metadata().unwrap();
+        let hashed = Checked {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            offset: 0,
+            hash: h,
+        };
+        assert_eq!(inf.checked(), HashSet::from([hashed]));
+        // What an offer knew ends with it.
+        inf.close(id);
+        assert!(inf.checked().is_empty());
     }
 }

@@ -7,12 +7,14 @@
 //! be that one, unchanged, and the bytes hashed, so a file changed or swapped after publishing is
 //! never served as the published block.
 
+use std::collections::HashSet;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 
 use bytes::Bytes;
 use prost::Message;
 
+use super::in_flight::Checked;
 use super::BlockError;
 use crate::db::{BatchOp, Db, DbError};
 use crate::hash::{BlockHash, Version};
@@ -104,6 +106,19 @@ impl InPlace {
         check: Check,
         open: Opener<'_>,
     ) -> Result<usize, InPlaceError> {
+        self.register_known(m, files, check, &HashSet::new(), open)
+    }
+
+    /// As [`InPlace::register`], but a block `known` names where it lies (hashed at that place
+    /// of that file by this agent as it served it in flight) is not hashed again.
+    pub fn register_known(
+        &self,
+        m: &Manifest,
+        files: &[LocalFile],
+        check: Check,
+        known: &HashSet<Checked>,
+        open: Opener<'_>,
+    ) -> Result<usize, InPlaceError> {
         let mut ops = Vec::new();
         let mut count = 0;
         let mut buf = Vec::new();
@@ -126,7 +141,13 @@ impl InPlace {
             for (index, b) in entry.blocks.iter().enumerate() {
                 let hash = manifest::block_hash(b)
                     .ok_or_else(|| InPlaceError::BadHash(entry.path.clone()))?;
-                if check == Check::Hashes {
+                let hashed_here = Checked {
+                    dev: meta.dev(),
+                    ino: meta.ino(),
+                    offset,
+                    hash,
+                };
+                if check == Check::Hashes && !known.contains(&hashed_here) {
                     buf.resize(b.len as usize, 0);
                     file.read_exact_at(&mut buf, offset)
                         .map_err(|source| InPlaceError::Disk {
@@ -527,6 +548,98 @@ mod tests {
     /// device, an attacker's choice) is refused before the link's target is opened, where
     /// following it opened the target and only then saw another file. A path registered
     /// through a link among its directories is recorded resolved, and served.
+    /// A seed hashes only the blocks this agent did not hash serving them in flight; bytes
+    /// changed after that are registered, and never served.
+    #[test]
+    fn a_seed_hashes_only_what_was_not_hashed_as_it_was_served() {
+        use super::super::in_flight::{InFlight, Place};
+        use crate::proto::{BlockRef, FileEntry};
+        use std::collections::HashMap;
+        use std::sync::Arc;
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("db"), &[CF_LOCAL, CF_SEEDS], &[]).unwrap();
+        let p = InPlace::new(db);
+        let (a, b) = (vec![1u8; 1000], vec![2u8; 1000]);
+        let (ha, hb) = (BlockHash::of(&a), BlockHash::of(&b));
+        let path = dir.path().join("f");
+        std::fs::write(&path, [a.clone(), b.clone()].concat()).unwrap();
+        let m = Manifest {
+            entries: vec![FileEntry {
+                size: 2000,
+                blocks: [ha, hb]
+                    .iter()
+                    .map(|h| BlockRef {
+                        hash: h.0.to_vec(),
+                        len: 1000,
+                    })
+                    .collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let file = Arc::new(std::fs::File::open(&path).unwrap());
+        let place = |offset| Place {
+            file: file.clone(),
+            offset,
+            len: 1000,
+        };
+        let inf = InFlight::default();
+        let id = inf.open(HashMap::from([
+            (ha, vec![place(0)]),
+            (hb, vec![place(1000)]),
+        ]));
+        inf.ready(id, &[ha, hb]);
+        // A peer is served block a; nobody asks for b.
+        assert_eq!(inf.read(&ha).as_deref(), Some(&a[..]));
+        let known = inf.checked();
+        assert_eq!(known.len(), 1);
+        // Both blocks changed under the offer after that: b's change is found by the seed's
+        // hashing, a's is not looked for again...
+        let w = std::fs::File::options().write(true).open(&path).unwrap();
+        w.write_all_at(&[9u8; 1000], 1000).unwrap();
+        let f = LocalFile {
+            entry_path: String::new(),
+            disk_path: path.display().to_string(),
+        };
+        let err = p
+            .register_known(
+                &m,
+                std::slice::from_ref(&f),
+                Check::Hashes,
+                &known,
+                &open_regular,
+            )
+            .unwrap_err();
+        assert!(
+            matches!(err, InPlaceError::NotItsBlock { index: 1, .. }),
+            "{err}"
+        );
+        w.write_all_at(&b, 1000).unwrap();
+        w.write_all_at(&[9u8; 1000], 0).unwrap();
+        assert_eq!(
+            p.register_known(
+                &m,
+                std::slice::from_ref(&f),
+                Check::Hashes,
+                &known,
+                &open_regular
+            )
+            .unwrap(),
+            2
+        );
+        // ...and is never served: every read of a place is checked against its hash.
+        assert!(p.find(&ha).unwrap().is_none());
+        assert_eq!(p.find(&hb).unwrap().as_deref(), Some(&b[..]));
+        // Without what was hashed in flight, the seed hashes every block.
+        let err = p
+            .register(&m, &[f], Check::Hashes, &open_regular)
+            .unwrap_err();
+        assert!(
+            matches!(err, InPlaceError::NotItsBlock { index: 0, .. }),
+            "{err}"
+        );
+    }
+
     #[test]
     fn a_registered_path_swapped_for_a_link_is_refused_before_its_target_is_opened() {
         use crate::proto::{BlockRef, FileEntry};

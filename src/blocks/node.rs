@@ -114,7 +114,10 @@ impl NodeBlocks {
 
     /// Registers files a get handed this node as holding `version` (of manifest `m`), and
     /// records them so that the version is withdrawn once one of them is gone
-    /// ([`NodeBlocks::sweep_seeds`]).
+    /// ([`NodeBlocks::sweep_seeds`]). Every block is hashed where it lies but those this agent
+    /// hashed there already, serving them while the get ran: in a broadcast most of them, and
+    /// hashing them all again at the end held every getter up (about 1 s of a 7.4 s broadcast
+    /// of 64 MiB to 32 nodes on two cores).
     pub fn seed(
         &self,
         version: &crate::hash::Version,
@@ -122,7 +125,10 @@ impl NodeBlocks {
         files: &[LocalFile],
         open: Opener<'_>,
     ) -> Result<usize, InPlaceError> {
-        let n = self.in_place.register(m, files, Check::Hashes, open)?;
+        let known = self.in_flight.checked();
+        let n = self
+            .in_place
+            .register_known(m, files, Check::Hashes, &known, open)?;
         self.in_place.record_seed(version, files, open)?;
         Ok(n)
     }
