@@ -31,16 +31,28 @@ pub struct Place {
     pub len: u32,
 }
 
-/// A block this agent hashed where it lies in a file of an offer, serving it: the file's device
-/// and inode, where the block starts, and its hash. A seed of the same files need not hash it
-/// again (`InPlace::register_known`); bytes changed since are still never served, as every
-/// read of a place is checked against its hash.
+/// A block where it lies in a file of an offer: the file's device and inode, where the block
+/// starts, and its hash. What this agent hashed there as it served it, a seed of the same
+/// files need not hash again (`InPlace::register_known`); bytes changed since are still never
+/// served, as every read of a place is checked against its hash.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Checked {
     pub dev: u64,
     pub ino: u64,
     pub offset: u64,
     pub hash: BlockHash,
+}
+
+/// How much of a block was hashed where it lies: all of it, or the pieces marked (values
+/// `cvs`, checked against the block's hash when they were given).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Hashed {
+    Whole,
+    Pieces {
+        cut: Cut,
+        cvs: Vec<Cv>,
+        done: Vec<bool>,
+    },
 }
 
 impl Checked {
@@ -233,13 +245,31 @@ impl InFlight {
         }
     }
 
-    /// Every block hashed here as it was served, in the offers open now.
-    pub fn checked(&self) -> HashSet<Checked> {
+    /// What of each block was hashed here as it was served, in the offers open now.
+    pub fn checked(&self) -> HashMap<Checked, Hashed> {
         let st = lock(&self.state);
-        st.offers
-            .values()
-            .flat_map(|o| o.checked.iter().copied())
-            .collect()
+        let mut known = HashMap::new();
+        for o in st.offers.values() {
+            for (hash, p) in &o.pieces {
+                let place = o.expected.get(hash).and_then(|v| v.first());
+                if !p.checked.contains(&true) {
+                    continue;
+                }
+                if let Some(c) = place.and_then(|place| Checked::of(place, *hash)) {
+                    known.insert(
+                        c,
+                        Hashed::Pieces {
+                            cut: p.cut,
+                            cvs: p.cvs.clone(),
+                            done: p.checked.clone(),
+                        },
+                    );
+                }
+            }
+            // A block hashed whole covers what its pieces said.
+            known.extend(o.checked.iter().map(|&c| (c, Hashed::Whole)));
+        }
+        known
     }
 
     /// Whether an offer will hold this piece but does not yet (nor the whole block).
@@ -446,8 +476,12 @@ mod tests {
             .expect("piece 1");
         assert_eq!(&got.data[..], &data[r.start as usize..r.end as usize]);
         assert!(got.check(&h, &cut, 1));
-        // One piece of four hashed as it was served is not the block hashed.
-        assert!(inf.checked().is_empty());
+        // One piece of four hashed as it was served: that piece is known hashed, not the block.
+        let known: Vec<Hashed> = inf.checked().into_values().collect();
+        assert!(
+            matches!(&known[..], [Hashed::Pieces { done, .. }] if done == &[false, true, false, false]),
+            "{known:?}"
+        );
         // Only what was said to be ready, of that cut, and while its bytes still match.
         assert!(inf.read_piece(&h, 16, 0).is_none());
         assert!(inf.read_piece(&h, 17, 0).is_none());
@@ -481,18 +515,30 @@ mod tests {
         let id = inf.open(HashMap::from([(h, vec![place])]));
         let all: Vec<u32> = (0..cut.count()).collect();
         inf.ready_pieces(id, &h, 16, &cvs, &all);
-        for &i in &all {
-            assert!(inf.checked().is_empty(), "piece {i}");
-            assert!(inf.read_piece(&h, 16, i).is_some());
-        }
         let meta = file.metadata().unwrap();
-        let hashed = Checked {
+        let at = Checked {
             dev: meta.dev(),
             ino: meta.ino(),
             offset: 0,
             hash: h,
         };
-        assert_eq!(inf.checked(), HashSet::from([hashed]));
+        assert!(inf.checked().is_empty());
+        for &i in &all {
+            assert!(inf.read_piece(&h, 16, i).is_some());
+            let mut done = vec![false; all.len()];
+            done[..=i as usize].fill(true);
+            let known = inf.checked();
+            if done.iter().all(|&d| d) {
+                assert_eq!(known, HashMap::from([(at, Hashed::Whole)]));
+            } else {
+                let pieces = Hashed::Pieces {
+                    cut,
+                    cvs: cvs.clone(),
+                    done,
+                };
+                assert_eq!(known, HashMap::from([(at, pieces)]), "piece {i}");
+            }
+        }
         // What an offer knew ends with it.
         inf.close(id);
         assert!(inf.checked().is_empty());

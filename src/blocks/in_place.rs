@@ -7,14 +7,14 @@
 //! be that one, unchanged, and the bytes hashed, so a file changed or swapped after publishing is
 //! never served as the published block.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 
 use bytes::Bytes;
 use prost::Message;
 
-use super::in_flight::Checked;
+use super::in_flight::{Checked, Hashed};
 use super::BlockError;
 use crate::db::{BatchOp, Db, DbError};
 use crate::hash::{BlockHash, Version};
@@ -106,17 +106,18 @@ impl InPlace {
         check: Check,
         open: Opener<'_>,
     ) -> Result<usize, InPlaceError> {
-        self.register_known(m, files, check, &HashSet::new(), open)
+        self.register_known(m, files, check, &HashMap::new(), open)
     }
 
-    /// As [`InPlace::register`], but a block `known` names where it lies (hashed at that place
-    /// of that file by this agent as it served it in flight) is not hashed again.
+    /// As [`InPlace::register`], but what `known` says was hashed of a block where it lies (by
+    /// this agent, at that place of that file, as it served it in flight) is not hashed again:
+    /// the whole block, or the pieces marked.
     pub fn register_known(
         &self,
         m: &Manifest,
         files: &[LocalFile],
         check: Check,
-        known: &HashSet<Checked>,
+        known: &HashMap<Checked, Hashed>,
         open: Opener<'_>,
     ) -> Result<usize, InPlaceError> {
         let mut ops = Vec::new();
@@ -147,14 +148,40 @@ impl InPlace {
                     offset,
                     hash,
                 };
-                if check == Check::Hashes && !known.contains(&hashed_here) {
-                    buf.resize(b.len as usize, 0);
-                    file.read_exact_at(&mut buf, offset)
-                        .map_err(|source| InPlaceError::Disk {
-                            path: f.disk_path.clone(),
-                            source,
-                        })?;
-                    if BlockHash::of(&buf) != hash {
+                if check == Check::Hashes {
+                    let read = |buf: &mut Vec<u8>, at: u64, len: u64| {
+                        buf.resize(len as usize, 0);
+                        file.read_exact_at(buf, at)
+                            .map_err(|source| InPlaceError::Disk {
+                                path: f.disk_path.clone(),
+                                source,
+                            })
+                    };
+                    let holds = match known.get(&hashed_here) {
+                        Some(Hashed::Whole) => true,
+                        Some(Hashed::Pieces { cut, cvs, done })
+                            if cut.len() == u64::from(b.len) =>
+                        {
+                            let mut holds = true;
+                            for (i, _) in (0..).zip(done).filter(|(_, &d)| !d) {
+                                let Some(r) = cut.range(i) else {
+                                    holds = false;
+                                    break;
+                                };
+                                read(&mut buf, offset + r.start, r.end - r.start)?;
+                                if !cut.check_piece(cvs, i, &buf) {
+                                    holds = false;
+                                    break;
+                                }
+                            }
+                            holds
+                        }
+                        _ => {
+                            read(&mut buf, offset, u64::from(b.len))?;
+                            BlockHash::of(&buf) == hash
+                        }
+                    };
+                    if !holds {
                         return Err(InPlaceError::NotItsBlock {
                             path: f.disk_path.clone(),
                             index,
@@ -554,7 +581,6 @@ mod tests {
     fn a_seed_hashes_only_what_was_not_hashed_as_it_was_served() {
         use super::super::in_flight::{InFlight, Place};
         use crate::proto::{BlockRef, FileEntry};
-        use std::collections::HashMap;
         use std::sync::Arc;
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("db"), &[CF_LOCAL, CF_SEEDS], &[]).unwrap();
@@ -638,6 +664,74 @@ mod tests {
             matches!(err, InPlaceError::NotItsBlock { index: 0, .. }),
             "{err}"
         );
+    }
+
+    /// Of a block whose pieces were partly hashed as they were served, a seed hashes the
+    /// others only.
+    #[test]
+    fn a_seed_hashes_the_pieces_not_hashed_as_they_were_served() {
+        use super::super::in_flight::Checked;
+        use crate::hash::subtree::Cut;
+        use crate::proto::{BlockRef, FileEntry};
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("db"), &[CF_LOCAL, CF_SEEDS], &[]).unwrap();
+        let p = InPlace::new(db);
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i * 5 % 249) as u8).collect();
+        let h = BlockHash::of(&data);
+        let path = dir.path().join("f");
+        std::fs::write(&path, &data).unwrap();
+        let m = Manifest {
+            entries: vec![FileEntry {
+                size: 200_000,
+                blocks: vec![BlockRef {
+                    hash: h.0.to_vec(),
+                    len: 200_000,
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let cut = Cut::new(200_000, 1 << 16).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        let at = Checked {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            offset: 0,
+            hash: h,
+        };
+        let known = HashMap::from([(
+            at,
+            Hashed::Pieces {
+                cut,
+                cvs: cut.cvs(&data).unwrap(),
+                done: vec![true, false, true, false],
+            },
+        )]);
+        let f = LocalFile {
+            entry_path: String::new(),
+            disk_path: path.display().to_string(),
+        };
+        let w = std::fs::File::options().write(true).open(&path).unwrap();
+        let seed = || {
+            p.register_known(
+                &m,
+                std::slice::from_ref(&f),
+                Check::Hashes,
+                &known,
+                &open_regular,
+            )
+        };
+        // A byte changed in piece 1, which was not hashed: found.
+        w.write_all_at(&[data[70_000] ^ 1], 70_000).unwrap();
+        assert!(matches!(
+            seed(),
+            Err(InPlaceError::NotItsBlock { index: 0, .. })
+        ));
+        // In piece 2, which was: not looked for again (and never served).
+        w.write_all_at(&data[70_000..70_001], 70_000).unwrap();
+        w.write_all_at(&[data[140_000] ^ 1], 140_000).unwrap();
+        assert_eq!(seed().unwrap(), 1);
+        assert!(p.find(&h).unwrap().is_none());
     }
 
     #[test]
