@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One tenant's work against another's publishes (issue 42): a 1-byte publish in namespace B,
-# timed as a whole `kt put` process, alone and while namespace A puts 1 GiB of fresh bytes;
-# and the publish of a key of 256 segments against one of 1 segment. Appends its table to
-# bench/RESULTS.md.
+# timed as a whole `kt put` process, alone, while namespace A puts 1 GiB of fresh bytes, and
+# while A publishes keys of 256 segments one after another; and the publish of a key of 256
+# segments against one of 2. Appends its table to bench/RESULTS.md.
 #
 #   bash bench/tenants.sh            # KT=path/to/kt (default target/debug/kt)
 set -euo pipefail
@@ -53,6 +53,27 @@ head -c 1G /dev/urandom >"$WORK/big"
 /usr/bin/time -f "%e" -o "$WORK/big.time" "$KT" put big --src "$WORK/big" -n tenant-a >/dev/null &
 during=$(publishes 3)
 wait %2 2>/dev/null || wait
+# A publishes 256-deep keys back to back (two at once) while B's publishes are timed.
+deep_loop() {
+    python3 - "$KT" "$WORK/one" "$1" <<'PY'
+import subprocess, sys, random, time
+kt, src, secs = sys.argv[1], sys.argv[2], float(sys.argv[3])
+n, t0 = 0, time.time()
+while time.time() - t0 < secs:
+    key = "/".join(["d%d" % random.getrandbits(40)] + ["a"] * 254 + ["f"])
+    subprocess.run([kt, "put", key, "--src", src, "-n", "tenant-a"], stdout=subprocess.DEVNULL, check=True)
+    n += 1
+print(n)
+PY
+}
+deep_loop 4 >"$WORK/deep1" &
+d1=$!
+deep_loop 4 >"$WORK/deep2" &
+d2=$!
+sleep 0.5
+during_deep=$(publishes 3)
+wait "$d1" "$d2"
+deep_count=$(($(cat "$WORK/deep1") + $(cat "$WORK/deep2")))
 flat=$(deep_publishes 2)
 deep=$(deep_publishes 256)
 deeper=$("$KT" put "$(python3 -c "print('/'.join(['a'] * 257))")" --src "$WORK/one" 2>&1 || true)
@@ -66,6 +87,7 @@ Every figure is a whole \`kt put\` process (start-up included), in ms: count, me
 |---|---|---|---|---|
 | 1-byte publish in B, alone | $(echo "$alone" | tr ' ' '|') |
 | 1-byte publish in B, while A puts 1 GiB ($(cat "$WORK/big.time") s) | $(echo "$during" | tr ' ' '|') |
+| 1-byte publish in B, while A publishes keys of 256 segments, two at a time ($deep_count in 4 s) | $(echo "$during_deep" | tr ' ' '|') |
 | publish of a key of 2 segments | $(echo "$flat" | tr ' ' '|') |
 | publish of a key of 256 segments | $(echo "$deep" | tr ' ' '|') |
 

@@ -482,6 +482,45 @@ fn an_agent_refuses_a_socket_directory_another_user_could_swap_its_socket_in() {
     assert!(a.socket.exists());
 }
 
+/// The manifest of one file of one block, `data`.
+fn one_block(data: &[u8]) -> ktfs::proto::Manifest {
+    use ktfs::proto::{BlockRef, EntryKind, FileEntry, Manifest};
+    Manifest {
+        block_size: 4 << 20,
+        entries: vec![FileEntry {
+            kind: EntryKind::File as i32,
+            size: data.len() as u64,
+            blocks: vec![BlockRef {
+                hash: blake3::hash(data).as_bytes().to_vec(),
+                len: data.len() as u32,
+            }],
+            mode: 0o644,
+            ..Default::default()
+        }],
+    }
+}
+
+/// A publish in place of `manifest`'s one file, at `path`, as `key` of namespace default.
+fn local_publish(
+    manifest: &ktfs::proto::Manifest,
+    key: &str,
+    path: &std::path::Path,
+) -> ktfs::proto::PublishLocalRequest {
+    use ktfs::proto::{LocalFile, PublishLocalRequest, PublishRequest};
+    PublishLocalRequest {
+        publish: Some(PublishRequest {
+            namespace: "default".into(),
+            key: key.into(),
+            manifest: Some(manifest.clone()),
+            ..Default::default()
+        }),
+        files: vec![LocalFile {
+            entry_path: String::new(),
+            disk_path: path.display().to_string(),
+        }],
+    }
+}
+
 /// A caller on an agent's socket acts with its own rights (issue 42, item 2): the agent, root,
 /// opens the files a caller names as that caller, so a user who cannot read a file cannot have
 /// the agent publish, seed or offer it (it once read `/etc/shadow` back a byte at a time this
@@ -489,10 +528,7 @@ fn an_agent_refuses_a_socket_directory_another_user_could_swap_its_socket_in() {
 /// unmounts. The socket is open to every user of the node.
 #[test]
 fn an_agent_opens_what_its_callers_name_with_their_rights_only() {
-    use ktfs::proto::{
-        BlockRef, EntryKind, FileEntry, LocalFile, Manifest, MountRequest, PublishLocalRequest,
-        PublishRequest, ReceiveEvent,
-    };
+    use ktfs::proto::{LocalFile, MountRequest, ReceiveEvent};
     use std::os::unix::fs::PermissionsExt;
     let c = Cluster::new("127.0.0.39");
     let node_dir = c.path("n1");
@@ -519,32 +555,9 @@ fn an_agent_opens_what_its_callers_name_with_their_rights_only() {
     let fifo_c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: mkfifo(3) with a valid C string.
     assert_eq!(unsafe { libc::mkfifo(fifo_c.as_ptr(), 0o666) }, 0);
-    let manifest = Manifest {
-        block_size: 4 << 20,
-        entries: vec![FileEntry {
-            kind: EntryKind::File as i32,
-            size: data.len() as u64,
-            blocks: vec![BlockRef {
-                hash: blake3::hash(&data).as_bytes().to_vec(),
-                len: data.len() as u32,
-            }],
-            mode: 0o644,
-            ..Default::default()
-        }],
-    };
+    let manifest = one_block(&data);
     let manifest_p = manifest.clone();
-    let publish = move |key: &str, path: &std::path::Path| PublishLocalRequest {
-        publish: Some(PublishRequest {
-            namespace: "default".into(),
-            key: key.into(),
-            manifest: Some(manifest_p.clone()),
-            ..Default::default()
-        }),
-        files: vec![LocalFile {
-            entry_path: String::new(),
-            disk_path: path.display().to_string(),
-        }],
-    };
+    let publish = move |key: &str, path: &std::path::Path| local_publish(&manifest_p, key, path);
     let sock = agent.socket.clone();
     let (secret_p, readable_p, fifo_p) = (secret.clone(), readable.clone(), fifo.clone());
     let manifest_r = manifest.clone();
@@ -619,9 +632,6 @@ fn an_agent_opens_what_its_callers_name_with_their_rights_only() {
 /// is in neither group: a file of group 4242 opens, one of group 4343 does not.
 #[test]
 fn a_caller_on_an_agents_socket_opens_files_with_the_groups_it_connected_with() {
-    use ktfs::proto::{
-        BlockRef, EntryKind, FileEntry, LocalFile, Manifest, PublishLocalRequest, PublishRequest,
-    };
     use std::os::unix::fs::{chown, PermissionsExt};
     let c = Cluster::new("127.0.0.216");
     let node_dir = c.path("n1");
@@ -639,31 +649,8 @@ fn a_caller_on_an_agents_socket_opens_files_with_the_groups_it_connected_with() 
         chown(path, Some(0), Some(group)).unwrap();
         fs::set_permissions(path, fs::Permissions::from_mode(0o640)).unwrap();
     }
-    let manifest = Manifest {
-        block_size: 4 << 20,
-        entries: vec![FileEntry {
-            kind: EntryKind::File as i32,
-            size: data.len() as u64,
-            blocks: vec![BlockRef {
-                hash: blake3::hash(&data).as_bytes().to_vec(),
-                len: data.len() as u32,
-            }],
-            mode: 0o644,
-            ..Default::default()
-        }],
-    };
-    let publish = move |key: &str, path: &std::path::Path| PublishLocalRequest {
-        publish: Some(PublishRequest {
-            namespace: "default".into(),
-            key: key.into(),
-            manifest: Some(manifest.clone()),
-            ..Default::default()
-        }),
-        files: vec![LocalFile {
-            entry_path: String::new(),
-            disk_path: path.display().to_string(),
-        }],
-    };
+    let manifest = one_block(&data);
+    let publish = move |key: &str, path: &std::path::Path| local_publish(&manifest, key, path);
     let sock = agent.socket.clone();
     let answers = std::thread::spawn(move || {
         // SAFETY: raw setgroups/setresgid/setresuid(2) of this thread alone, which ends after.
