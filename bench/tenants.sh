@@ -48,11 +48,32 @@ print(len(lat), "%.0f %.0f %.0f" % (lat[len(lat) // 2], lat[int(len(lat) * .99)]
 PY
 }
 
+# The store's own time per publish (its histogram), in buckets, counted since the last call:
+# "<=5ms <=10ms <=50ms <=100ms more".
+SCRAPED=
+server_share() {
+    local now
+    now=$(curl -s "http://$KT_SERVER/metrics" | sed -n 's/^kt_store_publish_seconds_bucket{le="\([^"]*\)"} \(.*\)/\1 \2/p')
+    python3 - "$SCRAPED" "$now" <<'PY'
+import sys
+def parse(t): return {l.split()[0]: float(l.split()[1]) for l in t.splitlines() if l.strip()}
+a, b = parse(sys.argv[1]), parse(sys.argv[2])
+d = {k: b[k] - a.get(k, 0) for k in b}
+edges = ["0.005", "0.01", "0.05", "0.1", "+Inf"]
+prev, out = 0, []
+for e in edges:
+    out.append("%d" % (d.get(e, 0) - prev)); prev = d.get(e, 0)
+print(" ".join(out))
+PY
+    SCRAPED=$now
+}
 alone=$(publishes 3)
 head -c 1G /dev/urandom >"$WORK/big"
+server_share >/dev/null
 /usr/bin/time -f "%e" -o "$WORK/big.time" "$KT" put big --src "$WORK/big" -n tenant-a >/dev/null &
 during=$(publishes 3)
 wait %2 2>/dev/null || wait
+during_server=$(server_share)
 # A publishes 256-deep keys back to back (two at once) while B's publishes are timed.
 deep_loop() {
     python3 - "$KT" "$WORK/one" "$1" <<'PY'
@@ -92,6 +113,10 @@ Every figure is a whole \`kt put\` process (start-up included), in ms: count, me
 | publish of a key of 256 segments | $(echo "$deep" | tr ' ' '|') |
 
 A key of 257 segments: \`$(echo "$deeper" | head -1)\`
+
+The store's own time for the publishes while A put 1 GiB (B's and A's one, from its
+\`kt_store_publish_seconds\` histogram): up to 5 ms, 5-10, 10-50, 50-100, over 100 ms:
+$(echo "$during_server" | tr ' ' '/').
 "
 echo "$table"
 echo "$table" >>bench/RESULTS.md

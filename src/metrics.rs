@@ -237,6 +237,11 @@ pub static FETCH_SECONDS: Histogram = Histogram::new(
     "",
     "Time of one fetch of a set of blocks from ordered sources.",
 );
+pub static PUBLISH_SECONDS: Histogram = Histogram::new(
+    "kt_store_publish_seconds",
+    "",
+    "Time the store server took to answer one publish of a key (a batch's publishes not counted).",
+);
 pub static FUSE_READ_SECONDS: Histogram = Histogram::new(
     "kt_fuse_op_seconds",
     "op=\"read\"",
@@ -301,8 +306,9 @@ static COUNTERS: [&Counter; 30] = [
     &AUTH_REFUSED,
 ];
 
-static HISTOGRAMS: [&Histogram; 7] = [
+static HISTOGRAMS: [&Histogram; 8] = [
     &FETCH_SECONDS,
+    &PUBLISH_SECONDS,
     &FUSE_READ_SECONDS,
     &FUSE_LOOKUP_SECONDS,
     &FUSE_OPEN_SECONDS,

@@ -365,6 +365,8 @@ fn metrics_need_no_credential_and_name_no_key(t: &Guarded) {
     assert!(metric(&server_metrics, "kt_dataplane_denied_total") >= 1.0);
     assert!(metric(&server_metrics, "kt_auth_refused_total") >= 3.0);
     assert_eq!(metric(&server_metrics, "kt_nodes_live"), 1.0);
+    // Each publish it answered is timed (the puts of the tests before this one).
+    assert!(metric(&server_metrics, "kt_store_publish_seconds_count") >= 1.0);
     let node_metrics = http_get(&t.agent.proc.addr, "/metrics");
     assert!(metric(&node_metrics, "kt_served_bytes_total") >= 300_000.0);
     assert!(metric(&node_metrics, "kt_cache_budget_bytes") > 0.0);

@@ -128,6 +128,7 @@ pub(super) async fn publish(
     handler: &StoreHandler,
     req: Request<PublishRequest>,
 ) -> Result<Response<PublishResponse>, Status> {
+    let _timed = crate::metrics::Timer::start(&crate::metrics::PUBLISH_SECONDS);
     let ns = namespace_for(&req, &req.get_ref().namespace)?;
     let caller = principal(&req)?;
     let r = req.into_inner();
