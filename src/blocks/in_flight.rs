@@ -76,7 +76,7 @@ struct Offer {
     /// Blocks received in pieces (a swarm's sub-block pieces), not yet whole: the pieces
     /// written and verified so far, served before the block is whole.
     pieces: HashMap<BlockHash, Pieces>,
-    /// Blocks hashed here, whole or every piece, as they were served.
+    /// Blocks hashed here whole as they were served.
     checked: HashSet<Checked>,
 }
 
@@ -210,7 +210,7 @@ impl InFlight {
             if !cut.check_piece(&cvs, index, &buf) {
                 return None;
             }
-            self.piece_checked(id, &place, *hash, (log2, &cvs), index);
+            self.piece_checked(id, hash, (log2, &cvs), index);
             Some(Piece {
                 index,
                 cvs,
@@ -219,29 +219,19 @@ impl InFlight {
         })
     }
 
-    /// Notes piece `index` of `hash` (pieces of `2^log2` bytes with values `cvs`) hashed at
-    /// `place` of offer `id`: once every piece is, the block is, since its values were checked
-    /// against its hash when they were given.
-    fn piece_checked(&self, id: u64, place: &Place, hash: BlockHash, of: (u8, &[Cv]), index: u32) {
-        let Some(c) = Checked::of(place, hash) else {
-            return;
-        };
+    /// Notes piece `index` of `hash` (pieces of `2^log2` bytes with values `cvs`) hashed in
+    /// offer `id`. A block whose pieces are all noted is as good as hashed whole: its values
+    /// were checked against its hash when they were given.
+    fn piece_checked(&self, id: u64, hash: &BlockHash, of: (u8, &[Cv]), index: u32) {
         let mut st = lock(&self.state);
-        let Some(o) = st.offers.get_mut(&id) else {
-            return;
-        };
-        let Some(p) = o
-            .pieces
-            .get_mut(&hash)
+        let done = st
+            .offers
+            .get_mut(&id)
+            .and_then(|o| o.pieces.get_mut(hash))
             .filter(|p| p.log2 == of.0 && p.cvs == of.1)
-        else {
-            return;
-        };
-        if let Some(done) = p.checked.get_mut(index as usize) {
+            .and_then(|p| p.checked.get_mut(index as usize));
+        if let Some(done) = done {
             *done = true;
-        }
-        if p.checked.iter().all(|&d| d) {
-            o.checked.insert(c);
         }
     }
 
@@ -250,11 +240,8 @@ impl InFlight {
         let st = lock(&self.state);
         let mut known = HashMap::new();
         for o in st.offers.values() {
-            for (hash, p) in &o.pieces {
+            for (hash, p) in o.pieces.iter().filter(|(_, p)| p.checked.contains(&true)) {
                 let place = o.expected.get(hash).and_then(|v| v.first());
-                if !p.checked.contains(&true) {
-                    continue;
-                }
                 if let Some(c) = place.and_then(|place| Checked::of(place, *hash)) {
                     known.insert(
                         c,
@@ -497,7 +484,7 @@ mod tests {
     }
 
     #[test]
-    fn a_block_is_known_hashed_once_every_piece_was_served() {
+    fn the_pieces_hashed_as_they_were_served_are_known() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         let data: Vec<u8> = (0..200_000u32).map(|i| (i * 3 % 253) as u8).collect();
@@ -527,17 +514,12 @@ mod tests {
             assert!(inf.read_piece(&h, 16, i).is_some());
             let mut done = vec![false; all.len()];
             done[..=i as usize].fill(true);
-            let known = inf.checked();
-            if done.iter().all(|&d| d) {
-                assert_eq!(known, HashMap::from([(at, Hashed::Whole)]));
-            } else {
-                let pieces = Hashed::Pieces {
-                    cut,
-                    cvs: cvs.clone(),
-                    done,
-                };
-                assert_eq!(known, HashMap::from([(at, pieces)]), "piece {i}");
-            }
+            let pieces = Hashed::Pieces {
+                cut,
+                cvs: cvs.clone(),
+                done,
+            };
+            assert_eq!(inf.checked(), HashMap::from([(at, pieces)]), "piece {i}");
         }
         // What an offer knew ends with it.
         inf.close(id);

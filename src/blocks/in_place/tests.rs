@@ -240,6 +240,24 @@ fn a_seed_hashes_the_pieces_not_hashed_as_they_were_served() {
     w.write_all_at(&[data[140_000] ^ 1], 140_000).unwrap();
     assert_eq!(seed().unwrap(), 1);
     assert!(p.find(&h).unwrap().is_none());
+    // Every piece hashed as it was served: nothing of the block is hashed again.
+    w.write_all_at(&[data[70_000] ^ 1], 70_000).unwrap();
+    let all = HashMap::from([(
+        at,
+        Hashed::Pieces {
+            cut,
+            cvs: cut.cvs(&data).unwrap(),
+            done: vec![true; 4],
+        },
+    )]);
+    let seeded = p.register_known(
+        &m,
+        std::slice::from_ref(&f),
+        Check::Hashes,
+        &all,
+        &open_regular,
+    );
+    assert_eq!(seeded.unwrap(), 1);
 }
 
 #[test]
