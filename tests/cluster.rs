@@ -821,7 +821,21 @@ fn authenticated_replicas_honour_each_others_tickets_and_a_mount_reads_through_t
         );
     };
     put(0);
-    put(1);
+    // A client that lists the standby first uploads its blocks to the standby's data plane
+    // (any replica takes them), on the owner's ticket, and publishes at the owner: the
+    // namespace's references to what it uploaded are the store's, not the standby's.
+    let standby_first = format!("{},{}", b.addr, a.addr);
+    let out = common::kt_env(
+        &standby_first,
+        &none,
+        &with_token,
+        &["put", "auth/k1", "--src", files[1].to_str().unwrap()],
+    );
+    assert!(
+        out.status.success(),
+        "a put through the standby: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for server in [&a.addr, &b.addr] {
         let out = common::kt_env(server, &none, &[("KT_TOKEN", "guess")], &["ls", "auth"]);
         assert!(
@@ -831,7 +845,6 @@ fn authenticated_replicas_honour_each_others_tickets_and_a_mount_reads_through_t
     }
     // A client that lists the standby first is sent to the owner for the key, and fetches the
     // blocks from the standby's data plane, on the ticket the owner gave.
-    let standby_first = format!("{},{}", b.addr, a.addr);
     let dest = dir.path().join("got");
     let out = common::kt_env(
         &standby_first,

@@ -51,6 +51,14 @@ pub enum BlockError {
     #[cfg(feature = "daemons")]
     #[error(transparent)]
     Objects(#[from] crate::objects::ObjectError),
+    /// The namespaces' references, where the metadata keeps them (cluster mode); `no_space`
+    /// where its engine is full.
+    #[error("block references: {source}")]
+    References {
+        no_space: bool,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl BlockError {
@@ -71,6 +79,7 @@ impl BlockError {
             BlockError::NoUploads => false,
             #[cfg(feature = "daemons")]
             BlockError::Objects(_) => false,
+            BlockError::References { no_space, .. } => *no_space,
         }
     }
 }

@@ -13,23 +13,85 @@
 //! without authentication since) has them rebuilt from its live keys when it starts with
 //! authentication (`MetaStore::rebuild_references`).
 
+use std::sync::Arc;
+
 use super::store::{StoreBlocks, CF_BLOCK_REFS};
 use super::BlockError;
-use crate::db::BatchOp;
+use crate::db::{BatchOp, Db};
 use crate::hash::{BlockHash, Scope};
 use crate::locks;
 
-/// A key of [`CF_BLOCK_REFS`] present once the references are complete: written after a
+/// Where a store keeps its references, each a key of 64 bytes (the scope, then the hash) with
+/// no value, beside the marker of [`COMPLETE`]: the store's own database (a single server,
+/// [`LocalRefs`]), or the metadata's table of them (`meta::references::TableRefs`), which
+/// every replica of a store on etcd reads and writes, so that a block uploaded to any replica
+/// counts at the owner's publish and a new owner finds them complete.
+pub trait RefTable: Send + Sync {
+    fn holds(&self, key: &[u8]) -> Result<bool, BlockError>;
+    /// Writes references of uploads: whichever server took them may, a replica that stands
+    /// by too (a reference says only that the namespace sent the block).
+    fn add(&self, keys: Vec<Vec<u8>>) -> Result<(), BlockError>;
+    /// Writes and deletes as the store's owner does (a rebuild, its marker, a collection), in
+    /// batches each applied whole.
+    fn change(&self, puts: Vec<Vec<u8>>, deletes: Vec<Vec<u8>>) -> Result<(), BlockError>;
+    /// Calls `f` with every key, the marker's too.
+    fn for_each(&self, f: &mut dyn FnMut(&[u8])) -> Result<(), BlockError>;
+}
+
+/// References in the store's own database.
+pub struct LocalRefs(pub Db);
+
+impl RefTable for LocalRefs {
+    fn holds(&self, key: &[u8]) -> Result<bool, BlockError> {
+        Ok(self.0.get(CF_BLOCK_REFS, key)?.is_some())
+    }
+
+    fn add(&self, keys: Vec<Vec<u8>>) -> Result<(), BlockError> {
+        self.change(keys, Vec::new())
+    }
+
+    fn change(&self, puts: Vec<Vec<u8>>, deletes: Vec<Vec<u8>>) -> Result<(), BlockError> {
+        let ops: Vec<BatchOp> = puts
+            .into_iter()
+            .map(|k| BatchOp::Put(CF_BLOCK_REFS, k, Vec::new()))
+            .chain(
+                deletes
+                    .into_iter()
+                    .map(|k| BatchOp::Delete(CF_BLOCK_REFS, k)),
+            )
+            .collect();
+        let mut ops = ops.into_iter().peekable();
+        while ops.peek().is_some() {
+            self.0.write(ops.by_ref().take(BATCH).collect())?;
+        }
+        Ok(())
+    }
+
+    fn for_each(&self, f: &mut dyn FnMut(&[u8])) -> Result<(), BlockError> {
+        self.0.for_each(CF_BLOCK_REFS, |k, _| {
+            f(k);
+            Ok(())
+        })?;
+        Ok(())
+    }
+}
+
+/// The references of a store in `db`, where no other table holds them.
+pub(super) fn local(db: &Db) -> Arc<dyn RefTable> {
+    Arc::new(LocalRefs(db.clone()))
+}
+
+/// A key of the references present once they are complete: written after a
 /// rebuild, removed by a start without authentication (whose uploads name no namespace). Not
 /// 64 bytes, so never a reference.
-const COMPLETE: &[u8] = b"complete";
-/// References written in one batch by a rebuild.
+pub const COMPLETE: &[u8] = b"complete";
+/// References written in one batch.
 const BATCH: usize = 4096;
 
-fn ref_key(scope: &Scope, hash: &BlockHash) -> [u8; 64] {
-    let mut k = [0u8; 64];
-    k[..32].copy_from_slice(&scope.0);
-    k[32..].copy_from_slice(&hash.0);
+fn ref_key(scope: &Scope, hash: &BlockHash) -> Vec<u8> {
+    let mut k = Vec::with_capacity(64);
+    k.extend_from_slice(&scope.0);
+    k.extend_from_slice(&hash.0);
     k
 }
 
@@ -38,7 +100,7 @@ impl StoreBlocks {
     /// about to upload or publish it).
     pub fn refers(&self, scope: &Scope, hash: &BlockHash) -> Result<bool, BlockError> {
         locks::lock(&self.touched_refs).touch((*scope, *hash));
-        Ok(self.db.get(CF_BLOCK_REFS, &ref_key(scope, hash))?.is_some())
+        self.refs.holds(&ref_key(scope, hash))
     }
 
     /// Stores a block uploaded for `scopes` (none: a server without authentication) and
@@ -61,11 +123,10 @@ impl StoreBlocks {
         if known && self.contains(hash)? {
             return Ok(());
         }
-        let refs = scopes
-            .iter()
-            .map(|s| BatchOp::Put(CF_BLOCK_REFS, ref_key(s, hash).to_vec(), Vec::new()))
-            .collect();
-        self.write_new(hash, data, refs)
+        self.write_new(hash, data)?;
+        // After the block: a reference never names a block that is not there.
+        self.refs
+            .add(scopes.iter().map(|s| ref_key(s, hash)).collect())
     }
 
     /// The blocks of `hashes` that `scope` may not name: those it does not reference and those
@@ -101,51 +162,30 @@ impl StoreBlocks {
 
     /// Whether the references are complete (see [`COMPLETE`]).
     pub fn references_complete(&self) -> Result<bool, BlockError> {
-        Ok(self.db.get(CF_BLOCK_REFS, COMPLETE)?.is_some())
+        self.refs.holds(COMPLETE)
     }
 
     /// Forgets every reference, the marker first: what a rebuild starts from, and what a start
     /// without authentication leaves (its uploads reference nothing).
     pub fn clear_references(&self) -> Result<usize, BlockError> {
-        self.db.delete(CF_BLOCK_REFS, COMPLETE)?;
+        self.refs.change(Vec::new(), vec![COMPLETE.to_vec()])?;
         let mut all = Vec::new();
-        self.db.for_each(CF_BLOCK_REFS, |k, _| {
-            all.push(k.to_vec());
-            Ok(())
-        })?;
+        self.refs.for_each(&mut |k| all.push(k.to_vec()))?;
         let n = all.len();
-        for chunk in all.chunks(BATCH) {
-            let ops = chunk
-                .iter()
-                .map(|k| BatchOp::Delete(CF_BLOCK_REFS, k.clone()))
-                .collect();
-            self.db.write(ops)?;
-        }
+        self.refs.change(Vec::new(), all)?;
         Ok(n)
     }
 
-    /// Writes references in batches; with `complete`, the marker after them.
+    /// Writes references as the owner; with `complete`, the marker after them.
     pub fn add_references(
         &self,
         refs: impl IntoIterator<Item = (Scope, BlockHash)>,
         complete: bool,
     ) -> Result<(), BlockError> {
-        let mut ops = Vec::with_capacity(BATCH);
-        for (s, h) in refs {
-            ops.push(BatchOp::Put(
-                CF_BLOCK_REFS,
-                ref_key(&s, &h).to_vec(),
-                Vec::new(),
-            ));
-            if ops.len() == BATCH {
-                self.db.write(std::mem::take(&mut ops))?;
-            }
-        }
+        let keys = refs.into_iter().map(|(s, h)| ref_key(&s, &h)).collect();
+        self.refs.change(keys, Vec::new())?;
         if complete {
-            ops.push(BatchOp::Put(CF_BLOCK_REFS, COMPLETE.to_vec(), Vec::new()));
-        }
-        if !ops.is_empty() {
-            self.db.write(ops)?;
+            self.refs.change(vec![COMPLETE.to_vec()], Vec::new())?;
         }
         Ok(())
     }
@@ -155,16 +195,14 @@ impl StoreBlocks {
         &self,
         mut f: impl FnMut(Scope, BlockHash),
     ) -> Result<(), BlockError> {
-        self.db.for_each(CF_BLOCK_REFS, |k, _| {
+        self.refs.for_each(&mut |k| {
             if let (Some(s), Some(h)) = (
                 k.get(..32).and_then(Scope::from_slice),
                 k.get(32..).and_then(BlockHash::from_slice),
             ) {
                 f(s, h);
             }
-            Ok(())
-        })?;
-        Ok(())
+        })
     }
 
     /// Whether a reference was written or asked about since the start of the previous pass of
@@ -174,13 +212,7 @@ impl StoreBlocks {
     }
 
     pub fn remove_references(&self, refs: &[(Scope, BlockHash)]) -> Result<(), BlockError> {
-        for chunk in refs.chunks(BATCH) {
-            let ops = chunk
-                .iter()
-                .map(|(s, h)| BatchOp::Delete(CF_BLOCK_REFS, ref_key(s, h).to_vec()))
-                .collect();
-            self.db.write(ops)?;
-        }
-        Ok(())
+        let keys = refs.iter().map(|(s, h)| ref_key(s, h)).collect();
+        self.refs.change(Vec::new(), keys)
     }
 }

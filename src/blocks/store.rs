@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use bytes::Bytes;
 
 use super::files::{BlockFiles, MIN_FILE_BLOCK};
+use super::refs::RefTable;
 use super::touched::Touched;
 use super::{BlockError, BlockServe, Served};
 use crate::db::{BatchOp, Db};
@@ -44,6 +45,8 @@ pub struct StoreBlocks {
     touched: Mutex<Touched<BlockHash>>,
     /// References written or asked about lately, which garbage collection keeps too.
     pub(super) touched_refs: Mutex<Touched<(Scope, BlockHash)>>,
+    /// Where the namespaces' references are (see `refs`).
+    pub(super) refs: Arc<dyn RefTable>,
 }
 
 /// Where the blocks' bytes are.
@@ -95,11 +98,19 @@ impl StoreBlocks {
 
     fn at(db: Db, place: Place) -> Self {
         StoreBlocks {
+            refs: super::refs::local(&db),
             db,
             place,
             touched: Mutex::new(Touched::default()),
             touched_refs: Mutex::new(Touched::default()),
         }
+    }
+
+    /// The same blocks, their references in `refs` (the metadata's table, which every replica
+    /// of a store shares) rather than in the store's own database.
+    pub fn with_references(mut self, refs: Arc<dyn RefTable>) -> Self {
+        self.refs = refs;
+        self
     }
 
     /// Whether the blocks' place answers now: an object store's one listing; a disk does.
@@ -126,25 +137,16 @@ impl StoreBlocks {
         if self.contains(hash)? {
             return Ok(());
         }
-        self.write_new(hash, data, Vec::new())
+        self.write_new(hash, data)
     }
 
-    /// Writes a block whether or not it is here already, with `also` (written after a block
-    /// file, with a small block's entries).
-    pub(super) fn write_new(
-        &self,
-        hash: &BlockHash,
-        data: &[u8],
-        also: Vec<BatchOp>,
-    ) -> Result<(), BlockError> {
+    /// Writes a block whether or not it is here already.
+    pub(super) fn write_new(&self, hash: &BlockHash, data: &[u8]) -> Result<(), BlockError> {
         locks::lock(&self.touched).touch(*hash);
         let disk = match &self.place {
             Place::Disk(d) => d,
             Place::Objects(o) => {
                 o.put(&object_name(hash), Bytes::copy_from_slice(data))?;
-                if !also.is_empty() {
-                    self.db.write(also)?;
-                }
                 return Ok(());
             }
         };
@@ -153,12 +155,10 @@ impl StoreBlocks {
         // Small blocks go to RocksDB with the WAL, so many small files do not each force a sync
         // on publish.
         if data.len() < MIN_FILE_BLOCK {
-            let mut ops = vec![
+            return Ok(self.db.write(vec![
                 BatchOp::Put(CF_BLOCKS, k.to_vec(), data.to_vec()),
                 BatchOp::Put(CF_BLOCK_INDEX, k.to_vec(), len.to_vec()),
-            ];
-            ops.extend(also);
-            return Ok(self.db.write(ops)?);
+            ])?);
         }
         {
             let _gate = locks::read(&disk.write_gate);
@@ -166,9 +166,6 @@ impl StoreBlocks {
                 .write(hash, data)
                 .map_err(|e| disk.files.error(e))?;
             locks::lock(&disk.unindexed).insert(*hash, data.len() as u32);
-        }
-        if !also.is_empty() {
-            self.db.write(also)?;
         }
         Ok(())
     }

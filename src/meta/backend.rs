@@ -4,6 +4,8 @@
 //! distributed KV such as etcd can take its place behind the same trait, never a home-made
 //! consensus.
 
+use std::sync::Arc;
+
 pub use crate::db::Step;
 use crate::db::{BatchOp, Db};
 
@@ -22,6 +24,9 @@ pub enum Table {
     Inodes,
     /// `stamp number` -> what garbage collection buried then (`meta::graveyard`).
     Graveyard,
+    /// `scope hash` -> nothing: a namespace references a block (`blocks::refs`). Any replica
+    /// of a store writes them (the one that took the upload), not the owner alone.
+    BlockRefs,
 }
 
 /// One write of an atomic batch.
@@ -79,6 +84,12 @@ pub trait MetaBackend: Send + Sync + 'static {
     fn commit(&self, changes: Vec<Vec<Op>>) -> Result<(), BackendError> {
         self.write_synced(changes.concat())
     }
+    /// Applies `ops` as a write any replica may make, the owner or one standing by: entries
+    /// that hold whoever writes them (a namespace's reference to a block it uploaded). Each
+    /// op on its own; durable when it returns.
+    fn write_shared(&self, ops: Vec<Op>) -> Result<(), BackendError> {
+        self.write_synced(ops)
+    }
     /// Whether the backend answers now (a remote engine's one request); a local one always
     /// does. A store server is ready while it does.
     fn check(&self) -> Result<(), BackendError> {
@@ -86,50 +97,65 @@ pub trait MetaBackend: Send + Sync + 'static {
     }
 }
 
-/// A boxed backend is one: the store server picks its backend where it starts.
-impl<T: MetaBackend + ?Sized> MetaBackend for Box<T> {
-    fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
-        (**self).get(table, key)
-    }
+/// A boxed backend is one (the store server picks its backend where it starts), and so is a
+/// shared one (a replica's references reach the tables the metadata writes).
+macro_rules! forward_backend {
+    ($ptr:ident) => {
+        impl<T: MetaBackend + ?Sized> MetaBackend for $ptr<T> {
+            fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
+                (**self).get(table, key)
+            }
 
-    fn scan_prefix(&self, table: Table, prefix: &[u8]) -> Result<Vec<KeyValue>, BackendError> {
-        (**self).scan_prefix(table, prefix)
-    }
+            fn scan_prefix(
+                &self,
+                table: Table,
+                prefix: &[u8],
+            ) -> Result<Vec<KeyValue>, BackendError> {
+                (**self).scan_prefix(table, prefix)
+            }
 
-    fn for_each(&self, table: Table, f: &mut Visit<'_>) -> Result<(), BackendError> {
-        (**self).for_each(table, f)
-    }
+            fn for_each(&self, table: Table, f: &mut Visit<'_>) -> Result<(), BackendError> {
+                (**self).for_each(table, f)
+            }
 
-    fn walk_from(
-        &self,
-        table: Table,
-        prefix: &[u8],
-        span: (&[u8], Option<&[u8]>),
-        f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
-    ) -> Result<(), BackendError> {
-        (**self).walk_from(table, prefix, span, f)
-    }
+            fn walk_from(
+                &self,
+                table: Table,
+                prefix: &[u8],
+                span: (&[u8], Option<&[u8]>),
+                f: &mut dyn FnMut(&[u8], &[u8]) -> Step,
+            ) -> Result<(), BackendError> {
+                (**self).walk_from(table, prefix, span, f)
+            }
 
-    fn write(&self, ops: Vec<Op>) -> Result<(), BackendError> {
-        (**self).write(ops)
-    }
+            fn write(&self, ops: Vec<Op>) -> Result<(), BackendError> {
+                (**self).write(ops)
+            }
 
-    fn write_synced(&self, ops: Vec<Op>) -> Result<(), BackendError> {
-        (**self).write_synced(ops)
-    }
+            fn write_synced(&self, ops: Vec<Op>) -> Result<(), BackendError> {
+                (**self).write_synced(ops)
+            }
 
-    fn flush(&self) -> Result<(), BackendError> {
-        (**self).flush()
-    }
+            fn write_shared(&self, ops: Vec<Op>) -> Result<(), BackendError> {
+                (**self).write_shared(ops)
+            }
 
-    fn commit(&self, changes: Vec<Vec<Op>>) -> Result<(), BackendError> {
-        (**self).commit(changes)
-    }
+            fn flush(&self) -> Result<(), BackendError> {
+                (**self).flush()
+            }
 
-    fn check(&self) -> Result<(), BackendError> {
-        (**self).check()
-    }
+            fn commit(&self, changes: Vec<Vec<Op>>) -> Result<(), BackendError> {
+                (**self).commit(changes)
+            }
+
+            fn check(&self) -> Result<(), BackendError> {
+                (**self).check()
+            }
+        }
+    };
 }
+forward_backend!(Box);
+forward_backend!(Arc);
 
 pub const CF_KEYS: &str = "keys";
 pub const CF_MANIFESTS: &str = "manifests";
@@ -155,6 +181,8 @@ fn family(t: Table) -> &'static str {
         Table::Attrs => CF_ATTRS,
         Table::Inodes => CF_FILE_INODES,
         Table::Graveyard => CF_GRAVEYARD,
+        // Beside the blocks, in the same database (`blocks::store::FAMILIES`).
+        Table::BlockRefs => crate::blocks::store::CF_BLOCK_REFS,
     }
 }
 

@@ -42,6 +42,8 @@ mod gc_tests;
 #[cfg(test)]
 mod list_tests;
 #[cfg(test)]
+mod references_tests;
+#[cfg(test)]
 mod tests;
 
 pub use backend::{BackendError, MetaBackend, FAMILIES};
@@ -50,7 +52,7 @@ pub use error::MetaError;
 pub use publish::Publish;
 pub use reads::Page;
 pub(crate) use reads::View;
-pub use references::Rebuilt;
+pub use references::{Rebuilt, TableRefs};
 pub use resolve::Resolved;
 pub use store::MetaStore;
 pub use txn::Loc;

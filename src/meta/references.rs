@@ -4,17 +4,70 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message;
 
-use super::backend::Table;
+use super::backend::{BackendError, MetaBackend, Op, Table};
+use super::commit::{refusal, Refusal};
 use super::error::MetaError;
 use super::store::MetaStore;
+use crate::blocks::refs::RefTable;
+use crate::blocks::BlockError;
 use crate::hash::{BlockHash, Scope, Version};
 use crate::key::Namespace;
 use crate::manifest::{self, Manifest};
 use crate::proto::KeyRecord;
+
+/// The references in the metadata's own table ([`Table::BlockRefs`]): on an engine every
+/// replica shares, so that an upload any replica took counts at the owner's publish, and a
+/// new owner finds them as the last one left them (no rebuild from every key at a takeover).
+pub struct TableRefs(pub Arc<dyn MetaBackend>);
+
+fn refs_error(e: BackendError) -> BlockError {
+    BlockError::References {
+        no_space: refusal(&e) == Some(Refusal::NoSpace),
+        source: Box::new(e),
+    }
+}
+
+impl RefTable for TableRefs {
+    fn holds(&self, key: &[u8]) -> Result<bool, BlockError> {
+        let got = self.0.get(Table::BlockRefs, key).map_err(refs_error)?;
+        Ok(got.is_some())
+    }
+
+    fn add(&self, keys: Vec<Vec<u8>>) -> Result<(), BlockError> {
+        let ops = keys
+            .into_iter()
+            .map(|k| Op::Put(Table::BlockRefs, k, Vec::new()))
+            .collect();
+        self.0.write_shared(ops).map_err(refs_error)
+    }
+
+    fn change(&self, puts: Vec<Vec<u8>>, deletes: Vec<Vec<u8>>) -> Result<(), BlockError> {
+        let changes = puts
+            .into_iter()
+            .map(|k| Op::Put(Table::BlockRefs, k, Vec::new()))
+            .chain(deletes.into_iter().map(|k| Op::Delete(Table::BlockRefs, k)))
+            .map(|op| vec![op])
+            .collect::<Vec<_>>();
+        match changes.is_empty() {
+            true => Ok(()),
+            false => self.0.commit(changes).map_err(refs_error),
+        }
+    }
+
+    fn for_each(&self, f: &mut dyn FnMut(&[u8])) -> Result<(), BlockError> {
+        self.0
+            .for_each(Table::BlockRefs, &mut |k, _| {
+                f(k);
+                Ok(())
+            })
+            .map_err(refs_error)
+    }
+}
 
 /// What a rebuild did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

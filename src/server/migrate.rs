@@ -127,10 +127,9 @@ async fn open_engines(
         return Err(MigrateError::Bad("no object store named".into()));
     };
     let blocks = StoreBlocks::on_objects(db.clone(), objects.clone());
-    Ok((
-        blocks,
-        open_backend(&spec.meta, db.clone(), Some(objects), None).await?,
-    ))
+    // The references travel as a table (below); the copy of the blocks writes none.
+    let (backend, _refs) = open_backend(&spec.meta, db.clone(), Some(objects), None).await?;
+    Ok((blocks, backend))
 }
 
 /// A migration copies a store no server writes: one a replica owns (its owner key is held) is
@@ -194,6 +193,7 @@ fn copy_tables(
         Table::Keys,
         Table::Locations,
         Table::Graveyard,
+        Table::BlockRefs,
     ] {
         let mut batch: Vec<Vec<Op>> = Vec::with_capacity(BATCH);
         source.for_each(table, &mut |k, v| {

@@ -228,14 +228,6 @@ impl StoreServerProcess {
                 addr: listen.to_string(),
                 source,
             })?;
-        let blocks = Arc::new(match &objects {
-            Some(o) => StoreBlocks::on_objects(db.clone(), o.clone()),
-            None => {
-                let files = BlockFiles::open(&data_dir.join("blocks")).map_err(dir_err)?;
-                StoreBlocks::new(db.clone(), files)
-            }
-        });
-        blocks.index_old_blocks()?;
         let election = match &spec.meta {
             MetaSpec::Local => None,
             MetaSpec::Etcd(url) => Some(Election {
@@ -245,7 +237,20 @@ impl StoreServerProcess {
         };
         let fence = election.as_ref().map(|e| e.fence.clone());
         let shared_blocks = objects.is_some();
-        let backend = spec::open_backend(&spec.meta, db, objects, fence).await?;
+        let (backend, refs) =
+            spec::open_backend(&spec.meta, db.clone(), objects.clone(), fence).await?;
+        let mut blocks = match &objects {
+            Some(o) => StoreBlocks::on_objects(db, o.clone()),
+            None => {
+                let files = BlockFiles::open(&data_dir.join("blocks")).map_err(dir_err)?;
+                StoreBlocks::new(db, files)
+            }
+        };
+        if let Some(refs) = refs {
+            blocks = blocks.with_references(refs);
+        }
+        let blocks = Arc::new(blocks);
+        blocks.index_old_blocks()?;
         let mut meta = MetaStore::new(backend, blocks, lease, clock.clone());
         if let MetaSpec::Etcd(url) = &spec.meta {
             meta = meta.sharing_nodes(Arc::new(EtcdNodes::new(url)?));

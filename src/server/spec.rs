@@ -3,9 +3,11 @@
 
 use std::sync::Arc;
 
+use crate::blocks::refs::RefTable;
 use crate::db::Db;
 use crate::meta::backend::MetaBackend;
 use crate::meta::engine::{EngineError, EngineTables, EtcdEngine, EtcdUrl, Fence, ObjectManifests};
+use crate::meta::TableRefs;
 use crate::objects::{ObjectError, ObjectUrl, Objects};
 
 /// What the metadata engine or the object store answered when they were opened.
@@ -56,13 +58,15 @@ pub(super) async fn open_objects(spec: &StoreSpec) -> Result<Option<Arc<Objects>
 }
 
 /// The metadata backend `meta` names (RocksDB: `db`), its manifests in `objects` if given;
-/// on an engine several replicas may serve, writing only while `fence` holds.
+/// on an engine several replicas may serve, writing only while `fence` holds. With it, where
+/// the namespaces' block references go: the engine's table of them, which every replica
+/// shares (`None`: the blocks' own database, beside the metadata).
 pub(super) async fn open_backend(
     meta: &MetaSpec,
     db: Db,
     objects: Option<Arc<Objects>>,
     fence: Option<Arc<Fence>>,
-) -> Result<Box<dyn MetaBackend>, OpenError> {
+) -> Result<(Box<dyn MetaBackend>, Option<Arc<dyn RefTable>>), OpenError> {
     let tables = match meta {
         MetaSpec::Local => None,
         MetaSpec::Etcd(url) => {
@@ -71,16 +75,20 @@ pub(super) async fn open_backend(
             let tables = tokio::task::spawn_blocking(move || EngineTables::connect(connect))
                 .await
                 .map_err(EngineError::other)??;
-            Some(match fence {
+            Some(Arc::new(match fence {
                 Some(f) => tables.fenced(f),
                 None => tables,
-            })
+            }))
         }
     };
-    Ok(match (tables, objects) {
+    let refs = tables
+        .clone()
+        .map(|t| Arc::new(TableRefs(t)) as Arc<dyn RefTable>);
+    let backend: Box<dyn MetaBackend> = match (tables, objects) {
         (None, None) => Box::new(db),
         (None, Some(o)) => Box::new(ObjectManifests::new(db, o)),
         (Some(t), None) => Box::new(t),
         (Some(t), Some(o)) => Box::new(ObjectManifests::new(t, o)),
-    })
+    };
+    Ok((backend, refs))
 }

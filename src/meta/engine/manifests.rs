@@ -254,6 +254,11 @@ impl<B: MetaBackend> MetaBackend for ObjectManifests<B> {
         self.delete(deletes)
     }
 
+    fn write_shared(&self, ops: Vec<Op>) -> Result<(), BackendError> {
+        // No manifest is ever one of them.
+        self.inner.write_shared(ops)
+    }
+
     fn flush(&self) -> Result<(), BackendError> {
         self.inner.flush()
     }

@@ -103,6 +103,7 @@ fn tag(table: Table) -> u8 {
         Table::Attrs => b'a',
         Table::Inodes => b'i',
         Table::Graveyard => b'g',
+        Table::BlockRefs => b'r',
     }
 }
 
@@ -359,7 +360,9 @@ fn on<T: Send + 'static>(
 impl MetaBackend for EngineTables {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
         let key = engine_key(table, key);
-        let known = self.claim().map(|claim| self.owned.get(claim, &key));
+        // What other replicas write too is never known from the owner's memory.
+        let owned = self.claim().filter(|_| table != Table::BlockRefs);
+        let known = owned.map(|claim| self.owned.get(claim, &key));
         let ticket = match known {
             Some(Lookup::Known(value)) => return Ok(value),
             Some(Lookup::Read(ticket)) => Some(ticket),
@@ -410,6 +413,12 @@ impl MetaBackend for EngineTables {
 
     fn write_synced(&self, ops: Vec<Op>) -> Result<(), BackendError> {
         self.commit(vec![ops])
+    }
+
+    /// Unfenced: a replica that stands by writes these too. Each op a change of its own.
+    fn write_shared(&self, ops: Vec<Op>) -> Result<(), BackendError> {
+        let changes = ops.into_iter().map(|op| vec![op]).collect();
+        self.send(Self::pack(changes, None).map_err(backend_err)?, None)
     }
 
     fn flush(&self) -> Result<(), BackendError> {
