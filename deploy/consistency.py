@@ -45,9 +45,9 @@ KT_IMAGE = "ktfs/kt"
 SIDECAR_REGISTRY = "registry.k8s.io/sig-storage/"
 KUBELET_PLUGINS = "/var/lib/kubelet/plugins"
 # What kt-csi takes from a StorageClass (csi/src/volume.rs); it refuses any other key.
-CLASS_PARAMETERS = {"namespace", "prefix", "locale", "shareWithNamespaces"}
+CLASS_PARAMETERS = {"namespace", "prefix", "locale", "shareWithNamespaces", "staleReads"}
 # What an inline volume may say: its namespace is its pod's, and it grants nothing.
-INLINE_ATTRIBUTES = {"namespace", "prefix", "locale"}
+INLINE_ATTRIBUTES = {"namespace", "prefix", "locale", "staleReads"}
 
 
 # --- the checks -----------------------------------------------------------------------------

@@ -32,6 +32,8 @@ use crate::mounts::{self, MountError, Probe};
 /// How long a stat of a namespace mount may take before it counts as hung.
 const RESPONSE_LIMIT: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(50);
+/// Ends the mount point of a namespace's mount with stale reads.
+pub const STALE_SUFFIX: &str = "@stale-reads";
 
 #[derive(Debug, Clone)]
 pub struct AgentsConfig {
@@ -149,8 +151,15 @@ impl Agents {
         &self.cfg
     }
 
-    pub fn mountpoint(&self, ns: &str) -> PathBuf {
-        self.cfg.state_dir.join("mounts").join(ns)
+    /// Where namespace `ns` is mounted: one mount of it for the volumes that read stale
+    /// while no store server answers, another for the rest (a mount's semantics are the
+    /// whole mount's; `@` is in no namespace name, so the two never meet another's).
+    pub fn mountpoint(&self, ns: &str, stale_reads: bool) -> PathBuf {
+        let name = match stale_reads {
+            false => ns.to_string(),
+            true => format!("{ns}{STALE_SUFFIX}"),
+        };
+        self.cfg.state_dir.join("mounts").join(name)
     }
 
     pub fn log_path(&self) -> PathBuf {
@@ -183,10 +192,10 @@ impl Agents {
     /// node agent is started first if it does not answer. Blocking; calls for one namespace
     /// wait for each other, and a call that starts the node agent holds up the others that
     /// need it until it answers.
-    pub fn ensure(&self, ns: &str) -> Result<PathBuf, AgentError> {
+    pub fn ensure(&self, ns: &str, stale_reads: bool) -> Result<PathBuf, AgentError> {
         let ns_lock = self.namespace_lock(ns);
         let _ns = take(&ns_lock);
-        let mp = self.mountpoint(ns);
+        let mp = self.mountpoint(ns, stale_reads);
         match mounts::lookup(&mp)? {
             Some(e) if e.is_ktfs(ns) => match mounts::probe(&mp, RESPONSE_LIMIT) {
                 Probe::Answers => return Ok(mp),
@@ -219,7 +228,7 @@ impl Agents {
                 self.start_agent()?;
             }
         }
-        self.attach(ns, &mp)?;
+        self.attach(ns, &mp, stale_reads)?;
         Ok(mp)
     }
 
@@ -228,12 +237,13 @@ impl Agents {
     }
 
     /// Asks the node agent to mount `ns` at `mp` (`kt attach`), and checks the mount table.
-    fn attach(&self, ns: &str, mp: &Path) -> Result<(), AgentError> {
+    fn attach(&self, ns: &str, mp: &Path, stale_reads: bool) -> Result<(), AgentError> {
         std::fs::create_dir_all(mp).map_err(io(format!("creating {}", mp.display())))?;
         let out = Command::new(&self.cfg.kt)
             .arg("attach")
             .arg(mp)
             .args(["--namespace", ns])
+            .args(stale_reads.then_some("--stale-reads"))
             .arg("--agent")
             .arg(self.socket_path())
             .env("NO_COLOR", "1")
@@ -428,7 +438,7 @@ mod tests {
 
     /// What the spawned `kt keeper` was given, and the agent's part of it (after `--`).
     fn spawned(dir: &Path, agents: &Agents) -> (Vec<String>, Vec<String>) {
-        let err = agents.ensure("team").unwrap_err();
+        let err = agents.ensure("team", false).unwrap_err();
         assert!(matches!(err, AgentError::Exited { .. }), "{err}");
         let argv: Vec<String> = std::fs::read_to_string(dir.join("argv"))
             .unwrap()

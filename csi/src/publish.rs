@@ -51,7 +51,7 @@ pub fn publish(
     readonly: bool,
 ) -> Result<(), PublishError> {
     let target = mounts::normalize(target);
-    let ns_mount = agents.ensure(&spec.namespace)?;
+    let ns_mount = agents.ensure(&spec.namespace, spec.stale_reads)?;
     if let Some(existing) = mounts::lookup(&target)? {
         let same = existing.is_ktfs(&spec.namespace)
             && existing.root == Path::new("/").join(&spec.prefix)

@@ -21,6 +21,9 @@ pub const PREFIX: &str = "prefix";
 pub const LOCALE: &str = "locale";
 /// The pod namespaces besides its own that may mount a volume: a comma-separated list, or `*`.
 pub const SHARE: &str = "shareWithNamespaces";
+/// `"true"`: with no store server reachable, the volume goes on reading what its node holds,
+/// read-only (`kt mount --stale-reads`); `"false"` or absent: such reads fail.
+pub const STALE_READS: &str = "staleReads";
 /// Set by the kubelet in the volume context of a CSI ephemeral inline volume.
 pub const EPHEMERAL: &str = "csi.storage.k8s.io/ephemeral";
 /// Set by the kubelet in every volume context when the CSIDriver has `podInfoOnMount`.
@@ -55,7 +58,9 @@ pub enum VolumeError {
     BadId(String),
     #[error("bad {SHARE} {0:?}: a comma-separated list of namespaces, or \"*\"")]
     BadShare(String),
-    #[error("unknown parameter {0:?} (known: namespace, prefix, locale, {SHARE})")]
+    #[error("bad {STALE_READS} {0:?}: true or false")]
+    BadStaleReads(String),
+    #[error("unknown parameter {0:?} (known: namespace, prefix, locale, {SHARE}, {STALE_READS})")]
     UnknownParameter(String),
     #[error("an ephemeral volume needs the attribute \"prefix\"")]
     MissingPrefix,
@@ -100,13 +105,15 @@ impl Locale {
 
 /// A volume: `prefix` inside namespace `namespace`, files written into it published with
 /// `locale` unless a directory below says otherwise. Pods of namespace `namespace` may mount
-/// it, and those of the namespaces in `share` (`*`: all).
+/// it, and those of the namespaces in `share` (`*`: all). With `stale_reads` it is served by
+/// the namespace's mount that keeps reading while no store server answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeSpec {
     pub namespace: String,
     pub prefix: String,
     pub locale: Locale,
     pub share: BTreeSet<String>,
+    pub stale_reads: bool,
 }
 
 fn non_empty<'a>(map: &'a HashMap<String, String>, key: &str) -> Option<&'a str> {
@@ -120,6 +127,7 @@ impl VolumeSpec {
             prefix: check_prefix(prefix)?,
             locale,
             share: BTreeSet::new(),
+            stale_reads: false,
         })
     }
 
@@ -131,7 +139,7 @@ impl VolumeSpec {
         params: &HashMap<String, String>,
     ) -> Result<Self, VolumeError> {
         for k in params.keys() {
-            if ![NAMESPACE, PREFIX, LOCALE, SHARE].contains(&k.as_str())
+            if ![NAMESPACE, PREFIX, LOCALE, SHARE, STALE_READS].contains(&k.as_str())
                 && !k.starts_with(K8S_PREFIX)
             {
                 return Err(VolumeError::UnknownParameter(k.clone()));
@@ -147,6 +155,7 @@ impl VolumeSpec {
         let locale = Locale::parse(params.get(LOCALE).map(String::as_str).unwrap_or(""))?;
         Ok(VolumeSpec {
             share: parse_share(params.get(SHARE).map(String::as_str).unwrap_or(""))?,
+            stale_reads: parse_stale_reads(params)?,
             ..Self::new(namespace, &prefix, locale)?
         })
     }
@@ -206,7 +215,11 @@ impl VolumeSpec {
                      an inline volume mounts its pod's namespace only"
                 )));
             }
-            return Self::new(&pod_ns, prefix.ok_or(VolumeError::MissingPrefix)?, locale);
+            // How the pod's own mount reads is the pod author's to choose.
+            return Ok(VolumeSpec {
+                stale_reads: parse_stale_reads(ctx)?,
+                ..Self::new(&pod_ns, prefix.ok_or(VolumeError::MissingPrefix)?, locale)?
+            });
         }
         let mut spec = match prefix {
             // A context that names no namespace means the pod's, as a StorageClass that names
@@ -220,6 +233,7 @@ impl VolumeSpec {
             },
         };
         spec.share = parse_share(ctx.get(SHARE).map(String::as_str).unwrap_or(""))?;
+        spec.stale_reads = parse_stale_reads(ctx)?;
         if !spec.mountable_from(&pod_ns) {
             return Err(VolumeError::Denied(format!(
                 "volume {} is in namespace {:?}; a pod in namespace {pod_ns:?} may mount it \
@@ -249,7 +263,8 @@ impl VolumeSpec {
     }
 
     /// A stable, ordered form for comparing requests. `shareWithNamespaces` is there only when
-    /// it names a namespace, so the records of volumes made before it compare as they did.
+    /// it names a namespace, and `staleReads` only when on, so the records of volumes made
+    /// before them compare as they did.
     pub fn fields(&self) -> BTreeMap<&'static str, String> {
         let mut fields = BTreeMap::from([
             (NAMESPACE, self.namespace.clone()),
@@ -262,7 +277,19 @@ impl VolumeSpec {
                 self.share.iter().cloned().collect::<Vec<_>>().join(","),
             );
         }
+        if self.stale_reads {
+            fields.insert(STALE_READS, "true".to_string());
+        }
         fields
+    }
+}
+
+/// `staleReads` of a StorageClass or a volume context: `true`, `false`, or absent (off).
+fn parse_stale_reads(map: &HashMap<String, String>) -> Result<bool, VolumeError> {
+    match map.get(STALE_READS).map(|s| s.trim()) {
+        None | Some("" | "false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(VolumeError::BadStaleReads(other.to_string())),
     }
 }
 
@@ -424,6 +451,47 @@ mod tests {
                 Err(VolumeError::BadShare(bad.to_string()))
             );
         }
+    }
+
+    /// `staleReads` travels from the class to the context a publish reads, and an inline
+    /// volume's attributes set it for their pod's mount.
+    #[test]
+    fn stale_reads_is_parsed_and_carried_in_the_context() {
+        let on = VolumeSpec::from_parameters(
+            "pvc-1",
+            &map(&[("namespace", "team-a"), (STALE_READS, "true")]),
+        )
+        .unwrap();
+        assert!(on.stale_reads);
+        assert_eq!(on.context()[STALE_READS], "true");
+        let off = VolumeSpec::from_parameters(
+            "pvc-1",
+            &map(&[("namespace", "team-a"), (STALE_READS, "false")]),
+        )
+        .unwrap();
+        assert!(!off.stale_reads && !off.context().contains_key(STALE_READS));
+        let fields = on.fields();
+        let ctx: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let ctx = pod("team-a", false, &ctx);
+        assert!(
+            VolumeSpec::from_publish(&on.id(), &ctx)
+                .unwrap()
+                .stale_reads
+        );
+        let inline = pod(
+            "team-a",
+            true,
+            &[(PREFIX, "scratch"), (STALE_READS, "true")],
+        );
+        assert!(
+            VolumeSpec::from_publish("csi-x", &inline)
+                .unwrap()
+                .stale_reads
+        );
+        assert_eq!(
+            VolumeSpec::from_parameters("p", &map(&[("namespace", "a"), (STALE_READS, "yes")])),
+            Err(VolumeError::BadStaleReads("yes".into()))
+        );
     }
 
     #[test]

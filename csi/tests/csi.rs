@@ -1130,3 +1130,89 @@ async fn restarted_plugin_keeps_mounts_serving() {
     }
     assert!(alive(pid));
 }
+
+/// A volume of a StorageClass with `staleReads: "true"` is served by a mount of its own of
+/// the namespace (`kt mount --stale-reads`), which goes on reading what the node holds while no
+/// store server answers and refuses writes with EROFS; a volume of the same namespace without
+/// it, on the namespace's other mount, fails its reads instead (close-to-open holds there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_with_stale_reads_reads_what_its_node_holds_while_no_server_answers() {
+    require_fuse();
+    let Plugin {
+        _csi,
+        dirs,
+        store,
+        ns,
+        pods,
+    } = Plugin::start("127.0.0.146", "csi-stale");
+    let mut c = connect(&dirs.socket()).await;
+    let mut volumes = Vec::new();
+    for (name, params) in [
+        ("pvc-stale", &[("staleReads", "true")][..]),
+        ("pvc-plain", &[]),
+    ] {
+        let mut all = vec![("namespace", ns)];
+        all.extend_from_slice(params);
+        let created = within(c.controller.create_volume(create_req(name, &all)))
+            .await
+            .unwrap();
+        volumes.push(created.into_inner().volume.unwrap());
+    }
+    let (stale, plain) = (&volumes[0], &volumes[1]);
+    assert_eq!(stale.volume_context["staleReads"], "true");
+    let (ts, tp) = (pods.join("stale-vol"), pods.join("plain-vol"));
+    for (v, t) in [(stale, &ts), (plain, &tp)] {
+        within(c.node.node_publish_volume(publish_req(v, t, false)))
+            .await
+            .unwrap();
+    }
+    let mounted = mount_points();
+    let stale_mount = dirs
+        .state()
+        .join("mounts")
+        .join(format!("{ns}@stale-reads"));
+    assert!(mounted.contains(&dirs.ns_mount(ns)), "{mounted:?}");
+    assert!(mounted.contains(&stale_mount), "{mounted:?}");
+    let data = pattern(3 << 20, 7);
+    for t in [&ts, &tp] {
+        std::fs::write(t.join("f"), &data).unwrap();
+    }
+    // Read through the node (not from the page cache the writes filled): its blocks are then
+    // what the node holds.
+    std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    for t in [&ts, &tp] {
+        assert!(std::fs::read(t.join("f")).unwrap() == data);
+    }
+
+    let names = || -> Vec<_> {
+        std::fs::read_dir(&ts)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect()
+    };
+    assert_eq!(names(), ["f"]);
+
+    store.proc.kill();
+    // A directory as the probe: a failed one leaves nothing behind.
+    let refused = || {
+        std::fs::create_dir(ts.join("probe"))
+            .err()
+            .and_then(|e| e.raw_os_error())
+            == Some(libc::EROFS)
+    };
+    assert!(
+        eventually(Duration::from_secs(10), refused),
+        "writes to the stale-reads volume were not refused with the server gone"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || std::fs::read(tp.join("f"))
+            .is_err()),
+        "the plain volume went on reading with the server gone"
+    );
+    // Past every lease and listing lifetime: what its node holds, as it last saw it.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(std::fs::read(ts.join("f")).unwrap() == data);
+    let write = std::fs::write(ts.join("new"), b"x").unwrap_err();
+    assert_eq!(write.raw_os_error(), Some(libc::EROFS), "{write}");
+    assert_eq!(names(), ["f"]);
+}

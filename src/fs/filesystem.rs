@@ -100,7 +100,11 @@ impl FsCore {
             cfg.worker_exe.clone(),
             cfg.worker_host.clone(),
         );
-        let listings = Arc::new(Listings::new(cfg.clock.clone()));
+        let listings = match cfg.stale_reads {
+            true => Listings::new(cfg.clock.clone()).keeping_last_seen(),
+            false => Listings::new(cfg.clock.clone()),
+        };
+        let listings = Arc::new(listings);
         Ok(FsCore {
             gpu: GpuTree::new(control, started, cfg.uid, cfg.gid),
             reader: Reader::new(

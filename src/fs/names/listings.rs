@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::last_seen::LastSeen;
 use crate::clock::SharedClock;
 use crate::fs::paths::{join, split};
 use crate::locks::lock;
@@ -68,6 +69,8 @@ pub struct Listings {
     watcher: AtomicU64,
     /// Whether the last call to the store server found none reachable (see `stale_reads`).
     unreachable: std::sync::atomic::AtomicBool,
+    /// What was last seen, kept past forgetting: a mount with stale reads alone.
+    last: Option<Mutex<LastSeen>>,
 }
 
 impl Listings {
@@ -84,6 +87,21 @@ impl Listings {
             lease: Mutex::default(),
             watcher: AtomicU64::new(0),
             unreachable: std::sync::atomic::AtomicBool::new(false),
+            last: None,
+        }
+    }
+
+    /// The same, keeping what it last saw past forgetting it, for stale reads (see
+    /// `last_seen`).
+    pub fn keeping_last_seen(mut self) -> Self {
+        self.last = Some(Mutex::default());
+        self
+    }
+
+    /// Notes what was seen of the namespace, where a mount keeps it for stale reads.
+    fn seen(&self, note: impl FnOnce(&mut LastSeen, Instant)) {
+        if let Some(last) = &self.last {
+            note(&mut lock(last), self.clock.now().at);
         }
     }
 
@@ -111,7 +129,10 @@ impl Listings {
     /// `path`'s listing as last seen, however old, for a mount with stale reads while no store
     /// server answers.
     pub(crate) fn last_listing(&self, path: &str) -> Option<Entries> {
-        lock(&self.cached).get(path).map(|(_, e, _)| e.clone())
+        if let Some((_, e, _)) = lock(&self.cached).get(path) {
+            return Some(e.clone());
+        }
+        lock(self.last.as_ref()?).last_listing(path)
     }
 
     /// `path`'s own entry as last seen, however old (`Some(None)`: seen as nothing there).
@@ -120,14 +141,20 @@ impl Listings {
             return Some(e.clone());
         }
         let (dir, name) = split(path);
-        let cached = lock(&self.cached);
-        let (_, entries, _) = cached.get(dir)?;
-        Some(entries.get(name).cloned())
+        if let Some((_, entries, _)) = lock(&self.cached).get(dir) {
+            return Some(entries.get(name).cloned());
+        }
+        let last = lock(self.last.as_ref()?);
+        last.last_own(path)
+            .or_else(|| last.last_listing(dir).map(|e| e.get(name).cloned()))
     }
 
     /// `path`'s resolved version as last seen, lease or not (see [`Listings::last_listing`]).
     pub(crate) fn last_resolved(&self, path: &str) -> Option<Arc<crate::proto::ResolveResponse>> {
-        lock(&self.resolved).get(path).map(|(_, r)| r.clone())
+        if let Some((_, r)) = lock(&self.resolved).get(path) {
+            return Some(r.clone());
+        }
+        lock(self.last.as_ref()?).last_resolved(path)
     }
 
     /// Whether what was cached at `at` still holds: within the TTL, or while the lease does
@@ -181,6 +208,7 @@ impl Listings {
         let now = self.clock.now().at;
         let mut resolved = lock(&self.resolved);
         if leased && self.keep(since) {
+            self.seen(|l, at| l.resolved(path, &r, at));
             resolved.insert(path.to_string(), (now, r));
             bound(&mut resolved, MAX_ENTRIES, |v| v.0);
         }
@@ -279,12 +307,14 @@ impl Listings {
                 Some((_, entries, expires)) => {
                     *expires = (*expires).min(expiry(&entry));
                     let old = Arc::make_mut(entries).insert(name.to_string(), entry.clone());
+                    self.seen(|l, at| l.listing(dir, entries, at));
                     old.is_some_and(|e| e.is_directory)
                 }
                 // Not cached: the next look asks anyway.
                 None => true,
             };
             changed.remove(path);
+            self.seen(|l, at| l.own(path, &Some(entry.clone()), at));
             own.insert(path.to_string(), (now, Some(entry)));
             lock(&self.resolved).remove(path);
             was_dir
@@ -338,6 +368,7 @@ impl Listings {
         let expires = entries.values().map(expiry).min().unwrap_or(i64::MAX);
         let mut cached = lock(&self.cached);
         if self.keep(since) {
+            self.seen(|l, at| l.listing(path, &entries, at));
             cached.insert(path.to_string(), (now, entries, expires));
             bound(&mut cached, MAX_LISTINGS, |v| v.0);
         }
@@ -405,6 +436,7 @@ impl Listings {
         let mut changed = lock(&self.changed);
         let mut own = lock(&self.own);
         if since.is_none_or(|s| self.keep(s)) {
+            self.seen(|l, at| l.own(path, &e, at));
             changed.remove(path);
             own.insert(path.to_string(), (now, e));
             bound(&mut own, MAX_ENTRIES, |v| v.0);
@@ -462,7 +494,7 @@ impl Listings {
 
 /// Keeps the cache `m` at most `max` long: past it, the oldest quarter (by when each was
 /// taken) is forgotten at once, so the scan that finds them runs once per `max / 4` inserts.
-fn bound<V>(m: &mut BTreeMap<String, V>, max: usize, at: impl Fn(&V) -> Instant) {
+pub(super) fn bound<V>(m: &mut BTreeMap<String, V>, max: usize, at: impl Fn(&V) -> Instant) {
     if m.len() <= max {
         return;
     }
@@ -574,6 +606,39 @@ mod tests {
         // The newest stay.
         assert!(l.fresh(&format!("d{MAX_LISTINGS}")).is_some());
         assert!(l.resolved(&format!("f{MAX_ENTRIES}")).is_some());
+    }
+
+    /// With stale reads, what a change told by the watch makes the caches forget (the root's
+    /// listing as another node makes a directory in it; a file changed) is still what the
+    /// mount last saw, past the lease's end; without them it is gone.
+    #[test]
+    fn a_mount_with_stale_reads_keeps_what_it_last_saw_past_a_told_change() {
+        for keep in [false, true] {
+            let l = match keep {
+                true => Listings::new(crate::clock::system()).keeping_last_seen(),
+                false => Listings::new(crate::clock::system()),
+            };
+            l.lease_until(Instant::now() + Duration::from_secs(60));
+            let dir = ListEntry {
+                is_directory: true,
+                kind: EntryKind::Directory as i32,
+                ..Default::default()
+            };
+            l.put(
+                "",
+                Arc::new(BTreeMap::from([("pvc".into(), dir)])),
+                l.epoch(),
+            );
+            l.put_own("pvc/f", Some(file(3)), Some(l.epoch()));
+            l.put_resolved("pvc/f", Arc::default(), l.epoch());
+            l.recall("plain");
+            l.recall("pvc/f");
+            l.lease_lost(keep);
+            assert_eq!(l.last_listing("").is_some(), keep);
+            assert_eq!(l.last_own("pvc/f").is_some_and(|e| e.is_some()), keep);
+            assert_eq!(l.last_resolved("pvc/f").is_some(), keep);
+            assert!(l.fresh("").is_none() && l.resolved("pvc/f").is_none());
+        }
     }
 
     fn file(size: u64) -> ListEntry {

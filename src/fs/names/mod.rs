@@ -3,4 +3,5 @@
 //! ([`listings`]).
 
 pub mod inode;
+mod last_seen;
 pub mod listings;
