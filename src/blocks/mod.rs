@@ -23,6 +23,8 @@ pub mod node;
 #[cfg(feature = "daemons")]
 pub mod pins;
 #[cfg(feature = "daemons")]
+pub mod ref_table;
+#[cfg(feature = "daemons")]
 pub mod refs;
 #[cfg(feature = "daemons")]
 pub mod store;

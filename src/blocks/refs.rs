@@ -13,81 +13,15 @@
 //! without authentication since) has them rebuilt from its live keys when it starts with
 //! authentication (`MetaStore::rebuild_references`).
 
-use std::sync::Arc;
-
-use super::store::{StoreBlocks, CF_BLOCK_REFS};
+use super::store::StoreBlocks;
 use super::BlockError;
-use crate::db::{BatchOp, Db};
 use crate::hash::{BlockHash, Scope};
 use crate::locks;
-
-/// Where a store keeps its references, each a key of 64 bytes (the scope, then the hash) with
-/// no value, beside the marker of [`COMPLETE`]: the store's own database (a single server,
-/// [`LocalRefs`]), or the metadata's table of them (`meta::references::TableRefs`), which
-/// every replica of a store on etcd reads and writes, so that a block uploaded to any replica
-/// counts at the owner's publish and a new owner finds them complete.
-pub trait RefTable: Send + Sync {
-    fn holds(&self, key: &[u8]) -> Result<bool, BlockError>;
-    /// Writes references of uploads: whichever server took them may, a replica that stands
-    /// by too (a reference says only that the namespace sent the block).
-    fn add(&self, keys: Vec<Vec<u8>>) -> Result<(), BlockError>;
-    /// Writes and deletes as the store's owner does (a rebuild, its marker, a collection), in
-    /// batches each applied whole.
-    fn change(&self, puts: Vec<Vec<u8>>, deletes: Vec<Vec<u8>>) -> Result<(), BlockError>;
-    /// Calls `f` with every key, the marker's too.
-    fn for_each(&self, f: &mut dyn FnMut(&[u8])) -> Result<(), BlockError>;
-}
-
-/// References in the store's own database.
-pub struct LocalRefs(pub Db);
-
-impl RefTable for LocalRefs {
-    fn holds(&self, key: &[u8]) -> Result<bool, BlockError> {
-        Ok(self.0.get(CF_BLOCK_REFS, key)?.is_some())
-    }
-
-    fn add(&self, keys: Vec<Vec<u8>>) -> Result<(), BlockError> {
-        self.change(keys, Vec::new())
-    }
-
-    fn change(&self, puts: Vec<Vec<u8>>, deletes: Vec<Vec<u8>>) -> Result<(), BlockError> {
-        let ops: Vec<BatchOp> = puts
-            .into_iter()
-            .map(|k| BatchOp::Put(CF_BLOCK_REFS, k, Vec::new()))
-            .chain(
-                deletes
-                    .into_iter()
-                    .map(|k| BatchOp::Delete(CF_BLOCK_REFS, k)),
-            )
-            .collect();
-        let mut ops = ops.into_iter().peekable();
-        while ops.peek().is_some() {
-            self.0.write(ops.by_ref().take(BATCH).collect())?;
-        }
-        Ok(())
-    }
-
-    fn for_each(&self, f: &mut dyn FnMut(&[u8])) -> Result<(), BlockError> {
-        self.0.for_each(CF_BLOCK_REFS, |k, _| {
-            f(k);
-            Ok(())
-        })?;
-        Ok(())
-    }
-}
-
-/// The references of a store in `db`, where no other table holds them.
-pub(super) fn local(db: &Db) -> Arc<dyn RefTable> {
-    Arc::new(LocalRefs(db.clone()))
-}
 
 /// A key of the references present once they are complete: written after a
 /// rebuild, removed by a start without authentication (whose uploads name no namespace). Not
 /// 64 bytes, so never a reference.
 pub const COMPLETE: &[u8] = b"complete";
-/// References written in one batch.
-const BATCH: usize = 4096;
-
 fn ref_key(scope: &Scope, hash: &BlockHash) -> Vec<u8> {
     let mut k = Vec::with_capacity(64);
     k.extend_from_slice(&scope.0);

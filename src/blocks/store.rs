@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use bytes::Bytes;
 
 use super::files::{BlockFiles, MIN_FILE_BLOCK};
-use super::refs::RefTable;
+use super::ref_table::RefTable;
+pub use super::ref_table::CF_BLOCK_REFS;
 use super::touched::Touched;
 use super::{BlockError, BlockServe, Served};
 use crate::db::{BatchOp, Db};
@@ -32,8 +33,6 @@ pub const CF_BLOCK_INDEX: &str = "block_index";
 /// Marks an index entry (`len: u32 BE` then this byte) whose block is in a file.
 const IN_FILE: u8 = b'f';
 
-/// Which namespace references which block (`scope hash` -> nothing): see `refs`.
-pub const CF_BLOCK_REFS: &str = "block_refs";
 /// The column families the store's blocks and their references take.
 pub const FAMILIES: [&str; 3] = [CF_BLOCKS, CF_BLOCK_INDEX, CF_BLOCK_REFS];
 
@@ -98,7 +97,7 @@ impl StoreBlocks {
 
     fn at(db: Db, place: Place) -> Self {
         StoreBlocks {
-            refs: super::refs::local(&db),
+            refs: super::ref_table::local(&db),
             db,
             place,
             touched: Mutex::new(Touched::default()),

@@ -13,7 +13,7 @@ use super::backend::{BackendError, MetaBackend, Op, Table};
 use super::commit::{refusal, Refusal};
 use super::error::MetaError;
 use super::store::MetaStore;
-use crate::blocks::refs::RefTable;
+use crate::blocks::ref_table::RefTable;
 use crate::blocks::BlockError;
 use crate::hash::{BlockHash, Scope, Version};
 use crate::key::Namespace;

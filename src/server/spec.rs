@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::blocks::refs::RefTable;
+use crate::blocks::ref_table::RefTable;
 use crate::db::Db;
 use crate::meta::backend::MetaBackend;
 use crate::meta::engine::{EngineError, EngineTables, EtcdEngine, EtcdUrl, Fence, ObjectManifests};

@@ -9,8 +9,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::listings::{bound, Entries, MAX_ENTRIES, MAX_LISTINGS};
+use super::bound::{bound, MAX_ENTRIES, MAX_LISTINGS};
 use crate::proto::{ListEntry, ResolveResponse};
+
+/// A directory's listing, as `listings` keeps it.
+type Entries = Arc<BTreeMap<String, ListEntry>>;
 
 /// Listings, entries and resolved versions as last taken from a store server, each with when.
 #[derive(Default)]

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::bound::bound;
 use super::last_seen::LastSeen;
 use crate::clock::SharedClock;
 use crate::fs::paths::{join, split};
@@ -30,14 +31,7 @@ pub const LIST_AHEAD: u32 = 4096;
 
 pub(crate) type Entries = Arc<BTreeMap<String, ListEntry>>;
 
-/// How many directories' listings a mount keeps; past it the oldest quarter is forgotten.
-/// Forgetting is always safe (the next look asks the store server again); without a bound a
-/// long-lived mount that walked a large tree kept every listing, entry and resolved version it
-/// ever saw. About 1 KiB per listing of ten names.
-pub const MAX_LISTINGS: usize = 16_384;
-/// The same for entries asked for alone, link counts and resolved versions (a version holds
-/// its manifest: about 100 bytes per block).
-pub const MAX_ENTRIES: usize = 65_536;
+pub use super::bound::{MAX_ENTRIES, MAX_LISTINGS};
 
 /// Directory listings fetched from the store server, by path.
 pub struct Listings {
@@ -488,26 +482,6 @@ impl Listings {
         if self.keep(since) {
             links.insert(path.to_string(), (now, n));
             bound(&mut links, MAX_ENTRIES, |v| v.0);
-        }
-    }
-}
-
-/// Keeps the cache `m` at most `max` long: past it, the oldest quarter (by when each was
-/// taken) is forgotten at once, so the scan that finds them runs once per `max / 4` inserts.
-pub(super) fn bound<V>(m: &mut BTreeMap<String, V>, max: usize, at: impl Fn(&V) -> Instant) {
-    if m.len() <= max {
-        return;
-    }
-    let mut times: Vec<Instant> = m.values().map(&at).collect();
-    let cut = times.len() - max * 3 / 4;
-    let (_, oldest_kept, _) = times.select_nth_unstable(cut);
-    let oldest_kept = *oldest_kept;
-    m.retain(|_, v| at(v) >= oldest_kept);
-    // Taken at one instant (a coarse clock): any of them go.
-    if m.len() > max {
-        let extra: Vec<String> = m.keys().take(m.len() - max * 3 / 4).cloned().collect();
-        for k in extra {
-            m.remove(&k);
         }
     }
 }

@@ -2,6 +2,7 @@
 //! ([`inode`]), and what the store server listed, cached under the watch's lease
 //! ([`listings`]).
 
+mod bound;
 pub mod inode;
 mod last_seen;
 pub mod listings;
