@@ -135,6 +135,25 @@ impl Objects {
         })
     }
 
+    /// `len` bytes of object `name` from `start` (one ranged GET), or `None` if there is no
+    /// such object. A range past the object's end is an error of the object store's.
+    pub fn get_range(
+        &self,
+        name: &str,
+        start: u64,
+        len: usize,
+    ) -> Result<Option<Bytes>, ObjectError> {
+        let (store, path) = (self.store.clone(), self.path(name));
+        let range = start..start.saturating_add(len as u64);
+        self.run(async move {
+            match store.get_range(&path, range).await {
+                Ok(b) => Ok(Some(b)),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
     /// Object `name`'s length, or `None` if there is none.
     pub fn len(&self, name: &str) -> Result<Option<u64>, ObjectError> {
         let (store, path) = (self.store.clone(), self.path(name));
