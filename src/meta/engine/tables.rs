@@ -107,6 +107,13 @@ fn tag(table: Table) -> u8 {
     }
 }
 
+/// Whether the owner may answer `key` (an engine key) from its memory of what it read and
+/// wrote: not the block references, which every replica writes (`MetaBackend::write_shared`),
+/// and which a rebuild would otherwise pour into that memory by the million.
+fn remembered(key: &[u8]) -> bool {
+    key.first() != Some(&tag(Table::BlockRefs))
+}
+
 fn engine_key(table: Table, key: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(key.len() + 1);
     k.push(tag(table));
@@ -360,8 +367,7 @@ fn on<T: Send + 'static>(
 impl MetaBackend for EngineTables {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
         let key = engine_key(table, key);
-        // What other replicas write too is never known from the owner's memory.
-        let owned = self.claim().filter(|_| table != Table::BlockRefs);
+        let owned = self.claim().filter(|_| remembered(&key));
         let known = owned.map(|claim| self.owned.get(claim, &key));
         let ticket = match known {
             Some(Lookup::Known(value)) => return Ok(value),
@@ -443,9 +449,10 @@ impl MetaBackend for EngineTables {
             return self.send(txns, None);
         };
         let written = txns.iter().flat_map(|t| t.writes.iter().map(Write::key));
-        let ticket = self.owned.writing(claim, written);
+        let ticket = self.owned.writing(claim, written.filter(|k| remembered(k)));
         let mut applied = Vec::new();
         let sent = self.send(txns, Some(&mut applied));
+        applied.retain(|(k, _)| remembered(k));
         self.owned.written(ticket, applied);
         sent
     }
@@ -569,6 +576,35 @@ mod tests {
         assert!(t.get(Table::Keys, b"deposed").unwrap().is_none());
         assert!(fence.is_broken());
         assert!(t.commit(put("after")).is_err());
+    }
+
+    /// The owner keeps in memory what it writes of its tables, but not the block references,
+    /// which other replicas write too: one deleted behind its back (a standby's table, here
+    /// the engine itself) is read again, and its own writes of them take no memory.
+    #[test]
+    fn an_owner_keeps_no_block_reference_in_memory() {
+        let (_dir, t) = tables();
+        let fence = Arc::new(Fence::default());
+        let t = t.fenced(fence.clone());
+        let claim = t
+            .call(|e| Box::pin(async move { e.txn(Txn::new().put(OWNER_KEY, "me")).await }))
+            .unwrap();
+        fence.hold(claim);
+        let write = |table: Table, k: &[u8]| {
+            t.commit(vec![vec![Op::Put(table, k.to_vec(), Vec::new())]])
+                .unwrap()
+        };
+        write(Table::Keys, b"key");
+        write(Table::BlockRefs, b"ref");
+        let known = |table: Table, k: &[u8]| {
+            matches!(t.owned.get(claim, &engine_key(table, k)), Lookup::Known(_))
+        };
+        assert!(known(Table::Keys, b"key"), "the owner's memory is on");
+        assert!(!known(Table::BlockRefs, b"ref"));
+        let gone = engine_key(Table::BlockRefs, b"ref");
+        t.call(move |e| Box::pin(async move { e.txn(Txn::new().delete(gone)).await }))
+            .unwrap();
+        assert!(t.get(Table::BlockRefs, b"ref").unwrap().is_none());
     }
 
     /// An engine that counts the pages it was asked for.
