@@ -1185,3 +1185,141 @@ fn an_owner_reads_back_what_it_wrote_from_memory_not_from_etcd() {
         assert!(back == pseudo_random(4096, i), "d/f{i}");
     }
 }
+
+/// A broadcast whose owner dies goes on among its members, not from the store: the next owner
+/// knows no such window (windows are the owner's memory), so each getter's sync finds none,
+/// and each joins the window again there, telling the new board what it holds. Three slow
+/// getters of 24 MiB, the owner killed once each has some of it: all finish byte-identical,
+/// each joined again, the window at the new owner has all three, and the store sent about one
+/// copy (each getter fetching the rest from the store, as before, costs nearly three).
+#[test]
+fn a_broadcasts_getters_join_their_window_again_at_the_next_owner() {
+    use std::os::unix::fs::MetadataExt;
+    let ip = "127.0.0.147";
+    let etcd = Etcd::start(ip);
+    let s3 = S3::start(ip, "kt-bucket");
+    let blocks = s3.url("kt-bucket", "rejoin");
+    let dir = tempfile::tempdir().unwrap();
+    let none = dir.path().join("no-agent.sock");
+    let replica = |data: &str| {
+        let at = dir.path().join(data);
+        let ttl = ["--owner-ttl-secs", "2"];
+        replica_on(ip, (&etcd, "kt-rejoin"), (&s3, &blocks), &at, &ttl)
+    };
+    let a = replica("a");
+    let b = replica("b");
+    let both = format!("{},{}", a.addr, b.addr);
+    let data = pseudo_random(24 << 20, 147);
+    let src = dir.path().join("src");
+    std::fs::write(&src, &data).unwrap();
+    ok_with(
+        &a,
+        &none,
+        &[
+            "put",
+            "fan/w",
+            "--src",
+            src.to_str().unwrap(),
+            "--locale",
+            "store",
+        ],
+    );
+
+    let agents: Vec<_> = ["127.0.0.4", "127.0.0.59", "127.0.0.76"]
+        .iter()
+        .enumerate()
+        .map(|(i, agent_ip)| {
+            let at = dir.path().join(format!("node-{i}"));
+            common::start_agent(agent_ip, &both, &at, &format!("node-{i}"))
+        })
+        .collect();
+    // Each in a directory of its own, where the get's temporary file is the only one.
+    let dests: Vec<_> = (0..3)
+        .map(|i| {
+            let d = dir.path().join(format!("got-{i}"));
+            std::fs::create_dir(&d).unwrap();
+            d.join("w")
+        })
+        .collect();
+    let landed = |d: &Path| {
+        let files = std::fs::read_dir(d.parent().unwrap()).unwrap();
+        let bytes: u64 = files
+            .filter_map(|f| f.ok()?.metadata().ok())
+            .map(|m| m.blocks() * 512)
+            .sum();
+        bytes >= 2 << 20
+    };
+    let gets: Vec<_> = agents
+        .iter()
+        .zip(&dests)
+        .map(|(agent, d)| {
+            std::process::Command::new(common::kt_bin())
+                .args([
+                    "get",
+                    "fan/w",
+                    "-d",
+                    d.to_str().unwrap(),
+                    "--group-id",
+                    "fan",
+                ])
+                .args(["--bwlimit", "4M", "--json"])
+                .env("KT_SERVER", &both)
+                .env("KT_AGENT", &agent.socket)
+                .env_remove("KT_NAMESPACE")
+                .env("RUST_LOG", "warn")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let window_at = |server: &str| -> Option<serde_json::Value> {
+        let out = kt_with(server, &none, &["window", "fan", "--json"]);
+        out.status
+            .success()
+            .then(|| serde_json::from_slice(&out.stdout).unwrap())
+    };
+    let members = |w: &Option<serde_json::Value>| {
+        w.as_ref()
+            .and_then(|w| w["members"].as_array().map(Vec::len))
+            .unwrap_or(0)
+    };
+    // Every getter joined and has some of the bytes: the owner dies.
+    let started = test_support::eventually(Duration::from_secs(60), || {
+        dests.iter().all(|d| landed(d)) && members(&window_at(&a.addr)) == 3
+    });
+    assert!(
+        started,
+        "the getters never got going: {:?}",
+        window_at(&a.addr)
+    );
+    a.kill();
+    let reformed = test_support::eventually(Duration::from_secs(60), || {
+        members(&window_at(&b.addr)) >= 3
+    });
+    if !reformed {
+        let outs: Vec<_> = gets
+            .into_iter()
+            .map(|g| g.wait_with_output().unwrap())
+            .collect();
+        panic!(
+            "the window never formed again at the next owner: {:?}; the getters: {:?}",
+            window_at(&b.addr),
+            outs
+        );
+    }
+
+    let mut from_store = 0;
+    for (get, d) in gets.into_iter().zip(&dests) {
+        let got = common::finish_json(get);
+        assert!(std::fs::read(d).unwrap() == data, "{} differs", d.display());
+        let tree = &got["broadcast"][0];
+        assert!(tree["rejoins"].as_u64() >= Some(1), "{got}");
+        from_store += common::bytes_from(&got, "store");
+    }
+    assert!(
+        from_store <= 2 * data.len() as u64,
+        "the store sent {from_store} bytes of a {} byte version to three getters",
+        data.len()
+    );
+}

@@ -16,6 +16,7 @@ use bytes::Bytes;
 use indicatif::ProgressBar;
 use serde::Serialize;
 
+use super::rejoin::Moved;
 use super::swarm_fetch::{SwarmSetup, SwarmTask};
 use crate::broadcast::swarm::Plan;
 use crate::dataplane::fetch::{self, BlockJob, BlockSink, FetchReport, Partial, SourceFailure};
@@ -40,6 +41,8 @@ pub struct TreeReport {
     pub closed: bool,
     pub closed_by: String,
     pub members: usize,
+    /// Times it joined the window again, at a new owner.
+    pub rejoins: u32,
 }
 
 /// Who joins, and for what.
@@ -87,6 +90,10 @@ pub struct Membership {
     rt: Option<tokio::runtime::Handle>,
     /// How this getter reaches its sources.
     peers: Peers,
+    /// The join that made this member, for its swarm task to send again.
+    request: JoinRequest,
+    /// The seat the swarm task moved it to, joining the window again.
+    moved: Moved,
 }
 
 impl Membership {
@@ -98,22 +105,24 @@ impl Membership {
     ) -> Result<Membership, ClientError> {
         let node = spec.node.unwrap_or_default();
         let node_id = node.node_id.clone();
-        let joined = store
-            .clone()
-            .join_broadcast(JoinRequest {
-                namespace: spec.namespace.to_string(),
-                key: spec.key.to_string(),
-                version: spec.version.0.to_vec(),
-                window: Some(spec.window),
-                role: Role::Getter as i32,
-                node_id: node.node_id,
-                serves: spec.serves,
-                reads: spec.reads,
-                ip: node.ip,
-                wait_quorum: false,
-            })
-            .await?;
+        let mut request = JoinRequest {
+            namespace: spec.namespace.to_string(),
+            key: spec.key.to_string(),
+            version: spec.version.0.to_vec(),
+            window: Some(spec.window),
+            role: Role::Getter as i32,
+            node_id: node.node_id,
+            serves: spec.serves,
+            reads: spec.reads,
+            ip: node.ip,
+            wait_quorum: false,
+        };
+        let joined = store.clone().join_broadcast(request.clone()).await?;
         let window = joined.window.unwrap_or_default();
+        // Joined again (the owner changed), it is the same window.
+        if let Some(w) = request.window.as_mut() {
+            w.group_id.clone_from(&window.group_id);
+        }
         let parent = joined
             .parent
             .map(|p| source_addr(&p, server, &spec.ticket, &node_id));
@@ -146,6 +155,8 @@ impl Membership {
             reads: spec.reads,
             node_id: node_id.clone(),
             peers: spec.peers.clone(),
+            request,
+            moved: Moved::default(),
             swarm: std::sync::Mutex::new(None),
             state: tokio::sync::Mutex::new(State {
                 report: TreeReport {
@@ -160,6 +171,7 @@ impl Membership {
                     closed: window.closed,
                     closed_by: window.closed_by.clone(),
                     members: window.members.len(),
+                    rejoins: 0,
                 },
                 parent,
                 left: false,
@@ -216,7 +228,19 @@ impl Membership {
 
     /// The member's place in the window so far.
     pub async fn report(&self) -> TreeReport {
-        self.state.lock().await.report.clone()
+        let mut report = self.state.lock().await.report.clone();
+        self.seated(&mut report);
+        report
+    }
+
+    /// `report` with the seat the member moved to, if it joined its window again.
+    fn seated(&self, report: &mut TreeReport) {
+        if let Some(seat) = crate::locks::lock(&self.moved).clone() {
+            report.group_id = seat.group_id;
+            report.generation = seat.generation;
+            report.member = seat.member;
+            report.rejoins = seat.rejoins;
+        }
     }
 
     /// Notes a source the swarm fetched from, for the report.
@@ -260,6 +284,8 @@ impl Membership {
                         reads: self.reads,
                         node_id: &self.node_id,
                         peers: self.peers.clone(),
+                        join: self.request.clone(),
+                        moved: self.moved.clone(),
                     }));
                 }
                 // The swarm was given up: everything goes to the fallback.
@@ -288,7 +314,9 @@ impl Membership {
                 return;
             }
             st.left = true;
-            leave_request(&st.report, done)
+            let mut report = st.report.clone();
+            self.seated(&mut report);
+            leave_request(&report, done)
         };
         if let Err(e) = self.store.clone().leave_broadcast(req).await {
             tracing::warn!(error = %e.to_string(), "could not leave the broadcast window");
@@ -311,11 +339,12 @@ impl Drop for Membership {
         let complete = crate::locks::lock(&self.swarm)
             .as_ref()
             .is_some_and(SwarmTask::complete);
-        let st = self.state.get_mut();
-        if st.left {
-            return;
-        }
-        let (Some(rt), req) = (&self.rt, leave_request(&st.report, complete)) else {
+        let mut report = match self.state.get_mut() {
+            st if st.left => return,
+            st => st.report.clone(),
+        };
+        self.seated(&mut report);
+        let (Some(rt), req) = (&self.rt, leave_request(&report, complete)) else {
             return;
         };
         let store = self.store.clone();

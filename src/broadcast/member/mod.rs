@@ -6,4 +6,5 @@
 
 pub mod membership;
 pub mod offer;
+mod rejoin;
 mod swarm_fetch;

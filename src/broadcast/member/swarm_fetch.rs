@@ -28,6 +28,7 @@ use futures_util::FutureExt;
 use tokio::task::{JoinError, JoinHandle};
 use tokio::time::Instant;
 
+use super::rejoin::{Moved, Rejoin};
 use crate::broadcast::swarm::{
     Failure, From, Pace, Plan, Request, Schedule, ScheduleConfig, KEEPALIVE,
 };
@@ -35,7 +36,7 @@ use crate::dataplane::fetch::{self, Ask, BlockJob, BlockSink, Partial};
 use crate::dataplane::sources::{source_addr, SourceAddr};
 use crate::dataplane::TransferError;
 use crate::hash::BlockHash;
-use crate::proto::{SwarmSyncReply, SwarmSyncRequest};
+use crate::proto::{JoinRequest, SwarmSyncReply, SwarmSyncRequest};
 use crate::rpc::Store;
 
 /// How long a member with nothing to fetch lets the server hold its sync until something is
@@ -48,8 +49,11 @@ const READER_WAIT: Duration = Duration::from_millis(200);
 const SYNC_INTERVAL: Duration = Duration::from_millis(1_000);
 /// With nothing arriving for this long, the swarm is given up for what is left.
 const STALL: Duration = Duration::from_secs(30);
-/// Failed syncs in a row after which the swarm is given up.
+/// Failed syncs in a row after which the swarm is given up, if they went on failing for
+/// [`FAILING_FOR`] at least: the death of the window's owner cuts the syncs under way at once,
+/// and the swarm goes on at the next owner (a transport error, then a sync that waits for it).
 const SYNC_FAILURES: u32 = 3;
+const FAILING_FOR: Duration = Duration::from_secs(5);
 
 type Fetched = (Request, Result<Partial, TransferError>);
 /// A sync's answer, with the request it carried (its news is sent again if it failed) and how
@@ -91,6 +95,10 @@ pub(super) struct SwarmSetup<'a> {
     /// This getter's node (empty without an agent).
     pub(super) node_id: &'a str,
     pub(super) peers: Peers,
+    /// The join that made this member, sent again where the window's owner changed.
+    pub(super) join: JoinRequest,
+    /// Where the membership finds the member's seat once it joined again.
+    pub(super) moved: Moved,
 }
 
 /// The membership's swarm task, started by its first fetch.
@@ -179,6 +187,26 @@ struct Syncs {
     last: Instant,
     /// Failed in a row.
     failures: u32,
+    /// Since the first of those.
+    failing_since: Option<Instant>,
+}
+
+impl Syncs {
+    fn succeeded(&mut self) {
+        self.failures = 0;
+        self.failing_since = None;
+    }
+
+    /// The next sync waits, longer after each failure in a row (up to twice the interval),
+    /// news or not: retried at once, syncs on a connection the owner's death cut fail in a
+    /// few milliseconds each.
+    fn failed(&mut self) {
+        let now = Instant::now();
+        self.failures += 1;
+        self.failing_since.get_or_insert(now);
+        let backoff = (SYNC_INTERVAL / 4) * 2u32.pow(self.failures.clamp(1, 4) - 1);
+        self.next = now + backoff.min(SYNC_INTERVAL * 2);
+    }
 }
 
 struct Ctx {
@@ -220,6 +248,8 @@ struct Ctx {
     /// verifying and writing are off the async threads already).
     tasks: FuturesUnordered<BoxFuture<'static, Fetched>>,
     syncs: Syncs,
+    /// Joining the window again, where its owner changed.
+    rejoin: Rejoin,
     /// When a piece last arrived (or a fetch came with none waiting): the stall's clock.
     last_progress: Instant,
 }
@@ -231,7 +261,9 @@ impl Ctx {
             false => ScheduleConfig::default(),
         };
         let now = Instant::now();
+        let rejoin = Rejoin::new(setup.store.clone(), setup.join, setup.moved);
         Ctx {
+            rejoin,
             store: setup.store,
             server: setup.server.to_string(),
             ticket: setup.ticket,
@@ -263,6 +295,7 @@ impl Ctx {
                 next: now,
                 last: now,
                 failures: 0,
+                failing_since: None,
             },
             last_progress: now,
         }
@@ -282,7 +315,12 @@ impl Ctx {
                 return;
             }
             let stalled = !self.opens.is_empty() && now.duration_since(self.last_progress) > STALL;
-            if self.syncs.failures >= SYNC_FAILURES || stalled {
+            let failed = self.syncs.failures >= SYNC_FAILURES
+                && self
+                    .syncs
+                    .failing_since
+                    .is_some_and(|t| now.duration_since(t) >= FAILING_FOR);
+            if failed || stalled {
                 break;
             }
             self.dispatch();
@@ -302,7 +340,9 @@ impl Ctx {
                     None => std::future::pending().await,
                 }
             };
+            let rejoined = self.rejoin.answered();
             tokio::select! {
+                joined = rejoined => self.rejoined(joined),
                 want = wants.recv(), if !closed => match want {
                     Some(w) => self.take_in(w),
                     None => closed = true,
@@ -373,7 +413,8 @@ impl Ctx {
         let due = self.sched.news()
             || (idle && (self.tasks.is_empty() || now >= self.syncs.next))
             || (!self.opens.is_empty() && now >= keepalive);
-        if self.syncs.running.is_some() || !due {
+        let waiting_out_a_failure = self.syncs.failures > 0 && now < self.syncs.next;
+        if self.syncs.running.is_some() || self.rejoin.running() || waiting_out_a_failure || !due {
             return;
         }
         let mut req = self.sched.sync_request();
@@ -404,6 +445,9 @@ impl Ctx {
         };
         if let Some(due) = self.pace.next_due() {
             wake = wake.min(Instant::from_std(due));
+        }
+        if self.syncs.failures > 0 {
+            wake = wake.min(self.syncs.next);
         }
         wake.saturating_duration_since(Instant::now())
     }
@@ -440,19 +484,48 @@ impl Ctx {
                 for p in &req.verified {
                     self.untold.remove(p);
                 }
-                self.syncs.failures = 0;
+                self.syncs.succeeded();
+            }
+            // The owner changed and the new one knows no such window: join it there.
+            Ok((Err(e), req, _)) if e.is_not_found() && self.rejoin.start() => {
+                tracing::info!(group = %self.group_id, error = %e, "joining the window again");
+                self.sched.unsent(req);
             }
             Ok((Err(e), req, _)) => {
                 // What it reported must reach the server: its sources' uploads are counted
                 // until it does.
                 self.sched.unsent(req);
-                self.syncs.failures += 1;
+                self.syncs.failed();
                 tracing::warn!(error = %e, "swarm sync failed");
-                self.syncs.next = Instant::now() + SYNC_INTERVAL / 4;
             }
             Err(e) => {
-                self.syncs.failures += 1;
+                self.syncs.failed();
                 tracing::warn!(error = %e, "swarm sync failed");
+            }
+        }
+    }
+
+    /// The window was joined again (or not): the member goes on from its new seat, telling
+    /// the new board what it holds; where the new owner describes the swarm otherwise, the
+    /// swarm is given up.
+    fn rejoined(
+        &mut self,
+        joined: Result<Result<crate::proto::JoinResponse, ClientError>, JoinError>,
+    ) {
+        match self.rejoin.take(joined, &self.index, self.plan.log2()) {
+            Ok(seat) => {
+                tracing::info!(group = %seat.group_id, generation = seat.generation, member = seat.member, "joined the window again");
+                self.group_id = seat.group_id;
+                self.generation = seat.generation;
+                self.sched.rejoined(seat.member);
+                // The old board's member ids name no one now.
+                self.addrs.clear();
+                self.syncs.succeeded();
+                self.syncs.next = Instant::now();
+            }
+            Err(why) => {
+                tracing::warn!(error = %why, "could not join the window again");
+                self.syncs.failed();
             }
         }
     }

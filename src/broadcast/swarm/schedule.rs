@@ -103,6 +103,9 @@ pub struct Schedule {
     wanted: Vec<u32>,
     failed: Vec<SwarmFailure>,
     synced: bool,
+    /// Fetches chosen by the board of a window this member left by joining again (its owner
+    /// died): how they end is not told, since their sources' ids were that board's.
+    before_rejoin: PieceSet,
 }
 
 impl Schedule {
@@ -122,7 +125,31 @@ impl Schedule {
             wanted: Vec::new(),
             failed: Vec::new(),
             synced: false,
+            before_rejoin: PieceSet::new(pieces),
         }
+    }
+
+    /// This member joined its window again, at a new owner that knew nothing of it, as member
+    /// `me`: the new board hears everything it holds and skips at its first sync, as a new
+    /// member's; what the old board chose and what was to be told of the old one's members is
+    /// dropped. Fetches in flight go on and land as any other.
+    pub fn rejoined(&mut self, me: u64) {
+        self.me = me;
+        let pieces = self.state.len() as u32;
+        self.unannounced = (0..pieces).filter(|&p| self.has(p)).collect();
+        self.skipped = (0..pieces)
+            .filter(|&p| self.state[p as usize] == Piece::Skipped)
+            .collect();
+        self.wanted.clear();
+        self.failed.clear();
+        self.ready.clear();
+        self.untold_ending.clear();
+        self.ending = PieceSet::new(pieces);
+        self.before_rejoin = PieceSet::new(pieces);
+        for p in (0..pieces).filter(|&p| self.state[p as usize] == Piece::Flight) {
+            self.before_rejoin.insert(p);
+        }
+        self.synced = false;
     }
 
     pub fn done(&self) -> bool {
@@ -298,6 +325,7 @@ impl Schedule {
             return false;
         }
         self.inflight = self.inflight.saturating_sub(1);
+        self.before_rejoin.remove(piece);
         // Ended: its source is freed by the verification or the failure, told or not.
         if self.ending.remove(piece) {
             self.untold_ending.retain(|&p| p != piece);
@@ -317,6 +345,7 @@ impl Schedule {
 
     /// A fetch gave nothing: reported at the next sync, and the piece is chosen again.
     pub fn failed(&mut self, piece: u32, from: From, why: Failure) {
+        let told = !self.before_rejoin.contains(piece);
         if !self.settle(piece) {
             return;
         }
@@ -326,11 +355,13 @@ impl Schedule {
             From::Peer(p) => (p, false),
             From::Seed => (0, true),
         };
-        self.failed.push(SwarmFailure {
-            piece,
-            from,
-            store,
-            why: why.code(),
-        });
+        if told {
+            self.failed.push(SwarmFailure {
+                piece,
+                from,
+                store,
+                why: why.code(),
+            });
+        }
     }
 }

@@ -727,3 +727,48 @@ fn members_telling_fetches_ending_keep_uplinks_busy_and_finish_sooner() {
         without.quantile(1.0)
     );
 }
+
+#[test]
+fn a_member_that_joins_again_tells_the_new_board_what_it_holds_and_nothing_of_the_old() {
+    let mut s = Schedule::new(1, 4, ScheduleConfig { max_inflight: 2 });
+    s.skip(3);
+    s.sync_request();
+    let from_peer = |piece| SwarmFetch {
+        piece,
+        from: 7,
+        store: false,
+    };
+    s.apply(&SwarmSyncReply {
+        fetch: vec![from_peer(0), from_peer(1)],
+        ..Default::default()
+    });
+    assert_eq!(s.start().len(), 2);
+    s.verified(0);
+    s.sync_request();
+    // Piece 1 is still coming from member 7 of the old board when the window's owner dies.
+    s.apply(&SwarmSyncReply {
+        fetch: vec![from_peer(2)],
+        ..Default::default()
+    });
+    s.rejoined(5);
+    assert!(s.news());
+    let first = s.sync_request();
+    assert_eq!(first.member, 5);
+    assert_eq!((first.verified, first.skip), (vec![0], vec![3]));
+    assert!(first.failed.is_empty());
+    assert!(s.start().is_empty(), "the old board's choice is dropped");
+    // The old fetch fails: the piece is wanted again, and the failure names no one.
+    s.failed(1, From::Peer(7), Failure::Broken);
+    assert!(s.sync_request().failed.is_empty());
+    s.apply(&SwarmSyncReply {
+        fetch: vec![from_peer(1)],
+        ..Default::default()
+    });
+    assert_eq!(s.start().len(), 1);
+    s.failed(1, From::Peer(7), Failure::Busy);
+    assert_eq!(
+        s.sync_request().failed.len(),
+        1,
+        "a new board's fetch is told"
+    );
+}

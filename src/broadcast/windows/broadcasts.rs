@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use super::error::BroadcastError;
+use super::generations::Generations;
 use super::members::{MemberState, WindowState};
 use super::nodes::{Joiner, NodeView, Seed};
 use super::quorum::WINDOW_IDLE;
@@ -25,7 +26,7 @@ pub struct Joined {
 #[derive(Default)]
 pub struct Broadcasts {
     pub(super) windows: HashMap<String, WindowState>,
-    generations: u64,
+    generations: Generations,
     /// Benchmark-only (`KT_BENCH_TOPOLOGY=tree` in the server's environment): a window that
     /// names its fanout keeps the pipelined tree, so bench/broadcast.sh can run the herd and
     /// store-and-forward ways beside the swarm. Never a user's choice.
@@ -84,8 +85,8 @@ impl Broadcasts {
             Some(w) => w.finished(),
         };
         if fresh {
-            self.generations += 1;
-            let w = WindowState::new(spec.group_id.clone(), self.generations, spec.clone(), now);
+            let generation = self.generations.next();
+            let w = WindowState::new(spec.group_id.clone(), generation, spec.clone(), now);
             self.windows.insert(spec.group_id.clone(), w);
         }
         let Some(w) = self.windows.get_mut(&spec.group_id) else {

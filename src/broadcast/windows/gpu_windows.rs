@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use super::comms::{CommBook, Ended};
 use super::error::BroadcastError;
+use super::generations::Generations;
 use super::gpu_window::{Fate, GpuJoiner, GpuWindowState, Member};
 use super::quorum::WINDOW_IDLE;
 use crate::clock::Moment;
@@ -20,7 +21,7 @@ pub type GpuView = (GpuWindow, Option<Instant>);
 #[derive(Default)]
 pub struct GpuWindows {
     windows: HashMap<String, GpuWindowState>,
-    generations: u64,
+    generations: Generations,
     comms: CommBook,
 }
 
@@ -95,8 +96,8 @@ impl GpuWindows {
             .get(&spec.group_id)
             .is_none_or(GpuWindowState::replaceable)
         {
-            self.generations += 1;
-            let w = GpuWindowState::new(spec.clone(), self.generations, now);
+            let generation = self.generations.next();
+            let w = GpuWindowState::new(spec.clone(), generation, now);
             if let Some(old) = self.windows.insert(spec.group_id.clone(), w) {
                 Self::forget(&mut self.comms, &old);
             }

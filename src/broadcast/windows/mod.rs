@@ -32,6 +32,7 @@
 mod broadcasts;
 pub mod comms;
 mod error;
+mod generations;
 mod gpu_window;
 mod gpu_windows;
 mod members;
