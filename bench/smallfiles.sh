@@ -4,7 +4,9 @@
 # node that has never seen it (its cache empty), against the same `cat *` on local disk (page
 # cache warm) and through bench/nullfs (a FUSE filesystem that answers from memory: the
 # ceiling of any FUSE read of these files here, with the same three requests a file: open,
-# read, release). Then B again with its blocks cached: with the kernel's caches kept, and after
+# read, release), and through the same in the kernel's no-open mode (NULLFS_NO_OPEN: neither
+# open nor release is sent, nor flush; the ceiling of a filesystem that keeps nothing per open
+# file, which ktfs's mount is not). Then B again with its blocks cached: with the kernel's caches kept, and after
 # drop_caches. Writes its section into bench/RESULTS.md.
 #
 #   bash bench/smallfiles.sh
@@ -46,7 +48,8 @@ REV=$(source_rev "$ROOT")
 WORK=$(mktemp -d "${KT_BENCH_TMP:-${TMPDIR:-/tmp}}/kt-small.XXXXXX")
 LOCAL=$WORK/local
 MN=$WORK/mnt/null
-mkdir -p "$LOCAL" "$MN" "$WORK/cache"
+MO=$WORK/mnt/null-no-open
+mkdir -p "$LOCAL" "$MN" "$MO" "$WORK/cache"
 log "working in $WORK; $RUNS trees of $NFILES files of 4 KiB"
 for run in $(seq "$RUNS"); do
     mkdir -p "$LOCAL/t$run"
@@ -59,17 +62,22 @@ start_mount B 127.0.0.254
 "$NULLFS" "$MN" >"$WORK/nullfs.log" 2>&1 &
 PIDS+=("$!")
 MOUNT_DIRS+=("$MN")
-for _ in $(seq 100); do mountpoint -q "$MN" && break; sleep 0.1; done
+NULLFS_NO_OPEN=1 "$NULLFS" "$MO" >"$WORK/nullfs-no-open.log" 2>&1 &
+PIDS+=("$!")
+MOUNT_DIRS+=("$MO")
+for _ in $(seq 100); do mountpoint -q "$MN" && mountpoint -q "$MO" && break; sleep 0.1; done
 mountpoint -q "$MN" || die "bench/nullfs did not mount: $(cat "$WORK/nullfs.log")"
+mountpoint -q "$MO" || die "bench/nullfs (no-open) did not mount: $(cat "$WORK/nullfs-no-open.log")"
 B_METRICS=http://$(sed -n 's/^kt agent B listening on \([0-9.:]*\).*/\1/p' "$WORK/mount-B.out")/metrics
 asked() { curl -sf "$B_METRICS" | awk '/^kt_mount_metadata_requests_total / { print $2 }'; }
 
 CAT='cd "$1" && cat * | md5sum | cut -d" " -f1'
-declare -a L_T N_T F_T F_B F_S F_HWM F_Q K_T K_HWM D_T D_B D_HWM
+declare -a L_T N_T O_T F_T F_B F_S F_HWM F_Q K_T K_HWM D_T D_B D_HWM
 for run in $(seq "$RUNS"); do
     log "run $run/$RUNS"
     cp -r "$LOCAL/t$run" "$WORK/mnt/A/s$run"
     cp -r "$LOCAL/t$run" "$MN/s$run"
+    cp -r "$LOCAL/t$run" "$MO/s$run"
     want=$(bash -c "$CAT" _ "$LOCAL/t$run")
 
     wait_quiet
@@ -83,13 +91,18 @@ for run in $(seq "$RUNS"); do
 
     drop_caches
     wait_quiet
+    timed "noopen$run" bash -c "$CAT" _ "$MO/s$run"
+    O_T+=("$ELAPSED")
+
+    drop_caches
+    wait_quiet
     q0=$(asked)
     snap B server
     timed "first$run" bash -c "$CAT" _ "$WORK/mnt/B/s$run"
     [[ $(cat "$WORK/first$run.out") == "$want" ]] || die "the files read through B differ"
     F_T+=("$ELAPSED") F_B+=("$(cpu_of B)") F_S+=("$(cpu_of server)") F_HWM+=("$(hwm_of B)")
     F_Q+=($(($(asked) - q0)))
-    log "  local ${L_T[-1]} s, nullfs ${N_T[-1]} s, B first ${ELAPSED} s (${F_Q[-1]} requests)"
+    log "  local ${L_T[-1]} s, nullfs ${N_T[-1]} s (no-open ${O_T[-1]} s), B first ${ELAPSED} s (${F_Q[-1]} requests)"
 
     wait_quiet
     snap B server
@@ -130,6 +143,7 @@ SECTION=$WORK/section.md
     echo "|---|---|---|---|---|---|---|---|---|"
     row "local disk, page cache warm" "${L_T[@]}" "$(IFS=,; echo "${L_T[*]}") | - | - | - | -"
     row "bench/nullfs, after drop_caches (FUSE ceiling)" "${N_T[@]}" "$(IFS=,; echo "${N_T[*]}") | - | - | - | -"
+    row "(info) bench/nullfs in no-open mode, after drop_caches (no open, flush or release sent)" "${O_T[@]}" "$(IFS=,; echo "${O_T[*]}") | - | - | - | -"
     row "**B, first read** (cold: nothing of the directory on B)" "${F_T[@]}" \
         "$(IFS=,; echo "${F_T[*]}") | $(median "${F_B[@]}") | $(median "${F_S[@]}") | $(mib "$(maxof "${F_HWM[@]}")") | $(median "${F_Q[@]}")"
     row "B again, kernel caches kept" "${K_T[@]}" "$(IFS=,; echo "${K_T[*]}") | - | - | $(mib "$(maxof "${K_HWM[@]}")") | -"

@@ -13,6 +13,10 @@
 //! attributes again before the next, and answering `getxattr` (no attribute), so the kernel asks
 //! for `security.capability` before a new file's first write. (Answering `ENOSYS` would stop
 //! the kernel asking at all, which a mount that keeps extended attributes cannot do.)
+//!
+//! `NULLFS_NO_OPEN=1` answers `open` and `flush` with `ENOSYS`: the kernel then sends neither
+//! again for the mount's life, nor any `release` (its no-open mode), so a read of a small file
+//! costs its read alone: what a filesystem that keeps no state per open file could reach.
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::sync::Mutex;
@@ -21,12 +25,14 @@ use std::time::{Duration, SystemTime};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyWrite, ReplyXattr, Request, WriteFlags,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, ReplyXattr, Request,
+    WriteFlags,
 };
 
 const TTL: Duration = Duration::from_secs(1);
 
 struct Null {
+    no_open: bool,
     names: Mutex<HashMap<(u64, String), u64>>,
     attrs: Mutex<HashMap<u64, FileAttr>>,
     next: Mutex<u64>,
@@ -209,8 +215,17 @@ impl Filesystem for Null {
     fn getxattr(&self, _r: &Request, _i: INodeNo, _n: &OsStr, _s: u32, reply: ReplyXattr) {
         reply.error(Errno::ENODATA)
     }
+    fn open(&self, _r: &Request, _i: INodeNo, _f: OpenFlags, reply: ReplyOpen) {
+        match self.no_open {
+            true => reply.error(Errno::ENOSYS),
+            false => reply.opened(FileHandle(0), FopenFlags::empty()),
+        }
+    }
     fn flush(&self, _r: &Request, _i: INodeNo, _fh: FileHandle, _l: LockOwner, reply: ReplyEmpty) {
-        reply.ok()
+        match self.no_open {
+            true => reply.error(Errno::ENOSYS),
+            false => reply.ok(),
+        }
     }
     fn release(
         &self,
@@ -241,6 +256,7 @@ fn main() {
             .unwrap_or(8),
     );
     let fs = Null {
+        no_open: std::env::var_os("NULLFS_NO_OPEN").is_some(),
         names: Mutex::default(),
         attrs: Mutex::default(),
         next: Mutex::new(1),
