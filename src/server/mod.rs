@@ -417,12 +417,7 @@ impl StoreServerProcess {
             tickets: keys.clone(),
             gpu_seed,
             clock: self.clock,
-            windows: Arc::new(std::sync::Mutex::new(
-                crate::broadcast::windows::Broadcasts::with_tree_for_fanout(
-                    std::env::var(BENCH_TOPOLOGY).is_ok_and(|v| v == "tree"),
-                )
-                .with_whole_blocks(std::env::var(BENCH_PIECES).is_ok_and(|v| v == "blocks")),
-            )),
+            windows: Arc::new(std::sync::Mutex::new(broadcasts(self.shared_blocks))),
             joined: Default::default(),
             swarm_waits: Default::default(),
             gpu_windows: Default::default(),
@@ -493,4 +488,18 @@ impl StoreServerProcess {
             None => Ok(()),
         }
     }
+}
+
+/// The broadcast windows of a store: the benchmarks' switches from the environment; a store
+/// whose blocks are in an object store sends more pieces at once in each swarm.
+fn broadcasts(shared_blocks: bool) -> crate::broadcast::windows::Broadcasts {
+    use crate::broadcast::swarm::{OBJECT_SEED_SLOTS, SEED_SLOTS};
+    crate::broadcast::windows::Broadcasts::with_tree_for_fanout(
+        std::env::var(BENCH_TOPOLOGY).is_ok_and(|v| v == "tree"),
+    )
+    .with_whole_blocks(std::env::var(BENCH_PIECES).is_ok_and(|v| v == "blocks"))
+    .with_seed_slots(match shared_blocks {
+        true => OBJECT_SEED_SLOTS,
+        false => SEED_SLOTS,
+    })
 }

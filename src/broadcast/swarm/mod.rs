@@ -44,7 +44,7 @@ pub mod sim;
 mod why;
 
 pub use board::{Board, BUSY_BACKOFF, GRANT_TTL, KEEPALIVE, SILENCE};
-pub use limits::{DEFAULT_UPLOADS, READER_UPLOADS, SEED_SLOTS};
+pub use limits::{DEFAULT_UPLOADS, OBJECT_SEED_SLOTS, READER_UPLOADS, SEED_SLOTS};
 pub use pace::Pace;
 pub use pieceset::PieceSet;
 pub use plan::{Plan, TARGET_PIECES};

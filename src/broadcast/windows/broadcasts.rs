@@ -9,6 +9,7 @@ use super::generations::Generations;
 use super::members::{MemberState, WindowState};
 use super::nodes::{Joiner, NodeView, Seed};
 use super::quorum::WINDOW_IDLE;
+use crate::broadcast::swarm::SEED_SLOTS;
 use crate::clock::Moment;
 use crate::proto::{Role, Source, Window, WindowSpec};
 
@@ -23,7 +24,6 @@ pub struct Joined {
 }
 
 /// Every window the server knows.
-#[derive(Default)]
 pub struct Broadcasts {
     pub(super) windows: HashMap<String, WindowState>,
     generations: Generations,
@@ -34,6 +34,20 @@ pub struct Broadcasts {
     /// Benchmark-only (`KT_BENCH_PIECES=blocks`): swarms trade whole blocks, never pieces
     /// smaller than blocks, so bench/broadcast.sh can measure what the smaller pieces give.
     pub(super) whole_blocks: bool,
+    /// Pieces the store sends at once in each swarm.
+    pub(super) seed_slots: usize,
+}
+
+impl Default for Broadcasts {
+    fn default() -> Self {
+        Broadcasts {
+            windows: HashMap::new(),
+            generations: Generations::default(),
+            tree_for_fanout: false,
+            whole_blocks: false,
+            seed_slots: SEED_SLOTS,
+        }
+    }
 }
 
 impl Broadcasts {
@@ -51,6 +65,17 @@ impl Broadcasts {
         Broadcasts {
             tree_for_fanout,
             ..Default::default()
+        }
+    }
+
+    /// Swarms whose store sends `slots` pieces at once ([`SEED_SLOTS`]; a store on an object
+    /// store more, [`OBJECT_SEED_SLOTS`]).
+    ///
+    /// [`OBJECT_SEED_SLOTS`]: crate::broadcast::swarm::OBJECT_SEED_SLOTS
+    pub fn with_seed_slots(self, slots: usize) -> Self {
+        Broadcasts {
+            seed_slots: slots.max(1),
+            ..self
         }
     }
 

@@ -527,3 +527,32 @@ fn a_swarm_of_few_large_blocks_trades_pieces_readers_keep_to_whole_blocks() {
     let mut b = Broadcasts::default().with_whole_blocks(true);
     assert!(join(&mut b, "w", getter("a", "")).is_empty());
 }
+
+#[test]
+fn a_store_on_an_object_store_sends_several_pieces_at_once() {
+    let now = SystemClock.now();
+    let store_fetches = |b: &mut Broadcasts| {
+        let j = b
+            .join(spec("g"), getter("a", ""), &store(), &all_live, now)
+            .unwrap();
+        b.swarm_join("g", j.window.generation, j.member, pieces(8), &store())
+            .unwrap();
+        let req = crate::proto::SwarmSyncRequest {
+            group_id: "g".into(),
+            generation: j.window.generation,
+            member: j.member,
+            idle: 8,
+            ..Default::default()
+        };
+        let (r, _) = b.swarm_sync(&req, &all_live, now).unwrap();
+        assert!(r.fetch.iter().all(|f| f.store), "{r:?}");
+        r.fetch.len()
+    };
+    assert_eq!(
+        store_fetches(&mut Broadcasts::default()),
+        crate::broadcast::swarm::SEED_SLOTS
+    );
+    let objects = crate::broadcast::swarm::OBJECT_SEED_SLOTS;
+    let mut b = Broadcasts::default().with_seed_slots(objects);
+    assert_eq!(store_fetches(&mut b), objects);
+}

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use super::nodes::Seed;
-use crate::broadcast::swarm::{Board, Plan, SEED_SLOTS};
+use crate::broadcast::swarm::{Board, Plan};
 
 /// Board ids of holders start here; below are the window's member ids.
 const HOLDER_IDS: u64 = 1 << 32;
@@ -51,12 +51,17 @@ pub(super) struct Swarm {
 }
 
 impl Swarm {
-    /// A swarm of the blocks of `pieces`, cut as its plan says, whose members each serve
-    /// `uploads` pieces at once.
-    pub(super) fn new(mut pieces: Pieces, plan: &Plan, seed: u64, uploads: u32) -> Self {
+    /// A swarm of the blocks of `pieces`, cut as its plan says, whose store sends `seed_slots`
+    /// pieces at once and whose members each serve `uploads`.
+    pub(super) fn new(
+        mut pieces: Pieces,
+        plan: &Plan,
+        seed: u64,
+        (seed_slots, uploads): (usize, u32),
+    ) -> Self {
         pieces.log2 = plan.log2();
         Swarm {
-            board: Board::with_slots(plan.pieces(), SEED_SLOTS, uploads, seed),
+            board: Board::with_slots(plan.pieces(), seed_slots, uploads, seed),
             pieces,
             holders: HashMap::new(),
             holder_nodes: Vec::new(),

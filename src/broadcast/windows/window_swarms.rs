@@ -85,6 +85,7 @@ impl Broadcasts {
             false => pieces.plan(),
         };
         let wanted = self.may_swarm(&spec, serves) && plan.pieces() >= MIN_SWARM_PIECES;
+        let seed_slots = self.seed_slots;
         let (w, m) = self.member(group, generation, member)?;
         let joiner = w.members[m].joiner.clone();
         let uploads = match w.spec.fanout {
@@ -99,7 +100,7 @@ impl Broadcasts {
         let s = w
             .swarms
             .entry(version)
-            .or_insert_with(|| Swarm::new(pieces, &plan, seed, uploads));
+            .or_insert_with(|| Swarm::new(pieces, &plan, seed, (seed_slots, uploads)));
         if s.pieces.hashes.is_empty() || (joiner.reads && s.pieces.log2 != 0) {
             return Ok(Pieces::default());
         }
