@@ -16,7 +16,8 @@ use crate::hash::BlockHash;
 use crate::proto::{JoinRequest, JoinResponse};
 use crate::rpc::{ClientError, Store};
 
-/// Joins again a membership makes before it gives the swarm up: each is one owner's death.
+/// Joins again in a row, with no sync answered between them, before the member gives the swarm
+/// up (a new owner that keeps forgetting the window must not keep it joining).
 const MAX_REJOINS: u32 = 3;
 
 /// Where a member sits after it joined its window again.
@@ -40,7 +41,10 @@ pub(super) struct Rejoin {
     /// The join that made the member, naming the window's group as its owner gave it.
     request: JoinRequest,
     moved: Moved,
+    /// Joins again since a sync was last answered.
     tries: u32,
+    /// Joins again in all, for the member's report.
+    total: u32,
     running: Option<JoinHandle<Result<JoinResponse, ClientError>>>,
 }
 
@@ -51,6 +55,7 @@ impl Rejoin {
             request,
             moved,
             tries: 0,
+            total: 0,
             running: None,
         }
     }
@@ -67,9 +72,16 @@ impl Rejoin {
             return false;
         }
         self.tries += 1;
+        self.total += 1;
         let (store, req) = (self.store.clone(), self.request.clone());
         self.running = Some(tokio::spawn(async move { store.join_broadcast(req).await }));
         true
+    }
+
+    /// A sync was answered: the window stands, and a later owner's death may be joined
+    /// through again.
+    pub(super) fn settled(&mut self) {
+        self.tries = 0;
     }
 
     /// The join's answer, once it comes; never, while none runs.
@@ -113,9 +125,58 @@ impl Rejoin {
             },
             generation: window.generation,
             member: joined.member,
-            rejoins: self.tries,
+            rejoins: self.total,
         };
         *crate::locks::lock(&self.moved) = Some(seat.clone());
         Ok(seat)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::auth::credential::Credential;
+    use crate::rpc::faulty::FaultyStore;
+    use crate::rpc::Fault;
+
+    /// Joins again until the member may not, each refused: how many it started.
+    async fn tries(rejoin: &mut Rejoin, index: &HashMap<[u8; 32], usize>) -> u32 {
+        let mut started = 0;
+        while rejoin.start() {
+            started += 1;
+            let answer = rejoin.answered().await;
+            assert!(rejoin.take(answer, index, 0).is_err());
+        }
+        started
+    }
+
+    #[tokio::test]
+    async fn joins_again_in_a_row_are_bounded_and_an_answered_sync_frees_them() {
+        // Every join refused at once, as a store that knows no such key would.
+        let nowhere = crate::rpc::client::store_lazy("127.0.0.1:9", &Credential::none()).unwrap();
+        let faulty = Arc::new(FaultyStore::new(nowhere));
+        for nth in 1..=8 {
+            faulty.fail(Some("join_broadcast"), nth, Fault::NotFound);
+        }
+        let mut rejoin = Rejoin::new(
+            Store::shared(faulty.clone()),
+            JoinRequest::default(),
+            Moved::default(),
+        );
+        let index = HashMap::new();
+        assert_eq!(tries(&mut rejoin, &index).await, MAX_REJOINS);
+        assert_eq!(
+            tries(&mut rejoin, &index).await,
+            0,
+            "still failing: no more"
+        );
+        rejoin.settled();
+        assert_eq!(tries(&mut rejoin, &index).await, MAX_REJOINS);
+        assert_eq!(
+            faulty.calls(Some("join_broadcast")),
+            u64::from(2 * MAX_REJOINS)
+        );
     }
 }

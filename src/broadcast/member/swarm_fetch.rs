@@ -485,6 +485,7 @@ impl Ctx {
                     self.untold.remove(p);
                 }
                 self.syncs.succeeded();
+                self.rejoin.settled();
             }
             // The owner changed and the new one knows no such window: join it there.
             Ok((Err(e), req, _)) if e.is_not_found() && self.rejoin.start() => {
