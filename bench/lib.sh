@@ -495,7 +495,9 @@ serve() {
 }
 
 # replace_section SECTION: puts SECTION (markdown whose first line is its `## ` heading) in
-# bench/RESULTS.md in place of the section with the same heading, or at its end.
+# bench/RESULTS.md in place of the section with the same heading, or at its end. The section
+# ends at the next heading or marker comment: other scripts' `### ` sections and marked
+# sections may follow it, and are kept.
 replace_section() {
     python3 - "$1" <<'PY'
 import sys
@@ -505,7 +507,9 @@ text = open(path).read()
 head = section.splitlines()[0]
 if head in text:
     start = text.index(head)
-    nxt = text.find("\n## ", start + 1)
+    ends = [text.find(m, start + 1) for m in ("\n## ", "\n### ", "\n<!-- ")]
+    ends = [e for e in ends if e != -1]
+    nxt = min(ends) if ends else -1
     text = text[:start] + section + ("\n" + text[nxt + 1:] if nxt != -1 else "")
 else:
     text = text.rstrip() + "\n\n" + section

@@ -229,8 +229,9 @@ fn a_store_reaches_an_etcd_over_tls_with_the_files_its_address_names() {
 /// A store server on etcd (keys) and a real S3 server (blocks and manifests: s3s-fs) keeps
 /// nothing on its disk that another needs: a second server on an empty data directory serves
 /// what the first published, byte for byte; a manifest over etcd's request limit publishes (it
-/// is an object, not a value in etcd's transaction), a small one stays in etcd; and a server
-/// whose object store refuses it says so at its start.
+/// is an object, not a value in etcd's transaction), a small one stays in etcd, and so do small
+/// blocks, unless the metadata is given no room for them; and a server whose object store
+/// refuses it says so at its start.
 #[test]
 fn servers_on_etcd_and_s3_serve_each_others_keys_with_nothing_on_their_disks() {
     let ip = "127.0.0.126";
@@ -249,8 +250,8 @@ fn servers_on_etcd_and_s3_serve_each_others_keys_with_nothing_on_their_disks() {
     let big = pseudo_random(6 << 20, 41);
     std::fs::write(src.join("big.bin"), &big).unwrap();
     std::fs::write(src.join("small.txt"), b"hello s3\n").unwrap();
-    // Enough files of long names that their manifest outgrows one etcd request; empty, since
-    // each small block is an object of its own for now (doc/cluster.md).
+    // Enough files of long names that their manifest outgrows one etcd request; empty, as
+    // their names alone make the size.
     let files = 8_000;
     let long = "n".repeat(200);
     for i in 0..files {
@@ -272,7 +273,18 @@ fn servers_on_etcd_and_s3_serve_each_others_keys_with_nothing_on_their_disks() {
     assert!(first.stop().success());
     let bucket = s3.root().join("kt-bucket/cluster/one");
     let count = |d: &str| std::fs::read_dir(bucket.join(d)).map_or(0, |r| r.count());
-    assert!(count("blocks") >= 2, "the big file's blocks are objects");
+    assert!(count("blocks") >= 1, "the big file's blocks are objects");
+    // The small files' blocks are in etcd: every object is a block of the big file.
+    let sizes = |bucket: &Path| -> Vec<u64> {
+        std::fs::read_dir(bucket.join("blocks")).map_or(Vec::new(), |r| {
+            r.map(|e| e.unwrap().metadata().unwrap().len()).collect()
+        })
+    };
+    assert!(
+        sizes(&bucket).iter().all(|&n| n > 16 << 10),
+        "a small block was written as an object: {:?}",
+        sizes(&bucket)
+    );
     let largest = std::fs::read_dir(bucket.join("manifests"))
         .unwrap()
         .map(|e| e.unwrap().metadata().unwrap().len())
@@ -308,6 +320,24 @@ fn servers_on_etcd_and_s3_serve_each_others_keys_with_nothing_on_their_disks() {
         files + 1
     );
     assert_eq!(std::fs::read(out.join("many/12345")).unwrap(), b"12345");
+
+    // With no room for blocks in the metadata, a small one is an object, read back as one.
+    let zero_url = s3.url("kt-bucket", "cluster/zero");
+    let zero = replica_on(
+        ip,
+        (&etcd, "kt-zero"),
+        (&s3, &zero_url),
+        &dir.path().join("zero"),
+        &["--meta-blocks-under", "0"],
+    );
+    ok(
+        &zero,
+        &["put", "z/small", "--src", small_src.to_str().unwrap()],
+    );
+    assert_eq!(sizes(&s3.root().join("kt-bucket/cluster/zero")), vec![9]);
+    let z = dir.path().join("z");
+    ok(&zero, &["get", "z/small", "--dest", z.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&z).unwrap(), b"hello s3\n");
 
     // Credentials the object store refuses: no server.
     let err = refused_server(

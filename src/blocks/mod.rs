@@ -4,12 +4,15 @@
 //! database ([`store`]), a node's cache ([`cache`]), the files it published or fetched, served
 //! in place ([`in_place`]), and the blocks it is receiving right now ([`in_flight`]); [`node`]
 //! puts a node's three together. Large blocks live in files named by hash ([`files`]), written
-//! in pieces ([`pieces`]); which namespace may name which of the store's blocks in [`refs`]; what garbage collection must keep is noted in [`touched`], and the
+//! in pieces ([`pieces`]); a store on an object store keeps its small blocks in the metadata
+//! ([`block_table`]); which namespace may name which of the store's blocks in [`refs`]; what garbage collection must keep is noted in [`touched`], and the
 //! versions a node has open in [`pins`]. Everything here is below the transfers and the filesystem, and knows
 //! nothing of either.
 
 pub mod pieces;
 
+#[cfg(feature = "daemons")]
+pub mod block_table;
 #[cfg(feature = "daemons")]
 pub mod cache;
 #[cfg(feature = "daemons")]
@@ -61,6 +64,14 @@ pub enum BlockError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The small blocks the metadata keeps (cluster mode); `no_space` where its engine is
+    /// full.
+    #[error("small blocks in the metadata: {source}")]
+    InMeta {
+        no_space: bool,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl BlockError {
@@ -81,7 +92,9 @@ impl BlockError {
             BlockError::NoUploads => false,
             #[cfg(feature = "daemons")]
             BlockError::Objects(_) => false,
-            BlockError::References { no_space, .. } => *no_space,
+            BlockError::References { no_space, .. } | BlockError::InMeta { no_space, .. } => {
+                *no_space
+            }
         }
     }
 }

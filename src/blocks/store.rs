@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
 
+use super::block_table::BlockTable;
 use super::files::{BlockFiles, MIN_FILE_BLOCK};
 use super::ref_table::RefTable;
 pub use super::ref_table::CF_BLOCK_REFS;
@@ -51,7 +52,7 @@ pub struct StoreBlocks {
 /// Where the blocks' bytes are.
 enum Place {
     Disk(Disk),
-    Objects(Arc<Objects>),
+    Objects(Arc<Objects>, Option<Arc<dyn BlockTable>>),
 }
 
 /// Blocks on the store server's own disk.
@@ -92,7 +93,16 @@ impl StoreBlocks {
 
     /// The blocks in `objects`, their references in `db`.
     pub fn on_objects(db: Db, objects: Arc<Objects>) -> Self {
-        Self::at(db, Place::Objects(objects))
+        Self::at(db, Place::Objects(objects, None))
+    }
+
+    /// The same blocks on an object store, the small ones in `table` while it takes them
+    /// (`block_table`); blocks are looked for in both.
+    pub fn with_small_blocks(mut self, table: Arc<dyn BlockTable>) -> Self {
+        if let Place::Objects(_, small) = &mut self.place {
+            *small = Some(table);
+        }
+        self
     }
 
     fn at(db: Db, place: Place) -> Self {
@@ -116,7 +126,7 @@ impl StoreBlocks {
     pub fn check(&self) -> Result<(), BlockError> {
         match &self.place {
             Place::Disk(_) => Ok(()),
-            Place::Objects(o) => Ok(o.check()?),
+            Place::Objects(o, _) => Ok(o.check()?),
         }
     }
 
@@ -124,7 +134,7 @@ impl StoreBlocks {
     fn disk(&self) -> Option<&Disk> {
         match &self.place {
             Place::Disk(d) => Some(d),
-            Place::Objects(_) => None,
+            Place::Objects(..) => None,
         }
     }
 
@@ -133,6 +143,16 @@ impl StoreBlocks {
     pub fn put(&self, hash: &BlockHash, data: &[u8]) -> Result<(), BlockError> {
         // Before the file is written: a collection pass takes it for an orphan otherwise.
         locks::lock(&self.touched).touch(*hash);
+        if let Place::Objects(_, Some(t)) = &self.place {
+            // Asked of the table alone: whether the object store holds it too is a request
+            // more, for each small file, to learn nothing a reader needs.
+            if t.takes(data.len()) {
+                if t.get(hash)?.is_none() {
+                    t.put(hash, data)?;
+                }
+                return Ok(());
+            }
+        }
         if self.contains(hash)? {
             return Ok(());
         }
@@ -144,8 +164,11 @@ impl StoreBlocks {
         locks::lock(&self.touched).touch(*hash);
         let disk = match &self.place {
             Place::Disk(d) => d,
-            Place::Objects(o) => {
-                o.put(&object_name(hash), Bytes::copy_from_slice(data))?;
+            Place::Objects(o, small) => {
+                match small {
+                    Some(t) if t.takes(data.len()) => t.put(hash, data)?,
+                    _ => o.put(&object_name(hash), Bytes::copy_from_slice(data))?,
+                }
                 return Ok(());
             }
         };
@@ -182,7 +205,10 @@ impl StoreBlocks {
         locks::lock(&self.touched).touch(*hash);
         let disk = match &self.place {
             Place::Disk(d) => d,
-            Place::Objects(o) => {
+            Place::Objects(o, small) => {
+                if let Some(b) = small.as_ref().map(|t| t.get(hash)).transpose()?.flatten() {
+                    return Ok(u32::try_from(b.len()).ok());
+                }
                 // An object too long to be a block is not one the store wrote.
                 return Ok(o
                     .len(&object_name(hash))?
@@ -222,7 +248,12 @@ impl StoreBlocks {
     pub fn get(&self, hash: &BlockHash) -> Result<Option<Served>, BlockError> {
         let disk = match &self.place {
             Place::Disk(d) => d,
-            Place::Objects(o) => return Ok(o.get(&object_name(hash))?.map(Served::Bytes)),
+            Place::Objects(o, small) => {
+                if let Some(b) = small.as_ref().map(|t| t.get(hash)).transpose()?.flatten() {
+                    return Ok(Some(Served::Bytes(b)));
+                }
+                return Ok(o.get(&object_name(hash))?.map(Served::Bytes));
+            }
         };
         let unindexed = locks::lock(&disk.unindexed).contains_key(hash);
         let in_file = match unindexed {
@@ -285,7 +316,7 @@ impl StoreBlocks {
     pub fn for_each_block(&self, mut f: impl FnMut(BlockHash)) -> Result<(), BlockError> {
         let disk = match &self.place {
             Place::Disk(d) => d,
-            Place::Objects(o) => {
+            Place::Objects(o, small) => {
                 // Objects of other names under the prefix are not the store's blocks.
                 o.list(BLOCK_OBJECTS, |name| {
                     if let Some(h) = BlockHash::from_hex(name) {
@@ -293,6 +324,9 @@ impl StoreBlocks {
                     }
                     Ok(())
                 })?;
+                if let Some(t) = small {
+                    t.for_each(&mut |h, _| f(h))?;
+                }
                 return Ok(());
             }
         };
@@ -312,10 +346,19 @@ impl StoreBlocks {
     pub fn remove(&self, hash: &BlockHash) -> Result<u64, BlockError> {
         let disk = match &self.place {
             Place::Disk(d) => d,
-            Place::Objects(o) => {
+            Place::Objects(o, small) => {
+                let mut len = 0;
+                if let Some(t) = small {
+                    if let Some(b) = t.get(hash)? {
+                        t.remove(hash)?;
+                        len = b.len() as u64;
+                    }
+                }
                 let name = object_name(hash);
-                let len = o.len(&name)?.unwrap_or(0);
-                o.delete(&name)?;
+                if let Some(n) = o.len(&name)? {
+                    o.delete(&name)?;
+                    len = n;
+                }
                 return Ok(len);
             }
         };
@@ -448,7 +491,15 @@ impl BlockServe for StoreBlocks {
         len: usize,
     ) -> Result<Option<Bytes>, BlockError> {
         match &self.place {
-            Place::Objects(o) => Ok(o.get_range(&object_name(hash), start, len)?),
+            Place::Objects(o, small) => {
+                if let Some(b) = small.as_ref().map(|t| t.get(hash)).transpose()?.flatten() {
+                    let end = usize::try_from(start)
+                        .ok()
+                        .and_then(|s| Some((s, s.checked_add(len)?)));
+                    return Ok(end.and_then(|(s, e)| (e <= b.len()).then(|| b.slice(s..e))));
+                }
+                Ok(o.get_range(&object_name(hash), start, len)?)
+            }
             Place::Disk(_) => Ok(None),
         }
     }

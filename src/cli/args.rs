@@ -443,6 +443,12 @@ pub struct ServerArgs {
     /// cloud's tools read them). Without it, in --data-dir.
     #[arg(long, value_name = "URL")]
     pub blocks: Option<ktfs::objects::ObjectUrl>,
+    /// With --meta and --blocks: small blocks (16 KiB or less, files of a few pages) go into
+    /// the metadata while its database is under this size, into the object store after (0:
+    /// never). Each is one write and one read of etcd instead of an object's PUT and GET.
+    /// Keep it well under etcd's --quota-backend-bytes (2 GiB unless set).
+    #[arg(long, default_value = "1G", value_parser = parse_size, value_name = "SIZE")]
+    pub meta_blocks_under: u64,
     /// The address clients reach this server at (HOST:PORT), which replicas that stand by
     /// name to callers. Default: --listen, or this host's name where --listen is a wildcard.
     #[arg(long, env = "KT_ADVERTISE", value_name = "HOST:PORT")]

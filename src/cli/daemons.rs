@@ -85,6 +85,7 @@ pub async fn server(a: ServerArgs) -> Result<()> {
         &StoreSpec {
             meta: a.meta.unwrap_or_default(),
             blocks: a.blocks,
+            meta_blocks_under: Some(a.meta_blocks_under),
         },
     )
     .await?
@@ -104,6 +105,7 @@ async fn migrate(m: Box<MigrateArgs>) -> Result<()> {
     let engines = StoreSpec {
         meta: m.meta,
         blocks: Some(m.blocks),
+        meta_blocks_under: None,
     };
     let (done, dir) = match (&m.from, &m.to) {
         (Some(from), _) => (ktfs::server::migrate(from, &engines).await?, from),

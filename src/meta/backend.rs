@@ -27,6 +27,9 @@ pub enum Table {
     /// `scope hash` -> nothing: a namespace references a block (`blocks::refs`). Any replica
     /// of a store writes them (the one that took the upload), not the owner alone.
     BlockRefs,
+    /// hash -> bytes: a small block of a store whose blocks are in an object store
+    /// (`blocks::block_table`). Any replica writes them, as the references.
+    Blocks,
 }
 
 /// One write of an atomic batch.
@@ -95,6 +98,11 @@ pub trait MetaBackend: Send + Sync + 'static {
     fn check(&self) -> Result<(), BackendError> {
         Ok(())
     }
+    /// How many bytes the backend's engine takes where a quota bounds it (etcd's), `None`
+    /// where nothing does.
+    fn stored_bytes(&self) -> Result<Option<u64>, BackendError> {
+        Ok(None)
+    }
 }
 
 /// A boxed backend is one (the store server picks its backend where it starts), and so is a
@@ -151,6 +159,10 @@ macro_rules! forward_backend {
             fn check(&self) -> Result<(), BackendError> {
                 (**self).check()
             }
+
+            fn stored_bytes(&self) -> Result<Option<u64>, BackendError> {
+                (**self).stored_bytes()
+            }
         }
     };
 }
@@ -183,6 +195,7 @@ fn family(t: Table) -> &'static str {
         Table::Graveyard => CF_GRAVEYARD,
         // Beside the blocks, in the same database (`blocks::store::FAMILIES`).
         Table::BlockRefs => crate::blocks::store::CF_BLOCK_REFS,
+        Table::Blocks => crate::blocks::store::CF_BLOCKS,
     }
 }
 

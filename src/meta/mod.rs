@@ -32,6 +32,7 @@ mod publish;
 mod reads;
 mod references;
 mod resolve;
+pub mod small_blocks;
 mod store;
 mod txn;
 
@@ -54,5 +55,6 @@ pub use reads::Page;
 pub(crate) use reads::View;
 pub use references::{Rebuilt, TableRefs};
 pub use resolve::Resolved;
+pub use small_blocks::TableBlocks;
 pub use store::MetaStore;
 pub use txn::Loc;

@@ -126,9 +126,13 @@ async fn open_engines(
     let Some(objects) = open_objects(spec).await? else {
         return Err(MigrateError::Bad("no object store named".into()));
     };
-    let blocks = StoreBlocks::on_objects(db.clone(), objects.clone());
-    // The references travel as a table (below); the copy of the blocks writes none.
-    let (backend, _refs) = open_backend(&spec.meta, db.clone(), Some(objects), None).await?;
+    let mut blocks = StoreBlocks::on_objects(db.clone(), objects.clone());
+    // The references travel as a table (below); the copy of the blocks writes none. Small
+    // blocks go into the metadata as a server puts them there, and come back from it.
+    let (backend, shared) = open_backend(spec, db.clone(), Some(objects), None).await?;
+    if let Some(shared) = shared {
+        blocks = blocks.with_small_blocks(shared.blocks);
+    }
     Ok((blocks, backend))
 }
 

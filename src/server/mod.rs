@@ -237,8 +237,8 @@ impl StoreServerProcess {
         };
         let fence = election.as_ref().map(|e| e.fence.clone());
         let shared_blocks = objects.is_some();
-        let (backend, refs) =
-            spec::open_backend(&spec.meta, db.clone(), objects.clone(), fence).await?;
+        let (backend, shared) =
+            spec::open_backend(spec, db.clone(), objects.clone(), fence).await?;
         let mut blocks = match &objects {
             Some(o) => StoreBlocks::on_objects(db, o.clone()),
             None => {
@@ -246,8 +246,10 @@ impl StoreServerProcess {
                 StoreBlocks::new(db, files)
             }
         };
-        if let Some(refs) = refs {
-            blocks = blocks.with_references(refs);
+        if let Some(shared) = shared {
+            blocks = blocks
+                .with_references(shared.refs)
+                .with_small_blocks(shared.blocks);
         }
         let blocks = Arc::new(blocks);
         blocks.index_old_blocks()?;

@@ -3,11 +3,13 @@
 
 use std::sync::Arc;
 
+use crate::blocks::block_table::BlockTable;
 use crate::blocks::ref_table::RefTable;
 use crate::db::Db;
 use crate::meta::backend::MetaBackend;
 use crate::meta::engine::{EngineError, EngineTables, EtcdEngine, EtcdUrl, Fence, ObjectManifests};
-use crate::meta::TableRefs;
+use crate::meta::small_blocks::DEFAULT_BUDGET;
+use crate::meta::{TableBlocks, TableRefs};
 use crate::objects::{ObjectError, ObjectUrl, Objects};
 
 /// What the metadata engine or the object store answered when they were opened.
@@ -36,6 +38,9 @@ pub enum MetaSpec {
 pub struct StoreSpec {
     pub meta: MetaSpec,
     pub blocks: Option<ObjectUrl>,
+    /// The size of the metadata's database under which small blocks go into it, where both
+    /// engines are remote (`blocks::block_table`); `None`: [`DEFAULT_BUDGET`].
+    pub meta_blocks_under: Option<u64>,
 }
 
 impl std::str::FromStr for MetaSpec {
@@ -57,17 +62,24 @@ pub(super) async fn open_objects(spec: &StoreSpec) -> Result<Option<Arc<Objects>
     Ok(Some(Arc::new(objects)))
 }
 
-/// The metadata backend `meta` names (RocksDB: `db`), its manifests in `objects` if given;
-/// on an engine several replicas may serve, writing only while `fence` holds. With it, where
-/// the namespaces' block references go: the engine's table of them, which every replica
-/// shares (`None`: the blocks' own database, beside the metadata).
+/// What the metadata keeps of the blocks where every replica shares its engine: the
+/// namespaces' references, and the small blocks of an object store.
+pub(super) struct Shared {
+    pub refs: Arc<dyn RefTable>,
+    pub blocks: Arc<dyn BlockTable>,
+}
+
+/// The metadata backend `spec.meta` names (RocksDB: `db`), its manifests in `objects` if
+/// given; on an engine several replicas may serve, writing only while `fence` holds. With it,
+/// what of the blocks goes in the engine's tables, which every replica shares (`None`: the
+/// blocks' own database, beside the metadata, keeps the references).
 pub(super) async fn open_backend(
-    meta: &MetaSpec,
+    spec: &StoreSpec,
     db: Db,
     objects: Option<Arc<Objects>>,
     fence: Option<Arc<Fence>>,
-) -> Result<(Box<dyn MetaBackend>, Option<Arc<dyn RefTable>>), OpenError> {
-    let tables = match meta {
+) -> Result<(Box<dyn MetaBackend>, Option<Shared>), OpenError> {
+    let tables = match &spec.meta {
         MetaSpec::Local => None,
         MetaSpec::Etcd(url) => {
             let url = url.clone();
@@ -81,14 +93,16 @@ pub(super) async fn open_backend(
             }))
         }
     };
-    let refs = tables
-        .clone()
-        .map(|t| Arc::new(TableRefs(t)) as Arc<dyn RefTable>);
+    let budget = spec.meta_blocks_under.unwrap_or(DEFAULT_BUDGET);
+    let shared = tables.clone().map(|t| Shared {
+        refs: Arc::new(TableRefs(t.clone())),
+        blocks: Arc::new(TableBlocks::new(t, budget)),
+    });
     let backend: Box<dyn MetaBackend> = match (tables, objects) {
         (None, None) => Box::new(db),
         (None, Some(o)) => Box::new(ObjectManifests::new(db, o)),
         (Some(t), None) => Box::new(t),
         (Some(t), Some(o)) => Box::new(ObjectManifests::new(t, o)),
     };
-    Ok((backend, refs))
+    Ok((backend, shared))
 }

@@ -186,4 +186,13 @@ impl MetaEngine for EtcdEngine {
             .await?;
         Ok(header_revision(resp.header()))
     }
+
+    async fn stored_bytes(&self) -> Result<Option<u64>, EngineError> {
+        let status = self
+            .members
+            .read(|c| async move { c.maintenance_client().status().await })
+            .await?;
+        // The size allocated, not the size in use: etcd's quota counts the first.
+        Ok(u64::try_from(status.db_size()).ok())
+    }
 }

@@ -99,7 +99,8 @@ macro_rules! headed {
 headed!(
     etcd_client::TxnResponse,
     etcd_client::DeleteResponse,
-    etcd_client::GetResponse
+    etcd_client::GetResponse,
+    etcd_client::StatusResponse
 );
 
 impl Members {

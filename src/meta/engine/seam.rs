@@ -235,6 +235,12 @@ pub trait MetaEngine: Send + Sync + 'static {
 
     /// The engine's current revision.
     async fn revision(&self) -> Result<Revision, EngineError>;
+
+    /// How many bytes the engine's database takes, where that is bounded by a quota (etcd's
+    /// `--quota-backend-bytes`, past which it refuses every write): `None` where it is not.
+    async fn stored_bytes(&self) -> Result<Option<u64>, EngineError> {
+        Ok(None)
+    }
 }
 
 /// The first key after every key that starts with `prefix` (`None`: no such key, the prefix

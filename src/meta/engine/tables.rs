@@ -39,8 +39,9 @@ fn page_len(table: Table) -> (usize, usize) {
 /// it, at its start.
 ///
 /// 1: every manifest an object where the store has an object store; 2: small manifests in the
-/// tables (`manifests::INLINE_MAX`), which a build of layout 1 would not find.
-pub const SCHEMA: u32 = 2;
+/// tables (`manifests::INLINE_MAX`), which a build of layout 1 would not find; 3: small blocks
+/// in the tables (`blocks::block_table`), which a build of layout 2 would not find.
+pub const SCHEMA: u32 = 3;
 
 /// Where the layout's number lies, beside the tables (whose keys begin with their tag).
 const SCHEMA_KEY: &[u8] = b"schema";
@@ -104,14 +105,16 @@ fn tag(table: Table) -> u8 {
         Table::Inodes => b'i',
         Table::Graveyard => b'g',
         Table::BlockRefs => b'r',
+        Table::Blocks => b'b',
     }
 }
 
 /// Whether the owner may answer `key` (an engine key) from its memory of what it read and
-/// wrote: not the block references, which every replica writes (`MetaBackend::write_shared`),
-/// and which a rebuild would otherwise pour into that memory by the million.
+/// wrote: not the block references nor the small blocks, which every replica writes
+/// (`MetaBackend::write_shared`), and which a rebuild or a tree of small files would otherwise
+/// pour into that memory by the million.
 fn remembered(key: &[u8]) -> bool {
-    key.first() != Some(&tag(Table::BlockRefs))
+    key.first() != Some(&tag(Table::BlockRefs)) && key.first() != Some(&tag(Table::Blocks))
 }
 
 fn engine_key(table: Table, key: &[u8]) -> Vec<u8> {
@@ -434,6 +437,10 @@ impl MetaBackend for EngineTables {
 
     fn check(&self) -> Result<(), BackendError> {
         self.call(|e| Box::pin(async move { e.revision().await.map(|_| ()) }))
+    }
+
+    fn stored_bytes(&self) -> Result<Option<u64>, BackendError> {
+        self.call(|e| Box::pin(async move { e.stored_bytes().await }))
     }
 
     /// Checks every change against the limits before writing any; a transaction that fails
