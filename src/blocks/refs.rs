@@ -22,7 +22,7 @@ use crate::locks;
 /// rebuild, removed by a start without authentication (whose uploads name no namespace). Not
 /// 64 bytes, so never a reference.
 pub const COMPLETE: &[u8] = b"complete";
-fn ref_key(scope: &Scope, hash: &BlockHash) -> Vec<u8> {
+pub(crate) fn ref_key(scope: &Scope, hash: &BlockHash) -> Vec<u8> {
     let mut k = Vec::with_capacity(64);
     k.extend_from_slice(&scope.0);
     k.extend_from_slice(&hash.0);

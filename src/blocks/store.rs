@@ -122,6 +122,18 @@ impl StoreBlocks {
         self
     }
 
+    /// Whether a block of `len` bytes goes into the metadata's table (`block_table`): one a
+    /// publish may write in its own change, beside the key that names it.
+    pub fn in_meta(&self, len: usize) -> bool {
+        matches!(&self.place, Place::Objects(_, Some(t)) if t.takes(len))
+    }
+
+    /// Notes a block about to be written elsewhere (in a publish's change), which garbage
+    /// collection keeps meanwhile.
+    pub fn touch(&self, hash: &BlockHash) {
+        locks::lock(&self.touched).touch(*hash);
+    }
+
     /// Whether the blocks' place answers now: an object store's one listing; a disk does.
     pub fn check(&self) -> Result<(), BlockError> {
         match &self.place {

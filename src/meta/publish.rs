@@ -1,11 +1,15 @@
-//! Publishing a manifest at a key: one [`Publish`] says everything of it; it is checked (its
-//! blocks in the store, its origin alive, what is at the key), then planned and queued as one
-//! change.
+//! Publishing a manifest at a key: one [`Publish`] says everything of it; its inline blocks are
+//! stored (or carried in its change), it is checked (its blocks in the store, its origin alive,
+//! what is at the key), then planned and queued as one change.
 
+use std::collections::HashSet;
+
+use super::backend::{Op, Table};
 use super::commit::Ticket;
 use super::error::MetaError;
 use super::store::MetaStore;
 use super::txn::{Lineage, Loc, Txn};
+use crate::blocks::refs::ref_key;
 use crate::hash::{BlockHash, Version};
 use crate::key::{KeyPath, Namespace};
 use crate::manifest::{self, EntryKind, Manifest, ManifestError};
@@ -33,7 +37,17 @@ pub struct Publish<'a> {
     /// epoch): the key's ctime. A mount publishes a file at its close, and a close changes
     /// nothing of it. `None`, or a time past this server's clock: the commit's own time.
     pub changed: Option<(i64, u32)>,
+    /// Blocks sent with the publish, checked against their hashes and the lengths the
+    /// manifest gives them, not yet stored: the publish stores them, and where the metadata
+    /// keeps small blocks (cluster mode) writes them in its own change, so that a small file
+    /// is one transaction of etcd rather than two, and a refused publish leaves no block.
+    pub inline: &'a [(BlockHash, Vec<u8>)],
 }
+
+/// Inline blocks one change carries, at most, and their bytes: a change must fit one etcd
+/// transaction (128 writes, 1.5 MiB) with its key's own writes and a reference a block.
+const MAX_CARRIED: usize = 16;
+const MAX_CARRIED_BYTES: usize = 256 << 10;
 
 impl<'a> Publish<'a> {
     /// `manifest` at `key` with its blocks in the store, for good, replacing nothing; the other
@@ -49,6 +63,7 @@ impl<'a> Publish<'a> {
             ttl_secs: 0,
             force: false,
             changed: None,
+            inline: &[],
         }
     }
 }
@@ -60,13 +75,14 @@ impl MetaStore {
     /// against, checked when it was published) are not looked up again: a one-file edit of a
     /// tree of thousands checks one file's blocks, not a lookup per block of the tree
     /// (measured: more than half the server's time of such a publish).
+    /// Blocks of `fresh` (the publish's inline ones, stored or carried by it) are not looked
+    /// up either: their hashes and lengths were checked as they came.
     fn check_stored_blocks(
         &self,
-        ns: &Namespace,
-        key: &KeyPath,
-        m: &Manifest,
-        known: Option<&Manifest>,
+        p: &Publish<'_>,
+        fresh: &HashSet<BlockHash>,
     ) -> Result<Vec<BlockHash>, MetaError> {
+        let (ns, key, m, known) = (p.ns, p.key, p.manifest, p.base);
         let known: std::collections::HashSet<(&[u8], u32)> = known
             .iter()
             .flat_map(|k| &k.entries)
@@ -86,6 +102,9 @@ impl MetaStore {
                 let hash: BlockHash = manifest::block_hash(b)
                     .ok_or_else(|| ManifestError::BadBlock(e.path.clone()))?;
                 looked_up.push(hash);
+                if fresh.contains(&hash) {
+                    continue;
+                }
                 match self.blocks.stored_len_for(scope.as_ref(), &hash)? {
                     None => missing += 1,
                     Some(len) if len != b.len => {
@@ -120,6 +139,7 @@ impl MetaStore {
     /// [`MetaStore::publish`] without waiting for the change to be durable: its ticket, for
     /// [`MetaStore::wait`] (a batch of publishes queues each, then waits once).
     pub fn publish_queued(&self, p: Publish<'_>) -> Result<(Version, Ticket), MetaError> {
+        let carried = self.store_inline(&p)?;
         self.check_publish(&p)?;
         let Publish {
             ns, key, manifest, ..
@@ -167,7 +187,36 @@ impl MetaStore {
             &Lineage::fresh(p.locale, p.origin, p.ttl_secs, self.now_ms()),
             at,
         )?;
+        t.carry(carried);
         Ok((version, t.submit()?))
+    }
+
+    /// Stores `p`'s inline blocks, in the namespace's references too, but for those its own
+    /// change will carry: returned as the writes of them and of their references.
+    fn store_inline(&self, p: &Publish<'_>) -> Result<Vec<Op>, MetaError> {
+        let scopes: Vec<_> = self.scope_of(p.ns).into_iter().collect();
+        let (mut carried, mut count, mut bytes) = (Vec::new(), 0, 0);
+        for (hash, data) in p.inline {
+            let carry = count < MAX_CARRIED
+                && bytes + data.len() <= MAX_CARRIED_BYTES
+                && self.blocks.in_meta(data.len());
+            if !carry {
+                self.blocks.put_for(&scopes, hash, data)?;
+                continue;
+            }
+            count += 1;
+            bytes += data.len();
+            self.blocks.touch(hash);
+            carried.push(Op::Put(
+                Table::Blocks,
+                hash.as_bytes().to_vec(),
+                data.clone(),
+            ));
+            for s in &scopes {
+                carried.push(Op::Put(Table::BlockRefs, ref_key(s, hash), Vec::new()));
+            }
+        }
+        Ok(carried)
     }
 
     /// What a publish must pass before it is planned: a valid manifest, a live origin for
@@ -184,7 +233,8 @@ impl MetaStore {
         // cannot be checked against anything the store holds, and every reader checks the
         // length of each block it receives instead (`fetch`, the mount's loader).
         if p.locale == Locale::Store {
-            let named = self.check_stored_blocks(p.ns, p.key, p.manifest, p.base)?;
+            let fresh: HashSet<BlockHash> = p.inline.iter().map(|(h, _)| *h).collect();
+            let named = self.check_stored_blocks(p, &fresh)?;
             // The key must never outlive its blocks in a crash; a publish whose blocks are
             // all durable already does not wait for another's sync.
             self.blocks.make_durable_for(&named)?;

@@ -105,6 +105,7 @@ impl BlockTable for TableBlocks {
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
     use crate::blocks::store::{StoreBlocks, CF_BLOCKS, FAMILIES};
@@ -113,10 +114,12 @@ mod tests {
     use crate::meta::engine::{
         EngineError, EngineTables, Entry, MetaEngine, Page, Revision, RocksEngine, Txn,
     };
+    use crate::meta::TableRefs;
     use crate::objects::{ObjectUrl, Objects};
 
-    /// RocksDB, saying its database takes so many bytes, as etcd says.
-    struct Measured(RocksEngine, u64);
+    /// RocksDB, saying its database takes so many bytes, as etcd says, and counting the
+    /// transactions it is sent.
+    struct Measured(RocksEngine, u64, Arc<AtomicUsize>);
 
     #[async_trait::async_trait]
     impl MetaEngine for Measured {
@@ -132,6 +135,7 @@ mod tests {
             self.0.range(prefix, start, limit).await
         }
         async fn txn(&self, txn: Txn) -> Result<Revision, EngineError> {
+            self.2.fetch_add(1, Ordering::SeqCst);
             self.0.txn(txn).await
         }
         async fn delete_range(&self, prefix: &[u8]) -> Result<Revision, EngineError> {
@@ -148,24 +152,43 @@ mod tests {
     /// A store's blocks on objects in `dir`, its small ones in tables whose engine says it
     /// takes `size` bytes, with `budget`.
     fn store(dir: &Path, size: u64, budget: u64) -> (StoreBlocks, Arc<Objects>) {
-        let path = dir.join("engine");
-        let tables =
-            EngineTables::connect(
-                move || async move { Ok(Measured(RocksEngine::open(&path)?, size)) },
-            )
-            .unwrap();
-        let objects = Arc::new(Objects::open(&ObjectUrl::Dir(dir.join("objects"))).unwrap());
-        let db = Db::open(&dir.join("db"), &FAMILIES, &[CF_BLOCKS]).unwrap();
-        let blocks = StoreBlocks::on_objects(db, objects.clone())
-            .with_small_blocks(Arc::new(TableBlocks::new(Arc::new(tables), budget)));
+        let (blocks, objects, _, _) = store_counted(dir, size, budget);
         (blocks, objects)
     }
 
-    fn object(objects: &Objects, h: &BlockHash) -> Option<u64> {
+    /// As [`store`], with the tables (its references in them too) and the count of their
+    /// transactions.
+    pub(super) fn store_counted(
+        dir: &Path,
+        size: u64,
+        budget: u64,
+    ) -> (
+        StoreBlocks,
+        Arc<Objects>,
+        Arc<EngineTables>,
+        Arc<AtomicUsize>,
+    ) {
+        let path = dir.join("engine");
+        let txns = Arc::new(AtomicUsize::new(0));
+        let counted = txns.clone();
+        let tables = EngineTables::connect(move || async move {
+            Ok(Measured(RocksEngine::open(&path)?, size, counted))
+        })
+        .unwrap();
+        let tables = Arc::new(tables);
+        let objects = Arc::new(Objects::open(&ObjectUrl::Dir(dir.join("objects"))).unwrap());
+        let db = Db::open(&dir.join("db"), &FAMILIES, &[CF_BLOCKS]).unwrap();
+        let blocks = StoreBlocks::on_objects(db, objects.clone())
+            .with_references(Arc::new(TableRefs(tables.clone())))
+            .with_small_blocks(Arc::new(TableBlocks::new(tables.clone(), budget)));
+        (blocks, objects, tables, txns)
+    }
+
+    pub(super) fn object(objects: &Objects, h: &BlockHash) -> Option<u64> {
         objects.len(&format!("blocks/{}", h.hex())).unwrap()
     }
 
-    fn bytes(served: Option<Served>) -> Vec<u8> {
+    pub(super) fn bytes(served: Option<Served>) -> Vec<u8> {
         match served {
             Some(Served::Bytes(b)) => b.to_vec(),
             Some(Served::File(..)) => panic!("a block on objects is served from memory"),
@@ -229,4 +252,60 @@ mod tests {
             assert_eq!(bytes(blocks.get(&hb).unwrap()), before);
         }
     }
+}
+
+/// A small file's publish writes its block in its own change: one transaction of the engine
+/// for the block, the namespace's reference to it and the key; a refused publish leaves no
+/// block behind.
+#[cfg(test)]
+#[test]
+fn a_publish_carries_its_small_blocks_in_its_own_transaction() {
+    use std::sync::atomic::Ordering;
+
+    use super::{MetaStore, Publish};
+    use crate::clock::ManualClock;
+    use crate::key::{KeyPath, Namespace};
+    use tests::{bytes, object, store_counted};
+
+    let dir = tempfile::tempdir().unwrap();
+    let (blocks, objects, tables, txns) = store_counted(dir.path(), 0, DEFAULT_BUDGET);
+    let meta = MetaStore::new(
+        tables,
+        Arc::new(blocks),
+        Duration::from_secs(15),
+        ManualClock::default().shared(),
+    );
+    meta.separate_namespaces(true).unwrap();
+    let ns = Namespace::parse("team").unwrap();
+    let scope = meta.scope_of(&ns);
+    let key = KeyPath::parse("f").unwrap();
+    let data = b"a small file".to_vec();
+    let h = BlockHash::of(&data);
+    let inline = vec![(h, data.clone())];
+    let before = txns.load(Ordering::SeqCst);
+    meta.publish(Publish {
+        inline: &inline,
+        ..Publish::new(&ns, &key, &super::tests::one_block(&data))
+    })
+    .unwrap();
+    assert_eq!(txns.load(Ordering::SeqCst) - before, 1);
+    assert_eq!(object(&objects, &h), None);
+    assert_eq!(bytes(meta.blocks().get(&h).unwrap()), data);
+    assert!(meta
+        .blocks()
+        .missing_for(scope.as_ref(), &[h])
+        .unwrap()
+        .is_empty());
+
+    let other = b"another small file".to_vec();
+    let h2 = BlockHash::of(&other);
+    let refused = meta.publish(Publish {
+        inline: &[(h2, other.clone())],
+        ..Publish::new(&ns, &key, &super::tests::one_block(&other))
+    });
+    assert!(
+        refused.is_err(),
+        "a publish over another version without force"
+    );
+    assert!(meta.blocks().get(&h2).unwrap().is_none());
 }

@@ -148,6 +148,8 @@ pub struct Txn<'m> {
     /// When this change happens: every time it stamps is this one, as a kernel's operation
     /// stamps a file and its directory alike.
     now: (i64, u32),
+    /// Writes of another table the change carries whole (a publish's small blocks).
+    carried: Vec<Op>,
 }
 
 pub(super) fn parent_of(path: &str) -> Option<&str> {
@@ -186,6 +188,7 @@ impl<'m> Txn<'m> {
             attrs: BTreeMap::new(),
             inodes: BTreeMap::new(),
             now: meta.clock_now().unix(),
+            carried: Vec::new(),
         }
     }
 
@@ -648,6 +651,12 @@ impl<'m> Txn<'m> {
         meta.wait(ticket)
     }
 
+    /// Adds writes the change makes beside its own (a publish's small blocks and their
+    /// references, where the metadata keeps them): they land with it or not at all.
+    pub fn carry(&mut self, ops: Vec<Op>) {
+        self.carried.extend(ops);
+    }
+
     /// Queues every pending change as one batch and returns without waiting: the change is
     /// visible to later plans at once, and durable once [`MetaStore::wait`] of its ticket
     /// returned (so many changes can share one sync of the log).
@@ -672,7 +681,7 @@ impl<'m> Txn<'m> {
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
         let attrs = std::mem::take(&mut self.attrs);
-        let mut ops = Vec::new();
+        let mut ops = std::mem::take(&mut self.carried);
         for (k, p) in pending {
             match p {
                 Pending::Put(p) => {

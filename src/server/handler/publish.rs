@@ -85,13 +85,13 @@ fn publish_items(
         .into_iter()
         .map(|item| {
             let i = item?;
-            store_inline(meta, ns, &i.inline)?;
             let (v, t) = meta.publish_queued(Publish {
                 locale: i.locale,
                 origin: &i.origin,
                 ttl_secs: i.ttl_secs,
                 force: i.force,
                 changed: i.changed,
+                inline: &i.inline,
                 ..Publish::new(ns, &i.key, &i.manifest)
             })?;
             Ok((i.key, v, t))
@@ -181,9 +181,8 @@ pub(super) async fn publish(
     let at = ns.clone();
     let version = blocking(move || {
         let ns = at;
-        if !stored {
-            store_inline(&meta, &ns, &inline)?;
-        }
+        // A patch's stored them before it was made.
+        let inline = if stored { Vec::new() } else { inline };
         let version = meta.publish(Publish {
             ns: &ns,
             key: &key,
@@ -194,6 +193,7 @@ pub(super) async fn publish(
             ttl_secs: r.ttl_secs,
             force: r.force,
             changed: changed_at(r.changed_unix_ns),
+            inline: &inline,
         })?;
         let parent = key.as_str().rsplit_once('/').map(|(p, _)| p);
         let parent = parent.map(KeyPath::parse).transpose().ok().flatten();
