@@ -35,15 +35,16 @@ IP=127.0.0.23
 
 start_etcd "${IP}2" "$SHM/m1"
 start_s3 "${IP}3"
+S3_PID=${PIDS[-1]}
 S3="http://${IP}3:9000"
 
 # The two stores: a single server, and a replica on etcd and S3.
 mkdir -p "$WORK/single" "$WORK/cluster"
 start_server "$WORK/single" "${IP}4:0"
-SINGLE_ADDR=$SERVER_ADDR
+SINGLE_ADDR=$SERVER_ADDR SINGLE_PID=$SERVER_PID
 start_server "$WORK/cluster" "${IP}5:0" --meta "etcd://${IP}2:2379/kt-rows" \
     --blocks "s3://bucket/rows?endpoint=$S3&region=us-east-1"
-CLUSTER_ADDR=$SERVER_ADDR
+CLUSTER_ADDR=$SERVER_ADDR CLUSTER_PID=$SERVER_PID
 
 # The files.
 mkdir -p "$WORK/src/files"
@@ -56,16 +57,24 @@ done
 ls "$WORK/s3/bucket/rows/blocks" >"$WORK/objects"
 [ -s "$WORK/objects" ] || die "no block objects in the bucket"
 
-# One `cp -r` into a fresh mount of STORE: sets ELAPSED.
+# One `cp -r` into a fresh mount of STORE: sets ELAPSED, and CPU_<STORE>_<PROCESS> gets the
+# CPU seconds each process spent over the copy.
 small_files() { # STORE RUN
-    local store=$1 run=$2 addr
-    eval "addr=\$${store^^}_ADDR"
+    local store=$1 run=$2 addr server_pid
+    eval "addr=\$${store^^}_ADDR server_pid=\$${store^^}_PID"
     mount_node "$store$run" "${IP}6" "$addr" "rows-$store$run"
     local dir=${MDIR[$store$run]}
+    local -A pids=([server]=$server_pid [mount]=${MPID[$store$run]} [etcd]=$ETCD_PID [s3]=$S3_PID)
+    local -A c0
+    local p
+    for p in "${!pids[@]}"; do c0[$p]=$(proc_cpu "${pids[$p]}"); done
     local t0=$EPOCHREALTIME
     cp -r "$WORK/src/files" "$dir/files-$run"
     python3 -c 'import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); os.fsync(fd)' "$dir/files-$run"
     ELAPSED=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
+    for p in "${!pids[@]}"; do
+        eval "CPU_${store}_$p+=($(sub_s "${c0[$p]}" "$(proc_cpu "${pids[$p]}")"))"
+    done
     [ "$(ls "$dir/files-$run" | wc -l)" -eq "$FILES" ] || die "$store: files missing"
     stop_mount "$store$run"
 }
@@ -81,6 +90,8 @@ raw_get() { # RUN
 }
 
 declare -a SF_single SF_cluster GET_single GET_cluster GET_raw RSS_single RSS_cluster
+declare -a CPU_single_server CPU_single_mount CPU_single_etcd CPU_single_s3
+declare -a CPU_cluster_server CPU_cluster_mount CPU_cluster_etcd CPU_cluster_s3
 for run in $(seq "$RUNS"); do
     for s in single cluster; do
         small_files "$s" "$run"
@@ -107,6 +118,13 @@ sf_ratio=$(awk -v a="$sf_single" -v b="$sf_cluster" 'BEGIN { printf "%.2f", b / 
 lower=$(awk -v a="$get_single" -v b="$get_raw" 'BEGIN { print (a > b ? a : b) }')
 get_ratio=$(awk -v l="$lower" -v c="$get_cluster" 'BEGIN { printf "%.2f", l / c }')
 rss() { mib "$(maxof "$@")"; }
+cpu_row() { # STORE
+    local p out=""
+    for p in server mount etcd s3; do
+        eval "out+=\" | \$(median \"\${CPU_$1_$p[@]}\")\""
+    done
+    echo "$out"
+}
 rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 section=$(cat <<EOF
 ## Cluster mode against the single server: small files through a mount, a 512 MiB get (issue 44)
@@ -122,6 +140,14 @@ straight from s3s-fs (curl with AWS signatures, 4 at once).
 | \`cp -r\` of $FILES files of 4 KiB into a mount, s | $sf_single (${SF_single[*]}) | $sf_cluster (${SF_cluster[*]}) | | **${sf_ratio}x** the single server's time | at most 2x |
 | \`kt get\` of $BIG_MIB MiB, s | $get_single (${GET_single[*]}) | $get_cluster (${GET_cluster[*]}) | $get_raw (${GET_raw[*]}) | **${get_ratio}x** the lower speed of the other two | at least 0.8x |
 | \`kt get\` peak RSS, MiB | $(rss "${RSS_single[@]}") | $(rss "${RSS_cluster[@]}") | | | |
+
+CPU seconds of each process over the \`cp -r\` (medians; etcd and s3s-fs serve only the cluster
+store, so the single server's columns for them show what they spent idle):
+
+| store | server | mount | etcd | s3s-fs |
+|---|---|---|---|---|
+| single server$(cpu_row single) |
+| etcd + S3$(cpu_row cluster) |
 
 Agents read a cluster store's blocks through a replica's data port, not from the object store:
 tickets and the checks of the data plane stay in one place, and nodes need no credentials of
