@@ -103,6 +103,36 @@ pub trait MetaBackend: Send + Sync + 'static {
     fn stored_bytes(&self) -> Result<Option<u64>, BackendError> {
         Ok(None)
     }
+    /// The values at `gets`, and whether `below` (a table and a prefix) holds any entry: in
+    /// one request where the engine can ([`MetaEngine::read_many`]).
+    ///
+    /// [`MetaEngine::read_many`]: super::engine::MetaEngine::read_many
+    fn read_many(&self, gets: &[(Table, Vec<u8>)], below: Option<(Table, &[u8])>) -> ReadMany {
+        read_each(self, gets, below)
+    }
+}
+
+/// What [`MetaBackend::read_many`] answers: each value, and whether anything lies below.
+pub type ReadMany = Result<(Vec<Option<Vec<u8>>>, bool), BackendError>;
+
+/// [`MetaBackend::read_many`] as one read after another.
+pub fn read_each<B: MetaBackend + ?Sized>(
+    backend: &B,
+    gets: &[(Table, Vec<u8>)],
+    below: Option<(Table, &[u8])>,
+) -> ReadMany {
+    let values = gets
+        .iter()
+        .map(|(t, k)| backend.get(*t, k))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut any = false;
+    if let Some((t, p)) = below {
+        backend.walk_prefix(t, p, &mut |_, _| {
+            any = true;
+            Step::Stop
+        })?;
+    }
+    Ok((values, any))
 }
 
 /// A boxed backend is one (the store server picks its backend where it starts), and so is a
@@ -162,6 +192,14 @@ macro_rules! forward_backend {
 
             fn stored_bytes(&self) -> Result<Option<u64>, BackendError> {
                 (**self).stored_bytes()
+            }
+
+            fn read_many(
+                &self,
+                gets: &[(Table, Vec<u8>)],
+                below: Option<(Table, &[u8])>,
+            ) -> ReadMany {
+                (**self).read_many(gets, below)
             }
         }
     };

@@ -22,7 +22,7 @@
 //! directory asks the engine for the directory once, not once each (on etcd each read is a
 //! round trip). A stored batch forgets the reads of what it wrote; a failed one, all of them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Condvar, Mutex};
 
 use super::backend::{BackendError, MetaBackend, Op, Table};
@@ -107,6 +107,12 @@ struct State {
     overlay: BTreeMap<(Table, Vec<u8>), Planned>,
     /// What the planner read from the stored state, where no queued change wrote.
     reads: HashMap<(Table, Vec<u8>), Option<Vec<u8>>>,
+    /// Prefixes of a table (each ending in '/': the keys below a name) under which the
+    /// planner found the stored state holding nothing, where no queued change wrote.
+    empty: HashSet<(Table, Vec<u8>)>,
+    /// Prefixes of a table under which the planner found a live key stored, where no queued
+    /// change wrote it: `(table, prefix)` -> that key, and when its record expires (0: never).
+    witnesses: Witnesses,
     /// The writes of changes no leader has taken yet, change by change, in the order they were
     /// planned.
     queued: Vec<Vec<Op>>,
@@ -183,7 +189,7 @@ impl Commits {
     /// Remembers what the planner (holding the write lock) read at `key` from the stored
     /// state, where the overlay had nothing: only a change it queues can change it now.
     pub fn remember(&self, table: Table, key: &[u8], value: Option<Vec<u8>>) {
-        if !matches!(table, Table::Keys | Table::Attrs | Table::Inodes) {
+        if !remembered(table) {
             return;
         }
         let mut st = locks::lock(&self.state);
@@ -193,9 +199,69 @@ impl Commits {
         st.reads.insert((table, key.to_vec()), value);
     }
 
+    /// Whether the planner may read `prefix` of `table` as the stored state holding nothing:
+    /// without asking it, where it has said so before and nothing queued since wrote below.
+    pub fn known_empty(&self, table: Table, prefix: &[u8]) -> bool {
+        let st = locks::lock(&self.state);
+        !st.empty.is_empty() && st.empty.contains(&(table, prefix.to_vec()))
+    }
+
+    /// Whether the queue writes nothing below `prefix` of `table`: then only a change the
+    /// planner (holding the write lock) queues can, and what it reads of the stored state
+    /// there holds until then.
+    pub fn quiet_below(&self, table: Table, prefix: &[u8]) -> bool {
+        let st = locks::lock(&self.state);
+        st.overlay
+            .range((table, prefix.to_vec())..)
+            .next()
+            .is_none_or(|((t, k), _)| *t != table || !k.starts_with(prefix))
+    }
+
+    /// Remembers that the stored state holds nothing below `prefix` (ending in '/') of
+    /// `table`, as the planner (holding the write lock) read it where [`Commits::quiet_below`]
+    /// said the queue wrote nothing there.
+    pub fn remember_empty(&self, table: Table, prefix: &[u8]) {
+        let mut st = locks::lock(&self.state);
+        if st.empty.len() >= MAX_READS {
+            st.empty.clear();
+        }
+        st.empty.insert((table, prefix.to_vec()));
+    }
+
+    /// Whether a change not yet durable writes `key`.
+    pub fn queued(&self, table: Table, key: &[u8]) -> bool {
+        let st = locks::lock(&self.state);
+        st.overlay.contains_key(&(table, key.to_vec()))
+    }
+
+    /// The key the planner found stored and live below `prefix` of `table`, if it is still so
+    /// at `now_ms` and no batch wrote it since.
+    pub fn witness(&self, table: Table, prefix: &[u8], now_ms: i64) -> Option<Vec<u8>> {
+        let st = locks::lock(&self.state);
+        if st.witnesses.is_empty() {
+            return None;
+        }
+        let (key, expires) = st.witnesses.get(&(table, prefix.to_vec()))?;
+        (*expires == 0 || *expires > now_ms).then(|| key.clone())
+    }
+
+    /// Remembers `key`, stored and live until `expires` (0: ever), below `prefix` of `table`,
+    /// as the planner (holding the write lock) read it where no queued change wrote it.
+    pub fn remember_witness(&self, table: Table, prefix: &[u8], key: &[u8], expires: i64) {
+        let mut st = locks::lock(&self.state);
+        if st.witnesses.len() >= MAX_READS {
+            st.witnesses.clear();
+        }
+        st.witnesses
+            .insert((table, prefix.to_vec()), (key.to_vec(), expires));
+    }
+
     /// Forgets every read remembered: the stored state was written around the queue.
     pub fn forget_reads(&self) {
-        locks::lock(&self.state).reads.clear();
+        let mut st = locks::lock(&self.state);
+        st.reads.clear();
+        st.empty.clear();
+        st.witnesses.clear();
     }
 
     /// What changes not yet durable leave at the keys that start with `prefix`, in key order.
@@ -296,12 +362,29 @@ impl Commits {
                 st.decided = last;
                 // Now stored: a later change's value of the same key stays until its own batch,
                 // and a read remembered from before the batch is no longer what is stored.
-                let State { overlay, reads, .. } = &mut *st;
+                let State {
+                    overlay,
+                    reads,
+                    empty,
+                    witnesses,
+                    ..
+                } = &mut *st;
                 overlay.retain(|k, p| {
                     if p.by > last {
                         return true;
                     }
-                    reads.remove(k);
+                    if p.value.is_some() && !empty.is_empty() {
+                        forget_empty_above(empty, k);
+                    }
+                    if !witnesses.is_empty() {
+                        forget_witnessed(witnesses, k);
+                    }
+                    // What the change wrote is what is stored now, and no later change writes
+                    // it: the planner's next read of it needs no request.
+                    match remembered(k.0) && reads.len() < MAX_READS {
+                        true => reads.insert(k.clone(), p.value.take()),
+                        false => reads.remove(k),
+                    };
                     false
                 });
             }
@@ -320,6 +403,8 @@ impl Commits {
                 st.queued.clear();
                 st.overlay.clear();
                 st.reads.clear();
+                st.empty.clear();
+                st.witnesses.clear();
                 st.epoch += 1;
             }
         }
@@ -327,4 +412,34 @@ impl Commits {
         self.decided.notify_all();
         st
     }
+}
+
+/// A key now stored is below every prefix of it that ends in '/': none of them is empty.
+fn forget_empty_above(empty: &mut HashSet<(Table, Vec<u8>)>, (table, key): &(Table, Vec<u8>)) {
+    for (i, b) in key.iter().enumerate() {
+        if *b == b'/' {
+            empty.remove(&(*table, key[..=i].to_vec()));
+        }
+    }
+}
+
+/// A stored key is no witness of its prefixes once a batch wrote it (a deletion, or a record
+/// that may expire otherwise).
+fn forget_witnessed(witnesses: &mut Witnesses, (table, key): &(Table, Vec<u8>)) {
+    for (i, b) in key.iter().enumerate() {
+        if *b == b'/' {
+            let at = (*table, key[..=i].to_vec());
+            if witnesses.get(&at).is_some_and(|(w, _)| w == key) {
+                witnesses.remove(&at);
+            }
+        }
+    }
+}
+
+/// `(table, prefix)` -> a key stored and live below it, and when its record expires.
+type Witnesses = HashMap<(Table, Vec<u8>), (Vec<u8>, i64)>;
+
+/// The tables whose entries the planner remembers reading: the small records it plans on.
+fn remembered(table: Table) -> bool {
+    matches!(table, Table::Keys | Table::Attrs | Table::Inodes)
 }

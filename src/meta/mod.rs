@@ -43,6 +43,8 @@ mod gc_tests;
 #[cfg(test)]
 mod list_tests;
 #[cfg(test)]
+mod read_ahead_tests;
+#[cfg(test)]
 mod references_tests;
 #[cfg(test)]
 mod tests;

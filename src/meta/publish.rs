@@ -148,6 +148,7 @@ impl MetaStore {
         let new_is_dir = manifest::is_directory(manifest);
         let mut t = Txn::write(self, ns);
         let path = key.as_str();
+        t.read_ahead_for_new(path)?;
         t.check_parent(path)?;
         let loc = t.locate(path)?;
         match &loc {

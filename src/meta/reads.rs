@@ -108,6 +108,10 @@ impl MetaStore {
                 }
             }
         }
+        // After the overlay was read: a batch stored since forgot the prefix's emptiness.
+        if view == View::Planned && self.commits.known_empty(table, prefix) {
+            return Ok(false);
+        }
         let mut found = false;
         self.walk_prefix(table, prefix, |k, v| {
             if planned.iter().any(|(p, _)| p.as_slice() == k) {
@@ -436,6 +440,37 @@ impl MetaStore {
     /// Whether a live key lies strictly below `key`, leaving out the names `skip` says a
     /// change decides itself. Reads keys only until it finds one: a publish into a directory of
     /// thousands of keys asks this of the directory, once or twice.
+    /// Reads, in one request of the backend, what planning a new entry at `key` asks of the
+    /// stored state and the queue does not answer: its record, its attributes, and whether any
+    /// key lies below it (remembered as the planner's reads, [`Commits::remember`]). On etcd
+    /// three round trips become one for each file a mount writes.
+    ///
+    /// [`Commits::remember`]: super::commit::Commits::remember
+    pub(crate) fn read_ahead_for_new(&self, ns: &Namespace, key: &str) -> Result<(), MetaError> {
+        let stored = key_bytes(ns, key);
+        let gets: Vec<(Table, Vec<u8>)> = [Table::Keys, Table::Attrs]
+            .into_iter()
+            .filter(|t| self.commits.planned_or_read(*t, &stored).is_none())
+            .map(|t| (t, stored.clone()))
+            .collect();
+        let below = key_bytes(ns, &format!("{key}/"));
+        let ask_below = self.commits.quiet_below(Table::Keys, &below)
+            && !self.commits.known_empty(Table::Keys, &below);
+        if gets.is_empty() && !ask_below {
+            return Ok(());
+        }
+        let (values, any) = self
+            .backend
+            .read_many(&gets, ask_below.then_some((Table::Keys, below.as_slice())))?;
+        for ((t, k), v) in gets.iter().zip(values) {
+            self.commits.remember(*t, k, v);
+        }
+        if ask_below && !any {
+            self.commits.remember_empty(Table::Keys, &below);
+        }
+        Ok(())
+    }
+
     pub(crate) fn any_descendant(
         &self,
         view: View,
@@ -445,17 +480,40 @@ impl MetaStore {
     ) -> Result<bool, MetaError> {
         let prefix = key_bytes(ns, &format!("{key}/"));
         let name_at = ns.as_str().len() + 1;
-        let now = self.now_ms();
-        self.scan_until(view, Table::Keys, &prefix, |k, v| {
-            let name = k
-                .get(name_at..)
+        let name_of = |k: &[u8]| -> Result<String, MetaError> {
+            k.get(name_at..)
                 .and_then(|n| std::str::from_utf8(n).ok())
-                .ok_or_else(|| MetaError::Corrupt("a stored key's name".into()))?;
-            if skip(name) {
+                .map(str::to_string)
+                .ok_or_else(|| MetaError::Corrupt("a stored key's name".into()))
+        };
+        let now = self.now_ms();
+        let planned = view == View::Planned;
+        if planned {
+            if let Some(w) = self.commits.witness(Table::Keys, &prefix, now) {
+                if !skip(&name_of(&w)?) {
+                    return Ok(true);
+                }
+            }
+        }
+        self.scan_until(view, Table::Keys, &prefix, |k, v| {
+            if skip(&name_of(k)?) {
                 return Ok(false);
             }
             let r = self.name_record(view, ns, v)?;
-            Ok(self.visible(&r, now))
+            let found = self.visible(&r, now);
+            // A stored key no queued change writes, whose record alone says it lives (not a
+            // name of an inode, not a GPU key, which lives with its node): the next plan below
+            // this prefix need not ask again, until a batch writes it or it expires.
+            if found
+                && planned
+                && r.inode == 0
+                && r.kind() != EntryKind::Gpu
+                && !self.commits.queued(Table::Keys, k)
+            {
+                self.commits
+                    .remember_witness(Table::Keys, &prefix, k, r.expires_unix_ms);
+            }
+            Ok(found)
         })
     }
 }

@@ -651,6 +651,15 @@ impl<'m> Txn<'m> {
         meta.wait(ticket)
     }
 
+    /// Reads ahead what planning a new entry at `path` will ask (see
+    /// `MetaStore::read_ahead_for_new`): a change, holding the write lock.
+    pub fn read_ahead_for_new(&self, path: &str) -> Result<(), MetaError> {
+        match self.view {
+            View::Planned => self.meta.read_ahead_for_new(&self.ns, path),
+            View::Stored => Ok(()),
+        }
+    }
+
     /// Adds writes the change makes beside its own (a publish's small blocks and their
     /// references, where the metadata keeps them): they land with it or not at all.
     pub fn carry(&mut self, ops: Vec<Op>) {

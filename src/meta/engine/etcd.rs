@@ -187,6 +187,55 @@ impl MetaEngine for EtcdEngine {
         Ok(header_revision(resp.header()))
     }
 
+    async fn read_many(
+        &self,
+        keys: &[Vec<u8>],
+        below: Option<&[u8]>,
+    ) -> Result<(Vec<Option<Entry>>, bool), EngineError> {
+        let mut ops: Vec<TxnOp> = keys
+            .iter()
+            .map(|k| TxnOp::get(self.full(k), None))
+            .collect();
+        if let Some(p) = below {
+            let whole = self.full(p);
+            // The store's prefix ends in '/': the end of a non-empty prefix exists.
+            let end = prefix_end(&whole).unwrap_or_else(|| vec![0]);
+            let opts = GetOptions::new()
+                .with_range(end)
+                .with_limit(1)
+                .with_keys_only();
+            ops.push(TxnOp::get(whole, Some(opts)));
+        }
+        // No compares: etcd answers every read of it at one revision, linearizable.
+        let txn = etcd_client::Txn::new().and_then(ops);
+        let resp = self
+            .members
+            .read(|c| {
+                let txn = txn.clone();
+                async move { kv(c).txn(txn).await }
+            })
+            .await?;
+        let mut found = Vec::with_capacity(keys.len());
+        let mut any = false;
+        for (i, answer) in resp.op_responses().iter().enumerate() {
+            let etcd_client::TxnOpResponse::Get(got) = answer else {
+                return Err(EngineError::Other(
+                    "etcd answered a read with a write".into(),
+                ));
+            };
+            match i < keys.len() {
+                true => found.push(got.kvs().first().map(|kv| self.entry(kv)).transpose()?),
+                false => any = !got.kvs().is_empty(),
+            }
+        }
+        if found.len() != keys.len() {
+            return Err(EngineError::Other(
+                "etcd answered fewer reads than asked".into(),
+            ));
+        }
+        Ok((found, any))
+    }
+
     async fn stored_bytes(&self) -> Result<Option<u64>, EngineError> {
         let status = self
             .members

@@ -17,7 +17,9 @@ use bytes::Bytes;
 
 use crate::hash::Version;
 use crate::locks::lock;
-use crate::meta::backend::{BackendError, KeyValue, MetaBackend, Op, Step, Table, Visit};
+use crate::meta::backend::{
+    read_each, BackendError, KeyValue, MetaBackend, Op, ReadMany, Step, Table, Visit,
+};
 use crate::objects::Objects;
 
 /// What [`ObjectManifests::walk`] calls with each manifest.
@@ -257,6 +259,15 @@ impl<B: MetaBackend> MetaBackend for ObjectManifests<B> {
     fn write_shared(&self, ops: Vec<Op>) -> Result<(), BackendError> {
         // No manifest is ever one of them.
         self.inner.write_shared(ops)
+    }
+
+    fn read_many(&self, gets: &[(Table, Vec<u8>)], below: Option<(Table, &[u8])>) -> ReadMany {
+        let manifests = gets.iter().any(|(t, _)| *t == Table::Manifests)
+            || below.is_some_and(|(t, _)| t == Table::Manifests);
+        match manifests {
+            true => read_each(self, gets, below),
+            false => self.inner.read_many(gets, below),
+        }
     }
 
     fn flush(&self) -> Result<(), BackendError> {

@@ -236,6 +236,26 @@ pub trait MetaEngine: Send + Sync + 'static {
     /// The engine's current revision.
     async fn revision(&self) -> Result<Revision, EngineError>;
 
+    /// The entries at `keys`, and whether any key starts with `below` (where given): in one
+    /// request where the engine can (etcd: one transaction of reads). A publish of a new name
+    /// asks three such questions (its key, its attributes, keys below it), each otherwise a
+    /// round trip.
+    async fn read_many(
+        &self,
+        keys: &[Vec<u8>],
+        below: Option<&[u8]>,
+    ) -> Result<(Vec<Option<Entry>>, bool), EngineError> {
+        let mut found = Vec::with_capacity(keys.len());
+        for k in keys {
+            found.push(self.get(k).await?);
+        }
+        let any = match below {
+            Some(p) => !self.range(p, None, 1).await?.entries.is_empty(),
+            None => false,
+        };
+        Ok((found, any))
+    }
+
     /// How many bytes the engine's database takes, where that is bounded by a quota (etcd's
     /// `--quota-backend-bytes`, past which it refuses every write): `None` where it is not.
     async fn stored_bytes(&self) -> Result<Option<u64>, EngineError> {

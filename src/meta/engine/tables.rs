@@ -16,7 +16,7 @@ use super::seam::{
     OP_OVERHEAD,
 };
 use crate::bridge::Bridge;
-use crate::meta::backend::{BackendError, KeyValue, MetaBackend, Op, Step, Table, Visit};
+use crate::meta::backend::{BackendError, KeyValue, MetaBackend, Op, ReadMany, Step, Table, Visit};
 
 /// How many entries a page of `table` starts at, and the most it grows to while pages stay
 /// small: a walk of a million keys is a few hundred requests, not thousands, and each asks
@@ -441,6 +441,16 @@ impl MetaBackend for EngineTables {
 
     fn stored_bytes(&self) -> Result<Option<u64>, BackendError> {
         self.call(|e| Box::pin(async move { e.stored_bytes().await }))
+    }
+
+    /// Straight from the engine, in one request: the owner's memory is for keys read again,
+    /// and these are asked once, for a name about to be written.
+    fn read_many(&self, gets: &[(Table, Vec<u8>)], below: Option<(Table, &[u8])>) -> ReadMany {
+        let keys: Vec<Vec<u8>> = gets.iter().map(|(t, k)| engine_key(*t, k)).collect();
+        let below = below.map(|(t, p)| engine_key(t, p));
+        let (found, any) = self
+            .call(move |e| Box::pin(async move { e.read_many(&keys, below.as_deref()).await }))?;
+        Ok((found.into_iter().map(|e| e.map(|e| e.value)).collect(), any))
     }
 
     /// Checks every change against the limits before writing any; a transaction that fails
