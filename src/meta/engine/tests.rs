@@ -15,6 +15,7 @@ async fn suite(engine: Arc<dyn MetaEngine>) {
     the_limits_are_etcds_and_a_transaction_at_them_passes(&*engine, b"e/").await;
     keys_are_bytes(&*engine, &[b'f', 0xff, 0x00]).await;
     compare_and_swap_loses_no_update(engine.clone(), b"g/").await;
+    several_reads_answer_as_each_would(&*engine, b"h/").await;
 }
 
 fn k(prefix: &[u8], rest: &str) -> Vec<u8> {
@@ -167,6 +168,25 @@ async fn delete_range_takes_the_prefix_and_nothing_beside(e: &dyn MetaEngine, p:
         .is_empty());
     assert!(e.get(&k(p, "t")).await.unwrap().is_some());
     assert!(e.get(&k(p, "u/1")).await.unwrap().is_some());
+}
+
+/// `read_many` answers what each `get` would, in order, and whether a prefix holds any key
+/// (the key itself is not below it).
+async fn several_reads_answer_as_each_would(e: &dyn MetaEngine, p: &[u8]) {
+    e.txn(Txn::new().put(k(p, "x"), "1").put(k(p, "y/z"), "2"))
+        .await
+        .unwrap();
+    let keys = [k(p, "y"), k(p, "x"), k(p, "none")];
+    let (found, below) = e.read_many(&keys, Some(&k(p, "y/"))).await.unwrap();
+    let values: Vec<Option<Vec<u8>>> = found.into_iter().map(|f| f.map(|e| e.value)).collect();
+    assert_eq!(values, [None, Some(b"1".to_vec()), None]);
+    assert!(below);
+    let (found, below) = e.read_many(&keys[1..2], Some(&k(p, "x/"))).await.unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].as_ref().map(|e| e.key.clone()), Some(k(p, "x")));
+    assert!(!below, "x itself is no key below x/");
+    let (found, below) = e.read_many(&[], None).await.unwrap();
+    assert!(found.is_empty() && !below);
 }
 
 async fn the_limits_are_etcds_and_a_transaction_at_them_passes(e: &dyn MetaEngine, p: &[u8]) {
