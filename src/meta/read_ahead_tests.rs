@@ -13,66 +13,14 @@ use crate::clock::ManualClock;
 use crate::db::Db;
 use crate::hash::BlockHash;
 use crate::key::{KeyPath, Namespace};
-use crate::meta::engine::{
-    EngineError, EngineTables, Entry, MetaEngine, Page, Revision, RocksEngine, Txn,
-};
-
-/// RocksDB as an engine, counting the requests that read it.
-struct Counted(RocksEngine, Arc<AtomicUsize>);
-
-#[async_trait::async_trait]
-impl MetaEngine for Counted {
-    async fn get(&self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
-        self.1.fetch_add(1, Ordering::SeqCst);
-        self.0.get(key).await
-    }
-    async fn range(
-        &self,
-        prefix: &[u8],
-        start: Option<&[u8]>,
-        limit: usize,
-    ) -> Result<Page, EngineError> {
-        self.1.fetch_add(1, Ordering::SeqCst);
-        self.0.range(prefix, start, limit).await
-    }
-    async fn read_many(
-        &self,
-        keys: &[Vec<u8>],
-        below: Option<&[u8]>,
-    ) -> Result<(Vec<Option<Entry>>, bool), EngineError> {
-        self.1.fetch_add(1, Ordering::SeqCst);
-        // One request: what the engine's own answer would be, uncounted.
-        let inner = &self.0;
-        let mut found = Vec::new();
-        for k in keys {
-            found.push(inner.get(k).await?);
-        }
-        let any = match below {
-            Some(p) => !inner.range(p, None, 1).await?.entries.is_empty(),
-            None => false,
-        };
-        Ok((found, any))
-    }
-    async fn txn(&self, txn: Txn) -> Result<Revision, EngineError> {
-        self.0.txn(txn).await
-    }
-    async fn delete_range(&self, prefix: &[u8]) -> Result<Revision, EngineError> {
-        self.0.delete_range(prefix).await
-    }
-    async fn revision(&self) -> Result<Revision, EngineError> {
-        self.0.revision().await
-    }
-}
+use crate::meta::engine::counted::Counted;
+use crate::meta::engine::{EngineTables, RocksEngine};
 
 /// A store on a counted engine (its blocks on disk), and the count of its reads.
 fn counted_store(dir: &std::path::Path) -> (MetaStore, Arc<AtomicUsize>, ManualClock) {
-    let reads = Arc::new(AtomicUsize::new(0));
-    let (path, counter) = (dir.join("engine"), reads.clone());
-    let tables =
-        EngineTables::connect(
-            move || async move { Ok(Counted(RocksEngine::open(&path)?, counter)) },
-        )
-        .unwrap();
+    let engine = Counted::new(Arc::new(RocksEngine::open(&dir.join("engine")).unwrap()));
+    let reads = engine.reads.clone();
+    let tables = EngineTables::connect(move || async move { Ok(engine) }).unwrap();
     let db = Db::open(&dir.join("db"), &store::FAMILIES, &[CF_BLOCKS]).unwrap();
     let files = BlockFiles::open(&dir.join("blocks")).unwrap();
     let blocks = Arc::new(StoreBlocks::new(db, files));

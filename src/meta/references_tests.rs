@@ -11,38 +11,9 @@ use crate::clock::ManualClock;
 use crate::db::Db;
 use crate::hash::BlockHash;
 use crate::key::{KeyPath, Namespace};
-use crate::meta::engine::{
-    EngineError, EngineTables, Entry, Fence, MetaEngine, Page, Revision, RocksEngine, Txn,
-    OWNER_KEY,
-};
+use crate::meta::engine::counted::Counted;
+use crate::meta::engine::{EngineTables, Fence, MetaEngine, RocksEngine, Txn, OWNER_KEY};
 use crate::objects::{ObjectUrl, Objects};
-
-/// One engine, which each replica's tables reach as they would one etcd.
-struct Shared(Arc<RocksEngine>);
-
-#[async_trait::async_trait]
-impl MetaEngine for Shared {
-    async fn get(&self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
-        self.0.get(key).await
-    }
-    async fn range(
-        &self,
-        prefix: &[u8],
-        start: Option<&[u8]>,
-        limit: usize,
-    ) -> Result<Page, EngineError> {
-        self.0.range(prefix, start, limit).await
-    }
-    async fn txn(&self, txn: Txn) -> Result<Revision, EngineError> {
-        self.0.txn(txn).await
-    }
-    async fn delete_range(&self, prefix: &[u8]) -> Result<Revision, EngineError> {
-        self.0.delete_range(prefix).await
-    }
-    async fn revision(&self) -> Result<Revision, EngineError> {
-        self.0.revision().await
-    }
-}
 
 /// A replica of the store on `engine` and the objects at `objects`, with a data directory of
 /// its own (`dir`): it writes while `fence` holds.
@@ -53,7 +24,8 @@ fn replica(
     fence: &Arc<Fence>,
 ) -> MetaStore {
     let engine = engine.clone();
-    let tables = EngineTables::connect(move || async move { Ok(Shared(engine)) })
+    // One engine, which each replica's tables reach as they would one etcd.
+    let tables = EngineTables::connect(move || async move { Ok(Counted::new(engine)) })
         .unwrap()
         .fenced(fence.clone());
     let tables = Arc::new(tables);

@@ -105,49 +105,16 @@ impl BlockTable for TableBlocks {
 #[cfg(test)]
 mod tests {
     use std::path::Path;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::AtomicUsize;
 
     use super::*;
     use crate::blocks::store::{StoreBlocks, CF_BLOCKS, FAMILIES};
     use crate::blocks::Served;
     use crate::db::Db;
-    use crate::meta::engine::{
-        EngineError, EngineTables, Entry, MetaEngine, Page, Revision, RocksEngine, Txn,
-    };
+    use crate::meta::engine::counted::Counted;
+    use crate::meta::engine::{EngineTables, RocksEngine};
     use crate::meta::TableRefs;
     use crate::objects::{ObjectUrl, Objects};
-
-    /// RocksDB, saying its database takes so many bytes, as etcd says, and counting the
-    /// transactions it is sent.
-    struct Measured(RocksEngine, u64, Arc<AtomicUsize>);
-
-    #[async_trait::async_trait]
-    impl MetaEngine for Measured {
-        async fn get(&self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
-            self.0.get(key).await
-        }
-        async fn range(
-            &self,
-            prefix: &[u8],
-            start: Option<&[u8]>,
-            limit: usize,
-        ) -> Result<Page, EngineError> {
-            self.0.range(prefix, start, limit).await
-        }
-        async fn txn(&self, txn: Txn) -> Result<Revision, EngineError> {
-            self.2.fetch_add(1, Ordering::SeqCst);
-            self.0.txn(txn).await
-        }
-        async fn delete_range(&self, prefix: &[u8]) -> Result<Revision, EngineError> {
-            self.0.delete_range(prefix).await
-        }
-        async fn revision(&self) -> Result<Revision, EngineError> {
-            self.0.revision().await
-        }
-        async fn stored_bytes(&self) -> Result<Option<u64>, EngineError> {
-            Ok(Some(self.1))
-        }
-    }
 
     /// A store's blocks on objects in `dir`, its small ones in tables whose engine says it
     /// takes `size` bytes, with `budget`.
@@ -168,13 +135,10 @@ mod tests {
         Arc<EngineTables>,
         Arc<AtomicUsize>,
     ) {
-        let path = dir.join("engine");
-        let txns = Arc::new(AtomicUsize::new(0));
-        let counted = txns.clone();
-        let tables = EngineTables::connect(move || async move {
-            Ok(Measured(RocksEngine::open(&path)?, size, counted))
-        })
-        .unwrap();
+        let engine =
+            Counted::new(Arc::new(RocksEngine::open(&dir.join("engine")).unwrap())).with_size(size);
+        let txns = engine.txns.clone();
+        let tables = EngineTables::connect(move || async move { Ok(engine) }).unwrap();
         let tables = Arc::new(tables);
         let objects = Arc::new(Objects::open(&ObjectUrl::Dir(dir.join("objects"))).unwrap());
         let db = Db::open(&dir.join("db"), &FAMILIES, &[CF_BLOCKS]).unwrap();

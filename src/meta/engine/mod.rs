@@ -12,6 +12,8 @@
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+pub mod counted;
 mod etcd;
 mod etcd_url;
 mod fence;
