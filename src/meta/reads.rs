@@ -89,13 +89,15 @@ impl MetaStore {
     }
 
     /// Calls `f` with the values whose key starts with `prefix` as `view` sees them, in no
-    /// particular order, until it returns `true`; says whether it did.
+    /// particular order, until it returns `true`; says whether it did. `f` is told whether a
+    /// value is the stored state's with no queued change writing its key (not a queued
+    /// change's, which its batch's failure may undo).
     fn scan_until(
         &self,
         view: View,
         table: Table,
         prefix: &[u8],
-        mut f: impl FnMut(&[u8], &[u8]) -> Result<bool, MetaError>,
+        mut f: impl FnMut(&[u8], &[u8], bool) -> Result<bool, MetaError>,
     ) -> Result<bool, MetaError> {
         let planned = match view {
             View::Stored => Vec::new(),
@@ -103,7 +105,7 @@ impl MetaStore {
         };
         for (k, v) in &planned {
             if let Some(v) = v {
-                if f(k, v)? {
+                if f(k, v, false)? {
                     return Ok(true);
                 }
             }
@@ -117,7 +119,7 @@ impl MetaStore {
             if planned.iter().any(|(p, _)| p.as_slice() == k) {
                 return Ok(Step::Next);
             }
-            found = f(k, v)?;
+            found = f(k, v, true)?;
             Ok(if found { Step::Stop } else { Step::Next })
         })?;
         Ok(found)
@@ -495,7 +497,7 @@ impl MetaStore {
                 }
             }
         }
-        self.scan_until(view, Table::Keys, &prefix, |k, v| {
+        self.scan_until(view, Table::Keys, &prefix, |k, v, stored| {
             if skip(&name_of(k)?) {
                 return Ok(false);
             }
@@ -506,6 +508,7 @@ impl MetaStore {
             // this prefix need not ask again, until a batch writes it or it expires.
             if found
                 && planned
+                && stored
                 && r.inode == 0
                 && r.kind() != EntryKind::Gpu
                 && !self.commits.queued(Table::Keys, k)
