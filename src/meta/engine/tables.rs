@@ -477,8 +477,8 @@ impl MetaBackend for EngineTables {
 
 #[cfg(test)]
 mod tests {
-    use super::super::seam::{Entry, Page, Revision};
     use super::*;
+    use crate::meta::engine::counted::Counted;
     use crate::meta::engine::{RocksEngine, OWNER_KEY};
 
     fn tables() -> (tempfile::TempDir, EngineTables) {
@@ -624,50 +624,13 @@ mod tests {
         assert!(t.get(Table::BlockRefs, b"ref").unwrap().is_none());
     }
 
-    /// An engine that counts the pages it was asked for.
-    struct Counted {
-        inner: RocksEngine,
-        pages: Arc<AtomicUsize>,
-    }
-
-    #[async_trait::async_trait]
-    impl MetaEngine for Counted {
-        async fn get(&self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
-            self.inner.get(key).await
-        }
-        async fn range(
-            &self,
-            prefix: &[u8],
-            start: Option<&[u8]>,
-            limit: usize,
-        ) -> Result<Page, EngineError> {
-            self.pages.fetch_add(1, Ordering::Relaxed);
-            self.inner.range(prefix, start, limit).await
-        }
-        async fn txn(&self, txn: Txn) -> Result<Revision, EngineError> {
-            self.inner.txn(txn).await
-        }
-        async fn delete_range(&self, prefix: &[u8]) -> Result<Revision, EngineError> {
-            self.inner.delete_range(prefix).await
-        }
-        async fn revision(&self) -> Result<Revision, EngineError> {
-            self.inner.revision().await
-        }
-    }
-
     #[test]
     fn a_walk_of_small_manifests_grows_its_pages() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().to_path_buf();
-        let pages = Arc::new(AtomicUsize::new(0));
-        let counted = pages.clone();
-        let t = EngineTables::connect(move || async move {
-            Ok(Counted {
-                inner: RocksEngine::open(&path)?,
-                pages: counted,
-            })
-        })
-        .unwrap();
+        // A walk reads nothing but pages: each read the engine counts is one.
+        let engine = Counted::new(Arc::new(RocksEngine::open(dir.path()).unwrap()));
+        let pages = engine.reads.clone();
+        let t = EngineTables::connect(move || async move { Ok(engine) }).unwrap();
         let manifest = |i: u32, len: usize| {
             let mut k = [0u8; 32];
             k[..4].copy_from_slice(&i.to_be_bytes());
