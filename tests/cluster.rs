@@ -1353,3 +1353,152 @@ fn a_broadcasts_getters_join_their_window_again_at_the_next_owner() {
         data.len()
     );
 }
+
+/// A GPU window is the memory of the replica that owns the store (doc/cluster.md, Replicas).
+/// Its members, driven here through the agent's own window calls (`gpu::window`, as a control
+/// file's transfer plays them; the bytes between workers are not the store's), outlive two
+/// owners' deaths: a window still forming forms again at the next owner from its members'
+/// joins, and one whose quorum closed is taken up there from a member's copy and gathers every
+/// getter's report, so that the putter's transfer ends as it would have.
+#[test]
+fn a_gpu_windows_members_form_it_again_and_finish_it_at_the_next_owner() {
+    use ktfs::gpu::window::{self, Asked, Joining, Membership};
+    use ktfs::proto::{Role, WindowSpec};
+    use std::sync::atomic::AtomicBool;
+
+    let ip = "127.0.0.148";
+    let etcd = Etcd::start(ip);
+    let s3 = S3::start(ip, "kt-bucket");
+    let blocks = s3.url("kt-bucket", "gpu-rejoin");
+    let dir = tempfile::tempdir().unwrap();
+    let replica = |data: &str| {
+        let at = dir.path().join(data);
+        let ttl = ["--owner-ttl-secs", "2"];
+        replica_on(ip, (&etcd, "kt-gpu-rejoin"), (&s3, &blocks), &at, &ttl)
+    };
+    let a = replica("a");
+    let b = replica("b");
+    let c = replica("c");
+    let all = format!("{},{},{}", a.addr, b.addr, c.addr);
+    // A member's node must be live: each node's agent keeps its lease through the replicas.
+    let _agents: Vec<_> = ["127.0.0.5", "127.0.0.60", "127.0.0.77"]
+        .iter()
+        .enumerate()
+        .map(|(i, agent_ip)| {
+            let at = dir.path().join(format!("node-{i}"));
+            common::start_agent(agent_ip, &all, &at, &format!("node-{i}"))
+        })
+        .collect();
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let credential = ktfs::auth::Credential::none();
+        let store = ktfs::rpc::client::connect_store(&all, &credential)
+            .await
+            .unwrap();
+        let asked = |group: &str| Asked {
+            spec: WindowSpec {
+                group_id: group.into(),
+                world_size: 3,
+                ..Default::default()
+            },
+            flags: 0,
+        };
+        let join = |group: &'static str, node: usize, role: Role| {
+            let store = store.clone();
+            async move {
+                let asked = asked(group);
+                let node_id = format!("node-{node}");
+                let worker = format!("127.0.0.{}:9", 5 + node);
+                window::join(
+                    &store,
+                    Joining {
+                        namespace: "default",
+                        key: "weights",
+                        asked: &asked,
+                        role,
+                        node_id: &node_id,
+                        worker_addr: &worker,
+                        registration: 1 + node as u64,
+                        digest: &[7; 32],
+                        table_json: "{\"entries\": []}",
+                        nccl: false,
+                        unique_id: Vec::new(),
+                        comms: Vec::new(),
+                    },
+                )
+                .await
+                .unwrap()
+            }
+        };
+        let open = AtomicBool::new(false);
+        fn within<F: std::future::Future>(f: F) -> tokio::time::Timeout<F> {
+            tokio::time::timeout(Duration::from_secs(60), f)
+        }
+
+        // Forming: two members joined at the owner (a, the first started), which dies; the
+        // third joins at the next, and the two find their window gone there and join again.
+        let putter = join("forming", 0, Role::Putter).await;
+        let first = join("forming", 1, Role::Getter).await;
+        let (_, before, _) = first.at();
+        a.kill();
+        let last = join("forming", 2, Role::Getter).await;
+        let plans = within(async {
+            tokio::join!(
+                putter.plan(&store, &open),
+                first.plan(&store, &open),
+                last.plan(&store, &open)
+            )
+        })
+        .await
+        .expect("the window never formed again at the next owner");
+        let (p0, p1, p2) = (plans.0.unwrap(), plans.1.unwrap(), plans.2.unwrap());
+        assert_eq!(p0.window.members.len(), 3, "{:?}", p0.window);
+        assert!(
+            p0.window.generation != before,
+            "the next owner's window is its own"
+        );
+        for (m, p) in [(&putter, &p0), (&first, &p1), (&last, &p2)] {
+            assert_eq!(m.at().1, p0.window.generation);
+            assert_eq!(p.me.id, m.at().2);
+        }
+        assert!(p1.parent.is_some() && p2.parent.is_some() && p0.parent.is_none());
+
+        // Closed: a whole window at the new owner (b), one getter done, then b dies while
+        // the other getter still moves its bytes. The next owner (c) takes the window up from
+        // the first member that reports and hears every report.
+        let m: Vec<Membership> = vec![
+            join("closed", 0, Role::Putter).await,
+            join("closed", 1, Role::Getter).await,
+            join("closed", 2, Role::Getter).await,
+        ];
+        for x in &m {
+            within(x.plan(&store, &open)).await.unwrap().unwrap();
+        }
+        let generation = m[0].at().1;
+        m[1].finish(&store, "").await;
+        b.kill();
+        let done = within(async {
+            let second = async {
+                m[2].finish(&store, "").await;
+                m[2].served(&store, &open).await
+            };
+            tokio::join!(
+                m[0].getters_done(&store, &open),
+                m[1].served(&store, &open),
+                second
+            )
+        })
+        .await
+        .expect("the getters' reports never reached the next owner");
+        done.0
+            .expect("the putter's transfer failed at the next owner");
+        done.1.unwrap();
+        done.2.unwrap();
+        for x in &m {
+            assert_eq!(x.at().1, generation, "the closed window was formed anew");
+        }
+        m[0].finish(&store, "").await;
+    });
+    drop(c);
+}

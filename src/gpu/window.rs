@@ -3,6 +3,7 @@
 //! [`crate::broadcast::windows::GpuWindows`]; what the bytes do is the worker's.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use super::abi::{self, KtGpuWindow};
 use crate::proto::{GpuAwaitRequest, GpuFinishRequest, GpuJoinRequest, GpuMember, GpuWindow};
@@ -68,13 +69,32 @@ impl Asked {
     }
 }
 
-/// Where a member stands in its window.
+/// A member of a window: where it stands, shared by its clones (the registration keeps one to
+/// tell the window of an early close), and what it joined with, to join again where the store's
+/// owner died and the next knows nothing of the window (cluster mode).
 #[derive(Clone, Debug)]
 pub struct Membership {
-    pub group_id: String,
-    pub generation: u64,
-    pub member: u64,
+    joined: Arc<GpuJoinRequest>,
+    place: Arc<Mutex<Place>>,
 }
+
+#[derive(Clone, Debug)]
+struct Place {
+    group_id: String,
+    generation: u64,
+    member: u64,
+    /// The window as last told, once its quorum closed: what a new owner takes up.
+    known: Option<GpuWindow>,
+    /// How this member finished, once it said so: told again to a new owner.
+    reported: Option<String>,
+    /// Joins again with no answer of the window between them.
+    again: u32,
+}
+
+/// How many times in a row a member joins its window again (each time the store's owner died
+/// and the next knew nothing of the window) before it gives up: an owner that dies at once
+/// each time is not a window to wait for.
+const MAX_AGAIN: u32 = 3;
 
 /// Who joins, with what.
 pub struct Joining<'a> {
@@ -95,54 +115,75 @@ pub struct Joining<'a> {
     pub comms: Vec<HeldComm>,
 }
 
+/// A refused join as the caller sees it: a window that closed its quorum before it joined is
+/// busy.
+fn refused(e: &ClientError) -> WindowError {
+    let errno = match e.fault() {
+        crate::rpc::status::Fault::Conflict => libc::EBUSY,
+        f => f.errno(),
+    };
+    WindowError::Failed(errno, e.to_string())
+}
+
 /// Joins the window; a window that refuses the joiner (its quorum closed already) is a
 /// [`WindowError::Failed`] with the errno the caller sees.
 pub async fn join(store: &Store, j: Joining<'_>) -> Result<Membership, WindowError> {
+    let joined = GpuJoinRequest {
+        namespace: j.namespace.to_string(),
+        key: j.key.to_string(),
+        window: Some(j.asked.spec.clone()),
+        role: j.role as i32,
+        node_id: j.node_id.to_string(),
+        ip: String::new(),
+        worker_addr: j.worker_addr.to_string(),
+        registration: j.registration,
+        table_digest: j.digest.to_vec(),
+        table_json: if j.role == Role::Putter {
+            j.table_json.to_string()
+        } else {
+            String::new()
+        },
+        flags: j.asked.flags,
+        unique_id: j.unique_id,
+        nccl: j.nccl,
+        comms: j.comms,
+        known: None,
+        again: false,
+    };
     let r = store
         .clone()
-        .join_gpu_window(GpuJoinRequest {
-            namespace: j.namespace.to_string(),
-            key: j.key.to_string(),
-            window: Some(j.asked.spec.clone()),
-            role: j.role as i32,
-            node_id: j.node_id.to_string(),
-            ip: String::new(),
-            worker_addr: j.worker_addr.to_string(),
-            registration: j.registration,
-            table_digest: j.digest.to_vec(),
-            table_json: if j.role == Role::Putter {
-                j.table_json.to_string()
-            } else {
-                String::new()
-            },
-            flags: j.asked.flags,
-            unique_id: j.unique_id,
-            nccl: j.nccl,
-            comms: j.comms,
-        })
-        .await;
-    let r = match r {
-        Ok(r) => r,
-        Err(e) => {
-            let errno = match e.fault() {
-                crate::rpc::status::Fault::Conflict => libc::EBUSY,
-                f => f.errno(),
-            };
-            return Err(WindowError::Failed(errno, e.to_string()));
-        }
-    };
+        .join_gpu_window(joined.clone())
+        .await
+        .map_err(|e| refused(&e))?;
     let w = r.window.unwrap_or_default();
     tracing::info!(group = %w.group_id, member = r.member, role = ?j.role, "joined GPU window");
     Ok(Membership {
-        group_id: w.group_id,
-        generation: w.generation,
-        member: r.member,
+        joined: Arc::new(joined),
+        place: Arc::new(Mutex::new(Place {
+            group_id: w.group_id,
+            generation: w.generation,
+            member: r.member,
+            known: None,
+            reported: None,
+            again: 0,
+        })),
     })
 }
 
 impl Membership {
+    fn place(&self) -> std::sync::MutexGuard<'_, Place> {
+        crate::locks::lock(&self.place)
+    }
+
+    /// The group and generation of the window, and this member's place in it.
+    pub fn at(&self) -> (String, u64, u64) {
+        let p = self.place();
+        (p.group_id.clone(), p.generation, p.member)
+    }
+
     /// Waits until the window has closed its quorum (or, `until_getters`, until every getter
-    /// has finished), giving up if `closed` is set meanwhile.
+    /// has finished), giving up if `closed` is set meanwhile. A window the store no longer
+    /// knows (its owner died) is joined again there.
     async fn wait(
         &self,
         store: &Store,
@@ -153,15 +194,31 @@ impl Membership {
             if closed.load(Ordering::SeqCst) {
                 return Err(WindowError::Closed);
             }
+            let (group_id, generation, _) = self.at();
             let w = store
                 .clone()
                 .await_gpu_window(GpuAwaitRequest {
-                    group_id: self.group_id.clone(),
-                    generation: self.generation,
+                    group_id,
+                    generation,
                     until_finished: until_getters,
                     wait_ms: AWAIT_MS,
                 })
-                .await?;
+                .await;
+            let w = match w {
+                Ok(w) => w,
+                Err(e) if e.is_not_found() => {
+                    self.join_again(store).await?;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            {
+                let mut p = self.place();
+                p.again = 0;
+                if w.closed {
+                    p.known = Some(w.clone());
+                }
+            }
             if !w.error.is_empty() {
                 return Err(WindowError::Failed(w.errno, w.error));
             }
@@ -171,10 +228,56 @@ impl Membership {
         }
     }
 
+    /// Joins the window again at the store's owner, which knew nothing of it: with the window
+    /// as this member last saw it closed (taken up as it stands), else as it first joined (the
+    /// window forms again); then tells it again how this member finished, if it did.
+    async fn join_again(&self, store: &Store) -> Result<(), WindowError> {
+        let (known, again) = {
+            let mut p = self.place();
+            p.again += 1;
+            (p.known.clone(), p.again)
+        };
+        let group = self.joined.window.as_ref().map(|w| w.group_id.clone());
+        if again > MAX_AGAIN {
+            return Err(WindowError::Failed(
+                libc::EIO,
+                format!(
+                    "the store lost GPU window {} {MAX_AGAIN} times in a row",
+                    group.unwrap_or_default()
+                ),
+            ));
+        }
+        let mut req = (*self.joined).clone();
+        req.again = true;
+        let adopting = known.is_some();
+        req.known = known;
+        let r = store
+            .clone()
+            .join_gpu_window(req)
+            .await
+            .map_err(|e| refused(&e))?;
+        let w = r.window.unwrap_or_default();
+        tracing::info!(group = %w.group_id, member = r.member, adopting, "joined the GPU window again at the store's owner");
+        let reported = {
+            let mut p = self.place();
+            p.group_id.clone_from(&w.group_id);
+            p.generation = w.generation;
+            p.member = r.member;
+            if w.closed {
+                p.known = Some(w);
+            }
+            p.reported.clone()
+        };
+        if let Some(error) = reported {
+            self.report(store, &error).await?;
+        }
+        Ok(())
+    }
+
     /// The plan, once the quorum has closed and the window checked out.
     pub async fn plan(&self, store: &Store, closed: &AtomicBool) -> Result<Plan, WindowError> {
         let w = self.wait(store, false, closed).await?;
-        Plan::of(w, self.member)
+        Plan::of(w, self.at().2)
     }
 
     /// For the putter: waits until every getter has finished; `Err` names those that failed.
@@ -198,25 +301,49 @@ impl Membership {
         }
     }
 
-    /// Tells the window how this member finished (`error` empty: filled, or done putting).
-    pub async fn finish(&self, store: &Store, error: &str) {
-        let r = store
+    async fn report(&self, store: &Store, error: &str) -> Result<(), ClientError> {
+        let (group_id, generation, member) = self.at();
+        store
             .clone()
             .finish_gpu_window(GpuFinishRequest {
-                group_id: self.group_id.clone(),
-                generation: self.generation,
-                member: self.member,
+                group_id,
+                generation,
+                member,
                 error: error.to_string(),
             })
-            .await;
+            .await
+            .map(|_| ())
+    }
+
+    /// Tells the window how this member finished (`error` empty: filled, or done putting).
+    pub async fn finish(&self, store: &Store, error: &str) {
+        let known = {
+            let mut p = self.place();
+            p.reported = Some(error.to_string());
+            p.known.is_some()
+        };
+        let group = self.at().0;
+        let r = match self.report(store, error).await {
+            // The store's owner died since the plan: the next takes the window up, and hears
+            // this report (`join_again` tells it).
+            Err(e) if e.is_not_found() && known => match self.join_again(store).await {
+                Ok(()) => Ok(()),
+                Err(WindowError::Rpc(e)) => Err(e),
+                Err(e) => {
+                    tracing::warn!(group = %group, error = %e, "could not report to the GPU window");
+                    Ok(())
+                }
+            },
+            r => r,
+        };
         match r {
-            Ok(_) => {}
+            Ok(()) => {}
             // A window that failed as a whole, or timed out, is gone: there is no one to tell.
             Err(e) if e.is_not_found() => {
-                tracing::debug!(group = %self.group_id, "the GPU window is already gone");
+                tracing::debug!(group = %group, "the GPU window is already gone");
             }
             Err(e) => {
-                tracing::warn!(group = %self.group_id, error = %e.to_string(), "could not report to the GPU window");
+                tracing::warn!(group = %group, error = %e.to_string(), "could not report to the GPU window");
             }
         }
     }

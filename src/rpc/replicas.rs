@@ -268,8 +268,8 @@ routed! {
     get_window(GetWindowRequest) -> Window, Retry::Always, |_| Route::Owner;
     registration_secret(RegistrationSecretRequest) -> RegistrationSecretResponse, Retry::Always, |_| Route::Owner;
     join_gpu_window(GpuJoinRequest) -> GpuJoinResponse, Retry::Untaken, |_| Route::Owner;
-    await_gpu_window(GpuAwaitRequest) -> GpuWindow, Retry::Untaken, |_| Route::Owner;
-    finish_gpu_window(GpuFinishRequest) -> GpuFinishResponse, Retry::Untaken, |_| Route::Owner;
+    await_gpu_window(GpuAwaitRequest) -> GpuWindow, Retry::Always, |_| Route::Owner;
+    finish_gpu_window(GpuFinishRequest) -> GpuFinishResponse, Retry::Always, |_| Route::Owner;
 }
 
 #[cfg(test)]

@@ -59,8 +59,8 @@ pub(super) enum Fate {
 #[derive(Debug)]
 pub(super) struct Member {
     pub(super) joiner: GpuJoiner,
-    rank: u32,
-    parent: Option<usize>,
+    pub(super) rank: u32,
+    pub(super) parent: Option<usize>,
     pub(super) fate: Fate,
 }
 
@@ -78,9 +78,9 @@ impl Member {
 
 /// Why a window failed as a whole, and the errno its participants see.
 #[derive(Clone, Debug)]
-struct Failure {
-    errno: i32,
-    message: String,
+pub(super) struct Failure {
+    pub(super) errno: i32,
+    pub(super) message: String,
 }
 
 /// One GPU window as the server keeps it.
@@ -88,17 +88,19 @@ struct Failure {
 pub(super) struct GpuWindowState {
     pub(super) group_id: String,
     pub(super) generation: u64,
-    spec: WindowSpec,
-    opened: Instant,
-    opened_unix_ms: i64,
+    pub(super) spec: WindowSpec,
+    pub(super) opened: Instant,
+    pub(super) opened_unix_ms: i64,
     pub(super) closed_by: Option<&'static str>,
-    closed_unix_ms: i64,
+    pub(super) closed_unix_ms: i64,
     pub(super) touched: Instant,
     pub(super) members: Vec<Member>,
-    failure: Option<Failure>,
+    pub(super) failure: Option<Failure>,
     /// Over NCCL, once planned: the communicator the broadcast runs on, and whether the members
     /// kept it from an earlier window (else it is formed from the putter's unique id).
     pub(super) comm: Option<(Vec<u8>, bool)>,
+    /// Taken up from a member's copy after its owner died (`gpu_adopt`).
+    pub(super) adopted: bool,
 }
 
 impl GpuWindowState {
@@ -116,6 +118,7 @@ impl GpuWindowState {
             members: Vec::new(),
             failure: None,
             comm: None,
+            adopted: false,
         }
     }
 
@@ -401,6 +404,7 @@ impl GpuWindowState {
                 Some((key, true)) => key.clone(),
                 _ => Vec::new(),
             },
+            adopted: self.adopted,
         }
     }
 

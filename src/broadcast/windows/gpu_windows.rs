@@ -20,15 +20,15 @@ pub type GpuView = (GpuWindow, Option<Instant>);
 /// Every GPU window the server knows.
 #[derive(Default)]
 pub struct GpuWindows {
-    windows: HashMap<String, GpuWindowState>,
+    pub(super) windows: HashMap<String, GpuWindowState>,
     generations: Generations,
-    comms: CommBook,
+    pub(super) comms: CommBook,
 }
 
 impl GpuWindows {
     /// Window `group`'s state brought up to `now`, and its communicator picked if it was just
     /// planned over NCCL.
-    fn touch(
+    pub(super) fn touch(
         &mut self,
         group: &str,
         live: &dyn Fn(&str) -> bool,
@@ -53,7 +53,7 @@ impl GpuWindows {
 
     /// `w` is let go of (replaced by a new generation, or idle): so is its communicator, and
     /// retired unless it is known to have succeeded.
-    fn forget(comms: &mut CommBook, w: &GpuWindowState) {
+    pub(super) fn forget(comms: &mut CommBook, w: &GpuWindowState) {
         if let Some((key, _)) = &w.comm {
             let ended = match w.ended() {
                 Ended::Running => Ended::Failed,

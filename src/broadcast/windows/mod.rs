@@ -21,6 +21,7 @@
 //!   `window_swarms.rs`: joins, syncs and mail of those swarms;
 //! - [`GpuWindows`] (`gpu_windows.rs`, one window in `gpu_window.rs`): the windows of GPU keys
 //!   (one coordinated transfer), and [`comms`] the NCCL communicators they run on;
+//!   `gpu_adopt.rs`: a window taken up from its members after the replica that owned it died;
 //! - what both kinds share: `quorum.rs` (when a quorum closes, when a window is forgotten),
 //!   `nodes.rs` (seeds, live nodes, joiners) and `error.rs`.
 //!
@@ -33,6 +34,7 @@ mod broadcasts;
 pub mod comms;
 mod error;
 mod generations;
+mod gpu_adopt;
 mod gpu_window;
 mod gpu_windows;
 mod members;
@@ -45,6 +47,7 @@ mod window_swarms;
 pub use crate::rpc::{DEFAULT_FANOUT, STORE};
 pub use broadcasts::{Broadcasts, Joined};
 pub use error::BroadcastError;
+pub use gpu_adopt::place_in;
 pub use gpu_window::GpuJoiner;
 pub use gpu_windows::{GpuView, GpuWindows};
 pub use nodes::{Joiner, NodeView, Seed};

@@ -5,7 +5,7 @@
 use tonic::{Request, Response, Status};
 
 use super::state::{namespace_for, window_for, StoreHandler};
-use crate::broadcast::windows::{GpuJoiner, GpuWindows};
+use crate::broadcast::windows::{place_in, GpuJoiner, GpuWindows};
 use crate::locks;
 use crate::proto::{
     GpuAwaitRequest, GpuFinishRequest, GpuFinishResponse, GpuJoinRequest, GpuJoinResponse,
@@ -25,6 +25,10 @@ impl StoreHandler {
     /// A GPU window as its members are told it: with each member's secret, since each fetches
     /// from another.
     fn gpu_window_for_members(&self, mut w: GpuWindow) -> GpuWindow {
+        if w.adopted {
+            // Taken up from a member's copy, which could name any registration.
+            return w;
+        }
         let ns = group_namespace(&w.group_id).unwrap_or_default().to_string();
         for m in &mut w.members {
             m.secret = self.gpu_secret(&ns, &m.node_id, m.registration);
@@ -74,8 +78,9 @@ pub(super) async fn join_gpu_window(
             ),
         ));
     }
-    let r = req.into_inner();
+    let mut r = req.into_inner();
     parse_key(&r.key)?;
+    let known = r.known.take();
     let mut spec = r.window.clone().unwrap_or_default();
     if spec.group_id.is_empty() {
         spec.group_id = rpc::default_gpu_group(&r.namespace, &r.key);
@@ -108,9 +113,16 @@ pub(super) async fn join_gpu_window(
     };
     let ((window, _), member) = {
         let alive = handler.alive();
-        handler
-            .gpu_windows()
-            .join(spec, joiner, &alive, handler.clock.now())?
+        let now = handler.clock.now();
+        let mut windows = handler.gpu_windows();
+        match &known {
+            Some(known) => {
+                let member = member_of(known, &spec.group_id, &joiner)?;
+                (windows.adopt(known, &alive, now)?, member)
+            }
+            None if r.again => windows.join_again(spec, joiner, &alive, now)?,
+            None => windows.join(spec, joiner, &alive, now)?,
+        }
     };
     handler.gpu_changed.notify_waiters();
     tracing::info!(
@@ -125,6 +137,27 @@ pub(super) async fn join_gpu_window(
         window: Some(handler.gpu_window_for_members(window)),
         member,
     }))
+}
+
+/// The place in `known` (a closed window a member brings from an owner that died) of the
+/// member joining with `joiner`: a caller may bring only a window of the group it joins, and
+/// one that holds it.
+fn member_of(known: &GpuWindow, group: &str, joiner: &GpuJoiner) -> Result<u64, Status> {
+    if known.group_id != group {
+        return Err(to_status(
+            Fault::Invalid,
+            format!(
+                "a member of window {group} brought window {}",
+                known.group_id
+            ),
+        ));
+    }
+    place_in(known, joiner).ok_or_else(|| {
+        to_status(
+            Fault::Invalid,
+            format!("window {group} as brought does not hold its bringer"),
+        )
+    })
 }
 
 pub(super) async fn await_gpu_window(
