@@ -17,8 +17,12 @@ use crate::bridge::Bridge;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Transient failures are retried this often within this long (object_store's default
-/// retries for three minutes, which a caller waiting on a block takes for a hang).
-const RETRIES: usize = 3;
+/// retries for three minutes, which a caller waiting on a block takes for a hang). Not fewer:
+/// after many requests at once (a large put's parts) the client pools as many connections,
+/// and where the server has closed them while they idled, each retry may take another of
+/// them and fail the same way (seen once: a HEAD failing "error sending request" three times
+/// within 0.45 s); the time, not the count, bounds a store that is really gone.
+const RETRIES: usize = 10;
 const RETRY_WITHIN: Duration = Duration::from_secs(20);
 
 #[derive(Debug, thiserror::Error)]
