@@ -21,7 +21,8 @@ use tokio::sync::watch;
 
 use super::etcd_url::EtcdUrl;
 use super::fence::OWNER_KEY;
-use super::members::{fault, header_revision, Members};
+use super::lease::renew;
+use super::members::{header_revision, Members};
 use super::seam::{EngineError, Revision};
 
 /// Where a replica stands, as its answers tell callers.
@@ -221,7 +222,7 @@ impl Elector {
                 _ = tokio::time::sleep(self.tick()) => {}
             }
             let asked = Instant::now();
-            match self.renew(&mut stream, claim.lease).await {
+            match renew(&self.members, &mut stream, claim.lease, self.ttl).await {
                 Ok(true) => {
                     claim.safe_until = asked + self.ttl;
                     standing.send_if_modified(|s| {
@@ -252,43 +253,5 @@ impl Elector {
             .call(|mut c| async move { c.lease_revoke(lease).await })
             .await
             .map(|_| ())
-    }
-
-    /// One renewal: whether the lease still lives.
-    async fn renew(
-        &mut self,
-        stream: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
-        lease: i64,
-    ) -> Result<bool, EngineError> {
-        if stream.is_none() {
-            // Opening the stream renews the lease once, and says whether it lives.
-            let opened = self
-                .members
-                .call(|mut c| async move {
-                    match c.lease_keep_alive(lease).await {
-                        Ok(opened) => Ok(Some(opened)),
-                        Err(etcd_client::Error::LeaseKeepAliveError(m))
-                            if m.contains("not found") =>
-                        {
-                            Ok(None)
-                        }
-                        Err(e) => Err(e),
-                    }
-                })
-                .await?;
-            let lives = opened.is_some();
-            *stream = opened;
-            return Ok(lives);
-        }
-        let Some((keeper, answers)) = stream.as_mut() else {
-            return Err(EngineError::Unavailable("no renewal stream".into()));
-        };
-        keeper.keep_alive().await.map_err(fault)?;
-        let answer = tokio::time::timeout(self.ttl / 2, answers.message())
-            .await
-            .map_err(|_| EngineError::Unavailable("a renewal was not answered".into()))?
-            .map_err(fault)?
-            .ok_or_else(|| EngineError::Unavailable("the renewal stream ended".into()))?;
-        Ok(answer.ttl() > 0)
     }
 }
