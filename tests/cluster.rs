@@ -1464,9 +1464,9 @@ fn a_gpu_windows_members_form_it_again_and_finish_it_at_the_next_owner() {
         }
         assert!(p1.parent.is_some() && p2.parent.is_some() && p0.parent.is_none());
 
-        // Closed: a whole window at the new owner (b), one getter done, then b dies while
-        // the other getter still moves its bytes. The next owner (c) takes the window up from
-        // the first member that reports and hears every report.
+        // Closed: a whole window at the owner a's death made (b or c), one getter done, then
+        // that owner dies while the other getter still moves its bytes. The last replica takes
+        // the window up from the first member that reaches it and hears every report.
         let m: Vec<Membership> = vec![
             join("closed", 0, Role::Putter).await,
             join("closed", 1, Role::Getter).await,
@@ -1477,7 +1477,35 @@ fn a_gpu_windows_members_form_it_again_and_finish_it_at_the_next_owner() {
         }
         let generation = m[0].at().1;
         m[1].finish(&store, "").await;
-        b.kill();
+        // Whichever of b and c took the store over from a owns the window: it dies.
+        let (group_id, _, _) = m[0].at();
+        let owns = |addr: String| {
+            let group_id = group_id.clone();
+            async move {
+                let one = ktfs::rpc::client::connect_store(&addr, &ktfs::auth::Credential::none())
+                    .await
+                    .unwrap();
+                let asked = ktfs::proto::GpuAwaitRequest {
+                    group_id,
+                    generation,
+                    until_finished: false,
+                    wait_ms: 0,
+                };
+                one.await_gpu_window(asked).await.is_ok()
+            }
+        };
+        let (b_owns, c_owns) = (owns(b.addr.clone()).await, owns(c.addr.clone()).await);
+        assert!(b_owns != c_owns, "b owns it: {b_owns}, c: {c_owns}");
+        let survivor = match b_owns {
+            true => {
+                b.kill();
+                c
+            }
+            false => {
+                c.kill();
+                b
+            }
+        };
         let done = within(async {
             let second = async {
                 m[2].finish(&store, "").await;
@@ -1499,6 +1527,6 @@ fn a_gpu_windows_members_form_it_again_and_finish_it_at_the_next_owner() {
             assert_eq!(x.at().1, generation, "the closed window was formed anew");
         }
         m[0].finish(&store, "").await;
+        drop(survivor);
     });
-    drop(c);
 }

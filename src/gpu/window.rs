@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::abi::{self, KtGpuWindow};
-use crate::proto::{GpuAwaitRequest, GpuFinishRequest, GpuJoinRequest, GpuMember, GpuWindow};
+use crate::proto::{
+    GpuAwaitRequest, GpuFinishRequest, GpuJoinRequest, GpuMember, GpuMemberState, GpuWindow,
+};
 use crate::proto::{HeldComm, Role, WindowSpec};
 use crate::rpc::gpu_window::getters_finished;
 use crate::rpc::{ClientError, Store};
@@ -148,7 +150,8 @@ pub async fn join(store: &Store, j: Joining<'_>) -> Result<Membership, WindowErr
         nccl: j.nccl,
         comms: j.comms,
         known: None,
-        again: false,
+        // A join cut off by a replica's death is sent again, and must not join twice.
+        again: true,
     };
     let r = store
         .clone()
@@ -212,12 +215,22 @@ impl Membership {
                 }
                 Err(e) => return Err(e.into()),
             };
-            {
+            let unheard = {
                 let mut p = self.place();
                 p.again = 0;
                 if w.closed {
                     p.known = Some(w.clone());
                 }
+                // A window taken up from another member's copy may not show this member's
+                // report, which went to the owner that died: told again.
+                let member = usize::try_from(p.member)
+                    .ok()
+                    .and_then(|m| w.members.get(m));
+                let waiting = member.is_some_and(|m| m.state() == GpuMemberState::GpuWaiting);
+                p.reported.clone().filter(|_| waiting)
+            };
+            if let Some(error) = unheard {
+                self.report(store, &error).await?;
             }
             if !w.error.is_empty() {
                 return Err(WindowError::Failed(w.errno, w.error));
@@ -317,16 +330,18 @@ impl Membership {
 
     /// Tells the window how this member finished (`error` empty: filled, or done putting).
     pub async fn finish(&self, store: &Store, error: &str) {
-        let known = {
+        let (first, known) = {
             let mut p = self.place();
-            p.reported = Some(error.to_string());
-            p.known.is_some()
+            let first = p.reported.replace(error.to_string()).is_none();
+            (first, p.known.is_some())
         };
         let group = self.at().0;
         let r = match self.report(store, error).await {
             // The store's owner died since the plan: the next takes the window up, and hears
-            // this report (`join_again` tells it).
-            Err(e) if e.is_not_found() && known => match self.join_again(store).await {
+            // this report (`join_again` tells it). Only a first report: a later one (a control
+            // file closed after its transfer) finds a window that finished and was let go of,
+            // which is not to be brought back.
+            Err(e) if e.is_not_found() && known && first => match self.join_again(store).await {
                 Ok(()) => Ok(()),
                 Err(WindowError::Rpc(e)) => Err(e),
                 Err(e) => {

@@ -10,7 +10,7 @@
 //! stands by refused it) always; a call that was cut off after it was sent only if doing it
 //! twice does what doing it once does (reads; a publish, since a version is the hash of its
 //! manifest and publishing the version a key is at already succeeds; setting attributes;
-//! heartbeats). A rename or a remove cut off by a replica's death fails as it did before, as
+//! heartbeats; a GPU window's calls, as a member joining again keeps its place). A rename or a remove cut off by a replica's death fails as it did before, as
 //! the caller cannot know whether it was done.
 
 use std::future::Future;
@@ -178,6 +178,8 @@ fn cut_off(message: &str) -> bool {
         // The replica stopped answering its connection's pings (`rpc::client`).
         "keep-alive",
         "keepalive",
+        // The connection's task ended (its replica died) with the call queued or in flight.
+        "operation was canceled",
     ]
     .iter()
     .any(|s| m.contains(s))
@@ -267,7 +269,7 @@ routed! {
     swarm_sync(SwarmSyncRequest) -> SwarmSyncReply, Retry::Untaken, |_| Route::Owner;
     get_window(GetWindowRequest) -> Window, Retry::Always, |_| Route::Owner;
     registration_secret(RegistrationSecretRequest) -> RegistrationSecretResponse, Retry::Always, |_| Route::Owner;
-    join_gpu_window(GpuJoinRequest) -> GpuJoinResponse, Retry::Untaken, |_| Route::Owner;
+    join_gpu_window(GpuJoinRequest) -> GpuJoinResponse, Retry::Always, |_| Route::Owner;
     await_gpu_window(GpuAwaitRequest) -> GpuWindow, Retry::Always, |_| Route::Owner;
     finish_gpu_window(GpuFinishRequest) -> GpuFinishResponse, Retry::Always, |_| Route::Owner;
 }
@@ -296,6 +298,8 @@ mod tests {
         let unknown_owner = remote(Fault::Unreachable, "stands by", Some(""));
         let cut = remote(Fault::Internal, "transport error", None);
         let broken = remote(Fault::Unreachable, "connection reset by peer", None);
+        let canceled = remote(Fault::Timeout, "operation was canceled", None);
+        assert!(moves_on(&canceled, Retry::Always) && !moves_on(&canceled, Retry::Untaken));
         for retry in [Retry::Always, Retry::Untaken] {
             assert!(moves_on(&refused, retry));
             assert!(moves_on(&standby, retry));
