@@ -1354,6 +1354,20 @@ fn a_broadcasts_getters_join_their_window_again_at_the_next_owner() {
     );
 }
 
+/// Whether the replica at `addr` knows GPU window `group` of `generation` (a standby refuses).
+async fn owns_window(addr: &str, group: &str, generation: u64) -> bool {
+    let one = ktfs::rpc::client::connect_store(addr, &ktfs::auth::Credential::none())
+        .await
+        .unwrap();
+    let asked = ktfs::proto::GpuAwaitRequest {
+        group_id: group.to_string(),
+        generation,
+        until_finished: false,
+        wait_ms: 0,
+    };
+    one.await_gpu_window(asked).await.is_ok()
+}
+
 /// A GPU window is the memory of the replica that owns the store (doc/cluster.md, Replicas).
 /// Its members, driven here through the agent's own window calls (`gpu::window`, as a control
 /// file's transfer plays them; the bytes between workers are not the store's), outlive two
@@ -1478,23 +1492,9 @@ fn a_gpu_windows_members_form_it_again_and_finish_it_at_the_next_owner() {
         let generation = m[0].at().1;
         m[1].finish(&store, "").await;
         // Whichever of b and c took the store over from a owns the window: it dies.
-        let (group_id, _, _) = m[0].at();
-        let owns = |addr: String| {
-            let group_id = group_id.clone();
-            async move {
-                let one = ktfs::rpc::client::connect_store(&addr, &ktfs::auth::Credential::none())
-                    .await
-                    .unwrap();
-                let asked = ktfs::proto::GpuAwaitRequest {
-                    group_id,
-                    generation,
-                    until_finished: false,
-                    wait_ms: 0,
-                };
-                one.await_gpu_window(asked).await.is_ok()
-            }
-        };
-        let (b_owns, c_owns) = (owns(b.addr.clone()).await, owns(c.addr.clone()).await);
+        let (group, _, _) = m[0].at();
+        let b_owns = owns_window(&b.addr, &group, generation).await;
+        let c_owns = owns_window(&c.addr, &group, generation).await;
         assert!(b_owns != c_owns, "b owns it: {b_owns}, c: {c_owns}");
         let survivor = match b_owns {
             true => {
