@@ -27,7 +27,7 @@ WORK=$(mktemp -d)
 SHM=$(mktemp -d -p /dev/shm)
 # KT_BENCH_KEEP=DIR keeps the servers' and etcd's logs there.
 trap 'set +e; kill -9 $(jobs -p) 2>/dev/null; pkill -9 -P $$ 2>/dev/null; wait 2>/dev/null; [ -n "${KT_BENCH_KEEP:-}" ] && mkdir -p "$KT_BENCH_KEEP" && cp "$WORK"/*.log "$WORK"/put.err "$KT_BENCH_KEEP"/ 2>/dev/null; rm -rf "$WORK" "$SHM"' EXIT
-export KT_AGENT=$WORK/none.sock RUST_LOG=warn
+export KT_AGENT=$WORK/none.sock RUST_LOG=${KT_BENCH_LOG:-warn}
 export AWS_ACCESS_KEY_ID=kt-test-access AWS_SECRET_ACCESS_KEY=kt-test-secret
 IP=127.0.0.14
 now() { date +%s.%N; }
@@ -142,7 +142,7 @@ mkdir -p "$WORK/mnt" "$WORK/mcache"
 MOUNT=$!
 for _ in $(seq 300); do mountpoint -q "$WORK/mnt" && break; sleep 0.1; done
 mountpoint -q "$WORK/mnt" || { tail "$WORK/mount.log" >&2; exit 1; }
-trap 'set +e; touch "$WORK/stop"; fusermount3 -uz "$WORK/mnt" 2>/dev/null; kill -9 $(jobs -p) 2>/dev/null; pkill -9 -P $$ 2>/dev/null; wait 2>/dev/null; [ -n "${KT_BENCH_KEEP:-}" ] && mkdir -p "$KT_BENCH_KEEP" && cp "$WORK"/*.log "$WORK"/put.err "$KT_BENCH_KEEP"/ 2>/dev/null; rm -rf "$WORK" "$SHM"' EXIT
+trap 'set +e; touch "$WORK/stop"; fusermount3 -uz "$WORK/mnt" 2>/dev/null; kill -9 $(jobs -p) 2>/dev/null; pkill -9 -P $$ 2>/dev/null; wait 2>/dev/null; [ -n "${KT_BENCH_KEEP:-}" ] && mkdir -p "$KT_BENCH_KEEP" && cp "$WORK"/*.log "$WORK"/put.err "$WORK"/reads.* "$KT_BENCH_KEEP"/ 2>/dev/null; rm -rf "$WORK" "$SHM"' EXIT
 reads() {
     local k line key sha ok
     while [ ! -e "$WORK/stop" ]; do
@@ -167,6 +167,7 @@ total=$(( PUTS / CLIENTS * CLIENTS ))
 while [ "$(acked)" -lt $((total / 2)) ]; do sleep 0.05; done
 eval "kill -9 \$PID_$owner"
 killed_at=$(now)
+echo "$killed_at the owner" >>"$WORK/kills.log"
 while [ "$(acked)" -lt $((total * 3 / 4)) ] && [ $(( $(acked) + $(failed) )) -lt "$total" ]; do sleep 0.05; done
 # The worst case: the member that leads.
 leader=3
@@ -178,6 +179,7 @@ sys.exit(0 if s["leader"] == s["header"]["member_id"] else 1)' && leader=$m
 done
 eval "kill -9 \$ETCD$leader"
 etcd_killed_at=$(now)
+echo "$etcd_killed_at etcd's leader" >>"$WORK/kills.log"
 while [ $(( $(acked) + $(failed) )) -lt "$total" ]; do sleep 0.2; done
 chaos_time=$(python3 -c "print('%.1f' % ($(now) - $start))")
 touch "$WORK/stop"

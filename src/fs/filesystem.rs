@@ -149,7 +149,11 @@ impl FsCore {
     /// the watch's lease holds, outside the GPU control tree.
     pub fn kernel_ttl(&self, ino: u64) -> Duration {
         if !self.listings.leased_beyond(LEASE_MARGIN) {
-            return UNLEASED_TTL;
+            // Between a lost lease and the next, the kernel keeps nothing either.
+            return match self.listings.lapsed() {
+                true => Duration::ZERO,
+                false => UNLEASED_TTL,
+            };
         }
         // Every reply asks: the path is looked at in place, not copied.
         match self.inodes().path_ref(ino) {

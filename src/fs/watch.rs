@@ -94,9 +94,12 @@ async fn watch_once(core: &Weak<FsCore>, store: crate::rpc::client::Store, ns: S
     // When the kernel must have forgotten what it holds on the lease's word, unless the lease
     // is renewed first.
     let mut lapse_at: Option<Instant> = None;
+    // The first tick is at once: the opening message's renewal was asked when the watch was
+    // first tried, and counts from then, which is long past where the call waited for a
+    // replica to take the store over (measured: a lease that lapsed 1 s after it was granted,
+    // unrenewed, in bench/failover.sh).
     let mut tick = tokio::time::interval(RENEW_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
     loop {
         tokio::select! {
             msg = down.next() => {
@@ -154,6 +157,7 @@ async fn watch_once(core: &Weak<FsCore>, store: crate::rpc::client::Store, ns: S
                 lapse_at = None;
                 let Some(c) = core.upgrade() else { return Ended::CoreGone };
                 tracing::debug!("the watch's lease is about to lapse unrenewed; the kernel forgets what it held on its word");
+                c.listings.lapse();
                 c.kernel_forget_all();
             }
             _ = tick.tick() => {

@@ -63,6 +63,9 @@ pub struct Listings {
     watcher: AtomicU64,
     /// Whether the last call to the store server found none reachable (see `stale_reads`).
     unreachable: std::sync::atomic::AtomicBool,
+    /// The watch's lease was lost and no new one holds yet: nothing cached is trusted on its
+    /// age alone (see [`Listings::valid`]).
+    lapsed: std::sync::atomic::AtomicBool,
     /// What was last seen, kept past forgetting: a mount with stale reads alone.
     last: Option<Mutex<LastSeen>>,
 }
@@ -81,6 +84,7 @@ impl Listings {
             lease: Mutex::default(),
             watcher: AtomicU64::new(0),
             unreachable: std::sync::atomic::AtomicBool::new(false),
+            lapsed: std::sync::atomic::AtomicBool::new(false),
             last: None,
         }
     }
@@ -154,7 +158,18 @@ impl Listings {
     /// Whether what was cached at `at` still holds: within the TTL, or while the lease does
     /// and no key in it expired (an expiry is not told to watchers; `expires` in unix ms).
     pub(crate) fn valid(&self, now: Instant, at: Instant, expires: i64) -> bool {
-        now.duration_since(at) < LISTING_TTL || (self.leased() && unix_ms() < expires)
+        (now.duration_since(at) < LISTING_TTL && !self.lapsed())
+            || (self.leased() && unix_ms() < expires)
+    }
+
+    /// Whether the watch's lease was lost and no new one holds yet. A mount that watches
+    /// caches on the lease's word; between a lost lease and the next (a store replica's death,
+    /// a broken stream) it trusts no answer on its age alone, as a mount that never watched
+    /// does for [`LISTING_TTL`], so that a file another node published a moment ago is not
+    /// missing from a listing taken just before (measured: `bench/failover.sh`'s mount read
+    /// keys put after the owner's death as absent for up to a second).
+    pub(crate) fn lapsed(&self) -> bool {
+        self.lapsed.load(Ordering::SeqCst)
     }
 
     /// Whether the watch's lease holds now.
@@ -267,6 +282,7 @@ impl Listings {
         }
         self.reached(true);
         *lock(&self.lease) = Some(until);
+        self.lapsed.store(false, Ordering::SeqCst);
     }
 
     pub(crate) fn set_watcher(&self, id: u64) {
@@ -329,15 +345,23 @@ impl Listings {
         }
     }
 
-    /// The watch broke: nothing cached is trusted past its TTL, and what was cached may have
-    /// missed changes.
+    /// The lease is about to lapse unrenewed: until a renewal holds it again, nothing is
+    /// trusted on its age alone, as after a lost lease.
+    pub(crate) fn lapse(&self) {
+        self.lapsed.store(true, Ordering::SeqCst);
+    }
+
+    /// The watch broke: what was cached may have missed changes, and until a lease holds
+    /// again nothing is trusted on its age alone ([`Listings::lapsed`]; a watch that never
+    /// held a lease leaves the mount as one that does not watch).
     pub(crate) fn lease_lost(&self, keep_last: bool) {
         self.watcher.store(0, Ordering::SeqCst);
-        *lock(&self.lease) = None;
+        if lock(&self.lease).take().is_some() {
+            self.lapsed.store(true, Ordering::SeqCst);
+        }
         if keep_last {
-            // Kept for stale reads alone (`last_listing`, `last_resolved`): without the lease
-            // only what is younger than LISTING_TTL is taken as fresh, as on a mount with no
-            // watch, and a new lease begins with nothing cached.
+            // Kept for stale reads alone (`last_listing`, `last_resolved`), and a new lease
+            // begins with nothing cached.
             self.epoch.fetch_add(1, Ordering::SeqCst);
         } else {
             self.clear();
@@ -580,6 +604,40 @@ mod tests {
         // The newest stay.
         assert!(l.fresh(&format!("d{MAX_LISTINGS}")).is_some());
         assert!(l.resolved(&format!("f{MAX_ENTRIES}")).is_some());
+    }
+
+    /// A listing is trusted for LISTING_TTL on a mount that never held a lease; between a lost
+    /// lease and the next, not at all (a file put meanwhile elsewhere must not be missing from
+    /// a listing taken a moment before); with a lease again, as ever.
+    #[test]
+    fn between_a_lost_lease_and_the_next_no_listing_is_trusted_on_its_age() {
+        let l = Listings::new(crate::clock::system());
+        l.put("d", Arc::new(BTreeMap::new()), l.epoch());
+        assert!(l.fresh("d").is_some(), "never leased: kept for its TTL");
+        l.lease_lost(false);
+        l.put("d", Arc::new(BTreeMap::new()), l.epoch());
+        assert!(l.fresh("d").is_some(), "a watch that never held a lease changes nothing");
+
+        l.lease_until(std::time::Instant::now() + Duration::from_secs(60));
+        l.lease_lost(false);
+        assert!(l.lapsed());
+        l.put("d", Arc::new(BTreeMap::new()), l.epoch());
+        l.put_own("d/f", None, Some(l.epoch()));
+        assert!(l.fresh("d").is_none() && l.own("d/f").is_none());
+
+        l.lease_until(std::time::Instant::now() + Duration::from_secs(60));
+        assert!(!l.lapsed());
+        l.put("d", Arc::new(BTreeMap::new()), l.epoch());
+        assert!(l.fresh("d").is_some());
+
+        // A lease about to lapse unrenewed (the stream still up): the same until renewed.
+        l.lease_until(std::time::Instant::now());
+        l.lapse();
+        l.put("d", Arc::new(BTreeMap::new()), l.epoch());
+        assert!(l.fresh("d").is_none());
+        l.lease_until(std::time::Instant::now() + Duration::from_secs(60));
+        l.put("d", Arc::new(BTreeMap::new()), l.epoch());
+        assert!(l.fresh("d").is_some());
     }
 
     /// With stale reads, what a change told by the watch makes the caches forget (the root's
