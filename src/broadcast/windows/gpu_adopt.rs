@@ -223,7 +223,7 @@ mod tests {
     use crate::proto::Role;
     use crate::rpc::gpu_window::getters_finished;
 
-    const ALIVE: &dyn Fn(&str) -> bool = &|_| true;
+    use crate::broadcast::windows::gpu_windows::tests::ALIVE;
 
     fn spec(world_size: u32) -> WindowSpec {
         WindowSpec {
@@ -234,17 +234,7 @@ mod tests {
     }
 
     fn joiner(node: &str, role: Role) -> GpuJoiner {
-        GpuJoiner {
-            key: "k".into(),
-            node_id: node.into(),
-            ip: format!("ip-{node}"),
-            role,
-            worker_addr: format!("{node}:1"),
-            registration: 7,
-            digest: vec![1; 32],
-            table_json: "{}".into(),
-            ..Default::default()
-        }
+        crate::broadcast::windows::gpu_windows::tests::joiner(node, role, 1)
     }
 
     /// A window of a putter on node a and getters on b and c, closed at its owner: the copy

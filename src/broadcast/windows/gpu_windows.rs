@@ -175,7 +175,7 @@ impl GpuWindows {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::clock::{Clock, ManualClock};
     use crate::proto::{HeldComm, Role};
@@ -193,7 +193,7 @@ mod tests {
         }
     }
 
-    fn joiner(node: &str, role: Role, digest: u8) -> GpuJoiner {
+    pub(in crate::broadcast::windows) fn joiner(node: &str, role: Role, digest: u8) -> GpuJoiner {
         GpuJoiner {
             key: "k".into(),
             node_id: node.into(),
@@ -210,7 +210,7 @@ mod tests {
         }
     }
 
-    const ALIVE: &dyn Fn(&str) -> bool = &|_| true;
+    pub(in crate::broadcast::windows) const ALIVE: &dyn Fn(&str) -> bool = &|_| true;
 
     /// A fresh window of as many members as `joins`, joined in order: as it stands at the last.
     fn window_of(clock: &ManualClock, joins: Vec<GpuJoiner>) -> GpuWindow {

@@ -616,7 +616,10 @@ mod tests {
         assert!(l.fresh("d").is_some(), "never leased: kept for its TTL");
         l.lease_lost(false);
         l.put("d", Arc::new(BTreeMap::new()), l.epoch());
-        assert!(l.fresh("d").is_some(), "a watch that never held a lease changes nothing");
+        assert!(
+            l.fresh("d").is_some(),
+            "a watch that never held a lease changes nothing"
+        );
 
         l.lease_until(std::time::Instant::now() + Duration::from_secs(60));
         l.lease_lost(false);
