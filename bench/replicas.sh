@@ -69,10 +69,18 @@ replica() { # NAME FLAGS...
     eval "limit \"\$1\" \$PID_$1"
 }
 
-fill() { # ADDR
+# Publishes KEYS keys under PREFIX in each namespace through ADDRS, the namespaces at once;
+# prints the keys published a second, all namespaces together.
+fill() { # ADDRS [PREFIX]
+    local t0 t1 ns pids=()
+    t0=$(date +%s.%N)
     for ns in ${NAMESPACES//,/ }; do
-        "$LOAD" publish "$1" "$ns" keys "$KEYS" 4 >/dev/null
+        "$LOAD" publish "$1" "$ns" "${2:-keys}" "$KEYS" 4 >/dev/null &
+        pids+=($!)
     done
+    wait "${pids[@]}"
+    t1=$(date +%s.%N)
+    awk -v a="$t0" -v b="$t1" -v n="$KEYS" 'BEGIN { printf "%.0f", 4 * n / (b - a) }'
 }
 
 ROWS=""
@@ -108,12 +116,14 @@ print(out.strip(), "generator_cpu=%.2f" % (r.ru_utime + r.ru_stime))' \
 
 # The scale: a single RocksDB server, held the same.
 replica single
-fill "$ADDR_single"
+WRITES_single=$(fill "$ADDR_single")
 row single "$ADDR_single" single
 kill "$PID_single"
 
 for r in a b c; do replica "$r" --meta "$META" --blocks "$BLOCKS"; done
-fill "$ADDR_a"
+WRITES_one=$(fill "$ADDR_a")
+# Writes through all three: each goes to the store's one owner (no shards yet).
+WRITES_three=$(fill "$ADDR_a,$ADDR_b,$ADDR_c" more)
 row one "$ADDR_a" a
 row two "$ADDR_a,$ADDR_b" a b
 row three "$ADDR_a,$ADDR_b,$ADDR_c" a b c
@@ -133,6 +143,10 @@ member on /dev/shm, blocks and manifests on s3s-fs. CPU columns are CPU-seconds 
 |---|---|---|---|---|
 ${ROWS}
 Two replicas: **${two_x}x** one (target 1.6x); three: ${three_x}x.
+
+Writes (bench/load.rs \`load publish\`, $KEYS one-byte keys a namespace in batches of 256, the 4 namespaces at once):
+the single server ${WRITES_single} keys/s; the replicated store through one replica ${WRITES_one} keys/s, through all three
+${WRITES_three} keys/s: one owner commits every namespace's writes until shards are served (doc/cluster.md, "Shards").
 EOF
 )
 replace_section "$section"
