@@ -86,22 +86,25 @@ fn held(r: &Running) -> BTreeSet<u32> {
 }
 
 /// Waits until the replicas' claims cover every shard once, each holding what `expect` says
-/// it should (a count); panics after 20 s.
+/// it should (a count), looking again at each replica's next view; panics after 20 s.
 async fn settled(rs: &[&Running], expect: &[usize]) {
-    let until = Instant::now() + Duration::from_secs(20);
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut views: Vec<watch::Receiver<ShardView>> = rs.iter().map(|r| r.view.clone()).collect();
     loop {
-        let sets: Vec<BTreeSet<u32>> = rs.iter().map(|r| held(r)).collect();
+        let sets: Vec<BTreeSet<u32>> = views
+            .iter_mut()
+            .map(|v| v.borrow_and_update().held.keys().copied().collect())
+            .collect();
         let all: BTreeSet<u32> = sets.iter().flatten().copied().collect();
         let total: usize = sets.iter().map(BTreeSet::len).sum();
         let counts: Vec<usize> = sets.iter().map(BTreeSet::len).collect();
         if all.len() == 8 && total == 8 && counts == expect {
             return;
         }
-        assert!(
-            Instant::now() < until,
-            "never settled: {sets:?}, not {expect:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let next =
+            futures_util::future::select_all(views.iter_mut().map(|v| Box::pin(v.changed())));
+        let waited = tokio::time::timeout_at(until, next).await;
+        assert!(waited.is_ok(), "never settled: {sets:?}, not {expect:?}");
     }
 }
 
