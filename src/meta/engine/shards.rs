@@ -38,8 +38,8 @@ const CLAIMS: &[u8] = b"owner/";
 const UNOWNED_LOOKS: u32 = 8;
 
 /// The shard of `namespace` among `count`.
-pub fn shard_of(namespace: &str, count: u32) -> u32 {
-    let h = blake3::hash(namespace.as_bytes());
+pub fn shard_of(namespace: impl AsRef<[u8]>, count: u32) -> u32 {
+    let h = blake3::hash(namespace.as_ref());
     let mut first = [0u8; 8];
     first.copy_from_slice(&h.as_bytes()[..8]);
     let n = u64::from_le_bytes(first) % u64::from(count.max(1));

@@ -4,17 +4,18 @@
 //! thread it comes. Group commit's batch becomes as few transactions as the engine's limits
 //! hold, each change whole in one of them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::fence::Fence;
-use super::owned::{Applied, Lookup, OwnedReads};
+use super::fence::{claim_key, Fence};
+use super::owned::{Applied, Lookup, OwnedReads, Scope};
 use super::seam::{
-    prefix_end, Compare, EngineError, MetaEngine, Txn, Write, MAX_TXN_BYTES, MAX_TXN_OPS,
+    prefix_end, Compare, EngineError, MetaEngine, Revision, Txn, Write, MAX_TXN_BYTES, MAX_TXN_OPS,
     OP_OVERHEAD,
 };
+use super::shards::shard_of;
 use crate::bridge::Bridge;
 use crate::meta::backend::{BackendError, KeyValue, MetaBackend, Op, ReadMany, Step, Table, Visit};
 
@@ -45,6 +46,67 @@ pub const SCHEMA: u32 = 3;
 
 /// Where the layout's number lies, beside the tables (whose keys begin with their tag).
 const SCHEMA_KEY: &[u8] = b"schema";
+
+/// Where the number of shards the store's namespaces fall into lies (absent: 1, the store
+/// owned whole). Fixed while any replica serves: replicas that counted shards differently
+/// would each fence a namespace's rows by a claim of their own.
+const SHARDS_KEY: &[u8] = b"shards";
+
+/// The most shards a store may have: a transaction compares one claim for each shard it
+/// writes, within etcd's operations a transaction.
+pub const MAX_SHARDS: u32 = 1024;
+
+/// The store's shards, settled with what this replica was asked for (`wanted`; `None`: as
+/// the store has them). A store's count is written once, while no replica owns it whole.
+async fn settle_shards(engine: &dyn MetaEngine, wanted: Option<u32>) -> Result<u32, EngineError> {
+    let stored = match engine.get(SHARDS_KEY).await? {
+        Some(e) => Some(
+            std::str::from_utf8(&e.value)
+                .ok()
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .filter(|n| (1..=MAX_SHARDS).contains(n))
+                .ok_or_else(|| {
+                    EngineError::Schema(format!(
+                        "the store's shard count is {:?}, not a number from 1 to {MAX_SHARDS}",
+                        String::from_utf8_lossy(&e.value)
+                    ))
+                })?,
+        ),
+        None => None,
+    };
+    match (stored, wanted) {
+        (Some(n), None) => Ok(n),
+        (None, None | Some(1)) => Ok(1),
+        (Some(n), Some(w)) if n == w => Ok(n),
+        (Some(n), Some(w)) => Err(EngineError::Schema(format!(
+            "the store's namespaces fall into {n} shards, not the {w} asked for: every replica \
+             serves the count the store was made with"
+        ))),
+        (None, Some(w)) if w > MAX_SHARDS => Err(EngineError::Schema(format!(
+            "{w} shards asked for; a store has at most {MAX_SHARDS}"
+        ))),
+        (None, Some(w)) => {
+            // Only where no replica owns the store whole, which would go on fencing every
+            // namespace by its one claim.
+            let set = Txn::new()
+                .when_modified_at(SHARDS_KEY, 0)
+                .when_modified_at(super::fence::OWNER_KEY, 0)
+                .put(SHARDS_KEY, w.to_string());
+            match engine.txn(set).await {
+                Ok(_) => Ok(w),
+                Err(EngineError::Conflict) => match engine.get(SHARDS_KEY).await? {
+                    Some(_) => Box::pin(settle_shards(engine, wanted)).await,
+                    None => Err(EngineError::Schema(
+                        "a replica owns the store whole: stop its replicas before dividing its \
+                         namespaces into shards"
+                            .into(),
+                    )),
+                },
+                Err(e) => Err(e),
+            }
+        }
+    }
+}
 
 /// Checks the engine's layout against this build's, writing it where the engine holds none
 /// yet (a new prefix, or one a build before the number wrote).
@@ -117,6 +179,23 @@ fn remembered(key: &[u8]) -> bool {
     key.first() != Some(&tag(Table::BlockRefs)) && key.first() != Some(&tag(Table::Blocks))
 }
 
+/// Which shard's claim fences a write of `key` (an engine key) where the store has `shards`:
+/// every write of a store owned whole; a namespace's rows (keys, attributes, inodes: each
+/// begins with its namespace) its shard's; what collection buries the first shard's, whose
+/// owner collects. Manifests (named by their content), version locations (a node's, written
+/// by whichever replica takes its heartbeat), block references and small blocks go unfenced.
+fn fenced_by(key: &[u8], shards: u32) -> Option<u32> {
+    if shards <= 1 {
+        return Some(0);
+    }
+    let (&t, rest) = key.split_first()?;
+    if t == tag(Table::Keys) || t == tag(Table::Attrs) || t == tag(Table::Inodes) {
+        let ns = rest.split(|b| *b == 0).next().unwrap_or_default();
+        return Some(shard_of(ns, shards));
+    }
+    (t == tag(Table::Graveyard)).then_some(0)
+}
+
 fn engine_key(table: Table, key: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(key.len() + 1);
     k.push(tag(table));
@@ -140,8 +219,10 @@ pub struct EngineTables {
     /// counts the rest of the range; one from the prefix's start (whether anything lies
     /// below, most often) starts small.
     grown: AtomicUsize,
-    /// Where several replicas may serve the engine, the claim every write must still hold.
+    /// Where several replicas may serve the engine, the claims every write must still hold.
     fence: Option<Arc<Fence>>,
+    /// How many shards the store's namespaces fall into.
+    shards: u32,
     /// What this replica read and wrote while it owns the store.
     owned: OwnedReads,
 }
@@ -159,25 +240,55 @@ impl EngineTables {
         let engine: Arc<dyn MetaEngine> = Arc::new(engine);
         let at = engine.clone();
         on(&bridge, async move { settle_schema(at.as_ref()).await })?;
+        let at = engine.clone();
+        let shards = on(
+            &bridge,
+            async move { settle_shards(at.as_ref(), None).await },
+        )?;
         Ok(EngineTables {
             grown: AtomicUsize::new(page_len(Table::Keys).0),
             engine,
             bridge,
             fence: None,
+            shards,
             owned: OwnedReads::default(),
         })
     }
 
-    /// Writes only while `fence` holds: a replica that does not own the store writes nothing.
+    /// Divides the store's namespaces into `wanted` shards where it is new to them, or checks
+    /// that it has that many.
+    pub fn with_shards(mut self, wanted: u32) -> Result<Self, EngineError> {
+        let at = self.engine.clone();
+        self.shards = on(&self.bridge, async move {
+            settle_shards(at.as_ref(), Some(wanted)).await
+        })?;
+        if let Some(f) = &self.fence {
+            f.set_shards(self.shards);
+        }
+        Ok(self)
+    }
+
+    /// How many shards the store's namespaces fall into (1: the store is owned whole).
+    pub fn shards(&self) -> u32 {
+        self.shards
+    }
+
+    /// Writes only while `fence` holds: a replica writes only the rows of what it owns.
     pub fn fenced(mut self, fence: Arc<Fence>) -> Self {
+        fence.set_shards(self.shards);
         self.fence = Some(fence);
         self
     }
 
-    /// The revision of the claim this replica writes under, while it holds one.
-    fn claim(&self) -> Option<super::seam::Revision> {
+    /// The claim this replica holds over `key` (an engine key), under which its memory of
+    /// the key answers, if it holds one.
+    fn scope(&self, key: &[u8]) -> Option<Scope> {
         let fence = self.fence.as_ref()?;
-        fence.compare().ok().map(|c| c.modified)
+        if !remembered(key) {
+            return None;
+        }
+        let shard = fenced_by(key, self.shards)?;
+        fence.revision(shard).map(|rev| (shard, rev))
     }
 
     fn call<T: Send + 'static>(
@@ -252,6 +363,7 @@ impl EngineTables {
     /// store now (nothing else compares): the fence is broken, and this replica writes no more.
     fn send(&self, txns: Vec<Txn>, mut applied: Option<&mut Applied>) -> Result<(), BackendError> {
         for txn in txns {
+            let compares = txn.compares.clone();
             let engine = self.engine.clone();
             let writes = applied.is_some().then(|| txn.writes.clone());
             match on(&self.bridge, async move { engine.txn(txn).await }) {
@@ -264,17 +376,43 @@ impl EngineTables {
                     }
                 }
                 Err(EngineError::Conflict) if self.fence.is_some() => {
-                    if let Some(f) = &self.fence {
-                        f.broke();
-                    }
-                    return Err(backend_err(EngineError::NotOwner(
-                        "another replica took the store over".into(),
-                    )));
+                    return Err(backend_err(self.lost_claims(&compares)));
                 }
                 Err(e) => return Err(backend_err(e)),
             }
         }
         Ok(())
+    }
+
+    /// A fenced transaction was refused: of the claims it compared (`compares`), those found
+    /// changed are lost; of a store owned whole, its one claim (nothing else compares).
+    fn lost_claims(&self, compares: &[Compare]) -> EngineError {
+        let Some(fence) = &self.fence else {
+            return EngineError::Conflict;
+        };
+        if self.shards <= 1 {
+            fence.broke();
+            return EngineError::NotOwner("another replica took the store over".into());
+        }
+        let keys: Vec<Vec<u8>> = compares.iter().map(|c| c.key.clone()).collect();
+        let now = self.call(move |e| {
+            Box::pin(async move {
+                let mut revs = Vec::with_capacity(keys.len());
+                for k in keys {
+                    revs.push(e.get(&k).await?.map_or(0, |en| en.modified));
+                }
+                Ok(revs)
+            })
+        });
+        // Unread, the claims stay as held: the election's next look says where they stand.
+        if let Ok(revs) = now {
+            for (c, rev) in compares.iter().zip(revs) {
+                if rev != c.modified {
+                    fence.lost_claim(c);
+                }
+            }
+        }
+        EngineError::NotOwner("another replica claimed a shard this change writes".into())
     }
 
     /// The changes, packed in order into transactions within the engine's limits. A key a
@@ -283,19 +421,16 @@ impl EngineTables {
     /// by one, and a batch of publishes into one directory (each touching the directory) is a
     /// few transactions, not one each.
     ///
-    /// With a `fence`, every transaction compares it too (its bytes counted in the limits).
-    fn pack(changes: Vec<Vec<Op>>, fence: Option<&Compare>) -> Result<Vec<Txn>, EngineError> {
-        let new_txn = || Txn {
-            compares: fence.into_iter().cloned().collect(),
-            writes: Vec::new(),
-        };
-        let fence_bytes = fence.map_or(0, |c| c.key.len() + OP_OVERHEAD);
+    /// With a `fence`, each transaction compares the claim of every shard whose rows it
+    /// writes (their bytes counted in the limits); a change of a shard this replica does not
+    /// hold refuses the whole batch before anything is sent.
+    fn pack(&self, changes: Vec<Vec<Op>>, fence: Option<&Fence>) -> Result<Vec<Txn>, EngineError> {
         let mut txns = Vec::new();
-        let mut txn = new_txn();
+        let mut txn = Txn::new();
         let mut at: HashMap<Vec<u8>, usize> = HashMap::new();
-        let mut bytes = fence_bytes;
+        let mut bytes = 0;
         for change in changes {
-            let mut alone = new_txn();
+            let mut alone = Txn::new();
             for op in change {
                 alone = match op {
                     Op::Put(t, k, v) => alone.put(engine_key(t, &k), v),
@@ -304,8 +439,26 @@ impl EngineTables {
             }
             // A change that writes a key twice keeps its last write, as a batch does.
             dedup_last(&mut alone);
+            if let Some(f) = fence {
+                let shards: BTreeSet<u32> = alone
+                    .writes
+                    .iter()
+                    .filter_map(|w| fenced_by(w.key(), self.shards))
+                    .collect();
+                alone.compares = shards
+                    .into_iter()
+                    .map(|s| f.compare(s))
+                    .collect::<Result<_, _>>()?;
+            }
             alone.check()?;
-            let alone_bytes = alone.size() - fence_bytes;
+            let compare_bytes =
+                |cs: &[&Compare]| -> usize { cs.iter().map(|c| c.key.len() + OP_OVERHEAD).sum() };
+            let new_compares: Vec<&Compare> = alone
+                .compares
+                .iter()
+                .filter(|c| !txn.compares.contains(c))
+                .collect();
+            let alone_bytes: usize = alone.writes.iter().map(Write::size).sum();
             let new_keys = alone
                 .writes
                 .iter()
@@ -317,13 +470,21 @@ impl EngineTables {
                 .filter_map(|w| at.get(w.key()))
                 .map(|&i| txn.writes[i].size())
                 .sum();
-            let grown = bytes - replaced + alone_bytes;
-            if txn.writes.len() + new_keys > MAX_TXN_OPS || grown > MAX_TXN_BYTES {
-                txns.push(std::mem::replace(&mut txn, new_txn()));
+            let grown = bytes - replaced + alone_bytes + compare_bytes(&new_compares);
+            let new_compares = if txn.writes.len() + new_keys > MAX_TXN_OPS
+                || txn.compares.len() + new_compares.len() > MAX_TXN_OPS
+                || grown > MAX_TXN_BYTES
+            {
+                txns.push(std::mem::take(&mut txn));
                 at.clear();
-                bytes = fence_bytes;
-            }
-            bytes += alone_bytes;
+                bytes = 0;
+                alone.compares.iter().collect()
+            } else {
+                new_compares
+            };
+            bytes += alone_bytes + compare_bytes(&new_compares);
+            let added: Vec<Compare> = new_compares.into_iter().cloned().collect();
+            txn.compares.extend(added);
             for w in alone.writes {
                 match at.get(w.key()) {
                     Some(&i) => {
@@ -370,8 +531,7 @@ fn on<T: Send + 'static>(
 impl MetaBackend for EngineTables {
     fn get(&self, table: Table, key: &[u8]) -> Result<Option<Vec<u8>>, BackendError> {
         let key = engine_key(table, key);
-        let owned = self.claim().filter(|_| remembered(&key));
-        let known = owned.map(|claim| self.owned.get(claim, &key));
+        let known = self.scope(&key).map(|scope| self.owned.get(scope, &key));
         let ticket = match known {
             Some(Lookup::Known(value)) => return Ok(value),
             Some(Lookup::Read(ticket)) => Some(ticket),
@@ -427,7 +587,7 @@ impl MetaBackend for EngineTables {
     /// Unfenced: a replica that stands by writes these too. Each op a change of its own.
     fn write_shared(&self, ops: Vec<Op>) -> Result<(), BackendError> {
         let changes = ops.into_iter().map(|op| vec![op]).collect();
-        self.send(Self::pack(changes, None).map_err(backend_err)?, None)
+        self.send(self.pack(changes, None).map_err(backend_err)?, None)
     }
 
     fn flush(&self) -> Result<(), BackendError> {
@@ -457,264 +617,32 @@ impl MetaBackend for EngineTables {
     /// after earlier ones of the batch were written leaves those written (each change whole),
     /// and the batch reports the failure, as a crash between them would.
     fn commit(&self, changes: Vec<Vec<Op>>) -> Result<(), BackendError> {
-        let fence = match &self.fence {
-            Some(f) => Some(f.compare().map_err(backend_err)?),
-            None => None,
-        };
-        let txns = Self::pack(changes, fence.as_ref()).map_err(backend_err)?;
-        let Some(claim) = fence.as_ref().map(|c| c.modified) else {
+        let txns = self
+            .pack(changes, self.fence.as_deref())
+            .map_err(backend_err)?;
+        if self.fence.is_none() {
             return self.send(txns, None);
+        }
+        // What was written is kept under the claims the transactions compared.
+        let claims: HashMap<Vec<u8>, Revision> = txns
+            .iter()
+            .flat_map(|t| t.compares.iter().map(|c| (c.key.clone(), c.modified)))
+            .collect();
+        let shards = self.shards;
+        let scope_of = |k: &[u8]| -> Option<Scope> {
+            let shard = fenced_by(k, shards).filter(|_| remembered(k))?;
+            claims
+                .get(&claim_key(shard, shards))
+                .map(|rev| (shard, *rev))
         };
         let written = txns.iter().flat_map(|t| t.writes.iter().map(Write::key));
-        let ticket = self.owned.writing(claim, written.filter(|k| remembered(k)));
+        let ticket = self.owned.writing(written.filter(|k| remembered(k)));
         let mut applied = Vec::new();
         let sent = self.send(txns, Some(&mut applied));
-        applied.retain(|(k, _)| remembered(k));
-        self.owned.written(ticket, applied);
+        self.owned.written(ticket, applied, scope_of);
         sent
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::meta::engine::counted::Counted;
-    use crate::meta::engine::{RocksEngine, OWNER_KEY};
-
-    fn tables() -> (tempfile::TempDir, EngineTables) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().to_path_buf();
-        let t = EngineTables::connect(move || async move { RocksEngine::open(&path) }).unwrap();
-        (dir, t)
-    }
-
-    #[test]
-    fn the_tables_keep_apart_and_walk_as_the_core_expects() {
-        let (_d, t) = tables();
-        let mut ops: Vec<Op> = (0..600)
-            .map(|i| Op::Put(Table::Keys, format!("ns\0d/{i:03}").into_bytes(), vec![1]))
-            .collect();
-        ops.push(Op::Put(Table::Attrs, b"ns\0d/000".to_vec(), vec![2]));
-        // 601 writes: more than one transaction holds, in one change, is refused whole.
-        assert!(t.commit(vec![ops.clone()]).is_err());
-        assert!(t.get(Table::Keys, b"ns\0d/000").unwrap().is_none());
-        // As many changes of one write each, they pack into a few transactions.
-        t.commit(ops.into_iter().map(|o| vec![o]).collect())
-            .unwrap();
-        assert_eq!(t.scan_prefix(Table::Keys, b"ns\0d/").unwrap().len(), 600);
-        assert_eq!(t.scan_prefix(Table::Attrs, b"").unwrap().len(), 1);
-        let mut n = 0;
-        t.for_each(Table::Keys, &mut |_, _| {
-            n += 1;
-            Ok(())
-        })
-        .unwrap();
-        assert_eq!(n, 600);
-        // Past the first 7 bytes ("ns\0d/0N"): one key per ten.
-        let mut seen = Vec::new();
-        t.walk_prefix(Table::Keys, b"ns\0d/", &mut |k, _| {
-            seen.push(k.to_vec());
-            Step::Past(7)
-        })
-        .unwrap();
-        assert_eq!(seen.len(), 60);
-        assert_eq!(seen[1], b"ns\0d/010");
-        // From a key within the prefix: a page of a listing begins there.
-        let mut from = Vec::new();
-        t.walk_from(Table::Keys, b"ns\0d/", (b"ns\0d/5\0", None), &mut |k, _| {
-            from.push(k.to_vec());
-            Step::Next
-        })
-        .unwrap();
-        assert_eq!((from.len(), from[0].as_slice()), (100, &b"ns\0d/500"[..]));
-        let mut one = 0;
-        t.walk_prefix(Table::Keys, b"", &mut |_, _| {
-            one += 1;
-            Step::Stop
-        })
-        .unwrap();
-        assert_eq!(one, 1);
-    }
-
-    /// A batch of publishes into one directory touches the directory in each: the later
-    /// writes of it join the transaction the earlier ones are in, so 256 changes make three
-    /// transactions (128 writes each at most), not 256, and the directory keeps the last.
-    #[test]
-    fn changes_that_write_one_key_again_pack_into_few_transactions() {
-        let (_d, t) = tables();
-        let changes: Vec<Vec<Op>> = (0..256u32)
-            .map(|i| {
-                vec![
-                    Op::Put(Table::Keys, format!("ns\0d/{i:03}").into_bytes(), vec![1]),
-                    Op::Put(Table::Attrs, b"ns\0d".to_vec(), i.to_be_bytes().to_vec()),
-                ]
-            })
-            .collect();
-        let txns = EngineTables::pack(changes.clone(), None).unwrap();
-        assert_eq!(
-            txns.len(),
-            3,
-            "{:?}",
-            txns.iter().map(|t| t.writes.len()).collect::<Vec<_>>()
-        );
-        for txn in &txns {
-            txn.check().unwrap();
-        }
-        t.commit(changes).unwrap();
-        assert_eq!(
-            t.get(Table::Attrs, b"ns\0d").unwrap().unwrap(),
-            255u32.to_be_bytes()
-        );
-        assert_eq!(t.scan_prefix(Table::Keys, b"ns\0d/").unwrap().len(), 256);
-    }
-
-    /// The layout's number is written at the first start; an engine a newer build wrote is
-    /// refused at the start, before anything is read or written as this build's layout.
-    /// A replica writes only while the owner key is still at its claim: once another claim
-    /// replaced it, a batch writes nothing, and the fence stays broken.
-    #[test]
-    fn a_fenced_replica_writes_only_while_its_claim_stands() {
-        let (_dir, t) = tables();
-        let fence = Arc::new(Fence::default());
-        let t = t.fenced(fence.clone());
-        let put = |k: &str| vec![vec![Op::Put(Table::Keys, k.into(), b"v".to_vec())]];
-        let err = t.commit(put("standing-by")).unwrap_err();
-        assert!(err.to_string().contains("stands by"), "{err}");
-        let claim = |who: &'static str| {
-            t.call(move |e| Box::pin(async move { e.txn(Txn::new().put(OWNER_KEY, who)).await }))
-                .unwrap()
-        };
-        fence.hold(claim("me"));
-        t.commit(put("owned")).unwrap();
-        assert!(t.get(Table::Keys, b"owned").unwrap().is_some());
-        claim("another replica");
-        let err = t.commit(put("deposed")).unwrap_err();
-        assert!(err.to_string().contains("took the store over"), "{err}");
-        assert!(t.get(Table::Keys, b"deposed").unwrap().is_none());
-        assert!(fence.is_broken());
-        assert!(t.commit(put("after")).is_err());
-    }
-
-    /// The owner keeps in memory what it writes of its tables, but not the block references,
-    /// which other replicas write too: one deleted behind its back (a standby's table, here
-    /// the engine itself) is read again, and its own writes of them take no memory.
-    #[test]
-    fn an_owner_keeps_no_block_reference_in_memory() {
-        let (_dir, t) = tables();
-        let fence = Arc::new(Fence::default());
-        let t = t.fenced(fence.clone());
-        let claim = t
-            .call(|e| Box::pin(async move { e.txn(Txn::new().put(OWNER_KEY, "me")).await }))
-            .unwrap();
-        fence.hold(claim);
-        let write = |table: Table, k: &[u8]| {
-            t.commit(vec![vec![Op::Put(table, k.to_vec(), Vec::new())]])
-                .unwrap()
-        };
-        write(Table::Keys, b"key");
-        write(Table::BlockRefs, b"ref");
-        let known = |table: Table, k: &[u8]| {
-            matches!(t.owned.get(claim, &engine_key(table, k)), Lookup::Known(_))
-        };
-        assert!(known(Table::Keys, b"key"), "the owner's memory is on");
-        assert!(!known(Table::BlockRefs, b"ref"));
-        let gone = engine_key(Table::BlockRefs, b"ref");
-        t.call(move |e| Box::pin(async move { e.txn(Txn::new().delete(gone)).await }))
-            .unwrap();
-        assert!(t.get(Table::BlockRefs, b"ref").unwrap().is_none());
-    }
-
-    #[test]
-    fn a_walk_of_small_manifests_grows_its_pages() {
-        let dir = tempfile::tempdir().unwrap();
-        // A walk reads nothing but pages: each read the engine counts is one.
-        let engine = Counted::new(Arc::new(RocksEngine::open(dir.path()).unwrap()));
-        let pages = engine.reads.clone();
-        let t = EngineTables::connect(move || async move { Ok(engine) }).unwrap();
-        let manifest = |i: u32, len: usize| {
-            let mut k = [0u8; 32];
-            k[..4].copy_from_slice(&i.to_be_bytes());
-            Op::Put(Table::Manifests, k.to_vec(), vec![7; len])
-        };
-        t.commit((0..1000).map(|i| vec![manifest(i, 200)]).collect())
-            .unwrap();
-        let walk = |t: &EngineTables| {
-            let before = pages.load(Ordering::Relaxed);
-            let mut n = 0;
-            t.walk_prefix(Table::Manifests, b"", &mut |_, _| {
-                n += 1;
-                Step::Next
-            })
-            .unwrap();
-            (n, pages.load(Ordering::Relaxed) - before)
-        };
-        let (n, asked) = walk(&t);
-        assert_eq!(n, 1000);
-        // 4, 8, 16, 32, then 64 a page: 19 pages (250 at 4 a page).
-        assert!(asked <= 20, "{asked} pages");
-        // Large ones after them: the walk is whole (the page that meets them halves the next).
-        t.commit((1000..1040).map(|i| vec![manifest(i, 1 << 20)]).collect())
-            .unwrap();
-        let (n, _) = walk(&t);
-        assert_eq!(n, 1040);
-    }
-
-    #[test]
-    fn an_engine_a_newer_build_wrote_is_refused_and_an_older_layout_upgraded_at_the_start() {
-        let dir = tempfile::tempdir().unwrap();
-        let open = |p: std::path::PathBuf| {
-            EngineTables::connect(move || async move { RocksEngine::open(&p) })
-        };
-        let t = open(dir.path().to_path_buf()).unwrap();
-        let read = |t: &EngineTables| {
-            t.call(|e| Box::pin(async move { e.get(SCHEMA_KEY).await }))
-                .unwrap()
-                .map(|en| en.value)
-        };
-        assert_eq!(read(&t), Some(SCHEMA.to_string().into_bytes()));
-        // An older layout is brought up to this one at the start.
-        t.call(|e| Box::pin(async move { e.txn(Txn::new().put(SCHEMA_KEY, "1")).await }))
-            .unwrap();
-        drop(t);
-        let t = open(dir.path().to_path_buf()).unwrap();
-        assert_eq!(read(&t), Some(SCHEMA.to_string().into_bytes()));
-        drop(t);
-        // Started again, the same build serves it.
-        let t = open(dir.path().to_path_buf()).unwrap();
-        t.call(|e| Box::pin(async move { e.txn(Txn::new().put(SCHEMA_KEY, "999")).await }))
-            .unwrap();
-        drop(t);
-        match open(dir.path().to_path_buf()) {
-            Err(EngineError::Schema(m)) => assert!(m.contains("newer ktfs"), "{m}"),
-            other => panic!("a newer layout was served: {:?}", other.err()),
-        }
-    }
-
-    #[test]
-    fn a_change_that_writes_a_key_twice_keeps_the_last_write() {
-        let (_d, t) = tables();
-        t.write_synced(vec![
-            Op::Put(Table::Keys, b"k".to_vec(), b"1".to_vec()),
-            Op::Delete(Table::Keys, b"k".to_vec()),
-            Op::Put(Table::Keys, b"k".to_vec(), b"2".to_vec()),
-        ])
-        .unwrap();
-        assert_eq!(t.get(Table::Keys, b"k").unwrap().unwrap(), b"2");
-        // Two changes of one batch that write the same key: the later one wins.
-        t.commit(vec![
-            vec![Op::Put(Table::Keys, b"k".to_vec(), b"3".to_vec())],
-            vec![Op::Put(Table::Keys, b"k".to_vec(), b"4".to_vec())],
-        ])
-        .unwrap();
-        assert_eq!(t.get(Table::Keys, b"k").unwrap().unwrap(), b"4");
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn called_from_an_async_thread_it_answers_and_drops_without_a_panic() {
-        let (_d, t) = tables();
-        t.write(vec![Op::Put(Table::Manifests, b"v".to_vec(), vec![9; 10])])
-            .unwrap();
-        assert_eq!(t.get(Table::Manifests, b"v").unwrap().unwrap().len(), 10);
-        drop(t);
-    }
-}
+mod tests;

@@ -44,7 +44,7 @@ fn shards_are_shared_fairly_the_same_everywhere_and_a_departure_moves_few() {
 fn a_namespace_keeps_its_shard() {
     assert_eq!(shard_of("team-a", 64), shard_of("team-a", 64));
     assert_eq!(shard_of("anything", 1), 0);
-    let spread: BTreeSet<u32> = (0..200).map(|i| shard_of(&format!("ns-{i}"), 8)).collect();
+    let spread: BTreeSet<u32> = (0..200).map(|i| shard_of(format!("ns-{i}"), 8)).collect();
     assert_eq!(spread.len(), 8, "200 namespaces on 8 shards: {spread:?}");
 }
 
