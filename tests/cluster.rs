@@ -80,7 +80,7 @@ fn replica_on(
         .args(["--meta", &etcd.url(prefix), "--blocks", blocks])
         .args(extra)
         .envs(s3.env())
-        .env("RUST_LOG", "warn");
+        .env("RUST_LOG", std::env::var("KT_TEST_SERVER_LOG").unwrap_or("warn".into()));
     test_support::spawn_ready(cmd)
 }
 
@@ -1529,4 +1529,202 @@ fn a_gpu_windows_members_form_it_again_and_finish_it_at_the_next_owner() {
         m[0].finish(&store, "").await;
         drop(survivor);
     });
+}
+
+/// The claims of the shards of the store at `prefix` on `etcd`: each shard's owner's address.
+fn shard_owners(etcd: &Etcd, prefix: &str) -> std::collections::BTreeMap<u32, String> {
+    let out = std::process::Command::new("etcdctl")
+        .args(["--endpoints", &etcd.endpoint, "get", "--prefix"])
+        .arg(format!("{prefix}/owner/"))
+        .env("ETCDCTL_API", "3")
+        .output()
+        .expect("etcdctl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .chunks(2)
+        .filter_map(|kv| {
+            let shard = kv.first()?.rsplit('/').next()?.parse().ok()?;
+            let addr = kv.get(1)?.split(' ').next()?.to_string();
+            Some((shard, addr))
+        })
+        .collect()
+}
+
+/// A store whose namespaces fall into 8 shards, served by three replicas: each holds some
+/// shards and writes their namespaces alone; a client of all three writes every namespace,
+/// one of a single replica is refused a namespace of another's shard, told its owner; a mount
+/// writes and reads its namespace through its owner; a replica killed, the others take its
+/// shards, and everything written before and after reads back whole.
+#[test]
+fn replicas_of_a_store_in_shards_share_its_namespaces_and_take_a_dead_ones() {
+    use ktfs::meta::engine::shard_of;
+    test_support::require_fuse();
+    let ip = "127.0.0.119";
+    let etcd = Etcd::start(ip);
+    let s3 = S3::start(ip, "kt-bucket");
+    let blocks = s3.url("kt-bucket", "sharded");
+    let dir = tempfile::tempdir().unwrap();
+    let none = dir.path().join("no-agent.sock");
+    let replica = |data: &str| {
+        let at = dir.path().join(data);
+        let extra = ["--shards", "8", "--owner-ttl-secs", "2"];
+        replica_on(ip, (&etcd, "kt-sh"), (&s3, &blocks), &at, &extra)
+    };
+    let mut replicas = vec![replica("a"), replica("b"), replica("c")];
+    let all = replicas
+        .iter()
+        .map(|p| p.addr.clone())
+        .collect::<Vec<_>>()
+        .join(",");
+    let addrs: std::collections::BTreeSet<String> =
+        replicas.iter().map(|p| p.addr.clone()).collect();
+    let a_addr = replicas[0].addr.clone();
+    // Every shard claimed, and each replica holding some.
+    let shared = test_support::eventually(Duration::from_secs(30), || {
+        let owners = shard_owners(&etcd, "kt-sh");
+        owners.len() == 8
+            && owners
+                .values()
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>()
+                == addrs
+    });
+    assert!(shared, "the shards: {:?}", shard_owners(&etcd, "kt-sh"));
+
+    // A namespace in each shard, each written through the three.
+    let namespaces: Vec<String> = (0..8)
+        .map(|s| {
+            (0..)
+                .map(|i| format!("team-{i}"))
+                .find(|ns| shard_of(ns, 8) == s)
+                .unwrap()
+        })
+        .collect();
+    let body = |ns: &str, k: &str| format!("{ns}/{k}: written\n").into_bytes();
+    let put = |servers: &str, ns: &str, k: &str| {
+        let f = dir.path().join(format!("{ns}-{k}"));
+        std::fs::write(&f, body(ns, k)).unwrap();
+        let out = kt_with(
+            servers,
+            &none,
+            &["put", "-n", ns, k, "--src", f.to_str().unwrap()],
+        );
+        assert!(
+            out.status.success(),
+            "put {ns}/{k} at {servers}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let read_back = |servers: &str, ns: &str, k: &str| {
+        let dest = dir.path().join(format!("got-{ns}-{k}"));
+        let out = kt_with(
+            servers,
+            &none,
+            &["get", "-n", ns, k, "--dest", dest.to_str().unwrap()],
+        );
+        assert!(
+            out.status.success(),
+            "get {ns}/{k}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(std::fs::read(&dest).unwrap(), body(ns, k), "{ns}/{k}");
+    };
+    for ns in &namespaces {
+        put(&all, ns, "before");
+    }
+
+    // A's client alone: a namespace of another replica's shard is refused, naming its owner.
+    let owners = shard_owners(&etcd, "kt-sh");
+    let (s, elsewhere) = (0..8u32)
+        .find(|s| owners[s] != a_addr)
+        .map(|s| (s, &owners[&s]))
+        .unwrap();
+    let f = dir.path().join("refused");
+    std::fs::write(&f, b"x").unwrap();
+    let ns = &namespaces[s as usize];
+    let refused = kt_with(
+        &a_addr,
+        &none,
+        &["put", "-n", ns, "k", "--src", f.to_str().unwrap()],
+    );
+    assert!(!refused.status.success(), "a replica wrote another's shard");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains(&format!("shard {s} of 8")) && err.contains(elsewhere.as_str()),
+        "{err}"
+    );
+
+    // A mount of one namespace writes and reads through its shard's owner.
+    let mounted = &namespaces[0];
+    let mount = common::start_mount(
+        ip,
+        &all,
+        &dir.path().join("node"),
+        "sh-node",
+        &["--namespace", mounted],
+    );
+    std::fs::write(mount.path("by-mount"), b"through the shard's owner\n").unwrap();
+    assert_eq!(
+        std::fs::read(mount.path("before")).unwrap(),
+        body(mounted, "before")
+    );
+
+    // The owner of the mount's shard is killed: its shards go to the two left, and the
+    // mount reads and writes on.
+    let victim = replicas.iter().position(|p| p.addr == owners[&0]).unwrap();
+    replicas.remove(victim).kill();
+    let left_addrs: std::collections::BTreeSet<String> =
+        replicas.iter().map(|p| p.addr.clone()).collect();
+    let taken = test_support::eventually(Duration::from_secs(30), || {
+        let owners = shard_owners(&etcd, "kt-sh");
+        owners.len() == 8
+            && owners
+                .values()
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>()
+                == left_addrs
+    });
+    assert!(
+        taken,
+        "the dead replica's shards: {:?}",
+        shard_owners(&etcd, "kt-sh")
+    );
+    for ns in &namespaces {
+        put(&all, ns, "after");
+    }
+    assert_eq!(
+        std::fs::read(mount.path("after")).unwrap(),
+        body(mounted, "after")
+    );
+    std::fs::write(mount.path("by-mount-after"), b"through the next owner\n").unwrap();
+    drop(mount);
+    let survivors = replicas
+        .iter()
+        .map(|p| p.addr.clone())
+        .collect::<Vec<_>>()
+        .join(",");
+    for ns in &namespaces {
+        read_back(&survivors, ns, "before");
+        read_back(&survivors, ns, "after");
+    }
+    let dest = dir.path().join("by-mount");
+    let out = kt_with(
+        &survivors,
+        &none,
+        &[
+            "get",
+            "-n",
+            mounted,
+            "by-mount-after",
+            "--dest",
+            dest.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&dest).unwrap(), b"through the next owner\n");
 }

@@ -453,6 +453,12 @@ pub struct ServerArgs {
     /// name to callers. Default: --listen, or this host's name where --listen is a wildcard.
     #[arg(long, env = "KT_ADVERTISE", value_name = "HOST:PORT")]
     pub advertise: Option<String>,
+    /// With --meta: divides a new store's namespaces into this many shards (1 to 1024), each
+    /// owned by one replica at a time, so that the replicas share the writes; a store's count
+    /// is fixed once set (every replica serves it; without it, a replica follows the store).
+    /// Without shards one replica owns the whole store and the others stand by.
+    #[arg(long, value_name = "N")]
+    pub shards: Option<u32>,
     /// With --meta: seconds the owner's claim on the store lives without renewal; a replica
     /// standing by takes a dead owner's place within about this long.
     #[arg(long, default_value_t = 3)]

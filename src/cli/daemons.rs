@@ -86,6 +86,7 @@ pub async fn server(a: ServerArgs) -> Result<()> {
             meta: a.meta.unwrap_or_default(),
             blocks: a.blocks,
             meta_blocks_under: Some(a.meta_blocks_under),
+            shards: a.shards,
         },
     )
     .await?
@@ -106,6 +107,7 @@ async fn migrate(m: Box<MigrateArgs>) -> Result<()> {
         meta: m.meta,
         blocks: Some(m.blocks),
         meta_blocks_under: None,
+        shards: None,
     };
     let (done, dir) = match (&m.from, &m.to) {
         (Some(from), _) => (ktfs::server::migrate(from, &engines).await?, from),

@@ -126,6 +126,16 @@ impl MetaStore {
         self.commits.stats()
     }
 
+    /// The shards this replica writes changed (one gained, handed over or lost): the changes
+    /// planned so far are decided first (stored, or refused where their shard went), and what
+    /// the planner remembered is forgotten, as another replica may have written a namespace
+    /// it now writes.
+    pub fn shards_moved(&self) {
+        let _write = self.lock();
+        self.commits.drain(self.backend.as_ref());
+        self.commits.forget_reads();
+    }
+
     pub(super) fn lock(&self) -> MutexGuard<'_, ()> {
         locks::lock(&self.write_lock)
     }

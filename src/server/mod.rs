@@ -11,6 +11,7 @@ mod migrate;
 mod patch;
 mod ready;
 mod role;
+mod shards;
 mod spec;
 mod status;
 mod tickets;
@@ -34,7 +35,7 @@ use crate::blocks::BlockError;
 use crate::clock::{self, SharedClock};
 use crate::db::{Db, DbError};
 use crate::meta::engine::{
-    Elector, EngineError, EtcdNodes, EtcdUrl, Fence, Standing, DEFAULT_OWNER_TTL,
+    Elector, EngineError, EtcdNodes, EtcdUrl, Fence, ShardElector, Standing, DEFAULT_OWNER_TTL,
 };
 use crate::meta::{self, MetaError, MetaStore};
 use crate::proto::store_server::StoreServer;
@@ -166,6 +167,8 @@ enum Ownership {
     Single(duties::Running),
     /// Through an election; the task answers why the claim was lost, if it was.
     Elected(tokio::task::JoinHandle<Option<String>>),
+    /// Shard by shard, through their election, until the server stops.
+    Sharded(tokio::task::JoinHandle<()>),
 }
 
 /// A bound store server, ready to run.
@@ -187,6 +190,8 @@ pub struct StoreServerProcess {
     ticket_secret: Option<std::path::PathBuf>,
     /// Whether the blocks are in an object store every replica reaches.
     shared_blocks: bool,
+    /// How many shards the store's namespaces fall into (1: owned whole).
+    shards: u32,
 }
 
 impl StoreServerProcess {
@@ -239,6 +244,7 @@ impl StoreServerProcess {
         let shared_blocks = objects.is_some();
         let (backend, shared) =
             spec::open_backend(spec, db.clone(), objects.clone(), fence).await?;
+        let shards = shared.as_ref().map_or(1, |s| s.shards);
         let mut blocks = match &objects {
             Some(o) => StoreBlocks::on_objects(db, o.clone()),
             None => {
@@ -270,6 +276,7 @@ impl StoreServerProcess {
             owner_ttl: DEFAULT_OWNER_TTL,
             ticket_secret: None,
             shared_blocks,
+            shards,
         })
     }
 
@@ -380,11 +387,33 @@ impl StoreServerProcess {
         let (standing, standing_rx) =
             tokio::sync::watch::channel(Standing::Standby { owner: None });
         let (stop_owning, stopped) = tokio::sync::oneshot::channel::<()>();
+        let watchers: Arc<watch::Watchers> = Default::default();
+        let mut shard_gate = None;
         let (owned, fence) = match self.election {
             None => {
                 let running = duties.start().await?;
                 standing.send_replace(Standing::Owner);
                 (Ownership::Single(running), None)
+            }
+            // Every replica serves the namespaces of the shards it holds.
+            Some(e) if self.shards > 1 => {
+                let id = duties::replica_id(&self.data_dir).map_err(data_dir_error)?;
+                let elector =
+                    ShardElector::new(&e.url, &advertised, &id, self.owner_ttl, self.shards);
+                let (gate, serving) = shards::Sharded::gate(self.shards);
+                shard_gate = Some(gate);
+                standing.send_replace(Standing::Owner);
+                let sharded = shards::Sharded {
+                    meta: self.meta.clone(),
+                    fence: e.fence.clone(),
+                    watchers: watchers.clone(),
+                    duties,
+                };
+                let stop = async move {
+                    let _ = stopped.await;
+                };
+                let task = sharded.run(elector, serving, stop);
+                (Ownership::Sharded(tokio::spawn(task)), None)
             }
             Some(e) => {
                 let id = duties::replica_id(&self.data_dir).map_err(data_dir_error)?;
@@ -424,8 +453,9 @@ impl StoreServerProcess {
             swarm_waits: Default::default(),
             gpu_windows: Default::default(),
             gpu_changed: Default::default(),
-            watchers: Default::default(),
+            watchers,
             standing: standing_rx.clone(),
+            shards: shard_gate,
         };
         register_gauges(&self.meta, &handler);
         let handler_watchers = handler.watchers.clone();
@@ -483,6 +513,7 @@ impl StoreServerProcess {
                 None
             }
             Ownership::Elected(task) => task.await.unwrap_or_else(|e| Some(e.to_string())),
+            Ownership::Sharded(task) => task.await.err().map(|e| e.to_string()),
         };
         self.meta.flush()?;
         match lost {

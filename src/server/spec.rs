@@ -41,6 +41,9 @@ pub struct StoreSpec {
     /// The size of the metadata's database under which small blocks go into it, where both
     /// engines are remote (`blocks::block_table`); `None`: [`DEFAULT_BUDGET`].
     pub meta_blocks_under: Option<u64>,
+    /// How many shards a new store's namespaces fall into, each owned by one replica at a
+    /// time; `None`: as the store has them (1 where it is new: owned whole).
+    pub shards: Option<u32>,
 }
 
 impl std::str::FromStr for MetaSpec {
@@ -67,6 +70,8 @@ pub(super) async fn open_objects(spec: &StoreSpec) -> Result<Option<Arc<Objects>
 pub(super) struct Shared {
     pub refs: Arc<dyn RefTable>,
     pub blocks: Arc<dyn BlockTable>,
+    /// How many shards the store's namespaces fall into (1: owned whole).
+    pub shards: u32,
 }
 
 /// The metadata backend `spec.meta` names (RocksDB: `db`), its manifests in `objects` if
@@ -84,9 +89,16 @@ pub(super) async fn open_backend(
         MetaSpec::Etcd(url) => {
             let url = url.clone();
             let connect = move || async move { EtcdEngine::connect(&url).await };
-            let tables = tokio::task::spawn_blocking(move || EngineTables::connect(connect))
-                .await
-                .map_err(EngineError::other)??;
+            let wanted = spec.shards;
+            let tables = tokio::task::spawn_blocking(move || {
+                let tables = EngineTables::connect(connect)?;
+                match wanted {
+                    Some(n) => tables.with_shards(n),
+                    None => Ok(tables),
+                }
+            })
+            .await
+            .map_err(EngineError::other)??;
             Some(Arc::new(match fence {
                 Some(f) => tables.fenced(f),
                 None => tables,
@@ -95,6 +107,7 @@ pub(super) async fn open_backend(
     };
     let budget = spec.meta_blocks_under.unwrap_or(DEFAULT_BUDGET);
     let shared = tables.clone().map(|t| Shared {
+        shards: t.shards(),
         refs: Arc::new(TableRefs(t.clone())),
         blocks: Arc::new(TableBlocks::new(t, budget)),
     });

@@ -212,6 +212,29 @@ impl Watchers {
         }
     }
 
+    /// Ends the streams of the watchers of namespaces `keep` refuses (their shard went to
+    /// another replica, which their mounts watch next).
+    pub fn end_unless(&self, keep: impl Fn(&str) -> bool) {
+        let gone: Vec<_> = {
+            let mut inner = lock(&self.inner);
+            let ids: Vec<u64> = inner
+                .list
+                .iter()
+                .filter(|(_, w)| !keep(&w.ns))
+                .map(|(id, _)| *id)
+                .collect();
+            ids.iter()
+                .filter_map(|id| {
+                    inner.holds.remove(id);
+                    inner.list.remove(id)
+                })
+                .collect()
+        };
+        for w in gone {
+            w.leave();
+        }
+    }
+
     fn drop_watcher(&self, id: u64) {
         let w = {
             let mut inner = lock(&self.inner);

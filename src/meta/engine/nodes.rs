@@ -21,7 +21,7 @@ use crate::meta::nodes::SharedNodes;
 use crate::proto::NodeInfo;
 
 /// Where the nodes' keys lie, beside the tables (whose keys begin with a one-byte tag).
-const NODES: &[u8] = b"nodes/";
+pub(super) const NODES: &[u8] = b"nodes/";
 
 /// The node leases of the store `url` names.
 pub struct EtcdNodes {

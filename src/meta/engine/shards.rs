@@ -4,7 +4,7 @@
 //! different replicas. Not yet served through: the store is still owned whole
 //! (`owner::Elector`); this is the election the shards will stand on.
 //!
-//! Every replica registers under one etcd lease of its own (`PREFIX/replicas/<id>`, naming
+//! Every replica registers under one etcd lease of its own (`PREFIX/servers/<id>`, naming
 //! the address its clients reach it at) and claims shards under the same lease
 //! (`PREFIX/owner/<shard>`, naming its address and id): one keep-alive renews them all, and a
 //! replica's death frees every shard it held at once. Each replica computes, from the live
@@ -30,10 +30,11 @@ use super::lease::renew;
 use super::members::{header_revision, Members};
 use super::seam::{EngineError, Revision};
 
-/// Where the replicas register, beside the tables (whose keys begin with a one-byte tag).
-const REPLICAS: &[u8] = b"replicas/";
+/// Where the replicas register, beside the tables: its first byte is no table's tag (as
+/// `replicas/` was: the block references' `r`, whose rebuild deleted every registration).
+pub(super) const REPLICAS: &[u8] = b"servers/";
 /// Where the shards' claims lie: `owner/<shard>` (the store's one claim is `owner`).
-const CLAIMS: &[u8] = b"owner/";
+pub(super) const CLAIMS: &[u8] = b"owner/";
 /// Looks a shard stays unowned before a replica it is not assigned to claims it.
 const UNOWNED_LOOKS: u32 = 8;
 

@@ -45,12 +45,12 @@ fn page_len(table: Table) -> (usize, usize) {
 pub const SCHEMA: u32 = 3;
 
 /// Where the layout's number lies, beside the tables (whose keys begin with their tag).
-const SCHEMA_KEY: &[u8] = b"schema";
+pub(super) const SCHEMA_KEY: &[u8] = b"schema";
 
 /// Where the number of shards the store's namespaces fall into lies (absent: 1, the store
 /// owned whole). Fixed while any replica serves: replicas that counted shards differently
 /// would each fence a namespace's rows by a claim of their own.
-const SHARDS_KEY: &[u8] = b"shards";
+pub(super) const SHARDS_KEY: &[u8] = b"shards";
 
 /// The most shards a store may have: a transaction compares one claim for each shard it
 /// writes, within etcd's operations a transaction.

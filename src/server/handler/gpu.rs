@@ -4,7 +4,7 @@
 
 use tonic::{Request, Response, Status};
 
-use super::state::{namespace_for, window_for, StoreHandler};
+use super::state::{namespace_for, StoreHandler};
 use crate::broadcast::windows::{place_in, GpuJoiner, GpuWindows};
 use crate::locks;
 use crate::proto::{
@@ -65,7 +65,7 @@ pub(super) async fn join_gpu_window(
     req: Request<GpuJoinRequest>,
 ) -> Result<Response<GpuJoinResponse>, Status> {
     let remote_ip = req.remote_addr().map(|a| a.ip().to_string());
-    let ns = namespace_for(&req, &req.get_ref().namespace)?;
+    let ns = handler.namespace_here(&req, &req.get_ref().namespace)?;
     // A member names the node of its worker: within a node, tensors move by CUDA IPC.
     let caller = principal(&req)?;
     if caller.node_claim(&req.get_ref().node_id)? != req.get_ref().node_id {
@@ -164,7 +164,7 @@ pub(super) async fn await_gpu_window(
     handler: &StoreHandler,
     req: Request<GpuAwaitRequest>,
 ) -> Result<Response<GpuWindow>, Status> {
-    window_for(&req, &req.get_ref().group_id)?;
+    handler.window_here(&req, &req.get_ref().group_id)?;
     let r = req.into_inner();
     let wait = std::time::Duration::from_millis(u64::from(r.wait_ms)).min(GPU_AWAIT_MAX);
     let until = tokio::time::Instant::now() + wait;
@@ -197,7 +197,7 @@ pub(super) async fn finish_gpu_window(
     handler: &StoreHandler,
     req: Request<GpuFinishRequest>,
 ) -> Result<Response<GpuFinishResponse>, Status> {
-    window_for(&req, &req.get_ref().group_id)?;
+    handler.window_here(&req, &req.get_ref().group_id)?;
     let r = req.into_inner();
     handler.gpu_windows().finish(
         &r.group_id,

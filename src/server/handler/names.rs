@@ -3,7 +3,7 @@
 
 use tonic::{Request, Response, Status};
 
-use super::state::{namespace_for, StoreHandler};
+use super::state::StoreHandler;
 use crate::proto::{
     ExchangeRequest, LinkRequest, LinkResponse, RemoveRequest, RemoveResponse, RenameRequest,
     RenameResponse, SetAttrRequest, SetAttrResponse,
@@ -14,7 +14,7 @@ pub(super) async fn remove(
     handler: &StoreHandler,
     req: Request<RemoveRequest>,
 ) -> Result<Response<RemoveResponse>, Status> {
-    let ns = namespace_for(&req, &req.get_ref().namespace)?;
+    let ns = handler.namespace_here(&req, &req.get_ref().namespace)?;
     let r = req.into_inner();
     let key = parse_key(&r.key)?;
     let meta = handler.meta.clone();
@@ -44,7 +44,7 @@ pub(super) async fn rename(
     handler: &StoreHandler,
     req: Request<RenameRequest>,
 ) -> Result<Response<RenameResponse>, Status> {
-    let ns = namespace_for(&req, &req.get_ref().namespace)?;
+    let ns = handler.namespace_here(&req, &req.get_ref().namespace)?;
     let r = req.into_inner();
     let (from, to) = (parse_key(&r.from)?, parse_key(&r.to)?);
     let meta = handler.meta.clone();
@@ -58,7 +58,7 @@ pub(super) async fn exchange(
     handler: &StoreHandler,
     req: Request<ExchangeRequest>,
 ) -> Result<Response<RenameResponse>, Status> {
-    let ns = namespace_for(&req, &req.get_ref().namespace)?;
+    let ns = handler.namespace_here(&req, &req.get_ref().namespace)?;
     let r = req.into_inner();
     let (a, b) = (parse_key(&r.a)?, parse_key(&r.b)?);
     let meta = handler.meta.clone();
@@ -72,7 +72,7 @@ pub(super) async fn link(
     handler: &StoreHandler,
     req: Request<LinkRequest>,
 ) -> Result<Response<LinkResponse>, Status> {
-    let ns = namespace_for(&req, &req.get_ref().namespace)?;
+    let ns = handler.namespace_here(&req, &req.get_ref().namespace)?;
     let r = req.into_inner();
     let (from, to) = (parse_key(&r.from)?, parse_key(&r.to)?);
     let meta = handler.meta.clone();
@@ -86,7 +86,7 @@ pub(super) async fn set_attr(
     handler: &StoreHandler,
     req: Request<SetAttrRequest>,
 ) -> Result<Response<SetAttrResponse>, Status> {
-    let ns = namespace_for(&req, &req.get_ref().namespace)?;
+    let ns = handler.namespace_here(&req, &req.get_ref().namespace)?;
     let r = req.into_inner();
     let key = parse_key(&r.key)?;
     let mtime = r.mtime_sec.map(|s| (s, r.mtime_nsec.min(999_999_999)));

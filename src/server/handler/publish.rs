@@ -4,7 +4,7 @@
 use tonic::{Request, Response, Status};
 
 use super::inline::{check_inline_lengths, checked_inline, store_inline};
-use super::state::{namespace_for, StoreHandler};
+use super::state::StoreHandler;
 use crate::hash::{BlockHash, Version};
 use crate::key::{KeyPath, Namespace};
 use crate::meta::{MetaError, MetaStore, Publish, Ticket};
@@ -129,7 +129,7 @@ pub(super) async fn publish(
     req: Request<PublishRequest>,
 ) -> Result<Response<PublishResponse>, Status> {
     let _timed = crate::metrics::Timer::start(&crate::metrics::PUBLISH_SECONDS);
-    let ns = namespace_for(&req, &req.get_ref().namespace)?;
+    let ns = handler.namespace_here(&req, &req.get_ref().namespace)?;
     let caller = principal(&req)?;
     let r = req.into_inner();
     let key = parse_key(&r.key)?;
@@ -221,7 +221,7 @@ pub(super) async fn publish_batch(
     handler: &StoreHandler,
     req: Request<PublishBatchRequest>,
 ) -> Result<Response<PublishBatchResponse>, Status> {
-    let ns = namespace_for(&req, &req.get_ref().namespace)?;
+    let ns = handler.namespace_here(&req, &req.get_ref().namespace)?;
     let r = req.into_inner();
     if r.items.len() > MAX_BATCH_ITEMS {
         return Err(invalid(format!(
@@ -266,7 +266,7 @@ pub(super) async fn publish_gpu(
     handler: &StoreHandler,
     req: Request<PublishGpuRequest>,
 ) -> Result<Response<PublishResponse>, Status> {
-    let ns = namespace_for(&req, &req.get_ref().namespace)?;
+    let ns = handler.namespace_here(&req, &req.get_ref().namespace)?;
     let r = req.into_inner();
     let key = parse_key(&r.key)?;
     let mut gpu = r.gpu.ok_or_else(|| invalid("gpu key missing"))?;

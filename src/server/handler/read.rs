@@ -90,7 +90,7 @@ pub(super) async fn resolve(
     let ns = namespace_for(&req, &req.get_ref().namespace)?;
     let expires = expiry_of(&req);
     let r = req.into_inner();
-    handler.leased_here(r.watcher)?;
+    handler.leased_here(&ns, r.watcher)?;
     let key = parse_key(&r.key)?;
     let meta = handler.meta.clone();
     let since = handler.watchers.now();
@@ -111,7 +111,7 @@ pub(super) async fn resolve_many(
     let ns = namespace_for(&req, &req.get_ref().namespace)?;
     let expires = expiry_of(&req);
     let r = req.into_inner();
-    handler.leased_here(r.watcher)?;
+    handler.leased_here(&ns, r.watcher)?;
     if r.keys.len() > MAX_RESOLVE_MANY {
         return Err(invalid(format!(
             "{} keys in one call; at most {MAX_RESOLVE_MANY}",
@@ -177,7 +177,7 @@ pub(super) async fn list(
 ) -> Result<Response<ListResponse>, Status> {
     let ns = namespace_for(&req, &req.get_ref().namespace)?;
     let r = req.into_inner();
-    handler.leased_here(r.watcher)?;
+    handler.leased_here(&ns, r.watcher)?;
     let prefix = KeyPath::parse_prefix(&r.prefix).map_err(|e| invalid(e.to_string()))?;
     let meta = handler.meta.clone();
     let (watcher, recursive, at) = (r.watcher, r.recursive, ns.clone());

@@ -15,6 +15,7 @@ use crate::meta::engine::Standing;
 use crate::meta::MetaStore;
 use crate::server::auth::{group_namespace, may_use};
 use crate::server::role::refusal;
+use crate::server::shards::ShardGate;
 use crate::server::status::{blocking, parse_ns};
 use crate::server::tickets::TicketKeys;
 use crate::server::watch::Watchers;
@@ -39,6 +40,9 @@ pub struct StoreHandler {
     pub(crate) swarm_waits: Arc<std::sync::Mutex<SwarmWaits>>,
     /// Whether this replica owns the store (a single server always does).
     pub(crate) standing: tokio::sync::watch::Receiver<Standing>,
+    /// Of a store in shards, which namespaces this replica serves (the store's standing is
+    /// then always its owner's: every replica serves some).
+    pub(crate) shards: Option<ShardGate>,
 }
 
 pub(crate) type SwarmWaits =
@@ -72,10 +76,37 @@ impl StoreHandler {
     /// Refuses a read for watcher `watcher` (0: none) where its lease cannot be held: only the
     /// owner tells watchers of changes, so a standby answers lease-free reads alone, and names
     /// the owner for the others.
-    pub(super) fn leased_here(&self, watcher: u64) -> Result<(), Status> {
-        match watcher {
-            0 => Ok(()),
-            _ => refusal(&self.standing.borrow()).map_or(Ok(()), Err),
+    pub(super) fn leased_here(&self, ns: &Namespace, watcher: u64) -> Result<(), Status> {
+        match (watcher, &self.shards) {
+            (0, _) => Ok(()),
+            (_, Some(gate)) => gate.admit(ns.as_str()),
+            (_, None) => refusal(&self.standing.borrow()).map_or(Ok(()), Err),
+        }
+    }
+
+    /// The namespace a call that changes it names, once its caller is known to be allowed in
+    /// it and this replica serves its shard.
+    pub(super) fn namespace_here<T>(
+        &self,
+        req: &Request<T>,
+        ns: &str,
+    ) -> Result<Namespace, Status> {
+        let ns = namespace_for(req, ns)?;
+        self.serves(ns.as_str())?;
+        Ok(ns)
+    }
+
+    /// Refuses a call on a broadcast window its caller may not use, or whose group's
+    /// namespace is in a shard another replica serves (its windows are there).
+    pub(super) fn window_here<T>(&self, req: &Request<T>, group: &str) -> Result<(), Status> {
+        window_for(req, group)?;
+        self.serves(group_namespace(group)?)
+    }
+
+    fn serves(&self, ns: &str) -> Result<(), Status> {
+        match &self.shards {
+            Some(gate) => gate.admit(ns),
+            None => Ok(()),
         }
     }
 

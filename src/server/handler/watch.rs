@@ -3,7 +3,7 @@
 
 use tonic::{Request, Response, Status};
 
-use super::state::{namespace_for, StoreHandler};
+use super::state::StoreHandler;
 use crate::proto::{WatchDown, WatchUp};
 use crate::server::status::invalid;
 
@@ -20,7 +20,7 @@ pub(super) async fn watch(
         .message()
         .await?
         .ok_or_else(|| invalid("a watch names its namespace in its first message"))?;
-    let ns = namespace_for(&req, &first.namespace)?;
+    let ns = handler.namespace_here(&req, &first.namespace)?;
     let (reg, rx) = handler
         .watchers
         .register(ns.as_str())

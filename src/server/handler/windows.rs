@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use super::state::{namespace_for, window_for, StoreHandler, SwarmWaits};
+use super::state::{StoreHandler, SwarmWaits};
 use crate::broadcast::windows::{Broadcasts, Joiner, NodeView, Seed, SwarmPieces};
 use crate::hash::Version;
 use crate::locks;
@@ -139,7 +139,7 @@ pub(super) async fn join_broadcast(
     req: Request<JoinRequest>,
 ) -> Result<Response<JoinResponse>, Status> {
     let remote_ip = req.remote_addr().map(|a| a.ip().to_string());
-    let ns = namespace_for(&req, &req.get_ref().namespace)?;
+    let ns = handler.namespace_here(&req, &req.get_ref().namespace)?;
     // A member that names its node is served from that node: a node's agent names its own.
     let node = principal(&req)?.node_claim(&req.get_ref().node_id)?;
     let mut r = req.into_inner();
@@ -234,7 +234,7 @@ pub(super) async fn swarm_sync(
     handler: &StoreHandler,
     req: Request<SwarmSyncRequest>,
 ) -> Result<Response<SwarmSyncReply>, Status> {
-    window_for(&req, &req.get_ref().group_id)?;
+    handler.window_here(&req, &req.get_ref().group_id)?;
     let r = req.into_inner();
     let key = (r.group_id.clone(), r.generation, r.member);
     let wait = std::time::Duration::from_millis(u64::from(r.wait_ms)).min(SWARM_WAIT_MAX);
@@ -280,7 +280,7 @@ pub(super) async fn new_parent(
     handler: &StoreHandler,
     req: Request<NewParentRequest>,
 ) -> Result<Response<NewParentResponse>, Status> {
-    window_for(&req, &req.get_ref().group_id)?;
+    handler.window_here(&req, &req.get_ref().group_id)?;
     let r = req.into_inner();
     let parent = {
         let live = handler.live();
@@ -309,7 +309,7 @@ pub(super) async fn leave_broadcast(
     handler: &StoreHandler,
     req: Request<LeaveRequest>,
 ) -> Result<Response<LeaveResponse>, Status> {
-    window_for(&req, &req.get_ref().group_id)?;
+    handler.window_here(&req, &req.get_ref().group_id)?;
     let r = req.into_inner();
     handler.windows().leave(
         &r.group_id,
@@ -325,7 +325,7 @@ pub(super) async fn get_window(
     handler: &StoreHandler,
     req: Request<GetWindowRequest>,
 ) -> Result<Response<Window>, Status> {
-    window_for(&req, &req.get_ref().group_id)?;
+    handler.window_here(&req, &req.get_ref().group_id)?;
     let group = req.into_inner().group_id;
     let (w, _) = handler
         .windows()

@@ -347,3 +347,38 @@ async fn called_from_an_async_thread_it_answers_and_drops_without_a_panic() {
     assert_eq!(t.get(Table::Manifests, b"v").unwrap().unwrap().len(), 10);
     drop(t);
 }
+
+/// What the engine keeps beside the tables (the layout, the claims, the replicas' and the
+/// nodes' keys) begins with no table's tag: a table's walk, a rebuild of the references or a
+/// collection would read it as the table's, and delete it.
+#[test]
+fn the_keys_beside_the_tables_lie_outside_every_table() {
+    let tables = [
+        Table::Keys,
+        Table::Manifests,
+        Table::Locations,
+        Table::Attrs,
+        Table::Inodes,
+        Table::Graveyard,
+        Table::BlockRefs,
+        Table::Blocks,
+    ];
+    let beside = [
+        SCHEMA_KEY,
+        SHARDS_KEY,
+        OWNER_KEY,
+        super::super::shards::REPLICAS,
+        super::super::shards::CLAIMS,
+        super::super::nodes::NODES,
+    ];
+    for key in beside {
+        for table in tables {
+            assert_ne!(
+                key.first(),
+                Some(&tag(table)),
+                "{:?} lies in {table:?}",
+                String::from_utf8_lossy(key)
+            );
+        }
+    }
+}
