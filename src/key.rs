@@ -158,6 +158,25 @@ impl fmt::Display for Namespace {
     }
 }
 
+/// Where a namespace's shard is drawn from: the first bytes of its BLAKE3 hash, which a
+/// client of several replicas keeps to find its shard once it learns how many there are.
+pub fn namespace_hash(namespace: impl AsRef<[u8]>) -> u64 {
+    let h = blake3::hash(namespace.as_ref());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&h.as_bytes()[..8]);
+    u64::from_le_bytes(first)
+}
+
+/// The shard of `namespace` among `count` (a store in shards: doc/cluster.md, "Shards").
+pub fn shard_of(namespace: impl AsRef<[u8]>, count: u32) -> u32 {
+    shard_of_hash(namespace_hash(namespace), count)
+}
+
+/// The shard of a namespace whose [`namespace_hash`] is `hash`, among `count`.
+pub fn shard_of_hash(hash: u64, count: u32) -> u32 {
+    u32::try_from(hash % u64::from(count.max(1))).unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -80,7 +80,10 @@ fn replica_on(
         .args(["--meta", &etcd.url(prefix), "--blocks", blocks])
         .args(extra)
         .envs(s3.env())
-        .env("RUST_LOG", std::env::var("KT_TEST_SERVER_LOG").unwrap_or("warn".into()));
+        .env(
+            "RUST_LOG",
+            std::env::var("KT_TEST_SERVER_LOG").unwrap_or("warn".into()),
+        );
     test_support::spawn_ready(cmd)
 }
 
@@ -1551,6 +1554,25 @@ fn shard_owners(etcd: &Etcd, prefix: &str) -> std::collections::BTreeMap<u32, St
         .collect()
 }
 
+/// Waits until the `count` shards of the store at `prefix` are all claimed, by the replicas
+/// at `addrs` and each of them holding some.
+fn shared_by(
+    etcd: &Etcd,
+    prefix: &str,
+    count: usize,
+    addrs: &std::collections::BTreeSet<String>,
+) -> bool {
+    test_support::eventually(Duration::from_secs(30), || {
+        let owners = shard_owners(etcd, prefix);
+        owners.len() == count
+            && owners
+                .values()
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>()
+                == *addrs
+    })
+}
+
 /// A store whose namespaces fall into 8 shards, served by three replicas: each holds some
 /// shards and writes their namespaces alone; a client of all three writes every namespace,
 /// one of a single replica is refused a namespace of another's shard, told its owner; a mount
@@ -1581,16 +1603,11 @@ fn replicas_of_a_store_in_shards_share_its_namespaces_and_take_a_dead_ones() {
         replicas.iter().map(|p| p.addr.clone()).collect();
     let a_addr = replicas[0].addr.clone();
     // Every shard claimed, and each replica holding some.
-    let shared = test_support::eventually(Duration::from_secs(30), || {
-        let owners = shard_owners(&etcd, "kt-sh");
-        owners.len() == 8
-            && owners
-                .values()
-                .cloned()
-                .collect::<std::collections::BTreeSet<_>>()
-                == addrs
-    });
-    assert!(shared, "the shards: {:?}", shard_owners(&etcd, "kt-sh"));
+    assert!(
+        shared_by(&etcd, "kt-sh", 8, &addrs),
+        "the shards: {:?}",
+        shard_owners(&etcd, "kt-sh")
+    );
 
     // A namespace in each shard, each written through the three.
     let namespaces: Vec<String> = (0..8)
@@ -1676,17 +1693,8 @@ fn replicas_of_a_store_in_shards_share_its_namespaces_and_take_a_dead_ones() {
     replicas.remove(victim).kill();
     let left_addrs: std::collections::BTreeSet<String> =
         replicas.iter().map(|p| p.addr.clone()).collect();
-    let taken = test_support::eventually(Duration::from_secs(30), || {
-        let owners = shard_owners(&etcd, "kt-sh");
-        owners.len() == 8
-            && owners
-                .values()
-                .cloned()
-                .collect::<std::collections::BTreeSet<_>>()
-                == left_addrs
-    });
     assert!(
-        taken,
+        shared_by(&etcd, "kt-sh", 8, &left_addrs),
         "the dead replica's shards: {:?}",
         shard_owners(&etcd, "kt-sh")
     );

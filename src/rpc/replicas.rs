@@ -12,16 +12,24 @@
 //! manifest and publishing the version a key is at already succeeds; setting attributes;
 //! heartbeats; a GPU window's calls, as a member joining again keeps its place). A rename or a remove cut off by a replica's death fails as it did before, as
 //! the caller cannot know whether it was done.
+//!
+//! A store in shards has an owner for each: a replica refusing a namespace of another's shard
+//! names that shard's owner and how many shards there are (`kt-shards`), and this client
+//! keeps a route for each shard, so that a caller of several namespaces (a mount, an agent,
+//! Python) goes to each namespace's owner at once rather than be refused on every switch.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::error::ClientError;
 use super::status::Fault;
 use super::store::messages::*;
 use super::store::{Store, StoreApi, WatchDowns, WatchUps};
+use crate::key::{namespace_hash, shard_of_hash};
 
 /// How long a call keeps looking for the owner: beyond a dead owner's claim's time (3 s by
 /// default) and a standby's look at it, with room for a slow etcd.
@@ -38,6 +46,10 @@ pub struct Replicas {
     current: AtomicUsize,
     /// The replica that answered a lease-free read last.
     reader: AtomicUsize,
+    /// How many shards the store has, once a replica said (0: not known, or owned whole).
+    shards: AtomicU32,
+    /// The replica that answered a call of each shard last.
+    routes: Mutex<HashMap<u32, usize>>,
     within: Duration,
 }
 
@@ -48,15 +60,23 @@ enum Route {
     Owner,
     /// This client's reader.
     Reader,
+    /// The owner of the shard of the namespace whose hash this is (`key::namespace_hash`),
+    /// where the store has shards; else as `Owner`.
+    Namespace(u64),
 }
 
-/// Where a read goes: a caller with a lease (a mount's watch) reads at the owner, which tells
-/// it of changes; one without, at its reader.
-fn reads(watcher: u64) -> Route {
+/// Where a read goes: a caller with a lease (a mount's watch) reads at its namespace's owner,
+/// which tells it of changes; one without, at its reader.
+fn reads(watcher: u64, namespace: &str) -> Route {
     match watcher {
         0 => Route::Reader,
-        _ => Route::Owner,
+        _ => Route::Namespace(namespace_hash(namespace)),
     }
+}
+
+/// Where a change of `namespace` goes: its shard's owner.
+fn owner_of(namespace: &str) -> Route {
+    Route::Namespace(namespace_hash(namespace))
 }
 
 /// A replica for this process's reads: one picked by chance, so that the readers of a store
@@ -86,6 +106,8 @@ impl Replicas {
             reader: AtomicUsize::new(pick(replicas.len())),
             replicas,
             current: AtomicUsize::new(0),
+            shards: AtomicU32::new(0),
+            routes: Mutex::default(),
             within: FAILOVER_WITHIN,
         }
     }
@@ -99,22 +121,59 @@ impl Replicas {
     /// Where a failed call goes next: the owner a standby named, if it is one of the
     /// replicas, else the replica after the one that failed.
     fn move_on(&self, route: Route, from: usize, e: &ClientError) {
-        let named = match e {
-            ClientError::Remote(r) => r.owner.as_deref().filter(|o| !o.is_empty()),
-            _ => None,
+        let (named, shards) = match e {
+            ClientError::Remote(r) => (
+                r.owner.as_deref().filter(|o| !o.is_empty()),
+                r.shards.filter(|n| *n > 1),
+            ),
+            _ => (None, None),
         };
+        if let Some(n) = shards {
+            self.shards.store(n, Ordering::Relaxed);
+        }
         let next = named
             .and_then(|o| self.replicas.iter().position(|(a, _)| a == o))
             .unwrap_or((from + 1) % self.replicas.len());
-        // Another call may have moved on already; it knows as much as this one.
-        let _ = self
-            .at(route)
-            .compare_exchange(from, next, Ordering::SeqCst, Ordering::SeqCst);
+        match self.shard(route) {
+            Some(shard) => {
+                let mut routes = crate::locks::lock(&self.routes);
+                let at = routes.entry(shard).or_insert(from);
+                if *at == from {
+                    *at = next;
+                }
+            }
+            None => {
+                // Another call may have moved on already; it knows as much as this one.
+                let _ =
+                    self.at(route)
+                        .compare_exchange(from, next, Ordering::SeqCst, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// The shard a call of `route` is for, where the store has shards.
+    fn shard(&self, route: Route) -> Option<u32> {
+        let Route::Namespace(hash) = route else {
+            return None;
+        };
+        match self.shards.load(Ordering::Relaxed) {
+            0 | 1 => None,
+            n => Some(shard_of_hash(hash, n)),
+        }
+    }
+
+    /// The replica a call of `route` goes to first.
+    fn first(&self, route: Route) -> usize {
+        let at = match self.shard(route) {
+            Some(s) => crate::locks::lock(&self.routes).get(&s).copied(),
+            None => None,
+        };
+        at.unwrap_or_else(|| self.at(route).load(Ordering::SeqCst)) % self.replicas.len()
     }
 
     fn at(&self, route: Route) -> &AtomicUsize {
         match route {
-            Route::Owner => &self.current,
+            Route::Owner | Route::Namespace(_) => &self.current,
             Route::Reader => &self.reader,
         }
     }
@@ -130,7 +189,7 @@ impl Replicas {
         let mut pause = Duration::from_millis(50);
         let mut failed_in_round = 0;
         loop {
-            let at = self.at(route).load(Ordering::SeqCst) % self.replicas.len();
+            let at = self.first(route);
             let e = match f(&self.replicas[at].1).await {
                 Err(e) if moves_on(&e, retry) => e,
                 answered => return answered,
@@ -250,26 +309,26 @@ routed! {
     register_node(RegisterNodeRequest) -> RegisterNodeResponse, Retry::Always, |_| Route::Owner;
     heartbeat(HeartbeatRequest) -> HeartbeatResponse, Retry::Always, |_| Route::Owner;
     missing_blocks(MissingBlocksRequest) -> MissingBlocksResponse, Retry::Always, |_| Route::Owner;
-    publish(PublishRequest) -> PublishResponse, Retry::Always, |_| Route::Owner;
-    publish_batch(PublishBatchRequest) -> PublishBatchResponse, Retry::Always, |_| Route::Owner;
-    publish_gpu(PublishGpuRequest) -> PublishResponse, Retry::Untaken, |_| Route::Owner;
-    resolve(ResolveRequest) -> ResolveResponse, Retry::Always, |r| reads(r.watcher);
-    resolve_many(ResolveManyRequest) -> ResolveManyResponse, Retry::Always, |r| reads(r.watcher);
-    list(ListRequest) -> ListResponse, Retry::Always, |r| reads(r.watcher);
-    remove(RemoveRequest) -> RemoveResponse, Retry::Untaken, |_| Route::Owner;
+    publish(PublishRequest) -> PublishResponse, Retry::Always, |r| owner_of(&r.namespace);
+    publish_batch(PublishBatchRequest) -> PublishBatchResponse, Retry::Always, |r| owner_of(&r.namespace);
+    publish_gpu(PublishGpuRequest) -> PublishResponse, Retry::Untaken, |r| owner_of(&r.namespace);
+    resolve(ResolveRequest) -> ResolveResponse, Retry::Always, |r| reads(r.watcher, &r.namespace);
+    resolve_many(ResolveManyRequest) -> ResolveManyResponse, Retry::Always, |r| reads(r.watcher, &r.namespace);
+    list(ListRequest) -> ListResponse, Retry::Always, |r| reads(r.watcher, &r.namespace);
+    remove(RemoveRequest) -> RemoveResponse, Retry::Untaken, |r| owner_of(&r.namespace);
     add_location(AddLocationRequest) -> AddLocationResponse, Retry::Always, |_| Route::Owner;
     version_blocks(VersionBlocksRequest) -> VersionBlocksResponse, Retry::Always, |_| Route::Owner;
-    rename(RenameRequest) -> RenameResponse, Retry::Untaken, |_| Route::Owner;
-    exchange(ExchangeRequest) -> RenameResponse, Retry::Untaken, |_| Route::Owner;
-    link(LinkRequest) -> LinkResponse, Retry::Untaken, |_| Route::Owner;
-    set_attr(SetAttrRequest) -> SetAttrResponse, Retry::Always, |_| Route::Owner;
-    join_broadcast(JoinRequest) -> JoinResponse, Retry::Untaken, |_| Route::Owner;
+    rename(RenameRequest) -> RenameResponse, Retry::Untaken, |r| owner_of(&r.namespace);
+    exchange(ExchangeRequest) -> RenameResponse, Retry::Untaken, |r| owner_of(&r.namespace);
+    link(LinkRequest) -> LinkResponse, Retry::Untaken, |r| owner_of(&r.namespace);
+    set_attr(SetAttrRequest) -> SetAttrResponse, Retry::Always, |r| owner_of(&r.namespace);
+    join_broadcast(JoinRequest) -> JoinResponse, Retry::Untaken, |r| owner_of(&r.namespace);
     new_parent(NewParentRequest) -> NewParentResponse, Retry::Untaken, |_| Route::Owner;
     leave_broadcast(LeaveRequest) -> LeaveResponse, Retry::Untaken, |_| Route::Owner;
     swarm_sync(SwarmSyncRequest) -> SwarmSyncReply, Retry::Untaken, |_| Route::Owner;
     get_window(GetWindowRequest) -> Window, Retry::Always, |_| Route::Owner;
     registration_secret(RegistrationSecretRequest) -> RegistrationSecretResponse, Retry::Always, |_| Route::Owner;
-    join_gpu_window(GpuJoinRequest) -> GpuJoinResponse, Retry::Always, |_| Route::Owner;
+    join_gpu_window(GpuJoinRequest) -> GpuJoinResponse, Retry::Always, |r| owner_of(&r.namespace);
     await_gpu_window(GpuAwaitRequest) -> GpuWindow, Retry::Always, |_| Route::Owner;
     finish_gpu_window(GpuFinishRequest) -> GpuFinishResponse, Retry::Always, |_| Route::Owner;
 }
@@ -283,6 +342,48 @@ mod tests {
         let mut e = RemoteError::new(fault, message);
         e.owner = owner.map(str::to_string);
         ClientError::Remote(e)
+    }
+
+    /// A refusal naming a shard's owner and the store's shards routes that shard's calls
+    /// there, and no other shard's: a caller of several namespaces goes to each one's owner.
+    #[tokio::test]
+    async fn a_shards_owner_named_in_a_refusal_takes_that_shards_calls_alone() {
+        let addrs = ["10.0.0.1:7447", "10.0.0.2:7447", "10.0.0.3:7447"];
+        let none = crate::auth::Credential::none();
+        let r = Replicas::new(
+            addrs
+                .iter()
+                .map(|a| {
+                    (
+                        a.to_string(),
+                        super::super::client::store_lazy(a, &none).unwrap(),
+                    )
+                })
+                .collect(),
+        );
+        let ns_in = |shard: u32| {
+            (0..)
+                .map(|i| format!("team-{i}"))
+                .find(|ns| crate::key::shard_of(ns, 8) == shard)
+                .unwrap()
+        };
+        let (x, y) = (owner_of(&ns_in(1)), owner_of(&ns_in(5)));
+        assert_eq!((r.first(x), r.first(y)), (0, 0));
+        let refused = |owner: &str| {
+            let mut e = RemoteError::new(Fault::Unreachable, "another replica's shard");
+            e.owner = Some(owner.into());
+            e.shards = Some(8);
+            ClientError::Remote(e)
+        };
+        r.move_on(x, 0, &refused(addrs[2]));
+        assert_eq!((r.first(x), r.first(y)), (2, 0));
+        r.move_on(y, 0, &refused(addrs[1]));
+        assert_eq!((r.first(x), r.first(y)), (2, 1));
+        // A read with a lease goes to its namespace's owner too; calls of no namespace, and
+        // lease-free reads, where they went.
+        assert_eq!(r.first(reads(7, &ns_in(1))), 2);
+        assert_eq!(r.first(Route::Owner), 0);
+        assert_eq!(r.first(reads(0, &ns_in(1))), r.first(Route::Reader));
     }
 
     /// What goes to another replica: a call no replica took, always; one cut off after it was

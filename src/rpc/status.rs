@@ -16,6 +16,10 @@ pub const ERRNO_KEY: &str = "kt-errno";
 /// store (cluster mode): its client goes there.
 pub const OWNER_HEADER: &str = "kt-owner";
 
+/// gRPC metadata key by which a replica of a store in shards says how many there are, with
+/// the owner of the shard of the namespace it refused: its client keeps a route per shard.
+pub const SHARDS_HEADER: &str = "kt-shards";
+
 /// What kind of failure an error is, as every edge understands it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Fault {
@@ -163,6 +167,8 @@ pub struct RemoteError {
     pub message: String,
     /// Where the store's owner is, when a replica that stands by answered.
     pub owner: Option<String>,
+    /// How many shards the store has, when a replica refused a namespace of another's shard.
+    pub shards: Option<u32>,
 }
 
 impl RemoteError {
@@ -171,6 +177,7 @@ impl RemoteError {
             fault,
             message: message.into(),
             owner: None,
+            shards: None,
         }
     }
 }
@@ -194,10 +201,16 @@ impl From<Status> for RemoteError {
             .get(OWNER_HEADER)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
+        let shards = s
+            .metadata()
+            .get(SHARDS_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
         RemoteError {
             fault,
             message: s.message().to_string(),
             owner,
+            shards,
         }
     }
 }

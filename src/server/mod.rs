@@ -341,36 +341,51 @@ impl StoreServerProcess {
         self.listener.local_addr()
     }
 
-    pub async fn run(
-        self,
-        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    ) -> Result<(), ServerError> {
-        // Where callers are authenticated, the data plane asks for tickets too.
+    /// The data plane's ticket keys and the GPU host key's seed, where callers are
+    /// authenticated (the data plane then asks for tickets too).
+    fn ticket_keys(
+        &self,
+    ) -> Result<
+        (
+            Option<Arc<tickets::TicketKeys>>,
+            Option<crate::auth::ticket::TicketKey>,
+        ),
+        ServerError,
+    > {
+        if self.auth.is_open() {
+            return Ok((None, None));
+        }
         let data_dir_error = |source| ServerError::DataDir {
             path: self.data_dir.display().to_string(),
             source,
         };
-        let (keys, gpu_seed) = match self.auth.is_open() {
-            true => (None, None),
-            false => {
-                let mark = tickets::token_mark(self.auth.shared_token.as_deref());
-                let (keys, seed) = match &self.ticket_secret {
-                    // The replicas of a store sign with the keys their shared secret gives.
-                    Some(path) => {
-                        let secret =
-                            tickets::SharedSecret::read(path).map_err(ServerError::TicketSecret)?;
-                        let seed = secret.gpu_key();
-                        (tickets::TicketKeys::shared(secret, mark), seed)
-                    }
-                    None => (
-                        tickets::TicketKeys::load_or_create(&self.data_dir, mark)
-                            .map_err(data_dir_error)?,
-                        tickets::load_or_create_key(&self.data_dir).map_err(data_dir_error)?,
-                    ),
-                };
-                (Some(Arc::new(keys)), Some(seed))
+        let mark = tickets::token_mark(self.auth.shared_token.as_deref());
+        let (keys, seed) = match &self.ticket_secret {
+            // The replicas of a store sign with the keys their shared secret gives.
+            Some(path) => {
+                let secret =
+                    tickets::SharedSecret::read(path).map_err(ServerError::TicketSecret)?;
+                let seed = secret.gpu_key();
+                (tickets::TicketKeys::shared(secret, mark), seed)
             }
+            None => (
+                tickets::TicketKeys::load_or_create(&self.data_dir, mark)
+                    .map_err(data_dir_error)?,
+                tickets::load_or_create_key(&self.data_dir).map_err(data_dir_error)?,
+            ),
         };
+        Ok((Some(Arc::new(keys)), Some(seed)))
+    }
+
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        let data_dir_error = |source| ServerError::DataDir {
+            path: self.data_dir.display().to_string(),
+            source,
+        };
+        let (keys, gpu_seed) = self.ticket_keys()?;
         let advertised = self.advertised();
         // A standby answers reads where what it answers (blocks, tickets) holds at every
         // replica: the blocks in an object store, tickets signed with the shared keys or none.
@@ -400,8 +415,6 @@ impl StoreServerProcess {
                 let id = duties::replica_id(&self.data_dir).map_err(data_dir_error)?;
                 let elector =
                     ShardElector::new(&e.url, &advertised, &id, self.owner_ttl, self.shards);
-                let (gate, serving) = shards::Sharded::gate(self.shards);
-                shard_gate = Some(gate);
                 standing.send_replace(Standing::Owner);
                 let sharded = shards::Sharded {
                     meta: self.meta.clone(),
@@ -412,8 +425,9 @@ impl StoreServerProcess {
                 let stop = async move {
                     let _ = stopped.await;
                 };
-                let task = sharded.run(elector, serving, stop);
-                (Ownership::Sharded(tokio::spawn(task)), None)
+                let (task, gate) = sharded.start(elector, self.shards, stop);
+                shard_gate = Some(gate);
+                (Ownership::Sharded(task), None)
             }
             Some(e) => {
                 let id = duties::replica_id(&self.data_dir).map_err(data_dir_error)?;

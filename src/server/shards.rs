@@ -20,6 +20,7 @@ use super::role::not_owner;
 use super::watch::Watchers;
 use crate::meta::engine::{shard_of, Fence, ShardElector, ShardView};
 use crate::meta::MetaStore;
+use crate::rpc::status::SHARDS_HEADER;
 
 /// The shards a replica serves now, and where the others are.
 #[derive(Clone, Debug, Default)]
@@ -61,7 +62,11 @@ impl ShardGate {
                 self.count
             ),
         };
-        Err(not_owner(message, &owner))
+        let mut status = not_owner(message, &owner);
+        if let Ok(v) = self.count.to_string().parse() {
+            status.metadata_mut().insert(SHARDS_HEADER, v);
+        }
+        Err(status)
     }
 }
 
@@ -74,15 +79,29 @@ pub(super) struct Sharded {
 }
 
 impl Sharded {
-    /// The gate the handler admits calls with, and the channel that moves it.
-    pub fn gate(count: u32) -> (ShardGate, watch::Sender<Serving>) {
+    /// Starts taking part in the election of the store's `count` shards until `stop`: the
+    /// task, and the gate the handler admits calls with.
+    pub fn start(
+        mut self,
+        elector: ShardElector,
+        count: u32,
+        stop: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> (tokio::task::JoinHandle<()>, ShardGate) {
+        // Collection is not divided yet (doc/cluster.md, "Shards", step 5): the first
+        // shard's owner knows only the uploads and open versions its own callers told it of,
+        // and would expire other shards' keys, which it may not write. Nothing is collected
+        // rather than something live.
+        if self.duties.gc_every.take().is_some() {
+            tracing::warn!("a store in shards collects no garbage yet: its blocks are kept");
+        }
         let (tx, rx) = watch::channel(Serving::default());
-        (ShardGate { count, serving: rx }, tx)
+        let task = tokio::spawn(self.run(elector, tx, stop));
+        (task, ShardGate { count, serving: rx })
     }
 
     /// Takes part in the shards' election until `stop`, moving the fence, the planner and
     /// `serving` with what it says.
-    pub async fn run(
+    async fn run(
         self,
         elector: ShardElector,
         serving: watch::Sender<Serving>,

@@ -38,14 +38,7 @@ pub(super) const CLAIMS: &[u8] = b"owner/";
 /// Looks a shard stays unowned before a replica it is not assigned to claims it.
 const UNOWNED_LOOKS: u32 = 8;
 
-/// The shard of `namespace` among `count`.
-pub fn shard_of(namespace: impl AsRef<[u8]>, count: u32) -> u32 {
-    let h = blake3::hash(namespace.as_ref());
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&h.as_bytes()[..8]);
-    let n = u64::from_le_bytes(first) % u64::from(count.max(1));
-    u32::try_from(n).unwrap_or(0)
-}
+pub use crate::key::shard_of;
 
 /// How much replica `id` wants shard `shard` (rendezvous hashing: a replica's arrival or
 /// departure changes no other pair's score).
