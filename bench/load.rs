@@ -8,6 +8,7 @@
 //!   load publish ADDR NAMESPACE PREFIX KEYS [CONCURRENCY]
 //!   load list ADDR NAMESPACE PREFIX
 //!   load resolve ADDR[,ADDR...] NAMESPACE[,NAMESPACE...] PREFIX KEYS SECONDS [CONCURRENCY]
+//!   load shards COUNT NAMESPACE...   (each namespace's shard of a store in COUNT shards)
 
 use std::time::Instant;
 
@@ -56,6 +57,8 @@ enum What {
         #[arg(default_value_t = 16)]
         concurrency: usize,
     },
+    /// Prints each namespace and its shard among COUNT.
+    Shards { count: u32, namespaces: Vec<String> },
 }
 
 /// Resolves of random keys by `concurrency` callers spread over `addrs` and `namespaces`, for
@@ -219,6 +222,11 @@ async fn main() -> Result<()> {
                 "entries={entries} pages={pages} largest_answer_bytes={largest} seconds={:.1}",
                 start.elapsed().as_secs_f64()
             );
+        }
+        What::Shards { count, namespaces } => {
+            for ns in namespaces {
+                println!("{ns} {}", ktfs::key::shard_of(&ns, count));
+            }
         }
         What::Resolve {
             addrs,

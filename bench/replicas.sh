@@ -83,6 +83,21 @@ fill() { # ADDRS [PREFIX]
     awk -v a="$t0" -v b="$t1" -v n="$KEYS" 'BEGIN { printf "%.0f", 4 * n / (b - a) }'
 }
 
+# CPU seconds so far of the servers NAME... together, and of etcd: "SERVERS ETCD".
+cpu_now() { # NAME...
+    local n total=0
+    for n in "$@"; do eval "total=\$(awk -v a=\$total -v b=\$(proc_cpu \$PID_$n) 'BEGIN { print a + b }')"; done
+    echo "$total $(proc_cpu "$ETCD")"
+}
+# The CPU-seconds a second the servers and etcd spent between BEFORE and now, over SECONDS.
+cpu_rate() { # "BEFORE" SECONDS NAME...
+    local before=$1 secs=$2 now
+    shift 2
+    now=$(cpu_now "$@")
+    awk -v a="$before" -v b="$now" -v s="$secs" 'BEGIN { split(a, x, " "); split(b, y, " ");
+        printf "replicas %.2f, etcd %.2f", (y[1] - x[1]) / s, (y[2] - x[2]) / s }'
+}
+
 ROWS=""
 # One row: the load against ADDRS; NAME... are the servers whose CPU is reported.
 row() { # LABEL ADDRS NAME...
@@ -122,11 +137,51 @@ kill "$PID_single"
 
 for r in a b c; do replica "$r" --meta "$META" --blocks "$BLOCKS"; done
 WRITES_one=$(fill "$ADDR_a")
-# Writes through all three: each goes to the store's one owner (no shards yet).
+# Writes through all three: each goes to the store's one owner.
+before=$(cpu_now a b c)
+t0=$(date +%s.%N)
 WRITES_three=$(fill "$ADDR_a,$ADDR_b,$ADDR_c" more)
+CPU_three=$(cpu_rate "$before" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')" a b c)
 row one "$ADDR_a" a
 row two "$ADDR_a,$ADDR_b" a b
 row three "$ADDR_a,$ADDR_b,$ADDR_c" a b c
+
+# A store in 8 shards on three more replicas (the first three stopped): each commits the
+# namespaces of the shards it holds. Four namespaces chosen so that every replica owns one
+# or two of them (which replica holds a shard depends on the replicas' ids).
+kill "$PID_a" "$PID_b" "$PID_c"
+META_SHARDED="etcd://${IP}2:2379/kt-sharded"
+for r in d e f; do replica "$r" --meta "$META_SHARDED" --blocks "$BLOCKS" --shards 8; done
+owners() {
+    ETCDCTL_API=3 etcdctl --endpoints "${IP}2:2379" get --prefix kt-sharded/owner/ 2>/dev/null
+}
+for _ in $(seq 200); do
+    [ "$(owners | awk 'NR % 2 == 0 { print $1 }' | sort -u | wc -l)" = 3 ] \
+        && [ "$(owners | awk 'NR % 2 == 1' | wc -l)" = 8 ] && break
+    sleep 0.1
+done
+SHARDED_NS=$("$LOAD" shards 8 $(seq -f 'bench-s%g' 0 63) | python3 -c '
+import sys
+owners = dict(zip(*[iter(sys.argv[1].split())] * 2))
+by = {}
+for line in sys.stdin:
+    ns, shard = line.split()
+    owner = owners.get("kt-sharded/owner/" + shard, "?")
+    by.setdefault(owner, []).append(ns)
+picked = []
+while len(picked) < 4 and any(by.values()):
+    for o in sorted(by):
+        if by[o] and len(picked) < 4:
+            picked.append(by[o].pop(0))
+print(",".join(picked))' "$(owners | awk 'NR % 2 == 1 { k = $1 } NR % 2 == 0 { print k, $1 }')")
+SPREAD=$(owners | awk 'NR % 2 == 0 { print $1 }' | sort | uniq -c | awk '{ printf "%s%s", (NR > 1 ? ", " : ""), $1 }')
+NAMESPACES_WHOLE=$NAMESPACES
+NAMESPACES=$SHARDED_NS
+before=$(cpu_now d e f)
+t0=$(date +%s.%N)
+WRITES_sharded=$(fill "$ADDR_d,$ADDR_e,$ADDR_f")
+CPU_sharded=$(cpu_rate "$before" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')" d e f)
+NAMESPACES=$NAMESPACES_WHOLE
 
 two_x=$(awk -v a="$RATE_one" -v b="$RATE_two" 'BEGIN { printf "%.2f", b / a }')
 three_x=$(awk -v a="$RATE_one" -v b="$RATE_three" 'BEGIN { printf "%.2f", b / a }')
@@ -146,7 +201,9 @@ Two replicas: **${two_x}x** one (target 1.6x); three: ${three_x}x.
 
 Writes (bench/load.rs \`load publish\`, $KEYS one-byte keys a namespace in batches of 256, the 4 namespaces at once):
 the single server ${WRITES_single} keys/s; the replicated store through one replica ${WRITES_one} keys/s, through all three
-${WRITES_three} keys/s: one owner commits every namespace's writes until shards are served (doc/cluster.md, "Shards").
+${WRITES_three} keys/s (one owner commits every namespace's writes; CPU-s/s: ${CPU_three}); a store in 8 shards (\`--shards 8\`, shards held
+${SPREAD} by its three replicas, 4 namespaces in shards of all three: ${SHARDED_NS}) through all three
+**${WRITES_sharded} keys/s**, each replica committing its own shards' writes (CPU-s/s: ${CPU_sharded}; doc/cluster.md, "Shards").
 EOF
 )
 replace_section "$section"
