@@ -79,6 +79,15 @@ fn owner_of(namespace: &str) -> Route {
     Route::Namespace(namespace_hash(namespace))
 }
 
+/// Where a call on the window of `group` goes: the owner of its namespace's shard, which
+/// holds its windows (a group is `NAMESPACE/...`).
+fn window_of(group: &str) -> Route {
+    match group.split_once('/') {
+        Some((ns, _)) if !ns.is_empty() => owner_of(ns),
+        _ => Route::Owner,
+    }
+}
+
 /// A replica for this process's reads: one picked by chance, so that the readers of a store
 /// spread over its replicas.
 fn pick(replicas: usize) -> usize {
@@ -323,14 +332,14 @@ routed! {
     link(LinkRequest) -> LinkResponse, Retry::Untaken, |r| owner_of(&r.namespace);
     set_attr(SetAttrRequest) -> SetAttrResponse, Retry::Always, |r| owner_of(&r.namespace);
     join_broadcast(JoinRequest) -> JoinResponse, Retry::Untaken, |r| owner_of(&r.namespace);
-    new_parent(NewParentRequest) -> NewParentResponse, Retry::Untaken, |_| Route::Owner;
-    leave_broadcast(LeaveRequest) -> LeaveResponse, Retry::Untaken, |_| Route::Owner;
-    swarm_sync(SwarmSyncRequest) -> SwarmSyncReply, Retry::Untaken, |_| Route::Owner;
-    get_window(GetWindowRequest) -> Window, Retry::Always, |_| Route::Owner;
+    new_parent(NewParentRequest) -> NewParentResponse, Retry::Untaken, |r| window_of(&r.group_id);
+    leave_broadcast(LeaveRequest) -> LeaveResponse, Retry::Untaken, |r| window_of(&r.group_id);
+    swarm_sync(SwarmSyncRequest) -> SwarmSyncReply, Retry::Untaken, |r| window_of(&r.group_id);
+    get_window(GetWindowRequest) -> Window, Retry::Always, |r| window_of(&r.group_id);
     registration_secret(RegistrationSecretRequest) -> RegistrationSecretResponse, Retry::Always, |_| Route::Owner;
     join_gpu_window(GpuJoinRequest) -> GpuJoinResponse, Retry::Always, |r| owner_of(&r.namespace);
-    await_gpu_window(GpuAwaitRequest) -> GpuWindow, Retry::Always, |_| Route::Owner;
-    finish_gpu_window(GpuFinishRequest) -> GpuFinishResponse, Retry::Always, |_| Route::Owner;
+    await_gpu_window(GpuAwaitRequest) -> GpuWindow, Retry::Always, |r| window_of(&r.group_id);
+    finish_gpu_window(GpuFinishRequest) -> GpuFinishResponse, Retry::Always, |r| window_of(&r.group_id);
 }
 
 #[cfg(test)]
@@ -379,9 +388,11 @@ mod tests {
         assert_eq!((r.first(x), r.first(y)), (2, 0));
         r.move_on(y, 0, &refused(addrs[1]));
         assert_eq!((r.first(x), r.first(y)), (2, 1));
-        // A read with a lease goes to its namespace's owner too; calls of no namespace, and
-        // lease-free reads, where they went.
+        // A read with a lease goes to its namespace's owner too, as a window's calls go to
+        // their group's; calls of no namespace, and lease-free reads, where they went.
         assert_eq!(r.first(reads(7, &ns_in(1))), 2);
+        assert_eq!(r.first(window_of(&format!("{}/weights", ns_in(5)))), 1);
+        assert_eq!(r.first(window_of("no-namespace")), 0);
         assert_eq!(r.first(Route::Owner), 0);
         assert_eq!(r.first(reads(0, &ns_in(1))), r.first(Route::Reader));
     }
