@@ -215,23 +215,14 @@ impl Watchers {
     /// Ends the streams of the watchers of namespaces `keep` refuses (their shard went to
     /// another replica, which their mounts watch next).
     pub fn end_unless(&self, keep: impl Fn(&str) -> bool) {
-        let gone: Vec<_> = {
-            let mut inner = lock(&self.inner);
-            let ids: Vec<u64> = inner
-                .list
-                .iter()
-                .filter(|(_, w)| !keep(&w.ns))
-                .map(|(id, _)| *id)
-                .collect();
-            ids.iter()
-                .filter_map(|id| {
-                    inner.holds.remove(id);
-                    inner.list.remove(id)
-                })
-                .collect()
-        };
-        for w in gone {
-            w.leave();
+        let gone: Vec<u64> = lock(&self.inner)
+            .list
+            .iter()
+            .filter(|(_, w)| !keep(&w.ns))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.drop_watcher(id);
         }
     }
 
@@ -713,5 +704,21 @@ mod tests {
         ws.close();
         assert!(a_rx.recv().await.is_none());
         assert!(ws.register("team").is_none());
+    }
+
+    /// A shard that went ends its namespaces' streams alone; those watchers' mounts watch
+    /// again at the shard's next owner, and this replica still takes new watches.
+    #[tokio::test]
+    async fn a_namespace_let_go_ends_its_streams_alone() {
+        let ws = Arc::new(Watchers::default());
+        let (_a, mut a_rx) = ws.register("moved").unwrap();
+        let (_b, mut b_rx) = ws.register("kept").unwrap();
+        ws.end_unless(|ns| ns == "kept");
+        assert!(a_rx.recv().await.is_none());
+        assert_eq!(ws.count(), 1);
+        assert!(b_rx
+            .try_recv()
+            .is_err_and(|e| e == mpsc::error::TryRecvError::Empty));
+        assert!(ws.register("moved").is_some());
     }
 }

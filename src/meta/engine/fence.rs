@@ -111,13 +111,10 @@ impl Fence {
         }
     }
 
-    /// A transaction comparing `compare` found it changed: that claim is another replica's
-    /// now. The whole store's loss stops the replica; a shard's is that shard's alone.
+    /// A transaction of a store in shards comparing `compare` found it changed: that shard is
+    /// another replica's now, and lost alone (a store owned whole is lost whole: `broke`).
     pub(super) fn lost_claim(&self, compare: &Compare) {
         let shards = self.shards();
-        if shards == 1 {
-            return self.broke();
-        }
         let mut held = self.held.write().unwrap_or_else(|p| p.into_inner());
         let shard = held
             .iter()

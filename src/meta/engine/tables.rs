@@ -56,14 +56,17 @@ pub(super) const SHARDS_KEY: &[u8] = b"shards";
 /// writes, within etcd's operations a transaction.
 pub const MAX_SHARDS: u32 = 1024;
 
+/// The number a key beside the tables holds (the layout, the shard count), written as text.
+fn number_in(value: &[u8]) -> Option<u32> {
+    std::str::from_utf8(value).ok()?.trim().parse().ok()
+}
+
 /// The store's shards, settled with what this replica was asked for (`wanted`; `None`: as
 /// the store has them). A store's count is written once, while no replica owns it whole.
 async fn settle_shards(engine: &dyn MetaEngine, wanted: Option<u32>) -> Result<u32, EngineError> {
     let stored = match engine.get(SHARDS_KEY).await? {
         Some(e) => Some(
-            std::str::from_utf8(&e.value)
-                .ok()
-                .and_then(|v| v.trim().parse::<u32>().ok())
+            number_in(&e.value)
                 .filter(|n| (1..=MAX_SHARDS).contains(n))
                 .ok_or_else(|| {
                     EngineError::Schema(format!(
@@ -112,9 +115,7 @@ async fn settle_shards(engine: &dyn MetaEngine, wanted: Option<u32>) -> Result<u
 /// yet (a new prefix, or one a build before the number wrote).
 async fn settle_schema(engine: &dyn MetaEngine) -> Result<(), EngineError> {
     let (found, modified) = match engine.get(SCHEMA_KEY).await? {
-        Some(e) => std::str::from_utf8(&e.value)
-            .ok()
-            .and_then(|v| v.trim().parse::<u32>().ok())
+        Some(e) => number_in(&e.value)
             .map(|n| (n, e.modified))
             .ok_or_else(|| {
                 EngineError::Schema(format!(

@@ -79,7 +79,7 @@ impl StoreHandler {
     pub(super) fn leased_here(&self, ns: &Namespace, watcher: u64) -> Result<(), Status> {
         match (watcher, &self.shards) {
             (0, _) => Ok(()),
-            (_, Some(gate)) => gate.admit(ns.as_str()),
+            (_, Some(_)) => self.serves(ns.as_str()),
             (_, None) => refusal(&self.standing.borrow()).map_or(Ok(()), Err),
         }
     }
