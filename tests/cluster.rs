@@ -1736,3 +1736,125 @@ fn replicas_of_a_store_in_shards_share_its_namespaces_and_take_a_dead_ones() {
     );
     assert_eq!(std::fs::read(&dest).unwrap(), b"through the next owner\n");
 }
+
+/// Collection in a store in shards (three replicas, 8 shards, a pass a second): the first
+/// shard's owner collects what every replica's writes left dead (a removed key's blocks),
+/// keeps what any of them names, and a key whose TTL ran out is deleted from etcd by its own
+/// shard's owner, which is not the collector.
+#[test]
+fn replicas_of_a_store_in_shards_collect_together() {
+    use ktfs::meta::engine::shard_of;
+    let ip = "127.0.0.137";
+    let etcd = Etcd::start(ip);
+    let s3 = S3::start(ip, "kt-bucket");
+    let blocks = s3.url("kt-bucket", "shared-gc");
+    let dir = tempfile::tempdir().unwrap();
+    let none = dir.path().join("no-agent.sock");
+    let replica = |data: &str| {
+        let at = dir.path().join(data);
+        let extra = [
+            "--shards",
+            "8",
+            "--owner-ttl-secs",
+            "2",
+            "--gc-interval-secs",
+            "1",
+        ];
+        replica_on(ip, (&etcd, "kt-gcs"), (&s3, &blocks), &at, &extra)
+    };
+    let replicas = [replica("a"), replica("b"), replica("c")];
+    let addrs: std::collections::BTreeSet<String> =
+        replicas.iter().map(|p| p.addr.clone()).collect();
+    assert!(shared_by(&etcd, "kt-gcs", 8, &addrs));
+    let all = addrs.iter().cloned().collect::<Vec<_>>().join(",");
+    let owners = shard_owners(&etcd, "kt-gcs");
+    // Namespaces of shards other than the first (whose owner collects), one of them held by
+    // another replica than the collector.
+    let collector = owners[&0].clone();
+    let in_shard = |s: u32| {
+        (0..)
+            .map(|i| format!("gc-{i}"))
+            .find(|ns| shard_of(ns, 8) == s)
+            .unwrap()
+    };
+    let elsewhere = (1..8)
+        .find(|s| owners[s] != collector)
+        .expect("a shard the collector does not hold");
+    let (kept_ns, dropped_ns, brief_ns) = (in_shard(0), in_shard(elsewhere), in_shard(elsewhere));
+    let put = |ns: &str, key: &str, seed: u64, extra: &[&str]| {
+        let f = dir.path().join(format!("{ns}-{key}"));
+        std::fs::write(&f, pseudo_random(300_000, seed)).unwrap();
+        let mut args = vec!["put", "-n", ns, key, "--src", f.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = kt_with(&all, &none, &args);
+        assert!(
+            out.status.success(),
+            "put {ns}/{key}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        f
+    };
+    let kept = put(&kept_ns, "kept", 61, &[]);
+    put(&dropped_ns, "dropped", 62, &[]);
+    put(&brief_ns, "brief", 63, &["--ttl", "1"]);
+    let objects = s3.root().join("kt-bucket/shared-gc/blocks");
+    let count = || std::fs::read_dir(&objects).map_or(0, |r| r.count());
+    assert_eq!(count(), 3);
+    let rm = kt_with(&all, &none, &["rm", "-n", &dropped_ns, "dropped"]);
+    assert!(
+        rm.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rm.stderr)
+    );
+
+    // The removed key's block and the expired key's go; the live key's stays.
+    assert!(
+        test_support::eventually(Duration::from_secs(60), || count() == 1),
+        "blocks left: {}",
+        count()
+    );
+    // The expired key's row is gone from etcd, deleted by its shard's owner.
+    let rows = |ns: &str| {
+        let out = std::process::Command::new("etcdctl")
+            .args([
+                "--endpoints",
+                &etcd.endpoint,
+                "get",
+                "--prefix",
+                "--keys-only",
+            ])
+            .arg("kt-gcs/k")
+            .env("ETCDCTL_API", "3")
+            .output()
+            .expect("etcdctl");
+        let row = format!("kt-gcs/k{ns}\0");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines().filter(|l| l.starts_with(&row)).count()
+    };
+    assert!(
+        test_support::eventually(Duration::from_secs(30), || rows(&brief_ns) == 0),
+        "the expired key is still in etcd"
+    );
+    assert_eq!(rows(&kept_ns), 1);
+    for r in &replicas {
+        let got = dir.path().join(format!("got-{}", r.addr));
+        let out = kt_with(
+            &r.addr,
+            &none,
+            &[
+                "get",
+                "-n",
+                &kept_ns,
+                "kept",
+                "--dest",
+                got.to_str().unwrap(),
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(std::fs::read(&got).unwrap() == std::fs::read(&kept).unwrap());
+    }
+}

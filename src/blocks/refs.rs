@@ -16,7 +16,6 @@
 use super::store::StoreBlocks;
 use super::BlockError;
 use crate::hash::{BlockHash, Scope};
-use crate::locks;
 
 /// A key of the references present once they are complete: written after a
 /// rebuild, removed by a start without authentication (whose uploads name no namespace). Not
@@ -33,7 +32,7 @@ impl StoreBlocks {
     /// Whether `scope` references the block (noted for garbage collection: whoever asks is
     /// about to upload or publish it).
     pub fn refers(&self, scope: &Scope, hash: &BlockHash) -> Result<bool, BlockError> {
-        locks::lock(&self.touched_refs).touch((*scope, *hash));
+        self.touched_refs.touch((*scope, *hash));
         self.refs.holds(&ref_key(scope, hash))
     }
 
@@ -142,11 +141,41 @@ impl StoreBlocks {
     /// Whether a reference was written or asked about since the start of the previous pass of
     /// collection.
     pub fn reference_was_touched(&self, scope: &Scope, hash: &BlockHash) -> bool {
-        locks::lock(&self.touched_refs).contains(&(*scope, *hash))
+        self.touched_refs.contains(&(*scope, *hash))
     }
 
     pub fn remove_references(&self, refs: &[(Scope, BlockHash)]) -> Result<(), BlockError> {
         let keys = refs.iter().map(|(s, h)| ref_key(s, h)).collect();
         self.refs.change(Vec::new(), keys)
+    }
+
+    /// What uploads touched since the previous report, and whether anything was recorded
+    /// before (see [`crate::blocks::touched::Touched::rotate_and_report`]): blocks, references.
+    pub fn report_touched(&self) -> (bool, Vec<BlockHash>, Vec<(Scope, BlockHash)>) {
+        let (_, refs) = self.touched_refs.rotate_and_report();
+        let (recorded, blocks) = self.touched.rotate_and_report();
+        (recorded, blocks, refs)
+    }
+
+    /// Pass `pass` of a collection the replicas share deletes `blocks` and `refs`: those
+    /// touched here since the last report are spared (returned); a touch of the others waits
+    /// until the pass is done, or `hold`.
+    pub fn doom(
+        &self,
+        pass: u64,
+        blocks: &[BlockHash],
+        refs: &[(Scope, BlockHash)],
+        hold: std::time::Duration,
+    ) -> (Vec<BlockHash>, Vec<(Scope, BlockHash)>) {
+        (
+            self.touched.doom(pass, blocks, hold),
+            self.touched_refs.doom(pass, refs, hold),
+        )
+    }
+
+    /// Pass `pass` is done: what it doomed may be touched again.
+    pub fn release(&self, pass: u64) {
+        self.touched.release(pass);
+        self.touched_refs.release(pass);
     }
 }

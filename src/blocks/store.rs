@@ -42,9 +42,9 @@ pub struct StoreBlocks {
     pub(super) db: Db,
     place: Place,
     /// Blocks stored or asked about lately, which garbage collection keeps.
-    touched: Mutex<Touched<BlockHash>>,
+    pub(super) touched: Touched<BlockHash>,
     /// References written or asked about lately, which garbage collection keeps too.
-    pub(super) touched_refs: Mutex<Touched<(Scope, BlockHash)>>,
+    pub(super) touched_refs: Touched<(Scope, BlockHash)>,
     /// Where the namespaces' references are (see `refs`).
     pub(super) refs: Arc<dyn RefTable>,
 }
@@ -110,8 +110,8 @@ impl StoreBlocks {
             refs: super::ref_table::local(&db),
             db,
             place,
-            touched: Mutex::new(Touched::default()),
-            touched_refs: Mutex::new(Touched::default()),
+            touched: Touched::default(),
+            touched_refs: Touched::default(),
         }
     }
 
@@ -131,7 +131,7 @@ impl StoreBlocks {
     /// Notes a block about to be written elsewhere (in a publish's change), which garbage
     /// collection keeps meanwhile.
     pub fn touch(&self, hash: &BlockHash) {
-        locks::lock(&self.touched).touch(*hash);
+        self.touched.touch(*hash);
     }
 
     /// Whether the blocks' place answers now: an object store's one listing; a disk does.
@@ -154,7 +154,7 @@ impl StoreBlocks {
     /// as it is).
     pub fn put(&self, hash: &BlockHash, data: &[u8]) -> Result<(), BlockError> {
         // Before the file is written: a collection pass takes it for an orphan otherwise.
-        locks::lock(&self.touched).touch(*hash);
+        self.touched.touch(*hash);
         if let Place::Objects(_, Some(t)) = &self.place {
             // Asked of the table alone: whether the object store holds it too is a request
             // more, for each small file, to learn nothing a reader needs.
@@ -173,7 +173,7 @@ impl StoreBlocks {
 
     /// Writes a block whether or not it is here already.
     pub(super) fn write_new(&self, hash: &BlockHash, data: &[u8]) -> Result<(), BlockError> {
-        locks::lock(&self.touched).touch(*hash);
+        self.touched.touch(*hash);
         let disk = match &self.place {
             Place::Disk(d) => d,
             Place::Objects(o, small) => {
@@ -214,7 +214,7 @@ impl StoreBlocks {
     /// [`StoreBlocks::contains`]): what a publish checks its manifest's lengths against.
     pub fn stored_len(&self, hash: &BlockHash) -> Result<Option<u32>, BlockError> {
         // Whoever asks is about to publish (or upload) it.
-        locks::lock(&self.touched).touch(*hash);
+        self.touched.touch(*hash);
         let disk = match &self.place {
             Place::Disk(d) => d,
             Place::Objects(o, small) => {
@@ -315,12 +315,12 @@ impl StoreBlocks {
 
     /// A collection pass starts: see [`Touched::rotate`].
     pub fn rotate_touched(&self) -> bool {
-        locks::lock(&self.touched_refs).rotate();
-        locks::lock(&self.touched).rotate()
+        self.touched_refs.rotate();
+        self.touched.rotate()
     }
 
     pub fn was_touched(&self, hash: &BlockHash) -> bool {
-        locks::lock(&self.touched).contains(hash)
+        self.touched.contains(hash)
     }
 
     /// Calls `f` with every block the store holds: those uploaded and not yet indexed, then

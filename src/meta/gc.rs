@@ -33,9 +33,26 @@ use super::reads::View;
 use super::references::{note_scope, Scopes};
 use super::store::MetaStore;
 use crate::hash::{BlockHash, Scope, Version};
-use crate::locks;
 use crate::manifest::{self, Manifest};
 use crate::proto::KeyRecord;
+
+/// What a pass's mark found.
+pub(super) struct Marked {
+    /// The versions live keys name, and those open on nodes.
+    pub live_versions: HashSet<Version>,
+    pub live_blocks: HashSet<BlockHash>,
+    /// The blocks of dead versions: some were published in place on a node and never
+    /// reached the store, which must still tell that node to stop serving them.
+    pub dead_blocks: HashSet<BlockHash>,
+    pub dead_versions: Vec<Version>,
+    /// Blocks the store holds that no live manifest names.
+    pub candidates: Vec<BlockHash>,
+    pub orphans: Vec<BlockHash>,
+    /// References of namespaces to blocks their live keys no longer name.
+    pub dead_refs: Vec<(Scope, BlockHash)>,
+    /// Keys and inodes whose TTL ran out.
+    pub expired: Vec<(Table, Vec<u8>)>,
+}
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -61,7 +78,7 @@ fn blocks_of(m: &Manifest, into: &mut HashSet<BlockHash>) {
 
 impl MetaStore {
     pub(super) fn touch_version(&self, v: Version) {
-        locks::lock(&self.touched).touch(v);
+        self.touched.touch(v);
     }
 
     /// Calls `f` with every entry of `table`. The first error ends the walk and the pass: a
@@ -84,19 +101,14 @@ impl MetaStore {
         }
     }
 
-    /// One pass of collection.
-    pub fn collect_garbage(&self) -> Result<GcReport, MetaError> {
-        let versions_recorded = locks::lock(&self.touched).rotate();
-        let blocks_recorded = self.blocks.rotate_touched();
-        let mut report = GcReport::default();
-        if !(versions_recorded && blocks_recorded) {
-            return Ok(report);
-        }
-        let now = self.now_ms();
-
-        // Mark: the versions live keys name (a hard-linked name names its inode, whose record
-        // holds the version), and their blocks.
-        let mut live_versions = self.open_versions();
+    /// The mark of a pass: what live keys name (a hard-linked name names its inode, whose
+    /// record holds the version) beside `live_versions`, their blocks, and what else the store
+    /// holds.
+    pub(super) fn mark(
+        &self,
+        now: i64,
+        mut live_versions: HashSet<Version>,
+    ) -> Result<Marked, MetaError> {
         // Where namespaces are told apart, the namespaces that name each live version.
         let separate = self.separate_namespaces.load(Ordering::SeqCst);
         let mut scopes = Scopes::new();
@@ -156,14 +168,71 @@ impl MetaStore {
                 }
             })?;
         }
-        drop(live_refs);
+        Ok(Marked {
+            live_versions,
+            live_blocks,
+            dead_blocks,
+            dead_versions,
+            candidates,
+            orphans,
+            dead_refs,
+            expired,
+        })
+    }
+
+    /// Of what a pass found dead, what it deletes now: all of it; with a grace, what was
+    /// buried long enough (and what is dead now is buried).
+    pub(super) fn due(
+        &self,
+        versions: Vec<Version>,
+        blocks: Vec<BlockHash>,
+        now: i64,
+    ) -> Result<(Vec<Version>, Vec<BlockHash>), MetaError> {
+        let grace = self.gc_grace_ms();
+        if grace == 0 {
+            return Ok((versions, blocks));
+        }
+        let dead = versions
+            .into_iter()
+            .map(Buried::Version)
+            .chain(blocks.into_iter().map(Buried::Block))
+            .collect();
+        let mut split = (Vec::new(), Vec::new());
+        for b in self.settle_graveyard(&dead, grace, now.max(0) as u64)? {
+            match b {
+                Buried::Version(v) => split.0.push(v),
+                Buried::Block(h) => split.1.push(h),
+            }
+        }
+        Ok(split)
+    }
+
+    /// One pass of collection.
+    pub fn collect_garbage(&self) -> Result<GcReport, MetaError> {
+        let versions_recorded = self.touched.rotate();
+        let blocks_recorded = self.blocks.rotate_touched();
+        let mut report = GcReport::default();
+        if !(versions_recorded && blocks_recorded) {
+            return Ok(report);
+        }
+        let now = self.now_ms();
+        let Marked {
+            mut live_versions,
+            mut live_blocks,
+            mut dead_blocks,
+            dead_versions,
+            candidates,
+            orphans,
+            mut dead_refs,
+            expired,
+        } = self.mark(now, self.open_versions())?;
 
         // Sweep, with publishes held off: whatever was touched meanwhile is live after all.
         let _write = self.lock();
         // Changes queued for commit are stored first, so what the sweep reads is all there is.
         self.commits.drain(self.backend.as_ref());
         // Opened meanwhile: its manifest may already be among the dead ones.
-        let mut touched: Vec<Version> = locks::lock(&self.touched).all().copied().collect();
+        let mut touched: Vec<Version> = self.touched.all();
         touched.extend(self.open_versions());
         for v in touched {
             if let Ok(m) = self.manifest(View::Stored, &v.0) {
@@ -187,25 +256,7 @@ impl MetaStore {
         let blocks_now = candidates
             .into_iter()
             .filter(|h| !live_blocks.contains(h) && !self.blocks.was_touched(h));
-        // With a grace, what is dead now is buried, and what was buried long enough goes.
-        let (versions_due, blocks_due): (Vec<Version>, Vec<BlockHash>) = match self.gc_grace_ms() {
-            0 => (dead_now.collect(), blocks_now.collect()),
-            grace => {
-                let dead = dead_now
-                    .map(Buried::Version)
-                    .chain(blocks_now.map(Buried::Block))
-                    .collect();
-                let due = self.settle_graveyard(&dead, grace, now.max(0) as u64)?;
-                let mut split = (Vec::new(), Vec::new());
-                for b in due {
-                    match b {
-                        Buried::Version(v) => split.0.push(v),
-                        Buried::Block(h) => split.1.push(h),
-                    }
-                }
-                split
-            }
-        };
+        let (versions_due, blocks_due) = self.due(dead_now.collect(), blocks_now.collect(), now)?;
         for v in &versions_due {
             ops.push(Op::Delete(Table::Manifests, v.0.to_vec()));
             for (k, _) in self.backend.scan_prefix(Table::Locations, &v.0)? {

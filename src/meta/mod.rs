@@ -21,6 +21,8 @@ mod commit;
 pub mod engine;
 mod error;
 pub mod gc;
+pub mod gc_peers;
+mod gc_shared;
 mod gpu;
 mod graveyard;
 mod keys;
@@ -38,6 +40,8 @@ mod txn;
 
 #[cfg(test)]
 mod commit_tests;
+#[cfg(test)]
+mod gc_shared_tests;
 #[cfg(test)]
 mod gc_tests;
 #[cfg(test)]

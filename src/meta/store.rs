@@ -31,7 +31,7 @@ pub struct MetaStore {
     pub(super) nodes: NodeLeases,
     pub(super) clock: SharedClock,
     /// Versions written lately, which garbage collection keeps.
-    pub(super) touched: Mutex<Touched<Version>>,
+    pub(super) touched: Touched<Version>,
     /// Blocks garbage collection took, which nodes learn of to drop them from their caches.
     pub(super) collected: Collected,
     /// Moves whenever a change edits a hard-linked file's inode record: every name of the
@@ -66,7 +66,7 @@ impl MetaStore {
             commits: Commits::default(),
             nodes: NodeLeases::new(lease, clock.clone()),
             clock,
-            touched: Mutex::new(Touched::default()),
+            touched: Touched::default(),
             collected: Collected::new(run_epoch()),
             inode_changes: Default::default(),
             separate_namespaces: AtomicBool::new(false),

@@ -12,6 +12,8 @@ use tokio::task::JoinHandle;
 
 use super::tickets;
 use crate::meta::engine::{Claim, Elector, Fence, Standing};
+use crate::meta::gc::GcReport;
+use crate::meta::gc_peers::Replicas;
 use crate::meta::{MetaError, MetaStore};
 
 /// The owner's work, and what it needs.
@@ -20,6 +22,8 @@ pub(super) struct Duties {
     /// Whether callers are tenants of their namespaces (authentication is on).
     pub tenants: bool,
     pub gc_every: Option<Duration>,
+    /// Where the store's replicas share collection (a store in shards): how it asks them.
+    pub shared_gc: Option<Arc<dyn Replicas>>,
     pub keys: Option<Arc<tickets::TicketKeys>>,
 }
 
@@ -46,7 +50,11 @@ impl Duties {
             .map_err(|e| MetaError::Corrupt(e.to_string()))??;
         let mut tasks = Vec::new();
         if let Some(every) = self.gc_every {
-            tasks.push(tokio::spawn(collect_every(self.meta.clone(), every)));
+            let pass = match self.shared_gc.clone() {
+                None => Pass::Alone(self.meta.clone()),
+                Some(replicas) => Pass::Shared(self.meta.clone(), replicas),
+            };
+            tasks.push(tokio::spawn(collect_every(pass, every)));
         }
         if let Some(keys) = &self.keys {
             tasks.push(tokio::spawn(rotate_every(keys.clone())));
@@ -132,20 +140,36 @@ pub(super) fn replica_id(data_dir: &Path) -> std::io::Result<String> {
     }
 }
 
+/// One pass of collection: a store's own, or one its replicas share.
+#[derive(Clone)]
+enum Pass {
+    Alone(Arc<MetaStore>),
+    Shared(Arc<MetaStore>, Arc<dyn Replicas>),
+}
+
+impl Pass {
+    fn run(&self) -> Result<GcReport, MetaError> {
+        match self {
+            Pass::Alone(meta) => meta.collect_garbage(),
+            Pass::Shared(meta, replicas) => meta.collect_shared(replicas.as_ref()),
+        }
+    }
+}
+
 /// Collects garbage every `every`, off the async threads; a failed pass is logged and the next
 /// one tries again.
-async fn collect_every(meta: Arc<MetaStore>, every: Duration) {
+async fn collect_every(pass: Pass, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
         tick.tick().await;
-        let m = meta.clone();
-        let pass = tokio::task::spawn_blocking(move || m.collect_garbage()).await;
-        if matches!(pass, Ok(Ok(_))) {
+        let p = pass.clone();
+        let done = tokio::task::spawn_blocking(move || p.run()).await;
+        if matches!(done, Ok(Ok(_))) {
             crate::metrics::GC_PASSES.inc();
         }
-        match pass {
+        match done {
             Ok(Ok(r)) if r == Default::default() => tracing::debug!("nothing to collect"),
             Ok(Ok(r)) => tracing::info!(
                 blocks = r.blocks,

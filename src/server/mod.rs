@@ -4,6 +4,7 @@
 //! on one port.
 
 pub mod auth;
+mod collect;
 mod duties;
 mod guard;
 mod handler;
@@ -35,7 +36,8 @@ use crate::blocks::BlockError;
 use crate::clock::{self, SharedClock};
 use crate::db::{Db, DbError};
 use crate::meta::engine::{
-    Elector, EngineError, EtcdNodes, EtcdUrl, Fence, ShardElector, Standing, DEFAULT_OWNER_TTL,
+    BoardReplicas, Elector, EngineError, EtcdNodes, EtcdUrl, Fence, GcBoard, ShardElector,
+    Standing, DEFAULT_OWNER_TTL,
 };
 use crate::meta::{self, MetaError, MetaStore};
 use crate::proto::store_server::StoreServer;
@@ -395,6 +397,7 @@ impl StoreServerProcess {
             meta: self.meta.clone(),
             tenants: !self.auth.is_open(),
             gc_every: self.gc_every,
+            shared_gc: None,
             keys: keys.clone(),
         };
         // A single server owns its store from the start; a replica of a store on etcd stands
@@ -416,10 +419,14 @@ impl StoreServerProcess {
                 let elector =
                     ShardElector::new(&e.url, &advertised, &id, self.owner_ttl, self.shards);
                 standing.send_replace(Standing::Owner);
+                let mut duties = duties;
+                let replicas = BoardReplicas::new(&e.url, &id, e.fence.clone())?;
+                duties.shared_gc = Some(Arc::new(replicas));
                 let sharded = shards::Sharded {
                     meta: self.meta.clone(),
                     fence: e.fence.clone(),
                     watchers: watchers.clone(),
+                    board: Some(GcBoard::new(&e.url, &id)),
                     duties,
                 };
                 let stop = async move {

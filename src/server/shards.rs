@@ -8,17 +8,19 @@
 //! then the handler's admission ([`ShardGate`]); a shard handed over goes the other way (no
 //! longer admitted, its changes decided, then its claim given up). Mounts watching a namespace
 //! whose shard went are cut off, and watch it again at its next owner. The store's own duties
-//! (collection, the ticket keys' rotation) go with the first shard.
+//! (collection, the ticket keys' rotation) go with the first shard; every replica answers the
+//! collector's steps (`collect`), since each takes uploads, publishes and heartbeats.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use tokio::sync::watch;
 
+use super::collect::Follower;
 use super::duties::{Duties, Running};
 use super::role::not_owner;
 use super::watch::Watchers;
-use crate::meta::engine::{shard_of, Fence, ShardElector, ShardView};
+use crate::meta::engine::{shard_of, Fence, GcBoard, ShardElector, ShardView};
 use crate::meta::MetaStore;
 use crate::rpc::status::SHARDS_HEADER;
 
@@ -75,6 +77,8 @@ pub(super) struct Sharded {
     pub meta: Arc<MetaStore>,
     pub fence: Arc<Fence>,
     pub watchers: Arc<Watchers>,
+    /// The board of the collection the replicas share, which this one follows.
+    pub board: Option<GcBoard>,
     pub duties: Duties,
 }
 
@@ -82,18 +86,11 @@ impl Sharded {
     /// Starts taking part in the election of the store's `count` shards until `stop`: the
     /// task, and the gate the handler admits calls with.
     pub fn start(
-        mut self,
+        self,
         elector: ShardElector,
         count: u32,
         stop: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> (tokio::task::JoinHandle<()>, ShardGate) {
-        // Collection is not divided yet (doc/cluster.md, "Shards", step 5): the first
-        // shard's owner knows only the uploads and open versions its own callers told it of,
-        // and would expire other shards' keys, which it may not write. Nothing is collected
-        // rather than something live.
-        if self.duties.gc_every.take().is_some() {
-            tracing::warn!("a store in shards collects no garbage yet: its blocks are kept");
-        }
         let (tx, rx) = watch::channel(Serving::default());
         let task = tokio::spawn(self.run(elector, tx, stop));
         (task, ShardGate { count, serving: rx })
@@ -102,12 +99,24 @@ impl Sharded {
     /// Takes part in the shards' election until `stop`, moving the fence, the planner and
     /// `serving` with what it says.
     async fn run(
-        self,
+        mut self,
         elector: ShardElector,
         serving: watch::Sender<Serving>,
         stop: impl std::future::Future<Output = ()> + Send + 'static,
     ) {
         let serving = Arc::new(serving);
+        // Every replica answers the collector, whichever that is, until the election ends.
+        let (follower_stop, follower_stopped) = tokio::sync::oneshot::channel::<()>();
+        let following = self.board.take().map(|board| {
+            let follower = Follower {
+                board,
+                meta: self.meta.clone(),
+                fence: self.fence.clone(),
+            };
+            tokio::spawn(follower.run(async move {
+                let _ = follower_stopped.await;
+            }))
+        });
         let (view_tx, mut view) = watch::channel(ShardView::default());
         let drain = {
             let (serving, meta) = (serving.clone(), self.meta.clone());
@@ -151,6 +160,10 @@ impl Sharded {
             }
         }
         let _ = election.await;
+        let _ = follower_stop.send(());
+        if let Some(following) = following {
+            let _ = following.await;
+        }
     }
 
     /// The fence holds what it holds now: where that differs from what is served, the

@@ -370,6 +370,7 @@ fn the_keys_beside_the_tables_lie_outside_every_table() {
         super::super::shards::REPLICAS,
         super::super::shards::CLAIMS,
         super::super::nodes::NODES,
+        super::super::gc_board::BOARD.as_bytes(),
     ];
     for key in beside {
         for table in tables {
