@@ -371,6 +371,13 @@ impl GcBoard {
         let deadline = tokio::time::Instant::now() + ANSWER_WITHIN;
         loop {
             let live = self.live().await?;
+            // The collector is a replica too: a view of the replicas without it (its lease
+            // lapsed, or the read is of another store) could be missing any of them.
+            if !live.contains(&self.id) {
+                return Err(EngineError::Unavailable(
+                    "this replica is not registered: it cannot know every replica".into(),
+                ));
+            }
             let answers: HashMap<String, AnswerNote> = self
                 .range(self.key("answer/"))
                 .await?
