@@ -139,7 +139,7 @@ impl MetaStore {
         }
         let now = self.now_ms();
         let Marked {
-            live_blocks,
+            mut live_blocks,
             mut dead_blocks,
             dead_versions,
             candidates,
@@ -177,6 +177,15 @@ impl MetaStore {
             return Ok(report);
         };
         let spared_versions: HashSet<Version> = spared.versions.into_iter().collect();
+        // A spared version's blocks are live: nodes must not be told to drop them (one
+        // published in place names blocks the store never held, so never doomed).
+        for v in &spared_versions {
+            if let Ok(m) = self.manifest(View::Stored, &v.0) {
+                for e in &m.entries {
+                    live_blocks.extend(e.blocks.iter().filter_map(manifest::block_hash));
+                }
+            }
+        }
         let spared_blocks: HashSet<BlockHash> = spared.blocks.into_iter().collect();
         let spared_refs: HashSet<(Scope, BlockHash)> = spared.refs.into_iter().collect();
         doomed.versions.retain(|v| !spared_versions.contains(v));
