@@ -57,7 +57,9 @@ def check_store_mode(base, pods, example_pods, mode):
     on_claim = mount is not None and (mount["name"] in claims
                                       or "persistentVolumeClaim" in (vol or {}))
     if mode == "single":
-        for what, values in (("--meta", meta), ("--blocks", blocks), ("--advertise", advertise)):
+        single_only = (("--meta", meta), ("--blocks", blocks), ("--advertise", advertise),
+                       ("--shards", flag(args, "--shards")))
+        for what, values in single_only:
             if values:
                 error(C, f"{who} has {what}, but this rendering is meant to be one server on "
                          "its data directory (cluster mode is the cluster component's)")
@@ -76,6 +78,13 @@ def check_store_mode(base, pods, example_pods, mode):
                   for d in base if d["kind"] == "ConfigMap"}
     if len(meta) == 1:
         check_meta(who, spec, ctr, ns, meta[0], configmaps)
+    shards = flag(args, "--shards")
+    if len(shards) > 1:
+        error(C, f"{who} has --shards {shards}: one count, or none to follow the store's")
+    elif shards:
+        count = expand(who, ctr, ns, "--shards", shards[0], configmaps)
+        if count is not None and not (count.isdigit() and 1 <= int(count) <= 1024):
+            error(C, f"{who}: --shards is {count!r}, not a count from 1 to 1024")
     if len(blocks) == 1:
         check_blocks(who, spec, ctr, ns, blocks[0], configmaps, replicas)
     # A ticket one replica gave must hold at the next owner.

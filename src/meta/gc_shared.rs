@@ -139,8 +139,8 @@ impl MetaStore {
         }
         let now = self.now_ms();
         let Marked {
-            mut live_blocks,
-            mut dead_blocks,
+            live_blocks,
+            dead_blocks,
             dead_versions,
             candidates,
             dead_refs,
@@ -176,6 +176,36 @@ impl MetaStore {
             replicas.done(pass, &[])?;
             return Ok(report);
         };
+        let deleted = self.delete_doomed(
+            doomed,
+            spared,
+            (live_blocks, dead_blocks),
+            announced,
+            &mut report,
+        );
+        // The replicas' holds end now, whatever the deletions met, not at their hold's end.
+        let told = replicas.done(pass, deleted.as_deref().unwrap_or_default());
+        {
+            // What the planner remembered of what went.
+            let _write = self.lock();
+            self.commits.forget_reads();
+        }
+        deleted?;
+        told?;
+        Ok(report)
+    }
+
+    /// Deletes what the pass doomed but for what a replica `spared`, while in time: the blocks
+    /// whose deletion nodes hear of.
+    fn delete_doomed(
+        &self,
+        mut doomed: Doomed,
+        spared: Touches,
+        (mut live_blocks, mut dead_blocks): (HashSet<BlockHash>, HashSet<BlockHash>),
+        announced: Instant,
+        report: &mut GcReport,
+    ) -> Result<Vec<BlockHash>, MetaError> {
+        let pass = doomed.pass;
         let spared_versions: HashSet<Version> = spared.versions.into_iter().collect();
         // A spared version's blocks are live: nodes must not be told to drop them (one
         // published in place names blocks the store never held, so never doomed).
@@ -200,8 +230,8 @@ impl MetaStore {
             }
             changes.push(change);
         }
-        let mut collected = Vec::new();
         let in_time = || announced.elapsed() < DELETE_WITHIN;
+        let mut collected = Vec::new();
         if in_time() {
             self.backend.commit(changes)?;
             report.manifests = doomed.versions.len();
@@ -230,10 +260,6 @@ impl MetaStore {
                     .filter(|h| !live_blocks.contains(h) && !spared_blocks.contains(h)),
             );
         }
-        replicas.done(pass, &collected)?;
-        // What the planner remembered of what went.
-        let _write = self.lock();
-        self.commits.forget_reads();
-        Ok(report)
+        Ok(collected)
     }
 }
