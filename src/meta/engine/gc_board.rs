@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use prost::Message;
 
 use super::etcd_url::EtcdUrl;
@@ -249,24 +249,8 @@ impl GcBoard {
 
     /// Every entry whose key begins with `from`: the key past it, and the value.
     async fn range(&self, from: Vec<u8>) -> Result<Vec<(String, Vec<u8>)>, EngineError> {
-        let got = self
-            .members
-            .call(|mut c| {
-                let from = from.clone();
-                async move { c.get(from, Some(GetOptions::new().with_prefix())).await }
-            })
-            .await?;
-        Ok(got
-            .kvs()
-            .iter()
-            .map(|kv| {
-                let rest = kv.key().get(from.len()..).unwrap_or_default();
-                (
-                    String::from_utf8_lossy(rest).into_owned(),
-                    kv.value().to_vec(),
-                )
-            })
-            .collect())
+        let all = self.members.beside(from).await?;
+        Ok(all.into_iter().map(|(k, v, _, _)| (k, v)).collect())
     }
 
     async fn put(&self, key: Vec<u8>, value: Vec<u8>) -> Result<(), EngineError> {

@@ -341,6 +341,38 @@ fn broken_connection(s: &tonic::Status) -> bool {
     false
 }
 
+/// An entry read from beside the tables: its key past the prefix read, its value, the lease it
+/// lives under and the revision it was written at.
+pub(super) type Beside = (String, Vec<u8>, i64, Revision);
+
+impl Members {
+    /// Every entry whose key begins with `from`, each as [`Beside`].
+    pub(super) async fn beside(&self, from: Vec<u8>) -> Result<Vec<Beside>, EngineError> {
+        let got = self
+            .call(|mut c| {
+                let from = from.clone();
+                async move {
+                    c.get(from, Some(etcd_client::GetOptions::new().with_prefix()))
+                        .await
+                }
+            })
+            .await?;
+        Ok(got
+            .kvs()
+            .iter()
+            .map(|kv| {
+                let rest = kv.key().get(from.len()..).unwrap_or_default();
+                (
+                    String::from_utf8_lossy(rest).into_owned(),
+                    kv.value().to_vec(),
+                    kv.lease(),
+                    kv.mod_revision(),
+                )
+            })
+            .collect())
+    }
+}
+
 pub(super) fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> Revision {
     h.map_or(0, etcd_client::ResponseHeader::revision)
 }

@@ -20,14 +20,12 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use etcd_client::{
-    Compare, CompareOp, GetOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp,
-};
+use etcd_client::{Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp};
 use tokio::sync::watch;
 
 use super::etcd_url::EtcdUrl;
 use super::lease::renew;
-use super::members::{header_revision, Members};
+use super::members::{header_revision, Beside, Members};
 use super::seam::{EngineError, Revision};
 
 /// Where the replicas register, beside the tables: its first byte is no table's tag (as
@@ -324,31 +322,8 @@ impl ShardElector {
     }
 
     /// Every entry under `table`: the key past it, the value, its lease and revision.
-    async fn range(
-        &self,
-        table: &[u8],
-    ) -> Result<Vec<(String, Vec<u8>, i64, Revision)>, EngineError> {
-        let from = self.key(table, "");
-        let got = self
-            .members
-            .call(|mut c| {
-                let from = from.clone();
-                async move { c.get(from, Some(GetOptions::new().with_prefix())).await }
-            })
-            .await?;
-        Ok(got
-            .kvs()
-            .iter()
-            .map(|kv| {
-                let rest = kv.key().get(from.len()..).unwrap_or_default();
-                (
-                    String::from_utf8_lossy(rest).into_owned(),
-                    kv.value().to_vec(),
-                    kv.lease(),
-                    kv.mod_revision(),
-                )
-            })
-            .collect())
+    async fn range(&self, table: &[u8]) -> Result<Vec<Beside>, EngineError> {
+        self.members.beside(self.key(table, "")).await
     }
 
     /// Claims `shard` under `lease` where it is still as read (absent, or this replica's
