@@ -111,6 +111,14 @@ fn hashes(of: &[Vec<u8>]) -> Vec<BlockHash> {
     of.iter().filter_map(|b| BlockHash::from_slice(b)).collect()
 }
 
+fn refs(of: &[Vec<u8>]) -> Vec<(Scope, BlockHash)> {
+    of.iter().filter_map(|b| ref_of(b)).collect()
+}
+
+fn versions(of: &[Vec<u8>]) -> Vec<Version> {
+    of.iter().filter_map(|b| Version::from_slice(b)).collect()
+}
+
 impl TouchNote {
     pub fn of(t: &Touches) -> Self {
         TouchNote {
@@ -124,12 +132,8 @@ impl TouchNote {
         Touches {
             recorded: true,
             blocks: hashes(&self.blocks),
-            refs: self.refs.iter().filter_map(|b| ref_of(b)).collect(),
-            versions: self
-                .versions
-                .iter()
-                .filter_map(|b| Version::from_slice(b))
-                .collect(),
+            refs: refs(&self.refs),
+            versions: versions(&self.versions),
         }
     }
 
@@ -186,12 +190,8 @@ impl PassNote {
         Doomed {
             pass: self.pass,
             blocks: hashes(&self.blocks),
-            refs: self.refs.iter().filter_map(|b| ref_of(b)).collect(),
-            versions: self
-                .versions
-                .iter()
-                .filter_map(|b| Version::from_slice(b))
-                .collect(),
+            refs: refs(&self.refs),
+            versions: versions(&self.versions),
             expired: self
                 .expired
                 .iter()
@@ -296,13 +296,7 @@ impl GcBoard {
         let txn = Txn::new()
             .when([Compare::mod_revision(claim, CompareOp::Equal, revision)])
             .and_then([TxnOp::put(self.key("pass"), note.encode_to_vec(), None)]);
-        let resp = self
-            .members
-            .call(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        let resp = self.members.txn(txn).await?;
         match resp.succeeded() {
             true => Ok(()),
             false => Err(EngineError::NotOwner(

@@ -346,6 +346,19 @@ fn broken_connection(s: &tonic::Status) -> bool {
 pub(super) type Beside = (String, Vec<u8>, i64, Revision);
 
 impl Members {
+    /// A transaction of entries beside the tables (claims, the collection board), each
+    /// comparing what it writes, so that a second application is refused.
+    pub(super) async fn txn(
+        &self,
+        txn: etcd_client::Txn,
+    ) -> Result<etcd_client::TxnResponse, EngineError> {
+        self.call(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+
     /// Every entry whose key begins with `from`, each as [`Beside`].
     pub(super) async fn beside(&self, from: Vec<u8>) -> Result<Vec<Beside>, EngineError> {
         let got = self

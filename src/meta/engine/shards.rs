@@ -344,13 +344,7 @@ impl ShardElector {
             format!("{} {}", self.me, self.id),
             Some(PutOptions::new().with_lease(lease)),
         )]);
-        let resp = self
-            .members
-            .call(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        let resp = self.members.txn(txn).await?;
         if !resp.succeeded() {
             return Ok(None);
         }
@@ -368,12 +362,7 @@ impl ShardElector {
                 claimed,
             )])
             .and_then([TxnOp::delete(key, None)]);
-        self.members
-            .call(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        self.members.txn(txn).await?;
         tracing::info!(shard, "handed the shard over");
         Ok(())
     }
